@@ -1,0 +1,323 @@
+//! Ack arithmetic: an ack is an offset commit (spec §5).
+//!
+//! `plan_lane` takes one lane's state and the ack items addressed to it, and decides
+//! where the cursor goes, whether the lease is released, what happens to the retry
+//! budget, and which offset (if any) is dead-lettered or dropped. It touches no storage,
+//! so every rule of the spec is unit tested here.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckStatus {
+    Completed,
+    Failed,
+    Retry,
+    Dlq,
+}
+
+impl AckStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckStatus::Completed => "completed",
+            AckStatus::Failed => "failed",
+            AckStatus::Retry => "retry",
+            AckStatus::Dlq => "dlq",
+        }
+    }
+    /// `failed`, `retry` and `dlq` are explicit signals; `completed` is not.
+    pub fn is_signal(self) -> bool {
+        self != AckStatus::Completed
+    }
+}
+
+impl FromStr for AckStatus {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "completed" => Ok(AckStatus::Completed),
+            "failed" => Ok(AckStatus::Failed),
+            "retry" => Ok(AckStatus::Retry),
+            "dlq" => Ok(AckStatus::Dlq),
+            _ => Err(()),
+        }
+    }
+}
+
+impl fmt::Display for AckStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One ack item for a lane, in the order the caller sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckItem {
+    pub offset: i64,
+    pub status: AckStatus,
+    pub error: Option<String>,
+}
+
+/// The leased state of a lane, as read under its row lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneState {
+    pub committed: i64,
+    pub batch_end: i64,
+    pub retry_count: i32,
+}
+
+/// The queue options that decide what an exhausted `failed` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub retry_limit: i32,
+    /// True when `dead_letter_queue` or `dlq_after_max_retries` is set.
+    pub dead_lettering: bool,
+}
+
+/// What happened to one item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemOutcome {
+    /// Committed (or the signal was applied).
+    Applied,
+    /// The item's offset was dead-lettered.
+    DeadLettered,
+    /// The item's offset was dropped (dead-lettering off, budget exhausted).
+    Dropped,
+    /// Outside `(committed, batch_end]`: reported, not applied.
+    OutsideSpan,
+    /// Above the lowest explicit signal of the call: not applied.
+    AboveSignal { signal_offset: i64 },
+}
+
+impl ItemOutcome {
+    pub fn success(&self) -> bool {
+        matches!(self, ItemOutcome::Applied | ItemOutcome::DeadLettered | ItemOutcome::Dropped)
+    }
+}
+
+/// What to do with the signalled offset E.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposal {
+    None,
+    DeadLetter { offset: i64, error: String, retry_count: i32 },
+    Drop { offset: i64 },
+}
+
+/// The decision for one lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanePlan {
+    pub committed: i64,
+    pub release: bool,
+    pub retry_count: i32,
+    /// True when the redelivery counter resets (clean completion or a disposal).
+    pub reset_attempts: bool,
+    pub disposal: Disposal,
+    /// One outcome per input item, same order.
+    pub items: Vec<ItemOutcome>,
+}
+
+pub const RETRIES_EXHAUSTED: &str = "Retries exhausted";
+
+/// Applies the ack items of one lane. `call_error` is the first error given anywhere in
+/// the ack call (any lane), the fallback for a dead-letter record.
+pub fn plan_lane(
+    lane: LaneState,
+    items: &[AckItem],
+    policy: RetryPolicy,
+    call_error: Option<&str>,
+) -> LanePlan {
+    let in_span = |o: i64| o > lane.committed && o <= lane.batch_end;
+
+    // The lowest explicit signal, first in input order among equals.
+    let signal = items
+        .iter()
+        .filter(|i| in_span(i.offset) && i.status.is_signal())
+        .min_by_key(|i| i.offset);
+
+    let mut outcomes: Vec<ItemOutcome> = items
+        .iter()
+        .map(|i| {
+            if !in_span(i.offset) {
+                ItemOutcome::OutsideSpan
+            } else {
+                match signal {
+                    Some(e) if i.offset > e.offset => {
+                        ItemOutcome::AboveSignal { signal_offset: e.offset }
+                    }
+                    _ => ItemOutcome::Applied,
+                }
+            }
+        })
+        .collect();
+
+    let Some(e) = signal else {
+        let highest = items
+            .iter()
+            .filter(|i| in_span(i.offset))
+            .map(|i| i.offset)
+            .max()
+            .unwrap_or(lane.committed);
+        let complete = highest == lane.batch_end;
+        return LanePlan {
+            committed: highest.max(lane.committed),
+            release: complete,
+            retry_count: if complete { 0 } else { lane.retry_count },
+            reset_attempts: complete,
+            disposal: Disposal::None,
+            items: outcomes,
+        };
+    };
+
+    // Everything below E is committed; E decides the rest.
+    let before = e.offset - 1;
+    let mut plan = LanePlan {
+        committed: before,
+        release: true,
+        retry_count: lane.retry_count,
+        reset_attempts: false,
+        disposal: Disposal::None,
+        items: Vec::new(),
+    };
+    let exhausted = e.status == AckStatus::Failed && lane.retry_count >= policy.retry_limit;
+    match e.status {
+        AckStatus::Retry => {}
+        AckStatus::Failed if !exhausted => plan.retry_count = lane.retry_count + 1,
+        _ => {
+            // dlq, or failed with no budget left
+            plan.committed = e.offset;
+            plan.retry_count = 0;
+            plan.reset_attempts = true;
+            let mark = if policy.dead_lettering {
+                let error = e
+                    .error
+                    .as_deref()
+                    .or(call_error)
+                    .unwrap_or(RETRIES_EXHAUSTED)
+                    .to_string();
+                plan.disposal =
+                    Disposal::DeadLetter { offset: e.offset, error, retry_count: lane.retry_count };
+                ItemOutcome::DeadLettered
+            } else {
+                plan.disposal = Disposal::Drop { offset: e.offset };
+                ItemOutcome::Dropped
+            };
+            for (item, out) in items.iter().zip(outcomes.iter_mut()) {
+                if item.offset == e.offset && *out == ItemOutcome::Applied {
+                    *out = mark.clone();
+                }
+            }
+        }
+    }
+    plan.items = outcomes;
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use AckStatus::*;
+
+    fn item(offset: i64, status: AckStatus) -> AckItem {
+        AckItem { offset, status, error: None }
+    }
+    const POLICY: RetryPolicy = RetryPolicy { retry_limit: 3, dead_lettering: true };
+    const LANE: LaneState = LaneState { committed: 10, batch_end: 16, retry_count: 0 };
+
+    #[test]
+    fn cumulative_commit_and_completion() {
+        let p = plan_lane(LANE, &[item(12, Completed)], POLICY, None);
+        assert_eq!((p.committed, p.release), (12, false));
+        let p = plan_lane(LANE, &[item(16, Completed)], POLICY, None);
+        assert_eq!((p.committed, p.release, p.retry_count, p.reset_attempts), (16, true, 0, true));
+    }
+
+    #[test]
+    fn clean_completion_resets_budget() {
+        let lane = LaneState { retry_count: 2, ..LANE };
+        let p = plan_lane(lane, &[item(16, Completed)], POLICY, None);
+        assert_eq!(p.retry_count, 0);
+        let p = plan_lane(lane, &[item(15, Completed)], POLICY, None);
+        assert_eq!(p.retry_count, 2, "partial progress keeps the counter");
+    }
+
+    #[test]
+    fn outside_span_is_reported_not_applied() {
+        let p = plan_lane(LANE, &[item(10, Completed), item(17, Completed)], POLICY, None);
+        assert_eq!(p.items, vec![ItemOutcome::OutsideSpan, ItemOutcome::OutsideSpan]);
+        assert_eq!((p.committed, p.release), (10, false));
+    }
+
+    #[test]
+    fn issue_example_failed_in_the_middle() {
+        // span 11..16: [completed 11, completed 12, failed 14, completed 15]
+        let items =
+            [item(11, Completed), item(12, Completed), item(14, Failed), item(15, Completed)];
+        let p = plan_lane(LANE, &items, POLICY, None);
+        assert_eq!(p.committed, 13);
+        assert!(p.release);
+        assert_eq!(p.retry_count, 1);
+        assert_eq!(p.items[3], ItemOutcome::AboveSignal { signal_offset: 14 });
+        assert_eq!(p.disposal, Disposal::None);
+    }
+
+    #[test]
+    fn retry_never_charges() {
+        let p = plan_lane(LaneState { retry_count: 3, ..LANE }, &[item(11, Retry)], POLICY, None);
+        assert_eq!((p.committed, p.release, p.retry_count), (10, true, 3));
+        assert_eq!(p.disposal, Disposal::None);
+    }
+
+    #[test]
+    fn exhausted_failed_dead_letters_with_error_chain() {
+        let lane = LaneState { retry_count: 3, ..LANE };
+        let mut e = item(12, Failed);
+        e.error = Some("boom".into());
+        let p = plan_lane(lane, &[item(11, Completed), e.clone()], POLICY, Some("other"));
+        assert_eq!(p.committed, 12);
+        assert_eq!(
+            p.disposal,
+            Disposal::DeadLetter { offset: 12, error: "boom".into(), retry_count: 3 }
+        );
+        assert_eq!((p.retry_count, p.reset_attempts), (0, true));
+        let p = plan_lane(lane, &[item(12, Failed)], POLICY, Some("other"));
+        assert!(matches!(p.disposal, Disposal::DeadLetter { ref error, .. } if error == "other"));
+        let p = plan_lane(lane, &[item(12, Failed)], POLICY, None);
+        assert!(
+            matches!(p.disposal, Disposal::DeadLetter { ref error, .. } if error == RETRIES_EXHAUSTED)
+        );
+        assert_eq!(p.items[0], ItemOutcome::DeadLettered);
+    }
+
+    #[test]
+    fn dlq_ignores_budget_and_switches_off_drop() {
+        let p = plan_lane(LANE, &[item(11, Dlq)], POLICY, None);
+        assert!(matches!(p.disposal, Disposal::DeadLetter { offset: 11, retry_count: 0, .. }));
+        let off = RetryPolicy { retry_limit: 3, dead_lettering: false };
+        let p = plan_lane(LANE, &[item(11, Dlq)], off, None);
+        assert_eq!(p.disposal, Disposal::Drop { offset: 11 });
+        assert_eq!((p.committed, p.items[0].clone()), (11, ItemOutcome::Dropped));
+    }
+
+    proptest! {
+        /// Invariants for any input: the cursor never moves backwards, never passes
+        /// batch_end, and never passes the lowest explicit signal.
+        #[test]
+        fn prop_cursor_bounds(committed in 0i64..50, len in 1i64..50, retry in 0i32..5,
+                              raw in proptest::collection::vec((0i64..120, 0u8..4), 0..20)) {
+            let lane = LaneState { committed, batch_end: committed + len, retry_count: retry };
+            let items: Vec<AckItem> = raw.iter().map(|&(o, s)| item(o, [Completed, Failed, Retry, Dlq][s as usize])).collect();
+            let p = plan_lane(lane, &items, POLICY, None);
+            prop_assert!(p.committed >= lane.committed);
+            prop_assert!(p.committed <= lane.batch_end);
+            prop_assert_eq!(p.items.len(), items.len());
+            if let Some(e) = items.iter().filter(|i| i.offset > committed && i.offset <= lane.batch_end && i.status.is_signal()).map(|i| i.offset).min() {
+                prop_assert!(p.committed == e - 1 || p.committed == e);
+                prop_assert!(p.release);
+            }
+            if p.release && p.disposal == Disposal::None && p.committed == lane.batch_end {
+                prop_assert_eq!(p.retry_count, 0);
+            }
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! queen-core: everything in queen that needs no PostgreSQL — the segment codec, the ack
+//! and cursor arithmetic, lease math and name rules. The extension is a thin layer over it.
+
+pub mod ack;
+pub mod lease;
+pub mod names;
+pub mod segment;

@@ -1,0 +1,441 @@
+//! The segment codec.
+//!
+//! A segment is the immutable unit of storage: the frames (message id, transaction id,
+//! payload) that one push call wrote to one partition, in offset order. Offsets are not
+//! stored: frame `i` of a segment whose first offset is `f` has offset `f + i`.
+//!
+//! Layout (all integers are LEB128 varints unless said):
+//!
+//! ```text
+//! magic "QS" | version u8 (=1) | frame_count | block_count
+//! per block:  frames_in_block | raw_len | stored_len | codec u8 (0 raw, 1 zstd) | crc32 u32 LE
+//! block bodies, concatenated in order
+//! ```
+//!
+//! A block body holds `frames_in_block` frames, each
+//! `message_id [16] | txid_len | txid (UTF-8) | payload_len | payload`.
+//! Blocks are compressed one by one so that a pop decodes only the blocks it needs, not
+//! the whole segment. A block is kept raw when zstd would not make it smaller. The CRC32
+//! of each block's raw bytes turns corruption into an error instead of a wrong payload.
+
+use std::fmt;
+
+const MAGIC: &[u8; 2] = b"QS";
+const VERSION: u8 = 1;
+const CODEC_RAW: u8 = 0;
+const CODEC_ZSTD: u8 = 1;
+
+/// Frames per block at most; a block also closes once its raw size passes `BLOCK_BYTES`.
+pub const BLOCK_FRAMES: usize = 64;
+pub const BLOCK_BYTES: usize = 32 * 1024;
+/// zstd level: the fastest levels compress JSON well and keep push cheap.
+const ZSTD_LEVEL: i32 = 1;
+/// Hard ceiling on a block's decompressed size, so a corrupt header cannot make us
+/// allocate without bound. A single frame may exceed BLOCK_BYTES (one big payload).
+const MAX_RAW_BLOCK: usize = 1 << 30;
+
+/// One message as written by push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub message_id: [u8; 16],
+    pub transaction_id: &'a str,
+    pub payload: &'a [u8],
+}
+
+/// Why a segment could not be decoded. Every variant means the stored bytes are not a
+/// segment this code wrote; callers turn it into an ERROR, never a wrong payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodecError {
+    Truncated(&'static str),
+    BadMagic,
+    UnsupportedVersion(u8),
+    UnknownCodec(u8),
+    Decompress(String),
+    LengthMismatch { expected: usize, got: usize },
+    FrameCountMismatch,
+    InvalidUtf8,
+    TrailingBytes,
+    TooLarge,
+    Checksum,
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecError::Truncated(what) => write!(f, "segment truncated in {what}"),
+            CodecError::BadMagic => write!(f, "not a queen segment (bad magic)"),
+            CodecError::UnsupportedVersion(v) => write!(f, "unsupported segment version {v}"),
+            CodecError::UnknownCodec(c) => write!(f, "unknown block codec {c}"),
+            CodecError::Decompress(e) => write!(f, "block decompression failed: {e}"),
+            CodecError::LengthMismatch { expected, got } => {
+                write!(f, "block length mismatch: expected {expected} bytes, got {got}")
+            }
+            CodecError::FrameCountMismatch => write!(f, "frame count does not match blocks"),
+            CodecError::InvalidUtf8 => write!(f, "transaction id is not UTF-8"),
+            CodecError::TrailingBytes => write!(f, "trailing bytes after last block"),
+            CodecError::TooLarge => write!(f, "block larger than the codec allows"),
+            CodecError::Checksum => write!(f, "block checksum mismatch"),
+        }
+    }
+}
+
+impl std::error::Error for CodecError {}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+    fn varint(&mut self, what: &'static str) -> Result<u64, CodecError> {
+        let mut v: u64 = 0;
+        for shift in (0..64).step_by(7) {
+            let b = *self.buf.get(self.pos).ok_or(CodecError::Truncated(what))?;
+            self.pos += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(CodecError::TooLarge)
+    }
+    fn usize(&mut self, what: &'static str) -> Result<usize, CodecError> {
+        usize::try_from(self.varint(what)?).map_err(|_| CodecError::TooLarge)
+    }
+    fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], CodecError> {
+        let end = self.pos.checked_add(n).ok_or(CodecError::Truncated(what))?;
+        let s = self.buf.get(self.pos..end).ok_or(CodecError::Truncated(what))?;
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, CodecError> {
+        Ok(self.bytes(1, what)?[0])
+    }
+    fn done(&self) -> bool {
+        self.pos == self.buf.len()
+    }
+}
+
+/// Encodes frames into one segment.
+pub fn encode<'a, I>(frames: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = Frame<'a>>,
+{
+    struct Block {
+        frames: usize,
+        raw: Vec<u8>,
+    }
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut current = Block { frames: 0, raw: Vec::new() };
+    let mut count: u64 = 0;
+    for frame in frames {
+        current.raw.extend_from_slice(&frame.message_id);
+        put_varint(&mut current.raw, frame.transaction_id.len() as u64);
+        current.raw.extend_from_slice(frame.transaction_id.as_bytes());
+        put_varint(&mut current.raw, frame.payload.len() as u64);
+        current.raw.extend_from_slice(frame.payload);
+        current.frames += 1;
+        count += 1;
+        if current.frames >= BLOCK_FRAMES || current.raw.len() >= BLOCK_BYTES {
+            blocks.push(std::mem::replace(&mut current, Block { frames: 0, raw: Vec::new() }));
+        }
+    }
+    if current.frames > 0 {
+        blocks.push(current);
+    }
+
+    let mut header = Vec::with_capacity(16 + blocks.len() * 8);
+    header.extend_from_slice(MAGIC);
+    header.push(VERSION);
+    put_varint(&mut header, count);
+    put_varint(&mut header, blocks.len() as u64);
+    let mut bodies: Vec<(u8, Vec<u8>)> = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let compressed = zstd::bulk::compress(&block.raw, ZSTD_LEVEL).ok();
+        let (codec, body) = match compressed {
+            Some(c) if c.len() < block.raw.len() => (CODEC_ZSTD, c),
+            _ => (CODEC_RAW, block.raw.clone()),
+        };
+        put_varint(&mut header, block.frames as u64);
+        put_varint(&mut header, block.raw.len() as u64);
+        put_varint(&mut header, body.len() as u64);
+        header.push(codec);
+        header.extend_from_slice(&crc32fast::hash(&block.raw).to_le_bytes());
+        bodies.push((codec, body));
+    }
+    let total: usize = header.len() + bodies.iter().map(|(_, b)| b.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(&header);
+    for (_, body) in bodies {
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
+/// A parsed segment header: where each block lies and how many frames it holds.
+#[derive(Debug)]
+pub struct Segment<'a> {
+    frame_count: usize,
+    blocks: Vec<BlockRef<'a>>,
+}
+
+#[derive(Debug)]
+struct BlockRef<'a> {
+    first_index: usize,
+    frames: usize,
+    raw_len: usize,
+    codec: u8,
+    crc: u32,
+    body: &'a [u8],
+}
+
+impl<'a> Segment<'a> {
+    /// Parses and checks the header. Block bodies are not decompressed yet.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new(bytes);
+        if r.bytes(2, "magic")? != MAGIC {
+            return Err(CodecError::BadMagic);
+        }
+        let version = r.u8("version")?;
+        if version != VERSION {
+            return Err(CodecError::UnsupportedVersion(version));
+        }
+        let frame_count = r.usize("frame count")?;
+        let block_count = r.usize("block count")?;
+        // Every block header takes at least 8 bytes: refuse counts the input cannot hold.
+        if block_count > bytes.len() / 8 {
+            return Err(CodecError::Truncated("block directory"));
+        }
+        let mut heads = Vec::with_capacity(block_count);
+        let mut first_index = 0usize;
+        for _ in 0..block_count {
+            let frames = r.usize("block header")?;
+            let raw_len = r.usize("block header")?;
+            let stored_len = r.usize("block header")?;
+            let codec = r.u8("block header")?;
+            let crc = u32::from_le_bytes(r.bytes(4, "block header")?.try_into().unwrap());
+            if codec != CODEC_RAW && codec != CODEC_ZSTD {
+                return Err(CodecError::UnknownCodec(codec));
+            }
+            if raw_len > MAX_RAW_BLOCK {
+                return Err(CodecError::TooLarge);
+            }
+            if frames == 0 {
+                return Err(CodecError::FrameCountMismatch);
+            }
+            heads.push((first_index, frames, raw_len, stored_len, codec, crc));
+            first_index = first_index.checked_add(frames).ok_or(CodecError::FrameCountMismatch)?;
+        }
+        if first_index != frame_count {
+            return Err(CodecError::FrameCountMismatch);
+        }
+        let mut blocks = Vec::with_capacity(block_count);
+        for (first_index, frames, raw_len, stored_len, codec, crc) in heads {
+            let body = r.bytes(stored_len, "block body")?;
+            if codec == CODEC_RAW && stored_len != raw_len {
+                return Err(CodecError::LengthMismatch { expected: raw_len, got: stored_len });
+            }
+            blocks.push(BlockRef { first_index, frames, raw_len, codec, crc, body });
+        }
+        if !r.done() {
+            return Err(CodecError::TrailingBytes);
+        }
+        Ok(Segment { frame_count, blocks })
+    }
+
+    pub fn frame_count(&self) -> usize {
+        self.frame_count
+    }
+
+    /// Calls `f(index, frame)` for frames `from..to` (indexes within the segment, clamped
+    /// to its length), decompressing only the blocks that hold them.
+    pub fn for_each_in<F>(&self, from: usize, to: usize, mut f: F) -> Result<(), CodecError>
+    where
+        F: FnMut(usize, Frame<'_>),
+    {
+        let to = to.min(self.frame_count);
+        if from >= to {
+            return Ok(());
+        }
+        let mut scratch: Vec<u8> = Vec::new();
+        for block in &self.blocks {
+            let block_end = block.first_index + block.frames;
+            if block_end <= from || block.first_index >= to {
+                continue;
+            }
+            let raw: &[u8] = match block.codec {
+                CODEC_RAW => block.body,
+                _ => {
+                    scratch = zstd::bulk::decompress(block.body, block.raw_len)
+                        .map_err(|e| CodecError::Decompress(e.to_string()))?;
+                    if scratch.len() != block.raw_len {
+                        return Err(CodecError::LengthMismatch {
+                            expected: block.raw_len,
+                            got: scratch.len(),
+                        });
+                    }
+                    &scratch
+                }
+            };
+            if crc32fast::hash(raw) != block.crc {
+                return Err(CodecError::Checksum);
+            }
+            let mut r = Reader::new(raw);
+            for i in 0..block.frames {
+                let index = block.first_index + i;
+                let id = r.bytes(16, "message id")?;
+                let tx_len = r.usize("transaction id length")?;
+                let tx = r.bytes(tx_len, "transaction id")?;
+                let pl_len = r.usize("payload length")?;
+                let payload = r.bytes(pl_len, "payload")?;
+                if index >= from && index < to {
+                    let transaction_id =
+                        std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
+                    let mut message_id = [0u8; 16];
+                    message_id.copy_from_slice(id);
+                    f(index, Frame { message_id, transaction_id, payload });
+                }
+            }
+            if !r.done() {
+                return Err(CodecError::TrailingBytes);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn owned(n: usize, payload_len: usize) -> Vec<([u8; 16], String, Vec<u8>)> {
+        (0..n)
+            .map(|i| {
+                let mut id = [0u8; 16];
+                id[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                let payload = format!("{{\"i\": {i}, \"pad\": \"{}\"}}", "x".repeat(payload_len));
+                (id, format!("tx-{i}"), payload.into_bytes())
+            })
+            .collect()
+    }
+
+    fn frames(v: &[([u8; 16], String, Vec<u8>)]) -> Vec<Frame<'_>> {
+        v.iter()
+            .map(|(id, tx, p)| Frame { message_id: *id, transaction_id: tx, payload: p })
+            .collect()
+    }
+
+    fn decode_all(bytes: &[u8]) -> Result<Vec<([u8; 16], String, Vec<u8>)>, CodecError> {
+        let seg = Segment::parse(bytes)?;
+        let mut out = Vec::new();
+        seg.for_each_in(0, usize::MAX, |_, f| {
+            out.push((f.message_id, f.transaction_id.to_string(), f.payload.to_vec()))
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn round_trip_many_blocks() {
+        let data = owned(1000, 200);
+        let bytes = encode(frames(&data));
+        let seg = Segment::parse(&bytes).unwrap();
+        assert_eq!(seg.frame_count(), 1000);
+        assert!(seg.blocks.len() > 1, "1000 frames span several blocks");
+        assert_eq!(decode_all(&bytes).unwrap(), data);
+        // compressed well below the raw size
+        let raw: usize = data.iter().map(|(_, t, p)| 16 + t.len() + p.len()).sum();
+        assert!(bytes.len() < raw / 3, "{} vs {}", bytes.len(), raw);
+    }
+
+    #[test]
+    fn range_decodes_only_requested_frames() {
+        let data = owned(300, 10);
+        let bytes = encode(frames(&data));
+        let seg = Segment::parse(&bytes).unwrap();
+        let mut seen = Vec::new();
+        seg.for_each_in(70, 75, |i, f| {
+            assert_eq!(f.payload, &data[i].2[..]);
+            seen.push(i)
+        })
+        .unwrap();
+        assert_eq!(seen, vec![70, 71, 72, 73, 74]);
+        let mut none = 0;
+        seg.for_each_in(300, 400, |_, _| none += 1).unwrap();
+        seg.for_each_in(5, 5, |_, _| none += 1).unwrap();
+        assert_eq!(none, 0);
+    }
+
+    #[test]
+    fn single_big_and_unicode_payloads() {
+        let big = vec![b'a'; 1 << 20];
+        let uni = "{\"t\": \"żółć 日本語 🚀\"}".as_bytes().to_vec();
+        let data = vec![([1u8; 16], "a".to_string(), big), ([2u8; 16], "é".to_string(), uni)];
+        assert_eq!(decode_all(&encode(frames(&data))).unwrap(), data);
+    }
+
+    #[test]
+    fn incompressible_block_stays_raw() {
+        let data = vec![([7u8; 16], String::new(), b"{}".to_vec())];
+        let bytes = encode(frames(&data));
+        let seg = Segment::parse(&bytes).unwrap();
+        assert_eq!(seg.blocks[0].codec, CODEC_RAW);
+        assert_eq!(decode_all(&bytes).unwrap(), data);
+    }
+
+    #[test]
+    fn corrupt_inputs_are_errors() {
+        assert_eq!(Segment::parse(b"").unwrap_err(), CodecError::Truncated("magic"));
+        assert_eq!(Segment::parse(b"XX\x01\x00\x00").unwrap_err(), CodecError::BadMagic);
+        assert_eq!(Segment::parse(b"QS\x09\x00\x00").unwrap_err(), CodecError::UnsupportedVersion(9));
+        let bytes = encode(frames(&owned(200, 50)));
+        for cut in [3, 5, 10, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode_all(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut extra = bytes.clone();
+        extra.push(0);
+        assert_eq!(decode_all(&extra).unwrap_err(), CodecError::TrailingBytes);
+    }
+
+    proptest! {
+        #[test]
+        fn prop_round_trip(items in proptest::collection::vec(
+            (any::<[u8; 16]>(), "[a-z0-9-]{0,40}", proptest::collection::vec(any::<u8>(), 0..600)), 1..300)) {
+            let bytes = encode(frames(&items));
+            prop_assert_eq!(decode_all(&bytes).unwrap(), items.clone());
+            let n = items.len();
+            let (a, b) = (n / 3, n - n / 4);
+            let seg = Segment::parse(&bytes).unwrap();
+            let mut got = Vec::new();
+            seg.for_each_in(a, b, |i, f| got.push((i, f.payload.to_vec()))).unwrap();
+            prop_assert_eq!(got.len(), b.saturating_sub(a));
+            for (i, p) in got { prop_assert_eq!(&p, &items[i].2); }
+        }
+
+        /// Arbitrary bytes and bit flips never panic: they decode to an error or to frames.
+        #[test]
+        fn prop_garbage_never_panics(mut bytes in proptest::collection::vec(any::<u8>(), 0..2000),
+                                     flip in any::<usize>()) {
+            let _ = decode_all(&bytes);
+            let good = encode(frames(&owned(100, 20)));
+            let mut bad = good.clone();
+            let i = flip % bad.len();
+            bad[i] ^= 0x5a;
+            // A flipped byte is detected (CRC or structure), never returned as a payload.
+            prop_assert!(decode_all(&bad).is_err());
+            bytes.extend_from_slice(&good);
+            let _ = decode_all(&bytes);
+        }
+    }
+}
