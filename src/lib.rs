@@ -1,1 +1,33 @@
-fn main(){}
+//! queen: a message queue inside PostgreSQL.
+//!
+//! This crate is the thin pgrx layer: SQL entry points, SPI and errors. Everything that
+//! needs no PostgreSQL (segment codec, ack arithmetic, lease math, names) lives in
+//! `queen-core`. One module per concern of the spec.
+
+use pgrx::prelude::*;
+
+mod ack;
+mod errors;
+mod pop;
+mod push;
+mod queues;
+mod segments;
+mod spi;
+
+::pgrx::pg_module_magic!(name, version);
+
+extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!("../sql/api.sql", name = "api", finalize);
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+/// Hooks for `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

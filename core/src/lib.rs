@@ -2,6 +2,7 @@
 //! and cursor arithmetic, lease math and name rules. The extension is a thin layer over it.
 
 pub mod ack;
+pub mod claim;
 pub mod lease;
 pub mod names;
 pub mod segment;

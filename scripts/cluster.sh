@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A private PostgreSQL 15 cluster run by the `postgres` OS user (initdb and pg_ctl refuse
+# root). Usage: cluster.sh start|stop|status DATADIR PORT
+# The socket lives in DATADIR/sock; queen is preloaded (shared_preload_libraries).
+set -euo pipefail
+cmd=$1 dir=$2 port=$3
+BIN=/usr/lib/postgresql/15/bin
+as_pg() { runuser -u postgres -- "$@"; }
+
+case "$cmd" in
+  start)
+    if [ ! -f "$dir/PG_VERSION" ]; then
+      mkdir -p "$dir"
+      chown postgres:postgres "$dir"
+      as_pg "$BIN/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+      mkdir -p "$dir/sock" && chown postgres:postgres "$dir/sock"
+      cat >> "$dir/postgresql.conf" <<CONF
+port = $port
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$dir/sock'
+max_connections = 200
+shared_preload_libraries = 'queen'
+fsync = on
+logging_collector = off
+CONF
+    fi
+    if ! as_pg "$BIN/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+      as_pg "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null
+    fi
+    ;;
+  stop)
+    if [ -f "$dir/PG_VERSION" ] && as_pg "$BIN/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+      as_pg "$BIN/pg_ctl" -D "$dir" -m fast -w stop >/dev/null
+    fi
+    ;;
+  status)
+    as_pg "$BIN/pg_ctl" -D "$dir" status
+    ;;
+  *) echo "usage: $0 start|stop|status DATADIR PORT" >&2; exit 2 ;;
+esac

@@ -1,0 +1,144 @@
+-- queen storage. Reviewed by hand; nothing here is built from user input.
+--
+-- Locking protocol (it is what keeps invariants 1 and 5 of the spec):
+--   * A push reserves offsets with UPDATE of its partition row (head = head + n) and holds
+--     that row lock until it commits. Pushes to one partition therefore commit in offset
+--     order, and a reader never sees offset k+1 before k: no offset is ever skipped.
+--     A push_batch locks its partitions in (queue, partition) name order: no deadlock.
+--   * Creating a partition takes FOR SHARE on its queue row; creating a consumer group
+--     takes FOR UPDATE on it. So a new partition and a new group never miss each other:
+--     whichever commits second creates the lane (partition x group) that joins them.
+--   * A pop claims lanes with FOR UPDATE SKIP LOCKED: it never waits on another's lane.
+--   * An ack locks only the lanes of its lease, in partition_id order.
+
+CREATE TABLE queen.queues (
+    queue_id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name                  text NOT NULL UNIQUE,
+    lease_time            int  NOT NULL DEFAULT 60,
+    retry_limit           int  NOT NULL DEFAULT 3,
+    dead_letter_queue     bool NOT NULL DEFAULT true,
+    dlq_after_max_retries bool NOT NULL DEFAULT true,
+    dedup_window          int  NOT NULL DEFAULT 3600,
+    encryption            bool NOT NULL DEFAULT false,
+    retention             int  NOT NULL DEFAULT 0,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    updated_at            timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE queen.queues IS 'queen: one row per queue and its options (see queen.configure)';
+
+CREATE TABLE queen.partitions (
+    partition_id uuid   PRIMARY KEY,
+    queue_id     bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
+    name         text   NOT NULL,
+    -- last offset assigned; committed heads are gapless (see the locking protocol)
+    head         bigint NOT NULL DEFAULT 0,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (queue_id, name)
+) WITH (fillfactor = 70);
+COMMENT ON TABLE queen.partitions IS 'queen: ordered lanes of a queue, each with its own offsets';
+
+CREATE TABLE queen.segments (
+    partition_id uuid   NOT NULL,
+    first_offset bigint NOT NULL,
+    last_offset  bigint NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    -- queen segment codec (queen-core::segment): blocks of frames, zstd-compressed
+    data         bytea  NOT NULL,
+    PRIMARY KEY (partition_id, first_offset)
+);
+-- Segments are compressed already: keep TOAST from trying pglz on them again.
+ALTER TABLE queen.segments ALTER COLUMN data SET STORAGE EXTERNAL;
+COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages, one per push call and partition';
+
+CREATE TABLE queen.groups (
+    queue_id        bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
+    consumer_group  text   NOT NULL,
+    subscription    text   NOT NULL DEFAULT 'all',
+    -- consumer lease budget (spec section 8); NULL when none is stored
+    handler_timeout interval,
+    queue_margin    interval,
+    timeout_grace   interval,
+    record_margin   interval,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue_id, consumer_group)
+);
+COMMENT ON TABLE queen.groups IS 'queen: consumer groups of a queue';
+
+-- One row per (partition, consumer group). Only non-indexed columns change on pop and
+-- ack, so those updates stay HOT; fillfactor leaves room for them on the page.
+CREATE TABLE queen.lanes (
+    partition_id      uuid   NOT NULL,
+    consumer_group    text   NOT NULL,
+    queue_id          bigint NOT NULL,
+    committed         bigint NOT NULL DEFAULT 0,
+    lease_id          uuid,
+    lease_expires_at  timestamptz,
+    batch_end         bigint,
+    batch_retry_count int    NOT NULL DEFAULT 0,
+    attempt_count     int    NOT NULL DEFAULT 0,
+    -- first offset of the latest claim: a reclaim at the same start counts an attempt
+    claim_start       bigint,
+    -- fairness: the least recently claimed lane is served first
+    last_claimed_at   timestamptz,
+    PRIMARY KEY (partition_id, consumer_group)
+) WITH (fillfactor = 50);
+CREATE INDEX lanes_queue_group ON queen.lanes (queue_id, consumer_group);
+COMMENT ON TABLE queen.lanes IS 'queen: a consumer group''s cursor and lease on one partition';
+
+-- Which lanes a lease holds, for ack(lease_id) and extend_lease without a lease_id index
+-- on lanes (which would make every claim a non-HOT update).
+CREATE TABLE queen.leases (
+    lease_id       uuid   PRIMARY KEY,
+    queue_id       bigint NOT NULL,
+    consumer_group text   NOT NULL,
+    partition_ids  uuid[] NOT NULL,
+    expires_at     timestamptz NOT NULL
+);
+COMMENT ON TABLE queen.leases IS 'queen: the lanes each live lease holds';
+
+-- API result types (spec section 1).
+CREATE TYPE queen.push_result AS (
+    idx            int,
+    status         text,
+    message_id     uuid,
+    transaction_id text,
+    partition_id   uuid,
+    msg_offset     bigint
+);
+
+CREATE TYPE queen.message AS (
+    lease_id         uuid,
+    lease_expires_at timestamptz,
+    partition_id     uuid,
+    partition        text,
+    consumer_group   text,
+    msg_offset       bigint,
+    message_id       uuid,
+    transaction_id   text,
+    payload          jsonb,
+    created_at       timestamptz,
+    attempt          int
+);
+
+-- Internal tables are for the extension's functions only.
+REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
+
+-- Dead-lettered messages: a snapshot of the frame, filed by the ack that gave up on it.
+-- Retention never touches these rows; only dlq_replay, dlq_delete and delete_queue do.
+CREATE TABLE queen.log_dlq (
+    id             uuid   PRIMARY KEY,
+    queue_id       bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
+    partition_id   uuid   NOT NULL,
+    consumer_group text   NOT NULL,
+    msg_offset     bigint NOT NULL,
+    message_id     uuid   NOT NULL,
+    transaction_id text   NOT NULL,
+    data           jsonb  NOT NULL,
+    error_message  text   NOT NULL,
+    retry_count    int    NOT NULL,
+    failed_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);
+CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);
+COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';
+REVOKE ALL ON queen.log_dlq FROM PUBLIC;

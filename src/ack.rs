@@ -1,0 +1,324 @@
+//! Ack (spec §5): an ack is an offset commit, fenced by its lease. The arithmetic is
+//! `queen_core::ack::plan_lane`; this module locks lanes, applies plans, files dead
+//! letters and reports.
+
+use std::collections::BTreeMap;
+
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, LaneState, RetryPolicy};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::errors::{self, SpiExt};
+use crate::spi::{clock_now, first_value, from_pg_uuid, run, timestamptz, to_pg_uuid};
+use crate::segments;
+
+/// An ack item addressed to a partition, in input order.
+struct Addressed {
+    partition_id: pgrx::Uuid,
+    item: AckItem,
+}
+
+/// A lane of the lease, locked for this ack.
+struct LockedLane {
+    partition_id: pgrx::Uuid,
+    consumer_group: String,
+    queue_id: i64,
+    state: LaneState,
+    live: bool,
+    policy: RetryPolicy,
+}
+
+fn parse_status(s: &str) -> AckStatus {
+    s.parse().unwrap_or_else(|_| {
+        errors::invalid("status", format_args!("{s:?} (must be completed, failed, retry or dlq)"))
+    })
+}
+
+#[pg_extern(name = "ack")]
+#[search_path(pg_catalog, pg_temp)]
+fn ack_one(
+    lease_id: Option<pgrx::Uuid>,
+    partition_id: Option<pgrx::Uuid>,
+    msg_offset: Option<i64>,
+    status: default!(Option<&str>, "'completed'"),
+    error: default!(Option<&str>, "NULL"),
+) -> JsonB {
+    let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
+    let offset = msg_offset.unwrap_or_else(|| errors::null_arg("msg_offset"));
+    let status = parse_status(status.unwrap_or("completed"));
+    let item = AckItem { offset, status, error: error.map(str::to_string) };
+    JsonB(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonAck {
+    #[serde(rename = "partitionId")]
+    partition_id: Option<Value>,
+    offset: Option<Value>,
+    status: Option<Value>,
+    error: Option<Value>,
+}
+
+#[pg_extern(name = "ack")]
+#[search_path(pg_catalog, pg_temp)]
+fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonB>) -> JsonB {
+    let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    let JsonB(acks) = acks.unwrap_or_else(|| errors::null_arg("acks"));
+    let Value::Array(list) = acks else {
+        errors::invalid("acks", "must be a JSON array of {partitionId, offset, status?, error?}");
+    };
+    if list.is_empty() {
+        errors::invalid("acks", "must hold at least one item");
+    }
+    let items = list
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let at = |k: &str| format!("acks[{i}].{k}");
+            let a: JsonAck = serde_json::from_value(v).unwrap_or_else(|e| {
+                errors::invalid(&format!("acks[{i}]"), format_args!("must be an object with partitionId, offset, status?, error?: {e}"))
+            });
+            let partition_id = match a.partition_id {
+                Some(Value::String(s)) => uuid::Uuid::parse_str(&s)
+                    .map(to_pg_uuid)
+                    .unwrap_or_else(|_| errors::invalid(&at("partitionId"), format_args!("{s:?} is not a uuid"))),
+                Some(other) if !other.is_null() => errors::invalid(&at("partitionId"), format_args!("{other} is not a uuid")),
+                _ => errors::invalid(&at("partitionId"), "is missing"),
+            };
+            let offset = match a.offset {
+                Some(Value::Number(n)) if n.is_i64() => n.as_i64().unwrap(),
+                Some(Value::String(s)) if s.parse::<i64>().is_ok() => s.parse().unwrap(),
+                Some(other) if !other.is_null() => errors::invalid(&at("offset"), format_args!("{other} is not an integer offset")),
+                _ => errors::invalid(&at("offset"), "is missing"),
+            };
+            let status = match a.status {
+                None | Some(Value::Null) => AckStatus::Completed,
+                Some(Value::String(s)) => s.parse().unwrap_or_else(|_| {
+                    errors::invalid(&at("status"), format_args!("{s:?} (must be completed, failed, retry or dlq)"))
+                }),
+                Some(other) => errors::invalid(&at("status"), format_args!("{other} is not a string")),
+            };
+            let error = match a.error {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s),
+                Some(other) => Some(other.to_string()),
+            };
+            Addressed { partition_id, item: AckItem { offset, status, error } }
+        })
+        .collect();
+    JsonB(ack(lease_id, Some(items)))
+}
+
+#[pg_extern(name = "ack")]
+#[search_path(pg_catalog, pg_temp)]
+fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonB {
+    let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    JsonB(ack(lease_id, None))
+}
+
+/// Applies `items` (or, with None, completes every lane of the lease) and reports.
+fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
+    Spi::connect_mut(|client| ack_in(client, lease_id, items))
+}
+
+fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
+    let now = clock_now();
+    let pids: Vec<pgrx::Uuid> = match &items {
+        Some(items) => {
+            let mut v: Vec<_> = items.iter().map(|a| a.partition_id).collect();
+            v.sort_by_key(|p| *p.as_bytes());
+            v.dedup();
+            v
+        }
+        None => first_value::<Vec<pgrx::Uuid>>(run(
+            client,
+            "SELECT partition_ids FROM queen.leases WHERE lease_id = $1",
+            &[lease_id.into()],
+        ))
+        .unwrap_or_default(),
+    };
+    // Lock the lanes this lease holds, in partition order (no deadlock between acks).
+    let lanes: Vec<LockedLane> = run(
+        client,
+        "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
+                l.batch_retry_count, l.lease_expires_at > $3, q.retry_limit,
+                q.dead_letter_queue OR q.dlq_after_max_retries
+           FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
+          WHERE l.partition_id = ANY($2) AND l.lease_id = $1
+          ORDER BY l.partition_id
+            FOR UPDATE OF l",
+        &[lease_id.into(), pids.into(), timestamptz(now).into()],
+    )
+    .into_iter()
+    .map(|row| LockedLane {
+        partition_id: row.get(1).or_raise().unwrap(),
+        consumer_group: row.get(2).or_raise().unwrap(),
+        queue_id: row.get(3).or_raise().unwrap(),
+        state: LaneState {
+            committed: row.get(4).or_raise().unwrap(),
+            batch_end: row.get::<i64>(5).or_raise().unwrap_or(0),
+            retry_count: row.get(6).or_raise().unwrap(),
+        },
+        live: row.get(7).or_raise().unwrap_or(false),
+        policy: RetryPolicy {
+            retry_limit: row.get(8).or_raise().unwrap(),
+            dead_lettering: row.get(9).or_raise().unwrap(),
+        },
+    })
+    .collect();
+
+    // Whole-lease form: one `completed` item at batch_end for every live lane.
+    let items: Vec<Addressed> = items.unwrap_or_else(|| {
+        lanes
+            .iter()
+            .filter(|l| l.live)
+            .map(|l| Addressed {
+                partition_id: l.partition_id,
+                item: AckItem { offset: l.state.batch_end, status: AckStatus::Completed, error: None },
+            })
+            .collect()
+    });
+    let call_error: Option<String> = items.iter().find_map(|a| a.item.error.clone());
+
+    let mut by_lane: BTreeMap<[u8; 16], Vec<usize>> = BTreeMap::new();
+    for (i, a) in items.iter().enumerate() {
+        by_lane.entry(*a.partition_id.as_bytes()).or_default().push(i);
+    }
+    let mut item_json: Vec<Value> = items
+        .iter()
+        .map(|a| item_report(a, false, "no live lane of this lease on that partition (expired, superseded or unknown)"))
+        .collect();
+    let mut lane_json = Vec::new();
+    let (mut u_pid, mut u_committed, mut u_release, mut u_retry, mut u_reset) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut group = String::new();
+    for lane in lanes.iter().filter(|l| l.live) {
+        let Some(idxs) = by_lane.get(lane.partition_id.as_bytes()) else { continue };
+        let lane_items: Vec<AckItem> = idxs.iter().map(|&i| items[i].item.clone()).collect();
+        let plan = plan_lane(lane.state, &lane_items, lane.policy, call_error.as_deref());
+        let dead_letter_error = match &plan.disposal {
+            Disposal::DeadLetter { offset, error, retry_count } => {
+                file_dead_letter(client, lane, *offset, error, *retry_count);
+                Some(error.clone())
+            }
+            _ => None,
+        };
+        for (&i, outcome) in idxs.iter().zip(&plan.items) {
+            item_json[i] = outcome_report(&items[i], outcome, dead_letter_error.as_deref());
+        }
+        lane_json.push(json!({
+            "partitionId": from_pg_uuid(&lane.partition_id).to_string(),
+            "committed": plan.committed,
+            "leaseReleased": plan.release,
+            "retryCount": plan.retry_count,
+        }));
+        group = lane.consumer_group.clone();
+        u_pid.push(lane.partition_id);
+        u_committed.push(plan.committed);
+        u_release.push(plan.release);
+        u_retry.push(plan.retry_count);
+        u_reset.push(plan.reset_attempts);
+    }
+    if !u_pid.is_empty() {
+        let any_release = u_release.iter().any(|&r| r);
+        run(
+            client,
+            "UPDATE queen.lanes l
+                SET committed = v.committed,
+                    lease_id = CASE WHEN v.release THEN NULL ELSE l.lease_id END,
+                    lease_expires_at = CASE WHEN v.release THEN NULL ELSE l.lease_expires_at END,
+                    batch_end = CASE WHEN v.release THEN NULL ELSE l.batch_end END,
+                    batch_retry_count = v.retry,
+                    attempt_count = CASE WHEN v.reset THEN 0 ELSE l.attempt_count END,
+                    claim_start = CASE WHEN v.reset THEN NULL ELSE l.claim_start END
+               FROM unnest($1::uuid[], $2::int8[], $3::bool[], $4::int4[], $5::bool[])
+                    AS v(partition_id, committed, release, retry, reset)
+              WHERE l.partition_id = v.partition_id AND l.consumer_group = $6",
+            &[u_pid.into(), u_committed.into(), u_release.into(), u_retry.into(), u_reset.into(), group.as_str().into()],
+        );
+        if any_release {
+            // The lease row goes once no lane holds the lease any more.
+            run(
+                client,
+                "DELETE FROM queen.leases le WHERE le.lease_id = $1
+                   AND NOT EXISTS (SELECT 1 FROM queen.lanes l
+                                    WHERE l.partition_id = ANY(le.partition_ids) AND l.lease_id = $1)",
+                &[lease_id.into()],
+            );
+        }
+    }
+    json!({
+        "leaseId": from_pg_uuid(&lease_id).to_string(),
+        "items": item_json,
+        "lanes": lane_json,
+    })
+}
+
+fn item_report(a: &Addressed, success: bool, error: &str) -> Value {
+    json!({
+        "partitionId": from_pg_uuid(&a.partition_id).to_string(),
+        "offset": a.item.offset,
+        "status": a.item.status.as_str(),
+        "success": success,
+        "dlq": false,
+        "dropped": false,
+        "error": if success { Value::Null } else { Value::from(error) },
+    })
+}
+
+fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter_error: Option<&str>) -> Value {
+    let mut v = item_report(a, outcome.success(), "");
+    match outcome {
+        ItemOutcome::Applied => {
+            v["error"] = a.item.error.clone().map(Value::from).unwrap_or(Value::Null);
+        }
+        ItemOutcome::DeadLettered => {
+            v["dlq"] = Value::from(true);
+            v["error"] = dead_letter_error.map(Value::from).unwrap_or(Value::Null);
+        }
+        ItemOutcome::Dropped => v["dropped"] = Value::from(true),
+        ItemOutcome::OutsideSpan => {
+            v["error"] = Value::from("offset outside the leased span (committed, batch_end]");
+        }
+        ItemOutcome::AboveSignal { signal_offset } => {
+            v["error"] = Value::from(format!("not applied: a lower explicit signal at offset {signal_offset}"));
+        }
+    }
+    v
+}
+
+/// Decodes the frame at `offset` and files it in `queen.log_dlq`, in the ack's own
+/// transaction: the cursor passes the message only if its dead letter is stored.
+fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, error: &str, retry_count: i32) {
+    let mut frame: Option<(pgrx::Uuid, String, String)> = None;
+    segments::read(client, lane.partition_id, offset, offset, |_, f, _| {
+        let payload = std::str::from_utf8(f.payload)
+            .unwrap_or_else(|_| errors::corrupted("payload is not UTF-8"))
+            .to_string();
+        frame = Some((pgrx::Uuid::from_bytes(f.message_id), f.transaction_id.to_string(), payload));
+    });
+    let (message_id, transaction_id, payload) = frame.expect("segments::read emits the offset or raises");
+    run(
+        client,
+        "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
+                                    message_id, transaction_id, data, error_message, retry_count)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10)",
+        &[
+            to_pg_uuid(uuid::Uuid::now_v7()).into(),
+            lane.queue_id.into(),
+            lane.partition_id.into(),
+            lane.consumer_group.as_str().into(),
+            offset.into(),
+            message_id.into(),
+            transaction_id.as_str().into(),
+            payload.as_str().into(),
+            error.into(),
+            retry_count.into(),
+        ],
+    );
+}

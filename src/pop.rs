@@ -1,0 +1,341 @@
+//! Pop (spec §4): claim lanes, read from `committed + 1`, lease the span — one call.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use queen_core::claim::allocate;
+use queen_core::lease::effective_lease_micros;
+
+use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::{queues, segments};
+use crate::spi::{clock_now, run, timestamptz, to_pg_uuid};
+
+/// Most messages one pop may ask for.
+pub const MAX_POP_BATCH: i32 = 100_000;
+/// Most lanes one pop may claim.
+pub const MAX_POP_PARTITIONS: i32 = 10_000;
+pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
+
+
+/// Validated arguments of one pop.
+pub struct PopArgs<'a> {
+    pub queue: &'a str,
+    pub group: &'a str,
+    pub batch: i32,
+    pub partition: Option<&'a str>,
+    pub lease_seconds: i32,
+    pub auto_ack: bool,
+    pub wait_ms: i32,
+    pub max_partitions: i32,
+    pub subscription: &'a str,
+}
+
+/// A lane this pop locked, before it knows how many messages it takes.
+struct Candidate {
+    partition_id: pgrx::Uuid,
+    partition: String,
+    committed: i64,
+    available: i64,
+    claim_start: Option<i64>,
+    attempt_count: i32,
+    old_lease: Option<pgrx::Uuid>,
+}
+
+pub struct Delivered {
+    pub lease_id: Option<pgrx::Uuid>,
+    pub lease_expires_at: Option<i64>,
+    pub partition_id: pgrx::Uuid,
+    pub partition: String,
+    pub msg_offset: i64,
+    pub message_id: pgrx::Uuid,
+    pub transaction_id: String,
+    pub payload: String,
+    pub created_at: TimestampWithTimeZone,
+    pub attempt: i32,
+}
+
+#[pg_extern(name = "_pop")]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::too_many_arguments)]
+fn pop_sql(
+    p_queue: Option<&str>,
+    p_consumer_group: Option<&str>,
+    p_batch: Option<i32>,
+    p_partition: Option<&str>,
+    p_lease_seconds: Option<i32>,
+    p_auto_ack: Option<bool>,
+    p_wait_ms: Option<i32>,
+    p_max_partitions: Option<i32>,
+    p_subscription: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(lease_id, Option<pgrx::Uuid>),
+        name!(lease_expires_at, Option<TimestampWithTimeZone>),
+        name!(partition_id, pgrx::Uuid),
+        name!(partition, String),
+        name!(consumer_group, String),
+        name!(msg_offset, i64),
+        name!(message_id, pgrx::Uuid),
+        name!(transaction_id, String),
+        name!(payload, String),
+        name!(created_at, TimestampWithTimeZone),
+        name!(attempt, i32),
+    ),
+> {
+    let args = PopArgs {
+        queue: p_queue.unwrap_or_else(|| errors::null_arg("queue")),
+        group: p_consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group")),
+        batch: p_batch.unwrap_or_else(|| errors::null_arg("batch")),
+        partition: p_partition,
+        lease_seconds: p_lease_seconds.unwrap_or(0),
+        auto_ack: p_auto_ack.unwrap_or(false),
+        wait_ms: p_wait_ms.unwrap_or(0),
+        max_partitions: p_max_partitions.unwrap_or(1),
+        subscription: p_subscription.unwrap_or("all"),
+    };
+    validate(&args);
+    let group = args.group.to_string();
+    let rows = pop(&args);
+    TableIterator::new(rows.into_iter().map(move |d| {
+        (
+            d.lease_id,
+            d.lease_expires_at.map(timestamptz),
+            d.partition_id,
+            d.partition,
+            group.clone(),
+            d.msg_offset,
+            d.message_id,
+            d.transaction_id,
+            d.payload,
+            d.created_at,
+            d.attempt,
+        )
+    }))
+}
+
+fn validate(a: &PopArgs) {
+    check_queue_name("queue", a.queue);
+    check_lane_name("consumer_group", a.group);
+    if let Some(p) = a.partition {
+        check_lane_name("partition", p);
+    }
+    if a.batch < 1 || a.batch > MAX_POP_BATCH {
+        errors::invalid("batch", format_args!("{} (must be 1 to {MAX_POP_BATCH})", a.batch));
+    }
+    if a.lease_seconds < 0 {
+        errors::invalid("lease_seconds", format_args!("{} (must be >= 0)", a.lease_seconds));
+    }
+    if a.wait_ms < 0 {
+        errors::invalid("wait_ms", format_args!("{} (must be >= 0)", a.wait_ms));
+    }
+    if a.max_partitions < 1 || a.max_partitions > MAX_POP_PARTITIONS {
+        errors::invalid(
+            "max_partitions",
+            format_args!("{} (must be 1 to {MAX_POP_PARTITIONS})", a.max_partitions),
+        );
+    }
+    if a.subscription != "all" && a.subscription != "new" {
+        errors::invalid("subscription", format_args!("{:?} (must be 'all' or 'new')", a.subscription));
+    }
+}
+
+/// One claim attempt: returns the delivered messages, possibly none.
+pub fn pop(a: &PopArgs) -> Vec<Delivered> {
+    Spi::connect_mut(|client| pop_in(client, a))
+}
+
+fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
+    let info = run(
+        client,
+        "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
+                (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
+                                    + g.record_margin) * 1000000)::int8
+           FROM queen.queues q
+           LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
+          WHERE q.name = $1",
+        &[a.queue.into(), a.group.into()],
+    );
+    let Some(row) = info.into_iter().next() else {
+        return Vec::new(); // unknown queue: zero rows
+    };
+    let queue_id: i64 = row.get(1).or_raise().unwrap();
+    let lease_time: Option<i32> = row.get(2).or_raise();
+    let has_group: bool = row.get(3).or_raise().unwrap();
+    let budget_micros: Option<i64> = row.get(4).or_raise();
+    if !has_group {
+        queues::ensure_group(client, queue_id, a.group, a.subscription);
+    }
+
+    let now = clock_now();
+    let candidates = claim_candidates(client, a, queue_id, now);
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let takes = allocate(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
+
+    let lease_micros = match budget_micros {
+        Some(b) if a.lease_seconds == 0 && b > 0 => b,
+        _ => effective_lease_micros(a.lease_seconds, None, lease_time),
+    };
+    let (lease_id, expires) = if a.auto_ack {
+        (None, None)
+    } else {
+        (Some(to_pg_uuid(uuid::Uuid::now_v7())), Some(now.saturating_add(lease_micros)))
+    };
+
+    let mut out = Vec::new();
+    let mut pids = Vec::new();
+    let mut ends = Vec::new();
+    let mut starts = Vec::new();
+    let mut attempts = Vec::new();
+    let mut old_leases = Vec::new();
+    for (c, &take) in candidates.iter().zip(&takes) {
+        if take == 0 {
+            continue; // locked but not claimed: the lock ends with this transaction
+        }
+        let start = c.committed + 1;
+        let end = c.committed + take;
+        let attempt = if c.claim_start == Some(start) { c.attempt_count + 1 } else { 0 };
+        read_span(client, c, start, end, |mut d| {
+            d.lease_id = lease_id;
+            d.lease_expires_at = expires;
+            d.attempt = attempt;
+            out.push(d);
+        });
+        pids.push(c.partition_id);
+        ends.push(end);
+        starts.push(start);
+        attempts.push(attempt);
+        if let Some(old) = c.old_lease {
+            old_leases.push(old);
+        }
+    }
+
+    let now_ts = timestamptz(now);
+    match (lease_id, expires) {
+        (Some(lease_id), Some(expires)) => {
+            run(
+                client,
+                "WITH claimed AS (
+                   UPDATE queen.lanes l
+                      SET lease_id = $3, lease_expires_at = $4, batch_end = v.batch_end,
+                          claim_start = v.claim_start, attempt_count = v.attempt,
+                          last_claimed_at = $5
+                     FROM unnest($1::uuid[], $2::int8[], $6::int8[], $7::int4[])
+                          AS v(partition_id, batch_end, claim_start, attempt)
+                    WHERE l.partition_id = v.partition_id AND l.consumer_group = $8
+                 ), expired AS (
+                   DELETE FROM queen.leases WHERE lease_id = ANY($9::uuid[])
+                 )
+                 INSERT INTO queen.leases (lease_id, queue_id, consumer_group, partition_ids, expires_at)
+                 VALUES ($3, $10, $8, $1, $4)",
+                &[
+                    pids.clone().into(),
+                    ends.into(),
+                    lease_id.into(),
+                    timestamptz(expires).into(),
+                    now_ts.into(),
+                    starts.into(),
+                    attempts.into(),
+                    a.group.into(),
+                    old_leases.into(),
+                    queue_id.into(),
+                ],
+            );
+        }
+        _ => {
+            // auto_ack: no lease; the cursor moves to batch_end in this same call.
+            run(
+                client,
+                "WITH done AS (
+                   UPDATE queen.lanes l
+                      SET committed = v.batch_end, lease_id = NULL, lease_expires_at = NULL,
+                          batch_end = NULL, claim_start = NULL, attempt_count = 0,
+                          batch_retry_count = 0, last_claimed_at = $3
+                     FROM unnest($1::uuid[], $2::int8[]) AS v(partition_id, batch_end)
+                    WHERE l.partition_id = v.partition_id AND l.consumer_group = $4
+                 )
+                 DELETE FROM queen.leases WHERE lease_id = ANY($5::uuid[])",
+                &[pids.into(), ends.into(), now_ts.into(), a.group.into(), old_leases.into()],
+            );
+        }
+    }
+    out
+}
+
+/// Locks up to `max_partitions` claimable lanes: no live lease, messages past the cursor.
+/// The least recently claimed lanes come first, so a deep partition cannot starve the
+/// others. SKIP LOCKED: a lane another pop is claiming right now is not ours to wait on.
+fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
+    let now = timestamptz(now);
+    let table = match a.partition {
+        Some(p) => run(
+            client,
+            "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
+               FROM queen.partitions p
+               JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
+              WHERE p.queue_id = $1 AND p.name = $3
+                AND l.committed < p.head
+                AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
+                FOR UPDATE OF l SKIP LOCKED",
+            &[queue_id.into(), a.group.into(), p.into(), now.into()],
+        ),
+        None => run(
+            client,
+            "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
+               FROM queen.lanes l
+               JOIN queen.partitions p ON p.partition_id = l.partition_id
+              WHERE l.queue_id = $1 AND l.consumer_group = $2
+                AND l.committed < p.head
+                AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
+              ORDER BY l.last_claimed_at NULLS FIRST, l.partition_id
+              LIMIT $3
+                FOR UPDATE OF l SKIP LOCKED",
+            &[queue_id.into(), a.group.into(), i64::from(a.max_partitions).into(), now.into()],
+        ),
+    };
+    table
+        .into_iter()
+        .map(|row| {
+            let committed: i64 = row.get(3).or_raise().unwrap();
+            let head: i64 = row.get(4).or_raise().unwrap();
+            Candidate {
+                partition_id: row.get(1).or_raise().unwrap(),
+                partition: row.get(2).or_raise().unwrap(),
+                committed,
+                available: head - committed,
+                claim_start: row.get(5).or_raise(),
+                attempt_count: row.get(6).or_raise().unwrap(),
+                old_lease: row.get(7).or_raise(),
+            }
+        })
+        .collect()
+}
+
+/// Decodes offsets `start..=end` of a lane into deliveries.
+fn read_span(
+    client: &mut SpiClient<'_>,
+    c: &Candidate,
+    start: i64,
+    end: i64,
+    mut emit: impl FnMut(Delivered),
+) {
+    segments::read(client, c.partition_id, start, end, |offset, f, created_at| {
+        let payload = std::str::from_utf8(f.payload)
+            .unwrap_or_else(|_| errors::corrupted("payload is not UTF-8"))
+            .to_string();
+        emit(Delivered {
+            lease_id: None,
+            lease_expires_at: None,
+            partition_id: c.partition_id,
+            partition: c.partition.clone(),
+            msg_offset: offset,
+            message_id: pgrx::Uuid::from_bytes(f.message_id),
+            transaction_id: f.transaction_id.to_string(),
+            payload,
+            created_at,
+            attempt: 0,
+        });
+    });
+}

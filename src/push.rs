@@ -1,0 +1,279 @@
+//! Push (spec §3): one immutable segment per partition per call, offsets reserved under
+//! the partition row lock so that they commit gapless and in order.
+
+use std::collections::BTreeMap;
+
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use queen_core::segment::{self, Frame};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::queues;
+use crate::spi::{run, to_pg_uuid};
+
+/// Largest payload accepted, as JSON text.
+pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
+/// Most items in one push_batch call.
+pub const MAX_BATCH_ITEMS: usize = 100_000;
+/// Most payload bytes in one call (a segment must stay well below bytea's 1 GB).
+pub const MAX_CALL_BYTES: usize = 256 << 20;
+/// Longest transaction id.
+pub const MAX_TRANSACTION_ID: usize = 512;
+pub const DEFAULT_PARTITION: &str = "Default";
+
+/// One message to push, validated.
+pub struct PushItem {
+    pub queue: String,
+    pub partition: String,
+    pub payload: String,
+    pub transaction_id: Option<String>,
+}
+
+/// One result row: `queen.push_result`.
+pub struct PushRow {
+    pub idx: i32,
+    pub status: &'static str,
+    pub message_id: uuid::Uuid,
+    pub transaction_id: String,
+    pub partition_id: pgrx::Uuid,
+    pub msg_offset: i64,
+}
+
+
+fn into_table(rows: Vec<PushRow>) -> TableIterator<
+    'static,
+    (
+        name!(idx, i32),
+        name!(status, String),
+        name!(message_id, pgrx::Uuid),
+        name!(transaction_id, String),
+        name!(partition_id, pgrx::Uuid),
+        name!(msg_offset, i64),
+    ),
+> {
+    TableIterator::new(rows.into_iter().map(|r| {
+        (r.idx, r.status.to_string(), to_pg_uuid(r.message_id), r.transaction_id, r.partition_id, r.msg_offset)
+    }))
+}
+
+fn check_item(item: &PushItem, at: &str) {
+    check_queue_name(&format!("{at}queue"), &item.queue);
+    check_lane_name(&format!("{at}partition"), &item.partition);
+    if item.payload.len() > MAX_PAYLOAD_BYTES {
+        errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!(
+                "queen: {at}payload is {} bytes; the most a message may carry is {MAX_PAYLOAD_BYTES}",
+                item.payload.len()
+            ),
+        );
+    }
+    if let Some(tx) = &item.transaction_id {
+        if tx.is_empty() || tx.len() > MAX_TRANSACTION_ID {
+            errors::invalid(
+                &format!("{at}transaction_id"),
+                format_args!("must be 1 to {MAX_TRANSACTION_ID} bytes, got {}", tx.len()),
+            );
+        }
+    }
+}
+
+/// `queen._push`, wrapped by `queen.push` (sql/api.sql).
+#[pg_extern(name = "_push")]
+#[search_path(pg_catalog, pg_temp)]
+fn push_one(
+    p_queue: Option<&str>,
+    p_payload: Option<&str>,
+    p_partition: Option<&str>,
+    p_transaction_id: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(idx, i32),
+        name!(status, String),
+        name!(message_id, pgrx::Uuid),
+        name!(transaction_id, String),
+        name!(partition_id, pgrx::Uuid),
+        name!(msg_offset, i64),
+    ),
+> {
+    let queue = p_queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let payload = p_payload.unwrap_or_else(|| errors::null_arg("payload"));
+    let item = PushItem {
+        queue: queue.to_string(),
+        partition: p_partition.unwrap_or(DEFAULT_PARTITION).to_string(),
+        payload: payload.to_string(),
+        transaction_id: p_transaction_id.map(str::to_string),
+    };
+    check_item(&item, "");
+    into_table(push_items(vec![item]))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchItem<'a> {
+    #[serde(borrow)]
+    queue: Option<&'a RawValue>,
+    #[serde(borrow)]
+    partition: Option<&'a RawValue>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow, rename = "transactionId")]
+    transaction_id: Option<&'a RawValue>,
+}
+
+/// A JSON string field of a batch item: absent or null is None; anything but a string
+/// is an error naming the item and the key.
+fn string_field(raw: Option<&RawValue>, at: &str, key: &str) -> Option<String> {
+    let raw = raw?;
+    match serde_json::from_str::<Option<String>>(raw.get()) {
+        Ok(v) => v,
+        Err(_) => errors::invalid(&format!("{at}{key}"), format_args!("must be a string, got {}", raw.get())),
+    }
+}
+
+/// `queen._push_batch`, wrapped by `queen.push_batch`: `items` arrives as jsonb's text.
+#[pg_extern(name = "_push_batch")]
+#[search_path(pg_catalog, pg_temp)]
+fn push_batch(p_items: Option<&str>) -> TableIterator<
+    'static,
+    (
+        name!(idx, i32),
+        name!(status, String),
+        name!(message_id, pgrx::Uuid),
+        name!(transaction_id, String),
+        name!(partition_id, pgrx::Uuid),
+        name!(msg_offset, i64),
+    ),
+> {
+    let text = p_items.unwrap_or_else(|| errors::null_arg("items"));
+    let parsed: Vec<&RawValue> = serde_json::from_str(text)
+        .unwrap_or_else(|_| errors::invalid("items", "must be a JSON array of objects"));
+    if parsed.is_empty() {
+        errors::invalid("items", "must hold at least one item");
+    }
+    if parsed.len() > MAX_BATCH_ITEMS {
+        errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!("queen: items holds {} messages; at most {MAX_BATCH_ITEMS} per call", parsed.len()),
+        );
+    }
+    let mut items = Vec::with_capacity(parsed.len());
+    let mut total = 0usize;
+    for (i, raw) in parsed.iter().enumerate() {
+        let at = format!("items[{i}].");
+        let obj: BatchItem = serde_json::from_str(raw.get()).unwrap_or_else(|e| {
+            errors::invalid(&format!("items[{i}]"), format_args!("must be an object with queue, partition?, payload, transactionId?: {e}"))
+        });
+        let queue = string_field(obj.queue, &at, "queue")
+            .unwrap_or_else(|| errors::invalid(&format!("{at}queue"), "is missing"));
+        let payload = obj.payload.unwrap_or_else(|| errors::invalid(&format!("{at}payload"), "is missing"));
+        let item = PushItem {
+            queue,
+            partition: string_field(obj.partition, &at, "partition").unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
+            payload: payload.get().to_string(),
+            transaction_id: string_field(obj.transaction_id, &at, "transactionId"),
+        };
+        check_item(&item, &at);
+        total += item.payload.len();
+        items.push(item);
+    }
+    if total > MAX_CALL_BYTES {
+        errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            format!("queen: items carry {total} payload bytes; at most {MAX_CALL_BYTES} per call"),
+        );
+    }
+    into_table(push_items(items))
+}
+
+/// Reserves `n` offsets on a partition, creating it if needed. Returns the partition id
+/// and the first reserved offset. The row lock taken here is held until commit.
+fn reserve(client: &mut SpiClient<'_>, queue_id: i64, partition: &str, n: i64) -> (pgrx::Uuid, i64) {
+    loop {
+        let updated = run(
+            client,
+            "UPDATE queen.partitions SET head = head + $3 WHERE queue_id = $1 AND name = $2
+             RETURNING partition_id, head",
+            &[queue_id.into(), partition.into(), n.into()],
+        );
+        if let Some(row) = updated.into_iter().next() {
+            let pid: pgrx::Uuid = row.get(1).or_raise().unwrap();
+            let head: i64 = row.get(2).or_raise().unwrap();
+            return (pid, head - n + 1);
+        }
+        if let Some((pid, head)) = queues::create_partition(client, queue_id, partition, n) {
+            return (pid, head - n + 1);
+        }
+        // Another session created it between our UPDATE and INSERT: reserve on its row.
+    }
+}
+
+/// Stores validated items: one segment per (queue, partition), offsets in input order.
+pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
+    // BTreeMap order is the lock order: (queue, partition) by name.
+    let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        groups.entry((item.queue.as_str(), item.partition.as_str())).or_default().push(i);
+    }
+    let message_ids: Vec<uuid::Uuid> = items.iter().map(|_| uuid::Uuid::now_v7()).collect();
+    let transaction_ids: Vec<String> = items
+        .iter()
+        .map(|it| it.transaction_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string()))
+        .collect();
+
+    let mut rows: Vec<Option<PushRow>> = (0..items.len()).map(|_| None).collect();
+    Spi::connect_mut(|client| {
+        let mut queue_ids: BTreeMap<&str, i64> = BTreeMap::new();
+        for &(queue, _) in groups.keys() {
+            if !queue_ids.contains_key(queue) {
+                queue_ids.insert(queue, queues::ensure_queue(client, queue));
+            }
+        }
+        let mut seg_pids = Vec::with_capacity(groups.len());
+        let mut seg_first = Vec::with_capacity(groups.len());
+        let mut seg_last = Vec::with_capacity(groups.len());
+        let mut seg_data: Vec<Vec<u8>> = Vec::with_capacity(groups.len());
+        for (&(queue, partition), idxs) in &groups {
+            let n = idxs.len() as i64;
+            let (pid, first) = reserve(client, queue_ids[queue], partition, n);
+            let frames = idxs.iter().map(|&i| Frame {
+                message_id: *message_ids[i].as_bytes(),
+                transaction_id: &transaction_ids[i],
+                payload: items[i].payload.as_bytes(),
+            });
+            seg_data.push(segment::encode(frames));
+            for (k, &i) in idxs.iter().enumerate() {
+                rows[i] = Some(PushRow {
+                    idx: i as i32,
+                    status: "queued",
+                    message_id: message_ids[i],
+                    transaction_id: transaction_ids[i].clone(),
+                    partition_id: pid,
+                    msg_offset: first + k as i64,
+                });
+            }
+            seg_pids.push(pid);
+            seg_first.push(first);
+            seg_last.push(first + n - 1);
+        }
+        if seg_pids.len() == 1 {
+            run(
+                client,
+                "INSERT INTO queen.segments (partition_id, first_offset, last_offset, data)
+                 VALUES ($1, $2, $3, $4)",
+                &[seg_pids[0].into(), seg_first[0].into(), seg_last[0].into(), seg_data.pop().unwrap().into()],
+            );
+        } else {
+            run(
+                client,
+                "INSERT INTO queen.segments (partition_id, first_offset, last_offset, data)
+                 SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[])",
+                &[seg_pids.into(), seg_first.into(), seg_last.into(), seg_data.into()],
+            );
+        }
+    });
+    rows.into_iter().map(|r| r.expect("every item belongs to one segment")).collect()
+}

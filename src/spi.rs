@@ -1,0 +1,66 @@
+//! SPI helpers: kept plans and small conversions.
+//!
+//! Hot statements are prepared once per backend and kept (`SPI_keepplan`), keyed by their
+//! text; argument types come from the first call's arguments.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::PgOid;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+
+use crate::errors::SpiExt;
+
+thread_local! {
+    static PLANS: RefCell<HashMap<&'static str, Rc<OwnedPreparedStatement>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// Runs `sql` (a constant, never built from input) as a kept plan with `args`.
+pub fn run<'conn>(
+    client: &mut SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+) -> SpiTupleTable<'conn> {
+    let plan = PLANS.with(|p| p.borrow().get(sql).cloned());
+    let plan = match plan {
+        Some(p) => p,
+        None => {
+            let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+            let kept = Rc::new(client.prepare_mut(sql, &types).or_raise().keep());
+            PLANS.with(|p| p.borrow_mut().insert(sql, kept.clone()));
+            kept
+        }
+    };
+    client.update(&*plan, None, args).or_raise()
+}
+
+/// Current wall-clock time in microseconds since 2000-01-01, the clock of
+/// `clock_timestamp()`. Leases use it, not `now()`: a pop or ack inside a long
+/// transaction must judge expiry by the real time.
+pub fn clock_now() -> i64 {
+    unsafe { pgrx::pg_sys::GetCurrentTimestamp() }
+}
+
+pub fn timestamptz(micros: i64) -> pgrx::datum::TimestampWithTimeZone {
+    pgrx::datum::TimestampWithTimeZone::try_from(micros)
+        .unwrap_or_else(|_| crate::errors::invalid("timestamp", micros))
+}
+
+pub fn to_pg_uuid(u: uuid::Uuid) -> pgrx::Uuid {
+    pgrx::Uuid::from_bytes(*u.as_bytes())
+}
+
+pub fn from_pg_uuid(u: &pgrx::Uuid) -> uuid::Uuid {
+    uuid::Uuid::from_bytes(**u)
+}
+
+/// The first column of the first row, or None when the statement returned no row.
+pub fn first_value<T: pgrx::IntoDatum + pgrx::FromDatum>(table: SpiTupleTable<'_>) -> Option<T> {
+    if table.is_empty() {
+        return None;
+    }
+    table.first().get_one::<T>().or_raise()
+}
