@@ -5,9 +5,10 @@
 --     that row lock until it commits. Pushes to one partition therefore commit in offset
 --     order, and a reader never sees offset k+1 before k: no offset is ever skipped.
 --     A push_batch locks its partitions in (queue, partition) name order: no deadlock.
---   * Creating a partition takes FOR SHARE on its queue row; creating a consumer group
---     takes FOR UPDATE on it. So a new partition and a new group never miss each other:
---     whichever commits second creates the lane (partition x group) that joins them.
+--   * A new partition gets a lane for every committed group; a new group gets a lane for
+--     every committed partition. When both are created at the same moment and miss each
+--     other, the group's next empty pop adds the missing lane (queues::repair_lanes).
+--     Neither path waits on a lock held by a consumer's open transaction.
 --   * A pop claims lanes with FOR UPDATE SKIP LOCKED: it never waits on another's lane.
 --   * An ack locks only the lanes of its lease, in partition_id order.
 

@@ -163,12 +163,15 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let lease_time: Option<i32> = row.get(2).or_raise();
     let has_group: bool = row.get(3).or_raise().unwrap();
     let budget_micros: Option<i64> = row.get(4).or_raise();
-    if !has_group {
-        queues::ensure_group(client, queue_id, a.group, a.subscription);
+    if !has_group && !queues::ensure_group(client, queue_id, a.group, a.subscription) {
+        return Vec::new(); // another session is creating this group and claiming right now
     }
 
     let now = clock_now();
-    let candidates = claim_candidates(client, a, queue_id, now);
+    let mut candidates = claim_candidates(client, a, queue_id, now);
+    if candidates.is_empty() && queues::repair_lanes(client, queue_id, a.group) {
+        candidates = claim_candidates(client, a, queue_id, now);
+    }
     if candidates.is_empty() {
         return Vec::new();
     }
@@ -261,6 +264,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             );
         }
     }
+    // Rows come ordered by partition, then offset (spec §4).
+    out.sort_by(|x, y| (x.partition.as_str(), x.msg_offset).cmp(&(y.partition.as_str(), y.msg_offset)));
     out
 }
 

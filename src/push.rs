@@ -1,12 +1,11 @@
 //! Push (spec §3): one immutable segment per partition per call, offsets reserved under
 //! the partition row lock so that they commit gapless and in order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::segment::{self, Frame};
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
@@ -111,18 +110,9 @@ fn push_one(
     into_table(push_items(vec![item]))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchItem<'a> {
-    #[serde(borrow)]
-    queue: Option<&'a RawValue>,
-    #[serde(borrow)]
-    partition: Option<&'a RawValue>,
-    #[serde(borrow)]
-    payload: Option<&'a RawValue>,
-    #[serde(borrow, rename = "transactionId")]
-    transaction_id: Option<&'a RawValue>,
-}
+/// The keys a push_batch item may have; anything else is refused (a typo such as
+/// "partiton" must not silently send a message to the default partition).
+const BATCH_KEYS: [&str; 4] = ["queue", "partition", "payload", "transactionId"];
 
 /// A JSON string field of a batch item: absent or null is None; anything but a string
 /// is an error naming the item and the key.
@@ -164,17 +154,25 @@ fn push_batch(p_items: Option<&str>) -> TableIterator<
     let mut total = 0usize;
     for (i, raw) in parsed.iter().enumerate() {
         let at = format!("items[{i}].");
-        let obj: BatchItem = serde_json::from_str(raw.get()).unwrap_or_else(|e| {
-            errors::invalid(&format!("items[{i}]"), format_args!("must be an object with queue, partition?, payload, transactionId?: {e}"))
+        let obj: HashMap<String, &RawValue> = serde_json::from_str(raw.get()).unwrap_or_else(|_| {
+            errors::invalid(
+                &format!("items[{i}]"),
+                format_args!("must be an object {{queue, partition?, payload, transactionId?}}, got {}", raw.get()),
+            )
         });
-        let queue = string_field(obj.queue, &at, "queue")
+        if let Some(k) = obj.keys().find(|k| !BATCH_KEYS.contains(&k.as_str())) {
+            errors::invalid(&format!("items[{i}]"), format_args!("unknown key {k:?} (allowed: queue, partition, payload, transactionId)"));
+        }
+        let queue = string_field(obj.get("queue").copied(), &at, "queue")
             .unwrap_or_else(|| errors::invalid(&format!("{at}queue"), "is missing"));
-        let payload = obj.payload.unwrap_or_else(|| errors::invalid(&format!("{at}payload"), "is missing"));
+        // A JSON null payload is a payload; only a missing key is an error.
+        let payload = obj.get("payload").unwrap_or_else(|| errors::invalid(&format!("{at}payload"), "is missing"));
         let item = PushItem {
             queue,
-            partition: string_field(obj.partition, &at, "partition").unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
+            partition: string_field(obj.get("partition").copied(), &at, "partition")
+                .unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
             payload: payload.get().to_string(),
-            transaction_id: string_field(obj.transaction_id, &at, "transactionId"),
+            transaction_id: string_field(obj.get("transactionId").copied(), &at, "transactionId"),
         };
         check_item(&item, &at);
         total += item.payload.len();

@@ -42,9 +42,6 @@ pub fn create_partition(
     name: &str,
     reserve: i64,
 ) -> Option<(pgrx::Uuid, i64)> {
-    // FOR SHARE on the queue row: a group being created (FOR UPDATE) waits for us, and we
-    // wait for it, so the two never miss each other's lanes.
-    run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE", &[queue_id.into()]);
     let pid = to_pg_uuid(uuid::Uuid::now_v7());
     let inserted = run(
         client,
@@ -65,10 +62,19 @@ pub fn create_partition(
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
 /// 'new' starts the lanes of existing partitions at their committed head, 'all' at 0.
-pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subscription: &str) {
-    // FOR UPDATE waits for in-flight partition creations to commit, so the lane insert
-    // below sees every partition; partitions created later add their own lanes.
-    run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR UPDATE", &[queue_id.into()]);
+///
+/// Returns false, without waiting, when another session is creating the same group right
+/// now: a pop never waits on a claim that is not its own.
+pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subscription: &str) -> bool {
+    let mine = first_value::<bool>(run(
+        client,
+        "SELECT pg_try_advisory_xact_lock(1364541774, hashtext($1::text || '/' || $2))",
+        &[queue_id.into(), group.into()],
+    ))
+    .unwrap_or(false);
+    if !mine {
+        return false;
+    }
     let created = run(
         client,
         "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
@@ -76,7 +82,7 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
         &[queue_id.into(), group.into(), subscription.into()],
     );
     if created.is_empty() {
-        return;
+        return true;
     }
     run(
         client,
@@ -86,4 +92,44 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
          ON CONFLICT DO NOTHING",
         &[queue_id.into(), group.into(), subscription.into()],
     );
+    true
+}
+
+thread_local! {
+    static LAST_REPAIR: std::cell::RefCell<std::collections::HashMap<(i64, String), std::time::Instant>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Adds lanes that a partition and a group created at the same moment both missed (each
+/// transaction saw only the other's committed rows). Such lanes start at 0: the partition
+/// is as new as the group. The anti-join is O(partitions), so a backend runs it at most
+/// once a second per (queue, group), and only when a pop found nothing to claim.
+/// Returns true when it added a lane.
+pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> bool {
+    let key = (queue_id, group.to_string());
+    let now = std::time::Instant::now();
+    let due = LAST_REPAIR.with(|m| {
+        let mut m = m.borrow_mut();
+        match m.get(&key) {
+            Some(t) if now.duration_since(*t) < std::time::Duration::from_secs(1) => false,
+            _ => {
+                m.insert(key, now);
+                true
+            }
+        }
+    });
+    if !due {
+        return false;
+    }
+    !run(
+        client,
+        "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
+         SELECT p.partition_id, $2, $1, 0 FROM queen.partitions p
+          WHERE p.queue_id = $1
+            AND NOT EXISTS (SELECT 1 FROM queen.lanes l
+                             WHERE l.partition_id = p.partition_id AND l.consumer_group = $2)
+         ON CONFLICT DO NOTHING RETURNING 1",
+        &[queue_id.into(), group.into()],
+    )
+    .is_empty()
 }

@@ -1,0 +1,88 @@
+# queen — make run: install what is missing, build, install, start a local cluster, demo.
+#         make test: every test layer (unit, pgrx, pg_regress + isolation, integration).
+SHELL := /bin/bash
+PG_CONFIG := /usr/lib/postgresql/15/bin/pg_config
+PGBIN     := /usr/lib/postgresql/15/bin
+REGRESS   := /usr/lib/postgresql/15/lib/pgxs/src/test/regress
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+# The cluster `make run` leaves running (documented in the README).
+RUN_DIR  ?= /var/tmp/queen-run
+RUN_PORT ?= 5488
+# The throwaway cluster the tests start and stop.
+TEST_DIR  ?= /tmp/queen-test
+TEST_PORT ?= 5487
+TEST_DSN  := host=$(TEST_DIR)/sock port=$(TEST_PORT) user=postgres
+PSQL_RUN  := psql -X -v ON_ERROR_STOP=1 -h $(RUN_DIR)/sock -p $(RUN_PORT) -U postgres
+PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -U postgres
+
+REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))) readme)
+ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
+
+.PHONY: deps build install install-debug run stop test unit pgrx-test regress integration \
+        test-cluster-start test-cluster-stop readme-sql clean
+
+deps:
+	@bash scripts/deps.sh
+
+install: deps
+	cargo pgrx install --release --pg-config $(PG_CONFIG)
+
+install-debug: deps
+	cargo pgrx install --pg-config $(PG_CONFIG)
+
+run: install
+	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
+	@bash scripts/cluster.sh start $(RUN_DIR) $(RUN_PORT)
+	@$(PSQL_RUN) -q -c "CREATE EXTENSION IF NOT EXISTS queen"
+	@$(PSQL_RUN) -q -c "ALTER EXTENSION queen UPDATE" >/dev/null 2>&1 || true
+	@$(PSQL_RUN) -f scripts/demo.sql
+	@echo
+	@echo "queen is running. Connect with:"
+	@echo "  psql -h $(RUN_DIR)/sock -p $(RUN_PORT) -U postgres"
+	@echo "  (or TCP: psql -h 127.0.0.1 -p $(RUN_PORT) -U postgres)"
+	@echo "Stop it with: make stop"
+
+stop:
+	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
+
+test: deps unit pgrx-test install-debug regress integration
+	@echo "make test: all layers passed"
+
+unit:
+	cargo test -p queen-core
+
+pgrx-test:
+	cargo pgrx test pg15 --runas postgres --pgdata /tmp/queen-pgrx
+
+test-cluster-start:
+	@bash scripts/cluster.sh stop $(TEST_DIR) $(TEST_PORT)
+	@rm -rf $(TEST_DIR)
+	@bash scripts/cluster.sh start $(TEST_DIR) $(TEST_PORT)
+
+test-cluster-stop:
+	@bash scripts/cluster.sh stop $(TEST_DIR) $(TEST_PORT)
+
+# The README's SQL tour, extracted verbatim, is a regression test of its own.
+readme-sql:
+	@python3 scripts/readme_sql.py README.md > pg_test/sql/readme.sql
+
+regress: readme-sql test-cluster-start
+	@mkdir -p /tmp/queen-regress-out /tmp/queen-isolation-out
+	$(REGRESS)/pg_regress --host=$(TEST_DIR)/sock --port=$(TEST_PORT) --user=postgres \
+	  --inputdir=pg_test --outputdir=/tmp/queen-regress-out --dbname=queen_regress \
+	  $(REGRESS_TESTS) || { cat /tmp/queen-regress-out/regression.diffs; $(MAKE) -s test-cluster-stop; exit 1; }
+	$(REGRESS)/../isolation/pg_isolation_regress --host=$(TEST_DIR)/sock --port=$(TEST_PORT) \
+	  --user=postgres --inputdir=pg_test --outputdir=/tmp/queen-isolation-out \
+	  --dbname=queen_isolation $(ISOLATION_TESTS) \
+	  || { cat /tmp/queen-isolation-out/regression.diffs; $(MAKE) -s test-cluster-stop; exit 1; }
+	@$(MAKE) -s test-cluster-stop
+
+integration: test-cluster-start
+	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
+	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
+	  cargo test -p queen-it -- --test-threads=4 || { $(MAKE) -s test-cluster-stop; exit 1; }
+	@$(MAKE) -s test-cluster-stop
+
+clean:
+	cargo clean

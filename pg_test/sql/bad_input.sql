@@ -1,0 +1,82 @@
+-- Spec §9: bad input gets a clear ERROR with the right SQLSTATE and changes nothing.
+CREATE EXTENSION IF NOT EXISTS queen;
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE q;
+  RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+SELECT queen.push('good', '{"ok": true}') IS NOT NULL AS pushed;
+CREATE TEMP TABLE before AS
+  SELECT (SELECT count(*) FROM queen.queues) AS queues, (SELECT count(*) FROM queen.partitions) AS partitions,
+         (SELECT count(*) FROM queen.segments) AS segments, (SELECT count(*) FROM queen.lanes) AS lanes;
+
+-- push
+SELECT pg_temp.err($$SELECT queen.push('bad name', '{}')$$);
+SELECT pg_temp.err($$SELECT queen.push('', '{}')$$);
+SELECT pg_temp.err($$SELECT queen.push(repeat('a', 201), '{}')$$);
+SELECT pg_temp.err($$SELECT queen.push('x;drop', '{}')$$);
+SELECT pg_temp.err($$SELECT queen.push(NULL, '{}')$$);
+SELECT pg_temp.err($$SELECT queen.push('good', NULL)$$);
+SELECT pg_temp.err($$SELECT queen.push('good', '{bad json')$$);
+SELECT pg_temp.err($$SELECT queen.push('good', '{}', partition => 'a b')$$);
+SELECT pg_temp.err($$SELECT queen.push('good', '{}', partition => '')$$);
+SELECT pg_temp.err($$SELECT queen.push('good', '{}', transaction_id => '')$$);
+SELECT pg_temp.err($$SELECT queen.push('good', '{}', transaction_id => repeat('t', 513))$$);
+
+-- push_batch: malformed items; one bad item stores nothing.
+SELECT pg_temp.err($$SELECT queen.push_batch('{"queue": "good"}')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[1]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"payload": 1}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good"}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": 7, "payload": 1}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good", "payload": 1, "partiton": "x"}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good", "payload": 1}, {"queue": "bad name", "payload": 2}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good", "payload": 1, "transactionId": 5}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch(NULL)$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue"')$$);
+SELECT head FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = 'good';
+
+-- pop
+SELECT pg_temp.err($$SELECT queen.pop('bad name')$$);
+SELECT pg_temp.err($$SELECT queen.pop(NULL)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', NULL)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', 'bad group!')$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', batch => 0)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', batch => -5)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', batch => 100001)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', batch => NULL)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', partition => 'a b')$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', lease_seconds => -1)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', wait_ms => -1)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', max_partitions => 0)$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', subscription => 'latest')$$);
+SELECT pg_temp.err($$SELECT queen.pop('good', batch => 'many')$$);
+
+-- ack
+SELECT pg_temp.err($$SELECT queen.ack(NULL::uuid)$$);
+SELECT pg_temp.err($$SELECT queen.ack(NULL, gen_random_uuid(), 1)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), NULL, 1)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), gen_random_uuid(), NULL)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), gen_random_uuid(), 1, 'done')$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), 'not-a-uuid', 1)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '{"partitionId": 1}'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"offset": 1}]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "x", "offset": 1}]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000"}]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1.5}]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1, "status": "nope"}]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1, "bogus": 1}]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), NULL::jsonb)$$);
+
+-- Nothing above changed the stored state.
+SELECT (SELECT count(*) FROM queen.queues) = queues AS same_queues,
+       (SELECT count(*) FROM queen.partitions) = partitions AS same_partitions,
+       (SELECT count(*) FROM queen.segments) = segments AS same_segments,
+       (SELECT count(*) FROM queen.lanes) = lanes AS same_lanes
+  FROM before;
+SELECT msg_offset, payload FROM queen.pop('good', auto_ack => true);

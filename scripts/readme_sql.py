@@ -1,0 +1,13 @@
+#!/usr/bin/env python3
+"""Prints the README's SQL tour (the ```sql blocks between the tour markers) verbatim,
+so that pg_regress runs exactly what the README shows."""
+import re
+import sys
+
+text = open(sys.argv[1], encoding="utf-8").read()
+start = text.index("<!-- tour:start -->")
+end = text.index("<!-- tour:end -->")
+blocks = re.findall(r"```sql\n(.*?)```", text[start:end], re.S)
+if not blocks:
+    sys.exit("README has no SQL tour")
+print("\n".join(b.rstrip("\n") + "\n" for b in blocks), end="")
