@@ -4,6 +4,9 @@ SHELL := /bin/bash
 PG_CONFIG := /usr/lib/postgresql/15/bin/pg_config
 PGBIN     := /usr/lib/postgresql/15/bin
 REGRESS   := /usr/lib/postgresql/15/lib/pgxs/src/test/regress
+# Unlink the installed library before replacing it: overwriting the file in place would
+# change pages a running server has mapped (SIGBUS); a new file leaves them alone.
+UNLINK_SO := rm -f /usr/lib/postgresql/15/lib/queen.so
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 # The cluster `make run` leaves running (documented in the README).
@@ -26,9 +29,11 @@ deps:
 	@bash scripts/deps.sh
 
 install: deps
+	$(UNLINK_SO)
 	cargo pgrx install --release --pg-config $(PG_CONFIG)
 
 install-debug: deps
+	$(UNLINK_SO)
 	cargo pgrx install --pg-config $(PG_CONFIG)
 
 run: install
@@ -53,6 +58,7 @@ unit:
 	cargo test -p queen-core
 
 pgrx-test:
+	$(UNLINK_SO)
 	cargo pgrx test pg15 --runas postgres --pgdata /tmp/queen-pgrx
 
 test-cluster-start:

@@ -1,15 +1,86 @@
-//! In-server tests (`cargo pgrx test`): single-session SQL semantics.
+//! In-server tests (`cargo pgrx test`): single-session SQL semantics, run inside one
+//! transaction each, so every test starts from an empty queen schema.
 
-use pgrx::prelude::*;
-
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     use pgrx::prelude::*;
 
+    fn count(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql).unwrap().unwrap()
+    }
+
     #[pg_test]
-    fn push_then_pop() {
-        Spi::run("SELECT * FROM queen.push('t1', '{\"a\": 1}')").unwrap();
-        let n = Spi::get_one::<i64>("SELECT count(*) FROM queen.pop('t1')").unwrap();
-        assert_eq!(n, Some(1));
+    fn issue_scenario_push_pop_ack() {
+        for n in 1..=3 {
+            Spi::run(&format!("SELECT * FROM queen.push('scn', '{{\"n\": {n}}}')")).unwrap();
+        }
+        Spi::run("CREATE TEMP TABLE b AS SELECT * FROM queen.pop('scn', batch => 2)").unwrap();
+        assert_eq!(count("SELECT count(*) FROM b WHERE msg_offset IN (1, 2)"), 2);
+        assert_eq!(count("SELECT count(DISTINCT lease_id) FROM b"), 1);
+        let near_60 = Spi::get_one::<bool>(
+            "SELECT bool_and(abs(extract(epoch FROM lease_expires_at - clock_timestamp()) - 60) < 2) FROM b",
+        )
+        .unwrap();
+        assert_eq!(near_60, Some(true));
+        assert_eq!(count("SELECT count(*) FROM queen.pop('scn')"), 0, "leased lane");
+        assert_eq!(count("SELECT min(msg_offset) FROM queen.pop('scn', 'other', batch => 5)"), 1);
+        let committed = Spi::get_one::<i64>(
+            "SELECT (queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed')::int8 FROM b LIMIT 1",
+        )
+        .unwrap();
+        assert_eq!(committed, Some(2));
+        assert_eq!(count("SELECT msg_offset FROM queen.pop('scn')"), 3);
+    }
+
+    #[pg_test]
+    fn lease_is_fenced_after_expiry() {
+        Spi::run("SELECT * FROM queen.push('fence', '1')").unwrap();
+        Spi::run("CREATE TEMP TABLE f AS SELECT * FROM queen.pop('fence', lease_seconds => 1)").unwrap();
+        // Expire the lease by moving its expiry into the past.
+        Spi::run("UPDATE queen.lanes SET lease_expires_at = clock_timestamp() - interval '1 s'").unwrap();
+        let applied = Spi::get_one::<bool>(
+            "SELECT (queen.ack(lease_id, partition_id, msg_offset) -> 'items' -> 0 ->> 'success')::bool FROM f",
+        )
+        .unwrap();
+        assert_eq!(applied, Some(false));
+        assert_eq!(count("SELECT committed FROM queen.lanes"), 0, "expired ack moved nothing");
+        // The next pop reclaims the same offset, counting the attempt.
+        assert_eq!(count("SELECT attempt::int8 FROM queen.pop('fence')"), 1);
+    }
+
+    #[pg_test]
+    fn partial_ack_keeps_lease_and_cursor_is_cumulative() {
+        Spi::run(
+            "SELECT * FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'cum', 'payload', i))
+                                               FROM generate_series(1, 5) i))",
+        )
+        .unwrap();
+        Spi::run("CREATE TEMP TABLE c AS SELECT * FROM queen.pop('cum', batch => 5)").unwrap();
+        // Acking offset 3 alone commits 1..3 and keeps the lease over 4..5.
+        Spi::run("SELECT queen.ack(lease_id, partition_id, 3) FROM c LIMIT 1").unwrap();
+        assert_eq!(count("SELECT committed FROM queen.lanes"), 3);
+        assert_eq!(count("SELECT count(*) FROM queen.lanes WHERE lease_id IS NOT NULL"), 1);
+        // A cursor never moves backwards.
+        Spi::run("SELECT queen.ack(lease_id, partition_id, 2) FROM c LIMIT 1").unwrap();
+        assert_eq!(count("SELECT committed FROM queen.lanes"), 3);
+        Spi::run("SELECT queen.ack(lease_id, partition_id, 5) FROM c LIMIT 1").unwrap();
+        assert_eq!(count("SELECT count(*) FROM queen.lanes WHERE lease_id IS NULL AND committed = 5"), 1);
+        assert_eq!(count("SELECT count(*) FROM queen.leases"), 0, "released lease row is gone");
+    }
+
+    #[pg_test]
+    fn segments_are_one_per_partition_per_call() {
+        Spi::run(
+            "SELECT * FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object(
+                 'queue', 'seg', 'partition', 'p' || (i % 4), 'payload', i)) FROM generate_series(1, 1000) i))",
+        )
+        .unwrap();
+        assert_eq!(count("SELECT count(*) FROM queen.segments"), 4);
+        assert_eq!(count("SELECT sum(last_offset - first_offset + 1)::int8 FROM queen.segments"), 1000);
+    }
+
+    #[pg_test(error = "queen: invalid batch: 0 (must be 1 to 100000)")]
+    fn batch_zero_is_an_error() {
+        Spi::run("SELECT * FROM queen.pop('x', batch => 0)").unwrap();
     }
 }

@@ -1,0 +1,189 @@
+//! Several sessions at once: invariant 1 (no offset skipped while pushes commit out of
+//! order, some rolling back) and one in-flight batch per lane.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use queen_it::{connect, unique};
+use rand::Rng;
+use serde_json::json;
+
+const PUSHERS: usize = 4;
+const CONSUMERS: usize = 2;
+const PARTITIONS: usize = 4;
+const COMMITTED_PER_PUSHER: usize = 5_000;
+
+#[derive(Default)]
+struct Log {
+    /// Per partition, offsets in the order they were delivered (recorded before the ack,
+    /// under this lock, so the order across consumers is the real one).
+    delivered: BTreeMap<String, Vec<i64>>,
+    /// (pusher, seq) of every delivered payload, with how many times it came.
+    payloads: HashMap<(u64, u64), usize>,
+}
+
+#[test]
+fn invariant_1_no_offset_skipped_under_concurrent_pushes_with_rollbacks() {
+    let queue = unique("inv1");
+    let pushing_done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let log = Arc::new(Mutex::new(Log::default()));
+
+    let pushers: Vec<_> = (0..PUSHERS)
+        .map(|p| {
+            let queue = queue.clone();
+            let done = pushing_done.clone();
+            thread::spawn(move || {
+                let mut client = connect();
+                let mut rng = rand::thread_rng();
+                let mut committed = BTreeSet::new();
+                let mut rolled_back = BTreeSet::new();
+                let mut seq = 0u64;
+                while committed.len() < COMMITTED_PER_PUSHER {
+                    let n = rng.gen_range(1..=5).min(COMMITTED_PER_PUSHER - committed.len());
+                    let items: Vec<_> = (0..n)
+                        .map(|_| {
+                            seq += 1;
+                            json!({"queue": queue, "partition": format!("p{}", rng.gen_range(0..PARTITIONS)),
+                                   "payload": {"p": p, "s": seq}})
+                        })
+                        .collect();
+                    let seqs: Vec<u64> = (seq - n as u64 + 1..=seq).collect();
+                    let mut tx = client.transaction().unwrap();
+                    let rows = tx.query("SELECT msg_offset FROM queen.push_batch($1)", &[&json!(items)]).unwrap();
+                    assert_eq!(rows.len(), n);
+                    if rng.gen_bool(0.2) {
+                        tx.rollback().unwrap();
+                        rolled_back.extend(seqs.into_iter().map(|s| (p as u64, s)));
+                    } else {
+                        tx.commit().unwrap();
+                        committed.extend(seqs.into_iter().map(|s| (p as u64, s)));
+                    }
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                (committed, rolled_back)
+            })
+        })
+        .collect();
+
+    let consumers: Vec<_> = (0..CONSUMERS)
+        .map(|_| {
+            let queue = queue.clone();
+            let done = pushing_done.clone();
+            let log = log.clone();
+            thread::spawn(move || {
+                let mut client = connect();
+                let deadline = Instant::now() + Duration::from_secs(300);
+                let mut empty_after_done = 0;
+                loop {
+                    assert!(Instant::now() < deadline, "consumers did not drain the queue in time");
+                    let rows = client
+                        .query(
+                            "SELECT lease_id, partition, msg_offset, payload FROM queen.pop($1, batch => 100, max_partitions => 4)",
+                            &[&queue],
+                        )
+                        .unwrap();
+                    if rows.is_empty() {
+                        if done.load(std::sync::atomic::Ordering::SeqCst) == PUSHERS {
+                            empty_after_done += 1;
+                            if empty_after_done > 20 {
+                                return;
+                            }
+                        }
+                        thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    empty_after_done = 0;
+                    let lease: uuid::Uuid = rows[0].get(0);
+                    {
+                        let mut log = log.lock().unwrap();
+                        for r in &rows {
+                            let partition: String = r.get(1);
+                            let offset: i64 = r.get(2);
+                            let payload: serde_json::Value = r.get(3);
+                            log.delivered.entry(partition).or_default().push(offset);
+                            let key = (payload["p"].as_u64().unwrap(), payload["s"].as_u64().unwrap());
+                            *log.payloads.entry(key).or_default() += 1;
+                        }
+                    }
+                    let ack: serde_json::Value = client.query_one("SELECT queen.ack($1)", &[&lease]).unwrap().get(0);
+                    assert!(ack["lanes"].as_array().unwrap().iter().all(|l| l["leaseReleased"] == true), "{ack}");
+                }
+            })
+        })
+        .collect();
+
+    let mut committed = BTreeSet::new();
+    let mut rolled_back = BTreeSet::new();
+    for h in pushers {
+        let (c, r) = h.join().unwrap();
+        committed.extend(c);
+        rolled_back.extend(r);
+    }
+    for h in consumers {
+        h.join().unwrap();
+    }
+    let log = log.lock().unwrap();
+    assert!(!rolled_back.is_empty(), "the test must roll some pushes back");
+    assert_eq!(committed.len(), PUSHERS * COMMITTED_PER_PUSHER);
+
+    // Every committed message delivered exactly once; nothing rolled back delivered.
+    for key in &committed {
+        assert_eq!(log.payloads.get(key), Some(&1), "committed message {key:?} delivered once");
+    }
+    for key in &rolled_back {
+        assert!(!log.payloads.contains_key(key), "rolled-back message {key:?} was delivered");
+    }
+    assert_eq!(log.payloads.len(), committed.len());
+
+    // Per partition: offsets 1, 2, 3, ... in delivery order, none skipped, none repeated.
+    let mut client = connect();
+    let mut total = 0;
+    for (partition, offsets) in &log.delivered {
+        let expected: Vec<i64> = (1..=offsets.len() as i64).collect();
+        assert_eq!(offsets, &expected, "partition {partition} delivered out of order or with gaps");
+        let head: i64 = client
+            .query_one(
+                "SELECT p.head FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = $1 AND p.name = $2",
+                &[&queue, partition],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(head, offsets.len() as i64, "partition {partition}: head equals delivered count");
+        total += offsets.len();
+    }
+    assert_eq!(total, committed.len());
+}
+
+#[test]
+fn one_in_flight_batch_per_lane() {
+    const SESSIONS: usize = 8;
+    let queue = unique("lane");
+    let mut setup = connect();
+    setup.execute("SELECT count(*) FROM queen.push_batch($1)", &[&json!((0..10).map(|i| json!({"queue": queue, "payload": i})).collect::<Vec<_>>())]).unwrap();
+    for round in 0..5 {
+        let barrier = Arc::new(Barrier::new(SESSIONS));
+        let handles: Vec<_> = (0..SESSIONS)
+            .map(|_| {
+                let barrier = barrier.clone();
+                let queue = queue.clone();
+                thread::spawn(move || {
+                    let mut c = connect();
+                    barrier.wait();
+                    let rows = c.query("SELECT lease_id FROM queen.pop($1, batch => 2)", &[&queue]).unwrap();
+                    rows.first().map(|r| r.get::<_, uuid::Uuid>(0))
+                })
+            })
+            .collect();
+        let winners: Vec<uuid::Uuid> = handles.into_iter().filter_map(|h| h.join().unwrap()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: exactly one session gets the lane");
+        // Different groups are never blocked by it.
+        let other: i64 = setup
+            .query_one("SELECT count(*) FROM queen.pop($1, $2, batch => 10, auto_ack => true)", &[&queue, &format!("g{round}")])
+            .unwrap()
+            .get(0);
+        assert_eq!(other, 10);
+        setup.execute("SELECT queen.ack($1)", &[&winners[0]]).unwrap();
+    }
+}
