@@ -29,6 +29,7 @@ struct LockedLane {
     state: LaneState,
     live: bool,
     policy: RetryPolicy,
+    queue: String,
 }
 
 fn parse_status(s: &str) -> AckStatus {
@@ -147,7 +148,7 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         client,
         "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
                 l.batch_retry_count, l.lease_expires_at > $3, q.retry_limit,
-                q.dead_letter_queue OR q.dlq_after_max_retries
+                q.dead_letter_queue OR q.dlq_after_max_retries, q.name
            FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
           WHERE l.partition_id = ANY($2) AND l.lease_id = $1
           ORDER BY l.partition_id
@@ -169,6 +170,7 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
             retry_limit: row.get(8).or_raise().unwrap(),
             dead_lettering: row.get(9).or_raise().unwrap(),
         },
+        queue: row.get(10).or_raise().unwrap(),
     })
     .collect();
 
@@ -223,6 +225,10 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         u_release.push(plan.release);
         u_retry.push(plan.retry_count);
         u_reset.push(plan.reset_attempts);
+        if plan.release {
+            // Released lanes are claimable at once: wake waiting pops when we commit.
+            crate::wake::notify_on_commit(&lane.queue);
+        }
     }
     if !u_pid.is_empty() {
         let any_release = u_release.iter().any(|&r| r);

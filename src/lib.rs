@@ -13,10 +13,19 @@ mod push;
 mod queues;
 mod segments;
 mod spi;
+mod wake;
+mod leases;
 
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+
+/// Library load: with `shared_preload_libraries = 'queen'`, set up the shared-memory
+/// wake-ups for long-polling pops.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    wake::init();
+}
 extension_sql_file!("../sql/api.sql", name = "api", finalize);
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -28,6 +37,6 @@ pub mod pg_test {
     pub fn setup(_options: Vec<&str>) {}
 
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec![]
+        vec!["shared_preload_libraries = 'queen'"]
     }
 }

@@ -2,19 +2,19 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
+use pgrx::{pg_sys, PgSqlErrorCode};
 use pgrx::spi::SpiClient;
 use queen_core::claim::allocate;
 use queen_core::lease::effective_lease_micros;
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
-use crate::{queues, segments};
+use crate::{queues, segments, wake};
 use crate::spi::{clock_now, run, timestamptz, to_pg_uuid};
 
 /// Most messages one pop may ask for.
 pub const MAX_POP_BATCH: i32 = 100_000;
 /// Most lanes one pop may claim.
 pub const MAX_POP_PARTITIONS: i32 = 10_000;
-pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
 
 
 /// Validated arguments of one pop.
@@ -96,7 +96,9 @@ fn pop_sql(
     };
     validate(&args);
     let group = args.group.to_string();
-    let rows = pop(&args);
+    queues::CREATED_HERE.with(|c| c.set(false));
+    let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
+    queues::CREATED_HERE.with(|c| c.set(false));
     TableIterator::new(rows.into_iter().map(move |d| {
         (
             d.lease_id,
@@ -137,6 +139,30 @@ fn validate(a: &PopArgs) {
     }
     if a.subscription != "all" && a.subscription != "new" {
         errors::invalid("subscription", format_args!("{:?} (must be 'all' or 'new')", a.subscription));
+    }
+}
+
+/// Long-poll: retries the claim whenever a push commits or a lane is released on this
+/// queue (see `wake`), until messages come or `wait_ms` passes.
+fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "queen: pop with wait_ms > 0 needs READ COMMITTED: under REPEATABLE READ or SERIALIZABLE \
+             the transaction's snapshot would never see a new message"
+                .to_string(),
+        );
+    }
+    let deadline = clock_now().saturating_add(i64::from(a.wait_ms) * 1000);
+    loop {
+        wake::prepare(a.queue);
+        let rows = pop(a);
+        let left_ms = (deadline - clock_now()) / 1000;
+        if !rows.is_empty() || left_ms <= 0 {
+            wake::cancel();
+            return rows;
+        }
+        wake::sleep(a.queue, left_ms);
     }
 }
 

@@ -228,6 +228,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         for &(queue, _) in groups.keys() {
             if !queue_ids.contains_key(queue) {
                 queue_ids.insert(queue, queues::ensure_queue(client, queue));
+                crate::wake::notify_on_commit(queue);
             }
         }
         let mut seg_pids = Vec::with_capacity(groups.len());

@@ -1,18 +1,10 @@
 //! Queues, partitions and consumer groups: lookup and implicit creation.
 
+use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::lease::IMPLICIT_QUEUE_LEASE_SECONDS;
 
 use crate::spi::{first_value, run, to_pg_uuid};
-
-/// A queue's id and the options the hot paths need.
-#[derive(Debug, Clone)]
-pub struct QueueInfo {
-    pub queue_id: i64,
-    pub lease_time: i32,
-    pub retry_limit: i32,
-    pub dead_lettering: bool,
-}
 
 /// Finds a queue by name, or creates it with the implicit defaults (lease_time 60).
 pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> i64 {
@@ -84,6 +76,7 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
     if created.is_empty() {
         return true;
     }
+    CREATED_HERE.with(|c| c.set(true));
     run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
@@ -96,6 +89,9 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
 }
 
 thread_local! {
+    /// Set when this pop call created its group: until it commits, partitions created by
+    /// others cannot see the group, so its repairs must not wait for the rate limit.
+    pub static CREATED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static LAST_REPAIR: std::cell::RefCell<std::collections::HashMap<(i64, String), std::time::Instant>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
@@ -111,7 +107,8 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     let due = LAST_REPAIR.with(|m| {
         let mut m = m.borrow_mut();
         match m.get(&key) {
-            Some(t) if now.duration_since(*t) < std::time::Duration::from_secs(1) => false,
+            Some(t) if now.duration_since(*t) < std::time::Duration::from_secs(1)
+                && !CREATED_HERE.with(|c| c.get()) => false,
             _ => {
                 m.insert(key, now);
                 true
@@ -132,4 +129,78 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
         &[queue_id.into(), group.into()],
     )
     .is_empty()
+}
+
+/// `queen.configure` (spec §2): creates or updates a queue; every option not given takes
+/// its default. No option is cached, so the next pop in every session sees it.
+#[allow(clippy::too_many_arguments)]
+#[pgrx::pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn configure(
+    queue: Option<&str>,
+    lease_time: pgrx::default!(Option<i32>, 300),
+    retry_limit: pgrx::default!(Option<i32>, 3),
+    dead_letter_queue: pgrx::default!(Option<bool>, true),
+    dlq_after_max_retries: pgrx::default!(Option<bool>, true),
+    dedup_window: pgrx::default!(Option<i32>, 3600),
+    encryption: pgrx::default!(Option<bool>, false),
+    retention: pgrx::default!(Option<i32>, 0),
+) -> pgrx::JsonB {
+    use crate::errors::{check_queue_name, invalid, null_arg};
+    let queue = queue.unwrap_or_else(|| null_arg("queue"));
+    check_queue_name("queue", queue);
+    let lease_time = lease_time.unwrap_or_else(|| null_arg("lease_time"));
+    let retry_limit = retry_limit.unwrap_or_else(|| null_arg("retry_limit"));
+    let dead_letter_queue = dead_letter_queue.unwrap_or_else(|| null_arg("dead_letter_queue"));
+    let dlq_after_max_retries = dlq_after_max_retries.unwrap_or_else(|| null_arg("dlq_after_max_retries"));
+    let dedup_window = dedup_window.unwrap_or_else(|| null_arg("dedup_window"));
+    let encryption = encryption.unwrap_or_else(|| null_arg("encryption"));
+    let retention = retention.unwrap_or_else(|| null_arg("retention"));
+    if lease_time < 1 {
+        invalid("lease_time", format_args!("{lease_time} (must be >= 1 second)"));
+    }
+    for (name, v) in [("retry_limit", retry_limit), ("dedup_window", dedup_window), ("retention", retention)] {
+        if v < 0 {
+            invalid(name, format_args!("{v} (must be >= 0)"));
+        }
+    }
+    if encryption {
+        crate::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "queen: encryption => true is not available in this version".to_string(),
+        );
+    }
+    pgrx::Spi::connect_mut(|client| {
+        run(
+            client,
+            "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
+                                           dlq_after_max_retries, dedup_window, encryption, retention)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (name) DO UPDATE SET
+               lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
+               dead_letter_queue = EXCLUDED.dead_letter_queue,
+               dlq_after_max_retries = EXCLUDED.dlq_after_max_retries,
+               dedup_window = EXCLUDED.dedup_window, encryption = EXCLUDED.encryption,
+               retention = EXCLUDED.retention, updated_at = now()",
+            &[
+                queue.into(),
+                lease_time.into(),
+                retry_limit.into(),
+                dead_letter_queue.into(),
+                dlq_after_max_retries.into(),
+                dedup_window.into(),
+                encryption.into(),
+                retention.into(),
+            ],
+        );
+    });
+    pgrx::JsonB(serde_json::json!({
+        "leaseTime": lease_time,
+        "retryLimit": retry_limit,
+        "deadLetterQueue": dead_letter_queue,
+        "dlqAfterMaxRetries": dlq_after_max_retries,
+        "dedupWindow": dedup_window,
+        "encryption": encryption,
+        "retention": retention,
+    }))
 }

@@ -268,7 +268,7 @@ impl<'a> Segment<'a> {
         if from >= to {
             return Ok(());
         }
-        let mut scratch: Vec<u8> = Vec::new();
+        let mut scratch: Vec<u8>;
         for block in &self.blocks {
             let block_end = block.first_index + block.frames;
             if block_end <= from || block.first_index >= to {

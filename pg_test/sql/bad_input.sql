@@ -1,5 +1,8 @@
 -- Spec §9: bad input gets a clear ERROR with the right SQLSTATE and changes nothing.
-CREATE EXTENSION IF NOT EXISTS queen;
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS queen CASCADE;
+CREATE EXTENSION queen;
+RESET client_min_messages;
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
   EXECUTE q;

@@ -1,5 +1,8 @@
 -- Spec §1, §3, §4, §5 happy path: push, pop under a lease, ack, groups, auto_ack.
-CREATE EXTENSION IF NOT EXISTS queen;
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS queen CASCADE;
+CREATE EXTENSION queen;
+RESET client_min_messages;
 
 -- Three messages to an implicit queue.
 SELECT idx, status, msg_offset, message_id IS NOT NULL AS has_id, length(transaction_id) = 36 AS minted_tx

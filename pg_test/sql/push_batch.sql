@@ -1,5 +1,8 @@
 -- push_batch: one segment per partition per call, input order, exact round trip.
-CREATE EXTENSION IF NOT EXISTS queen;
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS queen CASCADE;
+CREATE EXTENSION queen;
+RESET client_min_messages;
 
 CREATE TEMP TABLE sent AS
 SELECT i, 'p' || (i % 4) AS partition,

@@ -1,0 +1,93 @@
+-- Spec §2, §4, §6: configure, lease precedence, extend_lease, expiry without a sweeper,
+-- attempts, fairness.
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS queen CASCADE;
+CREATE EXTENSION queen;
+RESET client_min_messages;
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN EXECUTE q; RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE || ': ' || SQLERRM; END $$;
+-- Seconds from now until the lease of the last pop of group g on queue q expires.
+CREATE FUNCTION pg_temp.lease_secs(q text, g text) RETURNS int LANGUAGE sql AS $$
+  SELECT round(extract(epoch FROM l.lease_expires_at - clock_timestamp()))::int
+    FROM queen.lanes l JOIN queen.queues qq USING (queue_id)
+   WHERE qq.name = q AND l.consumer_group = g AND l.lease_id IS NOT NULL $$;
+
+-- Precedence: implicit queue 60 s; configure() 300 s; lease_time 5; lease_seconds wins.
+SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'lq', 'payload', i)) FROM generate_series(1, 10) i));
+SELECT count(*) FROM queen.pop('lq', 'g1');
+SELECT pg_temp.lease_secs('lq', 'g1') AS implicit_60;
+SELECT queen.configure('lq');
+SELECT count(*) FROM queen.pop('lq', 'g2');
+SELECT pg_temp.lease_secs('lq', 'g2') AS configured_300;
+SELECT queen.configure('lq', lease_time => 5) ->> 'leaseTime' AS lease_time;
+SELECT count(*) FROM queen.pop('lq', 'g3');
+SELECT pg_temp.lease_secs('lq', 'g3') AS stored_5;
+SELECT count(*) FROM queen.pop('lq', 'g4', lease_seconds => 2);
+SELECT pg_temp.lease_secs('lq', 'g4') AS explicit_2;
+SELECT queen.configure('lq', retry_limit => 7, dead_letter_queue => false, dedup_window => 60, retention => 3600);
+SELECT name, lease_time, retry_limit, dead_letter_queue, dlq_after_max_retries, dedup_window, retention
+  FROM queen.queues WHERE name = 'lq';
+SELECT pg_temp.err($$SELECT queen.configure('lq', lease_time => 0)$$);
+SELECT pg_temp.err($$SELECT queen.configure('lq', retry_limit => -1)$$);
+SELECT pg_temp.err($$SELECT queen.configure('bad name')$$);
+SELECT pg_temp.err($$SELECT queen.configure('lq', lease_time => NULL)$$);
+
+-- extend_lease: two lanes under one lease, earliest expiry, never shortens.
+SELECT count(*) FROM queen.push_batch('[{"queue": "ext", "partition": "a", "payload": 1},
+                                        {"queue": "ext", "partition": "b", "payload": 2}]');
+CREATE TEMP TABLE two AS SELECT * FROM queen.pop('ext', max_partitions => 2, batch => 2, lease_seconds => 30);
+SELECT count(DISTINCT lease_id) AS leases, count(*) AS lanes FROM two;
+-- Give one lane a longer lease so the earliest expiry is the other one.
+UPDATE queen.lanes SET lease_expires_at = clock_timestamp() + interval '500 s'
+ WHERE partition_id = (SELECT partition_id FROM two WHERE partition = 'b');
+CREATE TEMP TABLE e1 AS SELECT queen.extend_lease(lease_id, 120) AS r FROM two LIMIT 1;
+SELECT r -> 'success' AS success, r -> 'renewed' AS renewed,
+       r -> 'newExpiresAt' = r -> 'expiresAt' AND r -> 'expiresAt' = r -> 'lease_expires_at' AS same_three,
+       round(extract(epoch FROM (r ->> 'expiresAt')::timestamptz - clock_timestamp())) AS earliest_in_s,
+       r ->> 'expiresAt' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$' AS iso_utc
+  FROM e1;
+SELECT partition, round(extract(epoch FROM l.lease_expires_at - clock_timestamp())) AS secs
+  FROM queen.lanes l JOIN two USING (partition_id) ORDER BY 1;
+-- Fewer seconds than remain: unchanged.
+SELECT (queen.extend_lease(lease_id, 10) ->> 'renewed')::int AS renewed FROM two LIMIT 1;
+SELECT partition, round(extract(epoch FROM l.lease_expires_at - clock_timestamp())) AS secs
+  FROM queen.lanes l JOIN two USING (partition_id) ORDER BY 1;
+SELECT pg_temp.err($$SELECT queen.extend_lease(gen_random_uuid(), 0)$$);
+SELECT pg_temp.err($$SELECT queen.extend_lease(NULL)$$);
+SELECT r - 'leaseId' AS unknown_lease FROM (SELECT queen.extend_lease(gen_random_uuid()) AS r) s;
+-- Default seconds is 60 (and never shortens the 120 s above).
+SELECT (queen.extend_lease(lease_id) ->> 'renewed')::int AS renewed FROM two LIMIT 1;
+
+-- Expiry without a sweeper: an un-acked 1 s lease redelivers the whole span with a rising
+-- attempt; no retry budget is charged; the expired lease can be neither extended nor acked.
+SELECT count(*) FROM queen.push_batch('[{"queue": "exp", "payload": 1}, {"queue": "exp", "payload": 2}]');
+CREATE TEMP TABLE x0 AS SELECT * FROM queen.pop('exp', batch => 2, lease_seconds => 1);
+SELECT msg_offset, attempt FROM x0;
+SELECT pg_sleep(1.1);
+SELECT r -> 'success' AS success, r -> 'renewed' AS renewed, r -> 'expiresAt' AS expires
+  FROM (SELECT queen.extend_lease(lease_id) AS r FROM x0 LIMIT 1) s;
+CREATE TEMP TABLE x1 AS SELECT * FROM queen.pop('exp', batch => 2, lease_seconds => 1);
+SELECT msg_offset, attempt, lease_id <> (SELECT lease_id FROM x0 LIMIT 1) AS new_lease FROM x1;
+SELECT r -> 'items' -> 0 -> 'success' AS old_lease_ack, r -> 'lanes' AS lanes
+  FROM (SELECT queen.ack(lease_id, partition_id, 2) AS r FROM x0 LIMIT 1) s;
+SELECT pg_sleep(1.1);
+SELECT msg_offset, attempt FROM queen.pop('exp', batch => 2, lease_seconds => 1);
+SELECT committed, batch_retry_count, attempt_count FROM queen.lanes l JOIN queen.queues q USING (queue_id) WHERE q.name = 'exp';
+-- The attempt resets once the start moves: ack 1 of the live lease, let it expire, pop.
+SELECT (queen.ack(l.lease_id, l.partition_id, 1) -> 'lanes' -> 0 ->> 'committed')::int AS committed
+  FROM queen.lanes l JOIN queen.queues q USING (queue_id) WHERE q.name = 'exp';
+SELECT pg_sleep(1.1);
+SELECT msg_offset, attempt FROM queen.pop('exp', batch => 2);
+
+-- Fairness: one partition with 10,000 messages and nine with 10 each. Ten pops with
+-- max_partitions 1 and batch 10 are served from many partitions, not the deep one only.
+SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'fair', 'partition', 'deep', 'payload', i)) FROM generate_series(1, 10000) i));
+SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'fair', 'partition', 'p' || (i % 9), 'payload', i)) FROM generate_series(1, 90) i));
+CREATE TEMP TABLE served (partition text);
+DO $$ BEGIN
+  FOR i IN 1..10 LOOP
+    INSERT INTO served SELECT partition FROM queen.pop('fair', batch => 10, auto_ack => true);
+  END LOOP;
+END $$;
+SELECT count(DISTINCT partition) >= 5 AS fair, count(*) AS messages FROM served;

@@ -1,0 +1,56 @@
+//! Leases (spec §6): extend. Expiry needs no code: a pop treats an expired lease as
+//! absent and reclaims the lane (see `pop`).
+
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::{json, Value};
+
+use crate::errors::{self, SpiExt};
+use crate::spi::{clock_now, from_pg_uuid, run, timestamptz};
+
+
+#[pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonB {
+    let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
+    if seconds <= 0 {
+        errors::invalid("seconds", format_args!("{seconds} (must be > 0)"));
+    }
+    let now = clock_now();
+    let target = now.saturating_add(i64::from(seconds) * 1_000_000);
+    // Renew every live lane of the lease; never shorten one. An unknown or expired lease
+    // renews nothing and is no error.
+    let (renewed, earliest) = Spi::connect_mut(|client| {
+        let row = run(
+            client,
+            r#"WITH lease AS (
+                 SELECT partition_ids FROM queen.leases WHERE lease_id = $1
+               ), renewed AS (
+                 UPDATE queen.lanes l SET lease_expires_at = greatest(l.lease_expires_at, $2)
+                   FROM lease
+                  WHERE l.partition_id = ANY(lease.partition_ids) AND l.lease_id = $1
+                    AND l.lease_expires_at > $3
+                 RETURNING l.lease_expires_at
+               ), stored AS (
+                 UPDATE queen.leases SET expires_at = greatest(expires_at, $2)
+                  WHERE lease_id = $1 AND EXISTS (SELECT 1 FROM renewed)
+               )
+               SELECT count(*)::int8,
+                      to_char(min(lease_expires_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+                 FROM renewed"#,
+            &[lease_id.into(), timestamptz(target).into(), timestamptz(now).into()],
+        );
+        let row = row.first();
+        (row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<String>(2).or_raise())
+    });
+    let ts = earliest.map(Value::from).unwrap_or(Value::Null);
+    JsonB(json!({
+        "leaseId": from_pg_uuid(&lease_id).to_string(),
+        "success": renewed > 0,
+        "renewed": renewed,
+        "newExpiresAt": ts,
+        "expiresAt": ts,
+        "lease_expires_at": ts,
+    }))
+}
