@@ -428,12 +428,17 @@ mod tests {
         fn prop_garbage_never_panics(mut bytes in proptest::collection::vec(any::<u8>(), 0..2000),
                                      flip in any::<usize>()) {
             let _ = decode_all(&bytes);
-            let good = encode(frames(&owned(100, 20)));
+            let data = owned(100, 20);
+            let good = encode(frames(&data));
             let mut bad = good.clone();
             let i = flip % bad.len();
             bad[i] ^= 0x5a;
-            // A flipped byte is detected (CRC or structure), never returned as a payload.
-            prop_assert!(decode_all(&bad).is_err());
+            // A flipped byte is an error (CRC or structure), or a byte that did not matter
+            // (a zstd header bit, say): never a wrong payload.
+            match decode_all(&bad) {
+                Err(_) => {}
+                Ok(decoded) => prop_assert_eq!(decoded, data),
+            }
             bytes.extend_from_slice(&good);
             let _ = decode_all(&bytes);
         }
