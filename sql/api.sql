@@ -45,3 +45,53 @@ COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) 
 
 -- Privileges: the API is granted explicitly (see README, "Privileges"); internals are not.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
+
+-- Dead-letter listing (spec §7): newest first, paged.
+CREATE TYPE queen.dead_letter AS (
+    id             uuid,
+    transaction_id text,
+    partition_id   uuid,
+    queue          text,
+    partition      text,
+    consumer_group text,
+    error_message  text,
+    retry_count    int,
+    data           jsonb,
+    created_at     timestamptz,
+    failed_at      timestamptz,
+    producer_sub   text
+);
+
+CREATE FUNCTION queen.dlq(
+    queue text DEFAULT NULL,
+    consumer_group text DEFAULT NULL,
+    page_size int DEFAULT 100,
+    page_offset int DEFAULT 0
+) RETURNS SETOF queen.dead_letter
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
+    RAISE EXCEPTION 'queen: invalid page_size: % (must be 1 to 10000)', page_size
+      USING ERRCODE = '22023';
+  END IF;
+  IF page_offset IS NULL OR page_offset < 0 THEN
+    RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
+      USING ERRCODE = '22023';
+  END IF;
+  -- created_at equals failed_at: a frame's enqueue time is not kept per message.
+  RETURN QUERY
+    SELECT d.id, d.transaction_id, d.partition_id, q.name, p.name, d.consumer_group,
+           d.error_message, d.retry_count, d.data, d.failed_at, d.failed_at, NULL::text
+      FROM queen.log_dlq d
+      JOIN queen.queues q ON q.queue_id = d.queue_id
+      JOIN queen.partitions p ON p.partition_id = d.partition_id
+     WHERE (dlq.queue IS NULL OR q.name = dlq.queue)
+       AND (dlq.consumer_group IS NULL OR d.consumer_group = dlq.consumer_group)
+     ORDER BY d.failed_at DESC, d.id DESC
+     LIMIT page_size OFFSET page_offset;
+END $$;
+COMMENT ON FUNCTION queen.dlq(text, text, int, int) IS
+  'queen: list dead-lettered messages, newest first, paged';
+REVOKE ALL ON FUNCTION queen.dlq(text, text, int, int) FROM PUBLIC;

@@ -143,3 +143,16 @@ CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);
 CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);
 COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';
 REVOKE ALL ON queen.log_dlq FROM PUBLIC;
+
+-- Producer-supplied transaction ids seen within a queue's dedup window (spec §3).
+-- Expired entries are pruned by later pushes to the same partition.
+CREATE TABLE queen.dedup (
+    partition_id   uuid   NOT NULL,
+    transaction_id text   NOT NULL,
+    message_id     uuid   NOT NULL,
+    msg_offset     bigint NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (partition_id, transaction_id)
+);
+COMMENT ON TABLE queen.dedup IS 'queen: recent producer transaction ids, for the dedup window';
+REVOKE ALL ON queen.dedup FROM PUBLIC;

@@ -15,6 +15,7 @@ mod segments;
 mod spi;
 mod wake;
 mod leases;
+mod dlq;
 
 ::pgrx::pg_module_magic!(name, version);
 

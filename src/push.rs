@@ -209,6 +209,125 @@ fn reserve(client: &mut SpiClient<'_>, queue_id: i64, partition: &str, n: i64) -
     }
 }
 
+/// Locks (or creates) a partition, then sorts `idxs` into duplicates — of a message stored
+/// within the queue's dedup window, or of an earlier item of this call — and fresh items,
+/// for which it reserves offsets and records the transaction ids. Duplicates get their
+/// result row here (`status = 'duplicate'`, the original's message id and offset).
+/// Concurrent pushes of one id serialize on the partition row lock, so exactly one wins.
+#[allow(clippy::too_many_arguments)]
+fn reserve_dedup(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    partition: &str,
+    dedup_window: i32,
+    idxs: &[usize],
+    items: &[PushItem],
+    message_ids: &[uuid::Uuid],
+    transaction_ids: &[String],
+    rows: &mut [Option<PushRow>],
+) -> (pgrx::Uuid, i64, Vec<usize>) {
+    let pid = loop {
+        let locked = run(
+            client,
+            "SELECT partition_id FROM queen.partitions WHERE queue_id = $1 AND name = $2 FOR UPDATE",
+            &[queue_id.into(), partition.into()],
+        );
+        if let Some(pid) = crate::spi::first_value::<pgrx::Uuid>(locked) {
+            break pid;
+        }
+        if let Some((pid, _)) = queues::create_partition(client, queue_id, partition, 0) {
+            break pid;
+        }
+    };
+    let asked: Vec<String> =
+        idxs.iter().filter(|&&i| items[i].transaction_id.is_some()).map(|&i| transaction_ids[i].clone()).collect();
+    let known: HashMap<String, (pgrx::Uuid, i64)> = run(
+        client,
+        "SELECT transaction_id, message_id, msg_offset FROM queen.dedup
+          WHERE partition_id = $1 AND transaction_id = ANY($2)
+            AND created_at > now() - make_interval(secs => $3)",
+        &[pid.into(), asked.into(), f64::from(dedup_window).into()],
+    )
+    .into_iter()
+    .map(|r| (r.get::<String>(1).or_raise().unwrap(), (r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap())))
+    .collect();
+
+    let mut fresh = Vec::with_capacity(idxs.len());
+    let mut pending: Vec<(usize, usize)> = Vec::new(); // (duplicate idx, fresh position of original)
+    let mut in_call: HashMap<&str, usize> = HashMap::new();
+    for &i in idxs {
+        if items[i].transaction_id.is_some() {
+            let tx = transaction_ids[i].as_str();
+            if let Some(&(message_id, msg_offset)) = known.get(tx) {
+                rows[i] = Some(PushRow {
+                    idx: i as i32,
+                    status: "duplicate",
+                    message_id: crate::spi::from_pg_uuid(&message_id),
+                    transaction_id: tx.to_string(),
+                    partition_id: pid,
+                    msg_offset,
+                });
+                continue;
+            }
+            if let Some(&pos) = in_call.get(tx) {
+                pending.push((i, pos));
+                continue;
+            }
+            in_call.insert(tx, fresh.len());
+        }
+        fresh.push(i);
+    }
+    if fresh.is_empty() {
+        return (pid, 0, fresh);
+    }
+    let n = fresh.len() as i64;
+    let head = crate::spi::first_value::<i64>(run(
+        client,
+        "UPDATE queen.partitions SET head = head + $2 WHERE partition_id = $1 RETURNING head",
+        &[pid.into(), n.into()],
+    ))
+    .unwrap_or_else(|| crate::errors::internal("locked partition vanished"));
+    let first = head - n + 1;
+    for (i, pos) in pending {
+        let original = fresh[pos];
+        rows[i] = Some(PushRow {
+            idx: i as i32,
+            status: "duplicate",
+            message_id: message_ids[original],
+            transaction_id: transaction_ids[i].clone(),
+            partition_id: pid,
+            msg_offset: first + pos as i64,
+        });
+    }
+    let (mut txs, mut ids, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, &i) in fresh.iter().enumerate() {
+        if items[i].transaction_id.is_some() {
+            txs.push(transaction_ids[i].clone());
+            ids.push(crate::spi::to_pg_uuid(message_ids[i]));
+            offsets.push(first + k as i64);
+        }
+    }
+    run(
+        client,
+        "INSERT INTO queen.dedup (partition_id, transaction_id, message_id, msg_offset)
+         SELECT $1, * FROM unnest($2::text[], $3::uuid[], $4::int8[])
+         ON CONFLICT (partition_id, transaction_id) DO UPDATE
+           SET message_id = EXCLUDED.message_id, msg_offset = EXCLUDED.msg_offset,
+               created_at = EXCLUDED.created_at",
+        &[pid.into(), txs.into(), ids.into(), offsets.into()],
+    );
+    // Keep the dedup state bounded: now and then, drop this partition's expired entries.
+    if first % 64 < n {
+        run(
+            client,
+            "DELETE FROM queen.dedup WHERE partition_id = $1
+                AND created_at <= now() - make_interval(secs => $2)",
+            &[pid.into(), f64::from(dedup_window).into()],
+        );
+    }
+    (pid, first, fresh)
+}
+
 /// Stores validated items: one segment per (queue, partition), offsets in input order.
 pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     // BTreeMap order is the lock order: (queue, partition) by name.
@@ -224,7 +343,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
 
     let mut rows: Vec<Option<PushRow>> = (0..items.len()).map(|_| None).collect();
     Spi::connect_mut(|client| {
-        let mut queue_ids: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut queue_ids: BTreeMap<&str, (i64, i32)> = BTreeMap::new();
         for &(queue, _) in groups.keys() {
             if !queue_ids.contains_key(queue) {
                 queue_ids.insert(queue, queues::ensure_queue(client, queue));
@@ -236,15 +355,27 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         let mut seg_last = Vec::with_capacity(groups.len());
         let mut seg_data: Vec<Vec<u8>> = Vec::with_capacity(groups.len());
         for (&(queue, partition), idxs) in &groups {
-            let n = idxs.len() as i64;
-            let (pid, first) = reserve(client, queue_ids[queue], partition, n);
-            let frames = idxs.iter().map(|&i| Frame {
+            let (queue_id, dedup_window) = queue_ids[queue];
+            let producer_ids = idxs.iter().any(|&i| items[i].transaction_id.is_some());
+            // Minted transaction ids are unique: only producer-supplied ones need the
+            // dedup window, and only they pay for it.
+            let (pid, first, fresh) = if producer_ids && dedup_window > 0 {
+                reserve_dedup(client, queue_id, partition, dedup_window, idxs, &items, &message_ids, &transaction_ids, &mut rows)
+            } else {
+                let (pid, first) = reserve(client, queue_id, partition, idxs.len() as i64);
+                (pid, first, idxs.clone())
+            };
+            if fresh.is_empty() {
+                continue; // every item was a duplicate: no segment, no offsets
+            }
+            let n = fresh.len() as i64;
+            let frames = fresh.iter().map(|&i| Frame {
                 message_id: *message_ids[i].as_bytes(),
                 transaction_id: &transaction_ids[i],
                 payload: items[i].payload.as_bytes(),
             });
             seg_data.push(segment::encode(frames));
-            for (k, &i) in idxs.iter().enumerate() {
+            for (k, &i) in fresh.iter().enumerate() {
                 rows[i] = Some(PushRow {
                     idx: i as i32,
                     status: "queued",
@@ -257,6 +388,9 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             seg_pids.push(pid);
             seg_first.push(first);
             seg_last.push(first + n - 1);
+        }
+        if seg_pids.is_empty() {
+            return;
         }
         if seg_pids.len() == 1 {
             run(

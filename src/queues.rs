@@ -4,22 +4,26 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::lease::IMPLICIT_QUEUE_LEASE_SECONDS;
 
+use crate::errors::SpiExt;
 use crate::spi::{first_value, run, to_pg_uuid};
 
 /// Finds a queue by name, or creates it with the implicit defaults (lease_time 60).
-pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> i64 {
+/// Returns its id and its dedup window in seconds.
+pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32) {
+    const FIND: &str = "SELECT queue_id, dedup_window FROM queen.queues WHERE name = $1";
+    let read = |t: pgrx::spi::SpiTupleTable<'_>| {
+        t.into_iter().next().map(|r| (r.get::<i64>(1).or_raise().unwrap(), r.get::<i32>(2).or_raise().unwrap()))
+    };
     // The common case first: no write, no lock.
-    let found = run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[name.into()]);
-    if let Some(id) = first_value::<i64>(found) {
-        return id;
+    if let Some(found) = read(run(client, FIND, &[name.into()])) {
+        return found;
     }
     run(
         client,
         "INSERT INTO queen.queues (name, lease_time) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
         &[name.into(), IMPLICIT_QUEUE_LEASE_SECONDS.into()],
     );
-    let found = run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[name.into()]);
-    first_value::<i64>(found).unwrap_or_else(|| {
+    read(run(client, FIND, &[name.into()])).unwrap_or_else(|| {
         crate::errors::internal(format_args!("queue {name:?} vanished while being created"))
     })
 }
