@@ -16,13 +16,16 @@ RUN_PORT ?= 5488
 TEST_DIR  ?= /tmp/queen-test
 TEST_PORT ?= 5487
 TEST_DSN  := host=$(TEST_DIR)/sock port=$(TEST_PORT) user=postgres
+# The benchmark cluster: fixed settings in scripts/bench.conf.
+BENCH_DIR  ?= /tmp/queen-bench
+BENCH_PORT ?= 5486
 PSQL_RUN  := psql -X -v ON_ERROR_STOP=1 -h $(RUN_DIR)/sock -p $(RUN_PORT) -U postgres
 PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -U postgres
 
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))) readme)
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: deps build install install-debug run stop test unit pgrx-test regress integration \
+.PHONY: bench deps build install install-debug run stop test unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -73,7 +76,10 @@ test-cluster-stop:
 readme-sql:
 	@python3 scripts/readme_sql.py README.md > pg_test/sql/readme.sql
 
-regress: readme-sql test-cluster-start
+# Each layer starts its own fresh cluster (a recipe, not a prerequisite: make would run a
+# shared prerequisite only once per invocation).
+regress: readme-sql
+	@$(MAKE) -s test-cluster-start
 	@mkdir -p /tmp/queen-regress-out /tmp/queen-isolation-out
 	$(REGRESS)/pg_regress --host=$(TEST_DIR)/sock --port=$(TEST_PORT) --user=postgres \
 	  --inputdir=pg_test --outputdir=/tmp/queen-regress-out --dbname=queen_regress \
@@ -84,11 +90,28 @@ regress: readme-sql test-cluster-start
 	  || { cat /tmp/queen-isolation-out/regression.diffs; $(MAKE) -s test-cluster-stop; exit 1; }
 	@$(MAKE) -s test-cluster-stop
 
-integration: test-cluster-start
+integration:
+	@$(MAKE) -s test-cluster-start
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
 	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
 	  cargo test -p queen-it -- --test-threads=4 || { $(MAKE) -s test-cluster-stop; exit 1; }
+	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
+	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"
+	cargo run -q -p queen-bench -- --dsn "$(TEST_DSN) dbname=queen_bench" --smoke \
+	  || { $(MAKE) -s test-cluster-stop; exit 1; }
 	@$(MAKE) -s test-cluster-stop
+
+# Release build, a dedicated cluster with scripts/bench.conf, every scenario against
+# every baseline; prints the table and writes BENCHMARKS.md.
+bench: install
+	@bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT)
+	@rm -rf $(BENCH_DIR)
+	@bash scripts/cluster.sh start $(BENCH_DIR) $(BENCH_PORT) scripts/bench.conf
+	@psql -X -q -h $(BENCH_DIR)/sock -p $(BENCH_PORT) -U postgres -c "CREATE DATABASE queen_bench"
+	cargo run --release -q -p queen-bench -- \
+	  --dsn "host=$(BENCH_DIR)/sock port=$(BENCH_PORT) user=postgres dbname=queen_bench" \
+	  --out BENCHMARKS.md || { bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT); exit 1; }
+	@bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT)
 
 clean:
 	cargo clean

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A private PostgreSQL 15 cluster run by the `postgres` OS user (initdb and pg_ctl refuse
-# root). Usage: cluster.sh start|stop|status DATADIR PORT
+# root). Usage: cluster.sh start|stop|status DATADIR PORT [EXTRA_CONF]
 # The socket lives in DATADIR/sock; queen is preloaded (shared_preload_libraries).
 set -euo pipefail
-cmd=$1 dir=$2 port=$3
+cmd=$1 dir=$2 port=$3 extra=${4:-}
 BIN=/usr/lib/postgresql/15/bin
 as_pg() { runuser -u postgres -- "$@"; }
 
@@ -23,6 +23,7 @@ shared_preload_libraries = 'queen'
 fsync = on
 logging_collector = off
 CONF
+      if [ -n "$extra" ]; then cat "$extra" >> "$dir/postgresql.conf"; fi
     fi
     if ! as_pg "$BIN/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
       as_pg "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null

@@ -1,0 +1,456 @@
+//! queen-bench: queen side by side with PgQ, a SKIP LOCKED job table (the pgmq / pg-boss /
+//! River pattern) and the raw row-insert limit, on one cluster with one set of settings.
+//!
+//! `queen-bench --dsn DSN [--smoke] [--out BENCHMARKS.md]`. `--smoke` runs every scenario
+//! for a moment on tiny sizes, with no thresholds: it keeps the bench from rotting.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use serde_json::{json, Value};
+
+struct Opts {
+    dsn: String,
+    smoke: bool,
+    out: Option<String>,
+}
+
+/// Sizes of a run: the full bench or the smoke run.
+struct Sizes {
+    secs: f64,
+    pop_prefill: usize,
+    wake_samples: usize,
+    disk_messages: usize,
+    big_backlog: usize,
+    partitions_many: usize,
+}
+
+struct Row {
+    scenario: &'static str,
+    system: &'static str,
+    value: f64,
+    unit: &'static str,
+}
+
+fn connect(dsn: &str) -> Client {
+    Client::connect(dsn, NoTls).unwrap_or_else(|e| panic!("connect {dsn}: {e}"))
+}
+
+/// A ~200-byte JSON payload.
+fn payload(i: u64) -> Value {
+    json!({
+        "orderId": i,
+        "customer": format!("customer-{:08}", i % 100_000),
+        "items": [{"sku": "SKU-12345", "qty": 2, "price": 19.99}, {"sku": "SKU-67890", "qty": 1, "price": 5.5}],
+        "currency": "EUR",
+        "note": "deliver to the back door, ring twice",
+    })
+}
+
+fn reset(c: &mut Client) {
+    c.batch_execute(
+        "SET client_min_messages = warning;
+         DROP EXTENSION IF EXISTS queen CASCADE;
+         CREATE EXTENSION queen;
+         DROP TABLE IF EXISTS bench_jobs, bench_raw;
+         CREATE TABLE bench_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL,
+                                  created_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE bench_raw (id bigserial PRIMARY KEY, payload jsonb NOT NULL);
+         CREATE EXTENSION IF NOT EXISTS pgq;",
+    )
+    .unwrap();
+    let exists: bool = c
+        .query_one("SELECT EXISTS (SELECT 1 FROM pgq.queue WHERE queue_name = 'bq')", &[])
+        .unwrap()
+        .get(0);
+    if exists {
+        c.batch_execute("SELECT pgq.unregister_consumer('bq', 'c'); SELECT pgq.drop_queue('bq');").unwrap();
+    }
+    c.batch_execute(
+        "SELECT pgq.create_queue('bq');
+         SELECT pgq.register_consumer('bq', 'c');
+         CHECKPOINT;",
+    )
+    .unwrap();
+}
+
+/// Runs `clients` threads for `secs`, each calling `step` (which returns how many
+/// messages it moved) in a loop; returns messages per second.
+fn run_clients<F>(dsn: &str, clients: usize, secs: f64, step: F) -> f64
+where
+    F: Fn(&mut Client, usize, u64) -> usize + Send + Sync + 'static,
+{
+    let step = Arc::new(step);
+    let total = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(secs);
+    let handles: Vec<_> = (0..clients)
+        .map(|k| {
+            let (step, total, dsn) = (step.clone(), total.clone(), dsn.to_string());
+            thread::spawn(move || {
+                let mut c = connect(&dsn);
+                let mut i = 0u64;
+                while Instant::now() < deadline {
+                    let n = step(&mut c, k, i);
+                    if n == 0 {
+                        break; // nothing left to consume
+                    }
+                    total.fetch_add(n as u64, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn queen_items(queue: &str, partition: &str, n: usize, base: u64) -> Value {
+    Value::Array((0..n as u64).map(|i| json!({"queue": queue, "partition": partition, "payload": payload(base + i)})).collect())
+}
+
+/// Fills queen queue `bq` with `n` messages over `partitions` partitions (push_batch of up
+/// to 1,000, one partition per call).
+fn prefill_queen(c: &mut Client, n: usize, partitions: usize) {
+    let per = n / partitions;
+    for p in 0..partitions {
+        let mut left = per;
+        while left > 0 {
+            let k = left.min(1000);
+            c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&queen_items("bq", &format!("p{p}"), k, 0)]).unwrap();
+            left -= k;
+        }
+    }
+    for t in ["queen.segments", "queen.lanes", "queen.partitions"] {
+        c.batch_execute(&format!("VACUUM ANALYZE {t}")).unwrap();
+    }
+}
+
+fn queen_pop_ack(c: &mut Client) -> usize {
+    let rows = c.query("SELECT lease_id FROM queen.pop('bq', batch => 100)", &[]).unwrap();
+    if rows.is_empty() {
+        return 0;
+    }
+    let lease: uuid::Uuid = rows[0].get(0);
+    c.execute("SELECT queen.ack($1)", &[&lease]).unwrap();
+    rows.len()
+}
+
+/// pop + ack rate with 4 consumers over whatever backlog `bq` holds.
+fn queen_consume(dsn: &str, secs: f64) -> f64 {
+    run_clients(dsn, 4, secs, |c, _, _| queen_pop_ack(c))
+}
+
+fn pgq_prefill(c: &mut Client, n: usize) {
+    // One tick per 100 events, so that PgQ batches are the size of the others' batches.
+    let chunks = n / 100;
+    for _ in 0..chunks {
+        c.batch_execute(
+            "SELECT count(pgq.insert_event('bq', 'ev', (jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
+                     'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
+                     'currency', 'EUR', 'note', 'deliver to the back door, ring twice'))::text))
+               FROM generate_series(1, 100) i;
+             SELECT pgq.force_tick('bq');
+             SELECT pgq.ticker('bq');",
+        )
+        .unwrap();
+    }
+}
+
+fn pgq_consume_one(c: &mut Client) -> usize {
+    let batch: Option<i64> = c.query_one("SELECT pgq.next_batch('bq', 'c')", &[]).unwrap().get(0);
+    let Some(batch) = batch else { return 0 };
+    let n = c.query("SELECT ev_id, ev_data FROM pgq.get_batch_events($1)", &[&batch]).unwrap().len();
+    c.execute("SELECT pgq.finish_batch($1)", &[&batch]).unwrap();
+    n.max(1)
+}
+
+fn fmt_rate(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{:.0}", v)
+    } else {
+        format!("{:.2}", v)
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0) / 1024 / 1024))
+        .unwrap_or(0);
+    let cores = thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    format!("{cores} cores ({cpu}), {mem} GiB RAM")
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut opts = Opts { dsn: String::new(), smoke: false, out: None };
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--dsn" => opts.dsn = args.next().expect("--dsn DSN"),
+            "--smoke" => opts.smoke = true,
+            "--out" => opts.out = args.next(),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    assert!(!opts.dsn.is_empty(), "usage: queen-bench --dsn DSN [--smoke] [--out FILE]");
+    let s = if opts.smoke {
+        Sizes { secs: 0.5, pop_prefill: 3_200, wake_samples: 20, disk_messages: 4_000, big_backlog: 8_000, partitions_many: 200 }
+    } else {
+        Sizes { secs: 10.0, pop_prefill: 500_000, wake_samples: 1_000, disk_messages: 200_000, big_backlog: 5_000_000, partitions_many: 10_000 }
+    };
+    let dsn = opts.dsn.clone();
+    let mut c = connect(&dsn);
+    let mut rows: Vec<Row> = Vec::new();
+    let say = |rows: &mut Vec<Row>, scenario, system, value, unit| {
+        println!("{scenario:<44} {system:<22} {:>12} {unit}", fmt_rate(value));
+        rows.push(Row { scenario, system, value, unit });
+    };
+
+    // ---- push, batch 1, 8 clients (16 partitions: pushes to one partition serialize) ----
+    reset(&mut c);
+    let v = run_clients(&dsn, 8, s.secs, |c, k, i| {
+        c.execute("SELECT 1 FROM queen.push('bq', $1, $2)", &[&payload(i), &format!("p{}", (k as u64 * 7 + i) % 16)]).unwrap();
+        1
+    });
+    say(&mut rows, "push, batch 1, 8 clients", "queen", v, "msg/s");
+    let v = run_clients(&dsn, 8, s.secs, |c, _, i| {
+        c.execute("INSERT INTO bench_jobs (payload) VALUES ($1)", &[&payload(i)]).unwrap();
+        1
+    });
+    say(&mut rows, "push, batch 1, 8 clients", "skip-locked table", v, "msg/s");
+    let v = run_clients(&dsn, 8, s.secs, |c, _, i| {
+        c.execute("SELECT pgq.insert_event('bq', 'ev', $1::jsonb::text)", &[&payload(i)]).unwrap();
+        1
+    });
+    say(&mut rows, "push, batch 1, 8 clients", "PgQ", v, "msg/s");
+
+    // ---- push, batch 1,000, 4 clients ----
+    reset(&mut c);
+    let batches: Arc<Vec<Value>> = Arc::new((0..4).map(|k| queen_items("bq", &format!("p{k}"), 1000, 0)).collect());
+    let b = batches.clone();
+    let queen_push1000 = run_clients(&dsn, 4, s.secs, move |c, k, _| {
+        c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&b[k]]).unwrap();
+        1000
+    });
+    say(&mut rows, "push, batch 1000, 4 clients", "queen", queen_push1000, "msg/s");
+    let raw: Arc<Vec<Value>> = Arc::new((0..1000).map(payload).collect());
+    let r = raw.clone();
+    let raw_insert = run_clients(&dsn, 4, s.secs, move |c, _, _| {
+        c.execute("INSERT INTO bench_raw (payload) SELECT * FROM unnest($1::jsonb[])", &[&*r]).unwrap();
+        1000
+    });
+    say(&mut rows, "push, batch 1000, 4 clients", "raw INSERT (limit)", raw_insert, "msg/s");
+    let texts: Arc<Vec<String>> = Arc::new(raw.iter().map(|v| v.to_string()).collect());
+    let t = texts.clone();
+    let v = run_clients(&dsn, 4, s.secs, move |c, _, _| {
+        c.execute("SELECT count(pgq.insert_event('bq', 'ev', x)) FROM unnest($1::text[]) x", &[&*t]).unwrap();
+        1000
+    });
+    say(&mut rows, "push, batch 1000, 4 clients", "PgQ", v, "msg/s");
+
+    // ---- pop + ack, batch 100, 4 consumers, 16 partitions, prefilled ----
+    reset(&mut c);
+    prefill_queen(&mut c, s.pop_prefill, 16);
+    let queen_pop = queen_consume(&dsn, s.secs);
+    say(&mut rows, "pop + ack, batch 100, 4 consumers", "queen", queen_pop, "msg/s");
+    c.execute(
+        "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
+           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
+           'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
+        &[&(s.pop_prefill as i32)],
+    )
+    .unwrap();
+    c.batch_execute("VACUUM ANALYZE bench_jobs").unwrap();
+    let skip_pop = run_clients(&dsn, 4, s.secs, |c, _, _| {
+        let mut tx = c.transaction().unwrap();
+        let ids: Vec<i64> = tx
+            .query("SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if ids.is_empty() {
+            return 0;
+        }
+        tx.execute("DELETE FROM bench_jobs WHERE id = ANY($1)", &[&ids]).unwrap();
+        tx.commit().unwrap();
+        ids.len()
+    });
+    say(&mut rows, "pop + ack, batch 100, 4 consumers", "skip-locked table", skip_pop, "msg/s");
+    pgq_prefill(&mut c, s.pop_prefill.min(if opts.smoke { 3_200 } else { 200_000 }));
+    // PgQ has one cursor per consumer: its consumers do not share a queue's events.
+    let pgq_pop = run_clients(&dsn, 1, s.secs, |c, _, _| pgq_consume_one(c));
+    say(&mut rows, "pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)", pgq_pop, "msg/s");
+
+    // ---- fan-out: 10 groups read one stream while it is pushed ----
+    reset(&mut c);
+    let stop = Arc::new(AtomicBool::new(false));
+    let pushed = Arc::new(AtomicU64::new(0));
+    let delivered = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut handles = Vec::new();
+    for k in 0..2 {
+        let (stop, pushed, dsn) = (stop.clone(), pushed.clone(), dsn.clone());
+        handles.push(thread::spawn(move || {
+            let mut c = connect(&dsn);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let items = queen_items("bq", &format!("p{}", (k * 8 + i) % 16), 100, i * 100);
+                c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&items]).unwrap();
+                pushed.fetch_add(100, Ordering::Relaxed);
+                i += 1;
+            }
+        }));
+    }
+    for g in 0..10 {
+        let (stop, delivered, dsn) = (stop.clone(), delivered.clone(), dsn.clone());
+        handles.push(thread::spawn(move || {
+            let mut c = connect(&dsn);
+            let group = format!("g{g}");
+            while !stop.load(Ordering::Relaxed) {
+                let n = c
+                    .query("SELECT 1 FROM queen.pop('bq', $1, batch => 100, max_partitions => 16, auto_ack => true, wait_ms => 100)", &[&group])
+                    .unwrap()
+                    .len();
+                delivered.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    thread::sleep(Duration::from_secs_f64(s.secs));
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let el = t0.elapsed().as_secs_f64();
+    let push_rate = pushed.load(Ordering::Relaxed) as f64 / el;
+    let fan_rate = delivered.load(Ordering::Relaxed) as f64 / el;
+    say(&mut rows, "fan-out: 10 groups while pushing", "queen push rate", push_rate, "msg/s");
+    say(&mut rows, "fan-out: 10 groups while pushing", "queen deliveries", fan_rate, "msg/s");
+
+    // ---- wake latency: push commit -> return of a waiting pop ----
+    reset(&mut c);
+    c.execute("SELECT count(*) FROM queen.push('wake', '0')", &[]).unwrap();
+    c.execute("SELECT count(*) FROM queen.pop('wake', auto_ack => true)", &[]).unwrap();
+    let (tx_ret, rx_ret) = mpsc::channel::<Instant>();
+    let (tx_go, rx_go) = mpsc::channel::<()>();
+    let dsn2 = dsn.clone();
+    let samples = s.wake_samples;
+    let waiter = thread::spawn(move || {
+        let mut c = connect(&dsn2);
+        let stmt = c.prepare("SELECT 1 FROM queen.pop('wake', auto_ack => true, wait_ms => 5000)").unwrap();
+        for _ in 0..samples {
+            tx_go.send(()).unwrap();
+            let n = c.query(&stmt, &[]).unwrap().len();
+            assert_eq!(n, 1, "waiting pop returned empty");
+            tx_ret.send(Instant::now()).unwrap();
+        }
+    });
+    let mut lat: Vec<f64> = Vec::with_capacity(samples);
+    let push = c.prepare("SELECT 1 FROM queen.push('wake', '1')").unwrap();
+    for _ in 0..samples {
+        rx_go.recv().unwrap();
+        thread::sleep(Duration::from_millis(3)); // let the waiter park
+        c.query(&push, &[]).unwrap();
+        let committed = Instant::now();
+        let returned = rx_ret.recv().unwrap();
+        lat.push(returned.saturating_duration_since(committed).as_secs_f64() * 1000.0);
+    }
+    waiter.join().unwrap();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+    say(&mut rows, "wake latency (push commit -> pop return)", "queen p50", pct(0.5), "ms");
+    say(&mut rows, "wake latency (push commit -> pop return)", "queen p99", pct(0.99), "ms");
+    say(&mut rows, "wake latency (push commit -> pop return)", "queen max", pct(1.0), "ms");
+
+    // ---- disk bytes per message ----
+    reset(&mut c);
+    prefill_queen(&mut c, s.disk_messages, 16);
+    let size = |c: &mut Client, sql: &str| -> f64 { c.query_one(sql, &[]).unwrap().get::<_, i64>(0) as f64 };
+    let queen_bytes = size(
+        &mut c,
+        "SELECT sum(pg_total_relation_size(c.oid))::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+          WHERE n.nspname = 'queen' AND c.relkind IN ('r', 'm')",
+    ) / s.disk_messages as f64;
+    c.execute(
+        "INSERT INTO bench_raw (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
+           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99), jsonb_build_object('sku', 'SKU-67890', 'qty', 1, 'price', 5.5)),
+           'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
+        &[&(s.disk_messages as i32)],
+    )
+    .unwrap();
+    c.batch_execute("VACUUM bench_raw").unwrap();
+    let raw_bytes = size(&mut c, "SELECT pg_total_relation_size('bench_raw')::int8") / s.disk_messages as f64;
+    say(&mut rows, "disk bytes per message (push batch 1000)", "queen", queen_bytes, "B/msg");
+    say(&mut rows, "disk bytes per message (push batch 1000)", "raw row table", raw_bytes, "B/msg");
+
+    // ---- scaling: backlog and partitions ----
+    reset(&mut c);
+    prefill_queen(&mut c, 1_000, 16);
+    let mut small = Vec::new();
+    for _ in 0..5 {
+        small.push(queen_consume(&dsn, s.secs / 5.0));
+        prefill_queen(&mut c, 1_000, 16);
+    }
+    let small_backlog = small.iter().sum::<f64>() / small.len() as f64;
+    reset(&mut c);
+    prefill_queen(&mut c, s.big_backlog, 16);
+    let big_backlog = queen_consume(&dsn, s.secs);
+    say(&mut rows, "scaling: pop + ack at backlog 1k", "queen", small_backlog, "msg/s");
+    say(&mut rows, "scaling: pop + ack at big backlog", "queen", big_backlog, "msg/s");
+    reset(&mut c);
+    prefill_queen(&mut c, 10 * 2_000, 10);
+    let few = queen_consume(&dsn, s.secs);
+    reset(&mut c);
+    prefill_queen(&mut c, s.partitions_many * 20, s.partitions_many);
+    let many = queen_consume(&dsn, s.secs);
+    say(&mut rows, "scaling: pop + ack, 10 partitions", "queen", few, "msg/s");
+    say(&mut rows, "scaling: pop + ack, many partitions", "queen", many, "msg/s");
+
+    // ---- ratios against the targets ----
+    let find = |sc: &str, sys: &str| rows.iter().find(|r| r.scenario == sc && r.system == sys).map(|r| r.value).unwrap_or(f64::NAN);
+    let pgq_ack = find("pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)");
+    let targets = [
+        ("push batch 1000 / raw insert limit", queen_push1000 / raw_insert, ">= 3"),
+        ("pop+ack / SKIP LOCKED table", queen_pop / skip_pop, ">= 2"),
+        ("pop+ack / PgQ", queen_pop / pgq_ack, ">= 1"),
+        ("fan-out deliveries / push rate", fan_rate / push_rate, ">= 8"),
+        ("wake p50 (ms)", pct(0.5), "<= 2"),
+        ("wake p99 (ms)", pct(0.99), "<= 10"),
+        ("bytes per message / raw row table", queen_bytes / raw_bytes, "<= 0.3"),
+        ("pop+ack big backlog / 1k backlog", big_backlog / small_backlog, ">= 0.8"),
+        ("pop+ack many partitions / 10 partitions", many / few, ">= 0.5"),
+    ];
+    println!();
+    for (name, v, want) in &targets {
+        println!("{name:<44} {v:>10.2}   target {want}");
+    }
+
+    if let Some(out) = opts.out {
+        let mut md = String::new();
+        let _ = writeln!(md, "# queen benchmarks\n");
+        let _ = writeln!(md, "Written by `make bench` (bench/src/main.rs). Machine: {}.", machine());
+        let _ = writeln!(md, "One PostgreSQL 15 cluster for every system, settings in `scripts/bench.conf`.");
+        let _ = writeln!(md, "Payloads ≈200 bytes of JSON. Durations {} s per measurement.\n", s.secs);
+        let _ = writeln!(md, "| scenario | system | value |\n|---|---|---|");
+        for r in &rows {
+            let _ = writeln!(md, "| {} | {} | {} {} |", r.scenario, r.system, fmt_rate(r.value), r.unit);
+        }
+        let _ = writeln!(md, "\n| ratio | measured | target |\n|---|---|---|");
+        for (name, v, want) in &targets {
+            let _ = writeln!(md, "| {name} | {v:.2} | {want} |");
+        }
+        std::fs::write(&out, md).unwrap();
+        println!("\nwrote {out}");
+    }
+}
