@@ -1,22 +1,36 @@
 -- queen's SQL API: thin SQL wrappers that give the Rust entry points their spec names,
 -- defaults and named result types. Every function has a fixed search_path.
 
+-- The set-returning API functions are PL/pgSQL with RETURN QUERY: they materialize their
+-- rows, so the fixed search_path is set once per call. (A SQL or C function with a SET
+-- clause runs its GUC save and restore once per returned row: that cost showed in
+-- profiles.) The internal _push, _push_batch and _pop carry no SET clause of their own:
+-- only these wrappers call them, and every name in them is schema-qualified.
+
 CREATE FUNCTION queen.push(
     queue text,
     payload jsonb,
     partition text DEFAULT 'Default',
     transaction_id text DEFAULT NULL
 ) RETURNS SETOF queen.push_result
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT r.idx, r.status, r.message_id, r.transaction_id, r.partition_id, r.msg_offset
-       FROM queen._push($1, $2::text, $3, $4) r $$;
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY SELECT r.idx, r.status, r.message_id, r.transaction_id, r.partition_id, r.msg_offset
+                 FROM queen._push($1, $2, $3, $4) r;
+END $$;
 
 CREATE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT r.idx, r.status, r.message_id, r.transaction_id, r.partition_id, r.msg_offset
-       FROM queen._push_batch($1::text) r $$;
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY SELECT r.idx, r.status, r.message_id, r.transaction_id, r.partition_id, r.msg_offset
+                 FROM queen._push_batch($1) r;
+END $$;
 
 CREATE FUNCTION queen.pop(
     queue text,
@@ -29,12 +43,15 @@ CREATE FUNCTION queen.pop(
     max_partitions int DEFAULT 1,
     subscription text DEFAULT 'all'
 ) RETURNS SETOF queen.message
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
-             r.msg_offset, r.message_id, r.transaction_id, r.payload::jsonb, r.created_at,
-             r.attempt
-        FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9) r $$;
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
+                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt
+                 FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9) r;
+END $$;
 
 COMMENT ON FUNCTION queen.push(text, jsonb, text, text) IS
   'queen: push one message; returns queen.push_result (status queued or duplicate)';

@@ -301,28 +301,25 @@ fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter_error: Optio
 /// Decodes the frame at `offset` and files it in `queen.log_dlq`, in the ack's own
 /// transaction: the cursor passes the message only if its dead letter is stored.
 fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, error: &str, retry_count: i32) {
-    let mut frame: Option<(pgrx::Uuid, String, String)> = None;
+    let mut frame: Option<(pgrx::Uuid, String, Vec<u8>)> = None;
     segments::read(client, lane.partition_id, offset, offset, |_, f, _| {
-        let payload = std::str::from_utf8(f.payload)
-            .unwrap_or_else(|_| errors::corrupted("payload is not UTF-8"))
-            .to_string();
-        frame = Some((pgrx::Uuid::from_bytes(f.message_id), f.transaction_id.to_string(), payload));
+        frame = Some((pgrx::Uuid::from_bytes(f.message_id), f.transaction_id.to_string(), f.payload.to_vec()));
     });
     let (message_id, transaction_id, payload) = frame.expect("segments::read emits the offset or raises");
     run(
         client,
         "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
                                     message_id, transaction_id, data, error_message, retry_count)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         &[
-            to_pg_uuid(uuid::Uuid::now_v7()).into(),
+            to_pg_uuid(crate::spi::new_id()).into(),
             lane.queue_id.into(),
             lane.partition_id.into(),
             lane.consumer_group.as_str().into(),
             offset.into(),
             message_id.into(),
             transaction_id.as_str().into(),
-            payload.as_str().into(),
+            crate::jsonb::RawJsonb(payload).into(),
             error.into(),
             retry_count.into(),
         ],

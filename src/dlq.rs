@@ -17,10 +17,10 @@ fn lock_row(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
     transaction_id: &str,
-) -> (pgrx::Uuid, String, String, String) {
+) -> (pgrx::Uuid, String, String, Vec<u8>) {
     let rows = run(
         client,
-        "SELECT d.id, q.name, p.name, d.data::text
+        "SELECT d.id, q.name, p.name, d.data
            FROM queen.log_dlq d
            JOIN queen.queues q ON q.queue_id = d.queue_id
            JOIN queen.partitions p ON p.partition_id = d.partition_id
@@ -43,7 +43,7 @@ fn lock_row(
         row.get(1).or_raise().unwrap(),
         row.get(2).or_raise().unwrap(),
         row.get(3).or_raise().unwrap(),
-        row.get(4).or_raise().unwrap(),
+        row.get::<crate::jsonb::RawJsonb>(4).or_raise().unwrap().0,
     )
 }
 

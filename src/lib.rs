@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod ack;
 mod errors;
+mod jsonb;
 mod pop;
 mod push;
 mod queues;

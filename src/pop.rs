@@ -8,6 +8,7 @@ use queen_core::claim::allocate;
 use queen_core::lease::effective_lease_micros;
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::jsonb::RawJsonb;
 use crate::{queues, segments, wake};
 use crate::spi::{clock_now, run, timestamptz, to_pg_uuid};
 
@@ -49,13 +50,13 @@ pub struct Delivered {
     pub msg_offset: i64,
     pub message_id: pgrx::Uuid,
     pub transaction_id: String,
-    pub payload: String,
+    pub payload: Vec<u8>,
     pub created_at: TimestampWithTimeZone,
     pub attempt: i32,
 }
 
+/// Internal: called only by `queen.pop` (sql/api.sql), which fixes the search_path.
 #[pg_extern(name = "_pop")]
-#[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::too_many_arguments)]
 fn pop_sql(
     p_queue: Option<&str>,
@@ -78,7 +79,7 @@ fn pop_sql(
         name!(msg_offset, i64),
         name!(message_id, pgrx::Uuid),
         name!(transaction_id, String),
-        name!(payload, String),
+        name!(payload, RawJsonb),
         name!(created_at, TimestampWithTimeZone),
         name!(attempt, i32),
     ),
@@ -109,7 +110,7 @@ fn pop_sql(
             d.msg_offset,
             d.message_id,
             d.transaction_id,
-            d.payload,
+            RawJsonb(d.payload),
             d.created_at,
             d.attempt,
         )
@@ -210,7 +211,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let (lease_id, expires) = if a.auto_ack {
         (None, None)
     } else {
-        (Some(to_pg_uuid(uuid::Uuid::now_v7())), Some(now.saturating_add(lease_micros)))
+        (Some(to_pg_uuid(crate::spi::new_id())), Some(now.saturating_add(lease_micros)))
     };
 
     let mut out = Vec::new();
@@ -295,13 +296,25 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     out
 }
 
+thread_local! {
+    /// Per (queue, group): the partition this backend claimed last. The next pop scans
+    /// lanes from just after it, wrapping around: round-robin over partitions.
+    static CURSORS: std::cell::RefCell<std::collections::HashMap<(i64, String), [u8; 16]>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
 /// Locks up to `max_partitions` claimable lanes: no live lease, messages past the cursor.
-/// The least recently claimed lanes come first, so a deep partition cannot starve the
-/// others. SKIP LOCKED: a lane another pop is claiming right now is not ours to wait on.
+///
+/// Lanes are scanned in partition-id order from this backend's cursor, wrapping around,
+/// so consecutive pops serve consecutive partitions (a deep partition cannot starve the
+/// others) and each scan stops at the first lanes it can claim: the cost grows with the
+/// lanes skipped, not with the partitions a queue has. Every backend starts its cursor at a
+/// random place, which spreads concurrent consumers. SKIP LOCKED: a lane another pop is
+/// claiming right now is not ours to wait on.
 fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
     let now = timestamptz(now);
-    let table = match a.partition {
-        Some(p) => run(
+    if let Some(p) = a.partition {
+        let table = run(
             client,
             "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
                FROM queen.partitions p
@@ -311,21 +324,50 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
                 AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
                 FOR UPDATE OF l SKIP LOCKED",
             &[queue_id.into(), a.group.into(), p.into(), now.into()],
-        ),
-        None => run(
+        );
+        return to_candidates(table);
+    }
+    let key = (queue_id, a.group.to_string());
+    let cursor = CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::spi::new_id().as_bytes()));
+    let cursor_id = pgrx::Uuid::from_bytes(cursor);
+    let want = i64::from(a.max_partitions);
+    let mut found = to_candidates(run(
+        client,
+        "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
+           FROM queen.lanes l
+           JOIN queen.partitions p ON p.partition_id = l.partition_id
+          WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id > $5
+            AND l.committed < p.head
+            AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
+          ORDER BY l.partition_id
+          LIMIT $3
+            FOR UPDATE OF l SKIP LOCKED",
+        &[queue_id.into(), a.group.into(), want.into(), now.into(), cursor_id.into()],
+    ));
+    if (found.len() as i64) < want {
+        // Wrap around: the lanes at or before the cursor.
+        found.extend(to_candidates(run(
             client,
             "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
                FROM queen.lanes l
                JOIN queen.partitions p ON p.partition_id = l.partition_id
-              WHERE l.queue_id = $1 AND l.consumer_group = $2
+              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id <= $5
                 AND l.committed < p.head
                 AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
-              ORDER BY l.last_claimed_at NULLS FIRST, l.partition_id
+              ORDER BY l.partition_id
               LIMIT $3
                 FOR UPDATE OF l SKIP LOCKED",
-            &[queue_id.into(), a.group.into(), i64::from(a.max_partitions).into(), now.into()],
-        ),
-    };
+            &[queue_id.into(), a.group.into(), (want - found.len() as i64).into(), now.into(), cursor_id.into()],
+        )));
+    }
+    if let Some(last) = found.last() {
+        let last = *last.partition_id.as_bytes();
+        CURSORS.with(|c| c.borrow_mut().insert(key, last));
+    }
+    found
+}
+
+fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
     table
         .into_iter()
         .map(|row| {
@@ -353,9 +395,7 @@ fn read_span(
     mut emit: impl FnMut(Delivered),
 ) {
     segments::read(client, c.partition_id, start, end, |offset, f, created_at| {
-        let payload = std::str::from_utf8(f.payload)
-            .unwrap_or_else(|_| errors::corrupted("payload is not UTF-8"))
-            .to_string();
+        let payload = f.payload.to_vec();
         emit(Delivered {
             lease_id: None,
             lease_expires_at: None,

@@ -6,13 +6,13 @@ use std::collections::{BTreeMap, HashMap};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::segment::{self, Frame};
-use serde_json::value::RawValue;
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::jsonb::{Found, JsonbArg, JsonbObject, RawJsonb};
 use crate::queues;
-use crate::spi::{run, to_pg_uuid};
+use crate::spi::{new_id, run, to_pg_uuid};
 
-/// Largest payload accepted, as JSON text.
+/// Largest payload accepted, in jsonb's binary form.
 pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
 /// Most items in one push_batch call.
 pub const MAX_BATCH_ITEMS: usize = 100_000;
@@ -26,7 +26,8 @@ pub const DEFAULT_PARTITION: &str = "Default";
 pub struct PushItem {
     pub queue: String,
     pub partition: String,
-    pub payload: String,
+    /// The payload as jsonb bytes (see `jsonb`).
+    pub payload: Vec<u8>,
     pub transaction_id: Option<String>,
 }
 
@@ -64,7 +65,7 @@ fn check_item(item: &PushItem, at: &str) {
         errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
             format!(
-                "queen: {at}payload is {} bytes; the most a message may carry is {MAX_PAYLOAD_BYTES}",
+                "queen: {at}payload is {} bytes (as jsonb); the most a message may carry is {MAX_PAYLOAD_BYTES}",
                 item.payload.len()
             ),
         );
@@ -80,11 +81,11 @@ fn check_item(item: &PushItem, at: &str) {
 }
 
 /// `queen._push`, wrapped by `queen.push` (sql/api.sql).
+/// Internal: called only by `queen.push` (sql/api.sql), which fixes the search_path.
 #[pg_extern(name = "_push")]
-#[search_path(pg_catalog, pg_temp)]
 fn push_one(
     p_queue: Option<&str>,
-    p_payload: Option<&str>,
+    p_payload: Option<RawJsonb>,
     p_partition: Option<&str>,
     p_transaction_id: Option<&str>,
 ) -> TableIterator<
@@ -103,7 +104,7 @@ fn push_one(
     let item = PushItem {
         queue: queue.to_string(),
         partition: p_partition.unwrap_or(DEFAULT_PARTITION).to_string(),
-        payload: payload.to_string(),
+        payload: payload.0,
         transaction_id: p_transaction_id.map(str::to_string),
     };
     check_item(&item, "");
@@ -114,20 +115,20 @@ fn push_one(
 /// "partiton" must not silently send a message to the default partition).
 const BATCH_KEYS: [&str; 4] = ["queue", "partition", "payload", "transactionId"];
 
-/// A JSON string field of a batch item: absent or null is None; anything but a string
+/// A string field of a batch item: absent or null is None; anything else but a string
 /// is an error naming the item and the key.
-fn string_field(raw: Option<&RawValue>, at: &str, key: &str) -> Option<String> {
-    let raw = raw?;
-    match serde_json::from_str::<Option<String>>(raw.get()) {
-        Ok(v) => v,
-        Err(_) => errors::invalid(&format!("{at}{key}"), format_args!("must be a string, got {}", raw.get())),
+fn string_field(obj: &JsonbObject, at: &str, key: &str) -> Option<String> {
+    match obj.get(key)? {
+        Found::Str(s) => Some(s),
+        Found::Null => None,
+        Found::Other(text) => errors::invalid(&format!("{at}{key}"), format_args!("must be a string, got {text}")),
     }
 }
 
-/// `queen._push_batch`, wrapped by `queen.push_batch`: `items` arrives as jsonb's text.
+/// Internal: called only by `queen.push_batch`, which fixes the search_path. The items
+/// are read in jsonb's binary form; payloads are copied out as jsonb bytes.
 #[pg_extern(name = "_push_batch")]
-#[search_path(pg_catalog, pg_temp)]
-fn push_batch(p_items: Option<&str>) -> TableIterator<
+fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
     'static,
     (
         name!(idx, i32),
@@ -138,41 +139,52 @@ fn push_batch(p_items: Option<&str>) -> TableIterator<
         name!(msg_offset, i64),
     ),
 > {
-    let text = p_items.unwrap_or_else(|| errors::null_arg("items"));
-    let parsed: Vec<&RawValue> = serde_json::from_str(text)
-        .unwrap_or_else(|_| errors::invalid("items", "must be a JSON array of objects"));
-    if parsed.is_empty() {
+    let items_arg = p_items.unwrap_or_else(|| errors::null_arg("items"));
+    let n = items_arg
+        .array_len()
+        .unwrap_or_else(|| errors::invalid("items", "must be a JSON array of objects"));
+    if n == 0 {
         errors::invalid("items", "must hold at least one item");
     }
-    if parsed.len() > MAX_BATCH_ITEMS {
+    if n as usize > MAX_BATCH_ITEMS {
         errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            format!("queen: items holds {} messages; at most {MAX_BATCH_ITEMS} per call", parsed.len()),
+            format!("queen: items holds {n} messages; at most {MAX_BATCH_ITEMS} per call"),
         );
     }
-    let mut items = Vec::with_capacity(parsed.len());
+    let mut items = Vec::with_capacity(n as usize);
     let mut total = 0usize;
-    for (i, raw) in parsed.iter().enumerate() {
+    for i in 0..n {
         let at = format!("items[{i}].");
-        let obj: HashMap<String, &RawValue> = serde_json::from_str(raw.get()).unwrap_or_else(|_| {
+        let obj = items_arg.object_at(i).unwrap_or_else(|text| {
             errors::invalid(
                 &format!("items[{i}]"),
-                format_args!("must be an object {{queue, partition?, payload, transactionId?}}, got {}", raw.get()),
+                format_args!("must be an object {{queue, partition?, payload, transactionId?}}, got {text}"),
             )
         });
-        if let Some(k) = obj.keys().find(|k| !BATCH_KEYS.contains(&k.as_str())) {
-            errors::invalid(&format!("items[{i}]"), format_args!("unknown key {k:?} (allowed: queue, partition, payload, transactionId)"));
-        }
-        let queue = string_field(obj.get("queue").copied(), &at, "queue")
+        let queue = string_field(&obj, &at, "queue")
             .unwrap_or_else(|| errors::invalid(&format!("{at}queue"), "is missing"));
         // A JSON null payload is a payload; only a missing key is an error.
-        let payload = obj.get("payload").unwrap_or_else(|| errors::invalid(&format!("{at}payload"), "is missing"));
+        let payload = obj
+            .get_jsonb("payload")
+            .unwrap_or_else(|| errors::invalid(&format!("{at}payload"), "is missing"));
+        let partition = string_field(&obj, &at, "partition");
+        let transaction_id = string_field(&obj, &at, "transactionId");
+        // Only when the object has more keys than the known ones it holds is there an
+        // unknown key to name (the iterator is not free: keep it off the common path).
+        let known = BATCH_KEYS.iter().filter(|k| obj.has(k)).count() as u32;
+        if obj.key_count() > known {
+            let k = obj.unknown_key(&BATCH_KEYS).unwrap_or_default();
+            errors::invalid(
+                &format!("items[{i}]"),
+                format_args!("unknown key {k:?} (allowed: queue, partition, payload, transactionId)"),
+            );
+        }
         let item = PushItem {
             queue,
-            partition: string_field(obj.get("partition").copied(), &at, "partition")
-                .unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
-            payload: payload.get().to_string(),
-            transaction_id: string_field(obj.get("transactionId").copied(), &at, "transactionId"),
+            partition: partition.unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
+            payload,
+            transaction_id,
         };
         check_item(&item, &at);
         total += item.payload.len();
@@ -335,10 +347,14 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     for (i, item) in items.iter().enumerate() {
         groups.entry((item.queue.as_str(), item.partition.as_str())).or_default().push(i);
     }
-    let message_ids: Vec<uuid::Uuid> = items.iter().map(|_| uuid::Uuid::now_v7()).collect();
+    let message_ids: Vec<uuid::Uuid> = items.iter().map(|_| new_id()).collect();
     let transaction_ids: Vec<String> = items
         .iter()
-        .map(|it| it.transaction_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string()))
+        .map(|it| {
+            it.transaction_id
+                .clone()
+                .unwrap_or_else(|| queen_core::ids::uuid_string(new_id().as_bytes()))
+        })
         .collect();
 
     let mut rows: Vec<Option<PushRow>> = (0..items.len()).map(|_| None).collect();
@@ -372,7 +388,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             let frames = fresh.iter().map(|&i| Frame {
                 message_id: *message_ids[i].as_bytes(),
                 transaction_id: &transaction_ids[i],
-                payload: items[i].payload.as_bytes(),
+                payload: &items[i].payload,
             });
             seg_data.push(segment::encode(frames));
             for (k, &i) in fresh.iter().enumerate() {

@@ -38,7 +38,7 @@ pub fn create_partition(
     name: &str,
     reserve: i64,
 ) -> Option<(pgrx::Uuid, i64)> {
-    let pid = to_pg_uuid(uuid::Uuid::now_v7());
+    let pid = to_pg_uuid(crate::spi::new_id());
     let inserted = run(
         client,
         "INSERT INTO queen.partitions (partition_id, queue_id, name, head) VALUES ($1, $2, $3, $4)

@@ -64,3 +64,15 @@ pub fn first_value<T: pgrx::IntoDatum + pgrx::FromDatum>(table: SpiTupleTable<'_
     }
     table.first().get_one::<T>().or_raise()
 }
+
+thread_local! {
+    static IDS: RefCell<Option<queen_core::ids::Uuid7Gen>> = const { RefCell::new(None) };
+}
+
+/// A fresh UUIDv7, minted without a syscall (see `queen_core::ids`).
+pub fn new_id() -> uuid::Uuid {
+    IDS.with(|g| {
+        let mut g = g.borrow_mut();
+        uuid::Uuid::from_bytes(g.get_or_insert_with(queen_core::ids::Uuid7Gen::from_entropy).next())
+    })
+}

@@ -17,6 +17,8 @@ struct Opts {
     dsn: String,
     smoke: bool,
     out: Option<String>,
+    /// Scenario groups to run (push1, push1000, pop, fanout, wake, disk, scaling); all if empty.
+    only: Vec<String>,
 }
 
 /// Sizes of a run: the full bench or the smoke run.
@@ -194,12 +196,13 @@ fn machine() -> String {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mut opts = Opts { dsn: String::new(), smoke: false, out: None };
+    let mut opts = Opts { dsn: String::new(), smoke: false, out: None, only: Vec::new() };
     while let Some(a) = args.next() {
         match a.as_str() {
             "--dsn" => opts.dsn = args.next().expect("--dsn DSN"),
             "--smoke" => opts.smoke = true,
             "--out" => opts.out = args.next(),
+            "--only" => opts.only = args.next().expect("--only a,b").split(',').map(str::to_string).collect(),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -210,6 +213,12 @@ fn main() {
         Sizes { secs: 10.0, pop_prefill: 500_000, wake_samples: 1_000, disk_messages: 200_000, big_backlog: 5_000_000, partitions_many: 10_000 }
     };
     let dsn = opts.dsn.clone();
+    let want = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
+    let (mut queen_push1000, mut raw_insert, mut queen_pop, mut skip_pop, mut fan_rate, mut push_rate) =
+        (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+    let (mut queen_bytes, mut raw_bytes, mut small_backlog, mut big_backlog, mut few, mut many) =
+        (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+    let mut lat: Vec<f64> = vec![f64::NAN];
     let mut c = connect(&dsn);
     let mut rows: Vec<Row> = Vec::new();
     let say = |rows: &mut Vec<Row>, scenario, system, value, unit| {
@@ -217,6 +226,7 @@ fn main() {
         rows.push(Row { scenario, system, value, unit });
     };
 
+    if want("push1") {
     // ---- push, batch 1, 8 clients (16 partitions: pushes to one partition serialize) ----
     reset(&mut c);
     let v = run_clients(&dsn, 8, s.secs, |c, k, i| {
@@ -235,18 +245,20 @@ fn main() {
     });
     say(&mut rows, "push, batch 1, 8 clients", "PgQ", v, "msg/s");
 
+    }
+    if want("push1000") {
     // ---- push, batch 1,000, 4 clients ----
     reset(&mut c);
     let batches: Arc<Vec<Value>> = Arc::new((0..4).map(|k| queen_items("bq", &format!("p{k}"), 1000, 0)).collect());
     let b = batches.clone();
-    let queen_push1000 = run_clients(&dsn, 4, s.secs, move |c, k, _| {
+    queen_push1000 = run_clients(&dsn, 4, s.secs, move |c, k, _| {
         c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&b[k]]).unwrap();
         1000
     });
     say(&mut rows, "push, batch 1000, 4 clients", "queen", queen_push1000, "msg/s");
     let raw: Arc<Vec<Value>> = Arc::new((0..1000).map(payload).collect());
     let r = raw.clone();
-    let raw_insert = run_clients(&dsn, 4, s.secs, move |c, _, _| {
+    raw_insert = run_clients(&dsn, 4, s.secs, move |c, _, _| {
         c.execute("INSERT INTO bench_raw (payload) SELECT * FROM unnest($1::jsonb[])", &[&*r]).unwrap();
         1000
     });
@@ -259,10 +271,12 @@ fn main() {
     });
     say(&mut rows, "push, batch 1000, 4 clients", "PgQ", v, "msg/s");
 
+    }
+    if want("pop") {
     // ---- pop + ack, batch 100, 4 consumers, 16 partitions, prefilled ----
     reset(&mut c);
     prefill_queen(&mut c, s.pop_prefill, 16);
-    let queen_pop = queen_consume(&dsn, s.secs);
+    queen_pop = queen_consume(&dsn, s.secs);
     say(&mut rows, "pop + ack, batch 100, 4 consumers", "queen", queen_pop, "msg/s");
     c.execute(
         "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
@@ -272,7 +286,7 @@ fn main() {
     )
     .unwrap();
     c.batch_execute("VACUUM ANALYZE bench_jobs").unwrap();
-    let skip_pop = run_clients(&dsn, 4, s.secs, |c, _, _| {
+    skip_pop = run_clients(&dsn, 4, s.secs, |c, _, _| {
         let mut tx = c.transaction().unwrap();
         let ids: Vec<i64> = tx
             .query("SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED", &[])
@@ -293,6 +307,8 @@ fn main() {
     let pgq_pop = run_clients(&dsn, 1, s.secs, |c, _, _| pgq_consume_one(c));
     say(&mut rows, "pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)", pgq_pop, "msg/s");
 
+    }
+    if want("fanout") {
     // ---- fan-out: 10 groups read one stream while it is pushed ----
     reset(&mut c);
     let stop = Arc::new(AtomicBool::new(false));
@@ -333,11 +349,13 @@ fn main() {
         h.join().unwrap();
     }
     let el = t0.elapsed().as_secs_f64();
-    let push_rate = pushed.load(Ordering::Relaxed) as f64 / el;
-    let fan_rate = delivered.load(Ordering::Relaxed) as f64 / el;
+    push_rate = pushed.load(Ordering::Relaxed) as f64 / el;
+    fan_rate = delivered.load(Ordering::Relaxed) as f64 / el;
     say(&mut rows, "fan-out: 10 groups while pushing", "queen push rate", push_rate, "msg/s");
     say(&mut rows, "fan-out: 10 groups while pushing", "queen deliveries", fan_rate, "msg/s");
 
+    }
+    if want("wake") {
     // ---- wake latency: push commit -> return of a waiting pop ----
     reset(&mut c);
     c.execute("SELECT count(*) FROM queen.push('wake', '0')", &[]).unwrap();
@@ -356,7 +374,7 @@ fn main() {
             tx_ret.send(Instant::now()).unwrap();
         }
     });
-    let mut lat: Vec<f64> = Vec::with_capacity(samples);
+    lat = Vec::with_capacity(samples);
     let push = c.prepare("SELECT 1 FROM queen.push('wake', '1')").unwrap();
     for _ in 0..samples {
         rx_go.recv().unwrap();
@@ -373,11 +391,13 @@ fn main() {
     say(&mut rows, "wake latency (push commit -> pop return)", "queen p99", pct(0.99), "ms");
     say(&mut rows, "wake latency (push commit -> pop return)", "queen max", pct(1.0), "ms");
 
+    }
+    if want("disk") {
     // ---- disk bytes per message ----
     reset(&mut c);
     prefill_queen(&mut c, s.disk_messages, 16);
     let size = |c: &mut Client, sql: &str| -> f64 { c.query_one(sql, &[]).unwrap().get::<_, i64>(0) as f64 };
-    let queen_bytes = size(
+    queen_bytes = size(
         &mut c,
         "SELECT sum(pg_total_relation_size(c.oid))::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
           WHERE n.nspname = 'queen' AND c.relkind IN ('r', 'm')",
@@ -390,10 +410,12 @@ fn main() {
     )
     .unwrap();
     c.batch_execute("VACUUM bench_raw").unwrap();
-    let raw_bytes = size(&mut c, "SELECT pg_total_relation_size('bench_raw')::int8") / s.disk_messages as f64;
+    raw_bytes = size(&mut c, "SELECT pg_total_relation_size('bench_raw')::int8") / s.disk_messages as f64;
     say(&mut rows, "disk bytes per message (push batch 1000)", "queen", queen_bytes, "B/msg");
     say(&mut rows, "disk bytes per message (push batch 1000)", "raw row table", raw_bytes, "B/msg");
 
+    }
+    if want("scaling") {
     // ---- scaling: backlog and partitions ----
     reset(&mut c);
     prefill_queen(&mut c, 1_000, 16);
@@ -402,22 +424,26 @@ fn main() {
         small.push(queen_consume(&dsn, s.secs / 5.0));
         prefill_queen(&mut c, 1_000, 16);
     }
-    let small_backlog = small.iter().sum::<f64>() / small.len() as f64;
+    small_backlog = small.iter().sum::<f64>() / small.len() as f64;
     reset(&mut c);
     prefill_queen(&mut c, s.big_backlog, 16);
-    let big_backlog = queen_consume(&dsn, s.secs);
+    big_backlog = queen_consume(&dsn, s.secs);
     say(&mut rows, "scaling: pop + ack at backlog 1k", "queen", small_backlog, "msg/s");
     say(&mut rows, "scaling: pop + ack at big backlog", "queen", big_backlog, "msg/s");
     reset(&mut c);
-    prefill_queen(&mut c, 10 * 2_000, 10);
-    let few = queen_consume(&dsn, s.secs);
+    // Every pop can fill its batch of 100 from one partition in both cases.
+    prefill_queen(&mut c, 10 * 10_000, 10);
+    few = queen_consume(&dsn, s.secs);
     reset(&mut c);
-    prefill_queen(&mut c, s.partitions_many * 20, s.partitions_many);
-    let many = queen_consume(&dsn, s.secs);
+    prefill_queen(&mut c, s.partitions_many * 100, s.partitions_many);
+    many = queen_consume(&dsn, s.secs);
     say(&mut rows, "scaling: pop + ack, 10 partitions", "queen", few, "msg/s");
     say(&mut rows, "scaling: pop + ack, many partitions", "queen", many, "msg/s");
 
+    }
     // ---- ratios against the targets ----
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
     let find = |sc: &str, sys: &str| rows.iter().find(|r| r.scenario == sc && r.system == sys).map(|r| r.value).unwrap_or(f64::NAN);
     let pgq_ack = find("pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)");
     let targets = [

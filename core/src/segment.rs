@@ -34,6 +34,14 @@ const ZSTD_LEVEL: i32 = 1;
 /// allocate without bound. A single frame may exceed BLOCK_BYTES (one big payload).
 const MAX_RAW_BLOCK: usize = 1 << 30;
 
+thread_local! {
+    // zstd contexts are costly to create; a backend keeps one of each.
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// One message as written by push.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame<'a> {
@@ -162,7 +170,11 @@ where
     put_varint(&mut header, blocks.len() as u64);
     let mut bodies: Vec<(u8, Vec<u8>)> = Vec::with_capacity(blocks.len());
     for block in blocks {
-        let compressed = zstd::bulk::compress(&block.raw, ZSTD_LEVEL).ok();
+        let compressed = COMPRESSOR.with(|c| {
+            let mut c = c.borrow_mut();
+            let c = c.get_or_insert_with(|| zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd context"));
+            c.compress(&block.raw).ok()
+        });
         let (codec, body) = match compressed {
             Some(c) if c.len() < block.raw.len() => (CODEC_ZSTD, c),
             _ => (CODEC_RAW, block.raw.clone()),
@@ -277,7 +289,12 @@ impl<'a> Segment<'a> {
             let raw: &[u8] = match block.codec {
                 CODEC_RAW => block.body,
                 _ => {
-                    scratch = zstd::bulk::decompress(block.body, block.raw_len)
+                    scratch = DECOMPRESSOR
+                        .with(|d| {
+                            let mut d = d.borrow_mut();
+                            let d = d.get_or_insert_with(|| zstd::bulk::Decompressor::new().expect("zstd context"));
+                            d.decompress(block.body, block.raw_len)
+                        })
                         .map_err(|e| CodecError::Decompress(e.to_string()))?;
                     if scratch.len() != block.raw_len {
                         return Err(CodecError::LengthMismatch {

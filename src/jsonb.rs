@@ -1,0 +1,258 @@
+//! Payloads travel as jsonb's own binary form, end to end.
+//!
+//! A push copies the bytes of the jsonb it was given (no text conversion, no parse); a
+//! segment stores them; a pop hands them back as a jsonb datum (no parse either). pgrx's
+//! `JsonB` would go through text and serde both ways, which profiles showed to be the
+//! largest cost of push and pop.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable,
+};
+
+use crate::errors;
+
+/// The bytes of a jsonb value (the `JsonbContainer`, without the varlena header).
+pub struct RawJsonb(pub Vec<u8>);
+
+impl FromDatum for RawJsonb {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        unsafe {
+            let v = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+            let len = pgrx::varsize_any_exhdr(v);
+            let data = pgrx::vardata_any(v) as *const u8;
+            Some(RawJsonb(std::slice::from_raw_parts(data, len).to_vec()))
+        }
+    }
+}
+
+impl IntoDatum for RawJsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(jsonb_datum(&self.0))
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+unsafe impl SqlTranslatable for RawJsonb {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(RawJsonb);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
+        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+// pgrx's calling convention for our two jsonb types: argument unboxing through FromDatum,
+// return boxing through IntoDatum, as pgrx does for its own JsonB.
+macro_rules! callconv {
+    ($($t:ty),*) => {$(
+        unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for $t {
+            unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+                let index = arg.index();
+                unsafe {
+                    arg.unbox_arg_using_from_datum()
+                        .unwrap_or_else(|| panic!("argument {index} must not be null"))
+                }
+            }
+            unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+                unsafe { arg.unbox_arg_using_from_datum().into() }
+            }
+        }
+        unsafe impl pgrx::callconv::BoxRet for $t {
+            unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+                match self.into_datum() {
+                    Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+                    None => fcinfo.return_null(),
+                }
+            }
+        }
+    )*};
+}
+callconv!(RawJsonb, JsonbArg);
+
+/// A jsonb datum (palloc'd in the current memory context) holding `container` bytes.
+pub fn jsonb_datum(container: &[u8]) -> pg_sys::Datum {
+    unsafe {
+        let total = container.len() + pg_sys::VARHDRSZ;
+        let p = pg_sys::palloc(total) as *mut pg_sys::varlena;
+        pgrx::set_varsize_4b(p, total as i32);
+        std::ptr::copy_nonoverlapping(
+            container.as_ptr(),
+            (p as *mut u8).add(pg_sys::VARHDRSZ),
+            container.len(),
+        );
+        pg_sys::Datum::from(p)
+    }
+}
+
+/// A detoasted jsonb argument, read in place (for `push_batch`'s items).
+pub struct JsonbArg(*mut pg_sys::Jsonb);
+
+impl FromDatum for JsonbArg {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+        if is_null {
+            None
+        } else {
+            // Full detoast: a 4-byte header keeps the container aligned for PostgreSQL's
+            // jsonb accessors.
+            unsafe { Some(JsonbArg(pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::Jsonb)) }
+        }
+    }
+}
+
+impl IntoDatum for JsonbArg {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(pg_sys::Datum::from(self.0))
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+unsafe impl SqlTranslatable for JsonbArg {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbArg);
+    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
+        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+/// A value found inside a jsonb container.
+pub enum Found {
+    /// A string (its UTF-8 bytes).
+    Str(String),
+    /// JSON null.
+    Null,
+    /// Anything else, as JSON text (for error messages).
+    Other(String),
+}
+
+/// A value's JSON text, for error messages (never on a hot path).
+fn value_text(v: &mut pg_sys::JsonbValue) -> String {
+    unsafe {
+        let jb = pg_sys::JsonbValueToJsonb(v) as *const pg_sys::varlena;
+        let len = pgrx::varsize_any_exhdr(jb);
+        let data = pgrx::vardata_any(jb) as *const u8;
+        to_text(std::slice::from_raw_parts(data, len))
+    }
+}
+
+impl JsonbArg {
+    fn root(&self) -> *mut pg_sys::JsonbContainer {
+        unsafe { &raw mut (*self.0).root }
+    }
+
+    /// The number of elements when the value is an array (not a raw scalar), else None.
+    pub fn array_len(&self) -> Option<u32> {
+        let h = unsafe { (*self.root()).header };
+        (h & pg_sys::JB_FARRAY != 0 && h & pg_sys::JB_FSCALAR == 0).then_some(h & pg_sys::JB_CMASK)
+    }
+
+    /// Element `i` of the top-level array when it is an object; else its JSON text.
+    pub fn object_at(&self, i: u32) -> Result<JsonbObject, String> {
+        unsafe {
+            let v = pg_sys::getIthJsonbValueFromContainer(self.root(), i);
+            if v.is_null() {
+                return Err("nothing".into());
+            }
+            let v = &mut *v;
+            if v.type_ == pg_sys::jbvType::jbvBinary && (*v.val.binary.data).header & pg_sys::JB_FOBJECT != 0 {
+                Ok(JsonbObject(v.val.binary.data))
+            } else {
+                Err(value_text(v))
+            }
+        }
+    }
+}
+
+/// An object inside a jsonb value.
+pub struct JsonbObject(*mut pg_sys::JsonbContainer);
+
+impl JsonbObject {
+    /// How many keys the object has.
+    pub fn key_count(&self) -> u32 {
+        unsafe { (*self.0).header & pg_sys::JB_CMASK }
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.get_value(key).is_some()
+    }
+
+    fn get_value(&self, key: &str) -> Option<pg_sys::JsonbValue> {
+        unsafe {
+            let mut res: pg_sys::JsonbValue = std::mem::zeroed();
+            let found = pg_sys::getKeyJsonValueFromContainer(
+                self.0,
+                key.as_ptr() as *const std::ffi::c_char,
+                key.len() as i32,
+                &mut res,
+            );
+            (!found.is_null()).then_some(res)
+        }
+    }
+
+    /// The value at `key`: None when the key is absent.
+    pub fn get(&self, key: &str) -> Option<Found> {
+        let mut v = self.get_value(key)?;
+        Some(match v.type_ {
+            pg_sys::jbvType::jbvString => {
+                let s = unsafe { std::slice::from_raw_parts(v.val.string.val as *const u8, v.val.string.len as usize) };
+                Found::Str(String::from_utf8_lossy(s).into_owned())
+            }
+            pg_sys::jbvType::jbvNull => Found::Null,
+            _ => Found::Other(value_text(&mut v)),
+        })
+    }
+
+    /// The value at `key` as jsonb bytes (any JSON value, null included).
+    pub fn get_jsonb(&self, key: &str) -> Option<Vec<u8>> {
+        let mut v = self.get_value(key)?;
+        unsafe {
+            let jb = pg_sys::JsonbValueToJsonb(&mut v) as *const pg_sys::varlena;
+            let len = pgrx::varsize_any_exhdr(jb);
+            let data = pgrx::vardata_any(jb) as *const u8;
+            let out = std::slice::from_raw_parts(data, len).to_vec();
+            pg_sys::pfree(jb as *mut std::ffi::c_void);
+            Some(out)
+        }
+    }
+
+    /// The first key not in `allowed`, if any (for error messages).
+    pub fn unknown_key(&self, allowed: &[&str]) -> Option<String> {
+        unsafe {
+            let mut it = pg_sys::JsonbIteratorInit(self.0);
+            let mut v: pg_sys::JsonbValue = std::mem::zeroed();
+            loop {
+                let tok = pg_sys::JsonbIteratorNext(&mut it, &mut v, true);
+                match tok {
+                    pg_sys::JsonbIteratorToken::WJB_DONE => return None,
+                    pg_sys::JsonbIteratorToken::WJB_KEY => {
+                        let s = std::slice::from_raw_parts(v.val.string.val as *const u8, v.val.string.len as usize);
+                        let key = String::from_utf8_lossy(s).into_owned();
+                        if !allowed.contains(&key.as_str()) {
+                            return Some(key);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// The text of jsonb bytes, for error messages only (never on a hot path).
+pub fn to_text(container: &[u8]) -> String {
+    unsafe {
+        let d = jsonb_datum(container);
+        let c = pgrx::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(d)]);
+        c.map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_else(|| errors::internal("jsonb_out returned NULL"))
+    }
+}
