@@ -181,9 +181,6 @@ impl JsonbObject {
         unsafe { (*self.0).header & pg_sys::JB_CMASK }
     }
 
-    pub fn has(&self, key: &str) -> bool {
-        self.get_value(key).is_some()
-    }
 
     fn get_value(&self, key: &str) -> Option<pg_sys::JsonbValue> {
         unsafe {

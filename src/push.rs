@@ -8,9 +8,9 @@ use pgrx::spi::SpiClient;
 use queen_core::segment::{self, Frame};
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
-use crate::jsonb::{Found, JsonbArg, JsonbObject, RawJsonb};
+use crate::jsonb::{Found, JsonbArg, RawJsonb};
 use crate::queues;
-use crate::spi::{new_id, run, to_pg_uuid};
+use crate::spi::{new_ids, run, to_pg_uuid};
 
 /// Largest payload accepted, in jsonb's binary form.
 pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
@@ -58,14 +58,21 @@ fn into_table(rows: Vec<PushRow>) -> TableIterator<
     }))
 }
 
-fn check_item(item: &PushItem, at: &str) {
-    check_queue_name(&format!("{at}queue"), &item.queue);
-    check_lane_name(&format!("{at}partition"), &item.partition);
+/// Checks one item; `at` names it in error messages ("" for push, "items[i]." for a batch)
+/// and is only called on the error path.
+fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
+    if queen_core::names::queue_name(&item.queue).is_err() {
+        check_queue_name(&format!("{}queue", at()), &item.queue);
+    }
+    if queen_core::names::lane_name(&item.partition).is_err() {
+        check_lane_name(&format!("{}partition", at()), &item.partition);
+    }
     if item.payload.len() > MAX_PAYLOAD_BYTES {
         errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
             format!(
-                "queen: {at}payload is {} bytes (as jsonb); the most a message may carry is {MAX_PAYLOAD_BYTES}",
+                "queen: {}payload is {} bytes (as jsonb); the most a message may carry is {MAX_PAYLOAD_BYTES}",
+                at(),
                 item.payload.len()
             ),
         );
@@ -73,7 +80,7 @@ fn check_item(item: &PushItem, at: &str) {
     if let Some(tx) = &item.transaction_id {
         if tx.is_empty() || tx.len() > MAX_TRANSACTION_ID {
             errors::invalid(
-                &format!("{at}transaction_id"),
+                &format!("{}transaction_id", at()),
                 format_args!("must be 1 to {MAX_TRANSACTION_ID} bytes, got {}", tx.len()),
             );
         }
@@ -107,7 +114,7 @@ fn push_one(
         payload: payload.0,
         transaction_id: p_transaction_id.map(str::to_string),
     };
-    check_item(&item, "");
+    check_item(&item, &String::new);
     into_table(push_items(vec![item]))
 }
 
@@ -117,11 +124,11 @@ const BATCH_KEYS: [&str; 4] = ["queue", "partition", "payload", "transactionId"]
 
 /// A string field of a batch item: absent or null is None; anything else but a string
 /// is an error naming the item and the key.
-fn string_field(obj: &JsonbObject, at: &str, key: &str) -> Option<String> {
-    match obj.get(key)? {
+fn string_field(found: Option<Found>, at: &dyn Fn() -> String, key: &str) -> Option<String> {
+    match found? {
         Found::Str(s) => Some(s),
         Found::Null => None,
-        Found::Other(text) => errors::invalid(&format!("{at}{key}"), format_args!("must be a string, got {text}")),
+        Found::Other(text) => errors::invalid(&format!("{}{key}", at()), format_args!("must be a string, got {text}")),
     }
 }
 
@@ -155,24 +162,22 @@ fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
     let mut items = Vec::with_capacity(n as usize);
     let mut total = 0usize;
     for i in 0..n {
-        let at = format!("items[{i}].");
+        let at = || format!("items[{i}].");
         let obj = items_arg.object_at(i).unwrap_or_else(|text| {
             errors::invalid(
                 &format!("items[{i}]"),
                 format_args!("must be an object {{queue, partition?, payload, transactionId?}}, got {text}"),
             )
         });
-        let queue = string_field(&obj, &at, "queue")
-            .unwrap_or_else(|| errors::invalid(&format!("{at}queue"), "is missing"));
+        let (queue, partition, transaction_id) = (obj.get("queue"), obj.get("partition"), obj.get("transactionId"));
         // A JSON null payload is a payload; only a missing key is an error.
-        let payload = obj
-            .get_jsonb("payload")
-            .unwrap_or_else(|| errors::invalid(&format!("{at}payload"), "is missing"));
-        let partition = string_field(&obj, &at, "partition");
-        let transaction_id = string_field(&obj, &at, "transactionId");
+        let payload = obj.get_jsonb("payload");
         // Only when the object has more keys than the known ones it holds is there an
         // unknown key to name (the iterator is not free: keep it off the common path).
-        let known = BATCH_KEYS.iter().filter(|k| obj.has(k)).count() as u32;
+        let known = [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some()]
+            .iter()
+            .filter(|&&b| b)
+            .count() as u32;
         if obj.key_count() > known {
             let k = obj.unknown_key(&BATCH_KEYS).unwrap_or_default();
             errors::invalid(
@@ -181,10 +186,11 @@ fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
             );
         }
         let item = PushItem {
-            queue,
-            partition: partition.unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
-            payload,
-            transaction_id,
+            queue: string_field(queue, &at, "queue")
+                .unwrap_or_else(|| errors::invalid(&format!("{}queue", at()), "is missing")),
+            partition: string_field(partition, &at, "partition").unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
+            payload: payload.unwrap_or_else(|| errors::invalid(&format!("{}payload", at()), "is missing")),
+            transaction_id: string_field(transaction_id, &at, "transactionId"),
         };
         check_item(&item, &at);
         total += item.payload.len();
@@ -347,13 +353,14 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     for (i, item) in items.iter().enumerate() {
         groups.entry((item.queue.as_str(), item.partition.as_str())).or_default().push(i);
     }
-    let message_ids: Vec<uuid::Uuid> = items.iter().map(|_| new_id()).collect();
+    let message_ids: Vec<uuid::Uuid> = new_ids(items.len());
+    let minted = new_ids(items.iter().filter(|it| it.transaction_id.is_none()).count());
+    let mut minted = minted.iter();
     let transaction_ids: Vec<String> = items
         .iter()
-        .map(|it| {
-            it.transaction_id
-                .clone()
-                .unwrap_or_else(|| queen_core::ids::uuid_string(new_id().as_bytes()))
+        .map(|it| match &it.transaction_id {
+            Some(t) => t.clone(),
+            None => queen_core::ids::uuid_string(minted.next().unwrap().as_bytes()),
         })
         .collect();
 

@@ -71,8 +71,18 @@ thread_local! {
 
 /// A fresh UUIDv7, minted without a syscall (see `queen_core::ids`).
 pub fn new_id() -> uuid::Uuid {
+    new_ids(1)[0]
+}
+
+/// `n` fresh UUIDv7s, in order, with one clock reading.
+pub fn new_ids(n: usize) -> Vec<uuid::Uuid> {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
     IDS.with(|g| {
         let mut g = g.borrow_mut();
-        uuid::Uuid::from_bytes(g.get_or_insert_with(queen_core::ids::Uuid7Gen::from_entropy).next())
+        let g = g.get_or_insert_with(queen_core::ids::Uuid7Gen::from_entropy);
+        (0..n).map(|_| uuid::Uuid::from_bytes(g.next_at(ms))).collect()
     })
 }
