@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 mod ack;
+mod budgets;
 mod errors;
 mod jsonb;
 mod pop;

@@ -1,0 +1,152 @@
+//! Consumer lease budgets (spec §8, seed 001): a group stores the four allowances; a pop
+//! by that group leases for their sum; `may_start` tells a consumer whether a queued
+//! message still has the time to run.
+
+use pgrx::datum::Interval;
+use pgrx::prelude::*;
+use pgrx::{JsonB, PgLogLevel, PgSqlErrorCode};
+use queen_core::lease::{Budget, MICROS};
+use serde_json::json;
+
+use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::queues;
+use crate::spi::{clock_now, run, timestamptz};
+
+/// Microseconds in an interval, refusing months (their length is not fixed).
+fn micros(argument: &str, v: Option<Interval>) -> i64 {
+    let v = v.unwrap_or_else(|| errors::null_arg(argument));
+    if v.months() != 0 {
+        errors::invalid(argument, format_args!("{v} (months have no fixed length; use days or less)"));
+    }
+    let m = i64::from(v.days()) * 86_400 * MICROS + v.micros();
+    if m < 0 {
+        errors::invalid(argument, format_args!("{v} (must not be negative)"));
+    }
+    m
+}
+
+fn secs(m: i64) -> f64 {
+    m as f64 / MICROS as f64
+}
+
+#[pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn configure_group(
+    queue: Option<&str>,
+    consumer_group: Option<&str>,
+    handler_timeout: default!(Option<Interval>, "'30 s'"),
+    queue_margin: default!(Option<Interval>, "'15 s'"),
+    timeout_grace: default!(Option<Interval>, "'1 s'"),
+    record_margin: default!(Option<Interval>, "'2 s'"),
+) -> JsonB {
+    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
+    check_queue_name("queue", queue);
+    check_lane_name("consumer_group", group);
+    let b = Budget {
+        handler_timeout: micros("handler_timeout", handler_timeout),
+        queue_margin: micros("queue_margin", queue_margin),
+        timeout_grace: micros("timeout_grace", timeout_grace),
+        record_margin: micros("record_margin", record_margin),
+    };
+    if b.handler_timeout == 0 {
+        errors::invalid("handler_timeout", "0 (must be > 0)");
+    }
+    Spi::connect_mut(|client| {
+        let (queue_id, _) = queues::ensure_queue(client, queue);
+        // Creates the group and its lanes as a first pop would ('all'); if another session
+        // is creating it right now, the upsert below waits for it.
+        queues::ensure_group(client, queue_id, group, "all");
+        run(
+            client,
+            "INSERT INTO queen.groups AS g (queue_id, consumer_group, handler_timeout, queue_margin,
+                                          timeout_grace, record_margin)
+             VALUES ($1, $2, make_interval(secs => $3), make_interval(secs => $4),
+                     make_interval(secs => $5), make_interval(secs => $6))
+             ON CONFLICT (queue_id, consumer_group) DO UPDATE SET
+               handler_timeout = EXCLUDED.handler_timeout, queue_margin = EXCLUDED.queue_margin,
+               timeout_grace = EXCLUDED.timeout_grace, record_margin = EXCLUDED.record_margin",
+            &[
+                queue_id.into(),
+                group.into(),
+                secs(b.handler_timeout).into(),
+                secs(b.queue_margin).into(),
+                secs(b.timeout_grace).into(),
+                secs(b.record_margin).into(),
+            ],
+        );
+    });
+    JsonB(json!({
+        "queue": queue,
+        "consumerGroup": group,
+        "handlerTimeout": secs(b.handler_timeout),
+        "queueMargin": secs(b.queue_margin),
+        "timeoutGrace": secs(b.timeout_grace),
+        "recordMargin": secs(b.record_margin),
+        "leaseSeconds": secs(b.lease_micros()),
+    }))
+}
+
+/// True when the lease's remaining time covers `handler_timeout` (default: the group's)
+/// plus the group's grace and record margin. Otherwise false, with a WARNING that begins
+/// `SQL0105: queued message has insufficient lease time`. An expired or unknown lease is
+/// false. A group without a stored budget counts grace and margin as 0.
+#[pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Interval>, "NULL")) -> bool {
+    let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    let asked = handler_timeout.map(|v| micros("handler_timeout", Some(v)));
+    let now = clock_now();
+    let found = Spi::connect_mut(|client| {
+        let rows = run(
+            client,
+            "SELECT (extract(epoch FROM min(l.lease_expires_at) - $2) * 1000000)::int8,
+                    (extract(epoch FROM g.handler_timeout) * 1000000)::int8,
+                    (extract(epoch FROM g.timeout_grace) * 1000000)::int8,
+                    (extract(epoch FROM g.record_margin) * 1000000)::int8
+               FROM queen.leases le
+               JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
+               LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
+              WHERE le.lease_id = $1 AND l.lease_expires_at > $2
+              GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin",
+            &[lease_id.into(), timestamptz(now).into()],
+        );
+        rows.into_iter().next().map(|r| {
+            (
+                r.get::<i64>(1).or_raise().unwrap_or(0),
+                r.get::<i64>(2).or_raise(),
+                r.get::<i64>(3).or_raise().unwrap_or(0),
+                r.get::<i64>(4).or_raise().unwrap_or(0),
+            )
+        })
+    });
+    let (ok, detail) = match found {
+        None => (false, "the lease is expired or unknown".to_string()),
+        Some((remaining, group_timeout, grace, margin)) => {
+            let b = Budget { handler_timeout: group_timeout.unwrap_or(0), queue_margin: 0, timeout_grace: grace, record_margin: margin };
+            let timeout = asked.or(group_timeout).unwrap_or(0);
+            let ok = b.may_start(remaining, timeout);
+            (
+                ok,
+                format!(
+                    "{:.3} s of lease remain; starting needs {:.3} s (handler timeout {:.3} s + grace {:.3} s + record margin {:.3} s)",
+                    secs(remaining),
+                    secs(b.start_requirement(timeout)),
+                    secs(timeout),
+                    secs(grace),
+                    secs(margin)
+                ),
+            )
+        }
+    };
+    if !ok {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_WARNING,
+            "SQL0105: queued message has insufficient lease time".to_string(),
+            "queen",
+        )
+        .set_detail(detail)
+        .report(PgLogLevel::WARNING);
+    }
+    ok
+}

@@ -1,0 +1,238 @@
+//! The consumer library against a real cluster: seed 001's worked example scaled down in
+//! time, handler timeouts and cancellation, and a crashed instance whose claim another
+//! instance takes over after expiry.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use queen_consumer::{Builder, Event, Outcome};
+use queen_it::{dsn, unique};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+async fn client() -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(&dsn(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    c
+}
+
+async fn push_n(queue: &str, n: i64) {
+    let c = client().await;
+    let items: Vec<_> = (1..=n).map(|i| json!({"queue": queue, "payload": {"n": i}})).collect();
+    c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&json!(items)]).await.unwrap();
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<Event>) -> Vec<Event> {
+    let mut v = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        v.push(e);
+    }
+    v
+}
+
+/// Seed 001 at a tenth of the time: queue margin 1.5 s, handler timeout 3 s, grace 0.1 s,
+/// record margin 0.2 s, so a claim leases for 4.8 s and a start needs 3.3 s. Handlers take
+/// 1 s: messages 1 and 2 start (4.8 s and ~3.8 s left), message 3 may not (~2.8 s).
+#[tokio::test]
+async fn seed_worked_example_scaled_down() {
+    let queue = unique("seed001");
+    push_n(&queue, 4).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let consumer = Builder::new(&queue, "charge-cards")
+        .batch(4)
+        .wait(Duration::from_millis(0))
+        .queue_margin(Duration::from_millis(1500))
+        .handler_timeout(Duration::from_secs(3))
+        .timeout_grace(Duration::from_millis(100))
+        .record_margin(Duration::from_millis(200))
+        .events(tx)
+        .build(client().await)
+        .await
+        .unwrap();
+    // The stored budget sets the lease: 4.8 s.
+    let c = client().await;
+    let lease: f64 = c
+        .query_one("SELECT (queen.configure_group($1, 'charge-cards', '3 s', '1.5 s', '0.1 s', '0.2 s') ->> 'leaseSeconds')::float8", &[&queue])
+        .await
+        .unwrap()
+        .get(0);
+    assert!((lease - 4.8).abs() < 1e-9, "{lease}");
+
+    let n = consumer
+        .run_once(
+            |_m, _cancel| async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok(Outcome::Completed)
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 4);
+    let events = drain(&mut rx);
+    let started: Vec<i64> = events.iter().filter_map(|e| if let Event::Started { offset } = e { Some(*offset) } else { None }).collect();
+    assert_eq!(started, vec![1, 2], "{events:?}");
+    assert!(events.iter().any(|e| matches!(e, Event::MayNotStart { offset: 3, warning } if warning.starts_with("SQL0105"))), "{events:?}");
+    let ack = events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
+    assert_eq!(ack["lanes"][0]["committed"], 2, "{ack}");
+    assert_eq!(ack["lanes"][0]["leaseReleased"], true, "{ack}");
+    // 3 and 4 come back on the next pop at once, not after the lease would have expired.
+    let rows = c.query("SELECT msg_offset FROM queen.pop($1, 'charge-cards', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
+    let offsets: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(offsets, vec![3, 4]);
+}
+
+/// A handler that overruns sees its cancellation and is recorded failed; one that ignores
+/// cancellation is abandoned after the grace and recorded failed; each failed ack charges
+/// the lane's retry budget as in spec §5.
+#[tokio::test]
+async fn handler_timeouts_cancel_then_abandon() {
+    let queue = unique("timeouts");
+    push_n(&queue, 1).await;
+    let c = client().await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let consumer = Builder::new(&queue, "g")
+        .batch(1)
+        .wait(Duration::from_millis(0))
+        .queue_margin(Duration::from_millis(100))
+        .handler_timeout(Duration::from_millis(300))
+        .timeout_grace(Duration::from_millis(200))
+        .record_margin(Duration::from_millis(100))
+        .events(tx)
+        .build(client().await)
+        .await
+        .unwrap();
+    let saw_cancel = Arc::new(AtomicUsize::new(0));
+    let seen = saw_cancel.clone();
+    consumer
+        .run_once(
+            move |_m, cancel| {
+                let seen = seen.clone();
+                async move {
+                    cancel.cancelled().await;
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    Ok(Outcome::Completed)
+                }
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(saw_cancel.load(Ordering::SeqCst), 1, "the handler saw its cancellation");
+    let events = drain(&mut rx);
+    assert!(events.contains(&Event::TimedOut { offset: 1 }), "{events:?}");
+    assert!(!events.contains(&Event::Abandoned { offset: 1 }), "{events:?}");
+    assert!(events.contains(&Event::Finished { offset: 1, status: "failed" }), "{events:?}");
+    async fn retries(c: &tokio_postgres::Client, q: String) -> i32 {
+        c.query_one(
+            "SELECT l.batch_retry_count FROM queen.lanes l JOIN queen.queues q USING (queue_id) WHERE q.name = $1 AND l.consumer_group = 'g'",
+            &[&q],
+        )
+        .await
+        .unwrap()
+        .get::<_, i32>(0)
+    }
+    assert_eq!(retries(&c, queue.clone()).await, 1);
+
+    // Ignores cancellation: abandoned after the grace, recorded failed.
+    let t0 = std::time::Instant::now();
+    consumer
+        .run_once(
+            |_m, _cancel| async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(Outcome::Completed)
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "the consumer did not wait for the handler");
+    let events = drain(&mut rx);
+    assert!(events.contains(&Event::Abandoned { offset: 1 }), "{events:?}");
+    let ack = events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
+    assert_eq!(ack["items"][0]["status"], "failed", "{ack}");
+    assert!(ack["items"][0]["error"].as_str().unwrap().contains("ignored cancellation"), "{ack}");
+    assert_eq!(retries(&c, queue.clone()).await, 2);
+}
+
+/// Two instances in one group; one claims and dies without recording. The other reclaims
+/// the range after expiry; every message is processed at least once and the cursor passes
+/// each offset exactly once.
+#[tokio::test]
+async fn a_crashed_instance_is_taken_over_after_expiry() {
+    let queue = unique("crash");
+    push_n(&queue, 5).await;
+    let build = |tx| async move {
+        Builder::new(&queue_name(), "workers")
+            .batch(5)
+            .wait(Duration::from_millis(0))
+            .queue_margin(Duration::from_millis(500))
+            .handler_timeout(Duration::from_millis(300))
+            .timeout_grace(Duration::from_millis(100))
+            .record_margin(Duration::from_millis(100))
+            .events(tx)
+            .build(client().await)
+            .await
+            .unwrap()
+    };
+    fn queue_name() -> String {
+        QUEUE.lock().unwrap().clone()
+    }
+    static QUEUE: Mutex<String> = Mutex::new(String::new());
+    *QUEUE.lock().unwrap() = queue.clone();
+
+    let processed = Arc::new(Mutex::new(Vec::<i64>::new()));
+    // Instance A: claims, processes one message, then its process dies (the task is
+    // aborted mid-claim: nothing is recorded).
+    let (tx_a, _rx_a) = mpsc::unbounded_channel();
+    let a = build(tx_a).await;
+    let pa = processed.clone();
+    let task = tokio::spawn(async move {
+        a.run_once(
+            move |m, _c| {
+                let pa = pa.clone();
+                async move {
+                    pa.lock().unwrap().push(m.offset);
+                    tokio::time::sleep(Duration::from_secs(60)).await; // "crashes" in here
+                    Ok(Outcome::Completed)
+                }
+            },
+            None,
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    task.abort();
+
+    // Instance B: nothing to claim while A's lease lives; after expiry it takes the range.
+    let (tx_b, mut rx_b) = mpsc::unbounded_channel();
+    let b = build(tx_b).await;
+    let pb = processed.clone();
+    let handler = move |m: queen_consumer::Message, _c| {
+        let pb = pb.clone();
+        async move {
+            pb.lock().unwrap().push(m.offset);
+            Ok(Outcome::Completed)
+        }
+    };
+    assert_eq!(b.run_once(handler.clone(), None).await.unwrap(), 0, "A's lease is still live");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut claimed = 0;
+    for _ in 0..5 {
+        claimed += b.run_once(handler.clone(), None).await.unwrap();
+    }
+    assert_eq!(claimed, 5);
+    let events = drain(&mut rx_b);
+    let commits: Vec<i64> = events
+        .iter()
+        .filter_map(|e| if let Event::Recorded { ack } = e { ack["lanes"][0]["committed"].as_i64() } else { None })
+        .collect();
+    assert_eq!(commits.last(), Some(&5), "{events:?}");
+    let mut seen = processed.lock().unwrap().clone();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen, vec![1, 2, 3, 4, 5], "every message processed at least once");
+    // The cursor passed each offset once: it only ever moved forward, to 5.
+    assert!(commits.windows(2).all(|w| w[0] <= w[1]), "{commits:?}");
+}
