@@ -39,19 +39,19 @@ impl IntoDatum for RawJsonb {
     }
 }
 
-unsafe impl SqlTranslatable for RawJsonb {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(RawJsonb);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
-        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
-}
-
-// pgrx's calling convention for our two jsonb types: argument unboxing through FromDatum,
-// return boxing through IntoDatum, as pgrx does for its own JsonB.
+// pgrx's SQL mapping and calling convention for our two jsonb types: they are `jsonb` in
+// SQL; arguments unbox through FromDatum and returns box through IntoDatum, as pgrx does
+// for its own JsonB.
 macro_rules! callconv {
-    ($($t:ty),*) => {$(
+    ($($t:ident),*) => {$(
+        unsafe impl SqlTranslatable for $t {
+            const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!($t);
+            const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+                pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+            const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+            const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
+                Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+        }
         unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for $t {
             unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
                 let index = arg.index();
@@ -113,15 +113,6 @@ impl IntoDatum for JsonbArg {
     fn type_oid() -> pg_sys::Oid {
         pg_sys::JSONBOID
     }
-}
-
-unsafe impl SqlTranslatable for JsonbArg {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonbArg);
-    const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-        pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
-        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
 }
 
 /// A value found inside a jsonb container.

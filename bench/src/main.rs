@@ -36,7 +36,22 @@ struct Row {
     system: &'static str,
     value: f64,
     unit: &'static str,
+    /// CPU the bench client itself used during the measurement, in cores (of 2).
+    client_cores: Option<f64>,
 }
+
+/// CPU seconds this process (the client, all threads) has used so far.
+fn client_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name: utime and stime are the 12th and 13th.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+static LAST_CLIENT_CORES: std::sync::Mutex<Option<f64>> = std::sync::Mutex::new(None);
 
 fn connect(dsn: &str) -> Client {
     Client::connect(dsn, NoTls).unwrap_or_else(|e| panic!("connect {dsn}: {e}"))
@@ -113,12 +128,15 @@ where
         })
         .collect();
     let start = Instant::now();
+    let cpu0 = client_cpu_seconds();
     *start_at.lock().unwrap() = Some(start);
     ready.wait();
     for h in handles {
         h.join().unwrap();
     }
-    total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    let wall = start.elapsed().as_secs_f64();
+    *LAST_CLIENT_CORES.lock().unwrap() = Some((client_cpu_seconds() - cpu0) / wall);
+    total.load(Ordering::Relaxed) as f64 / wall
 }
 
 fn queen_items(queue: &str, partition: &str, n: usize, base: u64) -> Value {
@@ -228,8 +246,10 @@ fn main() {
     let mut c = connect(&dsn);
     let mut rows: Vec<Row> = Vec::new();
     let say = |rows: &mut Vec<Row>, scenario, system, value, unit| {
-        println!("{scenario:<44} {system:<22} {:>12} {unit}", fmt_rate(value));
-        rows.push(Row { scenario, system, value, unit });
+        let client_cores = LAST_CLIENT_CORES.lock().unwrap().take();
+        let cpu = client_cores.map(|c| format!("  (client CPU {c:.2} cores)")).unwrap_or_default();
+        println!("{scenario:<44} {system:<22} {:>12} {unit}{cpu}", fmt_rate(value));
+        rows.push(Row { scenario, system, value, unit, client_cores });
     };
 
     if want("push1") {
@@ -493,9 +513,12 @@ fn main() {
         let _ = writeln!(md, "Written by `make bench` (bench/src/main.rs). Machine: {}.", machine());
         let _ = writeln!(md, "One PostgreSQL 15 cluster for every system, settings in `scripts/bench.conf`.");
         let _ = writeln!(md, "Payloads ≈200 bytes of JSON. Durations {} s per measurement.\n", s.secs);
-        let _ = writeln!(md, "| scenario | system | value |\n|---|---|---|");
+        let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions; big backlog {} messages; many partitions = {}.", s.pop_prefill, s.big_backlog, s.partitions_many);
+        let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
+        let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
-            let _ = writeln!(md, "| {} | {} | {} {} |", r.scenario, r.system, fmt_rate(r.value), r.unit);
+            let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());
+            let _ = writeln!(md, "| {} | {} | {} {} | {cpu} |", r.scenario, r.system, fmt_rate(r.value), r.unit);
         }
         let _ = writeln!(md, "\n| ratio | measured | target |\n|---|---|---|");
         for (name, v, want) in &targets {

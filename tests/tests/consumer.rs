@@ -236,3 +236,44 @@ async fn a_crashed_instance_is_taken_over_after_expiry() {
     // The cursor passed each offset once: it only ever moved forward, to 5.
     assert!(commits.windows(2).all(|w| w[0] <= w[1]), "{commits:?}");
 }
+
+/// Graceful shutdown: the message in hand finishes, the rest of the claim is released at
+/// once (not left to expire), and `run` returns.
+#[tokio::test]
+async fn graceful_shutdown_finishes_the_current_message_and_releases_the_rest() {
+    let queue = unique("shutdown");
+    push_n(&queue, 3).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let consumer = Builder::new(&queue, "g")
+        .batch(3)
+        .wait(Duration::from_millis(0))
+        .handler_timeout(Duration::from_secs(2))
+        .queue_margin(Duration::from_secs(10))
+        .events(tx)
+        .build(client().await)
+        .await
+        .unwrap();
+    let stop = consumer.shutdown_token();
+    consumer
+        .run(move |m, _c| {
+            let stop = stop.clone();
+            async move {
+                if m.offset == 1 {
+                    stop.cancel(); // shutdown arrives while message 1 runs
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(Outcome::Completed)
+            }
+        })
+        .await
+        .unwrap();
+    let events = drain(&mut rx);
+    let started: Vec<i64> = events.iter().filter_map(|e| if let Event::Started { offset } = e { Some(*offset) } else { None }).collect();
+    assert_eq!(started, vec![1], "{events:?}");
+    let ack = events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
+    assert_eq!(ack["lanes"][0]["committed"], 1, "{ack}");
+    assert_eq!(ack["lanes"][0]["leaseReleased"], true, "{ack}");
+    let c = client().await;
+    let rows = c.query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
+    assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![2, 3], "released at once");
+}
