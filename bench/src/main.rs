@@ -479,10 +479,10 @@ fn main() {
     // Every pop can fill its batch of 100 from one partition in both cases.
     prefill_queen(&mut c, 10 * 10_000, 10);
     few = queen_consume(&dsn, s.secs);
+    say(&mut rows, "scaling: pop + ack, 10 partitions", "queen", few, "msg/s");
     reset(&mut c);
     prefill_queen(&mut c, s.partitions_many * 100, s.partitions_many);
     many = queen_consume(&dsn, s.secs);
-    say(&mut rows, "scaling: pop + ack, 10 partitions", "queen", few, "msg/s");
     say(&mut rows, "scaling: pop + ack, many partitions", "queen", many, "msg/s");
 
     }
