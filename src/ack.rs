@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::errors::{self, SpiExt};
-use crate::spi::{clock_now, first_value, from_pg_uuid, run, timestamptz, to_pg_uuid};
+use crate::spi::{clock_now, from_pg_uuid, run, timestamptz, to_pg_uuid};
 use crate::segments;
 
 /// An ack item addressed to a partition, in input order.
@@ -129,20 +129,14 @@ fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
 
 fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
     let now = clock_now();
-    let pids: Vec<pgrx::Uuid> = match &items {
-        Some(items) => {
-            let mut v: Vec<_> = items.iter().map(|a| a.partition_id).collect();
-            v.sort_by_key(|p| *p.as_bytes());
-            v.dedup();
-            v
-        }
-        None => first_value::<Vec<pgrx::Uuid>>(run(
-            client,
-            "SELECT partition_ids FROM queen.leases WHERE lease_id = $1",
-            &[lease_id.into()],
-        ))
-        .unwrap_or_default(),
-    };
+    // The partitions named by the items, or (whole-lease form, None) the lease's own list,
+    // read in the same statement that locks the lanes.
+    let pids: Option<Vec<pgrx::Uuid>> = items.as_ref().map(|items| {
+        let mut v: Vec<_> = items.iter().map(|a| a.partition_id).collect();
+        v.sort_by_key(|p| *p.as_bytes());
+        v.dedup();
+        v
+    });
     // Lock the lanes this lease holds, in partition order (no deadlock between acks).
     let lanes: Vec<LockedLane> = run(
         client,
@@ -150,7 +144,9 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
                 l.batch_retry_count, l.lease_expires_at > $3, q.retry_limit,
                 q.dead_letter_queue OR q.dlq_after_max_retries, q.name
            FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
-          WHERE l.partition_id = ANY($2) AND l.lease_id = $1
+          WHERE l.partition_id = ANY(coalesce($2::uuid[],
+                  (SELECT le.partition_ids FROM queen.leases le WHERE le.lease_id = $1)))
+            AND l.lease_id = $1
           ORDER BY l.partition_id
             FOR UPDATE OF l",
         &[lease_id.into(), pids.into(), timestamptz(now).into()],
@@ -231,32 +227,43 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         }
     }
     if !u_pid.is_empty() {
-        let any_release = u_release.iter().any(|&r| r);
+        // One statement: apply the plans, and drop the lease row once no lane holds the
+        // lease any more. (The DELETE sees the lanes as they were before the UPDATE, so
+        // the lanes this UPDATE releases are subtracted explicitly.)
         run(
             client,
-            "UPDATE queen.lanes l
-                SET committed = v.committed,
-                    lease_id = CASE WHEN v.release THEN NULL ELSE l.lease_id END,
-                    lease_expires_at = CASE WHEN v.release THEN NULL ELSE l.lease_expires_at END,
-                    batch_end = CASE WHEN v.release THEN NULL ELSE l.batch_end END,
-                    batch_retry_count = v.retry,
-                    attempt_count = CASE WHEN v.reset THEN 0 ELSE l.attempt_count END,
-                    claim_start = CASE WHEN v.reset THEN NULL ELSE l.claim_start END
-               FROM unnest($1::uuid[], $2::int8[], $3::bool[], $4::int4[], $5::bool[])
-                    AS v(partition_id, committed, release, retry, reset)
-              WHERE l.partition_id = v.partition_id AND l.consumer_group = $6",
-            &[u_pid.into(), u_committed.into(), u_release.into(), u_retry.into(), u_reset.into(), group.as_str().into()],
+            "WITH applied AS (
+               UPDATE queen.lanes l
+                  SET committed = v.committed,
+                      lease_id = CASE WHEN v.release THEN NULL ELSE l.lease_id END,
+                      lease_expires_at = CASE WHEN v.release THEN NULL ELSE l.lease_expires_at END,
+                      batch_end = CASE WHEN v.release THEN NULL ELSE l.batch_end END,
+                      batch_retry_count = v.retry,
+                      attempt_count = CASE WHEN v.reset THEN 0 ELSE l.attempt_count END,
+                      claim_start = CASE WHEN v.reset THEN NULL ELSE l.claim_start END
+                 FROM unnest($1::uuid[], $2::int8[], $3::bool[], $4::int4[], $5::bool[])
+                      AS v(partition_id, committed, release, retry, reset)
+                WHERE l.partition_id = v.partition_id AND l.consumer_group = $6
+               RETURNING l.partition_id, v.release
+             )
+             DELETE FROM queen.leases le
+              WHERE le.lease_id = $7
+                AND EXISTS (SELECT 1 FROM applied WHERE release)
+                AND NOT EXISTS (
+                      SELECT 1 FROM queen.lanes l
+                       WHERE l.partition_id = ANY(le.partition_ids) AND l.lease_id = $7
+                         AND NOT EXISTS (SELECT 1 FROM applied a
+                                          WHERE a.partition_id = l.partition_id AND a.release))",
+            &[
+                u_pid.into(),
+                u_committed.into(),
+                u_release.into(),
+                u_retry.into(),
+                u_reset.into(),
+                group.as_str().into(),
+                lease_id.into(),
+            ],
         );
-        if any_release {
-            // The lease row goes once no lane holds the lease any more.
-            run(
-                client,
-                "DELETE FROM queen.leases le WHERE le.lease_id = $1
-                   AND NOT EXISTS (SELECT 1 FROM queen.lanes l
-                                    WHERE l.partition_id = ANY(le.partition_ids) AND l.lease_id = $1)",
-                &[lease_id.into()],
-            );
-        }
     }
     json!({
         "leaseId": from_pg_uuid(&lease_id).to_string(),
