@@ -17,7 +17,7 @@ CREATE FUNCTION queen.push(
     partition text DEFAULT 'Default',
     transaction_id text DEFAULT NULL
 ) RETURNS SETOF queen.push_result
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -28,7 +28,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -49,7 +49,7 @@ CREATE FUNCTION queen.pop(
     max_partitions int DEFAULT 1,
     subscription text DEFAULT 'all'
 ) RETURNS SETOF queen.message
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -92,7 +92,7 @@ CREATE FUNCTION queen.dlq(
     page_size int DEFAULT 100,
     page_offset int DEFAULT 0
 ) RETURNS SETOF queen.dead_letter
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -125,3 +125,116 @@ ALTER FUNCTION queen.ack(uuid) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.ack(uuid, jsonb) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.extend_lease(uuid, int) SET plan_cache_mode = force_generic_plan;
+
+-- Operations (spec §10): one row per lane.
+CREATE TYPE queen.lane_status AS (
+    queue            text,
+    partition        text,
+    partition_id     uuid,
+    head             bigint,
+    consumer_group   text,
+    committed        bigint,
+    lag              bigint,
+    lease_id         uuid,
+    lease_expires_at timestamptz,
+    batch_end        bigint,
+    retry_count      int,
+    attempt_count    int,
+    dead_letters     bigint
+);
+
+CREATE FUNCTION queen.status(queue text DEFAULT NULL) RETURNS SETOF queen.lane_status
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  -- Only a live lease is shown; an expired one is as good as none.
+  RETURN QUERY
+    SELECT q.name, p.name, p.partition_id, p.head, l.consumer_group, l.committed,
+           p.head - l.committed,
+           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_id END,
+           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_expires_at END,
+           l.batch_end, l.batch_retry_count, l.attempt_count,
+           (SELECT count(*) FROM queen.log_dlq d
+             WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group)
+      FROM queen.lanes l
+      JOIN queen.partitions p ON p.partition_id = l.partition_id
+      JOIN queen.queues q ON q.queue_id = l.queue_id
+     WHERE status.queue IS NULL OR q.name = status.queue
+     ORDER BY q.name, p.name, l.consumer_group;
+END $$;
+COMMENT ON FUNCTION queen.status(text) IS
+  'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters';
+
+-- delete_queue (spec §2): the queue and everything of it, dead letters included.
+CREATE FUNCTION queen.delete_queue(queue text) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  qid bigint;
+  n_partitions bigint;
+  n_segments bigint;
+  n_dead bigint;
+BEGIN
+  IF queue IS NULL THEN
+    RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
+  END IF;
+  -- The queue row first (pushes that create partitions and pops that create groups take
+  -- weaker locks on it, so they wait for us or we for them, never in a cycle), then its
+  -- partitions in name order, as pushes lock them.
+  SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.name = delete_queue.queue FOR UPDATE;
+  IF qid IS NULL THEN
+    RETURN jsonb_build_object('queue', queue, 'deleted', false);
+  END IF;
+  PERFORM 1 FROM queen.partitions p WHERE p.queue_id = qid ORDER BY p.name FOR UPDATE;
+  DELETE FROM queen.segments s USING queen.partitions p
+   WHERE p.queue_id = qid AND s.partition_id = p.partition_id;
+  GET DIAGNOSTICS n_segments = ROW_COUNT;
+  DELETE FROM queen.dedup d USING queen.partitions p
+   WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
+  DELETE FROM queen.lanes l WHERE l.queue_id = qid;
+  DELETE FROM queen.leases le WHERE le.queue_id = qid;
+  DELETE FROM queen.log_dlq d WHERE d.queue_id = qid;
+  GET DIAGNOSTICS n_dead = ROW_COUNT;
+  DELETE FROM queen.partitions p WHERE p.queue_id = qid;
+  GET DIAGNOSTICS n_partitions = ROW_COUNT;
+  DELETE FROM queen.queues q WHERE q.queue_id = qid;
+  RETURN jsonb_build_object('queue', queue, 'deleted', true, 'partitions', n_partitions,
+                            'segments', n_segments, 'deadLetters', n_dead);
+END $$;
+COMMENT ON FUNCTION queen.delete_queue(text) IS
+  'queen: remove a queue with its partitions, segments, lanes, leases and dead letters';
+REVOKE ALL ON FUNCTION queen.status(text), queen.delete_queue(text) FROM PUBLIC;
+
+-- Privileges (spec §10). Every API function runs as the extension's owner (SECURITY
+-- DEFINER, with the fixed search_path above), so an application role needs only USAGE on
+-- the schema and EXECUTE on the functions it calls; the tables and the internal _push,
+-- _push_batch and _pop stay closed to it. Nothing is granted to PUBLIC: the README lists
+-- the GRANTs for a producer/consumer role and for an operator role.
+ALTER FUNCTION queen.ack(uuid) SECURITY DEFINER;
+ALTER FUNCTION queen.ack(uuid, jsonb) SECURITY DEFINER;
+ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text) SECURITY DEFINER;
+ALTER FUNCTION queen.extend_lease(uuid, int) SECURITY DEFINER;
+ALTER FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) SECURITY DEFINER;
+ALTER FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) SECURITY DEFINER;
+ALTER FUNCTION queen.may_start(uuid, interval) SECURITY DEFINER;
+ALTER FUNCTION queen.dlq_replay(uuid, text) SECURITY DEFINER;
+ALTER FUNCTION queen.dlq_delete(uuid, text) SECURITY DEFINER;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
+
+COMMENT ON FUNCTION queen.ack(uuid) IS 'queen: complete every lane the lease holds';
+COMMENT ON FUNCTION queen.ack(uuid, jsonb) IS
+  'queen: ack [{partitionId, offset, status?, error?}] under a lease (completed, failed, retry, dlq)';
+COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text) IS
+  'queen: ack one offset under a lease (completed, failed, retry, dlq)';
+COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS 'queen: renew every live lane of a lease; never shortens';
+COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) IS
+  'queen: create or update a queue; returns its options in camelCase';
+COMMENT ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) IS
+  'queen: store a consumer group''s lease budget (queue margin + handler timeout + grace + record margin)';
+COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
+  'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
+COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead letter with a fresh transaction id';
+COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
