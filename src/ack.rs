@@ -8,8 +8,9 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, LaneState, RetryPolicy};
-use serde::Deserialize;
 use serde_json::{json, Value};
+
+use crate::jsonb::{Found, JsonbArg};
 
 use crate::errors::{self, SpiExt};
 use crate::spi::{clock_now, from_pg_uuid, run, timestamptz, to_pg_uuid};
@@ -55,59 +56,57 @@ fn ack_one(
     JsonB(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonAck {
-    #[serde(rename = "partitionId")]
-    partition_id: Option<Value>,
-    offset: Option<Value>,
-    status: Option<Value>,
-    error: Option<Value>,
-}
+/// The keys an ack item may have.
+const ACK_KEYS: [&str; 4] = ["partitionId", "offset", "status", "error"];
 
 #[pg_extern(name = "ack")]
 #[search_path(pg_catalog, pg_temp)]
-fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonB>) -> JsonB {
+fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-    let JsonB(acks) = acks.unwrap_or_else(|| errors::null_arg("acks"));
-    let Value::Array(list) = acks else {
-        errors::invalid("acks", "must be a JSON array of {partitionId, offset, status?, error?}");
-    };
-    if list.is_empty() {
+    let acks = acks.unwrap_or_else(|| errors::null_arg("acks"));
+    // Read in jsonb's binary form: no text round trip, and numbers of any size are text
+    // here (pgrx's JsonB would go through serde's f64 and fail on 1e309).
+    let n = acks
+        .array_len()
+        .unwrap_or_else(|| errors::invalid("acks", "must be a JSON array of {partitionId, offset, status?, error?}"));
+    if n == 0 {
         errors::invalid("acks", "must hold at least one item");
     }
-    let items = list
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
+    let items = (0..n)
+        .map(|i| {
             let at = |k: &str| format!("acks[{i}].{k}");
-            let a: JsonAck = serde_json::from_value(v).unwrap_or_else(|e| {
-                errors::invalid(&format!("acks[{i}]"), format_args!("must be an object with partitionId, offset, status?, error?: {e}"))
+            let obj = acks.object_at(i).unwrap_or_else(|text| {
+                errors::invalid(&format!("acks[{i}]"), format_args!("must be an object {{partitionId, offset, status?, error?}}, got {text}"))
             });
-            let partition_id = match a.partition_id {
-                Some(Value::String(s)) => uuid::Uuid::parse_str(&s)
+            let (pid, offset, status, error) = (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"));
+            let known = [&pid, &offset, &status, &error].iter().filter(|v| v.is_some()).count() as u32;
+            if obj.key_count() > known {
+                let k = obj.unknown_key(&ACK_KEYS).unwrap_or_default();
+                errors::invalid(&format!("acks[{i}]"), format_args!("unknown key {k:?} (allowed: partitionId, offset, status, error)"));
+            }
+            let partition_id = match pid {
+                Some(Found::Str(s)) => uuid::Uuid::parse_str(&s)
                     .map(to_pg_uuid)
                     .unwrap_or_else(|_| errors::invalid(&at("partitionId"), format_args!("{s:?} is not a uuid"))),
-                Some(other) if !other.is_null() => errors::invalid(&at("partitionId"), format_args!("{other} is not a uuid")),
+                Some(Found::Other(t)) => errors::invalid(&at("partitionId"), format_args!("{t} is not a uuid")),
                 _ => errors::invalid(&at("partitionId"), "is missing"),
             };
-            let offset = match a.offset {
-                Some(Value::Number(n)) if n.is_i64() => n.as_i64().unwrap(),
-                Some(Value::String(s)) if s.parse::<i64>().is_ok() => s.parse().unwrap(),
-                Some(other) if !other.is_null() => errors::invalid(&at("offset"), format_args!("{other} is not an integer offset")),
+            let offset = match offset {
+                Some(Found::Other(t)) | Some(Found::Str(t)) => t
+                    .parse::<i64>()
+                    .unwrap_or_else(|_| errors::invalid(&at("offset"), format_args!("{t} is not an integer offset"))),
                 _ => errors::invalid(&at("offset"), "is missing"),
             };
-            let status = match a.status {
-                None | Some(Value::Null) => AckStatus::Completed,
-                Some(Value::String(s)) => s.parse().unwrap_or_else(|_| {
+            let status = match status {
+                None | Some(Found::Null) => AckStatus::Completed,
+                Some(Found::Str(s)) => s.parse().unwrap_or_else(|_| {
                     errors::invalid(&at("status"), format_args!("{s:?} (must be completed, failed, retry or dlq)"))
                 }),
-                Some(other) => errors::invalid(&at("status"), format_args!("{other} is not a string")),
+                Some(Found::Other(t)) => errors::invalid(&at("status"), format_args!("{t} is not a string")),
             };
-            let error = match a.error {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s),
-                Some(other) => Some(other.to_string()),
+            let error = match error {
+                None | Some(Found::Null) => None,
+                Some(Found::Str(s)) | Some(Found::Other(s)) => Some(s),
             };
             Addressed { partition_id, item: AckItem { offset, status, error } }
         })

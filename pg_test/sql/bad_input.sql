@@ -75,6 +75,9 @@ SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "0000
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1, "status": "nope"}]'::jsonb)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1, "bogus": 1}]'::jsonb)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), NULL::jsonb)$$);
+-- Found by the SQL fuzzer: a number beyond f64 must be a clean error, not an internal one.
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '1e309'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1e30}]'::jsonb)$$);
 
 -- Nothing above changed the stored state.
 SELECT (SELECT count(*) FROM queen.queues) = queues AS same_queues,
