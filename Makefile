@@ -91,10 +91,11 @@ regress: readme-sql
 	@$(MAKE) -s test-cluster-stop
 
 integration:
+	cargo build -q -p queen-consumer --examples
 	@$(MAKE) -s test-cluster-start
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
 	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
-	  cargo test -p queen-it -- --test-threads=4 || { $(MAKE) -s test-cluster-stop; exit 1; }
+	  cargo test -p queen-it --tests -- --test-threads=4 || { $(MAKE) -s test-cluster-stop; exit 1; }
 	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"
 	cargo run -q -p queen-bench -- --dsn "$(TEST_DSN) dbname=queen_bench" --smoke \

@@ -277,3 +277,41 @@ async fn graceful_shutdown_finishes_the_current_message_and_releases_the_rest() 
     let rows = c.query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
     assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![2, 3], "released at once");
 }
+
+/// A per-message timeout override applies, capped at the group's ceiling.
+#[tokio::test]
+async fn per_message_timeout_override_is_capped_at_the_ceiling() {
+    let queue = unique("override");
+    push_n(&queue, 2).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let consumer = Builder::new(&queue, "g")
+        .batch(2)
+        .wait(Duration::from_millis(0))
+        .handler_timeout(Duration::from_millis(600))
+        .queue_margin(Duration::from_secs(5))
+        .timeout_grace(Duration::from_millis(50))
+        .record_margin(Duration::from_millis(50))
+        .events(tx)
+        .build(client().await)
+        .await
+        .unwrap();
+    // Message 1 gets 200 ms (it needs 400: times out); message 2 asks for 10 s but is
+    // capped at the 600 ms ceiling (it needs 400: completes).
+    let override_fn = |m: &queen_consumer::Message| Some(if m.offset == 1 { Duration::from_millis(200) } else { Duration::from_secs(10) });
+    consumer
+        .run_once(
+            |_m, cancel| async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(400)) => Ok(Outcome::Completed),
+                    _ = cancel.cancelled() => Err("cancelled".to_string()),
+                }
+            },
+            Some(&override_fn),
+        )
+        .await
+        .unwrap();
+    let events = drain(&mut rx);
+    assert!(events.contains(&Event::TimedOut { offset: 1 }), "{events:?}");
+    assert!(events.contains(&Event::Finished { offset: 2, status: "completed" }), "{events:?}");
+    assert!(!events.contains(&Event::TimedOut { offset: 2 }), "{events:?}");
+}
