@@ -79,11 +79,8 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
                 errors::invalid(&format!("acks[{i}]"), format_args!("must be an object {{partitionId, offset, status?, error?}}, got {text}"))
             });
             let (pid, offset, status, error) = (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"));
-            let known = [&pid, &offset, &status, &error].iter().filter(|v| v.is_some()).count() as u32;
-            if obj.key_count() > known {
-                let k = obj.unknown_key(&ACK_KEYS).unwrap_or_default();
-                errors::invalid(&format!("acks[{i}]"), format_args!("unknown key {k:?} (allowed: partitionId, offset, status, error)"));
-            }
+            let present = [&pid, &offset, &status, &error].iter().filter(|v| v.is_some()).count();
+            obj.reject_unknown_keys(&ACK_KEYS, present, &format!("acks[{i}]"));
             let partition_id = match pid {
                 Some(Found::Str(s)) => uuid::Uuid::parse_str(&s)
                     .map(to_pg_uuid)

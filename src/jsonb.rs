@@ -167,11 +167,17 @@ impl JsonbArg {
 pub struct JsonbObject(*mut pg_sys::JsonbContainer);
 
 impl JsonbObject {
-    /// How many keys the object has.
-    pub fn key_count(&self) -> u32 {
-        unsafe { (*self.0).header & pg_sys::JB_CMASK }
+    /// Raises 22023 naming `argument` when the object has a key outside `allowed`.
+    /// `present` is how many of the allowed keys the caller found: only when the object
+    /// holds more keys than that is there one to name (the iterator is not free, so it
+    /// stays off the common path).
+    pub fn reject_unknown_keys(&self, allowed: &[&str], present: usize, argument: &str) {
+        let count = unsafe { (*self.0).header & pg_sys::JB_CMASK } as usize;
+        if count > present {
+            let k = self.unknown_key(allowed).unwrap_or_default();
+            errors::invalid(argument, format_args!("unknown key {k:?} (allowed: {})", allowed.join(", ")));
+        }
     }
-
 
     fn get_value(&self, key: &str) -> Option<pg_sys::JsonbValue> {
         unsafe {
@@ -213,7 +219,7 @@ impl JsonbObject {
     }
 
     /// The first key not in `allowed`, if any (for error messages).
-    pub fn unknown_key(&self, allowed: &[&str]) -> Option<String> {
+    fn unknown_key(&self, allowed: &[&str]) -> Option<String> {
         unsafe {
             let mut it = pg_sys::JsonbIteratorInit(self.0);
             let mut v: pg_sys::JsonbValue = std::mem::zeroed();

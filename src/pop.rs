@@ -204,10 +204,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     }
     let takes = allocate(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
 
-    let lease_micros = match budget_micros {
-        Some(b) if a.lease_seconds == 0 && b > 0 => b,
-        _ => effective_lease_micros(a.lease_seconds, None, lease_time),
-    };
+    let lease_micros = effective_lease_micros(a.lease_seconds, budget_micros, lease_time);
     let (lease_id, expires) = if a.auto_ack {
         (None, None)
     } else {

@@ -172,19 +172,11 @@ fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
         let (queue, partition, transaction_id) = (obj.get("queue"), obj.get("partition"), obj.get("transactionId"));
         // A JSON null payload is a payload; only a missing key is an error.
         let payload = obj.get_jsonb("payload");
-        // Only when the object has more keys than the known ones it holds is there an
-        // unknown key to name (the iterator is not free: keep it off the common path).
-        let known = [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some()]
+        let present = [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some()]
             .iter()
             .filter(|&&b| b)
-            .count() as u32;
-        if obj.key_count() > known {
-            let k = obj.unknown_key(&BATCH_KEYS).unwrap_or_default();
-            errors::invalid(
-                &format!("items[{i}]"),
-                format_args!("unknown key {k:?} (allowed: queue, partition, payload, transactionId)"),
-            );
-        }
+            .count();
+        obj.reject_unknown_keys(&BATCH_KEYS, present, &format!("items[{i}]"));
         let item = PushItem {
             queue: string_field(queue, &at, "queue")
                 .unwrap_or_else(|| errors::invalid(&format!("{}queue", at()), "is missing")),

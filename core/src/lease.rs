@@ -42,16 +42,18 @@ impl Budget {
 
 /// Effective lease of a pop, in microseconds: `lease_seconds` when > 0; else the group's
 /// budget; else the queue's stored `lease_time`; else 60 s.
+/// `budget_micros` is the group's stored budget as `Budget::lease_micros` (or the same sum
+/// computed in SQL); None or 0 when the group has none.
 pub fn effective_lease_micros(
     lease_seconds: i32,
-    budget: Option<&Budget>,
+    budget_micros: Option<i64>,
     queue_lease_time: Option<i32>,
 ) -> i64 {
     if lease_seconds > 0 {
         return i64::from(lease_seconds) * MICROS;
     }
-    if let Some(b) = budget {
-        return b.lease_micros();
+    if let Some(b) = budget_micros.filter(|&b| b > 0) {
+        return b;
     }
     match queue_lease_time {
         Some(s) if s > 0 => i64::from(s) * MICROS,
@@ -72,8 +74,9 @@ mod tests {
 
     #[test]
     fn precedence() {
-        assert_eq!(effective_lease_micros(2, Some(&SEED), Some(300)), 2 * MICROS);
-        assert_eq!(effective_lease_micros(0, Some(&SEED), Some(300)), 48 * MICROS);
+        assert_eq!(effective_lease_micros(2, Some(SEED.lease_micros()), Some(300)), 2 * MICROS);
+        assert_eq!(effective_lease_micros(0, Some(SEED.lease_micros()), Some(300)), 48 * MICROS);
+        assert_eq!(effective_lease_micros(0, Some(0), Some(300)), 300 * MICROS);
         assert_eq!(effective_lease_micros(0, None, Some(5)), 5 * MICROS);
         assert_eq!(effective_lease_micros(0, None, None), 60 * MICROS);
     }
