@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod ack;
 mod budgets;
+mod durability;
 mod errors;
 mod jsonb;
 mod pop;
@@ -23,10 +24,11 @@ mod dlq;
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 
-/// Library load: with `shared_preload_libraries = 'queen'`, set up the shared-memory
-/// wake-ups for long-polling pops.
+/// Library load: define queen's settings and, with `shared_preload_libraries = 'queen'`,
+/// set up the shared-memory wake-ups for long-polling pops.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    durability::init();
     wake::init();
 }
 extension_sql_file!("../sql/api.sql", name = "api", finalize);

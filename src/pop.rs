@@ -9,7 +9,7 @@ use queen_core::lease::effective_lease_micros;
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
 use crate::jsonb::RawJsonb;
-use crate::{queues, segments, wake};
+use crate::{durability, queues, segments, wake};
 use crate::spi::{clock_now, run, timestamptz, to_pg_uuid};
 
 /// Most messages one pop may ask for.
@@ -98,7 +98,9 @@ fn pop_sql(
     validate(&args);
     let group = args.group.to_string();
     queues::CREATED_HERE.with(|c| c.set(false));
+    let first_writer = durability::pop_start();
     let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
+    durability::pop_done(first_writer);
     queues::CREATED_HERE.with(|c| c.set(false));
     TableIterator::new(rows.into_iter().map(move |d| {
         (

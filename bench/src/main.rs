@@ -136,6 +136,9 @@ where
     }
     let wall = start.elapsed().as_secs_f64();
     *LAST_CLIENT_CORES.lock().unwrap() = Some((client_cpu_seconds() - cpu0) / wall);
+    if std::env::var_os("QUEEN_BENCH_DEBUG").is_some() {
+        eprintln!("  [{} messages in {wall:.2} s]", total.load(Ordering::Relaxed));
+    }
     total.load(Ordering::Relaxed) as f64 / wall
 }
 
