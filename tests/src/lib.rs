@@ -3,6 +3,8 @@
 //! The cluster comes from `make integration`, which passes its DSN in QUEEN_TEST_DSN.
 //! Without it the tests fail loudly: a test that cannot reach a server must not pass.
 
+pub mod harness;
+
 use postgres::{Client, NoTls};
 
 pub fn dsn() -> String {

@@ -1,0 +1,599 @@
+//! The concurrency invariants harness (issue 6/7): real sessions push (some transactions
+//! roll back), consumers in two groups pop over 16 partitions with random outcomes —
+//! complete, extend then complete, no ack until the lease expires, failed, retry, dlq —
+//! some of them long-polling. Optionally a chaos thread `kill -9`s backends in the middle
+//! of a push, a pop, an ack or a dead-lettering ack (the postmaster then restarts every
+//! session). At the end, per group and partition:
+//!
+//! - every committed push was delivered, at the offset its push returned;
+//! - the cursor advances that acks reported tile 1..=head exactly: every offset passed
+//!   once, none skipped (with crashes: gaps only where an ack of unknown fate could reach);
+//! - every dead-lettered message has exactly one `log_dlq` row;
+//! - nothing from a rolled-back push appeared;
+//! - an offset was delivered again only after a delivery that no ack committed (lease
+//!   expiry, a nack, or a crash), and these duplicates are counted by cause.
+//!
+//! Sizes come from the environment so that the same code is the CI run and the large run:
+//! QUEEN_HARNESS_MESSAGES, QUEEN_HARNESS_CONSUMERS (per group), QUEEN_HARNESS_PUSHERS,
+//! QUEEN_HARNESS_SEED.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::{dsn, unique};
+
+pub struct Config {
+    pub messages: usize,
+    pub pushers: usize,
+    pub consumers_per_group: usize,
+    pub partitions: usize,
+    pub groups: Vec<String>,
+    pub lease_seconds: i32,
+    pub retry_limit: i32,
+    /// `kill -9` this many busy backends during the run (0: none).
+    pub kills: usize,
+    pub seed: u64,
+    /// The run fails instead of hanging past this.
+    pub deadline: Duration,
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+impl Config {
+    /// The CI size unless the environment says otherwise.
+    pub fn from_env(messages: usize, consumers: usize, kills: usize) -> Config {
+        Config {
+            messages: env_or("QUEEN_HARNESS_MESSAGES", messages),
+            pushers: env_or("QUEEN_HARNESS_PUSHERS", 4),
+            consumers_per_group: env_or("QUEEN_HARNESS_CONSUMERS", consumers),
+            partitions: 16,
+            groups: vec!["ga".into(), "gb".into()],
+            lease_seconds: 1,
+            retry_limit: 2,
+            kills,
+            seed: env_or("QUEEN_HARNESS_SEED", 0x51ee) as u64,
+            deadline: Duration::from_secs(env_or("QUEEN_HARNESS_DEADLINE_S", 900) as u64),
+        }
+    }
+}
+
+/// What a run saw, for the issue note and the test output.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub pushed: usize,
+    pub rolled_back: usize,
+    pub push_unknown: usize,
+    pub deliveries: usize,
+    pub duplicates: BTreeMap<&'static str, usize>,
+    pub dead_lettered: usize,
+    pub kills: BTreeMap<&'static str, usize>,
+    pub seconds: f64,
+}
+
+type Addr = (uuid::Uuid, i64); // (partition_id, offset)
+
+#[derive(Default)]
+struct Shared {
+    /// Committed pushes: address -> message id (the payload's "id").
+    committed: HashMap<Addr, String>,
+    /// Ids of pushes whose transaction rolled back.
+    rolled_back: HashSet<String>,
+    /// Ids of pushes whose fate is unknown (the connection died during the call).
+    unknown: HashSet<String>,
+    /// Per group: every delivery, in the order pops returned.
+    deliveries: HashMap<String, Vec<Delivery>>,
+    /// Per group: cursor advances reported by acks: (partition, from, to), inclusive.
+    advances: HashMap<String, Vec<(uuid::Uuid, i64, i64)>>,
+    /// Per group: spans an ack of unknown fate (connection died) might have committed.
+    maybe_advances: HashMap<String, Vec<(uuid::Uuid, i64, i64)>>,
+    /// Per group: addresses an ack reported dead-lettered.
+    dead: HashMap<String, Vec<Addr>>,
+    maybe_dead: HashMap<String, Vec<Addr>>,
+}
+
+struct Delivery {
+    seq: u64,
+    addr: Addr,
+    id: String,
+    /// How this delivery ended: None if an ack committed its offset, else why not.
+    fate: Option<&'static str>,
+}
+
+/// Without crashes every call must succeed: an error is a finding, not noise.
+fn lost_connection(crashes: bool, e: &postgres::Error, what: &str) {
+    assert!(crashes, "{what} failed without any crash: {e}");
+}
+
+fn connect_retrying(deadline: Instant) -> Client {
+    loop {
+        match Client::connect(&dsn(), NoTls) {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "cannot reconnect: {e}");
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Outcome {
+    Complete,
+    ExtendThenComplete,
+    NoAck,
+    Signal(&'static str), // failed, retry, dlq
+}
+
+fn pick_outcome(r: &mut StdRng) -> Outcome {
+    match r.gen_range(0..100) {
+        0..=67 => Outcome::Complete,
+        68..=75 => Outcome::ExtendThenComplete,
+        76..=79 => Outcome::NoAck,
+        80..=88 => Outcome::Signal("failed"),
+        89..=94 => Outcome::Signal("retry"),
+        _ => Outcome::Signal("dlq"),
+    }
+}
+
+pub fn run(cfg: &Config) -> Report {
+    let t0 = Instant::now();
+    let deadline = t0 + cfg.deadline;
+    let queue = unique("harness");
+    let mut admin = connect_retrying(deadline);
+    admin
+        .execute(
+            "SELECT queen.configure($1, lease_time => 30, retry_limit => $2, dead_letter_queue => true)",
+            &[&queue, &cfg.retry_limit],
+        )
+        .unwrap();
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let seq = Arc::new(AtomicU64::new(0));
+    let pushers_left = Arc::new(AtomicUsize::new(cfg.pushers));
+    let stop_chaos = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+
+    for p in 0..cfg.pushers {
+        let share = cfg.messages / cfg.pushers + usize::from(p < cfg.messages % cfg.pushers);
+        let (shared, queue, left) = (shared.clone(), queue.clone(), pushers_left.clone());
+        let (seed, parts, crashes) = (cfg.seed ^ (p as u64 + 1) * 0x9e37, cfg.partitions, cfg.kills > 0);
+        handles.push(thread::spawn(move || {
+            pusher(p, share, parts, &queue, seed, &shared, crashes, deadline);
+            left.fetch_sub(1, Ordering::SeqCst);
+        }));
+    }
+    for g in &cfg.groups {
+        for k in 0..cfg.consumers_per_group {
+            let (shared, queue, seq, left, group) =
+                (shared.clone(), queue.clone(), seq.clone(), pushers_left.clone(), g.clone());
+            let seed = cfg.seed ^ ((k as u64 + 7) << 20) ^ group.len() as u64 ^ g.as_bytes()[1] as u64;
+            let (lease, crashes) = (cfg.lease_seconds, cfg.kills > 0);
+            handles.push(thread::spawn(move || {
+                consumer(&queue, &group, lease, seed, &shared, &seq, &left, crashes, deadline)
+            }));
+        }
+    }
+    let chaos = (cfg.kills > 0).then(|| {
+        let (stop, kills, seed) = (stop_chaos.clone(), cfg.kills, cfg.seed);
+        thread::spawn(move || chaos(kills, seed, &stop, deadline))
+    });
+    for h in handles {
+        h.join().expect("a harness session panicked");
+    }
+    stop_chaos.store(true, Ordering::SeqCst);
+    let kills = chaos.map(|h| h.join().expect("chaos thread")).unwrap_or_default();
+
+    let mut admin = connect_retrying(deadline);
+    let mut report = check(cfg, &queue, &mut admin, &shared.lock().unwrap());
+    report.kills = kills;
+    report.seconds = t0.elapsed().as_secs_f64();
+    report
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pusher(
+    p: usize,
+    share: usize,
+    partitions: usize,
+    queue: &str,
+    seed: u64,
+    shared: &Mutex<Shared>,
+    crashes: bool,
+    deadline: Instant,
+) {
+    let mut r = StdRng::seed_from_u64(seed);
+    let mut c = connect_retrying(deadline);
+    let (mut done, mut n) = (0usize, 0u64);
+    while done < share {
+        assert!(Instant::now() < deadline, "pusher {p}: deadline passed");
+        let k = r.gen_range(1..=50).min(share - done);
+        let ids: Vec<String> = (0..k).map(|i| format!("{p}-{}", n + i as u64)).collect();
+        n += k as u64;
+        let items: Vec<Value> = ids
+            .iter()
+            .map(|id| json!({"queue": queue, "partition": format!("p{}", r.gen_range(0..partitions)), "payload": {"id": id}}))
+            .collect();
+        let items = Value::Array(items);
+        if r.gen_bool(0.2) {
+            // Pushed, then rolled back: none of these may ever be delivered.
+            let res = c.transaction().and_then(|mut tx| {
+                tx.query("SELECT 1 FROM queen.push_batch($1)", &[&items])?;
+                tx.rollback()
+            });
+            let mut s = shared.lock().unwrap();
+            match res {
+                Ok(()) => s.rolled_back.extend(ids),
+                Err(e) => {
+                    lost_connection(crashes, &e, "a rolled-back push_batch");
+                    s.unknown.extend(ids); // rolled back or lost: either way never committed
+                    drop(s);
+                    c = connect_retrying(deadline);
+                }
+            }
+            continue;
+        }
+        match c.query("SELECT idx, partition_id, msg_offset FROM queen.push_batch($1)", &[&items]) {
+            Ok(rows) => {
+                let mut s = shared.lock().unwrap();
+                for row in rows {
+                    let idx: i32 = row.get(0);
+                    s.committed.insert((row.get(1), row.get(2)), ids[idx as usize].clone());
+                }
+                done += k;
+            }
+            Err(e) => {
+                lost_connection(crashes, &e, "push_batch");
+                shared.lock().unwrap().unknown.extend(ids);
+                c = connect_retrying(deadline);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn consumer(
+    queue: &str,
+    group: &str,
+    lease_seconds: i32,
+    seed: u64,
+    shared: &Mutex<Shared>,
+    seq: &AtomicU64,
+    pushers_left: &AtomicUsize,
+    crashes: bool,
+    deadline: Instant,
+) {
+    let mut r = StdRng::seed_from_u64(seed);
+    let mut c = connect_retrying(deadline);
+    loop {
+        assert!(Instant::now() < deadline, "consumer in {group}: deadline passed before the queue drained");
+        let batch = r.gen_range(1..=20i32);
+        let max_partitions = r.gen_range(1..=3i32);
+        let wait_ms = if r.gen_bool(0.3) { 200 } else { 0 };
+        let rows = match c.query(
+            "SELECT lease_id, partition_id, msg_offset, payload ->> 'id'
+               FROM queen.pop($1, $2, batch => $3, max_partitions => $4, lease_seconds => $5, wait_ms => $6)",
+            &[&queue, &group, &batch, &max_partitions, &lease_seconds, &wait_ms],
+        ) {
+            Ok(rows) => rows,
+            Err(e) => {
+                lost_connection(crashes, &e, "pop");
+                c = connect_retrying(deadline); // the lease, if any, expires
+                continue;
+            }
+        };
+        if rows.is_empty() {
+            if pushers_left.load(Ordering::SeqCst) == 0 && drained(&mut c, queue, group) {
+                return;
+            }
+            if wait_ms == 0 {
+                thread::sleep(Duration::from_millis(20));
+            }
+            continue;
+        }
+        let lease: uuid::Uuid = rows[0].get(0);
+        // Lanes in the order they came: (partition, first offset, last offset).
+        let mut lanes: Vec<(uuid::Uuid, i64, i64)> = Vec::new();
+        let mut got: Vec<(u64, Addr, String)> = Vec::new();
+        for row in &rows {
+            let (pid, off): (uuid::Uuid, i64) = (row.get(1), row.get(2));
+            match lanes.last_mut() {
+                Some(l) if l.0 == pid => l.2 = off,
+                _ => lanes.push((pid, off, off)),
+            }
+            got.push((seq.fetch_add(1, Ordering::SeqCst), (pid, off), row.get(3)));
+        }
+        let outcome = pick_outcome(&mut r);
+        // The lane that gets the signal, and at which offset.
+        let signal = match outcome {
+            Outcome::Signal(s) => {
+                let l = lanes[r.gen_range(0..lanes.len())];
+                Some((s, l.0, r.gen_range(l.1..=l.2)))
+            }
+            _ => None,
+        };
+        let acks: Vec<Value> = lanes
+            .iter()
+            .map(|&(pid, _, last)| match signal {
+                Some((s, spid, e)) if spid == pid => {
+                    json!({"partitionId": pid.to_string(), "offset": e, "status": s, "error": "harness"})
+                }
+                _ => json!({"partitionId": pid.to_string(), "offset": last, "status": "completed"}),
+            })
+            .collect();
+        let result: Result<Option<Value>, postgres::Error> = match outcome {
+            Outcome::NoAck => Ok(None),
+            Outcome::ExtendThenComplete => c
+                .execute("SELECT queen.extend_lease($1, 30)", &[&lease])
+                .and_then(|_| c.query_one("SELECT queen.ack($1, $2::jsonb)", &[&lease, &Value::Array(acks.clone())]))
+                .map(|row| Some(row.get(0))),
+            // A dead-lettering ack carries its own statement text, so that the chaos thread
+            // can find it.
+            Outcome::Signal("dlq") => c
+                .query_one("SELECT queen.ack($1, $2::jsonb) /* dead-letter */", &[&lease, &Value::Array(acks.clone())])
+                .map(|row| Some(row.get(0))),
+            _ => c.query_one("SELECT queen.ack($1, $2::jsonb)", &[&lease, &Value::Array(acks.clone())]).map(|row| Some(row.get(0))),
+        };
+        let mut s = shared.lock().unwrap();
+        match result {
+            Ok(res) => {
+                // Applied lanes and their new cursors; a lane missing was fenced off.
+                let applied: HashMap<uuid::Uuid, i64> = res
+                    .as_ref()
+                    .and_then(|v| v["lanes"].as_array().cloned())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|l| (l["partitionId"].as_str().unwrap().parse().unwrap(), l["committed"].as_i64().unwrap()))
+                    .collect();
+                for &(pid, first, _) in &lanes {
+                    if let Some(&to) = applied.get(&pid) {
+                        if to >= first {
+                            s.advances.entry(group.to_string()).or_default().push((pid, first, to));
+                        }
+                    }
+                }
+                if let Some(items) = res.as_ref().and_then(|v| v["items"].as_array().cloned()) {
+                    for it in items.iter().filter(|it| it["dlq"].as_bool() == Some(true)) {
+                        let pid: uuid::Uuid = it["partitionId"].as_str().unwrap().parse().unwrap();
+                        s.dead.entry(group.to_string()).or_default().push((pid, it["offset"].as_i64().unwrap()));
+                    }
+                }
+                for (sq, addr, id) in got {
+                    let fate = match applied.get(&addr.0) {
+                        Some(&to) if addr.1 <= to => None,
+                        Some(_) => Some("nack"),
+                        None if outcome == Outcome::NoAck => Some("expiry"),
+                        None => Some("ack after expiry"),
+                    };
+                    s.deliveries.entry(group.to_string()).or_default().push(Delivery { seq: sq, addr, id, fate });
+                }
+            }
+            Err(e) => {
+                lost_connection(crashes, &e, "ack");
+                // The connection died: the ack may or may not have committed.
+                for &(pid, first, last) in &lanes {
+                    let to = match signal {
+                        Some((sig, spid, e)) if spid == pid => if sig == "dlq" || sig == "failed" { e } else { e - 1 },
+                        _ => last,
+                    };
+                    s.maybe_advances.entry(group.to_string()).or_default().push((pid, first, to));
+                    if let Some((sig, spid, e)) = signal {
+                        if spid == pid && (sig == "dlq" || sig == "failed") {
+                            s.maybe_dead.entry(group.to_string()).or_default().push((pid, e));
+                        }
+                    }
+                }
+                for (sq, addr, id) in got {
+                    s.deliveries.entry(group.to_string()).or_default().push(Delivery { seq: sq, addr, id, fate: Some("crash") });
+                }
+                drop(s);
+                c = connect_retrying(deadline);
+            }
+        }
+    }
+}
+
+/// True when every lane of the group is at its head. A crash can leave a connection
+/// broken here too: then not drained yet (the caller reconnects on its next pop).
+fn drained(c: &mut Client, queue: &str, group: &str) -> bool {
+    // Every partition has a lane for the group (a lane is created by a later pop), at its head.
+    c.query_one(
+        "SELECT (SELECT count(*) FROM queen.status($1) WHERE consumer_group = $2 AND lag = 0)
+              = (SELECT count(*) FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = $1)",
+        &[&queue, &group],
+    )
+    .map(|row| row.get(0))
+    .unwrap_or(false)
+}
+
+/// Kills busy backends with SIGKILL: one running a push, a pop, an ack, or a
+/// dead-lettering ack, whichever kind it has killed least. Returns how many of each.
+fn chaos(kills: usize, seed: u64, stop: &AtomicBool, deadline: Instant) -> BTreeMap<&'static str, usize> {
+    let targets: [(&str, &str); 4] = [
+        ("push", "%queen.push_batch%"),
+        ("pop", "%queen.pop%"),
+        ("ack", "%queen.ack(%"),
+        ("dead-lettering ack", "%/* dead-letter */%"),
+    ];
+    let mut r = StdRng::seed_from_u64(seed);
+    let mut done: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut c = connect_retrying(deadline);
+    while done.values().sum::<usize>() < kills && !stop.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(r.gen_range(300..900)));
+        // The kind killed least so far (pushes first: pushers finish before consumers).
+        let &(what, pattern) = targets.iter().min_by_key(|(w, _)| done.get(w).copied().unwrap_or(0)).unwrap();
+        // Wait (a little) for a backend in the middle of that call.
+        let until = Instant::now() + Duration::from_secs(3);
+        let mut victim = None;
+        while victim.is_none() && Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            victim = match c.query(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE state = 'active' AND pid <> pg_backend_pid() AND query LIKE $1
+                    AND query NOT LIKE '%pg_stat_activity%' ORDER BY random() LIMIT 1",
+                &[&pattern],
+            ) {
+                Ok(rows) => rows.first().map(|row| row.get::<_, i32>(0)),
+                Err(_) => {
+                    c = connect_retrying(deadline);
+                    None
+                }
+            };
+        }
+        let Some(pid) = victim else { continue };
+        let ok = Command::new("kill").args(["-9", &pid.to_string()]).status().map(|s| s.success()).unwrap_or(false);
+        if ok {
+            *done.entry(what).or_default() += 1;
+            // The postmaster restarts every session; wait until it accepts connections.
+            thread::sleep(Duration::from_millis(200));
+            c = connect_retrying(deadline);
+        }
+    }
+    done
+}
+
+fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
+    let mut report = Report {
+        pushed: s.committed.len(),
+        rolled_back: s.rolled_back.len(),
+        push_unknown: s.unknown.len(),
+        ..Report::default()
+    };
+    let crashes = cfg.kills > 0;
+    // Heads of the queue's partitions.
+    let heads: HashMap<uuid::Uuid, i64> = c
+        .query("SELECT partition_id, head FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = $1", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    // Offsets are gapless: a partition's committed pushes (plus, after crashes, those of
+    // unknown fate that committed) fill 1..=head.
+    let mut per_partition: HashMap<uuid::Uuid, i64> = HashMap::new();
+    for &(pid, _) in s.committed.keys() {
+        *per_partition.entry(pid).or_default() += 1;
+    }
+    for (pid, &head) in &heads {
+        let known = per_partition.get(pid).copied().unwrap_or(0);
+        if crashes {
+            assert!(known <= head, "partition {pid}: {known} pushes returned but head is {head}");
+        } else {
+            assert_eq!(known, head, "partition {pid}: head {head} but {known} committed pushes");
+        }
+    }
+
+    for group in &cfg.groups {
+        let empty = Vec::new();
+        let deliveries = s.deliveries.get(group).unwrap_or(&empty);
+        report.deliveries += deliveries.len();
+        // What each delivered address carried, and that it came from a committed push.
+        let mut by_addr: BTreeMap<Addr, Vec<&Delivery>> = BTreeMap::new();
+        let mut addr_of_id: HashMap<&str, Addr> = HashMap::new();
+        for d in deliveries {
+            assert!(!s.rolled_back.contains(&d.id), "{group}: delivered {} from a rolled-back push", d.id);
+            match s.committed.get(&d.addr) {
+                Some(id) => assert_eq!(id, &d.id, "{group}: {:?} carried {} but its push returned {id}", d.addr, d.id),
+                None => assert!(
+                    crashes && s.unknown.contains(&d.id),
+                    "{group}: delivered {} at {:?}, which no push returned",
+                    d.id,
+                    d.addr
+                ),
+            }
+            if let Some(prev) = addr_of_id.insert(&d.id, d.addr) {
+                assert_eq!(prev, d.addr, "{group}: message {} delivered at two addresses", d.id);
+            }
+            by_addr.entry(d.addr).or_default().push(d);
+        }
+        // Every committed push was delivered.
+        for (addr, id) in &s.committed {
+            assert!(by_addr.contains_key(addr), "{group}: {id} at {addr:?} was never delivered");
+        }
+        // Redelivery only after a delivery that no ack committed; count why.
+        for (addr, ds) in by_addr.iter_mut() {
+            ds.sort_by_key(|d| d.seq);
+            for (k, d) in ds.iter().enumerate() {
+                let last = k + 1 == ds.len();
+                match (last, d.fate) {
+                    (false, None) => panic!("{group}: {addr:?} delivered again after an ack committed it"),
+                    (false, Some(cause)) => *report.duplicates.entry(cause).or_default() += 1,
+                    (true, Some(cause)) if cause != "crash" => {
+                        panic!("{group}: {addr:?} last delivered with no committed ack ({cause}) yet the lane drained")
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Cursor advances tile 1..=head per partition: each offset passed exactly once.
+        let mut adv: HashMap<uuid::Uuid, Vec<(i64, i64)>> = HashMap::new();
+        for &(pid, from, to) in s.advances.get(group).unwrap_or(&Vec::new()) {
+            adv.entry(pid).or_default().push((from, to));
+        }
+        let mut maybe: HashMap<uuid::Uuid, Vec<(i64, i64)>> = HashMap::new();
+        for &(pid, from, to) in s.maybe_advances.get(group).unwrap_or(&Vec::new()) {
+            maybe.entry(pid).or_default().push((from, to));
+        }
+        let cursors: HashMap<uuid::Uuid, i64> = c
+            .query("SELECT partition_id, committed FROM queen.status($1) WHERE consumer_group = $2", &[&queue, group])
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        for (pid, &head) in &heads {
+            assert_eq!(cursors.get(pid).copied(), Some(head), "{group}: partition {pid} did not drain");
+            let mut spans = adv.remove(pid).unwrap_or_default();
+            spans.sort();
+            let mut next = 1;
+            for (from, to) in spans {
+                assert!(from >= next, "{group}: partition {pid}: offsets {from}..={} passed twice", next - 1);
+                if from > next {
+                    // A gap: only an ack whose fate the crash hid may have covered it.
+                    let covered = maybe
+                        .get(pid)
+                        .is_some_and(|m| m.iter().any(|&(a, b)| a <= next && b >= from - 1));
+                    assert!(covered, "{group}: partition {pid}: offsets {next}..{from} skipped by the cursor");
+                }
+                next = to + 1;
+            }
+            if next <= head {
+                let covered = maybe.get(pid).is_some_and(|m| m.iter().any(|&(a, b)| a <= next && b >= head));
+                assert!(covered, "{group}: partition {pid}: offsets {next}..={head} passed by no ack");
+            }
+        }
+        // Exactly one log_dlq row per dead-lettered message.
+        let rows: Vec<(uuid::Uuid, i64, i64)> = c
+            .query(
+                "SELECT d.partition_id, d.msg_offset, count(*) FROM queen.log_dlq d JOIN queen.queues q USING (queue_id)
+                  WHERE q.name = $1 AND d.consumer_group = $2 GROUP BY 1, 2",
+                &[&queue, group],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        let dead: HashSet<Addr> = s.dead.get(group).map(|v| v.iter().copied().collect()).unwrap_or_default();
+        let maybe_dead: HashSet<Addr> = s.maybe_dead.get(group).map(|v| v.iter().copied().collect()).unwrap_or_default();
+        assert_eq!(dead.len(), s.dead.get(group).map_or(0, Vec::len), "{group}: an address dead-lettered twice");
+        for &(pid, off, n) in &rows {
+            assert_eq!(n, 1, "{group}: {n} log_dlq rows for ({pid}, {off})");
+            assert!(
+                dead.contains(&(pid, off)) || maybe_dead.contains(&(pid, off)),
+                "{group}: a log_dlq row for ({pid}, {off}) that no ack reported"
+            );
+        }
+        let filed: HashSet<Addr> = rows.iter().map(|&(p, o, _)| (p, o)).collect();
+        for a in &dead {
+            assert!(filed.contains(a), "{group}: {a:?} reported dead-lettered but has no log_dlq row");
+        }
+        report.dead_lettered += rows.len();
+    }
+    report
+}

@@ -1,0 +1,17 @@
+//! The invariants harness at CI size (see `queen_it::harness` for what it checks).
+//! The large run of the issue: QUEEN_HARNESS_MESSAGES=100000 QUEEN_HARNESS_CONSUMERS=8.
+
+use queen_it::harness::{run, Config};
+
+#[test]
+fn concurrent_outcomes_keep_every_invariant() {
+    let cfg = Config::from_env(12_000, 3, 0);
+    let report = run(&cfg);
+    println!("{report:#?}");
+    assert!(report.pushed >= cfg.messages, "every pusher finished its share");
+    assert!(report.rolled_back > 0, "some pushes rolled back");
+    assert!(report.dead_lettered > 0, "some messages were dead-lettered");
+    for cause in ["expiry", "nack"] {
+        assert!(report.duplicates.get(cause).copied().unwrap_or(0) > 0, "no duplicate from {cause}: the run did not exercise it");
+    }
+}
