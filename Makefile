@@ -25,7 +25,7 @@ PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))) readme)
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: bench deps build install install-debug run stop test unit pgrx-test regress integration \
+.PHONY: fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -59,6 +59,12 @@ test: deps unit pgrx-test install-debug regress integration
 
 unit:
 	cargo test -p queen-core
+
+# A deep run of the core's property tests (segment codec, cursor arithmetic): the number
+# of cases per property is FUZZ_CASES. `make test` runs proptest's default of 256.
+FUZZ_CASES ?= 50000
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p queen-core prop_ -- --nocapture
 
 pgrx-test:
 	$(UNLINK_SO)

@@ -241,6 +241,7 @@ fn main() {
     };
     let dsn = opts.dsn.clone();
     let want = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
+    let mut jsonb_floor = f64::NAN;
     let (mut queen_push1000, mut raw_insert, mut queen_pop, mut skip_pop, mut fan_rate, mut push_rate) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
     let (mut queen_bytes, mut raw_bytes, mut small_backlog, mut big_backlog, mut few, mut many) =
@@ -299,6 +300,14 @@ fn main() {
         1000
     });
     say(&mut rows, "push, batch 1000, 4 clients", "PgQ", v, "msg/s");
+    // The floor of any push_batch(items jsonb): the server receives and parses the same
+    // 1,000-item argument and stores nothing.
+    let b = batches.clone();
+    jsonb_floor = run_clients(&dsn, 4, s.secs, move |c, k, _| {
+        c.execute("SELECT jsonb_array_length($1)", &[&b[k]]).unwrap();
+        1000
+    });
+    say(&mut rows, "push, batch 1000, 4 clients", "receive jsonb only (floor)", jsonb_floor, "msg/s");
 
     }
     if want("pop") {
@@ -496,6 +505,8 @@ fn main() {
     let pgq_ack = find("pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)");
     let targets = [
         ("push batch 1000 / raw insert limit", queen_push1000 / raw_insert, ">= 3"),
+        ("  jsonb receive floor / raw insert limit", jsonb_floor / raw_insert, "(ceiling of the above)"),
+        ("  push batch 1000 / jsonb receive floor", queen_push1000 / jsonb_floor, "(share of the ceiling)"),
         ("pop+ack / SKIP LOCKED table", queen_pop / skip_pop, ">= 2"),
         ("pop+ack / PgQ", queen_pop / pgq_ack, ">= 1"),
         ("fan-out deliveries / push rate", fan_rate / push_rate, ">= 8"),

@@ -440,6 +440,15 @@ mod tests {
             for (i, p) in got { prop_assert_eq!(&p, &items[i].2); }
         }
 
+        /// Every strict prefix of a segment is an error, never fewer frames.
+        #[test]
+        fn prop_truncation_is_an_error(n in 1usize..200, size in 0usize..300, cut in any::<usize>()) {
+            let data = owned(n, size);
+            let bytes = encode(frames(&data));
+            let cut = cut % bytes.len();
+            prop_assert!(decode_all(&bytes[..cut]).is_err(), "prefix of {} of {} bytes decoded", cut, bytes.len());
+        }
+
         /// Arbitrary bytes and bit flips never panic: they decode to an error or to frames.
         #[test]
         fn prop_garbage_never_panics(mut bytes in proptest::collection::vec(any::<u8>(), 0..2000),

@@ -3,7 +3,7 @@
 //! complete, extend then complete, no ack until the lease expires, failed, retry, dlq —
 //! some of them long-polling. Optionally a chaos thread `kill -9`s backends in the middle
 //! of a push, a pop, an ack or a dead-lettering ack (the postmaster then restarts every
-//! session). At the end, per group and partition:
+//! session), or stops the server with `pg_ctl stop -m immediate` and starts it again. At the end, per group and partition:
 //!
 //! - every committed push was delivered, at the offset its push returned;
 //! - the cursor advances that acks reported tile 1..=head exactly: every offset passed
@@ -415,22 +415,31 @@ fn drained(c: &mut Client, queue: &str, group: &str) -> bool {
     .unwrap_or(false)
 }
 
-/// Kills busy backends with SIGKILL: one running a push, a pop, an ack, or a
-/// dead-lettering ack, whichever kind it has killed least. Returns how many of each.
+/// Crashes the server while the harness runs: SIGKILL of a backend in the middle of a
+/// push, a pop, an ack or a dead-lettering ack (the postmaster then restarts every
+/// session), or `pg_ctl stop -m immediate` and a restart — whichever kind it has done
+/// least. Returns how many of each.
 fn chaos(kills: usize, seed: u64, stop: &AtomicBool, deadline: Instant) -> BTreeMap<&'static str, usize> {
-    let targets: [(&str, &str); 4] = [
+    let targets: [(&str, &str); 5] = [
         ("push", "%queen.push_batch%"),
         ("pop", "%queen.pop%"),
         ("ack", "%queen.ack(%"),
         ("dead-lettering ack", "%/* dead-letter */%"),
+        ("immediate stop", ""),
     ];
     let mut r = StdRng::seed_from_u64(seed);
     let mut done: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut c = connect_retrying(deadline);
     while done.values().sum::<usize>() < kills && !stop.load(Ordering::SeqCst) {
         thread::sleep(Duration::from_millis(r.gen_range(300..900)));
-        // The kind killed least so far (pushes first: pushers finish before consumers).
+        // The kind done least so far (pushes first: pushers finish before consumers).
         let &(what, pattern) = targets.iter().min_by_key(|(w, _)| done.get(w).copied().unwrap_or(0)).unwrap();
+        if pattern.is_empty() {
+            cluster_immediate_restart();
+            *done.entry(what).or_default() += 1;
+            c = connect_retrying(deadline);
+            continue;
+        }
         // Wait (a little) for a backend in the middle of that call.
         let until = Instant::now() + Duration::from_secs(3);
         let mut victim = None;
@@ -458,6 +467,23 @@ fn chaos(kills: usize, seed: u64, stop: &AtomicBool, deadline: Instant) -> BTree
         }
     }
     done
+}
+
+/// `pg_ctl stop -m immediate`, then start again (the cluster of `make integration`).
+pub fn cluster_immediate_restart() {
+    let dir = std::env::var("QUEEN_TEST_DIR").expect("QUEEN_TEST_DIR (set by make integration)");
+    let port = std::env::var("QUEEN_TEST_PORT").expect("QUEEN_TEST_PORT (set by make integration)");
+    let stopped = Command::new("runuser")
+        .args(["-u", "postgres", "--", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", &dir, "stop", "-m", "immediate"])
+        .status()
+        .expect("run pg_ctl");
+    assert!(stopped.success(), "pg_ctl stop -m immediate failed");
+    let started = Command::new("bash")
+        .args(["scripts/cluster.sh", "start", &dir, &port])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .status()
+        .expect("run scripts/cluster.sh");
+    assert!(started.success(), "restart after the immediate stop failed");
 }
 
 fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
