@@ -173,6 +173,9 @@ fn queen_pop_ack(c: &mut Client) -> usize {
 
 /// pop + ack rate with 4 consumers over whatever backlog `bq` holds.
 fn queen_consume(dsn: &str, secs: f64) -> f64 {
+    // Create the consumer group first (one message): a group's first pops race to create
+    // it, and a pop that loses that race returns no rows, which would end a client early.
+    queen_pop_ack(&mut connect(dsn));
     run_clients(dsn, 4, secs, |c, _, _| queen_pop_ack(c))
 }
 

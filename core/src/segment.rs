@@ -195,27 +195,33 @@ where
     out
 }
 
-/// A parsed segment header: where each block lies and how many frames it holds.
+/// A segment's header: where each block lies and how many frames it holds. It can be
+/// parsed from the first bytes of a segment alone, so that a reader fetches only the
+/// header and then the blocks it needs (see `span`), not the whole segment.
 #[derive(Debug)]
-pub struct Segment<'a> {
+pub struct Directory {
     frame_count: usize,
-    blocks: Vec<BlockRef<'a>>,
+    blocks: Vec<BlockHead>,
 }
 
 #[derive(Debug)]
-struct BlockRef<'a> {
+struct BlockHead {
     first_index: usize,
     frames: usize,
     raw_len: usize,
+    stored_len: usize,
     codec: u8,
     crc: u32,
-    body: &'a [u8],
+    /// Where the block's body starts, from the start of the segment.
+    body_start: usize,
 }
 
-impl<'a> Segment<'a> {
-    /// Parses and checks the header. Block bodies are not decompressed yet.
-    pub fn parse(bytes: &'a [u8]) -> Result<Self, CodecError> {
-        let mut r = Reader::new(bytes);
+impl Directory {
+    /// Parses the header from `prefix`, the first bytes of a segment of `total_len`
+    /// bytes. `Truncated` when the prefix ends inside the header: a caller holding only a
+    /// prefix fetches a longer one. Block bodies are neither read nor checked here.
+    pub fn parse(prefix: &[u8], total_len: usize) -> Result<Directory, CodecError> {
+        let mut r = Reader::new(prefix);
         if r.bytes(2, "magic")? != MAGIC {
             return Err(CodecError::BadMagic);
         }
@@ -226,10 +232,10 @@ impl<'a> Segment<'a> {
         let frame_count = r.usize("frame count")?;
         let block_count = r.usize("block count")?;
         // Every block header takes at least 8 bytes: refuse counts the input cannot hold.
-        if block_count > bytes.len() / 8 {
+        if block_count > total_len / 8 {
             return Err(CodecError::Truncated("block directory"));
         }
-        let mut heads = Vec::with_capacity(block_count);
+        let mut blocks = Vec::with_capacity(block_count);
         let mut first_index = 0usize;
         for _ in 0..block_count {
             let frames = r.usize("block header")?;
@@ -246,33 +252,49 @@ impl<'a> Segment<'a> {
             if frames == 0 {
                 return Err(CodecError::FrameCountMismatch);
             }
-            heads.push((first_index, frames, raw_len, stored_len, codec, crc));
+            if codec == CODEC_RAW && stored_len != raw_len {
+                return Err(CodecError::LengthMismatch { expected: raw_len, got: stored_len });
+            }
+            blocks.push(BlockHead { first_index, frames, raw_len, stored_len, codec, crc, body_start: 0 });
             first_index = first_index.checked_add(frames).ok_or(CodecError::FrameCountMismatch)?;
         }
         if first_index != frame_count {
             return Err(CodecError::FrameCountMismatch);
         }
-        let mut blocks = Vec::with_capacity(block_count);
-        for (first_index, frames, raw_len, stored_len, codec, crc) in heads {
-            let body = r.bytes(stored_len, "block body")?;
-            if codec == CODEC_RAW && stored_len != raw_len {
-                return Err(CodecError::LengthMismatch { expected: raw_len, got: stored_len });
-            }
-            blocks.push(BlockRef { first_index, frames, raw_len, codec, crc, body });
+        let mut at = r.pos;
+        for b in &mut blocks {
+            b.body_start = at;
+            at = at.checked_add(b.stored_len).ok_or(CodecError::Truncated("block body"))?;
         }
-        if !r.done() {
+        if at > total_len {
+            return Err(CodecError::Truncated("block body"));
+        }
+        if at < total_len {
             return Err(CodecError::TrailingBytes);
         }
-        Ok(Segment { frame_count, blocks })
+        Ok(Directory { frame_count, blocks })
     }
 
     pub fn frame_count(&self) -> usize {
         self.frame_count
     }
 
-    /// Calls `f(index, frame)` for frames `from..to` (indexes within the segment, clamped
-    /// to its length), decompressing only the blocks that hold them.
-    pub fn for_each_in<F>(&self, from: usize, to: usize, mut f: F) -> Result<(), CodecError>
+    /// The bytes `[start, end)` of the segment that hold frames `from..to` (clamped to
+    /// the segment), or None when that span is empty.
+    pub fn span(&self, from: usize, to: usize) -> Option<(usize, usize)> {
+        if from >= to.min(self.frame_count) {
+            return None;
+        }
+        let mut hit = self.blocks.iter().filter(|b| b.first_index + b.frames > from && b.first_index < to);
+        let first = hit.next()?;
+        let last = hit.last().unwrap_or(first);
+        Some((first.body_start, last.body_start + last.stored_len))
+    }
+
+    /// Calls `f(index, frame)` for frames `from..to` (clamped to the segment), where
+    /// `bytes` holds the segment's bytes from offset `bytes_start` on: at least the
+    /// `span(from, to)`. Only the blocks that hold those frames are decompressed.
+    pub fn for_each_in<F>(&self, bytes: &[u8], bytes_start: usize, from: usize, to: usize, mut f: F) -> Result<(), CodecError>
     where
         F: FnMut(usize, Frame<'_>),
     {
@@ -286,14 +308,19 @@ impl<'a> Segment<'a> {
             if block_end <= from || block.first_index >= to {
                 continue;
             }
+            let body = block
+                .body_start
+                .checked_sub(bytes_start)
+                .and_then(|s| bytes.get(s..s + block.stored_len))
+                .ok_or(CodecError::Truncated("block body"))?;
             let raw: &[u8] = match block.codec {
-                CODEC_RAW => block.body,
+                CODEC_RAW => body,
                 _ => {
                     scratch = DECOMPRESSOR
                         .with(|d| {
                             let mut d = d.borrow_mut();
                             let d = d.get_or_insert_with(|| zstd::bulk::Decompressor::new().expect("zstd context"));
-                            d.decompress(block.body, block.raw_len)
+                            d.decompress(body, block.raw_len)
                         })
                         .map_err(|e| CodecError::Decompress(e.to_string()))?;
                     if scratch.len() != block.raw_len {
@@ -329,6 +356,33 @@ impl<'a> Segment<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// A whole segment in memory: its directory and its bytes.
+#[derive(Debug)]
+pub struct Segment<'a> {
+    dir: Directory,
+    bytes: &'a [u8],
+}
+
+impl<'a> Segment<'a> {
+    /// Parses and checks the header. Block bodies are not decompressed yet.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, CodecError> {
+        Ok(Segment { dir: Directory::parse(bytes, bytes.len())?, bytes })
+    }
+
+    pub fn frame_count(&self) -> usize {
+        self.dir.frame_count
+    }
+
+    /// Calls `f(index, frame)` for frames `from..to` (indexes within the segment, clamped
+    /// to its length), decompressing only the blocks that hold them.
+    pub fn for_each_in<F>(&self, from: usize, to: usize, f: F) -> Result<(), CodecError>
+    where
+        F: FnMut(usize, Frame<'_>),
+    {
+        self.dir.for_each_in(self.bytes, 0, from, to, f)
     }
 }
 
@@ -369,7 +423,7 @@ mod tests {
         let bytes = encode(frames(&data));
         let seg = Segment::parse(&bytes).unwrap();
         assert_eq!(seg.frame_count(), 1000);
-        assert!(seg.blocks.len() > 1, "1000 frames span several blocks");
+        assert!(seg.dir.blocks.len() > 1, "1000 frames span several blocks");
         assert_eq!(decode_all(&bytes).unwrap(), data);
         // compressed well below the raw size
         let raw: usize = data.iter().map(|(_, t, p)| 16 + t.len() + p.len()).sum();
@@ -407,7 +461,7 @@ mod tests {
         let data = vec![([7u8; 16], String::new(), b"{}".to_vec())];
         let bytes = encode(frames(&data));
         let seg = Segment::parse(&bytes).unwrap();
-        assert_eq!(seg.blocks[0].codec, CODEC_RAW);
+        assert_eq!(seg.dir.blocks[0].codec, CODEC_RAW);
         assert_eq!(decode_all(&bytes).unwrap(), data);
     }
 
@@ -438,6 +492,39 @@ mod tests {
             seg.for_each_in(a, b, |i, f| got.push((i, f.payload.to_vec()))).unwrap();
             prop_assert_eq!(got.len(), b.saturating_sub(a));
             for (i, p) in got { prop_assert_eq!(&p, &items[i].2); }
+        }
+
+        /// Reading through a directory parsed from a prefix, with only the span's bytes,
+        /// gives exactly the frames a whole-segment read gives; a prefix that ends inside
+        /// the header is `Truncated`, never a wrong directory.
+        #[test]
+        fn prop_span_read_matches_whole_read(n in 1usize..400, size in 0usize..200, a in any::<usize>(), b in any::<usize>(), cut in any::<usize>()) {
+            let data = owned(n, size);
+            let bytes = encode(frames(&data));
+            let (from, to) = { let (x, y) = (a % (n + 1), b % (n + 1)); (x.min(y), x.max(y)) };
+            let whole = Segment::parse(&bytes).unwrap();
+            let mut want = Vec::new();
+            whole.for_each_in(from, to, |i, f| want.push((i, f.payload.to_vec()))).unwrap();
+            let mut k = 3;
+            let dir = loop {
+                match Directory::parse(&bytes[..k], bytes.len()) {
+                    Ok(d) => break d,
+                    Err(CodecError::Truncated(_)) if k < bytes.len() => k += 1,
+                    Err(e) => panic!("prefix of {k}: {e}"),
+                }
+            };
+            let cut = cut % k;
+            let short = Directory::parse(&bytes[..cut], bytes.len());
+            let refused = matches!(short, Err(CodecError::Truncated(_)));
+            prop_assert!(refused, "a prefix of {} bytes inside the header gave {:?}", cut, short);
+            let mut got = Vec::new();
+            if let Some((s, e)) = dir.span(from, to) {
+                dir.for_each_in(&bytes[s..e], s, from, to, |i, f| got.push((i, f.payload.to_vec()))).unwrap();
+                // One byte short of the span is an error, not fewer frames.
+                let short = dir.for_each_in(&bytes[s..e - 1], s, from, to, |_, _| ());
+                prop_assert!(short.is_err());
+            }
+            prop_assert_eq!(got, want);
         }
 
         /// Every strict prefix of a segment is an error, never fewer frames.
