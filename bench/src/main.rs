@@ -161,13 +161,27 @@ fn prefill_queen(c: &mut Client, n: usize, partitions: usize) {
     c.batch_execute("VACUUM ANALYZE").unwrap();
 }
 
+thread_local! {
+    /// Statements prepared on this thread's connection (each client thread has its own).
+    static PREPARED: std::cell::RefCell<std::collections::HashMap<&'static str, postgres::Statement>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// `sql` prepared once per client connection, as a driver's statement cache does: every
+/// system measured gets the same treatment.
+fn prepared(c: &mut Client, sql: &'static str) -> postgres::Statement {
+    PREPARED.with(|p| p.borrow_mut().entry(sql).or_insert_with(|| c.prepare(sql).unwrap()).clone())
+}
+
 fn queen_pop_ack(c: &mut Client) -> usize {
-    let rows = c.query("SELECT lease_id FROM queen.pop('bq', batch => 100)", &[]).unwrap();
+    let pop = prepared(c, "SELECT lease_id FROM queen.pop('bq', batch => 100)");
+    let rows = c.query(&pop, &[]).unwrap();
     if rows.is_empty() {
         return 0;
     }
     let lease: uuid::Uuid = rows[0].get(0);
-    c.execute("SELECT queen.ack($1)", &[&lease]).unwrap();
+    let ack = prepared(c, "SELECT queen.ack($1)");
+    c.execute(&ack, &[&lease]).unwrap();
     rows.len()
 }
 
@@ -175,7 +189,9 @@ fn queen_pop_ack(c: &mut Client) -> usize {
 fn queen_consume(dsn: &str, secs: f64) -> f64 {
     // Create the consumer group first (one message): a group's first pops race to create
     // it, and a pop that loses that race returns no rows, which would end a client early.
-    queen_pop_ack(&mut connect(dsn));
+    // (On a thread of its own: prepared statements belong to one connection.)
+    let dsn2 = dsn.to_string();
+    thread::spawn(move || queen_pop_ack(&mut connect(&dsn2))).join().unwrap();
     run_clients(dsn, 4, secs, |c, _, _| queen_pop_ack(c))
 }
 
@@ -196,10 +212,13 @@ fn pgq_prefill(c: &mut Client, n: usize) {
 }
 
 fn pgq_consume_one(c: &mut Client) -> usize {
-    let batch: Option<i64> = c.query_one("SELECT pgq.next_batch('bq', 'c')", &[]).unwrap().get(0);
+    let next = prepared(c, "SELECT pgq.next_batch('bq', 'c')");
+    let batch: Option<i64> = c.query_one(&next, &[]).unwrap().get(0);
     let Some(batch) = batch else { return 0 };
-    let n = c.query("SELECT ev_id, ev_data FROM pgq.get_batch_events($1)", &[&batch]).unwrap().len();
-    c.execute("SELECT pgq.finish_batch($1)", &[&batch]).unwrap();
+    let events = prepared(c, "SELECT ev_id, ev_data FROM pgq.get_batch_events($1)");
+    let n = c.query(&events, &[&batch]).unwrap().len();
+    let finish = prepared(c, "SELECT pgq.finish_batch($1)");
+    c.execute(&finish, &[&batch]).unwrap();
     n.max(1)
 }
 
@@ -263,17 +282,20 @@ fn main() {
     // ---- push, batch 1, 8 clients (16 partitions: pushes to one partition serialize) ----
     reset(&mut c);
     let v = run_clients(&dsn, 8, s.secs, |c, k, i| {
-        c.execute("SELECT 1 FROM queen.push('bq', $1, $2)", &[&payload(i), &format!("p{}", (k as u64 * 7 + i) % 16)]).unwrap();
+        let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1, $2)");
+        c.execute(&push, &[&payload(i), &format!("p{}", (k as u64 * 7 + i) % 16)]).unwrap();
         1
     });
     say(&mut rows, "push, batch 1, 8 clients", "queen", v, "msg/s");
     let v = run_clients(&dsn, 8, s.secs, |c, _, i| {
-        c.execute("INSERT INTO bench_jobs (payload) VALUES ($1)", &[&payload(i)]).unwrap();
+        let insert = prepared(c, "INSERT INTO bench_jobs (payload) VALUES ($1)");
+        c.execute(&insert, &[&payload(i)]).unwrap();
         1
     });
     say(&mut rows, "push, batch 1, 8 clients", "skip-locked table", v, "msg/s");
     let v = run_clients(&dsn, 8, s.secs, |c, _, i| {
-        c.execute("SELECT pgq.insert_event('bq', 'ev', $1::jsonb::text)", &[&payload(i)]).unwrap();
+        let insert = prepared(c, "SELECT pgq.insert_event('bq', 'ev', $1::jsonb::text)");
+        c.execute(&insert, &[&payload(i)]).unwrap();
         1
     });
     say(&mut rows, "push, batch 1, 8 clients", "PgQ", v, "msg/s");
@@ -285,21 +307,24 @@ fn main() {
     let batches: Arc<Vec<Value>> = Arc::new((0..4).map(|k| queen_items("bq", &format!("p{k}"), 1000, 0)).collect());
     let b = batches.clone();
     queen_push1000 = run_clients(&dsn, 4, s.secs, move |c, k, _| {
-        c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&b[k]]).unwrap();
+        let push = prepared(c, "SELECT count(*) FROM queen.push_batch($1)");
+        c.execute(&push, &[&b[k]]).unwrap();
         1000
     });
     say(&mut rows, "push, batch 1000, 4 clients", "queen", queen_push1000, "msg/s");
     let raw: Arc<Vec<Value>> = Arc::new((0..1000).map(payload).collect());
     let r = raw.clone();
     raw_insert = run_clients(&dsn, 4, s.secs, move |c, _, _| {
-        c.execute("INSERT INTO bench_raw (payload) SELECT * FROM unnest($1::jsonb[])", &[&*r]).unwrap();
+        let insert = prepared(c, "INSERT INTO bench_raw (payload) SELECT * FROM unnest($1::jsonb[])");
+        c.execute(&insert, &[&*r]).unwrap();
         1000
     });
     say(&mut rows, "push, batch 1000, 4 clients", "raw INSERT (limit)", raw_insert, "msg/s");
     let texts: Arc<Vec<String>> = Arc::new(raw.iter().map(|v| v.to_string()).collect());
     let t = texts.clone();
     let v = run_clients(&dsn, 4, s.secs, move |c, _, _| {
-        c.execute("SELECT count(pgq.insert_event('bq', 'ev', x)) FROM unnest($1::text[]) x", &[&*t]).unwrap();
+        let insert = prepared(c, "SELECT count(pgq.insert_event('bq', 'ev', x)) FROM unnest($1::text[]) x");
+        c.execute(&insert, &[&*t]).unwrap();
         1000
     });
     say(&mut rows, "push, batch 1000, 4 clients", "PgQ", v, "msg/s");
@@ -307,7 +332,8 @@ fn main() {
     // 1,000-item argument and stores nothing.
     let b = batches.clone();
     jsonb_floor = run_clients(&dsn, 4, s.secs, move |c, k, _| {
-        c.execute("SELECT jsonb_array_length($1)", &[&b[k]]).unwrap();
+        let receive = prepared(c, "SELECT jsonb_array_length($1)");
+        c.execute(&receive, &[&b[k]]).unwrap();
         1000
     });
     say(&mut rows, "push, batch 1000, 4 clients", "receive jsonb only (floor)", jsonb_floor, "msg/s");
@@ -328,9 +354,11 @@ fn main() {
     .unwrap();
     c.batch_execute("VACUUM ANALYZE").unwrap();
     skip_pop = run_clients(&dsn, 4, s.secs, |c, _, _| {
+        let claim = prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED");
+        let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = ANY($1)");
         let mut tx = c.transaction().unwrap();
         let ids: Vec<i64> = tx
-            .query("SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED", &[])
+            .query(&claim, &[])
             .unwrap()
             .iter()
             .map(|r| r.get(0))
@@ -338,7 +366,7 @@ fn main() {
         if ids.is_empty() {
             return 0;
         }
-        tx.execute("DELETE FROM bench_jobs WHERE id = ANY($1)", &[&ids]).unwrap();
+        tx.execute(&delete, &[&ids]).unwrap();
         tx.commit().unwrap();
         ids.len()
     });
@@ -376,9 +404,12 @@ fn main() {
         handles.push(thread::spawn(move || {
             let mut c = connect(&dsn);
             let group = format!("g{g}");
+            let pop = c
+                .prepare("SELECT 1 FROM queen.pop('bq', $1, batch => 100, max_partitions => 16, auto_ack => true, wait_ms => 100)")
+                .unwrap();
             while !stop.load(Ordering::Relaxed) {
                 let n = c
-                    .query("SELECT 1 FROM queen.pop('bq', $1, batch => 100, max_partitions => 16, auto_ack => true, wait_ms => 100)", &[&group])
+                    .query(&pop, &[&group])
                     .unwrap()
                     .len();
                 delivered.fetch_add(n as u64, Ordering::Relaxed);
@@ -531,7 +562,8 @@ fn main() {
         let _ = writeln!(md, "One PostgreSQL 15 cluster for every system, settings in `scripts/bench.conf`.");
         let _ = writeln!(md, "Payloads ≈200 bytes of JSON. Durations {} s per measurement.\n", s.secs);
         let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions; big backlog {} messages; many partitions = {}.", s.pop_prefill, s.big_backlog, s.partitions_many);
-        let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
+        let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread, every statement prepared once per connection as a driver's statement cache does, for every system alike) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
+        let _ = writeln!(md, "A pop commits without waiting for its WAL flush when its writes are its transaction's only ones (README, \"Durability\"); pushes and acks, like every baseline's commits, wait for it (`synchronous_commit = on`).\n");
         let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());
