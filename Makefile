@@ -25,7 +25,7 @@ PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))) readme)
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
+.PHONY: package fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -73,7 +73,7 @@ pgrx-test:
 test-cluster-start:
 	@bash scripts/cluster.sh stop $(TEST_DIR) $(TEST_PORT)
 	@rm -rf $(TEST_DIR)
-	@bash scripts/cluster.sh start $(TEST_DIR) $(TEST_PORT)
+	@bash scripts/cluster.sh start $(TEST_DIR) $(TEST_PORT) scripts/test.conf
 
 test-cluster-stop:
 	@bash scripts/cluster.sh stop $(TEST_DIR) $(TEST_PORT)
@@ -119,6 +119,10 @@ bench: install
 	  --dsn "host=$(BENCH_DIR)/sock port=$(BENCH_PORT) user=postgres dbname=queen_bench" \
 	  --out BENCHMARKS.md || { bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT); exit 1; }
 	@bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT)
+
+# A release package: dist/*.tar.gz (files rooted at /) and a .deb (README, "Packaging").
+package: deps
+	bash scripts/package.sh
 
 clean:
 	cargo clean

@@ -173,6 +173,56 @@ END $$;
 COMMENT ON FUNCTION queen.status(text) IS
   'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters';
 
+-- Per-queue totals (spec §10): one row per (queue, consumer group); a queue nobody has
+-- popped yet has one row with consumer_group NULL. One pass over lanes and partitions.
+CREATE TYPE queen.queue_totals AS (
+    queue          text,
+    consumer_group text,
+    partitions     bigint,
+    messages       bigint,
+    committed      bigint,
+    lag            bigint,
+    leased_lanes   bigint,
+    dead_letters   bigint
+);
+
+CREATE FUNCTION queen.totals(queue text DEFAULT NULL) RETURNS SETOF queen.queue_totals
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  RETURN QUERY
+    WITH q AS (
+      SELECT q.queue_id, q.name,
+             (SELECT count(*) FROM queen.partitions p WHERE p.queue_id = q.queue_id) AS partitions,
+             (SELECT coalesce(sum(p.head), 0)::int8 FROM queen.partitions p WHERE p.queue_id = q.queue_id) AS messages
+        FROM queen.queues q
+       WHERE totals.queue IS NULL OR q.name = totals.queue
+    ), g AS (
+      SELECT l.queue_id, l.consumer_group,
+             sum(l.committed)::int8 AS committed,
+             sum(p.head - l.committed)::int8 AS lag,
+             count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS leased
+        FROM queen.lanes l
+        JOIN queen.partitions p ON p.partition_id = l.partition_id
+       WHERE l.queue_id IN (SELECT queue_id FROM q)
+       GROUP BY l.queue_id, l.consumer_group
+    ), d AS (
+      SELECT d.queue_id, d.consumer_group, count(*) AS dead
+        FROM queen.log_dlq d
+       WHERE d.queue_id IN (SELECT queue_id FROM q)
+       GROUP BY d.queue_id, d.consumer_group
+    )
+    SELECT q.name, g.consumer_group, q.partitions, q.messages,
+           g.committed, g.lag, g.leased, coalesce(d.dead, 0)
+      FROM q
+      LEFT JOIN g ON g.queue_id = q.queue_id
+      LEFT JOIN d ON d.queue_id = q.queue_id AND d.consumer_group = g.consumer_group
+     ORDER BY q.name, g.consumer_group NULLS FIRST;
+END $$;
+COMMENT ON FUNCTION queen.totals(text) IS
+  'queen: per queue and consumer group — partitions, messages, committed, lag, leased lanes, dead letters';
+
 -- delete_queue (spec §2): the queue and everything of it, dead letters included.
 CREATE FUNCTION queen.delete_queue(queue text) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -228,6 +278,7 @@ ALTER FUNCTION queen.configure_group(text, text, interval, interval, interval, i
 ALTER FUNCTION queen.may_start(uuid, interval) SECURITY DEFINER;
 ALTER FUNCTION queen.dlq_replay(uuid, text) SECURITY DEFINER;
 ALTER FUNCTION queen.dlq_delete(uuid, text) SECURITY DEFINER;
+ALTER FUNCTION queen.retain(text) SECURITY DEFINER;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
@@ -245,3 +296,5 @@ COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
   'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
 COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead letter with a fresh transaction id';
 COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
+COMMENT ON FUNCTION queen.retain(text) IS
+  'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';

@@ -33,6 +33,8 @@ CREATE TABLE queen.partitions (
     name         text   NOT NULL,
     -- last offset assigned; committed heads are gapless (see the locking protocol)
     head         bigint NOT NULL DEFAULT 0,
+    -- highest offset whose segment retention deleted: lanes created later start here
+    retained_through bigint NOT NULL DEFAULT 0,
     created_at   timestamptz NOT NULL DEFAULT now(),
     UNIQUE (queue_id, name)
 ) WITH (fillfactor = 70);
@@ -143,6 +145,7 @@ CREATE TABLE queen.log_dlq (
 );
 CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);
 CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);
+CREATE INDEX log_dlq_queue ON queen.log_dlq (queue_id, consumer_group);
 COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';
 REVOKE ALL ON queen.log_dlq FROM PUBLIC;
 

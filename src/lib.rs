@@ -14,6 +14,7 @@ mod jsonb;
 mod pop;
 mod push;
 mod queues;
+mod retention;
 mod segments;
 mod spi;
 mod wake;
@@ -29,6 +30,7 @@ extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     durability::init();
+    retention::init();
     wake::init();
 }
 extension_sql_file!("../sql/api.sql", name = "api", finalize);

@@ -56,6 +56,14 @@ pub fn create_partition(
     Some((pid, head))
 }
 
+/// Before lanes are created from partition rows: share-lock the queue row, which a
+/// retention pass locks FOR NO KEY UPDATE. Either the pass sees the new lanes (their
+/// cursors hold segments back) or the lanes start at what it deleted (`retain`).
+/// A statement of its own: the INSERT after it then reads with a fresh snapshot.
+fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64) {
+    run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE", &[queue_id.into()]);
+}
+
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
 /// 'new' starts the lanes of existing partitions at their committed head, 'all' at 0.
 ///
@@ -81,10 +89,11 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
         return true;
     }
     CREATED_HERE.with(|c| c.set(true));
+    lock_for_new_lanes(client, queue_id);
     run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
-         SELECT p.partition_id, $2, $1, CASE WHEN $3 = 'new' THEN p.head ELSE 0 END
+         SELECT p.partition_id, $2, $1, CASE WHEN $3 = 'new' THEN p.head ELSE p.retained_through END
            FROM queen.partitions p WHERE p.queue_id = $1
          ON CONFLICT DO NOTHING",
         &[queue_id.into(), group.into(), subscription.into()],
@@ -122,10 +131,11 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     if !due {
         return false;
     }
+    lock_for_new_lanes(client, queue_id);
     !run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
-         SELECT p.partition_id, $2, $1, 0 FROM queen.partitions p
+         SELECT p.partition_id, $2, $1, p.retained_through FROM queen.partitions p
           WHERE p.queue_id = $1
             AND NOT EXISTS (SELECT 1 FROM queen.lanes l
                              WHERE l.partition_id = p.partition_id AND l.consumer_group = $2)

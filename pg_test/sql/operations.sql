@@ -17,6 +17,11 @@ SELECT queue, partition, head, consumer_group, committed, lag, lease_id IS NOT N
        batch_end, retry_count, attempt_count, dead_letters
   FROM queen.status('ops');
 SELECT count(*) AS all_lanes FROM queen.status();
+-- Totals per queue and group: ops has 2 partitions, 3 messages; the default group has
+-- committed 1 (b's dead letter) and leases a; audit read everything; other has no group.
+SELECT * FROM queen.totals();
+SELECT * FROM queen.totals('ops');
+SELECT * FROM queen.totals('nope');
 
 -- delete_queue removes everything of the queue, dead letters included, and nothing else.
 SELECT queen.delete_queue('ops') - 'queue' AS deleted;
