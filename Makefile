@@ -25,7 +25,7 @@ PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))) readme)
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: package fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
+.PHONY: clients package fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -102,6 +102,9 @@ integration:
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
 	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
 	  cargo test -p queen-it --tests -- --test-threads=4 || { $(MAKE) -s test-cluster-stop; exit 1; }
+	@# The README's client examples: psycopg 3, SQLAlchemy text(), node-postgres.
+	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
+	  || { $(MAKE) -s test-cluster-stop; exit 1; }
 	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"
 	cargo run -q -p queen-bench -- --dsn "$(TEST_DSN) dbname=queen_bench" --smoke \
@@ -119,6 +122,14 @@ bench: install
 	  --dsn "host=$(BENCH_DIR)/sock port=$(BENCH_PORT) user=postgres dbname=queen_bench" \
 	  --out BENCHMARKS.md || { bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT); exit 1; }
 	@bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT)
+
+# The client examples alone, against the test cluster (make integration runs them too).
+clients:
+	@$(MAKE) -s test-cluster-start
+	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
+	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
+	  || { $(MAKE) -s test-cluster-stop; exit 1; }
+	@$(MAKE) -s test-cluster-stop
 
 # A release package: dist/*.tar.gz (files rooted at /) and a .deb (README, "Packaging").
 package: deps

@@ -1,0 +1,48 @@
+"""queen's core loop from Python with psycopg 3: push, pop with a wait, ack, and the
+dead-letter queue. Run by `make clients` against a real cluster (QUEEN_DSN); any
+difference from what queen promises is an AssertionError."""
+import os
+import uuid
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+queue = f"py-orders-{uuid.uuid4().hex[:8]}"
+
+with psycopg.connect(os.environ["QUEEN_DSN"], autocommit=True) as conn:
+    # Push: one message, then a batch.
+    conn.execute("SELECT * FROM queen.push(%s, %s)", (queue, Jsonb({"id": 1})))
+    conn.execute(
+        "SELECT * FROM queen.push_batch(%s)",
+        (Jsonb([{"queue": queue, "payload": {"id": 2}}, {"queue": queue, "payload": {"id": 3}}]),),
+    )
+
+    # Pop: wait up to 2 s for up to 10 messages, under one lease.
+    rows = conn.execute(
+        "SELECT lease_id, partition_id, msg_offset, payload"
+        "  FROM queen.pop(%s, batch => 10, wait_ms => 2000)",
+        (queue,),
+    ).fetchall()
+    assert [r[3] for r in rows] == [{"id": 1}, {"id": 2}, {"id": 3}], rows
+
+    # Ack: 1 and 2 completed; 3 goes to the dead-letter queue.
+    lease, partition = rows[0][0], rows[0][1]
+    result = conn.execute(
+        "SELECT queen.ack(%s, %s)",
+        (lease, Jsonb([
+            {"partitionId": str(partition), "offset": 2, "status": "completed"},
+            {"partitionId": str(partition), "offset": 3, "status": "dlq", "error": "bad order"},
+        ])),
+    ).fetchone()[0]
+    assert result["lanes"][0]["committed"] == 3 and result["items"][1]["dlq"], result
+
+    # The dead-letter queue: list, then replay (pushes the payload again).
+    dead = conn.execute(
+        "SELECT partition_id, transaction_id, data, error_message FROM queen.dlq(%s)", (queue,)
+    ).fetchall()
+    assert [(d[2], d[3]) for d in dead] == [({"id": 3}, "bad order")], dead
+    conn.execute("SELECT queen.dlq_replay(%s, %s)", (dead[0][0], dead[0][1]))
+    again = conn.execute("SELECT payload FROM queen.pop(%s, auto_ack => true)", (queue,)).fetchall()
+    assert again == [({"id": 3},)], again
+
+print("python (psycopg 3): ok")
