@@ -25,19 +25,25 @@ PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -
 REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))) readme)
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: clients package fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
+.PHONY: upgrade-test clients package fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
 	@bash scripts/deps.sh
 
+# Besides the current version and its upgrade scripts (sql/queen--A--B.sql, which pgrx
+# copies), the previous version's install script: the upgrade test starts from it.
+PREVIOUS_SQL := install -m 644 sql/previous/*.sql $$($(PG_CONFIG) --sharedir)/extension/
+
 install: deps
 	$(UNLINK_SO)
 	cargo pgrx install --release --pg-config $(PG_CONFIG)
+	$(PREVIOUS_SQL)
 
 install-debug: deps
 	$(UNLINK_SO)
 	cargo pgrx install --pg-config $(PG_CONFIG)
+	$(PREVIOUS_SQL)
 
 run: install
 	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
@@ -54,8 +60,12 @@ run: install
 stop:
 	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
 
-test: deps unit pgrx-test install-debug regress integration
+test: deps unit pgrx-test install-debug regress integration upgrade-test
 	@echo "make test: all layers passed"
+
+# Previous release's library writes data, the current one upgrades it (scripts/upgrade_test.sh).
+upgrade-test:
+	bash scripts/upgrade_test.sh
 
 unit:
 	cargo test -p queen-core

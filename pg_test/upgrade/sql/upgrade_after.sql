@@ -1,0 +1,70 @@
+-- Upgrade test, part 2 (scripts/upgrade_test.sh): the server now runs the current
+-- library over the data 0.1.0 wrote. ALTER EXTENSION queen UPDATE, then the data and
+-- behaviour are intact, and the upgraded catalog is exactly a fresh install's.
+SELECT extversion FROM pg_extension WHERE extname = 'queen';
+ALTER EXTENSION queen UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'queen';
+
+-- The lease taken under 0.1.0 is live and acks; the partition goes on after it.
+SELECT queen.ack(lease_id) -> 'lanes' -> 0 -> 'committed' AS committed FROM held LIMIT 1;
+DROP TABLE held;
+SELECT partition, msg_offset, payload FROM queen.pop('up', partition => 'a', auto_ack => true);
+-- audit's cursor on b survived (nothing again there); a is still all unread.
+SELECT partition, msg_offset FROM queen.pop('up', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
+SELECT partition, consumer_group, data, error_message FROM queen.dlq('up');
+SELECT msg_offset FROM queen.push('up', '4', 'a');
+-- New in 0.2.0.
+SELECT * FROM queen.totals('up');
+SELECT queen.retain('up') - 'bytesDeleted' AS pass;
+-- Retention over segments 0.1.0 wrote: once both groups have read everything and the
+-- window has passed, every segment goes, and the partitions remember how far.
+SELECT count(*) FROM queen.pop('up', batch => 10, partition => 'a', auto_ack => true);
+SELECT count(*) FROM queen.pop('up', 'audit', batch => 10, partition => 'a', auto_ack => true);
+SELECT queen.configure('up', retention => 1) ->> 'retention' AS retention;
+SELECT pg_sleep(1.1);
+SELECT queen.retain('up') - 'bytesDeleted' AS pass;
+SELECT name, retained_through FROM queen.partitions ORDER BY name;
+SELECT count(*) AS segments_left FROM queen.segments;
+
+-- Every object, column, default, index, function setting, privilege and comment.
+CREATE FUNCTION pg_temp.queen_catalog() RETURNS SETOF text LANGUAGE sql AS $$
+  SELECT 'member ' || pg_describe_object(d.classid, d.objid, d.objsubid)
+    FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+   WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e' AND e.extname = 'queen'
+  UNION ALL
+  SELECT format('column %s.%s %s not null %s default %s', c.relname, a.attname,
+                format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(ad.adbin, ad.adrelid))
+    FROM pg_attribute a
+    JOIN pg_class c ON c.oid = a.attrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+   WHERE n.nspname = 'queen' AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+  SELECT format('relation %s %s %s %s', c.relname, c.relkind, c.reloptions, c.relacl)
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'queen'
+  UNION ALL
+  SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+   WHERE n.nspname = 'queen'
+  UNION ALL
+  SELECT format('function %s(%s) returns %s definer %s volatility %s config %s acl %s', p.proname,
+                pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
+                p.prosecdef, p.provolatile, p.proconfig, p.proacl)
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'queen'
+  UNION ALL
+  SELECT format('comment %s: %s', pg_describe_object(ds.classoid, ds.objoid, ds.objsubid), ds.description)
+    FROM pg_description ds
+    JOIN pg_depend d ON d.classid = ds.classoid AND d.objid = ds.objoid AND d.deptype = 'e'
+    JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'queen'
+$$;
+CREATE TEMP TABLE upgraded AS SELECT * FROM pg_temp.queen_catalog() AS x(line);
+SET client_min_messages = warning;
+DROP EXTENSION queen CASCADE;
+CREATE EXTENSION queen;
+RESET client_min_messages;
+CREATE TEMP TABLE fresh AS SELECT * FROM pg_temp.queen_catalog() AS x(line);
+SELECT count(*) > 100 AS compared_many_lines FROM fresh;
+SELECT 'only after the upgrade' AS side, line FROM (TABLE upgraded EXCEPT ALL TABLE fresh) u
+UNION ALL
+SELECT 'only in a fresh install', line FROM (TABLE fresh EXCEPT ALL TABLE upgraded) f
+ORDER BY 1, 2;
