@@ -114,7 +114,9 @@ BEGIN
   -- created_at equals failed_at: a frame's enqueue time is not kept per message.
   RETURN QUERY
     SELECT d.id, d.transaction_id, d.partition_id, q.name, p.name, d.consumer_group,
-           d.error_message, d.retry_count, d.data, d.failed_at, d.failed_at, NULL::text
+           d.error_message, d.retry_count,
+           coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)),
+           d.failed_at, d.failed_at, NULL::text
       FROM queen.log_dlq d
       JOIN queen.queues q ON q.queue_id = d.queue_id
       JOIN queen.partitions p ON p.partition_id = d.partition_id

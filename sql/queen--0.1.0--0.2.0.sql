@@ -6,6 +6,52 @@
 ALTER TABLE queen.partitions ADD COLUMN retained_through bigint NOT NULL DEFAULT 0;
 CREATE INDEX log_dlq_queue ON queen.log_dlq (queue_id, consumer_group);
 
+-- Encryption at rest: a dead letter of an encrypted queue keeps its envelope, not jsonb.
+ALTER TABLE queen.log_dlq ALTER COLUMN data DROP NOT NULL;
+ALTER TABLE queen.log_dlq ADD COLUMN envelope bytea;
+ALTER TABLE queen.log_dlq ADD CHECK ((data IS NULL) <> (envelope IS NULL));
+CREATE FUNCTION queen."_open_dead_letter"(
+	"envelope" bytea, /* & [u8] */
+	"message_id" uuid /* pgrx :: Uuid */
+) RETURNS jsonb /* RawJsonb */
+STRICT
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'open_dead_letter_wrapper';
+-- queen.dlq opens envelopes (same privileges, same comment: CREATE OR REPLACE keeps them).
+CREATE OR REPLACE FUNCTION queen.dlq(
+    queue text DEFAULT NULL,
+    consumer_group text DEFAULT NULL,
+    page_size int DEFAULT 100,
+    page_offset int DEFAULT 0
+) RETURNS SETOF queen.dead_letter
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
+    RAISE EXCEPTION 'queen: invalid page_size: % (must be 1 to 10000)', page_size
+      USING ERRCODE = '22023';
+  END IF;
+  IF page_offset IS NULL OR page_offset < 0 THEN
+    RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
+      USING ERRCODE = '22023';
+  END IF;
+  -- created_at equals failed_at: a frame's enqueue time is not kept per message.
+  RETURN QUERY
+    SELECT d.id, d.transaction_id, d.partition_id, q.name, p.name, d.consumer_group,
+           d.error_message, d.retry_count,
+           coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)),
+           d.failed_at, d.failed_at, NULL::text
+      FROM queen.log_dlq d
+      JOIN queen.queues q ON q.queue_id = d.queue_id
+      JOIN queen.partitions p ON p.partition_id = d.partition_id
+     WHERE (dlq.queue IS NULL OR q.name = dlq.queue)
+       AND (dlq.consumer_group IS NULL OR d.consumer_group = dlq.consumer_group)
+     ORDER BY d.failed_at DESC, d.id DESC
+     LIMIT page_size OFFSET page_offset;
+END $$;
+
 CREATE FUNCTION queen."retain"(
 	"queue" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS jsonb /* JsonB */
@@ -75,4 +121,4 @@ ALTER FUNCTION queen.ack(uuid, jsonb) SET enable_seqscan = off;
 ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text) SET enable_seqscan = off;
 ALTER FUNCTION queen.extend_lease(uuid, int) SET enable_seqscan = off;
 
-REVOKE ALL ON FUNCTION queen.retain(text), queen.totals(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION queen.retain(text), queen.totals(text), queen._open_dead_letter(bytea, uuid) FROM PUBLIC;

@@ -138,10 +138,13 @@ CREATE TABLE queen.log_dlq (
     msg_offset     bigint NOT NULL,
     message_id     uuid   NOT NULL,
     transaction_id text   NOT NULL,
-    data           jsonb  NOT NULL,
+    -- the payload; for an encrypted queue NULL, and the sealed envelope in `envelope`
+    data           jsonb,
     error_message  text   NOT NULL,
     retry_count    int    NOT NULL,
-    failed_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+    failed_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    envelope       bytea,
+    CHECK ((data IS NULL) <> (envelope IS NULL))
 );
 CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);
 CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);

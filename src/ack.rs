@@ -309,11 +309,17 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
         frame = Some((pgrx::Uuid::from_bytes(f.message_id), f.transaction_id.to_string(), f.payload.to_vec()));
     });
     let (message_id, transaction_id, payload) = frame.expect("segments::read emits the offset or raises");
+    // An encrypted payload is filed as its envelope (`envelope`), a plain one as jsonb.
+    let (data, envelope) = if queen_core::envelope::is_envelope(&payload) {
+        (None, Some(payload))
+    } else {
+        (Some(crate::jsonb::RawJsonb(payload)), None)
+    };
     run(
         client,
         "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
-                                    message_id, transaction_id, data, error_message, retry_count)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                                    message_id, transaction_id, data, error_message, retry_count, envelope)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         &[
             to_pg_uuid(crate::spi::new_id()).into(),
             lane.queue_id.into(),
@@ -322,9 +328,10 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
             offset.into(),
             message_id.into(),
             transaction_id.as_str().into(),
-            crate::jsonb::RawJsonb(payload).into(),
+            data.into(),
             error.into(),
             retry_count.into(),
+            envelope.into(),
         ],
     );
 }

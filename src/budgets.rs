@@ -53,7 +53,7 @@ fn configure_group(
         errors::invalid("handler_timeout", "0 (must be > 0)");
     }
     Spi::connect_mut(|client| {
-        let (queue_id, _) = queues::ensure_queue(client, queue);
+        let (queue_id, ..) = queues::ensure_queue(client, queue);
         // Creates the group and its lanes as a first pop would ('all'); if another session
         // is creating it right now, the upsert below waits for it.
         queues::ensure_group(client, queue_id, group, "all");

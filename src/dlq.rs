@@ -20,7 +20,7 @@ fn lock_row(
 ) -> (pgrx::Uuid, String, String, Vec<u8>) {
     let rows = run(
         client,
-        "SELECT d.id, q.name, p.name, d.data
+        "SELECT d.id, q.name, p.name, coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id))
            FROM queen.log_dlq d
            JOIN queen.queues q ON q.queue_id = d.queue_id
            JOIN queen.partitions p ON p.partition_id = d.partition_id

@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 mod ack;
 mod budgets;
 mod durability;
+mod encryption;
 mod errors;
 mod jsonb;
 mod pop;
@@ -30,6 +31,7 @@ extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     durability::init();
+    encryption::init();
     retention::init();
     wake::init();
 }

@@ -358,7 +358,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
 
     let mut rows: Vec<Option<PushRow>> = (0..items.len()).map(|_| None).collect();
     Spi::connect_mut(|client| {
-        let mut queue_ids: BTreeMap<&str, (i64, i32)> = BTreeMap::new();
+        let mut queue_ids: BTreeMap<&str, (i64, i32, bool)> = BTreeMap::new();
         for &(queue, _) in groups.keys() {
             if !queue_ids.contains_key(queue) {
                 queue_ids.insert(queue, queues::ensure_queue(client, queue));
@@ -370,7 +370,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         let mut seg_last = Vec::with_capacity(groups.len());
         let mut seg_data: Vec<Vec<u8>> = Vec::with_capacity(groups.len());
         for (&(queue, partition), idxs) in &groups {
-            let (queue_id, dedup_window) = queue_ids[queue];
+            let (queue_id, dedup_window, encrypted) = queue_ids[queue];
             let producer_ids = idxs.iter().any(|&i| items[i].transaction_id.is_some());
             // Minted transaction ids are unique: only producer-supplied ones need the
             // dedup window, and only they pay for it.
@@ -384,10 +384,17 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                 continue; // every item was a duplicate: no segment, no offsets
             }
             let n = fresh.len() as i64;
-            let frames = fresh.iter().map(|&i| Frame {
+            // An encrypted queue stores envelopes (see `encryption`), sealed per message.
+            let sealed: Option<Vec<Vec<u8>>> = encrypted.then(|| {
+                let ids: Vec<uuid::Uuid> = fresh.iter().map(|&i| message_ids[i]).collect();
+                let mut payloads: Vec<Vec<u8>> = fresh.iter().map(|&i| items[i].payload.clone()).collect();
+                crate::encryption::seal_all(queue, &ids, &mut payloads);
+                payloads
+            });
+            let frames = fresh.iter().enumerate().map(|(k, &i)| Frame {
                 message_id: *message_ids[i].as_bytes(),
                 transaction_id: &transaction_ids[i],
-                payload: &items[i].payload,
+                payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
             });
             seg_data.push(segment::encode(frames));
             for (k, &i) in fresh.iter().enumerate() {

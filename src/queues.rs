@@ -8,11 +8,13 @@ use crate::errors::SpiExt;
 use crate::spi::{first_value, run, to_pg_uuid};
 
 /// Finds a queue by name, or creates it with the implicit defaults (lease_time 60).
-/// Returns its id and its dedup window in seconds.
-pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32) {
-    const FIND: &str = "SELECT queue_id, dedup_window FROM queen.queues WHERE name = $1";
+/// Returns its id, its dedup window in seconds, and whether it is encrypted.
+pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) {
+    const FIND: &str = "SELECT queue_id, dedup_window, encryption FROM queen.queues WHERE name = $1";
     let read = |t: pgrx::spi::SpiTupleTable<'_>| {
-        t.into_iter().next().map(|r| (r.get::<i64>(1).or_raise().unwrap(), r.get::<i32>(2).or_raise().unwrap()))
+        t.into_iter().next().map(|r| {
+            (r.get::<i64>(1).or_raise().unwrap(), r.get::<i32>(2).or_raise().unwrap(), r.get::<bool>(3).or_raise().unwrap())
+        })
     };
     // The common case first: no write, no lock.
     if let Some(found) = read(run(client, FIND, &[name.into()])) {
@@ -179,10 +181,7 @@ fn configure(
         }
     }
     if encryption {
-        crate::errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "queen: encryption => true is not available in this version".to_string(),
-        );
+        crate::encryption::require_key(queue);
     }
     pgrx::Spi::connect_mut(|client| {
         run(

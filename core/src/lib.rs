@@ -3,6 +3,7 @@
 
 pub mod ack;
 pub mod claim;
+pub mod envelope;
 pub mod ids;
 pub mod lease;
 pub mod names;

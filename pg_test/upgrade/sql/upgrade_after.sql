@@ -43,13 +43,16 @@ CREATE FUNCTION pg_temp.queen_catalog() RETURNS SETOF text LANGUAGE sql AS $$
   SELECT format('relation %s %s %s %s', c.relname, c.relkind, c.reloptions, c.relacl)
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'queen'
   UNION ALL
+  SELECT format('constraint %s on %s: %s', co.conname, co.conrelid::regclass, pg_get_constraintdef(co.oid))
+    FROM pg_constraint co WHERE co.connamespace = 'queen'::regnamespace
+  UNION ALL
   SELECT 'index ' || pg_get_indexdef(i.indexrelid)
     FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
    WHERE n.nspname = 'queen'
   UNION ALL
-  SELECT format('function %s(%s) returns %s definer %s volatility %s config %s acl %s', p.proname,
-                pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
-                p.prosecdef, p.provolatile, p.proconfig, p.proacl)
+  SELECT format('function %s(%s) returns %s definer %s volatility %s strict %s config %s acl %s body %s',
+                p.proname, pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
+                p.prosecdef, p.provolatile, p.proisstrict, p.proconfig, p.proacl, md5(p.prosrc))
     FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'queen'
   UNION ALL
   SELECT format('comment %s: %s', pg_describe_object(ds.classoid, ds.objoid, ds.objsubid), ds.description)
