@@ -298,5 +298,9 @@ COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
   'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
 COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead letter with a fresh transaction id';
 COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
+COMMENT ON FUNCTION queen._push(text, jsonb, text, text) IS 'queen internal: the body of queen.push; not granted';
+COMMENT ON FUNCTION queen._push_batch(jsonb) IS 'queen internal: the body of queen.push_batch; not granted';
+COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text) IS 'queen internal: the body of queen.pop; not granted';
+COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.retain(text) IS
   'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';

@@ -122,3 +122,9 @@ ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text) SET enable_seqscan = of
 ALTER FUNCTION queen.extend_lease(uuid, int) SET enable_seqscan = off;
 
 REVOKE ALL ON FUNCTION queen.retain(text), queen.totals(text), queen._open_dead_letter(bytea, uuid) FROM PUBLIC;
+
+-- Every function of the schema has a comment.
+COMMENT ON FUNCTION queen._push(text, jsonb, text, text) IS 'queen internal: the body of queen.push; not granted';
+COMMENT ON FUNCTION queen._push_batch(jsonb) IS 'queen internal: the body of queen.push_batch; not granted';
+COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text) IS 'queen internal: the body of queen.pop; not granted';
+COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';

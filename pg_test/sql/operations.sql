@@ -23,6 +23,13 @@ SELECT * FROM queen.totals();
 SELECT * FROM queen.totals('ops');
 SELECT * FROM queen.totals('nope');
 
+-- \df+ queen.* explains itself: every function and table of the schema has a comment.
+SELECT p.oid::regprocedure::text AS uncommented FROM pg_proc p
+ WHERE p.pronamespace = 'queen'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
+UNION ALL
+SELECT c.oid::regclass::text FROM pg_class c
+ WHERE c.relnamespace = 'queen'::regnamespace AND c.relkind = 'r' AND obj_description(c.oid, 'pg_class') IS NULL;
+
 -- delete_queue removes everything of the queue, dead letters included, and nothing else.
 SELECT queen.delete_queue('ops') - 'queue' AS deleted;
 SELECT queen.delete_queue('ops') AS again;
