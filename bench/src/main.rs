@@ -352,10 +352,12 @@ fn main() {
     // 500k messages drain in a few seconds, so one drain is a short sample: each system
     // drains `POP_REPEATS` times, alternating, and the median counts.
     let (mut queen_runs, mut skip_runs) = (Vec::new(), Vec::new());
+    let (mut queen_cpu, mut skip_cpu) = (Vec::new(), Vec::new());
     for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
         reset(&mut c);
         prefill_queen(&mut c, s.pop_prefill, 16);
         queen_runs.push(queen_consume(&dsn, s.secs));
+        queen_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
         c.execute(
             "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
                'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
@@ -381,11 +383,14 @@ fn main() {
             tx.commit().unwrap();
             ids.len()
         }));
+        skip_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
     }
     println!("  (pop + ack runs: queen {:?}, skip-locked {:?})", queen_runs.iter().map(|v| *v as i64).collect::<Vec<_>>(), skip_runs.iter().map(|v| *v as i64).collect::<Vec<_>>());
     queen_pop = median(&mut queen_runs);
+    *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut queen_cpu));
     say(&mut rows, "pop + ack, batch 100, 4 consumers", "queen", queen_pop, "msg/s");
     skip_pop = median(&mut skip_runs);
+    *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut skip_cpu));
     say(&mut rows, "pop + ack, batch 100, 4 consumers", "skip-locked table", skip_pop, "msg/s");
     pgq_prefill(&mut c, s.pop_prefill.min(if opts.smoke { 3_200 } else { 200_000 }));
     c.batch_execute("VACUUM ANALYZE").unwrap();
