@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The upgrade test, as an operator upgrades: the previous release's library and install
-# script (0.1.0: the commit in sql/previous/COMMIT) write data; then the current library
-# replaces it, the server restarts, and pg_test/sql/upgrade_after.sql runs ALTER
-# EXTENSION queen UPDATE and checks data, behaviour and catalog. Needs the git history
-# (a full clone) to build the previous library, and the current one installed.
+# script (0.1.0) write data; then the current library replaces it, the server restarts,
+# and pg_test/upgrade/sql/upgrade_after.sql runs ALTER EXTENSION queen UPDATE and checks
+# data, behaviour and catalog. The previous library is built from its source, kept in
+# sql/previous/queen-0.1.0-src.tar.gz (git archive of the commit in sql/previous/COMMIT:
+# the extension crate and its core, no history needed). Needs the current one installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -11,16 +12,14 @@ PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 libdir=$("$PG_CONFIG" --pkglibdir)
 REGRESS=$("$PG_CONFIG" --pkglibdir)/pgxs/src/test/regress/pg_regress
 dir=/tmp/queen-upgrade port=5489
-commit=$(cat sql/previous/COMMIT)
-
-git cat-file -e "$commit^{commit}" 2>/dev/null \
-  || { echo "upgrade test: commit $commit (queen 0.1.0) is not in this clone; fetch the full history" >&2; exit 1; }
 test -f "$libdir/queen.so" || { echo "upgrade test: install the current queen first" >&2; exit 1; }
 
 # The previous library, built from its source.
 src=target/previous-src
 rm -rf "$src" && mkdir -p "$src"
-git archive "$commit" | tar -x -C "$src"
+tar -xzf sql/previous/queen-0.1.0-src.tar.gz -C "$src"
+# Only the extension and its core were archived: drop the other workspace members.
+sed -i 's/^members = .*/members = [".", "core"]/' "$src/Cargo.toml"
 (cd "$src" && CARGO_TARGET_DIR="$root/target/previous" cargo build -q --lib -p queen)
 
 current=$(mktemp /tmp/queen-current.XXXXXX.so)
