@@ -58,12 +58,13 @@ pub fn create_partition(
     Some((pid, head))
 }
 
-/// Before lanes are created from partition rows: share-lock the queue row, which a
-/// retention pass locks FOR NO KEY UPDATE. Either the pass sees the new lanes (their
-/// cursors hold segments back) or the lanes start at what it deleted (`retain`).
-/// A statement of its own: the INSERT after it then reads with a fresh snapshot.
+/// Before lanes are created from partition rows: key-share-lock the queue row, which a
+/// retention pass locks FOR UPDATE. Either the pass sees the new lanes (their cursors
+/// hold segments back) or the lanes start at what it deleted (`retain`). KEY SHARE does
+/// not conflict with `configure` (an update of non-key columns): a pop never waits for
+/// one. A statement of its own: the INSERT after it reads with a fresh snapshot.
 fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64) {
-    run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE", &[queue_id.into()]);
+    run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR KEY SHARE", &[queue_id.into()]);
 }
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`

@@ -9,11 +9,11 @@
 //!
 //! A partition remembers the highest offset deleted (`partitions.retained_through`), and
 //! lanes created later (a new group subscribing to 'all', a repaired lane) start there:
-//! they never ask for a segment that is gone. Retention locks the queue row FOR NO KEY
-//! UPDATE and lane creation FOR SHARE, so a group being created is either seen by the
-//! pass (its cursor holds segments back) or sees the pass's `retained_through`. A queue
-//! whose row is locked (a group being created, a configure) is skipped until the next
-//! pass rather than waited for.
+//! they never ask for a segment that is gone. Retention locks the queue row FOR UPDATE
+//! and lane creation FOR KEY SHARE, so a group being created is either seen by the pass
+//! (its cursor holds segments back) or sees the pass's `retained_through`. A queue whose
+//! row is locked (a group or partition being created, a configure) is skipped until the
+//! next pass rather than waited for.
 
 use std::time::Duration;
 
@@ -78,7 +78,7 @@ fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64
         "SELECT queue_id, retention FROM queen.queues
           WHERE retention > 0 AND ($1::text IS NULL OR name = $1)
           ORDER BY queue_id
-            FOR NO KEY UPDATE SKIP LOCKED",
+            FOR UPDATE SKIP LOCKED",
         &[queue.into()],
     )
     .into_iter()
