@@ -39,9 +39,17 @@ pub fn init() {
     );
 }
 
+/// Parsed keys and the setting texts they came from: parsing and key expansion once.
+struct Parsed {
+    current_text: String,
+    old_text: String,
+    current: Option<Key>,
+    /// The current key first, then the old ones: every key that may open an envelope.
+    all: Vec<Key>,
+}
+
 thread_local! {
-    /// Parsed keys, by the setting text they came from: parsing and key expansion once.
-    static CACHE: RefCell<Option<(String, String, Option<Key>, Vec<Key>)>> = const { RefCell::new(None) };
+    static CACHE: RefCell<Option<Parsed>> = const { RefCell::new(None) };
 }
 
 fn setting(g: &GucSetting<Option<std::ffi::CString>>) -> String {
@@ -57,16 +65,16 @@ fn keys<R>(f: impl FnOnce(Option<&Key>, &[Key]) -> R) -> R {
     let (current, old) = (setting(&ENCRYPTION_KEY), setting(&OLD_KEYS));
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
-        let fresh = !matches!(&*c, Some((k, o, ..)) if *k == current && *o == old);
+        let fresh = !matches!(&*c, Some(p) if p.current_text == current && p.old_text == old);
         if fresh {
             let key = (!current.trim().is_empty())
                 .then(|| Key::from_hex(&current).unwrap_or_else(|e| bad_key("queen.encryption_key", e)));
             let mut all: Vec<Key> = key.iter().cloned().collect();
             all.extend(Key::list_from_hex(&old).unwrap_or_else(|e| bad_key("queen.encryption_old_keys", e)));
-            *c = Some((current, old, key, all));
+            *c = Some(Parsed { current_text: current, old_text: old, current: key, all });
         }
-        let (_, _, key, all) = c.as_ref().unwrap();
-        f(key.as_ref(), all)
+        let p = c.as_ref().unwrap();
+        f(p.current.as_ref(), &p.all)
     })
 }
 

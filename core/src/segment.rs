@@ -287,7 +287,7 @@ impl Directory {
         }
         let mut hit = self.blocks.iter().filter(|b| b.first_index + b.frames > from && b.first_index < to);
         let first = hit.next()?;
-        let last = hit.last().unwrap_or(first);
+        let last = hit.next_back().unwrap_or(first);
         Some((first.body_start, last.body_start + last.stored_len))
     }
 

@@ -166,7 +166,7 @@ pub fn run(cfg: &Config) -> Report {
     for p in 0..cfg.pushers {
         let share = cfg.messages / cfg.pushers + usize::from(p < cfg.messages % cfg.pushers);
         let (shared, queue, left) = (shared.clone(), queue.clone(), pushers_left.clone());
-        let (seed, parts, crashes) = (cfg.seed ^ (p as u64 + 1) * 0x9e37, cfg.partitions, cfg.kills > 0);
+        let (seed, parts, crashes) = (cfg.seed ^ ((p as u64 + 1) * 0x9e37), cfg.partitions, cfg.kills > 0);
         handles.push(thread::spawn(move || {
             pusher(p, share, parts, &queue, seed, &shared, crashes, deadline);
             left.fetch_sub(1, Ordering::SeqCst);
@@ -431,7 +431,7 @@ fn chaos(kills: usize, seed: u64, stop: &AtomicBool, deadline: Instant) -> BTree
     let mut done: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut c = connect_retrying(deadline);
     while done.values().sum::<usize>() < kills && !stop.load(Ordering::SeqCst) {
-        thread::sleep(Duration::from_millis(r.gen_range(300..900)));
+        thread::sleep(Duration::from_millis(r.gen_range(150..450)));
         // The kind done least so far (pushes first: pushers finish before consumers).
         let &(what, pattern) = targets.iter().min_by_key(|(w, _)| done.get(w).copied().unwrap_or(0)).unwrap();
         if pattern.is_empty() {

@@ -9,7 +9,7 @@ use queen_it::harness::{run, Config};
 
 #[test]
 fn kill_9_and_immediate_stop_under_load_lose_nothing() {
-    let cfg = Config::from_env(12_000, 2, 10);
+    let cfg = Config::from_env(30_000, 2, 10);
     let report = run(&cfg);
     println!("{report:#?}");
     for what in ["push", "pop", "ack", "dead-lettering ack", "immediate stop"] {
