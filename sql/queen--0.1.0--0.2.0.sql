@@ -82,10 +82,10 @@ AS $$
 BEGIN
   RETURN QUERY
     WITH q AS (
-      SELECT q.queue_id, q.name,
-             (SELECT count(*) FROM queen.partitions p WHERE p.queue_id = q.queue_id) AS partitions,
-             (SELECT coalesce(sum(p.head), 0)::int8 FROM queen.partitions p WHERE p.queue_id = q.queue_id) AS messages
+      SELECT q.queue_id, q.name, p.partitions, p.messages
         FROM queen.queues q
+        CROSS JOIN LATERAL (SELECT count(*) AS partitions, coalesce(sum(head), 0)::int8 AS messages
+                              FROM queen.partitions WHERE queue_id = q.queue_id) p
        WHERE totals.queue IS NULL OR q.name = totals.queue
     ), g AS (
       SELECT l.queue_id, l.consumer_group,

@@ -94,22 +94,20 @@ pub fn require_key(queue: &str) {
     })
 }
 
-/// Seals the payloads of `message_ids`, in place.
-pub fn seal_all(queue: &str, message_ids: &[uuid::Uuid], payloads: &mut [Vec<u8>]) {
+/// Seals each `(message id, payload)` of an encrypted queue into an envelope.
+pub fn seal_all<'a>(queue: &str, messages: impl Iterator<Item = (&'a uuid::Uuid, &'a [u8])>) -> Vec<Vec<u8>> {
     keys(|key, _| {
         let key = key.unwrap_or_else(|| no_key(&format!("queue {queue:?} is encrypted")));
-        for (id, p) in message_ids.iter().zip(payloads.iter_mut()) {
-            *p = envelope::seal(key, id.as_bytes(), p);
-        }
+        messages.map(|(id, payload)| envelope::seal(key, id.as_bytes(), payload)).collect()
     })
 }
 
 /// A stored payload in jsonb's binary form: opened when it is an envelope.
-pub fn open(message_id: &[u8; 16], stored: Vec<u8>) -> Vec<u8> {
-    if !envelope::is_envelope(&stored) {
-        return stored;
+pub fn open(message_id: &[u8; 16], stored: &[u8]) -> Vec<u8> {
+    if !envelope::is_envelope(stored) {
+        return stored.to_vec();
     }
-    keys(|_, all| match envelope::open(all, message_id, &stored) {
+    keys(|_, all| match envelope::open(all, message_id, stored) {
         Ok(plain) => plain,
         Err(e @ EnvelopeError::NoKey { .. }) => errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -123,5 +121,5 @@ pub fn open(message_id: &[u8; 16], stored: Vec<u8>) -> Vec<u8> {
 #[pg_extern(name = "_open_dead_letter")]
 #[search_path(pg_catalog, pg_temp)]
 fn open_dead_letter(envelope: &[u8], message_id: pgrx::Uuid) -> RawJsonb {
-    RawJsonb(open(message_id.as_bytes(), envelope.to_vec()))
+    RawJsonb(open(message_id.as_bytes(), envelope))
 }

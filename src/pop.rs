@@ -394,7 +394,7 @@ fn read_span(
     mut emit: impl FnMut(Delivered),
 ) {
     segments::read(client, c.partition_id, start, end, |offset, f, created_at| {
-        let payload = crate::encryption::open(&f.message_id, f.payload.to_vec());
+        let payload = crate::encryption::open(&f.message_id, f.payload);
         emit(Delivered {
             lease_id: None,
             lease_expires_at: None,

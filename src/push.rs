@@ -386,10 +386,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             let n = fresh.len() as i64;
             // An encrypted queue stores envelopes (see `encryption`), sealed per message.
             let sealed: Option<Vec<Vec<u8>>> = encrypted.then(|| {
-                let ids: Vec<uuid::Uuid> = fresh.iter().map(|&i| message_ids[i]).collect();
-                let mut payloads: Vec<Vec<u8>> = fresh.iter().map(|&i| items[i].payload.clone()).collect();
-                crate::encryption::seal_all(queue, &ids, &mut payloads);
-                payloads
+                crate::encryption::seal_all(queue, fresh.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
             });
             let frames = fresh.iter().enumerate().map(|(k, &i)| Frame {
                 message_id: *message_ids[i].as_bytes(),
