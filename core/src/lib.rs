@@ -7,4 +7,5 @@ pub mod envelope;
 pub mod ids;
 pub mod lease;
 pub mod names;
+pub mod offsets;
 pub mod segment;

@@ -1,27 +1,37 @@
 //! The segment codec.
 //!
-//! A segment is the immutable unit of storage: the frames (message id, transaction id,
-//! payload) that one push call wrote to one partition, in offset order. Offsets are not
-//! stored: frame `i` of a segment whose first offset is `f` has offset `f + i`.
+//! A segment is the immutable unit of storage: a run of consecutive offsets of one
+//! partition, in order. Offsets are not stored: entry `i` of a segment whose first offset is
+//! `f` has offset `f + i`. An entry is a message (message id, transaction id, payload and,
+//! from version 2, the time it was pushed) or a gap: an offset that a push reserved and
+//! never wrote (it aborted, or its item was a duplicate). Gaps appear when compaction
+//! merges the segments of many small pushes into one.
 //!
 //! Layout (all integers are LEB128 varints unless said):
 //!
 //! ```text
-//! magic "QS" | version u8 (=1) | frame_count | block_count
-//! per block:  frames_in_block | raw_len | stored_len | codec u8 (0 raw, 1 zstd) | crc32 u32 LE
+//! magic "QS" | version u8 (1 or 2) | [v2: base_time, zigzag varint] | entry_count | block_count
+//! per block:  entries_in_block | raw_len | stored_len | codec u8 (0 raw, 1 zstd) | crc32 u32 LE
 //! block bodies, concatenated in order
 //! ```
 //!
-//! A block body holds `frames_in_block` frames, each
-//! `message_id [16] | txid_len | txid (UTF-8) | payload_len | payload`.
+//! A block body holds `entries_in_block` entries. Version 1 (every entry a message):
+//! `message_id [16] | txid_len | txid (UTF-8) | payload_len | payload`. Version 2:
+//! `kind u8`, then for kind 0 (message) `message_id [16] | time_delta (zigzag varint,
+//! microseconds after base_time) | txid_len | txid | payload_len | payload`, and nothing
+//! more for kind 1 (gap). Any other kind is an error, so a later kind cannot be misread.
 //! Blocks are compressed one by one so that a pop decodes only the blocks it needs, not
 //! the whole segment. A block is kept raw when zstd would not make it smaller. The CRC32
-//! of each block's raw bytes turns corruption into an error instead of a wrong payload.
+//! of each block's raw bytes (and, in version 2, of the base time) turns corruption into an
+//! error instead of a wrong payload or time.
 
 use std::fmt;
 
 const MAGIC: &[u8; 2] = b"QS";
-const VERSION: u8 = 1;
+const VERSION_1: u8 = 1;
+const VERSION: u8 = 2;
+const KIND_MESSAGE: u8 = 0;
+const KIND_GAP: u8 = 1;
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
 
@@ -30,6 +40,8 @@ pub const BLOCK_FRAMES: usize = 64;
 pub const BLOCK_BYTES: usize = 32 * 1024;
 /// zstd level: the fastest levels compress JSON well and keep push cheap.
 const ZSTD_LEVEL: i32 = 1;
+/// Blocks shorter than this are stored raw: zstd's frame overhead eats what it would save.
+const MIN_COMPRESS: usize = 128;
 /// Hard ceiling on a block's decompressed size, so a corrupt header cannot make us
 /// allocate without bound. A single frame may exceed BLOCK_BYTES (one big payload).
 const MAX_RAW_BLOCK: usize = 1 << 30;
@@ -48,6 +60,18 @@ pub struct Frame<'a> {
     pub message_id: [u8; 16],
     pub transaction_id: &'a str,
     pub payload: &'a [u8],
+    /// When it was pushed (microseconds since 2000-01-01, PostgreSQL's epoch). Version 1
+    /// segments do not store it: None when read from one (the segment row's time applies).
+    /// Written as the segment's first time when None.
+    pub created_at: Option<i64>,
+}
+
+/// One offset of a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry<'a> {
+    Message(Frame<'a>),
+    /// An offset that holds no message (a push that aborted or skipped a duplicate).
+    Gap,
 }
 
 /// Why a segment could not be decoded. Every variant means the stored bytes are not a
@@ -65,6 +89,7 @@ pub enum CodecError {
     TrailingBytes,
     TooLarge,
     Checksum,
+    UnknownKind(u8),
 }
 
 impl fmt::Display for CodecError {
@@ -83,11 +108,31 @@ impl fmt::Display for CodecError {
             CodecError::TrailingBytes => write!(f, "trailing bytes after last block"),
             CodecError::TooLarge => write!(f, "block larger than the codec allows"),
             CodecError::Checksum => write!(f, "block checksum mismatch"),
+            CodecError::UnknownKind(k) => write!(f, "unknown entry kind {k}"),
         }
     }
 }
 
 impl std::error::Error for CodecError {}
+
+/// A block's checksum: of its raw bytes and, from version 2, of the segment's base time,
+/// which every time in the block depends on.
+fn block_crc(version: u8, base_time: i64, raw: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    if version != VERSION_1 {
+        h.update(&base_time.to_le_bytes());
+    }
+    h.update(raw);
+    h.finalize()
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -135,61 +180,76 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Encodes frames into one segment.
-pub fn encode<'a, I>(frames: I) -> Vec<u8>
+/// Encodes entries (messages and gaps, one per offset) into one segment.
+pub fn encode<'a, I>(entries: I) -> Vec<u8>
 where
-    I: IntoIterator<Item = Frame<'a>>,
+    I: IntoIterator<Item = Entry<'a>>,
 {
     struct Block {
-        frames: usize,
+        entries: usize,
         raw: Vec<u8>,
     }
     let mut blocks: Vec<Block> = Vec::new();
-    let mut current = Block { frames: 0, raw: Vec::new() };
+    let mut current = Block { entries: 0, raw: Vec::new() };
     let mut count: u64 = 0;
-    for frame in frames {
-        current.raw.extend_from_slice(&frame.message_id);
-        put_varint(&mut current.raw, frame.transaction_id.len() as u64);
-        current.raw.extend_from_slice(frame.transaction_id.as_bytes());
-        put_varint(&mut current.raw, frame.payload.len() as u64);
-        current.raw.extend_from_slice(frame.payload);
-        current.frames += 1;
+    let mut base: Option<i64> = None;
+    for entry in entries {
+        match entry {
+            Entry::Gap => current.raw.push(KIND_GAP),
+            Entry::Message(frame) => {
+                let base = *base.get_or_insert(frame.created_at.unwrap_or(0));
+                current.raw.push(KIND_MESSAGE);
+                current.raw.extend_from_slice(&frame.message_id);
+                put_varint(&mut current.raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
+                put_varint(&mut current.raw, frame.transaction_id.len() as u64);
+                current.raw.extend_from_slice(frame.transaction_id.as_bytes());
+                put_varint(&mut current.raw, frame.payload.len() as u64);
+                current.raw.extend_from_slice(frame.payload);
+            }
+        }
+        current.entries += 1;
         count += 1;
-        if current.frames >= BLOCK_FRAMES || current.raw.len() >= BLOCK_BYTES {
-            blocks.push(std::mem::replace(&mut current, Block { frames: 0, raw: Vec::new() }));
+        if current.entries >= BLOCK_FRAMES || current.raw.len() >= BLOCK_BYTES {
+            blocks.push(std::mem::replace(&mut current, Block { entries: 0, raw: Vec::new() }));
         }
     }
-    if current.frames > 0 {
+    if current.entries > 0 {
         blocks.push(current);
     }
 
-    let mut header = Vec::with_capacity(16 + blocks.len() * 8);
+    let mut header = Vec::with_capacity(24 + blocks.len() * 8);
     header.extend_from_slice(MAGIC);
     header.push(VERSION);
+    put_varint(&mut header, zigzag(base.unwrap_or(0)));
     put_varint(&mut header, count);
     put_varint(&mut header, blocks.len() as u64);
-    let mut bodies: Vec<(u8, Vec<u8>)> = Vec::with_capacity(blocks.len());
+    let mut bodies: Vec<Vec<u8>> = Vec::with_capacity(blocks.len());
     for block in blocks {
-        let compressed = COMPRESSOR.with(|c| {
-            let mut c = c.borrow_mut();
-            let c = c.get_or_insert_with(|| zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd context"));
-            c.compress(&block.raw).ok()
+        // A block too small to gain anything stays raw without asking zstd.
+        let compressed = (block.raw.len() >= MIN_COMPRESS).then(|| {
+            COMPRESSOR.with(|c| {
+                let mut c = c.borrow_mut();
+                let c = c.get_or_insert_with(|| zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd context"));
+                c.compress(&block.raw).ok()
+            })
         });
-        let (codec, body) = match compressed {
-            Some(c) if c.len() < block.raw.len() => (CODEC_ZSTD, c),
-            _ => (CODEC_RAW, block.raw.clone()),
+        let crc = block_crc(VERSION, base.unwrap_or(0), &block.raw).to_le_bytes();
+        let raw_len = block.raw.len();
+        let (codec, body) = match compressed.flatten() {
+            Some(c) if c.len() < raw_len => (CODEC_ZSTD, c),
+            _ => (CODEC_RAW, block.raw),
         };
-        put_varint(&mut header, block.frames as u64);
-        put_varint(&mut header, block.raw.len() as u64);
+        put_varint(&mut header, block.entries as u64);
+        put_varint(&mut header, raw_len as u64);
         put_varint(&mut header, body.len() as u64);
         header.push(codec);
-        header.extend_from_slice(&crc32fast::hash(&block.raw).to_le_bytes());
-        bodies.push((codec, body));
+        header.extend_from_slice(&crc);
+        bodies.push(body);
     }
-    let total: usize = header.len() + bodies.iter().map(|(_, b)| b.len()).sum::<usize>();
+    let total: usize = header.len() + bodies.iter().map(Vec::len).sum::<usize>();
     let mut out = Vec::with_capacity(total);
     out.extend_from_slice(&header);
-    for (_, body) in bodies {
+    for body in bodies {
         out.extend_from_slice(&body);
     }
     out
@@ -200,6 +260,8 @@ where
 /// header and then the blocks it needs (see `span`), not the whole segment.
 #[derive(Debug)]
 pub struct Directory {
+    version: u8,
+    base_time: i64,
     frame_count: usize,
     blocks: Vec<BlockHead>,
 }
@@ -226,9 +288,10 @@ impl Directory {
             return Err(CodecError::BadMagic);
         }
         let version = r.u8("version")?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_1 {
             return Err(CodecError::UnsupportedVersion(version));
         }
+        let base_time = if version == VERSION { unzigzag(r.varint("base time")?) } else { 0 };
         let frame_count = r.usize("frame count")?;
         let block_count = r.usize("block count")?;
         // Every block header takes at least 8 bytes: refuse counts the input cannot hold.
@@ -272,7 +335,7 @@ impl Directory {
         if at < total_len {
             return Err(CodecError::TrailingBytes);
         }
-        Ok(Directory { frame_count, blocks })
+        Ok(Directory { version, base_time, frame_count, blocks })
     }
 
     pub fn frame_count(&self) -> usize {
@@ -296,7 +359,7 @@ impl Directory {
     /// `span(from, to)`. Only the blocks that hold those frames are decompressed.
     pub fn for_each_in<F>(&self, bytes: &[u8], bytes_start: usize, from: usize, to: usize, mut f: F) -> Result<(), CodecError>
     where
-        F: FnMut(usize, Frame<'_>),
+        F: FnMut(usize, Entry<'_>),
     {
         let to = to.min(self.frame_count);
         if from >= to {
@@ -332,13 +395,29 @@ impl Directory {
                     &scratch
                 }
             };
-            if crc32fast::hash(raw) != block.crc {
+            if block_crc(self.version, self.base_time, raw) != block.crc {
                 return Err(CodecError::Checksum);
             }
             let mut r = Reader::new(raw);
             for i in 0..block.frames {
                 let index = block.first_index + i;
+                let kind = if self.version == VERSION_1 { KIND_MESSAGE } else { r.u8("entry kind")? };
+                match kind {
+                    KIND_GAP => {
+                        if index >= from && index < to {
+                            f(index, Entry::Gap);
+                        }
+                        continue;
+                    }
+                    KIND_MESSAGE => {}
+                    other => return Err(CodecError::UnknownKind(other)),
+                }
                 let id = r.bytes(16, "message id")?;
+                let created_at = if self.version == VERSION_1 {
+                    None
+                } else {
+                    Some(self.base_time.wrapping_add(unzigzag(r.varint("time")?)))
+                };
                 let tx_len = r.usize("transaction id length")?;
                 let tx = r.bytes(tx_len, "transaction id")?;
                 let pl_len = r.usize("payload length")?;
@@ -348,7 +427,7 @@ impl Directory {
                         std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
                     let mut message_id = [0u8; 16];
                     message_id.copy_from_slice(id);
-                    f(index, Frame { message_id, transaction_id, payload });
+                    f(index, Entry::Message(Frame { message_id, transaction_id, payload, created_at }));
                 }
             }
             if !r.done() {
@@ -380,7 +459,7 @@ impl<'a> Segment<'a> {
     /// to its length), decompressing only the blocks that hold them.
     pub fn for_each_in<F>(&self, from: usize, to: usize, f: F) -> Result<(), CodecError>
     where
-        F: FnMut(usize, Frame<'_>),
+        F: FnMut(usize, Entry<'_>),
     {
         self.dir.for_each_in(self.bytes, 0, from, to, f)
     }
@@ -391,53 +470,117 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn owned(n: usize, payload_len: usize) -> Vec<([u8; 16], String, Vec<u8>)> {
+    type Owned = ([u8; 16], String, Vec<u8>, i64);
+
+    fn owned(n: usize, payload_len: usize) -> Vec<Option<Owned>> {
         (0..n)
             .map(|i| {
                 let mut id = [0u8; 16];
                 id[..8].copy_from_slice(&(i as u64).to_be_bytes());
                 let payload = format!("{{\"i\": {i}, \"pad\": \"{}\"}}", "x".repeat(payload_len));
-                (id, format!("tx-{i}"), payload.into_bytes())
+                Some((id, format!("tx-{i}"), payload.into_bytes(), 800_000_000_000_000 + (i as i64 % 7) * 1000 - 3000))
             })
             .collect()
     }
 
-    fn frames(v: &[([u8; 16], String, Vec<u8>)]) -> Vec<Frame<'_>> {
+    fn entries(v: &[Option<Owned>]) -> Vec<Entry<'_>> {
         v.iter()
-            .map(|(id, tx, p)| Frame { message_id: *id, transaction_id: tx, payload: p })
+            .map(|e| match e {
+                Some((id, tx, p, t)) => {
+                    Entry::Message(Frame { message_id: *id, transaction_id: tx, payload: p, created_at: Some(*t) })
+                }
+                None => Entry::Gap,
+            })
             .collect()
     }
 
-    fn decode_all(bytes: &[u8]) -> Result<Vec<([u8; 16], String, Vec<u8>)>, CodecError> {
+    fn own(e: Entry<'_>) -> Option<Owned> {
+        match e {
+            Entry::Message(f) => Some((f.message_id, f.transaction_id.to_string(), f.payload.to_vec(), f.created_at.unwrap())),
+            Entry::Gap => None,
+        }
+    }
+
+    fn decode_all(bytes: &[u8]) -> Result<Vec<Option<Owned>>, CodecError> {
         let seg = Segment::parse(bytes)?;
         let mut out = Vec::new();
-        seg.for_each_in(0, usize::MAX, |_, f| {
-            out.push((f.message_id, f.transaction_id.to_string(), f.payload.to_vec()))
-        })?;
+        seg.for_each_in(0, usize::MAX, |_, e| out.push(own(e)))?;
         Ok(out)
+    }
+
+    /// The version 1 encoder, as queen 0.2.0 wrote segments: they must still decode.
+    fn encode_v1(frames: &[([u8; 16], &str, &[u8])]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for (id, tx, p) in frames {
+            raw.extend_from_slice(id);
+            put_varint(&mut raw, tx.len() as u64);
+            raw.extend_from_slice(tx.as_bytes());
+            put_varint(&mut raw, p.len() as u64);
+            raw.extend_from_slice(p);
+        }
+        let mut out = b"QS\x01".to_vec();
+        put_varint(&mut out, frames.len() as u64);
+        put_varint(&mut out, 1);
+        put_varint(&mut out, frames.len() as u64);
+        put_varint(&mut out, raw.len() as u64);
+        put_varint(&mut out, raw.len() as u64);
+        out.push(CODEC_RAW);
+        out.extend_from_slice(&crc32fast::hash(&raw).to_le_bytes());
+        out.extend_from_slice(&raw);
+        out
     }
 
     #[test]
     fn round_trip_many_blocks() {
         let data = owned(1000, 200);
-        let bytes = encode(frames(&data));
+        let bytes = encode(entries(&data));
         let seg = Segment::parse(&bytes).unwrap();
         assert_eq!(seg.frame_count(), 1000);
         assert!(seg.dir.blocks.len() > 1, "1000 frames span several blocks");
         assert_eq!(decode_all(&bytes).unwrap(), data);
         // compressed well below the raw size
-        let raw: usize = data.iter().map(|(_, t, p)| 16 + t.len() + p.len()).sum();
+        let raw: usize = data.iter().flatten().map(|(_, t, p, _)| 16 + t.len() + p.len()).sum();
         assert!(bytes.len() < raw / 3, "{} vs {}", bytes.len(), raw);
+    }
+
+    #[test]
+    fn gaps_keep_their_offsets() {
+        let mut data = owned(200, 20);
+        for i in [0, 5, 6, 64, 65, 199] {
+            data[i] = None;
+        }
+        let bytes = encode(entries(&data));
+        assert_eq!(decode_all(&bytes).unwrap(), data);
+        let seg = Segment::parse(&bytes).unwrap();
+        let mut seen = Vec::new();
+        seg.for_each_in(4, 8, |i, e| seen.push((i, e == Entry::Gap))).unwrap();
+        assert_eq!(seen, vec![(4, false), (5, true), (6, true), (7, false)]);
+    }
+
+    #[test]
+    fn version_1_segments_still_decode() {
+        let bytes = encode_v1(&[([1u8; 16], "a", b"{\"x\": 1}"), ([2u8; 16], "b", b"[]")]);
+        let seg = Segment::parse(&bytes).unwrap();
+        let mut got = Vec::new();
+        seg.for_each_in(0, 9, |i, e| match e {
+            Entry::Message(f) => got.push((i, f.message_id[0], f.transaction_id.to_string(), f.payload.to_vec(), f.created_at)),
+            Entry::Gap => panic!("a version 1 segment has no gaps"),
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![(0, 1, "a".into(), b"{\"x\": 1}".to_vec(), None), (1, 2, "b".into(), b"[]".to_vec(), None)]
+        );
     }
 
     #[test]
     fn range_decodes_only_requested_frames() {
         let data = owned(300, 10);
-        let bytes = encode(frames(&data));
+        let bytes = encode(entries(&data));
         let seg = Segment::parse(&bytes).unwrap();
         let mut seen = Vec::new();
-        seg.for_each_in(70, 75, |i, f| {
-            assert_eq!(f.payload, &data[i].2[..]);
+        seg.for_each_in(70, 75, |i, e| {
+            assert_eq!(own(e), data[i]);
             seen.push(i)
         })
         .unwrap();
@@ -452,14 +595,14 @@ mod tests {
     fn single_big_and_unicode_payloads() {
         let big = vec![b'a'; 1 << 20];
         let uni = "{\"t\": \"żółć 日本語 🚀\"}".as_bytes().to_vec();
-        let data = vec![([1u8; 16], "a".to_string(), big), ([2u8; 16], "é".to_string(), uni)];
-        assert_eq!(decode_all(&encode(frames(&data))).unwrap(), data);
+        let data = vec![Some(([1u8; 16], "a".to_string(), big, 5)), Some(([2u8; 16], "é".to_string(), uni, -7))];
+        assert_eq!(decode_all(&encode(entries(&data))).unwrap(), data);
     }
 
     #[test]
-    fn incompressible_block_stays_raw() {
-        let data = vec![([7u8; 16], String::new(), b"{}".to_vec())];
-        let bytes = encode(frames(&data));
+    fn small_and_incompressible_blocks_stay_raw() {
+        let data = vec![Some(([7u8; 16], String::new(), b"{}".to_vec(), 0))];
+        let bytes = encode(entries(&data));
         let seg = Segment::parse(&bytes).unwrap();
         assert_eq!(seg.dir.blocks[0].codec, CODEC_RAW);
         assert_eq!(decode_all(&bytes).unwrap(), data);
@@ -470,41 +613,65 @@ mod tests {
         assert_eq!(Segment::parse(b"").unwrap_err(), CodecError::Truncated("magic"));
         assert_eq!(Segment::parse(b"XX\x01\x00\x00").unwrap_err(), CodecError::BadMagic);
         assert_eq!(Segment::parse(b"QS\x09\x00\x00").unwrap_err(), CodecError::UnsupportedVersion(9));
-        let bytes = encode(frames(&owned(200, 50)));
+        let bytes = encode(entries(&owned(200, 50)));
         for cut in [3, 5, 10, bytes.len() / 2, bytes.len() - 1] {
             assert!(decode_all(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         let mut extra = bytes.clone();
         extra.push(0);
         assert_eq!(decode_all(&extra).unwrap_err(), CodecError::TrailingBytes);
+        // An entry kind this version does not know is an error, never a misread.
+        let mut raw = vec![9u8];
+        raw.extend_from_slice(&[0; 20]);
+        let mut odd = b"QS\x02\x00\x01\x01\x01".to_vec();
+        put_varint(&mut odd, raw.len() as u64);
+        put_varint(&mut odd, raw.len() as u64);
+        odd.push(CODEC_RAW);
+        odd.extend_from_slice(&block_crc(2, 0, &raw).to_le_bytes());
+        odd.extend_from_slice(&raw);
+        assert_eq!(decode_all(&odd).unwrap_err(), CodecError::UnknownKind(9));
+    }
+
+    fn any_entries() -> impl Strategy<Value = Vec<Option<Owned>>> {
+        proptest::collection::vec(
+            proptest::option::weighted(
+                0.85,
+                (any::<[u8; 16]>(), "[a-z0-9-]{0,40}", proptest::collection::vec(any::<u8>(), 0..600), any::<i64>()),
+            ),
+            1..300,
+        )
     }
 
     proptest! {
         #[test]
-        fn prop_round_trip(items in proptest::collection::vec(
-            (any::<[u8; 16]>(), "[a-z0-9-]{0,40}", proptest::collection::vec(any::<u8>(), 0..600)), 1..300)) {
-            let bytes = encode(frames(&items));
+        fn prop_round_trip(items in any_entries()) {
+            let bytes = encode(entries(&items));
             prop_assert_eq!(decode_all(&bytes).unwrap(), items.clone());
             let n = items.len();
             let (a, b) = (n / 3, n - n / 4);
             let seg = Segment::parse(&bytes).unwrap();
             let mut got = Vec::new();
-            seg.for_each_in(a, b, |i, f| got.push((i, f.payload.to_vec()))).unwrap();
+            seg.for_each_in(a, b, |i, e| got.push((i, own(e)))).unwrap();
             prop_assert_eq!(got.len(), b.saturating_sub(a));
-            for (i, p) in got { prop_assert_eq!(&p, &items[i].2); }
+            for (i, e) in got { prop_assert_eq!(&e, &items[i]); }
         }
 
         /// Reading through a directory parsed from a prefix, with only the span's bytes,
-        /// gives exactly the frames a whole-segment read gives; a prefix that ends inside
+        /// gives exactly the entries a whole-segment read gives; a prefix that ends inside
         /// the header is `Truncated`, never a wrong directory.
         #[test]
-        fn prop_span_read_matches_whole_read(n in 1usize..400, size in 0usize..200, a in any::<usize>(), b in any::<usize>(), cut in any::<usize>()) {
-            let data = owned(n, size);
-            let bytes = encode(frames(&data));
+        fn prop_span_read_matches_whole_read(n in 1usize..400, size in 0usize..200, a in any::<usize>(), b in any::<usize>(), cut in any::<usize>(), gaps in any::<u64>()) {
+            let mut data = owned(n, size);
+            for (i, d) in data.iter_mut().enumerate() {
+                if gaps >> (i % 64) & 1 == 1 && i % 3 == 0 {
+                    *d = None;
+                }
+            }
+            let bytes = encode(entries(&data));
             let (from, to) = { let (x, y) = (a % (n + 1), b % (n + 1)); (x.min(y), x.max(y)) };
             let whole = Segment::parse(&bytes).unwrap();
             let mut want = Vec::new();
-            whole.for_each_in(from, to, |i, f| want.push((i, f.payload.to_vec()))).unwrap();
+            whole.for_each_in(from, to, |i, e| want.push((i, own(e)))).unwrap();
             let mut k = 3;
             let dir = loop {
                 match Directory::parse(&bytes[..k], bytes.len()) {
@@ -519,7 +686,7 @@ mod tests {
             prop_assert!(refused, "a prefix of {} bytes inside the header gave {:?}", cut, short);
             let mut got = Vec::new();
             if let Some((s, e)) = dir.span(from, to) {
-                dir.for_each_in(&bytes[s..e], s, from, to, |i, f| got.push((i, f.payload.to_vec()))).unwrap();
+                dir.for_each_in(&bytes[s..e], s, from, to, |i, e| got.push((i, own(e)))).unwrap();
                 // One byte short of the span is an error, not fewer frames.
                 let short = dir.for_each_in(&bytes[s..e - 1], s, from, to, |_, _| ());
                 prop_assert!(short.is_err());
@@ -531,7 +698,7 @@ mod tests {
         #[test]
         fn prop_truncation_is_an_error(n in 1usize..200, size in 0usize..300, cut in any::<usize>()) {
             let data = owned(n, size);
-            let bytes = encode(frames(&data));
+            let bytes = encode(entries(&data));
             let cut = cut % bytes.len();
             prop_assert!(decode_all(&bytes[..cut]).is_err(), "prefix of {} of {} bytes decoded", cut, bytes.len());
         }
@@ -542,7 +709,7 @@ mod tests {
                                      flip in any::<usize>()) {
             let _ = decode_all(&bytes);
             let data = owned(100, 20);
-            let good = encode(frames(&data));
+            let good = encode(entries(&data));
             let mut bad = good.clone();
             let i = flip % bad.len();
             bad[i] ^= 0x5a;
