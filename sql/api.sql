@@ -159,8 +159,8 @@ AS $$
 BEGIN
   -- Only a live lease is shown; an expired one is as good as none.
   RETURN QUERY
-    SELECT q.name, p.name, p.partition_id, p.head, l.consumer_group, l.committed,
-           p.head - l.committed,
+    SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, l.committed,
+           r.head - l.committed,
            CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_id END,
            CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_expires_at END,
            l.batch_end, l.batch_retry_count, l.attempt_count,
@@ -169,6 +169,7 @@ BEGIN
       FROM queen.lanes l
       JOIN queen.partitions p ON p.partition_id = l.partition_id
       JOIN queen.queues q ON q.queue_id = l.queue_id
+     CROSS JOIN LATERAL (SELECT queen._readable(p.partition_id, p.head) AS head) r
      WHERE status.queue IS NULL OR q.name = status.queue
      ORDER BY q.name, p.name, l.consumer_group;
 END $$;
@@ -197,13 +198,14 @@ BEGIN
     WITH q AS (
       SELECT q.queue_id, q.name, p.partitions, p.messages
         FROM queen.queues q
-        CROSS JOIN LATERAL (SELECT count(*) AS partitions, coalesce(sum(head), 0)::int8 AS messages
+        CROSS JOIN LATERAL (SELECT count(*) AS partitions,
+                                   coalesce(sum(queen._readable(partition_id, head)), 0)::int8 AS messages
                               FROM queen.partitions WHERE queue_id = q.queue_id) p
        WHERE totals.queue IS NULL OR q.name = totals.queue
     ), g AS (
       SELECT l.queue_id, l.consumer_group,
              sum(l.committed)::int8 AS committed,
-             sum(p.head - l.committed)::int8 AS lag,
+             sum(queen._readable(p.partition_id, p.head) - l.committed)::int8 AS lag,
              count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS leased
         FROM queen.lanes l
         JOIN queen.partitions p ON p.partition_id = l.partition_id
@@ -234,6 +236,7 @@ DECLARE
   qid bigint;
   n_partitions bigint;
   n_segments bigint;
+  n_fresh bigint;
   n_dead bigint;
 BEGIN
   IF queue IS NULL THEN
@@ -250,6 +253,10 @@ BEGIN
   DELETE FROM queen.segments s USING queen.partitions p
    WHERE p.queue_id = qid AND s.partition_id = p.partition_id;
   GET DIAGNOSTICS n_segments = ROW_COUNT;
+  DELETE FROM queen.fresh_segments s USING queen.partitions p
+   WHERE p.queue_id = qid AND s.partition_id = p.partition_id;
+  GET DIAGNOSTICS n_fresh = ROW_COUNT;
+  n_segments := n_segments + n_fresh;
   DELETE FROM queen.dedup d USING queen.partitions p
    WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
   DELETE FROM queen.lanes l WHERE l.queue_id = qid;
@@ -281,6 +288,7 @@ ALTER FUNCTION queen.may_start(uuid, interval) SECURITY DEFINER;
 ALTER FUNCTION queen.dlq_replay(uuid, text) SECURITY DEFINER;
 ALTER FUNCTION queen.dlq_delete(uuid, text) SECURITY DEFINER;
 ALTER FUNCTION queen.retain(text) SECURITY DEFINER;
+ALTER FUNCTION queen.compact(text) SECURITY DEFINER;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
@@ -302,5 +310,8 @@ COMMENT ON FUNCTION queen._push(text, jsonb, text, text) IS 'queen internal: the
 COMMENT ON FUNCTION queen._push_batch(jsonb) IS 'queen internal: the body of queen.push_batch; not granted';
 COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text) IS 'queen internal: the body of queen.pop; not granted';
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
+COMMENT ON FUNCTION queen.compact(text) IS
+  'queen: one compaction pass: merge the small segments of small pushes into large ones';
+COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
 COMMENT ON FUNCTION queen.retain(text) IS
   'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';

@@ -1,10 +1,15 @@
 -- queen storage. Reviewed by hand; nothing here is built from user input.
 --
--- Locking protocol (it is what keeps invariants 1 and 5 of the spec):
---   * A push reserves offsets with UPDATE of its partition row (head = head + n) and holds
---     that row lock until it commits. Pushes to one partition therefore commit in offset
---     order, and a reader never sees offset k+1 before k: no offset is ever skipped.
---     A push_batch locks its partitions in (queue, partition) name order: no deadlock.
+-- Locking protocol (it is what keeps the invariants: nothing skipped, no deadlock):
+--   * A push reserves offsets in shared memory (src/offsets.rs) and locks no row: pushes to
+--     one partition run and commit in parallel. A reader reads a partition only up to its
+--     readable end, below which every push has ended; an aborted push leaves a gap there.
+--     Without shared_preload_libraries there is no shared memory: a push then reserves with
+--     UPDATE of its partition row and holds it until it commits (pushes to one partition
+--     commit in offset order); a push_batch locks its partitions in (queue, partition)
+--     name order.
+--   * Compaction and retention lock a partition row FOR NO KEY UPDATE SKIP LOCKED while
+--     they rewrite or delete its segments: never at once, and never waiting.
 --   * A new partition gets a lane for every committed group; a new group gets a lane for
 --     every committed partition. When both are created at the same moment and miss each
 --     other, the group's next empty pop adds the missing lane (queues::repair_lanes).
@@ -31,7 +36,8 @@ CREATE TABLE queen.partitions (
     partition_id uuid   PRIMARY KEY,
     queue_id     bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
     name         text   NOT NULL,
-    -- last offset assigned; committed heads are gapless (see the locking protocol)
+    -- last offset reserved by pushes without the offset registry (no shared memory); with
+    -- it the registry holds the head, and this column is only a lower bound
     head         bigint NOT NULL DEFAULT 0,
     -- highest offset whose segment retention deleted: lanes created later start here
     retained_through bigint NOT NULL DEFAULT 0,
@@ -51,7 +57,22 @@ CREATE TABLE queen.segments (
 );
 -- Segments are compressed already: keep TOAST from trying pglz on them again.
 ALTER TABLE queen.segments ALTER COLUMN data SET STORAGE EXTERNAL;
-COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages, one per push call and partition';
+COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages: large pushes and compacted runs';
+
+-- The fresh tier: the segment of each push of fewer than 64 messages to a partition, until
+-- compaction (src/compaction.rs) merges a run of them into one row of queen.segments. Its
+-- offsets never overlap those of queen.segments. Emptied by compaction, it gives its pages
+-- back to VACUUM.
+CREATE TABLE queen.fresh_segments (
+    partition_id uuid   NOT NULL,
+    first_offset bigint NOT NULL,
+    last_offset  bigint NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    data         bytea  NOT NULL,
+    PRIMARY KEY (partition_id, first_offset)
+);
+ALTER TABLE queen.fresh_segments ALTER COLUMN data SET STORAGE EXTERNAL;
+COMMENT ON TABLE queen.fresh_segments IS 'queen: segments of small pushes, until compaction merges them into queen.segments';
 
 CREATE TABLE queen.groups (
     queue_id        bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,

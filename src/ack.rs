@@ -305,10 +305,15 @@ fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter_error: Optio
 /// transaction: the cursor passes the message only if its dead letter is stored.
 fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, error: &str, retry_count: i32) {
     let mut frame: Option<(pgrx::Uuid, String, Vec<u8>)> = None;
-    segments::read(client, lane.partition_id, offset, offset, |_, f, _| {
-        frame = Some((pgrx::Uuid::from_bytes(f.message_id), f.transaction_id.to_string(), f.payload.to_vec()));
+    segments::read(client, lane.partition_id, offset, offset, |_, message| {
+        if let Some((f, _)) = message {
+            frame = Some((pgrx::Uuid::from_bytes(f.message_id), f.transaction_id.to_string(), f.payload.to_vec()));
+        }
+        false
     });
-    let (message_id, transaction_id, payload) = frame.expect("segments::read emits the offset or raises");
+    // An offset inside the span holds a message unless an aborted push left it empty:
+    // then there is nothing to file, and the cursor passes it all the same.
+    let Some((message_id, transaction_id, payload)) = frame else { return };
     // An encrypted payload is filed as its envelope (`envelope`), a plain one as jsonb.
     let (data, envelope) = if queen_core::envelope::is_envelope(&payload) {
         (None, Some(payload))

@@ -8,17 +8,21 @@ use pgrx::prelude::*;
 
 mod ack;
 mod budgets;
+mod compaction;
 mod durability;
 mod encryption;
 mod errors;
 mod jsonb;
+mod offsets;
 mod pop;
 mod push;
 mod queues;
 mod retention;
 mod segments;
+mod shmem;
 mod spi;
 mod wake;
+mod worker;
 mod leases;
 mod dlq;
 
@@ -27,13 +31,16 @@ mod dlq;
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 
 /// Library load: define queen's settings and, with `shared_preload_libraries = 'queen'`,
-/// set up the shared-memory wake-ups for long-polling pops.
+/// set up shared memory (offset registry, long-poll wake-ups) and the background worker.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     durability::init();
     encryption::init();
+    offsets::init();
+    compaction::init();
     retention::init();
-    wake::init();
+    worker::init();
+    shmem::init();
 }
 extension_sql_file!("../sql/api.sql", name = "api", finalize);
 

@@ -36,6 +36,9 @@ struct Candidate {
     partition_id: pgrx::Uuid,
     partition: String,
     committed: i64,
+    /// The partition's readable end (`offsets`), read after the lock: the pop reads up to it.
+    readable: i64,
+    /// Offsets in (committed, readable]: messages, and gaps that aborted pushes left.
     available: i64,
     claim_start: Option<i64>,
     attempt_count: i32,
@@ -224,14 +227,17 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             continue; // locked but not claimed: the lock ends with this transaction
         }
         let start = c.committed + 1;
-        let end = c.committed + take;
         let attempt = if c.claim_start == Some(start) { c.attempt_count + 1 } else { 0 };
-        read_span(client, c, start, end, |mut d| {
+        let before = out.len();
+        let Some(end) = read_span(client, c, take, |mut d| {
             d.lease_id = lease_id;
             d.lease_expires_at = expires;
             d.attempt = attempt;
             out.push(d);
-        });
+        }) else {
+            debug_assert_eq!(out.len(), before);
+            continue; // nothing to deliver after all (see read_span): not claimed
+        };
         pids.push(c.partition_id);
         ends.push(end);
         starts.push(start);
@@ -315,11 +321,12 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
     if let Some(p) = a.partition {
         let table = run(
             client,
-            "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
+            "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+                    l.claim_start, l.attempt_count, l.lease_id
                FROM queen.partitions p
                JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
               WHERE p.queue_id = $1 AND p.name = $3
-                AND l.committed < p.head
+                AND l.committed < queen._readable(l.partition_id, p.head)
                 AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
                 FOR UPDATE OF l SKIP LOCKED",
             &[queue_id.into(), a.group.into(), p.into(), now.into()],
@@ -332,11 +339,12 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
     let want = i64::from(a.max_partitions);
     let mut found = to_candidates(run(
         client,
-        "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
+        "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+                    l.claim_start, l.attempt_count, l.lease_id
            FROM queen.lanes l
            JOIN queen.partitions p ON p.partition_id = l.partition_id
           WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id > $5
-            AND l.committed < p.head
+            AND l.committed < queen._readable(l.partition_id, p.head)
             AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
           ORDER BY l.partition_id
           LIMIT $3
@@ -347,11 +355,12 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
         // Wrap around: the lanes at or before the cursor.
         found.extend(to_candidates(run(
             client,
-            "SELECT l.partition_id, p.name, l.committed, p.head, l.claim_start, l.attempt_count, l.lease_id
+            "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+                    l.claim_start, l.attempt_count, l.lease_id
                FROM queen.lanes l
                JOIN queen.partitions p ON p.partition_id = l.partition_id
               WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id <= $5
-                AND l.committed < p.head
+                AND l.committed < queen._readable(l.partition_id, p.head)
                 AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
               ORDER BY l.partition_id
               LIMIT $3
@@ -371,12 +380,13 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
         .into_iter()
         .map(|row| {
             let committed: i64 = row.get(3).or_raise().unwrap();
-            let head: i64 = row.get(4).or_raise().unwrap();
+            let readable: i64 = row.get(4).or_raise().unwrap();
             Candidate {
                 partition_id: row.get(1).or_raise().unwrap(),
                 partition: row.get(2).or_raise().unwrap(),
                 committed,
-                available: head - committed,
+                readable,
+                available: readable - committed,
                 claim_start: row.get(5).or_raise(),
                 attempt_count: row.get(6).or_raise().unwrap(),
                 old_lease: row.get(7).or_raise(),
@@ -385,27 +395,50 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
         .collect()
 }
 
-/// Decodes offsets `start..=end` of a lane into deliveries.
-fn read_span(
-    client: &mut SpiClient<'_>,
-    c: &Candidate,
-    start: i64,
-    end: i64,
-    mut emit: impl FnMut(Delivered),
-) {
-    segments::read(client, c.partition_id, start, end, |offset, f, created_at| {
-        let payload = crate::encryption::open(&f.message_id, f.payload);
-        emit(Delivered {
-            lease_id: None,
-            lease_expires_at: None,
-            partition_id: c.partition_id,
-            partition: c.partition.clone(),
-            msg_offset: offset,
-            message_id: pgrx::Uuid::from_bytes(f.message_id),
-            transaction_id: f.transaction_id.to_string(),
-            payload,
-            created_at,
-            attempt: 0,
+/// Delivers up to `take` messages of a lane from `committed + 1` on, never past its
+/// readable end; returns the offset of the last one delivered (the claim's `batch_end`),
+/// or None when there was none to deliver.
+///
+/// An offset up to the readable end that holds no message is a gap (a push that aborted):
+/// every push that could write it has ended, and this read's snapshot, taken after the
+/// readable end was read, sees every one that committed. So the read steps over it. Under
+/// REPEATABLE READ or SERIALIZABLE the snapshot is the transaction's, older than the
+/// readable end: a missing offset may be a message committed since, so the read stops
+/// before it instead and delivers only what comes before.
+fn read_span(client: &mut SpiClient<'_>, c: &Candidate, take: i64, mut emit: impl FnMut(Delivered)) -> Option<i64> {
+    // SAFETY: a plain read of the transaction's isolation level.
+    let fixed_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
+    let (mut next, mut delivered, mut last) = (c.committed + 1, 0i64, None);
+    while delivered < take && next <= c.readable {
+        // Assume no gaps; a gap costs one more (short) read.
+        let end = (next + (take - delivered) - 1).min(c.readable);
+        let mut stop = false;
+        segments::read(client, c.partition_id, next, end, |offset, message| {
+            let Some((f, created_at)) = message else {
+                stop = fixed_snapshot;
+                return !stop;
+            };
+            let payload = crate::encryption::open(&f.message_id, f.payload);
+            emit(Delivered {
+                lease_id: None,
+                lease_expires_at: None,
+                partition_id: c.partition_id,
+                partition: c.partition.clone(),
+                msg_offset: offset,
+                message_id: pgrx::Uuid::from_bytes(f.message_id),
+                transaction_id: f.transaction_id.to_string(),
+                payload,
+                created_at,
+                attempt: 0,
+            });
+            delivered += 1;
+            last = Some(offset);
+            delivered < take
         });
-    });
+        if stop {
+            break;
+        }
+        next = end + 1;
+    }
+    last
 }

@@ -1,11 +1,14 @@
-//! Push (spec §3): one immutable segment per partition per call, offsets reserved under
-//! the partition row lock so that they commit gapless and in order.
+//! Push: one immutable segment per partition per call. Offsets are reserved without a
+//! commit-long lock (`offsets`), so pushes to one partition commit in parallel; a small
+//! push goes to the fresh tier, which compaction merges into large segments later.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use queen_core::segment::{self, Frame};
+use queen_core::compaction::FRESH_MAX;
+use queen_core::segment::{self, Entry, Frame};
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
 use crate::jsonb::{Found, JsonbArg, RawJsonb};
@@ -197,150 +200,184 @@ fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
     into_table(push_items(items))
 }
 
-/// Reserves `n` offsets on a partition, creating it if needed. Returns the partition id
-/// and the first reserved offset. The row lock taken here is held until commit.
-fn reserve(client: &mut SpiClient<'_>, queue_id: i64, partition: &str, n: i64) -> (pgrx::Uuid, i64) {
+/// Where one (queue, partition) of a push goes.
+struct Target {
+    partition_id: pgrx::Uuid,
+    dedup_window: i32,
+    encrypted: bool,
+}
+
+/// Finds a queue's partition in one statement, creating the queue and the partition when
+/// they do not exist yet.
+fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
     loop {
-        let updated = run(
+        let row = run(
             client,
-            "UPDATE queen.partitions SET head = head + $3 WHERE queue_id = $1 AND name = $2
-             RETURNING partition_id, head",
-            &[queue_id.into(), partition.into(), n.into()],
+            "SELECT q.queue_id, q.dedup_window, q.encryption, p.partition_id
+               FROM queen.queues q
+               LEFT JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = $2
+              WHERE q.name = $1",
+            &[queue.into(), partition.into()],
         );
-        if let Some(row) = updated.into_iter().next() {
-            let pid: pgrx::Uuid = row.get(1).or_raise().unwrap();
-            let head: i64 = row.get(2).or_raise().unwrap();
-            return (pid, head - n + 1);
+        let (queue_id, dedup_window, encrypted, pid) = match row.into_iter().next() {
+            Some(r) => (
+                r.get::<i64>(1).or_raise().unwrap(),
+                r.get::<i32>(2).or_raise().unwrap(),
+                r.get::<bool>(3).or_raise().unwrap(),
+                r.get::<pgrx::Uuid>(4).or_raise(),
+            ),
+            None => {
+                let (queue_id, dedup_window, encrypted) = queues::ensure_queue(client, queue);
+                (queue_id, dedup_window, encrypted, None)
+            }
+        };
+        // A partition another session creates at the same moment: look it up again.
+        if let Some(partition_id) = pid.or_else(|| queues::create_partition(client, queue_id, partition)) {
+            return Target { partition_id, dedup_window, encrypted };
         }
-        if let Some((pid, head)) = queues::create_partition(client, queue_id, partition, n) {
-            return (pid, head - n + 1);
-        }
-        // Another session created it between our UPDATE and INSERT: reserve on its row.
     }
 }
 
-/// Locks (or creates) a partition, then sorts `idxs` into duplicates — of a message stored
-/// within the queue's dedup window, or of an earlier item of this call — and fresh items,
-/// for which it reserves offsets and records the transaction ids. Duplicates get their
-/// result row here (`status = 'duplicate'`, the original's message id and offset).
-/// Concurrent pushes of one id serialize on the partition row lock, so exactly one wins.
-#[allow(clippy::too_many_arguments)]
-fn reserve_dedup(
+/// Reserves `n` offsets of a partition for this transaction; returns the first. With the
+/// registry (`offsets`) nothing is locked. Without it the partition row is updated and
+/// stays locked until commit, so pushes to one partition commit in offset order; its head
+/// starts past anything stored (the registry does not keep that column current).
+fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64) -> i64 {
+    if crate::offsets::enabled() {
+        return crate::offsets::reserve(client, partition_id, n);
+    }
+    let head = crate::spi::first_value::<i64>(run(
+        client,
+        "UPDATE queen.partitions p
+            SET head = greatest(p.head, p.retained_through,
+                         (SELECT s.last_offset FROM queen.segments s WHERE s.partition_id = $1
+                           ORDER BY s.first_offset DESC LIMIT 1),
+                         (SELECT f.last_offset FROM queen.fresh_segments f WHERE f.partition_id = $1
+                           ORDER BY f.first_offset DESC LIMIT 1)) + $2
+          WHERE p.partition_id = $1
+         RETURNING p.head",
+        &[partition_id.into(), n.into()],
+    ))
+    .unwrap_or_else(|| crate::errors::internal("partition vanished while pushing"));
+    head - n + 1
+}
+
+/// The in-window duplicates of a partition's items, found before any offset is reserved:
+/// (transaction id -> original message id and offset).
+fn stored_duplicates(
     client: &mut SpiClient<'_>,
-    queue_id: i64,
-    partition: &str,
-    dedup_window: i32,
-    idxs: &[usize],
-    items: &[PushItem],
-    message_ids: &[uuid::Uuid],
-    transaction_ids: &[String],
-    rows: &mut [Option<PushRow>],
-) -> (pgrx::Uuid, i64, Vec<usize>) {
-    let pid = loop {
-        let locked = run(
-            client,
-            "SELECT partition_id FROM queen.partitions WHERE queue_id = $1 AND name = $2 FOR UPDATE",
-            &[queue_id.into(), partition.into()],
-        );
-        if let Some(pid) = crate::spi::first_value::<pgrx::Uuid>(locked) {
-            break pid;
-        }
-        if let Some((pid, _)) = queues::create_partition(client, queue_id, partition, 0) {
-            break pid;
-        }
-    };
-    let asked: Vec<String> =
-        idxs.iter().filter(|&&i| items[i].transaction_id.is_some()).map(|&i| transaction_ids[i].clone()).collect();
-    let known: HashMap<String, (pgrx::Uuid, i64)> = run(
+    t: &Target,
+    transaction_ids: Vec<String>,
+) -> HashMap<String, (pgrx::Uuid, i64)> {
+    if transaction_ids.is_empty() {
+        return HashMap::new();
+    }
+    run(
         client,
         "SELECT transaction_id, message_id, msg_offset FROM queen.dedup
           WHERE partition_id = $1 AND transaction_id = ANY($2)
             AND created_at > now() - make_interval(secs => $3)",
-        &[pid.into(), asked.into(), f64::from(dedup_window).into()],
+        &[t.partition_id.into(), transaction_ids.into(), f64::from(t.dedup_window).into()],
     )
     .into_iter()
     .map(|r| (r.get::<String>(1).or_raise().unwrap(), (r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap())))
-    .collect();
+    .collect()
+}
 
-    let mut fresh = Vec::with_capacity(idxs.len());
-    let mut pending: Vec<(usize, usize)> = Vec::new(); // (duplicate idx, fresh position of original)
-    let mut in_call: HashMap<&str, usize> = HashMap::new();
-    for &i in idxs {
-        if items[i].transaction_id.is_some() {
-            let tx = transaction_ids[i].as_str();
-            if let Some(&(message_id, msg_offset)) = known.get(tx) {
-                rows[i] = Some(PushRow {
-                    idx: i as i32,
-                    status: "duplicate",
-                    message_id: crate::spi::from_pg_uuid(&message_id),
-                    transaction_id: tx.to_string(),
-                    partition_id: pid,
-                    msg_offset,
-                });
-                continue;
-            }
-            if let Some(&pos) = in_call.get(tx) {
-                pending.push((i, pos));
-                continue;
-            }
-            in_call.insert(tx, fresh.len());
-        }
-        fresh.push(i);
-    }
-    if fresh.is_empty() {
-        return (pid, 0, fresh);
-    }
-    let n = fresh.len() as i64;
-    let head = crate::spi::first_value::<i64>(run(
+/// Records the producer transaction ids of reserved items in `queen.dedup`. An id that a
+/// concurrent push recorded first (the insert waits for that push to end) is a duplicate:
+/// returns those, with the original's message id and offset. Ids are inserted in sorted
+/// order, so two pushes that share several ids cannot deadlock.
+fn record_ids(
+    client: &mut SpiClient<'_>,
+    t: &Target,
+    ids: Vec<(String, uuid::Uuid, i64)>,
+) -> HashMap<String, (pgrx::Uuid, i64)> {
+    let mut ids = ids;
+    ids.sort_by(|a, b| a.0.cmp(&b.0));
+    let asked: Vec<String> = ids.iter().map(|i| i.0.clone()).collect();
+    let message_ids: Vec<pgrx::Uuid> = ids.iter().map(|i| to_pg_uuid(i.1)).collect();
+    let offsets: Vec<i64> = ids.iter().map(|i| i.2).collect();
+    let recorded: HashSet<String> = run(
         client,
-        "UPDATE queen.partitions SET head = head + $2 WHERE partition_id = $1 RETURNING head",
-        &[pid.into(), n.into()],
-    ))
-    .unwrap_or_else(|| crate::errors::internal("locked partition vanished"));
-    let first = head - n + 1;
-    for (i, pos) in pending {
-        let original = fresh[pos];
-        rows[i] = Some(PushRow {
-            idx: i as i32,
-            status: "duplicate",
-            message_id: message_ids[original],
-            transaction_id: transaction_ids[i].clone(),
-            partition_id: pid,
-            msg_offset: first + pos as i64,
-        });
-    }
-    let (mut txs, mut ids, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
-    for (k, &i) in fresh.iter().enumerate() {
-        if items[i].transaction_id.is_some() {
-            txs.push(transaction_ids[i].clone());
-            ids.push(crate::spi::to_pg_uuid(message_ids[i]));
-            offsets.push(first + k as i64);
-        }
-    }
-    run(
-        client,
-        "INSERT INTO queen.dedup (partition_id, transaction_id, message_id, msg_offset)
-         SELECT $1, * FROM unnest($2::text[], $3::uuid[], $4::int8[])
+        "INSERT INTO queen.dedup AS d (partition_id, transaction_id, message_id, msg_offset)
+         SELECT $1, u.t, u.m, u.o FROM unnest($2::text[], $3::uuid[], $4::int8[]) WITH ORDINALITY AS u(t, m, o, i)
+          ORDER BY u.i
          ON CONFLICT (partition_id, transaction_id) DO UPDATE
-           SET message_id = EXCLUDED.message_id, msg_offset = EXCLUDED.msg_offset,
-               created_at = EXCLUDED.created_at",
-        &[pid.into(), txs.into(), ids.into(), offsets.into()],
-    );
-    // Keep the dedup state bounded: now and then, drop this partition's expired entries.
-    if first % 64 < n {
+            SET message_id = EXCLUDED.message_id, msg_offset = EXCLUDED.msg_offset,
+                created_at = EXCLUDED.created_at
+          WHERE d.created_at <= now() - make_interval(secs => $5)
+         RETURNING d.transaction_id",
+        &[t.partition_id.into(), asked.clone().into(), message_ids.into(), offsets.into(), f64::from(t.dedup_window).into()],
+    )
+    .into_iter()
+    .map(|r| r.get::<String>(1).or_raise().unwrap())
+    .collect();
+    let lost: Vec<String> = asked.into_iter().filter(|tx| !recorded.contains(tx)).collect();
+    let first = ids.first().map_or(0, |i| i.2);
+    // Keep the dedup state bounded: now and then, drop this partition's expired entries
+    // (never waiting on one a concurrent push holds).
+    if first % 64 < ids.len() as i64 {
         run(
             client,
-            "DELETE FROM queen.dedup WHERE partition_id = $1
-                AND created_at <= now() - make_interval(secs => $2)",
-            &[pid.into(), f64::from(dedup_window).into()],
+            "DELETE FROM queen.dedup WHERE ctid = ANY(ARRAY(
+               SELECT ctid FROM queen.dedup WHERE partition_id = $1
+                  AND created_at <= now() - make_interval(secs => $2)
+                  FOR UPDATE SKIP LOCKED))",
+            &[t.partition_id.into(), f64::from(t.dedup_window).into()],
         );
     }
-    (pid, first, fresh)
+    stored_duplicates(client, t, lost)
+}
+
+/// Segment rows to insert, per tier.
+#[derive(Default)]
+struct Writes {
+    pids: Vec<pgrx::Uuid>,
+    firsts: Vec<i64>,
+    lasts: Vec<i64>,
+    data: Vec<Vec<u8>>,
+}
+
+impl Writes {
+    fn insert(self, client: &mut SpiClient<'_>, fresh: bool, created_at: TimestampWithTimeZone) {
+        let Writes { pids, firsts, lasts, mut data } = self;
+        match (pids.len(), fresh) {
+            (0, _) => {}
+            (1, true) => {
+                run(
+                    client,
+                    "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data)
+                     VALUES ($1, $2, $3, $4, $5)",
+                    &[pids[0].into(), firsts[0].into(), lasts[0].into(), created_at.into(), data.pop().unwrap().into()],
+                );
+            }
+            (_, true) => {
+                run(
+                    client,
+                    "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data)
+                     SELECT u.p, u.f, u.l, $5, u.d FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
+                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into()],
+                );
+            }
+            (_, false) => {
+                run(
+                    client,
+                    "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data)
+                     SELECT u.p, u.f, u.l, $5, u.d FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
+                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into()],
+                );
+            }
+        }
+    }
 }
 
 /// Stores validated items: one segment per (queue, partition), offsets in input order.
+/// Items whose producer transaction id was seen within the queue's dedup window (or
+/// earlier in this call) are duplicates: nothing is stored for them, and their row names
+/// the original. A duplicate found only after offsets were reserved (a concurrent push of
+/// the same id won) leaves a gap at its offset.
 pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
-    // BTreeMap order is the lock order: (queue, partition) by name.
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
         groups.entry((item.queue.as_str(), item.partition.as_str())).or_default().push(i);
@@ -355,77 +392,120 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             None => queen_core::ids::uuid_string(minted.next().unwrap().as_bytes()),
         })
         .collect();
+    // The segment rows' time and every frame's: the transaction's start, as now().
+    // SAFETY: a plain read of the current transaction's start time.
+    let now = unsafe { pgrx::pg_sys::GetCurrentTransactionStartTimestamp() };
+    let created_at = crate::spi::timestamptz(now);
 
     let mut rows: Vec<Option<PushRow>> = (0..items.len()).map(|_| None).collect();
+    let duplicate = |i: usize, pid: pgrx::Uuid, (message_id, msg_offset): (pgrx::Uuid, i64)| PushRow {
+        idx: i as i32,
+        status: "duplicate",
+        message_id: crate::spi::from_pg_uuid(&message_id),
+        transaction_id: transaction_ids[i].clone(),
+        partition_id: pid,
+        msg_offset,
+    };
     Spi::connect_mut(|client| {
-        let mut queue_ids: BTreeMap<&str, (i64, i32, bool)> = BTreeMap::new();
-        for &(queue, _) in groups.keys() {
-            if !queue_ids.contains_key(queue) {
-                queue_ids.insert(queue, queues::ensure_queue(client, queue));
-                crate::wake::notify_on_commit(queue);
-            }
-        }
-        let mut seg_pids = Vec::with_capacity(groups.len());
-        let mut seg_first = Vec::with_capacity(groups.len());
-        let mut seg_last = Vec::with_capacity(groups.len());
-        let mut seg_data: Vec<Vec<u8>> = Vec::with_capacity(groups.len());
+        let (mut fresh_tier, mut durable_tier) = (Writes::default(), Writes::default());
+        // (queue, partition) name order: the order partition rows are locked in without
+        // the registry, so that two batches cannot deadlock.
         for (&(queue, partition), idxs) in &groups {
-            let (queue_id, dedup_window, encrypted) = queue_ids[queue];
-            let producer_ids = idxs.iter().any(|&i| items[i].transaction_id.is_some());
+            let t = locate(client, queue, partition);
+            crate::wake::notify_on_commit(queue);
             // Minted transaction ids are unique: only producer-supplied ones need the
             // dedup window, and only they pay for it.
-            let (pid, first, fresh) = if producer_ids && dedup_window > 0 {
-                reserve_dedup(client, queue_id, partition, dedup_window, idxs, &items, &message_ids, &transaction_ids, &mut rows)
+            let dedup = t.dedup_window > 0 && idxs.iter().any(|&i| items[i].transaction_id.is_some());
+            let known = if dedup {
+                let asked = idxs.iter().filter(|&&i| items[i].transaction_id.is_some());
+                stored_duplicates(client, &t, asked.map(|&i| transaction_ids[i].clone()).collect())
             } else {
-                let (pid, first) = reserve(client, queue_id, partition, idxs.len() as i64);
-                (pid, first, idxs.clone())
+                HashMap::new()
             };
+            // Items to store, and duplicates of an earlier item of this call.
+            let mut fresh: Vec<usize> = Vec::with_capacity(idxs.len());
+            let mut repeats: Vec<(usize, usize)> = Vec::new(); // (item, position of its original in fresh)
+            let mut in_call: HashMap<&str, usize> = HashMap::new();
+            for &i in idxs {
+                if dedup && items[i].transaction_id.is_some() {
+                    let tx = transaction_ids[i].as_str();
+                    if let Some(&original) = known.get(tx) {
+                        rows[i] = Some(duplicate(i, t.partition_id, original));
+                        continue;
+                    }
+                    if let Some(&pos) = in_call.get(tx) {
+                        repeats.push((i, pos));
+                        continue;
+                    }
+                    in_call.insert(tx, fresh.len());
+                }
+                fresh.push(i);
+            }
             if fresh.is_empty() {
-                continue; // every item was a duplicate: no segment, no offsets
+                continue; // every item was a duplicate: no offsets, no segment
             }
             let n = fresh.len() as i64;
-            // An encrypted queue stores envelopes (see `encryption`), sealed per message.
-            let sealed: Option<Vec<Vec<u8>>> = encrypted.then(|| {
-                crate::encryption::seal_all(queue, fresh.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
-            });
-            let frames = fresh.iter().enumerate().map(|(k, &i)| Frame {
-                message_id: *message_ids[i].as_bytes(),
-                transaction_id: &transaction_ids[i],
-                payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
-            });
-            seg_data.push(segment::encode(frames));
+            let first = reserve(client, t.partition_id, n);
+            let lost = if dedup {
+                let ids = fresh
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &i)| items[i].transaction_id.is_some())
+                    .map(|(k, &i)| (transaction_ids[i].clone(), message_ids[i], first + k as i64))
+                    .collect();
+                record_ids(client, &t, ids)
+            } else {
+                HashMap::new()
+            };
+            let stored: Vec<bool> = fresh.iter().map(|&i| !lost.contains_key(&transaction_ids[i])).collect();
             for (k, &i) in fresh.iter().enumerate() {
-                rows[i] = Some(PushRow {
-                    idx: i as i32,
-                    status: "queued",
-                    message_id: message_ids[i],
-                    transaction_id: transaction_ids[i].clone(),
-                    partition_id: pid,
-                    msg_offset: first + k as i64,
+                rows[i] = Some(match lost.get(&transaction_ids[i]) {
+                    Some(&original) => duplicate(i, t.partition_id, original),
+                    None => PushRow {
+                        idx: i as i32,
+                        status: "queued",
+                        message_id: message_ids[i],
+                        transaction_id: transaction_ids[i].clone(),
+                        partition_id: t.partition_id,
+                        msg_offset: first + k as i64,
+                    },
                 });
             }
-            seg_pids.push(pid);
-            seg_first.push(first);
-            seg_last.push(first + n - 1);
+            for (i, pos) in repeats {
+                let original = rows[fresh[pos]].as_ref().expect("the original's row is set");
+                rows[i] = Some(duplicate(i, t.partition_id, (to_pg_uuid(original.message_id), original.msg_offset)));
+            }
+            // The segment ends on its last stored message: a gap at the end is no entry.
+            let Some(last_k) = stored.iter().rposition(|&s| s) else { continue };
+            let kept = &fresh[..=last_k];
+            // An encrypted queue stores envelopes (see `encryption`), sealed per message.
+            let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
+                crate::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
+            });
+            let entries = kept.iter().enumerate().map(|(k, &i)| {
+                if !stored[k] {
+                    return Entry::Gap;
+                }
+                Entry::Message(Frame {
+                    message_id: *message_ids[i].as_bytes(),
+                    transaction_id: &transaction_ids[i],
+                    payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
+                    created_at: Some(now),
+                })
+            });
+            let data = segment::encode(entries);
+            let last = first + last_k as i64;
+            let tier = if kept.len() < FRESH_MAX { &mut fresh_tier } else { &mut durable_tier };
+            tier.pids.push(t.partition_id);
+            tier.firsts.push(first);
+            tier.lasts.push(last);
+            tier.data.push(data);
+            if crate::offsets::enabled() {
+                crate::offsets::wrote(t.partition_id, last);
+            }
         }
-        if seg_pids.is_empty() {
-            return;
-        }
-        if seg_pids.len() == 1 {
-            run(
-                client,
-                "INSERT INTO queen.segments (partition_id, first_offset, last_offset, data)
-                 VALUES ($1, $2, $3, $4)",
-                &[seg_pids[0].into(), seg_first[0].into(), seg_last[0].into(), seg_data.pop().unwrap().into()],
-            );
-        } else {
-            run(
-                client,
-                "INSERT INTO queen.segments (partition_id, first_offset, last_offset, data)
-                 SELECT * FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[])",
-                &[seg_pids.into(), seg_first.into(), seg_last.into(), seg_data.into()],
-            );
-        }
+        fresh_tier.insert(client, true, created_at);
+        durable_tier.insert(client, false, created_at);
     });
-    rows.into_iter().map(|r| r.expect("every item belongs to one segment")).collect()
+    rows.into_iter().map(|r| r.expect("every item has a result")).collect()
 }

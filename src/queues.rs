@@ -30,24 +30,18 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
     })
 }
 
-/// Creates a partition (committed head 0 plus `reserve` offsets reserved by the caller's
-/// push) and the lanes of every existing consumer group, all starting at 0: everything in
-/// a partition newer than a group is new to it. Returns None when another session created
-/// the partition first; the caller then reserves offsets on the existing row.
-pub fn create_partition(
-    client: &mut SpiClient<'_>,
-    queue_id: i64,
-    name: &str,
-    reserve: i64,
-) -> Option<(pgrx::Uuid, i64)> {
+/// Creates a partition and the lanes of every existing consumer group, all starting at 0:
+/// everything in a partition newer than a group is new to it. Returns None when another
+/// session created the partition first; the caller then looks it up.
+pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -> Option<pgrx::Uuid> {
     let pid = to_pg_uuid(crate::spi::new_id());
     let inserted = run(
         client,
-        "INSERT INTO queen.partitions (partition_id, queue_id, name, head) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (queue_id, name) DO NOTHING RETURNING head",
-        &[pid.into(), queue_id.into(), name.into(), reserve.into()],
+        "INSERT INTO queen.partitions (partition_id, queue_id, name) VALUES ($1, $2, $3)
+         ON CONFLICT (queue_id, name) DO NOTHING RETURNING true",
+        &[pid.into(), queue_id.into(), name.into()],
     );
-    let head = first_value::<i64>(inserted)?;
+    first_value::<bool>(inserted)?;
     run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
@@ -55,7 +49,7 @@ pub fn create_partition(
          ON CONFLICT DO NOTHING",
         &[pid.into(), queue_id.into()],
     );
-    Some((pid, head))
+    Some(pid)
 }
 
 /// Before lanes are created from partition rows: key-share-lock the queue row, which a
@@ -68,7 +62,8 @@ fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64) {
 }
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
-/// 'new' starts the lanes of existing partitions at their committed head, 'all' at 0.
+/// 'new' starts the lanes of existing partitions at their readable end, 'all' at 0 (or
+/// where retention left off).
 ///
 /// Returns false, without waiting, when another session is creating the same group right
 /// now: a pop never waits on a claim that is not its own.
@@ -96,7 +91,8 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
     run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
-         SELECT p.partition_id, $2, $1, CASE WHEN $3 = 'new' THEN p.head ELSE p.retained_through END
+         SELECT p.partition_id, $2, $1,
+                CASE WHEN $3 = 'new' THEN queen._readable(p.partition_id, p.head) ELSE p.retained_through END
            FROM queen.partitions p WHERE p.queue_id = $1
          ON CONFLICT DO NOTHING",
         &[queue_id.into(), group.into(), subscription.into()],

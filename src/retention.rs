@@ -3,9 +3,9 @@
 //! are deleted whole — one row per segment, never one per message. Dead letters are
 //! never touched; a queue without consumer groups keeps everything.
 //!
-//! `queen.retain(queue)` does one pass; with `shared_preload_libraries = 'queen'` a
-//! background worker calls it every `queen.retention_interval` seconds in the database
-//! `queen.retention_database`.
+//! `queen.retain(queue)` does one pass; with `shared_preload_libraries = 'queen'` the
+//! background worker (`worker`) runs one every `queen.retention_interval` seconds in the
+//! database `queen.retention_database`.
 //!
 //! A partition remembers the highest offset deleted (`partitions.retained_through`), and
 //! lanes created later (a new group subscribing to 'all', a repaired lane) start there:
@@ -13,11 +13,10 @@
 //! and lane creation FOR KEY SHARE, so a group being created is either seen by the pass
 //! (its cursor holds segments back) or sees the pass's `retained_through`. A queue whose
 //! row is locked (a group or partition being created, a configure) is skipped until the
-//! next pass rather than waited for.
+//! next pass rather than waited for, and so is a partition whose row is locked (a
+//! compaction pass, or a push without the offset registry).
 
-use std::time::Duration;
 
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -26,8 +25,8 @@ use serde_json::json;
 use crate::errors::{self, SpiExt};
 use crate::spi::run;
 
-static RETENTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
-static RETENTION_DATABASE: GucSetting<Option<std::ffi::CString>> =
+pub static RETENTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+pub static RETENTION_DATABASE: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
 
 /// Called from `_PG_init`: the settings, and the worker when preloading.
@@ -44,21 +43,12 @@ pub fn init() {
     );
     GucRegistry::define_string_guc(
         c"queen.retention_database",
-        c"The database whose queen queues the retention worker maintains.",
-        c"One database per cluster; other databases run queen.retain() themselves (cron, pg_cron).",
+        c"The database whose queen queues the background worker maintains (retention, compaction).",
+        c"One database per cluster; other databases run queen.retain() and queen.compact() themselves (cron, pg_cron).",
         &RETENTION_DATABASE,
         GucContext::Postmaster,
         GucFlags::default(),
     );
-    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
-        BackgroundWorkerBuilder::new("queen retention")
-            .set_type("queen retention")
-            .set_library("queen")
-            .set_function("queen_retention_main")
-            .enable_spi_access()
-            .set_restart_time(Some(Duration::from_secs(5)))
-            .load();
-    }
 }
 
 /// One retention pass over `queue`, or over every queue with `retention > 0`.
@@ -72,7 +62,7 @@ fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
     JsonB(json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes}))
 }
 
-fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64, i64, i64) {
+pub fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64, i64, i64) {
     let queues: Vec<(i64, i32)> = run(
         client,
         "SELECT queue_id, retention FROM queen.queues
@@ -86,8 +76,19 @@ fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64
     .collect();
     let (mut segments, mut bytes) = (0i64, 0i64);
     for &(queue_id, retention) in &queues {
+        // The queue's partitions that nothing else holds (a compaction pass, a push without
+        // the offset registry): the others wait for the next pass.
+        let pids: Vec<pgrx::Uuid> = run(
+            client,
+            "SELECT partition_id FROM queen.partitions WHERE queue_id = $1
+              ORDER BY partition_id FOR NO KEY UPDATE SKIP LOCKED",
+            &[queue_id.into()],
+        )
+        .into_iter()
+        .map(|r| r.get(1).or_raise().unwrap())
+        .collect();
         // Per partition: the lowest cursor over the queue's groups (a group without a lane
-        // there counts as 0); no group at all keeps everything.
+        // there counts as 0); no group at all keeps everything. Both tiers.
         let row = run(
             client,
             "WITH floor AS (
@@ -97,21 +98,28 @@ fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64
                          LEFT JOIN queen.lanes l
                            ON l.partition_id = p.partition_id AND l.consumer_group = g.consumer_group
                         WHERE g.queue_id = $1) AS upto
-                 FROM queen.partitions p
-                WHERE p.queue_id = $1
+                 FROM unnest($3::uuid[]) AS p(partition_id)
              ), gone AS (
                DELETE FROM queen.segments s
                 USING floor f
                 WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
                   AND s.created_at < clock_timestamp() - make_interval(secs => $2)
                RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
+             ), gone_fresh AS (
+               DELETE FROM queen.fresh_segments s
+                USING floor f
+                WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
+                  AND s.created_at < clock_timestamp() - make_interval(secs => $2)
+               RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
+             ), all_gone AS (
+               SELECT * FROM gone UNION ALL SELECT * FROM gone_fresh
              ), marked AS (
                UPDATE queen.partitions p SET retained_through = greatest(p.retained_through, m.last)
-                 FROM (SELECT partition_id, max(last_offset) AS last FROM gone GROUP BY 1) m
+                 FROM (SELECT partition_id, max(last_offset) AS last FROM all_gone GROUP BY 1) m
                 WHERE p.partition_id = m.partition_id
              )
-             SELECT count(*)::int8, coalesce(sum(size), 0)::int8 FROM gone",
-            &[queue_id.into(), f64::from(retention).into()],
+             SELECT count(*)::int8, coalesce(sum(size), 0)::int8 FROM all_gone",
+            &[queue_id.into(), f64::from(retention).into(), pids.into()],
         );
         let row = row.first();
         segments += row.get::<i64>(1).or_raise().unwrap_or(0);
@@ -120,42 +128,3 @@ fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64
     (queues.len() as i64, segments, bytes)
 }
 
-/// The background worker: a retention pass every `queen.retention_interval` seconds, in
-/// its own transaction, in a database where the extension is installed.
-#[pg_guard]
-#[unsafe(no_mangle)]
-pub extern "C-unwind" fn queen_retention_main(_arg: pgrx::pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let db = RETENTION_DATABASE
-        .get()
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "postgres".to_string());
-    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
-    loop {
-        let interval = RETENTION_INTERVAL.get();
-        // 0 disables the passes; the worker still wakes for a reload that enables them.
-        let wait = if interval > 0 { interval as u64 } else { 60 };
-        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(wait))) {
-            break; // SIGTERM
-        }
-        if BackgroundWorker::sighup_received() {
-            unsafe { pgrx::pg_sys::ProcessConfigFile(pgrx::pg_sys::GucContext::PGC_SIGHUP) };
-        }
-        if RETENTION_INTERVAL.get() <= 0 {
-            continue;
-        }
-        BackgroundWorker::transaction(|| {
-            Spi::connect_mut(|client| {
-                let installed = crate::spi::first_value::<bool>(run(
-                    client,
-                    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'queen')",
-                    &[],
-                ))
-                .unwrap_or(false);
-                if installed {
-                    retain_in(client, None);
-                }
-            })
-        });
-    }
-}

@@ -1,5 +1,9 @@
 //! Reading segments: the only place that turns stored bytes back into frames.
 //!
+//! A partition's segments live in two tiers: `queen.segments` (large pushes and merged
+//! runs) and `queen.fresh_segments` (small pushes, until compaction merges them). Their
+//! offsets never overlap; a read looks at both.
+//!
 //! `queen.segments.data` is stored EXTERNAL (TOAST without compression: the codec
 //! compresses), so PostgreSQL can fetch a byte range of it without reading the rest.
 //! A read fetches the segment's header first, then only the bytes of the blocks that
@@ -8,8 +12,8 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
-use pgrx::spi::SpiClient;
-use queen_core::segment::{CodecError, Directory, Frame};
+use pgrx::spi::{SpiClient, SpiHeapTupleData};
+use queen_core::segment::{CodecError, Directory, Entry, Frame};
 
 use crate::errors::{self, SpiExt};
 use crate::spi::run;
@@ -38,74 +42,118 @@ impl pgrx::IntoDatum for StoredBytea {
 }
 
 /// Bytes `[start, start + len)` of a bytea datum, fetched from TOAST without reading the
-/// rest. The copy lives in the current (SPI) memory context: it is valid until the SPI
-/// connection of `read` ends, which the `'static` here does not say — keep it inside.
-fn slice(datum: pg_sys::Datum, start: usize, len: usize) -> &'static [u8] {
+/// rest. The copy lives in the current (SPI) memory context, which lasts as long as the
+/// SPI connection: the lifetime `'conn` of the row the datum came from says so.
+fn slice<'conn>(_row: &SpiHeapTupleData<'conn>, datum: pg_sys::Datum, start: usize, len: usize) -> &'conn [u8] {
+    // SAFETY: `datum` is a non-null bytea of `_row`, valid while that SPI result is;
+    // detoast_attr_slice pallocs the copy in the current memory context, which lives as
+    // long as the SPI connection that produced `_row` ('conn).
     unsafe {
         let v = pg_sys::detoast_attr_slice(datum.cast_mut_ptr::<pg_sys::varlena>(), start as i32, len as i32);
         pgrx::varlena::varlena_to_byte_slice(v)
     }
 }
 
-/// Calls `emit(offset, frame, created_at)` for every offset in `start..=end` of a
-/// partition, in order, decoding only the blocks that hold them. A missing offset or a
-/// corrupt segment is an ERROR (XX001), never a skipped or wrong message.
+/// Calls `emit(offset, message)` for the offsets `start..=end` of a partition, in order,
+/// decoding only the blocks that hold them: `Some((frame, created_at))` for a message,
+/// `None` for an offset that holds none (a gap, or an offset no segment covers). `emit` returns false
+/// to stop early. Segments of both tiers are read in one statement, so a compaction that
+/// commits meanwhile is seen whole or not at all. A corrupt segment is an ERROR (XX001).
 pub fn read(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
     start: i64,
     end: i64,
-    mut emit: impl FnMut(i64, Frame<'_>, TimestampWithTimeZone),
+    mut emit: impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
 ) {
-    // The segment that holds `start`, then the ones that begin inside the span: two
-    // tight range scans of the primary key. `data` comes back as a TOAST pointer.
+    // Per tier: the segment that holds `start`, then the ones that begin inside the span:
+    // tight range scans of the primary keys. `data` comes back as a TOAST pointer.
     let rows = run(
         client,
-        "(SELECT first_offset, created_at, data FROM queen.segments
+        "(SELECT first_offset, last_offset, created_at, data FROM queen.segments
            WHERE partition_id = $1 AND first_offset <= $2
            ORDER BY first_offset DESC LIMIT 1)
          UNION ALL
-         (SELECT first_offset, created_at, data FROM queen.segments
-           WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3
-           ORDER BY first_offset)",
+         (SELECT first_offset, last_offset, created_at, data FROM queen.segments
+           WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
+         UNION ALL
+         (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
+           WHERE partition_id = $1 AND first_offset <= $2
+           ORDER BY first_offset DESC LIMIT 1)
+         UNION ALL
+         (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
+           WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
+         ORDER BY 1",
         &[partition_id.into(), start.into(), end.into()],
     );
     let mut next = start;
     for row in rows {
         let first: i64 = row.get(1).or_raise().unwrap();
-        if first > next {
-            break; // a gap: reported below
+        let last: i64 = row.get(2).or_raise().unwrap();
+        if last < next {
+            continue; // ends before the span (the segment before `start`)
         }
-        let created_at: TimestampWithTimeZone = row.get(2).or_raise().unwrap();
-        let StoredBytea(datum) = row.get(3).or_raise().unwrap();
+        let created_at: TimestampWithTimeZone = row.get(3).or_raise().unwrap();
+        // Offsets no segment covers, up to this one.
+        while next < first && next <= end {
+            if !emit(next, None) {
+                return;
+            }
+            next += 1;
+        }
+        if next > end {
+            break;
+        }
+        let StoredBytea(datum) = row.get(4).or_raise().unwrap();
+        // SAFETY: `datum` is a non-null bytea of this row.
         let total = unsafe { pg_sys::toast_raw_datum_size(datum) } - pg_sys::VARHDRSZ;
-        let mut head = slice(datum, 0, HEAD_BYTES.min(total));
+        let mut head = slice(&row, datum, 0, HEAD_BYTES.min(total));
         let dir = loop {
             match Directory::parse(head, total) {
                 Ok(dir) => break dir,
                 Err(CodecError::Truncated(_)) if head.len() < total => {
-                    head = slice(datum, 0, (head.len() * 8).min(total));
+                    head = slice(&row, datum, 0, (head.len() * 8).min(total));
                 }
                 Err(e) => errors::corrupted(e),
             }
         };
+        if dir.frame_count() as i64 != last - first + 1 {
+            errors::corrupted(format_args!(
+                "segment {first}..{last} of partition {partition_id} holds {} entries",
+                dir.frame_count()
+            ));
+        }
         let from = (next - first) as usize;
-        let to = (end - first + 1) as usize;
+        let to = (end.min(last) - first + 1) as usize;
         let Some((s, e)) = dir.span(from, to) else { continue };
         // The header fetch may already hold the span (a small segment: all of it).
-        let body = if e <= head.len() { &head[s..e] } else { slice(datum, s, e - s) };
-        dir.for_each_in(body, s, from, to, |i, f| {
-            let offset = first + i as i64;
-            if offset == next {
-                next += 1;
-                emit(offset, f, created_at);
+        let body = if e <= head.len() { &head[s..e] } else { slice(&row, datum, s, e - s) };
+        let mut go_on = true;
+        dir.for_each_in(body, s, from, to, |i, entry| {
+            if !go_on {
+                return;
             }
+            let offset = first + i as i64;
+            next = offset + 1;
+            go_on = match entry {
+                Entry::Message(f) => {
+                    // Version 1 segments keep no time per message: the row's applies.
+                    let at = f.created_at.map(crate::spi::timestamptz).unwrap_or(created_at);
+                    emit(offset, Some((f, at)))
+                }
+                Entry::Gap => emit(offset, None),
+            };
         })
         .unwrap_or_else(|e| errors::corrupted(e));
+        if !go_on {
+            return;
+        }
     }
-    if next != end + 1 {
-        errors::corrupted(format_args!(
-            "partition {partition_id} has no segment for offsets {next}..{end}"
-        ));
+    // Offsets past the last segment.
+    while next <= end {
+        if !emit(next, None) {
+            return;
+        }
+        next += 1;
     }
 }

@@ -1,9 +1,10 @@
 //! Long-poll wake-ups (spec §4 `wait_ms`).
 //!
-//! With `shared_preload_libraries = 'queen'`, shared memory holds a small array of
-//! condition variables; a queue maps to one slot. A transaction that pushes to a queue,
+//! With `shared_preload_libraries = 'queen'`, shared memory (`shmem`) holds a small array
+//! of condition variables; a queue maps to one slot. A transaction that pushes to a queue,
 //! or releases a lane of it, broadcasts that slot when it commits (after its rows are
-//! visible), so a waiting pop retries at once instead of on a timer.
+//! visible and its offsets readable), so a waiting pop retries at once instead of on a
+//! timer.
 //!
 //! Without preloading there is no shared memory: waiting pops poll every
 //! `FALLBACK_POLL_MS` on their latch instead (documented in the README).
@@ -12,8 +13,6 @@ use std::cell::Cell;
 use std::ptr;
 
 use pgrx::pg_sys;
-use pgrx::prelude::*;
-use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
 /// Condition-variable slots; queues share a slot when their ids collide.
 const SLOTS: usize = 64;
@@ -29,58 +28,29 @@ struct WakeShmem {
 }
 
 static mut WAKE: *mut WakeShmem = ptr::null_mut();
-static mut PREV_REQUEST: Option<unsafe extern "C-unwind" fn()> = None;
-static mut PREV_STARTUP: Option<unsafe extern "C-unwind" fn()> = None;
 
 thread_local! {
     /// Slots to broadcast when the current transaction commits (a bit per slot).
     static PENDING: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Called from `_PG_init`: asks for shared memory when loaded at server start.
-pub fn init() {
-    unsafe {
-        if !pg_sys::process_shared_preload_libraries_in_progress {
-            return;
-        }
-        PREV_REQUEST = pg_sys::shmem_request_hook;
-        pg_sys::shmem_request_hook = Some(shmem_request);
-        PREV_STARTUP = pg_sys::shmem_startup_hook;
-        pg_sys::shmem_startup_hook = Some(shmem_startup);
-    }
+/// Bytes of shared memory the wake-up slots take (see `shmem`).
+pub fn shmem_size() -> usize {
+    std::mem::size_of::<WakeShmem>()
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_request() {
+/// Initialises the slots (or attaches to them): `shmem` calls this once per process.
+pub fn shmem_init((p, found): (*mut u8, bool)) {
+    let shm = p as *mut WakeShmem;
+    // SAFETY: `p` is a block of shmem_size() bytes from ShmemInitStruct, MAXALIGNed, and
+    // the caller holds AddinShmemInitLock, so nobody else initialises it concurrently.
     unsafe {
-        if let Some(prev) = PREV_REQUEST {
-            prev();
-        }
-        pg_sys::RequestAddinShmemSpace(std::mem::size_of::<WakeShmem>());
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn shmem_startup() {
-    unsafe {
-        if let Some(prev) = PREV_STARTUP {
-            prev();
-        }
-        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
-        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let mut found = false;
-        let shm = pg_sys::ShmemInitStruct(
-            c"queen wake-ups".as_ptr(),
-            std::mem::size_of::<WakeShmem>(),
-            &mut found,
-        ) as *mut WakeShmem;
         if !found {
             for i in 0..SLOTS {
                 pg_sys::ConditionVariableInit(&raw mut (*shm).slots[i]);
             }
         }
         WAKE = shm;
-        pg_sys::LWLockRelease(lock);
     }
 }
 
@@ -96,33 +66,39 @@ fn slot(queue: &str) -> usize {
 
 /// True when wake-ups go through shared memory.
 pub fn preloaded() -> bool {
+    // SAFETY: WAKE is written once per process, before any query runs.
     unsafe { !WAKE.is_null() }
 }
 
-/// Wakes waiters on `queue_id` once the current transaction commits.
+/// Wakes waiters on `queue` once the current transaction commits (`on_commit`).
 pub fn notify_on_commit(queue: &str) {
-    if !preloaded() {
-        return;
+    if preloaded() {
+        PENDING.with(|p| p.set(p.get() | 1u64 << slot(queue)));
     }
-    let bit = 1u64 << slot(queue);
-    let before = PENDING.with(|p| p.replace(p.get() | bit));
-    if before == 0 {
-        register_xact_callback(PgXactCallbackEvent::Commit, || {
-            let mask = PENDING.with(|p| p.replace(0));
-            for i in 0..SLOTS {
-                if mask & (1u64 << i) != 0 {
-                    unsafe { pg_sys::ConditionVariableBroadcast(&raw mut (*WAKE).slots[i]) };
-                }
-            }
-        });
-        register_xact_callback(PgXactCallbackEvent::Abort, || PENDING.with(|p| p.set(0)));
+}
+
+/// At commit, after the transaction's rows are visible and its offsets readable
+/// (`offsets::xact_callback` calls this last): wake the pops waiting on its queues.
+pub fn on_commit() {
+    let mask = PENDING.with(|p| p.replace(0));
+    for i in 0..SLOTS {
+        if mask & (1u64 << i) != 0 {
+            // SAFETY: a bit is only set when preloaded(), so WAKE points at the slots.
+            unsafe { pg_sys::ConditionVariableBroadcast(&raw mut (*WAKE).slots[i]) };
+        }
     }
+}
+
+/// At abort: nothing to announce.
+pub fn on_abort() {
+    PENDING.with(|p| p.set(0));
 }
 
 /// Registers this backend as a waiter on `queue`. Call it before looking for messages:
 /// a commit between the look and `sleep` then still wakes the sleep.
 pub fn prepare(queue: &str) {
     if preloaded() {
+        // SAFETY: WAKE points at the initialised slots (preloaded).
         unsafe { pg_sys::ConditionVariablePrepareToSleep(&raw mut (*WAKE).slots[slot(queue)]) };
     }
 }
@@ -130,6 +106,8 @@ pub fn prepare(queue: &str) {
 /// Sleeps until a wake-up of `queue`, `timeout_ms`, or an interrupt (query cancel and
 /// statement_timeout raise their ERROR here, as anywhere in PostgreSQL).
 pub fn sleep(queue: &str, timeout_ms: i64) {
+    // SAFETY: with preloading WAKE points at the initialised slots; MyLatch is this
+    // backend's own latch.
     unsafe {
         if preloaded() {
             pg_sys::ConditionVariableTimedSleep(
@@ -152,6 +130,7 @@ pub fn sleep(queue: &str, timeout_ms: i64) {
 
 pub fn cancel() {
     if preloaded() {
+        // SAFETY: ends the sleep `prepare` started on this backend's condition variable.
         unsafe { pg_sys::ConditionVariableCancelSleep() };
     }
 }

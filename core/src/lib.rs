@@ -3,6 +3,7 @@
 
 pub mod ack;
 pub mod claim;
+pub mod compaction;
 pub mod envelope;
 pub mod ids;
 pub mod lease;

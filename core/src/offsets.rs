@@ -92,13 +92,13 @@ impl Layout {
     pub fn new(max_live: usize, records: usize, owners: usize) -> Layout {
         Layout { slots: (max_live.max(1) * 2).next_power_of_two(), records: records.max(1), owners: owners.max(1) }
     }
-    fn slots_at(&self) -> usize {
+    pub fn slots_at(&self) -> usize {
         std::mem::size_of::<Header>()
     }
-    fn records_at(&self) -> usize {
+    pub fn records_at(&self) -> usize {
         self.slots_at() + self.slots * std::mem::size_of::<Slot>()
     }
-    fn owners_at(&self) -> usize {
+    pub fn owners_at(&self) -> usize {
         self.records_at() + self.records * std::mem::size_of::<Record>()
     }
     /// Bytes the whole registry takes (8-byte aligned start).
@@ -162,6 +162,7 @@ fn find(h: &Header, slots: &[Slot], key: &[u8; 16]) -> Result<usize, usize> {
 pub struct View<'a> {
     h: &'a Header,
     slots: &'a [Slot],
+    recs: &'a [Record],
 }
 
 /// What a reader learns about a partition.
@@ -173,8 +174,8 @@ pub enum Seen {
 }
 
 impl<'a> View<'a> {
-    pub fn new(h: &'a Header, slots: &'a [Slot]) -> Self {
-        View { h, slots }
+    pub fn new(h: &'a Header, slots: &'a [Slot], recs: &'a [Record]) -> Self {
+        View { h, slots, recs }
     }
 
     /// The readable end of a partition (see the module docs).
@@ -184,6 +185,30 @@ impl<'a> View<'a> {
             Ok(_) => Seen::Loading,
             Err(_) => Seen::Unknown,
         }
+    }
+
+    /// The readable end as `owner`'s transaction sees it: its own reservations are no
+    /// reason to wait (it sees its own writes, and commits or aborts with them), so the
+    /// end moves past them as long as no other transaction's reservation comes first.
+    pub fn readable_for(&self, key: &[u8; 16], owner: u32) -> Seen {
+        let i = match find(self.h, self.slots, key) {
+            Ok(i) if self.slots[i].state == READY => i,
+            Ok(_) => return Seen::Loading,
+            Err(_) => return Seen::Unknown,
+        };
+        let mut end = self.slots[i].readable;
+        let mut r = self.slots[i].first;
+        while r != NIL {
+            let rec = &self.recs[r as usize];
+            if rec.state == IN_FLIGHT && rec.owner != owner {
+                break;
+            }
+            if rec.written >= rec.first {
+                end = end.max(rec.written);
+            }
+            r = rec.next;
+        }
+        Seen::Readable(end)
     }
 
     /// The last offset reserved (None while not loaded).
@@ -239,7 +264,7 @@ impl<'a> Registry<'a> {
     }
 
     pub fn view(&self) -> View<'_> {
-        View { h: self.h, slots: self.slots }
+        View { h: self.h, slots: self.slots, recs: self.recs }
     }
 
     /// Partitions tracked now.
@@ -443,15 +468,17 @@ impl<'a> Registry<'a> {
         Load::Mine
     }
 
-    /// Ends a load: the partition's last committed offset, read from the database with a
-    /// snapshot taken after `begin_load`, becomes its head and readable end.
-    pub fn finish_load(&mut self, key: &[u8; 16], owner: u32, end: i64) {
+    /// Ends a load with what the database holds, read with a snapshot taken after
+    /// `begin_load`: `readable`, the highest offset a stored segment holds (every push
+    /// that could write below it has ended), and `head`, at least that, the highest offset
+    /// anything refers to. Offsets after `head` are handed out next.
+    pub fn finish_load(&mut self, key: &[u8; 16], owner: u32, head: i64, readable: i64) {
         if let Ok(i) = find(self.h, self.slots, key) {
             let s = &mut self.slots[i];
             if s.state == LOADING && s.loader == owner {
                 s.state = READY;
-                s.head = end;
-                s.readable = end;
+                s.head = head.max(readable);
+                s.readable = readable;
             }
         }
     }
@@ -541,7 +568,7 @@ mod tests {
         }
         fn load(&mut self, k: u8, end: i64) {
             assert_eq!(self.reg().begin_load(&key(k), 99), Load::Mine);
-            self.reg().finish_load(&key(k), 99, end);
+            self.reg().finish_load(&key(k), 99, end, end);
         }
     }
 
@@ -566,6 +593,25 @@ mod tests {
         assert_eq!(m.readable(1), Seen::Readable(10), "13 waits for 11..12");
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(13));
+    }
+
+    #[test]
+    fn a_transaction_reads_its_own_pushes_unless_another_comes_first() {
+        let mut m = Mem::new(4, 8, 4);
+        m.load(1, 0);
+        m.reg().reserve(&key(1), 2, 0, 1).unwrap(); // owner 0: 1..2
+        m.reg().wrote(&key(1), 0, 2);
+        assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2));
+        assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
+        m.reg().reserve(&key(1), 1, 1, 1).unwrap(); // owner 1: 3
+        m.reg().wrote(&key(1), 1, 3);
+        m.reg().reserve(&key(1), 1, 0, 1).unwrap(); // owner 0 again: 4, a new record
+        m.reg().wrote(&key(1), 0, 4);
+        assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2), "3 is another's, in flight");
+        assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
+        m.reg().finish(1, true);
+        assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(4));
+        assert_eq!(m.readable(1), Seen::Readable(0));
     }
 
     #[test]
@@ -634,8 +680,9 @@ mod tests {
         m.reg().abandon_load(&key(1), 0);
         assert_eq!(m.readable(1), Seen::Unknown);
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Mine);
-        m.reg().finish_load(&key(1), 1, 7);
+        m.reg().finish_load(&key(1), 1, 9, 7);
         assert_eq!(m.readable(1), Seen::Readable(7));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1), Ok(10), "offsets after the stored head");
     }
 
     #[test]
@@ -723,7 +770,7 @@ mod tests {
                                     match m.reg().begin_load(&key(part), owner) {
                                         Load::Mine => {
                                             let end = db_end(&model, part);
-                                            m.reg().finish_load(&key(part), owner, end);
+                                            m.reg().finish_load(&key(part), owner, end, end);
                                         }
                                         Load::Full => break None,
                                         other => panic!("{other:?}"),
@@ -790,6 +837,20 @@ mod tests {
                         .filter_map(|r| r.written)
                         .max()
                         .unwrap_or(0);
+                    // What each owner sees: its own reservations count as written.
+                    for me in 0u32..4 {
+                        let lowest_other = model.iter().filter(|r| r.part == part && r.fate.is_none() && r.owner != me).map(|r| r.first).min();
+                        let want_me = model
+                            .iter()
+                            .filter(|r| r.part == part && lowest_other.is_none_or(|l| r.first < l))
+                            .filter(|r| r.fate == Some(true) || (r.fate.is_none() && r.owner == me))
+                            .filter_map(|r| r.written)
+                            .max()
+                            .unwrap_or(0);
+                        if let Seen::Readable(got) = m.reg().view().readable_for(&key(part), me) {
+                            prop_assert_eq!(got, want_me, "partition {} as owner {}", part, me);
+                        }
+                    }
                     match m.readable(part) {
                         Seen::Readable(got) => {
                             prop_assert_eq!(got, want, "partition {}", part);

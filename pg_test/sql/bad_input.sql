@@ -14,7 +14,7 @@ END $$;
 SELECT queen.push('good', '{"ok": true}') IS NOT NULL AS pushed;
 CREATE TEMP TABLE before AS
   SELECT (SELECT count(*) FROM queen.queues) AS queues, (SELECT count(*) FROM queen.partitions) AS partitions,
-         (SELECT count(*) FROM queen.segments) AS segments, (SELECT count(*) FROM queen.lanes) AS lanes;
+         (SELECT count(*) FROM queen.segments) + (SELECT count(*) FROM queen.fresh_segments) AS segments, (SELECT count(*) FROM queen.lanes) AS lanes;
 
 -- push
 SELECT pg_temp.err($$SELECT queen.push('bad name', '{}')$$);
@@ -41,7 +41,7 @@ SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good", "payload": 1}, 
 SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good", "payload": 1, "transactionId": 5}]')$$);
 SELECT pg_temp.err($$SELECT queen.push_batch(NULL)$$);
 SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue"')$$);
-SELECT head FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = 'good';
+SELECT messages FROM queen.totals('good');
 
 -- pop
 SELECT pg_temp.err($$SELECT queen.pop('bad name')$$);
@@ -82,7 +82,7 @@ SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "0000
 -- Nothing above changed the stored state.
 SELECT (SELECT count(*) FROM queen.queues) = queues AS same_queues,
        (SELECT count(*) FROM queen.partitions) = partitions AS same_partitions,
-       (SELECT count(*) FROM queen.segments) = segments AS same_segments,
+       (SELECT count(*) FROM queen.segments) + (SELECT count(*) FROM queen.fresh_segments) = segments AS same_segments,
        (SELECT count(*) FROM queen.lanes) = lanes AS same_lanes
   FROM before;
 SELECT msg_offset, payload FROM queen.pop('good', auto_ack => true);

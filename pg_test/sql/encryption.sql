@@ -15,11 +15,12 @@ SELECT queen.configure('vault', encryption => true) ->> 'encryption' AS encrypti
 SELECT msg_offset FROM queen.push('vault', '{"card": "4111-1111-1111-1111"}');
 SELECT msg_offset FROM queen.push_batch('[{"queue": "vault", "payload": {"card": "5500-0000-0000-0004"}},
                                           {"queue": "plain", "payload": {"card": "visible"}}]');
--- The stored segments hold no plaintext of the encrypted queue; the plain queue's do.
+-- The stored segments (both tiers) hold no plaintext of the encrypted queue; the plain queue's do.
 SELECT q.name, bool_or(position(convert_to('1111', 'UTF8') in s.data) > 0
                        OR position(convert_to('0004', 'UTF8') in s.data) > 0
                        OR position(convert_to('visible', 'UTF8') in s.data) > 0) AS plaintext_stored
-  FROM queen.segments s JOIN queen.partitions p USING (partition_id) JOIN queen.queues q USING (queue_id)
+  FROM (SELECT partition_id, first_offset, last_offset, data FROM queen.segments UNION ALL SELECT partition_id, first_offset, last_offset, data FROM queen.fresh_segments) s
+  JOIN queen.partitions p USING (partition_id) JOIN queen.queues q USING (queue_id)
  GROUP BY q.name ORDER BY q.name;
 
 -- Pop returns plaintext.

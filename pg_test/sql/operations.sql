@@ -34,7 +34,7 @@ SELECT c.oid::regclass::text FROM pg_class c
 SELECT queen.delete_queue('ops') - 'queue' AS deleted;
 SELECT queen.delete_queue('ops') AS again;
 SELECT (SELECT count(*) FROM queen.queues) AS queues, (SELECT count(*) FROM queen.partitions) AS partitions,
-       (SELECT count(*) FROM queen.segments) AS segments, (SELECT count(*) FROM queen.lanes) AS lanes,
+       (SELECT count(*) FROM queen.segments) + (SELECT count(*) FROM queen.fresh_segments) AS segments, (SELECT count(*) FROM queen.lanes) AS lanes,
        (SELECT count(*) FROM queen.leases) AS leases, (SELECT count(*) FROM queen.log_dlq) AS dead_letters;
 SELECT msg_offset, payload FROM queen.pop('other', auto_ack => true);
 -- A deleted queue comes back empty on its next push.

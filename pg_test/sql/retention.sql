@@ -1,4 +1,4 @@
--- Retention (spec §2 retention): segments that every consumer group has committed past
+-- Retention: segments (of both tiers) that every consumer group has committed past
 -- and that are older than the queue's retention are deleted whole; nothing else is.
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
@@ -31,7 +31,8 @@ SELECT pg_sleep(1.1);
 -- a: min(6, 4) = 4, so segments 1-2 and 3-4 go; b and c: g2 is at 0, so they stay.
 SELECT queen.retain('ret') - 'bytesDeleted' AS pass;
 SELECT p.name AS partition, s.first_offset, s.last_offset
-  FROM queen.segments s JOIN queen.partitions p USING (partition_id) ORDER BY 1, 2;
+  FROM (SELECT partition_id, first_offset, last_offset, data FROM queen.segments UNION ALL SELECT partition_id, first_offset, last_offset, data FROM queen.fresh_segments) s
+  JOIN queen.partitions p USING (partition_id) ORDER BY 1, 2;
 SELECT name, retained_through FROM queen.partitions ORDER BY queue_id, name;
 SELECT count(*) AS dead_letters FROM queen.log_dlq;
 
@@ -47,7 +48,8 @@ SELECT count(*) FROM queen.pop('ret', 'g2', partition => 'a', auto_ack => true);
 SELECT count(*) FROM queen.pop('ret', 'g3', partition => 'a', auto_ack => true);
 SELECT r - 'bytesDeleted' AS pass, (r ->> 'bytesDeleted')::int > 0 AS freed_bytes FROM queen.retain() r;
 SELECT p.name AS partition, s.first_offset, s.last_offset
-  FROM queen.segments s JOIN queen.partitions p USING (partition_id) WHERE p.name = 'a' ORDER BY 2;
+  FROM (SELECT partition_id, first_offset, last_offset, data FROM queen.segments UNION ALL SELECT partition_id, first_offset, last_offset, data FROM queen.fresh_segments) s
+  JOIN queen.partitions p USING (partition_id) WHERE p.name = 'a' ORDER BY 2;
 
 -- Bad input.
 SELECT queen.retain('bad name!');

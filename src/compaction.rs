@@ -1,0 +1,218 @@
+//! Compaction: the small segments of the fresh tier are merged into large segments of the
+//! durable tier (`queen_core::compaction` decides which). One partition at a time, in one
+//! transaction: the merged segment is inserted and the small ones deleted together, so a
+//! reader sees one or the other, and every offset holds what it held.
+//!
+//! `queen.compact(queue)` does one pass; with `shared_preload_libraries = 'queen'` the
+//! background worker (`worker`) runs one every `queen.compaction_interval` milliseconds.
+//!
+//! A pass locks the partition row (`FOR NO KEY UPDATE SKIP LOCKED`): two passes, or a pass
+//! and a retention pass, never work on one partition at once, and a partition that is busy
+//! otherwise is left for the next pass. Pushes and pops do not wait for it.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use queen_core::compaction::{plan, Seg, LIMITS};
+use queen_core::segment::{self, Entry, Frame, Segment};
+use serde_json::json;
+
+use crate::errors::{self, SpiExt};
+use crate::spi::{clock_now, run};
+
+pub static COMPACTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// Called from `_PG_init`.
+pub fn init() {
+    GucRegistry::define_int_guc(
+        c"queen.compaction_interval",
+        c"Milliseconds between compaction passes of queen's background worker (0: none).",
+        c"The worker merges the small segments of single-message pushes in queen.retention_database. \
+          Needs shared_preload_libraries = 'queen'; without it, call queen.compact().",
+        &COMPACTION_INTERVAL,
+        0,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+}
+
+/// What a pass did.
+#[derive(Default, Clone, Copy)]
+pub struct Done {
+    pub partitions: i64,
+    pub merged: i64,
+    pub written: i64,
+    pub messages: i64,
+}
+
+impl Done {
+    fn add(&mut self, o: Done) {
+        self.partitions += o.partitions;
+        self.merged += o.merged;
+        self.written += o.written;
+        self.messages += o.messages;
+    }
+}
+
+/// `queen.compact(queue)`: one compaction pass over a queue, or over every queue.
+#[pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
+    if let Some(q) = queue {
+        errors::check_queue_name("queue", q);
+    }
+    let mut done = Done::default();
+    Spi::connect_mut(|client| {
+        for pid in partitions_to_compact(client, queue) {
+            done.add(compact_partition(client, pid));
+        }
+    });
+    JsonB(json!({
+        "partitions": done.partitions,
+        "segmentsMerged": done.merged,
+        "segmentsWritten": done.written,
+        "messages": done.messages,
+    }))
+}
+
+/// Partitions with segments in the fresh tier (of one queue, or of all): a skip scan of
+/// the fresh tier's primary key, one probe per partition.
+pub fn partitions_to_compact(client: &mut SpiClient<'_>, queue: Option<&str>) -> Vec<pgrx::Uuid> {
+    run(
+        client,
+        "WITH RECURSIVE f(pid) AS (
+           SELECT (SELECT min(partition_id) FROM queen.fresh_segments)
+           UNION ALL
+           SELECT (SELECT min(partition_id) FROM queen.fresh_segments WHERE partition_id > f.pid)
+             FROM f WHERE f.pid IS NOT NULL)
+         SELECT f.pid FROM f
+          WHERE f.pid IS NOT NULL
+            AND ($1::text IS NULL OR EXISTS (
+                  SELECT 1 FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
+                   WHERE p.partition_id = f.pid AND q.name = $1))",
+        &[queue.into()],
+    )
+    .into_iter()
+    .map(|r| r.get::<pgrx::Uuid>(1).or_raise().unwrap())
+    .collect()
+}
+
+/// One message of a run, owned (the run's rows are read before the merged one is built).
+struct Owned {
+    message_id: [u8; 16],
+    transaction_id: String,
+    payload: Vec<u8>,
+    created_at: i64,
+}
+
+/// Merges the runs of one partition that `queen_core::compaction::plan` picks.
+pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Done {
+    let locked = run(
+        client,
+        "SELECT p.head FROM queen.partitions p WHERE p.partition_id = $1 FOR NO KEY UPDATE SKIP LOCKED",
+        &[pid.into()],
+    );
+    let Some(head) = locked.into_iter().next().map(|r| r.get::<i64>(1).or_raise().unwrap()) else {
+        return Done::default(); // busy (or gone): the next pass
+    };
+    let readable = crate::offsets::readable(pid, head);
+    let fresh: Vec<Seg> = run(
+        client,
+        "SELECT first_offset, last_offset, (extract(epoch FROM created_at - '2000-01-01 UTC') * 1000000)::int8
+           FROM queen.fresh_segments
+          WHERE partition_id = $1 AND first_offset <= $2
+          ORDER BY first_offset LIMIT 100000",
+        &[pid.into(), readable.into()],
+    )
+    .into_iter()
+    .map(|r| Seg {
+        fresh: true,
+        first: r.get(1).or_raise().unwrap(),
+        last: r.get(2).or_raise().unwrap(),
+        created_at: r.get(3).or_raise().unwrap(),
+    })
+    .collect();
+    let (Some(lo), Some(hi)) = (fresh.first().map(|s| s.first), fresh.last().map(|s| s.last)) else {
+        return Done::default();
+    };
+    // Durable segments between them split runs (offsets of the two tiers never overlap).
+    let mut segs: Vec<Seg> = run(
+        client,
+        "SELECT first_offset, last_offset FROM queen.segments
+          WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3",
+        &[pid.into(), lo.into(), hi.into()],
+    )
+    .into_iter()
+    .map(|r| Seg { fresh: false, first: r.get(1).or_raise().unwrap(), last: r.get(2).or_raise().unwrap(), created_at: 0 })
+    .chain(fresh)
+    .collect();
+    segs.sort_by_key(|s| s.first);
+    let mut done = Done { partitions: 1, ..Done::default() };
+    for r in plan(&segs, readable, clock_now(), LIMITS) {
+        let (first, last) = (segs[r.start].first, segs[r.end - 1].last);
+        done.add(merge(client, pid, first, last));
+    }
+    done
+}
+
+/// Replaces the fresh segments in `first..=last` by one durable segment with the same
+/// entries: their messages at their offsets, and a gap at every offset none of them holds.
+fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> Done {
+    let mut slots: Vec<Option<Owned>> = (first..=last).map(|_| None).collect();
+    let mut rows = 0i64;
+    let mut newest = i64::MIN;
+    for row in run(
+        client,
+        "SELECT first_offset, created_at, data FROM queen.fresh_segments
+          WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3
+          ORDER BY first_offset",
+        &[pid.into(), first.into(), last.into()],
+    )
+    .into_iter()
+    {
+        rows += 1;
+        let seg_first: i64 = row.get(1).or_raise().unwrap();
+        let row_time: i64 = row.get::<TimestampWithTimeZone>(2).or_raise().unwrap().into();
+        let data: Vec<u8> = row.get(3).or_raise().unwrap();
+        let seg = Segment::parse(&data).unwrap_or_else(|e| errors::corrupted(e));
+        seg.for_each_in(0, usize::MAX, |i, entry| {
+            if let Entry::Message(f) = entry {
+                let offset = seg_first + i as i64;
+                let created_at = f.created_at.unwrap_or(row_time);
+                newest = newest.max(created_at);
+                if let Some(slot) = slots.get_mut((offset - first) as usize) {
+                    *slot = Some(Owned {
+                        message_id: f.message_id,
+                        transaction_id: f.transaction_id.to_string(),
+                        payload: f.payload.to_vec(),
+                        created_at,
+                    });
+                }
+            }
+        })
+        .unwrap_or_else(|e| errors::corrupted(e));
+    }
+    let messages = slots.iter().flatten().count() as i64;
+    let data = segment::encode(slots.iter().map(|s| match s {
+        Some(m) => Entry::Message(Frame {
+            message_id: m.message_id,
+            transaction_id: &m.transaction_id,
+            payload: &m.payload,
+            created_at: Some(m.created_at),
+        }),
+        None => Entry::Gap,
+    }));
+    run(
+        client,
+        "WITH gone AS (
+           DELETE FROM queen.fresh_segments WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3
+         )
+         INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data)
+         VALUES ($1, $2, $3, $4, $5)",
+        &[pid.into(), first.into(), last.into(), crate::spi::timestamptz(newest).into(), data.into()],
+    );
+    Done { partitions: 0, merged: rows, written: 1, messages }
+}

@@ -1,0 +1,361 @@
+//! Offsets without a commit-long lock: the shared-memory side of
+//! `queen_core::offsets` (the registry and its rules live there).
+//!
+//! With `shared_preload_libraries = 'queen'` a push reserves its offsets in the registry
+//! and holds no row lock; concurrent pushes to one partition run and commit in parallel.
+//! A pop reads only up to the partition's readable end (`readable`): everything up to it is
+//! decided, so a pop never delivers offset k+1 while offset k may still commit. An aborted
+//! push leaves a gap. The registry learns how a transaction ended from the transaction
+//! callbacks below, which PostgreSQL runs after the transaction's rows became visible.
+//!
+//! A transaction that reserved offsets cannot be prepared (`PREPARE TRANSACTION`): its
+//! reservation would outlive the session that holds it. Such a transaction gets an error.
+//!
+//! Without preloading there is no registry: a push reserves offsets by updating its
+//! partition row and holds that row until it commits (pushes to one partition then commit
+//! one at a time), and the readable end is the highest offset any committed segment holds.
+
+use std::cell::Cell;
+use std::ffi::CStr;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::PgSqlErrorCode;
+use queen_core::offsets::{Header, Layout, Load, Record, Refusal, Registry, Seen, Slot, View};
+
+use crate::errors::{self, SpiExt};
+use crate::spi::run;
+
+pub const TRANCHE: &CStr = c"queen";
+
+static TRACKED_PARTITIONS: GucSetting<i32> = GucSetting::<i32>::new(16_384);
+static RESERVATIONS: GucSetting<i32> = GucSetting::<i32>::new(32_768);
+
+struct Shared {
+    lock: *mut pg_sys::LWLock,
+    base: *mut u8,
+    layout: Layout,
+}
+
+static mut SHARED: Option<Shared> = None;
+
+thread_local! {
+    /// This backend holds reservations in the current transaction.
+    static HOLDS: Cell<bool> = const { Cell::new(false) };
+    /// The partition this backend is loading into the registry, if a load is under way.
+    static LOADING: Cell<Option<[u8; 16]>> = const { Cell::new(None) };
+}
+
+/// Called from `_PG_init`: the settings, and the transaction callbacks (always: they are
+/// also what announces wake-ups at commit).
+pub fn init() {
+    GucRegistry::define_int_guc(
+        c"queen.tracked_partitions",
+        c"Partitions whose offsets queen tracks in shared memory at once.",
+        c"A partition beyond this is tracked again, from the database, when next pushed to or read.",
+        &TRACKED_PARTITIONS,
+        16,
+        1 << 22,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"queen.max_reservations",
+        c"Offset reservations (a transaction's pushes to one partition) in flight at once.",
+        c"A push beyond it fails with SQLSTATE 53400 until reservations end.",
+        &RESERVATIONS,
+        64,
+        1 << 24,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    // SAFETY: registering callbacks is allowed at any time in a backend; these stay for the
+    // life of the process, as PostgreSQL's own modules' do.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
+    }
+}
+
+fn layout() -> Layout {
+    // SAFETY: MaxBackends is set before shared memory is sized (PostgreSQL 15's shmem
+    // request hook exists for exactly that).
+    let owners = unsafe { pg_sys::MaxBackends } as usize;
+    Layout::new(TRACKED_PARTITIONS.get() as usize, RESERVATIONS.get() as usize, owners)
+}
+
+/// Bytes of shared memory the registry takes.
+pub fn shmem_size() -> usize {
+    layout().size()
+}
+
+/// Formats the registry (or attaches to it): `shmem` calls this once per process.
+pub fn shmem_init((base, found): (*mut u8, bool)) {
+    let layout = layout();
+    // SAFETY: the tranche was requested in the shmem request hook.
+    let lock = unsafe { &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock };
+    // SAFETY: `base` points at shmem_size() fresh bytes when !found; the caller holds
+    // AddinShmemInitLock, so nobody else touches them yet.
+    unsafe {
+        SHARED = Some(Shared { lock, base, layout });
+        if !found {
+            let (h, slots, recs, owners) = parts(base, layout);
+            Registry::format(h, slots, recs, owners, TRACKED_PARTITIONS.get() as usize);
+        }
+    }
+}
+
+/// The registry's parts inside its block of shared memory.
+///
+/// SAFETY (for callers): `base` is the registry's block laid out by `layout`, and the
+/// caller holds the registry lock in a mode that fits what it does with the parts.
+#[allow(clippy::type_complexity)]
+unsafe fn parts<'a>(base: *mut u8, l: Layout) -> (&'a mut Header, &'a mut [Slot], &'a mut [Record], &'a mut [u32]) {
+    let at = |k: usize| {
+        // SAFETY: offsets within the block computed by Layout, which sized it.
+        unsafe { base.add(k) }
+    };
+    let (slots_at, recs_at, owners_at) = (l.slots_at(), l.records_at(), l.owners_at());
+    // SAFETY: each part starts 8-byte aligned (the block is MAXALIGNed and every size above
+    // is a multiple of 8) and the parts do not overlap.
+    unsafe {
+        (
+            &mut *(at(0) as *mut Header),
+            std::slice::from_raw_parts_mut(at(slots_at) as *mut Slot, l.slots),
+            std::slice::from_raw_parts_mut(at(recs_at) as *mut Record, l.records),
+            std::slice::from_raw_parts_mut(at(owners_at) as *mut u32, l.owners),
+        )
+    }
+}
+
+/// True when the registry exists (the library was preloaded).
+pub fn enabled() -> bool {
+    // SAFETY: SHARED is written once per process, before any query runs.
+    unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
+}
+
+fn shared() -> &'static Shared {
+    // SAFETY: as in `enabled`; callers check `enabled` first.
+    unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen offsets: shared memory not set up") }
+}
+
+/// Runs `f` on the registry under its lock, exclusively.
+fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
+    let s = shared();
+    // SAFETY: the lock guards the registry; `f` is pure Rust that cannot raise an ERROR
+    // (so the lock is always released here; an ERROR elsewhere releases every LWLock).
+    unsafe {
+        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let (h, slots, recs, owners) = parts(s.base, s.layout);
+        let out = f(&mut Registry::new(h, slots, recs, owners));
+        pg_sys::LWLockRelease(s.lock);
+        out
+    }
+}
+
+/// Runs `f` on a read-only view under the lock in shared mode.
+fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
+    let s = shared();
+    // SAFETY: as `with_registry`; readers only read, and writers hold the lock exclusively.
+    unsafe {
+        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_SHARED);
+        let (h, slots, recs, _) = parts(s.base, s.layout);
+        let out = f(&View::new(h, slots, recs));
+        pg_sys::LWLockRelease(s.lock);
+        out
+    }
+}
+
+/// This backend's owner number in the registry.
+fn owner() -> u32 {
+    // SAFETY: MyBackendId is this backend's id (1..=MaxBackends) for every process that
+    // runs queen's functions: client backends and background workers.
+    (unsafe { pg_sys::MyBackendId } - 1) as u32
+}
+
+fn subxact() -> u32 {
+    // SAFETY: a plain read of the transaction state; queen's functions run in a transaction.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
+/// Another backend is loading a partition: give it a moment.
+fn wait_for_load() {
+    // SAFETY: a plain sleep; interrupts are checked right after.
+    unsafe { pg_sys::pg_usleep(100) };
+    pgrx::check_for_interrupts!();
+}
+
+fn full(what: &str) -> ! {
+    errors::raise(
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!("queen: {what}; raise it in postgresql.conf (takes a restart) or push to fewer partitions per transaction"),
+    )
+}
+
+/// Reserves `n` offsets of a partition for the current transaction; returns the first.
+pub fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64) -> i64 {
+    let key = *partition_id.as_bytes();
+    let (me, sub) = (owner(), subxact());
+    loop {
+        match with_registry(|r| r.reserve(&key, n, me, sub)) {
+            Ok(first) => {
+                HOLDS.with(|h| h.set(true));
+                return first;
+            }
+            Err(Refusal::Unknown) => load(client, partition_id),
+            Err(Refusal::Loading) => wait_for_load(),
+            Err(Refusal::Full) => full("every offset reservation is in use (queen.max_reservations)"),
+        }
+    }
+}
+
+/// Records that the current transaction wrote offsets of a partition up to `last`.
+pub fn wrote(partition_id: pgrx::Uuid, last: i64) {
+    let key = *partition_id.as_bytes();
+    let me = owner();
+    with_registry(|r| r.wrote(&key, me, last));
+}
+
+/// The readable end of a partition as this transaction sees it (see the module docs; its
+/// own pushes count as committed for itself). Without the registry: the
+/// highest offset a committed segment holds (pushes then commit in offset order, under
+/// their partition row lock, so nothing below it is in flight). `head` is the partition
+/// row's head, which only the registry's absence keeps current; it is not needed here.
+pub fn readable(partition_id: pgrx::Uuid, head: i64) -> i64 {
+    if !enabled() {
+        let _ = head; // a reserved head may end in a gap; only stored segments count
+        return Spi::connect_mut(|client| stored_ends(client, partition_id).1);
+    }
+    let key = *partition_id.as_bytes();
+    let me = owner();
+    loop {
+        match with_view(|v| v.readable_for(&key, me)) {
+            Seen::Readable(end) => return end,
+            Seen::Loading => wait_for_load(),
+            Seen::Unknown => Spi::connect_mut(|client| load(client, partition_id)),
+        }
+    }
+}
+
+/// Brings a partition into the registry: its head and readable end are the highest
+/// offset the database holds for it, read with a snapshot taken after the slot was
+/// claimed (nothing was in flight for it before: it had no slot).
+fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) {
+    let key = *partition_id.as_bytes();
+    let me = owner();
+    match with_registry(|r| r.begin_load(&key, me)) {
+        Load::Ready => {}
+        Load::Loading => wait_for_load(),
+        Load::Full => full("every tracked partition has pushes in flight (queen.tracked_partitions)"),
+        Load::Mine => {
+            LOADING.with(|l| l.set(Some(key)));
+            let (head, readable) = stored_ends(client, partition_id);
+            with_registry(|r| r.finish_load(&key, me, head, readable));
+            LOADING.with(|l| l.set(None));
+        }
+    }
+}
+
+/// What the database says of a partition: `(head, readable)`. `readable` is the highest
+/// offset a segment of either tier holds (a segment ends on a message) or that retention
+/// deleted; `head` is at least that and covers anything else that names an offset: the
+/// partition row's head (kept by pushes without the registry) and every lane's cursor.
+fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> (i64, i64) {
+    let row = run(
+        client,
+        "WITH r AS (
+           SELECT greatest(
+             (SELECT p.retained_through FROM queen.partitions p WHERE p.partition_id = $1),
+             (SELECT s.last_offset FROM queen.segments s WHERE s.partition_id = $1
+               ORDER BY s.first_offset DESC LIMIT 1),
+             (SELECT f.last_offset FROM queen.fresh_segments f WHERE f.partition_id = $1
+               ORDER BY f.first_offset DESC LIMIT 1),
+             0) AS readable)
+         SELECT greatest(r.readable,
+                         (SELECT p.head FROM queen.partitions p WHERE p.partition_id = $1),
+                         (SELECT max(l.committed) FROM queen.lanes l WHERE l.partition_id = $1)),
+                r.readable
+           FROM r",
+        &[partition_id.into()],
+    );
+    let row = row.first();
+    (row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<i64>(2).or_raise().unwrap_or(0))
+}
+
+/// `queen._readable(partition_id, head)`: the readable end of a partition, for queen's own
+/// SQL (the claim query of pop, status, totals, group creation). Not granted.
+#[pg_extern(name = "_readable", volatile, parallel_unsafe)]
+fn readable_sql(partition_id: pgrx::Uuid, head: i64) -> i64 {
+    readable(partition_id, head)
+}
+
+/// Ends this backend's part in the registry for the current transaction.
+fn end(committed: bool) {
+    let holds = HOLDS.with(|h| h.replace(false));
+    let loading = LOADING.with(|l| l.take());
+    if !(holds || loading.is_some()) || !enabled() {
+        return;
+    }
+    let me = owner();
+    with_registry(|r| {
+        r.finish(me, committed);
+        if let Some(key) = loading {
+            r.abandon_load(&key, me);
+        }
+    });
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    match event {
+        // Post-commit: the transaction's rows are visible to every new snapshot. Publish
+        // its offsets first, then wake waiting pops, which will find them readable.
+        XACT_EVENT_COMMIT => {
+            end(true);
+            crate::wake::on_commit();
+        }
+        XACT_EVENT_ABORT => {
+            end(false);
+            crate::wake::on_abort();
+        }
+        XACT_EVENT_PRE_PREPARE if HOLDS.with(|h| h.get()) => errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "queen: a transaction that pushed messages cannot be prepared (PREPARE TRANSACTION): \
+             readers would wait for its offsets until it is committed or rolled back by hand"
+                .to_string(),
+        ),
+        _ => {}
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn subxact_callback(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    parent_subid: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    if !enabled() {
+        return;
+    }
+    let me = owner();
+    match event {
+        SUBXACT_EVENT_ABORT_SUB => {
+            // A load cut short by an error in a subtransaction: let others load it.
+            if let Some(key) = LOADING.with(|l| l.take()) {
+                with_registry(|r| r.abandon_load(&key, me));
+            }
+            if HOLDS.with(|h| h.get()) {
+                with_registry(|r| r.abort_subxact(me, my_subid));
+            }
+        }
+        SUBXACT_EVENT_COMMIT_SUB if HOLDS.with(|h| h.get()) => {
+            with_registry(|r| r.commit_subxact(me, my_subid, parent_subid));
+        }
+        _ => {}
+    }
+}

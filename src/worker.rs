@@ -1,0 +1,102 @@
+//! The background worker (with `shared_preload_libraries = 'queen'`): in the database
+//! `queen.retention_database`, a compaction pass every `queen.compaction_interval`
+//! milliseconds and a retention pass every `queen.retention_interval` seconds, each
+//! partition's compaction in a transaction of its own.
+
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::prelude::*;
+
+use crate::compaction::COMPACTION_INTERVAL;
+use crate::retention::{RETENTION_DATABASE, RETENTION_INTERVAL};
+use crate::spi::run;
+
+/// Called from `_PG_init`, after the settings are defined.
+pub fn init() {
+    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        BackgroundWorkerBuilder::new("queen maintenance")
+            .set_type("queen maintenance")
+            .set_library("queen")
+            .set_function("queen_maintenance_main")
+            .enable_spi_access()
+            .set_restart_time(Some(Duration::from_secs(5)))
+            .load();
+    }
+}
+
+/// A setting as a period, None when 0 (off).
+fn period(value: i32, unit: Duration) -> Option<Duration> {
+    (value > 0).then(|| unit * value as u32)
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let db = RETENTION_DATABASE
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "postgres".to_string());
+    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    let start = Instant::now();
+    let (mut next_compaction, mut next_retention) = (start, start);
+    loop {
+        let now = Instant::now();
+        let compaction = period(COMPACTION_INTERVAL.get(), Duration::from_millis(1));
+        let retention = period(RETENTION_INTERVAL.get(), Duration::from_secs(1));
+        // Sleep until the next pass that is on; with both off, wake now and then for a
+        // reload that turns one on.
+        let due = [compaction.map(|_| next_compaction), retention.map(|_| next_retention)];
+        let wake_at = due.iter().flatten().min().copied().unwrap_or(now + Duration::from_secs(60));
+        if !BackgroundWorker::wait_latch(Some(wake_at.saturating_duration_since(now))) {
+            break; // SIGTERM
+        }
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: reloading the configuration file is what a worker does on SIGHUP.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        let now = Instant::now();
+        if let Some(p) = compaction.filter(|_| now >= next_compaction) {
+            compaction_pass();
+            next_compaction = Instant::now() + p;
+        }
+        if let Some(p) = retention.filter(|_| now >= next_retention) {
+            BackgroundWorker::transaction(|| {
+                Spi::connect_mut(|client| {
+                    if installed(client) {
+                        crate::retention::retain_in(client, None);
+                    }
+                })
+            });
+            next_retention = Instant::now() + p;
+        }
+    }
+}
+
+fn installed(client: &mut pgrx::spi::SpiClient<'_>) -> bool {
+    crate::spi::first_value::<bool>(run(
+        client,
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'queen')",
+        &[],
+    ))
+    .unwrap_or(false)
+}
+
+/// Every partition with small segments, each compacted in a transaction of its own, so a
+/// pass holds no lock for long.
+fn compaction_pass() {
+    let pids = BackgroundWorker::transaction(|| {
+        Spi::connect_mut(|client| {
+            if installed(client) {
+                crate::compaction::partitions_to_compact(client, None)
+            } else {
+                Vec::new()
+            }
+        })
+    });
+    for pid in pids {
+        BackgroundWorker::transaction(|| Spi::connect_mut(|client| crate::compaction::compact_partition(client, pid)));
+    }
+}
