@@ -1,11 +1,12 @@
 -- queen's SQL API: thin SQL wrappers that give the Rust entry points their spec names,
 -- defaults and named result types. Every function has a fixed search_path.
 
--- The set-returning API functions are PL/pgSQL with RETURN QUERY: they materialize their
--- rows, so the fixed search_path is set once per call. (A SQL or C function with a SET
--- clause runs its GUC save and restore once per returned row: that cost showed in
--- profiles.) The internal _push, _push_batch and _pop carry no SET clause of their own:
--- only these wrappers call them, and every name in them is schema-qualified.
+-- queen.pop is PL/pgSQL with RETURN QUERY: it materializes its rows, so the fixed
+-- search_path is set once per call. (A SQL or C function with a SET clause runs its GUC
+-- save and restore once per returned row: that cost showed in profiles.) The internal
+-- _pop carries no SET clause of its own: only this wrapper calls it, and every name in it
+-- is schema-qualified. queen.push and queen.push_batch are C functions that pin their
+-- search path themselves, with no SET clause at all (src/push.rs).
 --
 -- plan_cache_mode = force_generic_plan: queen's statements are kept plans over indexes
 -- whose best plan does not depend on the parameter values; without it PostgreSQL
@@ -14,35 +15,6 @@
 -- that moment; on a young queue's tiny tables they favour sequential scans and hash
 -- joins, which the kept plan then repeats as the tables grow. Every hot statement of
 -- queen has an index made for it.
-
-CREATE FUNCTION queen.push(
-    queue text,
-    payload jsonb,
-    partition text DEFAULT 'Default',
-    transaction_id text DEFAULT NULL
-) RETURNS SETOF queen.push_result
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-AS $$
-#variable_conflict use_column
-BEGIN
-  RETURN QUERY SELECT r.idx, r.status, r.message_id, r.transaction_id, r.partition_id, r.msg_offset
-                 FROM queen._push($1, $2, $3, $4) r;
-END $$;
-
-CREATE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-AS $$
-#variable_conflict use_column
-BEGIN
-  RETURN QUERY SELECT r.idx, r.status, r.message_id, r.transaction_id, r.partition_id, r.msg_offset
-                 FROM queen._push_batch($1) r;
-END $$;
 
 CREATE FUNCTION queen.pop(
     queue text,
@@ -67,10 +39,6 @@ BEGIN
                  FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9) r;
 END $$;
 
-COMMENT ON FUNCTION queen.push(text, jsonb, text, text) IS
-  'queen: push one message; returns queen.push_result (status queued or duplicate)';
-COMMENT ON FUNCTION queen.push_batch(jsonb) IS
-  'queen: push a JSON array of {queue, partition?, payload, transactionId?} atomically';
 COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) IS
   'queen: claim up to batch messages under one lease (or auto_ack); returns queen.message rows';
 
@@ -266,6 +234,8 @@ BEGIN
   DELETE FROM queen.partitions p WHERE p.queue_id = qid;
   GET DIAGNOSTICS n_partitions = ROW_COUNT;
   DELETE FROM queen.queues q WHERE q.queue_id = qid;
+  -- Every backend forgets where this queue's partitions were (src/queues.rs, targets).
+  PERFORM queen._queues_changed();
   RETURN jsonb_build_object('queue', queue, 'deleted', true, 'partitions', n_partitions,
                             'segments', n_segments, 'deadLetters', n_dead);
 END $$;
@@ -275,8 +245,8 @@ REVOKE ALL ON FUNCTION queen.status(text), queen.delete_queue(text) FROM PUBLIC;
 
 -- Privileges (spec §10). Every API function runs as the extension's owner (SECURITY
 -- DEFINER, with the fixed search_path above), so an application role needs only USAGE on
--- the schema and EXECUTE on the functions it calls; the tables and the internal _push,
--- _push_batch and _pop stay closed to it. Nothing is granted to PUBLIC: the README lists
+-- the schema and EXECUTE on the functions it calls; the tables and the internal functions
+-- (_pop, _readable, ...) stay closed to it. Nothing is granted to PUBLIC: the README lists
 -- the GRANTs for a producer/consumer role and for an operator role.
 ALTER FUNCTION queen.ack(uuid) SECURITY DEFINER;
 ALTER FUNCTION queen.ack(uuid, jsonb) SECURITY DEFINER;
@@ -306,12 +276,11 @@ COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
   'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
 COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead letter with a fresh transaction id';
 COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
-COMMENT ON FUNCTION queen._push(text, jsonb, text, text) IS 'queen internal: the body of queen.push; not granted';
-COMMENT ON FUNCTION queen._push_batch(jsonb) IS 'queen internal: the body of queen.push_batch; not granted';
 COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text) IS 'queen internal: the body of queen.pop; not granted';
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';
+COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
 COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
 COMMENT ON FUNCTION queen.retain(text) IS
   'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';

@@ -84,9 +84,10 @@ pub fn partitions_to_compact(client: &mut SpiClient<'_>, queue: Option<&str>) ->
     run(
         client,
         "WITH RECURSIVE f(pid) AS (
-           SELECT (SELECT min(partition_id) FROM queen.fresh_segments)
+           SELECT (SELECT partition_id FROM queen.fresh_segments ORDER BY partition_id LIMIT 1)
            UNION ALL
-           SELECT (SELECT min(partition_id) FROM queen.fresh_segments WHERE partition_id > f.pid)
+           SELECT (SELECT s.partition_id FROM queen.fresh_segments s WHERE s.partition_id > f.pid
+                    ORDER BY s.partition_id LIMIT 1)
              FROM f WHERE f.pid IS NOT NULL)
          SELECT f.pid FROM f
           WHERE f.pid IS NOT NULL

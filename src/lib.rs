@@ -12,6 +12,7 @@ mod compaction;
 mod durability;
 mod encryption;
 mod errors;
+mod heap;
 mod jsonb;
 mod offsets;
 mod pop;
@@ -37,6 +38,7 @@ pub extern "C-unwind" fn _PG_init() {
     durability::init();
     encryption::init();
     offsets::init();
+    queues::init();
     compaction::init();
     retention::init();
     worker::init();

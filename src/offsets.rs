@@ -195,11 +195,12 @@ fn full(what: &str) -> ! {
 }
 
 /// Reserves `n` offsets of a partition for the current transaction; returns the first.
-pub fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64) -> i64 {
+/// `writes_all`: every reserved offset will be written (else report them with `wrote`).
+pub fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool) -> i64 {
     let key = *partition_id.as_bytes();
     let (me, sub) = (owner(), subxact());
     loop {
-        match with_registry(|r| r.reserve(&key, n, me, sub)) {
+        match with_registry(|r| r.reserve(&key, n, me, sub, writes_all)) {
             Ok(first) => {
                 HOLDS.with(|h| h.set(true));
                 return first;
@@ -320,6 +321,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         XACT_EVENT_ABORT => {
             end(false);
             crate::wake::on_abort();
+            crate::queues::on_abort();
         }
         XACT_EVENT_PRE_PREPARE if HOLDS.with(|h| h.get()) => errors::raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -339,6 +341,9 @@ unsafe extern "C-unwind" fn subxact_callback(
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::SubXactEvent::*;
+    if event == SUBXACT_EVENT_ABORT_SUB {
+        crate::queues::on_abort();
+    }
     if !enabled() {
         return;
     }

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::compaction::FRESH_MAX;
@@ -12,7 +11,7 @@ use queen_core::segment::{self, Entry, Frame};
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
 use crate::jsonb::{Found, JsonbArg, RawJsonb};
-use crate::queues;
+use crate::queues::{self, Target};
 use crate::spi::{new_ids, run, to_pg_uuid};
 
 /// Largest payload accepted, in jsonb's binary form.
@@ -90,9 +89,21 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
     }
 }
 
-/// `queen._push`, wrapped by `queen.push` (sql/api.sql).
-/// Internal: called only by `queen.push` (sql/api.sql), which fixes the search_path.
-#[pg_extern(name = "_push")]
+/// `queen.push`: one message; one result row (`idx` 0). A C function with no SET clause:
+/// it pins its search path itself (`spi::with_pinned_search_path`), which costs far less
+/// per call than a configuration change.
+#[pg_extern(sql = r#"
+CREATE FUNCTION queen.push(
+    queue text,
+    payload jsonb,
+    partition text DEFAULT 'Default',
+    transaction_id text DEFAULT NULL
+) RETURNS SETOF queen.push_result
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'push_one_wrapper';
+COMMENT ON FUNCTION queen.push(text, jsonb, text, text) IS
+  'queen: push one message; returns queen.push_result (status queued or duplicate)';
+"#)]
 fn push_one(
     p_queue: Option<&str>,
     p_payload: Option<RawJsonb>,
@@ -118,7 +129,7 @@ fn push_one(
         transaction_id: p_transaction_id.map(str::to_string),
     };
     check_item(&item, &String::new);
-    into_table(push_items(vec![item]))
+    into_table(crate::spi::with_pinned_search_path(|| push_items(vec![item])))
 }
 
 /// The keys a push_batch item may have; anything else is refused (a typo such as
@@ -135,9 +146,16 @@ fn string_field(found: Option<Found>, at: &dyn Fn() -> String, key: &str) -> Opt
     }
 }
 
-/// Internal: called only by `queen.push_batch`, which fixes the search_path. The items
-/// are read in jsonb's binary form; payloads are copied out as jsonb bytes.
-#[pg_extern(name = "_push_batch")]
+/// `queen.push_batch`: a JSON array of `{queue, partition?, payload, transactionId?}`,
+/// atomically; one result row per item in input order. The items are read in jsonb's
+/// binary form; payloads are copied out as jsonb bytes. Pins its search path as `push`.
+#[pg_extern(sql = r#"
+CREATE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'push_batch_wrapper';
+COMMENT ON FUNCTION queen.push_batch(jsonb) IS
+  'queen: push a JSON array of {queue, partition?, payload, transactionId?} atomically';
+"#)]
 fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
     'static,
     (
@@ -197,14 +215,7 @@ fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
             format!("queen: items carry {total} payload bytes; at most {MAX_CALL_BYTES} per call"),
         );
     }
-    into_table(push_items(items))
-}
-
-/// Where one (queue, partition) of a push goes.
-struct Target {
-    partition_id: pgrx::Uuid,
-    dedup_window: i32,
-    encrypted: bool,
+    into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
 }
 
 /// Finds a queue's partition in one statement, creating the queue and the partition when
@@ -242,9 +253,9 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
 /// registry (`offsets`) nothing is locked. Without it the partition row is updated and
 /// stays locked until commit, so pushes to one partition commit in offset order; its head
 /// starts past anything stored (the registry does not keep that column current).
-fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64) -> i64 {
+fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool) -> i64 {
     if crate::offsets::enabled() {
-        return crate::offsets::reserve(client, partition_id, n);
+        return crate::offsets::reserve(client, partition_id, n, writes_all);
     }
     let head = crate::spi::first_value::<i64>(run(
         client,
@@ -340,18 +351,25 @@ struct Writes {
 }
 
 impl Writes {
-    fn insert(self, client: &mut SpiClient<'_>, fresh: bool, created_at: TimestampWithTimeZone) {
-        let Writes { pids, firsts, lasts, mut data } = self;
+    fn insert(self, client: &mut SpiClient<'_>, fresh: bool, now: i64) {
+        let Writes { mut pids, mut firsts, mut lasts, mut data } = self;
+        // The fresh tier's rows go in directly (one row per small push: see `heap`); SQL
+        // takes whatever that cannot do.
+        let mut direct = 0;
+        while fresh
+            && direct < pids.len()
+            && crate::heap::insert_fresh_segment(pids[direct], firsts[direct], lasts[direct], now, &data[direct])
+        {
+            direct += 1;
+        }
+        for v in [&mut firsts, &mut lasts] {
+            v.drain(..direct);
+        }
+        pids.drain(..direct);
+        data.drain(..direct);
+        let created_at = crate::spi::timestamptz(now);
         match (pids.len(), fresh) {
             (0, _) => {}
-            (1, true) => {
-                run(
-                    client,
-                    "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data)
-                     VALUES ($1, $2, $3, $4, $5)",
-                    &[pids[0].into(), firsts[0].into(), lasts[0].into(), created_at.into(), data.pop().unwrap().into()],
-                );
-            }
             (_, true) => {
                 run(
                     client,
@@ -395,7 +413,6 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     // The segment rows' time and every frame's: the transaction's start, as now().
     // SAFETY: a plain read of the current transaction's start time.
     let now = unsafe { pgrx::pg_sys::GetCurrentTransactionStartTimestamp() };
-    let created_at = crate::spi::timestamptz(now);
 
     let mut rows: Vec<Option<PushRow>> = (0..items.len()).map(|_| None).collect();
     let duplicate = |i: usize, pid: pgrx::Uuid, (message_id, msg_offset): (pgrx::Uuid, i64)| PushRow {
@@ -411,7 +428,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         // (queue, partition) name order: the order partition rows are locked in without
         // the registry, so that two batches cannot deadlock.
         for (&(queue, partition), idxs) in &groups {
-            let t = locate(client, queue, partition);
+            let t = queues::target(queue, partition, || locate(client, queue, partition));
             crate::wake::notify_on_commit(queue);
             // Minted transaction ids are unique: only producer-supplied ones need the
             // dedup window, and only they pay for it.
@@ -445,7 +462,8 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                 continue; // every item was a duplicate: no offsets, no segment
             }
             let n = fresh.len() as i64;
-            let first = reserve(client, t.partition_id, n);
+            // Without dedup every reserved offset is written (or the call fails).
+            let first = reserve(client, t.partition_id, n, !dedup);
             let lost = if dedup {
                 let ids = fresh
                     .iter()
@@ -493,19 +511,22 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                     created_at: Some(now),
                 })
             });
-            let data = segment::encode(entries);
+            // A small push goes to the fresh tier uncompressed: compaction compresses it
+            // with its neighbours soon, much better than one message alone.
+            let fresh_segment = kept.len() < FRESH_MAX;
+            let data = if fresh_segment { segment::encode_uncompressed(entries) } else { segment::encode(entries) };
             let last = first + last_k as i64;
-            let tier = if kept.len() < FRESH_MAX { &mut fresh_tier } else { &mut durable_tier };
+            let tier = if fresh_segment { &mut fresh_tier } else { &mut durable_tier };
             tier.pids.push(t.partition_id);
             tier.firsts.push(first);
             tier.lasts.push(last);
             tier.data.push(data);
-            if crate::offsets::enabled() {
+            if dedup && crate::offsets::enabled() {
                 crate::offsets::wrote(t.partition_id, last);
             }
         }
-        fresh_tier.insert(client, true, created_at);
-        durable_tier.insert(client, false, created_at);
+        fresh_tier.insert(client, true, now);
+        durable_tier.insert(client, false, now);
     });
     rows.into_iter().map(|r| r.expect("every item has a result")).collect()
 }

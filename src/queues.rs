@@ -1,11 +1,103 @@
 //! Queues, partitions and consumer groups: lookup and implicit creation.
 
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::lease::IMPLICIT_QUEUE_LEASE_SECONDS;
 
 use crate::errors::SpiExt;
 use crate::spi::{first_value, run, to_pg_uuid};
+
+/// Where one (queue, partition) of a push goes.
+#[derive(Clone, Copy)]
+pub struct Target {
+    pub partition_id: pgrx::Uuid,
+    pub dedup_window: i32,
+    pub encrypted: bool,
+}
+
+thread_local! {
+    /// Per backend: (queue, partition) -> target, so that a push looks nothing up. Cleared
+    /// when `queen.queues` is invalidated (`configure`, `delete_queue`, the extension
+    /// dropped) and when a transaction aborts (it may have created what it cached).
+    static TARGETS: std::cell::RefCell<std::collections::HashMap<(String, String), Target>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+    static QUEUES_OID: std::cell::Cell<pg_sys::Oid> = const { std::cell::Cell::new(pg_sys::InvalidOid) };
+    /// Set by the invalidation callback, which may run in the middle of anything (even
+    /// while the cache is borrowed): the cache is cleared at its next use.
+    static STALE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Most (queue, partition) pairs a backend remembers; past it, it starts again.
+const MAX_TARGETS: usize = 10_000;
+
+/// Called from `_PG_init`: clear the cache when `queen.queues` is invalidated.
+pub fn init() {
+    // SAFETY: registering a relcache callback is allowed at any time; the function lives
+    // as long as the library.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0)) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    if relid == pg_sys::InvalidOid || relid == QUEUES_OID.with(|o| o.get()) {
+        STALE.with(|s| s.set(true));
+    }
+}
+
+/// A transaction or subtransaction aborted: forget targets it may have created.
+pub fn on_abort() {
+    STALE.with(|s| s.set(true));
+}
+
+/// Tells every backend that queues changed (options, or a queue deleted): each drops its
+/// cached targets when it next starts a transaction or pushes, once this one commits.
+pub fn invalidate() {
+    // SAFETY: the relation exists (queen's own table) and the invalidation is
+    // transactional: it is sent if, and when, the current transaction commits.
+    unsafe {
+        let oid = queues_oid();
+        if oid != pg_sys::InvalidOid {
+            pg_sys::CacheInvalidateRelcacheByRelid(oid);
+        }
+    }
+}
+
+fn queues_oid() -> pg_sys::Oid {
+    // SAFETY: plain catalog lookups by name (missing_ok), valid inside a transaction.
+    unsafe {
+        let ns = pg_sys::get_namespace_oid(c"queen".as_ptr(), true);
+        if ns == pg_sys::InvalidOid {
+            return pg_sys::InvalidOid;
+        }
+        pg_sys::get_relname_relid(c"queues".as_ptr(), ns)
+    }
+}
+
+/// The target of (queue, partition): from this backend's cache, or `locate`d and cached.
+pub fn target(queue: &str, partition: &str, locate: impl FnOnce() -> Target) -> Target {
+    // Invalidations other transactions committed (a queue deleted, say) apply first.
+    // SAFETY: processing pending invalidations is allowed at any point in a transaction.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    if STALE.with(|s| s.replace(false)) {
+        TARGETS.with(|c| c.borrow_mut().clear());
+    }
+    let key = (queue.to_string(), partition.to_string());
+    if let Some(t) = TARGETS.with(|c| c.borrow().get(&key).copied()) {
+        return t;
+    }
+    let t = locate();
+    if TARGETS.with(|c| c.borrow().is_empty() || c.borrow().len() >= MAX_TARGETS) {
+        let oid = queues_oid();
+        QUEUES_OID.with(|o| o.set(oid));
+        TARGETS.with(|c| c.borrow_mut().clear());
+    }
+    // An invalidation that arrived while locating: the target may be stale already.
+    if !STALE.with(|s| s.get()) {
+        TARGETS.with(|c| c.borrow_mut().insert(key, t));
+    }
+    t
+}
 
 /// Finds a queue by name, or creates it with the implicit defaults (lease_time 60).
 /// Returns its id, its dedup window in seconds, and whether it is encrypted.
@@ -144,6 +236,13 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     .is_empty()
 }
 
+/// `queen._queues_changed()`: for `delete_queue` (PL/pgSQL), which cannot call `invalidate`
+/// otherwise. Not granted.
+#[pg_extern(name = "_queues_changed", volatile)]
+fn queues_changed() {
+    invalidate();
+}
+
 /// `queen.configure` (spec §2): creates or updates a queue; every option not given takes
 /// its default. No option is cached, so the next pop in every session sees it.
 #[allow(clippy::too_many_arguments)]
@@ -180,6 +279,7 @@ fn configure(
     if encryption {
         crate::encryption::require_key(queue);
     }
+    invalidate();
     pgrx::Spi::connect_mut(|client| {
         run(
             client,

@@ -37,6 +37,28 @@ pub fn run<'conn>(
     client.update(&*plan, None, args).or_raise()
 }
 
+/// Runs `f` with the search path pinned to `pg_catalog` alone (no `pg_temp`, nothing of the
+/// caller's): the same protection as a function's `SET search_path`, without the cost of
+/// a configuration change on every call. Every name queen's SQL uses is schema-qualified
+/// or in `pg_catalog`, and kept plans are checked against this path, so a caller's
+/// `search_path` can neither hijack an operator nor force a re-plan. An ERROR inside `f`
+/// ends the transaction or subtransaction, which drops the pinned path with it.
+pub fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
+    let mut path = pgrx::pg_sys::OverrideSearchPath {
+        schemas: std::ptr::null_mut(),
+        addCatalog: true,
+        addTemp: false,
+        generation: 0,
+    };
+    // SAFETY: PushOverrideSearchPath copies the struct into its own memory; the matching
+    // Pop below runs unless `f` raises, and then transaction cleanup pops it.
+    unsafe { pgrx::pg_sys::PushOverrideSearchPath(&mut path) };
+    let out = f();
+    // SAFETY: pops the entry pushed above (queen pushes no other override in between).
+    unsafe { pgrx::pg_sys::PopOverrideSearchPath() };
+    out
+}
+
 /// Current wall-clock time in microseconds since 2000-01-01, the clock of
 /// `clock_timestamp()`. Leases use it, not `now()`: a pop or ack inside a long
 /// transaction must judge expiry by the real time.

@@ -278,7 +278,9 @@ impl<'a> Registry<'a> {
 
     /// Reserves `n` offsets of partition `key` for `owner`'s transaction (in subtransaction
     /// `subxact`). Returns the first. The reservation holds readers back until `finish`.
-    pub fn reserve(&mut self, key: &[u8; 16], n: i64, owner: u32, subxact: u32) -> Result<i64, Refusal> {
+    /// `writes_all`: the caller writes every reserved offset, or its (sub)transaction fails
+    /// (no `wrote` needed); otherwise it reports what it wrote with `wrote`.
+    pub fn reserve(&mut self, key: &[u8; 16], n: i64, owner: u32, subxact: u32, writes_all: bool) -> Result<i64, Refusal> {
         assert!(n > 0 && (owner as usize) < self.owners.len());
         let s = match find(self.h, self.slots, key) {
             Ok(s) if self.slots[s].state == READY => s,
@@ -294,6 +296,9 @@ impl<'a> Registry<'a> {
             let t = &mut self.recs[tail as usize];
             if t.state == IN_FLIGHT && t.owner == owner && t.subxact == subxact {
                 t.end = end;
+                if writes_all {
+                    t.written = end;
+                }
                 self.slots[s].head = end;
                 return Ok(first);
             }
@@ -307,7 +312,7 @@ impl<'a> Registry<'a> {
             key: *key,
             first,
             end,
-            written: first - 1,
+            written: if writes_all { end } else { first - 1 },
             owner,
             subxact,
             state: IN_FLIGHT,
@@ -582,11 +587,11 @@ mod tests {
     #[test]
     fn commits_out_of_order_become_readable_in_order() {
         let mut m = Mem::new(4, 8, 4);
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1), Err(Refusal::Unknown));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false), Err(Refusal::Unknown));
         m.load(1, 10);
         assert_eq!(m.readable(1), Seen::Readable(10));
-        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1), Ok(11)); // owner 0: 11..12
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1), Ok(13)); // owner 1: 13
+        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, false), Ok(11)); // owner 0: 11..12
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Ok(13)); // owner 1: 13
         m.reg().wrote(&key(1), 0, 12);
         m.reg().wrote(&key(1), 1, 13);
         m.reg().finish(1, true);
@@ -599,13 +604,13 @@ mod tests {
     fn a_transaction_reads_its_own_pushes_unless_another_comes_first() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 2, 0, 1).unwrap(); // owner 0: 1..2
+        m.reg().reserve(&key(1), 2, 0, 1, false).unwrap(); // owner 0: 1..2
         m.reg().wrote(&key(1), 0, 2);
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2));
         assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
-        m.reg().reserve(&key(1), 1, 1, 1).unwrap(); // owner 1: 3
+        m.reg().reserve(&key(1), 1, 1, 1, false).unwrap(); // owner 1: 3
         m.reg().wrote(&key(1), 1, 3);
-        m.reg().reserve(&key(1), 1, 0, 1).unwrap(); // owner 0 again: 4, a new record
+        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap(); // owner 0 again: 4, a new record
         m.reg().wrote(&key(1), 0, 4);
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2), "3 is another's, in flight");
         assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
@@ -618,9 +623,9 @@ mod tests {
     fn an_abort_leaves_a_gap_and_an_aborted_tail_is_not_readable() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1), Ok(1));
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1), Ok(2));
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1), Ok(3));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false), Ok(1));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Ok(2));
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false), Ok(3));
         m.reg().wrote(&key(1), 0, 1);
         m.reg().wrote(&key(1), 2, 3);
         m.reg().finish(1, false); // 2 aborts: a gap
@@ -629,17 +634,17 @@ mod tests {
         m.reg().finish(2, false); // the tail aborts: readable stays on a real message
         assert_eq!(m.readable(1), Seen::Readable(1));
         assert_eq!(m.reg().view().head(&key(1)), Some(3), "offsets are never reused");
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1), Ok(4));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false), Ok(4));
     }
 
     #[test]
     fn a_reservation_that_wrote_nothing_commits_as_a_gap() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 5);
-        m.reg().reserve(&key(1), 3, 0, 1).unwrap();
+        m.reg().reserve(&key(1), 3, 0, 1, false).unwrap();
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(5));
-        m.reg().reserve(&key(1), 3, 0, 1).unwrap(); // 9..11
+        m.reg().reserve(&key(1), 3, 0, 1, false).unwrap(); // 9..11
         m.reg().wrote(&key(1), 0, 10);
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(10));
@@ -649,19 +654,19 @@ mod tests {
     fn subtransactions_abort_and_commit_their_reservations() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 1, 0, 1).unwrap(); // 1, top level
+        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap(); // 1, top level
         m.reg().wrote(&key(1), 0, 1);
-        m.reg().reserve(&key(1), 1, 0, 2).unwrap(); // 2, savepoint 2 (a new record)
+        m.reg().reserve(&key(1), 1, 0, 2, false).unwrap(); // 2, savepoint 2 (a new record)
         m.reg().wrote(&key(1), 0, 2);
         m.reg().abort_subxact(0, 2);
-        m.reg().reserve(&key(1), 1, 0, 3).unwrap(); // 3, savepoint 3, released into 1
+        m.reg().reserve(&key(1), 1, 0, 3, false).unwrap(); // 3, savepoint 3, released into 1
         m.reg().wrote(&key(1), 0, 3);
         m.reg().commit_subxact(0, 3, 1);
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(3));
         // Had savepoint 2 been kept, readable would be 3 too; what matters is that an
         // aborted savepoint's write is never claimed: reserve once more and abort it.
-        m.reg().reserve(&key(1), 1, 0, 4).unwrap(); // 4
+        m.reg().reserve(&key(1), 1, 0, 4, false).unwrap(); // 4
         m.reg().wrote(&key(1), 0, 4);
         m.reg().abort_subxact(0, 4);
         m.reg().finish(0, true);
@@ -673,7 +678,7 @@ mod tests {
         let mut m = Mem::new(2, 4, 4);
         assert_eq!(m.reg().begin_load(&key(1), 0), Load::Mine);
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Loading);
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1), Err(Refusal::Loading));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Err(Refusal::Loading));
         assert_eq!(m.readable(1), Seen::Loading);
         m.reg().abandon_load(&key(1), 1); // not the loader: nothing happens
         assert_eq!(m.readable(1), Seen::Loading);
@@ -682,7 +687,7 @@ mod tests {
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Mine);
         m.reg().finish_load(&key(1), 1, 9, 7);
         assert_eq!(m.readable(1), Seen::Readable(7));
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1), Ok(10), "offsets after the stored head");
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Ok(10), "offsets after the stored head");
     }
 
     #[test]
@@ -690,8 +695,8 @@ mod tests {
         let mut m = Mem::new(2, 4, 4);
         m.load(1, 0);
         m.load(2, 0);
-        m.reg().reserve(&key(1), 1, 0, 1).unwrap();
-        m.reg().reserve(&key(2), 1, 1, 1).unwrap();
+        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap();
+        m.reg().reserve(&key(2), 1, 1, 1, false).unwrap();
         assert_eq!(m.reg().begin_load(&key(3), 2), Load::Full, "both have pushes in flight");
         m.reg().finish(1, false);
         assert_eq!(m.reg().begin_load(&key(3), 2), Load::Mine);
@@ -704,17 +709,17 @@ mod tests {
     fn the_record_pool_runs_out_cleanly() {
         let mut m = Mem::new(4, 2, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 1, 0, 1).unwrap();
-        m.reg().reserve(&key(1), 1, 1, 1).unwrap();
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1), Err(Refusal::Full));
+        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap();
+        m.reg().reserve(&key(1), 1, 1, 1, false).unwrap();
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false), Err(Refusal::Full));
         assert_eq!(m.reg().view().head(&key(1)), Some(2), "a refused reservation takes nothing");
         m.reg().finish(0, false);
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1), Ok(3));
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false), Ok(3));
     }
 
     #[derive(Debug, Clone)]
     enum Op {
-        Reserve { owner: u32, part: u8, n: i64, write: u8 },
+        Reserve { owner: u32, part: u8, n: i64, write: u8, all: bool },
         Finish { owner: u32, commit: bool },
         Savepoint { owner: u32 },
         Rollback { owner: u32 },
@@ -723,7 +728,7 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (0u32..4, 0u8..6, 1i64..4, 0u8..4).prop_map(|(owner, part, n, write)| Op::Reserve { owner, part, n, write }),
+            4 => (0u32..4, 0u8..6, 1i64..4, 0u8..4, any::<bool>()).prop_map(|(owner, part, n, write, all)| Op::Reserve { owner, part, n, write, all }),
             2 => (0u32..4, any::<bool>()).prop_map(|(owner, commit)| Op::Finish { owner, commit }),
             1 => (0u32..4).prop_map(|owner| Op::Savepoint { owner }),
             1 => (0u32..4).prop_map(|owner| Op::Rollback { owner }),
@@ -762,10 +767,10 @@ mod tests {
             };
             for op in ops {
                 match op {
-                    Op::Reserve { owner, part, n, write } => {
+                    Op::Reserve { owner, part, n, write, all } => {
                         let sub = *stacks[owner as usize].last().unwrap();
                         let got = loop {
-                            match m.reg().reserve(&key(part), n, owner, sub) {
+                            match m.reg().reserve(&key(part), n, owner, sub, all) {
                                 Err(Refusal::Unknown) => {
                                     match m.reg().begin_load(&key(part), owner) {
                                         Load::Mine => {
@@ -791,8 +796,12 @@ mod tests {
                                 "offset {} handed out again after a committed push wrote it", first);
                         }
                         // Write some of the reserved offsets (write 0: none, a dedup case).
-                        let written = (write > 0).then(|| first + (i64::from(write) - 1).min(n - 1));
-                        if let Some(w) = written {
+                        let written = if all {
+                            Some(end)
+                        } else {
+                            (write > 0).then(|| first + (i64::from(write) - 1).min(n - 1))
+                        };
+                        if let (Some(w), false) = (written, all) {
                             m.reg().wrote(&key(part), owner, w);
                         }
                         model.push(Res { part, owner, subxact: sub, first, end, written, fate: None });

@@ -180,8 +180,25 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Encodes entries (messages and gaps, one per offset) into one segment.
+/// Encodes entries (messages and gaps, one per offset) into one segment, compressing its
+/// blocks where that makes them smaller.
 pub fn encode<'a, I>(entries: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = Entry<'a>>,
+{
+    encode_with(entries, true)
+}
+
+/// Encodes without compressing: for segments that compaction soon reads and merges (the
+/// fresh tier), where compressing a message or two would cost more than it saves.
+pub fn encode_uncompressed<'a, I>(entries: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = Entry<'a>>,
+{
+    encode_with(entries, false)
+}
+
+fn encode_with<'a, I>(entries: I, compress: bool) -> Vec<u8>
 where
     I: IntoIterator<Item = Entry<'a>>,
 {
@@ -226,7 +243,7 @@ where
     let mut bodies: Vec<Vec<u8>> = Vec::with_capacity(blocks.len());
     for block in blocks {
         // A block too small to gain anything stays raw without asking zstd.
-        let compressed = (block.raw.len() >= MIN_COMPRESS).then(|| {
+        let compressed = (compress && block.raw.len() >= MIN_COMPRESS).then(|| {
             COMPRESSOR.with(|c| {
                 let mut c = c.borrow_mut();
                 let c = c.get_or_insert_with(|| zstd::bulk::Compressor::new(ZSTD_LEVEL).expect("zstd context"));
@@ -597,6 +614,16 @@ mod tests {
         let uni = "{\"t\": \"żółć 日本語 🚀\"}".as_bytes().to_vec();
         let data = vec![Some(([1u8; 16], "a".to_string(), big, 5)), Some(([2u8; 16], "é".to_string(), uni, -7))];
         assert_eq!(decode_all(&encode(entries(&data))).unwrap(), data);
+    }
+
+    #[test]
+    fn uncompressed_segments_decode_the_same() {
+        let data = owned(300, 50);
+        let raw = encode_uncompressed(entries(&data));
+        let packed = encode(entries(&data));
+        assert!(packed.len() < raw.len() / 2);
+        assert!(Segment::parse(&raw).unwrap().dir.blocks.iter().all(|b| b.codec == CODEC_RAW));
+        assert_eq!(decode_all(&raw).unwrap(), data);
     }
 
     #[test]
