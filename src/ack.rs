@@ -195,15 +195,15 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         let Some(idxs) = by_lane.get(lane.partition_id.as_bytes()) else { continue };
         let lane_items: Vec<AckItem> = idxs.iter().map(|&i| items[i].item.clone()).collect();
         let plan = plan_lane(lane.state, &lane_items, lane.policy, call_error.as_deref());
-        let dead_letter_error = match &plan.disposal {
+        // Some(Some(error)): filed; Some(None): the offset held no message to file.
+        let dead_letter = match &plan.disposal {
             Disposal::DeadLetter { offset, error, retry_count } => {
-                file_dead_letter(client, lane, *offset, error, *retry_count);
-                Some(error.clone())
+                Some(file_dead_letter(client, lane, *offset, error, *retry_count).then(|| error.clone()))
             }
             _ => None,
         };
         for (&i, outcome) in idxs.iter().zip(&plan.items) {
-            item_json[i] = outcome_report(&items[i], outcome, dead_letter_error.as_deref());
+            item_json[i] = outcome_report(&items[i], outcome, dead_letter.as_ref());
         }
         lane_json.push(json!({
             "partitionId": from_pg_uuid(&lane.partition_id).to_string(),
@@ -280,16 +280,20 @@ fn item_report(a: &Addressed, success: bool, error: &str) -> Value {
     })
 }
 
-fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter_error: Option<&str>) -> Value {
+fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter: Option<&Option<String>>) -> Value {
     let mut v = item_report(a, outcome.success(), "");
     match outcome {
         ItemOutcome::Applied => {
             v["error"] = a.item.error.clone().map(Value::from).unwrap_or(Value::Null);
         }
-        ItemOutcome::DeadLettered => {
-            v["dlq"] = Value::from(true);
-            v["error"] = dead_letter_error.map(Value::from).unwrap_or(Value::Null);
-        }
+        ItemOutcome::DeadLettered => match dead_letter {
+            Some(Some(error)) => {
+                v["dlq"] = Value::from(true);
+                v["error"] = Value::from(error.as_str());
+            }
+            // A gap (a push that never committed): nothing to file; the cursor passes it.
+            _ => v["error"] = Value::from(NO_MESSAGE),
+        },
         ItemOutcome::Dropped => v["dropped"] = Value::from(true),
         ItemOutcome::OutsideSpan => {
             v["error"] = Value::from("offset outside the leased span (committed, batch_end]");
@@ -301,9 +305,13 @@ fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter_error: Optio
     v
 }
 
+/// What an ack reports for a dead-lettering signal at an offset that holds no message.
+const NO_MESSAGE: &str = "no message at this offset (a push that did not commit): nothing to dead-letter";
+
 /// Decodes the frame at `offset` and files it in `queen.log_dlq`, in the ack's own
-/// transaction: the cursor passes the message only if its dead letter is stored.
-fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, error: &str, retry_count: i32) {
+/// transaction: the cursor passes the message only if its dead letter is stored. Returns
+/// false when the offset is a gap (nothing to file).
+fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, error: &str, retry_count: i32) -> bool {
     let mut frame: Option<(pgrx::Uuid, String, Vec<u8>)> = None;
     segments::read(client, lane.partition_id, offset, offset, |_, message| {
         if let Some((f, _)) = message {
@@ -313,7 +321,7 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
     });
     // An offset inside the span holds a message unless an aborted push left it empty:
     // then there is nothing to file, and the cursor passes it all the same.
-    let Some((message_id, transaction_id, payload)) = frame else { return };
+    let Some((message_id, transaction_id, payload)) = frame else { return false };
     // An encrypted payload is filed as its envelope (`envelope`), a plain one as jsonb.
     let (data, envelope) = if queen_core::envelope::is_envelope(&payload) {
         (None, Some(payload))
@@ -339,4 +347,5 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
             envelope.into(),
         ],
     );
+    true
 }

@@ -6,8 +6,10 @@
 //! session), or stops the server with `pg_ctl stop -m immediate` and starts it again. At the end, per group and partition:
 //!
 //! - every committed push was delivered, at the offset its push returned;
-//! - the cursor advances that acks reported tile 1..=head exactly: every offset passed
-//!   once, none skipped (with crashes: gaps only where an ack of unknown fate could reach);
+//! - the cursor advances that acks reported tile 1..=head: every offset passed once, and
+//!   none that holds a message skipped (offsets of rolled-back pushes are gaps the cursor
+//!   may step over; with crashes, a message may be passed only where an ack of unknown
+//!   fate could reach);
 //! - every dead-lettered message has exactly one `log_dlq` row;
 //! - nothing from a rolled-back push appeared;
 //! - an offset was delivered again only after a delivery that no ack committed (lease
@@ -36,6 +38,10 @@ pub struct Config {
     pub pushers: usize,
     pub consumers_per_group: usize,
     pub partitions: usize,
+    /// Most messages per push; 1: single-message `queen.push` calls.
+    pub batch_max: usize,
+    /// A session runs `queen.compact` over and over (the chaos thread may kill it).
+    pub compactor: bool,
     pub groups: Vec<String>,
     pub lease_seconds: i32,
     pub retry_limit: i32,
@@ -58,6 +64,8 @@ impl Config {
             pushers: env_or("QUEEN_HARNESS_PUSHERS", 4),
             consumers_per_group: env_or("QUEEN_HARNESS_CONSUMERS", consumers),
             partitions: 16,
+            batch_max: 50,
+            compactor: false,
             groups: vec!["ga".into(), "gb".into()],
             lease_seconds: 1,
             retry_limit: 2,
@@ -167,8 +175,9 @@ pub fn run(cfg: &Config) -> Report {
         let share = cfg.messages / cfg.pushers + usize::from(p < cfg.messages % cfg.pushers);
         let (shared, queue, left) = (shared.clone(), queue.clone(), pushers_left.clone());
         let (seed, parts, crashes) = (cfg.seed ^ ((p as u64 + 1) * 0x9e37), cfg.partitions, cfg.kills > 0);
+        let batch_max = cfg.batch_max;
         handles.push(thread::spawn(move || {
-            pusher(p, share, parts, &queue, seed, &shared, crashes, deadline);
+            pusher(p, share, parts, batch_max, &queue, seed, &shared, crashes, deadline);
             left.fetch_sub(1, Ordering::SeqCst);
         }));
     }
@@ -184,13 +193,31 @@ pub fn run(cfg: &Config) -> Report {
         }
     }
     let chaos = (cfg.kills > 0).then(|| {
-        let (stop, kills, seed) = (stop_chaos.clone(), cfg.kills, cfg.seed);
-        thread::spawn(move || chaos(kills, seed, &stop, deadline))
+        let (stop, kills, seed, compactor) = (stop_chaos.clone(), cfg.kills, cfg.seed, cfg.compactor);
+        thread::spawn(move || chaos(kills, seed, compactor, &stop, deadline))
+    });
+    let compactor = cfg.compactor.then(|| {
+        let (stop, queue) = (stop_chaos.clone(), queue.clone());
+        thread::spawn(move || {
+            let mut c = connect_retrying(deadline);
+            let mut passes = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                match c.execute("SELECT queen.compact($1)", &[&queue]) {
+                    Ok(_) => passes += 1,
+                    Err(_) => c = connect_retrying(deadline), // killed by the chaos thread
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            passes
+        })
     });
     for h in handles {
         h.join().expect("a harness session panicked");
     }
     stop_chaos.store(true, Ordering::SeqCst);
+    if let Some(h) = compactor {
+        assert!(h.join().expect("compactor thread") > 0, "the compactor never finished a pass");
+    }
     let kills = chaos.map(|h| h.join().expect("chaos thread")).unwrap_or_default();
 
     let mut admin = connect_retrying(deadline);
@@ -200,11 +227,24 @@ pub fn run(cfg: &Config) -> Report {
     report
 }
 
+/// One push call: single messages through `queen.push`, more through `queen.push_batch`.
+/// Rows: (idx, partition_id, msg_offset).
+fn push_call(c: &mut impl postgres::GenericClient, single: bool, items: &Value) -> Result<Vec<postgres::Row>, postgres::Error> {
+    if single {
+        let it = &items[0];
+        let (queue, partition) = (it["queue"].as_str().unwrap(), it["partition"].as_str().unwrap());
+        c.query("SELECT 0::int4, partition_id, msg_offset FROM queen.push($1, $2, $3)", &[&queue, &it["payload"], &partition])
+    } else {
+        c.query("SELECT idx, partition_id, msg_offset FROM queen.push_batch($1)", &[items])
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn pusher(
     p: usize,
     share: usize,
     partitions: usize,
+    batch_max: usize,
     queue: &str,
     seed: u64,
     shared: &Mutex<Shared>,
@@ -216,7 +256,7 @@ fn pusher(
     let (mut done, mut n) = (0usize, 0u64);
     while done < share {
         assert!(Instant::now() < deadline, "pusher {p}: deadline passed");
-        let k = r.gen_range(1..=50).min(share - done);
+        let k = r.gen_range(1..=batch_max).min(share - done);
         let ids: Vec<String> = (0..k).map(|i| format!("{p}-{}", n + i as u64)).collect();
         n += k as u64;
         let items: Vec<Value> = ids
@@ -227,7 +267,7 @@ fn pusher(
         if r.gen_bool(0.2) {
             // Pushed, then rolled back: none of these may ever be delivered.
             let res = c.transaction().and_then(|mut tx| {
-                tx.query("SELECT 1 FROM queen.push_batch($1)", &[&items])?;
+                push_call(&mut tx, batch_max == 1, &items)?;
                 tx.rollback()
             });
             let mut s = shared.lock().unwrap();
@@ -242,7 +282,7 @@ fn pusher(
             }
             continue;
         }
-        match c.query("SELECT idx, partition_id, msg_offset FROM queen.push_batch($1)", &[&items]) {
+        match push_call(&mut c, batch_max == 1, &items) {
             Ok(rows) => {
                 let mut s = shared.lock().unwrap();
                 for row in rows {
@@ -313,11 +353,13 @@ fn consumer(
             got.push((seq.fetch_add(1, Ordering::SeqCst), (pid, off), row.get(3)));
         }
         let outcome = pick_outcome(&mut r);
-        // The lane that gets the signal, and at which offset.
+        // The lane that gets the signal, and at which of the offsets it delivered (offsets
+        // in between may be gaps: a consumer signals messages it got).
         let signal = match outcome {
             Outcome::Signal(s) => {
                 let l = lanes[r.gen_range(0..lanes.len())];
-                Some((s, l.0, r.gen_range(l.1..=l.2)))
+                let offs: Vec<i64> = got.iter().filter(|g| g.1 .0 == l.0).map(|g| g.1 .1).collect();
+                Some((s, l.0, offs[r.gen_range(0..offs.len())]))
             }
             _ => None,
         };
@@ -419,14 +461,17 @@ fn drained(c: &mut Client, queue: &str, group: &str) -> bool {
 /// push, a pop, an ack or a dead-lettering ack (the postmaster then restarts every
 /// session), or `pg_ctl stop -m immediate` and a restart — whichever kind it has done
 /// least. Returns how many of each.
-fn chaos(kills: usize, seed: u64, stop: &AtomicBool, deadline: Instant) -> BTreeMap<&'static str, usize> {
-    let targets: [(&str, &str); 5] = [
-        ("push", "%queen.push_batch%"),
+fn chaos(kills: usize, seed: u64, compactor: bool, stop: &AtomicBool, deadline: Instant) -> BTreeMap<&'static str, usize> {
+    let mut targets: Vec<(&str, &str)> = vec![
+        ("push", "%queen.push%"),
         ("pop", "%queen.pop%"),
         ("ack", "%queen.ack(%"),
         ("dead-lettering ack", "%/* dead-letter */%"),
         ("immediate stop", ""),
     ];
+    if compactor {
+        targets.push(("compaction", "%queen.compact(%"));
+    }
     let mut r = StdRng::seed_from_u64(seed);
     let mut done: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut c = connect_retrying(deadline);
@@ -494,27 +539,36 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
         ..Report::default()
     };
     let crashes = cfg.kills > 0;
-    // Heads of the queue's partitions.
+    // Heads of the queue's partitions: each one's readable end, the last offset that holds
+    // a committed message (every lane of the group has drained to it).
     let heads: HashMap<uuid::Uuid, i64> = c
-        .query("SELECT partition_id, head FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = $1", &[&queue])
+        .query("SELECT DISTINCT partition_id, head FROM queen.status($1)", &[&queue])
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    // Offsets are gapless: a partition's committed pushes (plus, after crashes, those of
-    // unknown fate that committed) fill 1..=head.
-    let mut per_partition: HashMap<uuid::Uuid, i64> = HashMap::new();
-    for &(pid, _) in s.committed.keys() {
-        *per_partition.entry(pid).or_default() += 1;
+    // The offsets that hold a message: every committed push's (and, after crashes, those
+    // of unknown fate that were delivered, so they committed). Any other offset up to a
+    // head is a gap: a push that rolled back or died.
+    let mut messages: HashMap<uuid::Uuid, std::collections::BTreeSet<i64>> = HashMap::new();
+    for &(pid, off) in s.committed.keys() {
+        messages.entry(pid).or_default().insert(off);
     }
-    for (pid, &head) in &heads {
-        let known = per_partition.get(pid).copied().unwrap_or(0);
-        if crashes {
-            assert!(known <= head, "partition {pid}: {known} pushes returned but head is {head}");
-        } else {
-            assert_eq!(known, head, "partition {pid}: head {head} but {known} committed pushes");
+    for ds in s.deliveries.values() {
+        for d in ds {
+            messages.entry(d.addr.0).or_default().insert(d.addr.1);
         }
     }
+    for (pid, offs) in &messages {
+        let head = heads.get(pid).copied().unwrap_or(0);
+        let last = offs.iter().next_back().copied().unwrap_or(0);
+        assert!(last <= head, "partition {pid}: a message at {last} beyond the head {head}");
+        assert_eq!(last, head, "partition {pid}: the head {head} is not the last message {last}");
+    }
+    // A stretch of offsets the cursor passed without an ack must hold no message.
+    let holds_message = |pid: &uuid::Uuid, from: i64, to: i64| -> bool {
+        messages.get(pid).is_some_and(|m| m.range(from..=to).next().is_some())
+    };
 
     for group in &cfg.groups {
         let empty = Vec::new();
@@ -563,10 +617,18 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
         for &(pid, from, to) in s.advances.get(group).unwrap_or(&Vec::new()) {
             adv.entry(pid).or_default().push((from, to));
         }
+
         let mut maybe: HashMap<uuid::Uuid, Vec<(i64, i64)>> = HashMap::new();
         for &(pid, from, to) in s.maybe_advances.get(group).unwrap_or(&Vec::new()) {
             maybe.entry(pid).or_default().push((from, to));
         }
+        // The messages in from..=to all lie in one span an ack of unknown fate asked for
+        // (its lane's span starts at its first message: gaps before it need no cover).
+        let covered_by_maybe = |pid: &uuid::Uuid, from: i64, to: i64| -> bool {
+            let inside: Vec<i64> = messages.get(pid).map(|m| m.range(from..=to).copied().collect()).unwrap_or_default();
+            let (Some(lo), Some(hi)) = (inside.first(), inside.last()) else { return true };
+            maybe.get(pid).is_some_and(|m| m.iter().any(|&(a, b)| a <= *lo && b >= *hi))
+        };
         let cursors: HashMap<uuid::Uuid, i64> = c
             .query("SELECT partition_id, committed FROM queen.status($1) WHERE consumer_group = $2", &[&queue, group])
             .unwrap()
@@ -580,18 +642,15 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
             let mut next = 1;
             for (from, to) in spans {
                 assert!(from >= next, "{group}: partition {pid}: offsets {from}..={} passed twice", next - 1);
-                if from > next {
-                    // A gap: only an ack whose fate the crash hid may have covered it.
-                    let covered = maybe
-                        .get(pid)
-                        .is_some_and(|m| m.iter().any(|&(a, b)| a <= next && b >= from - 1));
-                    assert!(covered, "{group}: partition {pid}: offsets {next}..{from} skipped by the cursor");
+                if from > next && holds_message(pid, next, from - 1) {
+                    // Messages no ack reported: only an ack whose fate a crash hid may have
+                    // passed them.
+                    assert!(covered_by_maybe(pid, next, from - 1), "{group}: partition {pid}: offsets {next}..{from} skipped by the cursor");
                 }
                 next = to + 1;
             }
-            if next <= head {
-                let covered = maybe.get(pid).is_some_and(|m| m.iter().any(|&(a, b)| a <= next && b >= head));
-                assert!(covered, "{group}: partition {pid}: offsets {next}..={head} passed by no ack");
+            if next <= head && holds_message(pid, next, head) {
+                assert!(covered_by_maybe(pid, next, head), "{group}: partition {pid}: offsets {next}..={head} passed by no ack");
             }
         }
         // Exactly one log_dlq row per dead-lettered message.

@@ -15,3 +15,18 @@ fn concurrent_outcomes_keep_every_invariant() {
         assert!(report.duplicates.get(cause).copied().unwrap_or(0) > 0, "no duplicate from {cause}: the run did not exercise it");
     }
 }
+
+/// The shape a newcomer starts with: eight producers pushing single messages to one
+/// partition, a fifth of them rolled back (gaps), while a session compacts the fresh tier.
+#[test]
+fn single_message_producers_on_one_partition_keep_every_invariant() {
+    let mut cfg = Config::from_env(8_000, 3, 0);
+    cfg.pushers = 8;
+    cfg.partitions = 1;
+    cfg.batch_max = 1;
+    cfg.compactor = true;
+    let report = run(&cfg);
+    println!("{report:#?}");
+    assert!(report.pushed >= cfg.messages, "every pusher finished its share");
+    assert!(report.rolled_back > 0, "some pushes rolled back");
+}

@@ -1,22 +1,31 @@
-//! The retention worker: with `shared_preload_libraries = 'queen'` it runs a retention
+//! The maintenance worker: with `shared_preload_libraries = 'queen'` it runs a retention
 //! pass every `queen.retention_interval` seconds in `queen.retention_database` (the test
-//! cluster sets 1 second and this database, scripts/test.conf). Consumed segments older
-//! than a queue's retention disappear without anybody calling `queen.retain`; a queue
-//! without retention keeps its segments.
+//! cluster sets 1 second and this database, scripts/test.conf), and compaction passes.
+//! Consumed segments older than a queue's retention disappear without anybody calling
+//! `queen.retain`; a queue without retention keeps its messages (compaction may merge
+//! their segments, so messages stored are counted, not segments); small segments are
+//! merged without anybody calling `queen.compact`.
 
 use std::time::{Duration, Instant};
 
 use postgres::Client;
 use queen_it::{connect, unique};
 
-fn segments(c: &mut Client, queue: &str) -> i64 {
-    c.query_one(
-        "SELECT count(*) FROM queen.segments s JOIN queen.partitions p USING (partition_id)
-           JOIN queen.queues q USING (queue_id) WHERE q.name = $1",
-        &[&queue],
-    )
-    .unwrap()
-    .get(0)
+/// Messages (offsets) stored for a queue, in segments of both tiers, and how many of those
+/// segments are in the fresh tier.
+fn stored(c: &mut Client, queue: &str) -> (i64, i64) {
+    let row = c
+        .query_one(
+            "SELECT coalesce(sum(s.last_offset - s.first_offset + 1), 0)::int8, count(*) FILTER (WHERE s.fresh)
+               FROM (SELECT partition_id, first_offset, last_offset, false AS fresh FROM queen.segments
+                     UNION ALL
+                     SELECT partition_id, first_offset, last_offset, true FROM queen.fresh_segments) s
+               JOIN queen.partitions p USING (partition_id) JOIN queen.queues q USING (queue_id)
+              WHERE q.name = $1",
+            &[&queue],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
 }
 
 #[test]
@@ -27,13 +36,13 @@ fn worker_deletes_consumed_segments_past_the_retention() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let workers: i64 = c
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'queen retention'", &[])
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'queen maintenance'", &[])
             .unwrap()
             .get(0);
         if workers == 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "no retention worker is running (queen preloaded, scripts/test.conf)");
+        assert!(Instant::now() < deadline, "no maintenance worker is running (queen preloaded, scripts/test.conf)");
         std::thread::sleep(Duration::from_millis(200));
     }
 
@@ -46,14 +55,14 @@ fn worker_deletes_consumed_segments_past_the_retention() {
         let n = c.query("SELECT 1 FROM queen.pop($1, batch => 10, auto_ack => true)", &[q]).unwrap().len();
         assert_eq!(n, 3);
     }
-    assert_eq!(segments(&mut c, &short), 3);
+    assert_eq!(stored(&mut c, &short).0, 3);
 
     let deadline = Instant::now() + Duration::from_secs(30);
-    while segments(&mut c, &short) > 0 {
+    while stored(&mut c, &short).0 > 0 {
         assert!(Instant::now() < deadline, "the worker did not delete the consumed segments within 30 s");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(segments(&mut c, &keep), 3, "a queue without retention keeps its segments");
+    assert_eq!(stored(&mut c, &keep).0, 3, "a queue without retention keeps its messages");
 
     // The queue works on: a new message after the deleted ones, and a new group starts
     // after what was deleted.
@@ -61,4 +70,26 @@ fn worker_deletes_consumed_segments_past_the_retention() {
     let rows = c.query("SELECT msg_offset, payload::text FROM queen.pop($1, 'late', batch => 10, auto_ack => true)", &[&short]).unwrap();
     let got: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(got, vec![(4, "42".to_string())]);
+}
+
+/// Single pushes land in the fresh tier, one small segment each; the worker merges them
+/// (after they linger: 10 s for a run this short) into one segment of the durable tier,
+/// and a pop reads the same messages at the same offsets.
+#[test]
+fn worker_compacts_small_segments() {
+    let mut c = connect();
+    let queue = unique("compacted");
+    for i in 0..5 {
+        c.execute("SELECT count(*) FROM queen.push($1, to_jsonb($2::int))", &[&queue, &i]).unwrap();
+    }
+    assert_eq!(stored(&mut c, &queue), (5, 5), "five single pushes, five fresh segments");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while stored(&mut c, &queue).1 > 0 {
+        assert!(Instant::now() < deadline, "the worker did not compact the fresh tier within 40 s");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(stored(&mut c, &queue), (5, 0));
+    let rows = c.query("SELECT msg_offset, payload::text FROM queen.pop($1, batch => 10, auto_ack => true)", &[&queue]).unwrap();
+    let got: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(got, (0..5).map(|i| (i as i64 + 1, i.to_string())).collect::<Vec<_>>());
 }
