@@ -22,7 +22,12 @@ BENCH_PORT ?= 5486
 PSQL_RUN  := psql -X -v ON_ERROR_STOP=1 -h $(RUN_DIR)/sock -p $(RUN_PORT) -U postgres
 PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -U postgres
 
-REGRESS_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/sql/*.sql))) readme)
+REGRESS_TESTS := $(sort $(filter-out nopreload,$(basename $(notdir $(wildcard pg_test/sql/*.sql)))) readme)
+# Run again on a cluster without shared_preload_libraries (scripts/nopreload.conf): every
+# test whose output does not depend on gaps (offsets and compaction show them).
+NOPRELOAD_TESTS := $(filter-out offsets compaction,$(REGRESS_TESTS)) nopreload
+NOPRELOAD_DIR  ?= /tmp/queen-nopreload
+NOPRELOAD_PORT ?= 5490
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
 .PHONY: upgrade-test clients package fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
@@ -105,6 +110,12 @@ regress: readme-sql
 	  --dbname=queen_isolation $(ISOLATION_TESTS) \
 	  || { cat /tmp/queen-isolation-out/regression.diffs; $(MAKE) -s test-cluster-stop; exit 1; }
 	@$(MAKE) -s test-cluster-stop
+	@bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT); rm -rf $(NOPRELOAD_DIR) /tmp/queen-nopreload-out
+	@bash scripts/cluster.sh start $(NOPRELOAD_DIR) $(NOPRELOAD_PORT) scripts/nopreload.conf
+	$(REGRESS)/pg_regress --host=$(NOPRELOAD_DIR)/sock --port=$(NOPRELOAD_PORT) --user=postgres \
+	  --inputdir=pg_test --outputdir=/tmp/queen-nopreload-out --dbname=queen_regress \
+	  $(NOPRELOAD_TESTS) || { cat /tmp/queen-nopreload-out/regression.diffs; bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT); exit 1; }
+	@bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT)
 
 integration:
 	cargo build -q -p queen-consumer --examples

@@ -51,6 +51,17 @@ thread_local! {
 /// Called from `_PG_init`: the settings, and the transaction callbacks (always: they are
 /// also what announces wake-ups at commit).
 pub fn init() {
+    // SAFETY: registering callbacks is allowed at any time in a backend; these stay for the
+    // life of the process, as PostgreSQL's own modules' do.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
+    }
+    // The sizes of shared memory matter, and can only be defined, at server start.
+    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
     GucRegistry::define_int_guc(
         c"queen.tracked_partitions",
         c"Partitions whose offsets queen tracks in shared memory at once.",
@@ -71,12 +82,6 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
-    // SAFETY: registering callbacks is allowed at any time in a backend; these stay for the
-    // life of the process, as PostgreSQL's own modules' do.
-    unsafe {
-        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
-        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
-    }
 }
 
 fn layout() -> Layout {

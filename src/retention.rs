@@ -41,6 +41,12 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_S,
     );
+    // Only the background worker reads it, and it only exists with preloading; a
+    // server-start setting cannot be defined later anyway.
+    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
+    if !unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
     GucRegistry::define_string_guc(
         c"queen.retention_database",
         c"The database whose queen queues the background worker maintains (retention, compaction).",

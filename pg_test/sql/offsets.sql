@@ -1,0 +1,57 @@
+-- Offsets without a commit-long lock (with shared_preload_libraries = 'queen'): what a
+-- push's msg_offset means, gaps, a transaction that reads its own pushes, savepoints, and
+-- PREPARE TRANSACTION.
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS queen CASCADE;
+CREATE EXTENSION queen;
+RESET client_min_messages;
+
+-- A push's msg_offset is the offset it reserved; a rolled-back push leaves its offset as a
+-- gap that is never handed out again.
+SELECT msg_offset FROM queen.push('o', '"one"');
+BEGIN;
+SELECT msg_offset FROM queen.push('o', '"rolled back"');
+ROLLBACK;
+SELECT msg_offset FROM queen.push('o', '"three"');
+-- The head is the last offset holding a message; a pop steps over the gap.
+SELECT messages FROM queen.totals('o');
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+
+-- A transaction reads its own pushes, even before it commits.
+BEGIN;
+SELECT msg_offset FROM queen.push('o', '"mine"');
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+COMMIT;
+
+-- A savepoint rolled back gives up its pushes (a gap); released, it keeps them.
+BEGIN;
+SAVEPOINT a;
+SELECT msg_offset FROM queen.push('o', '"savepoint rolled back"');
+ROLLBACK TO SAVEPOINT a;
+SAVEPOINT b;
+SELECT msg_offset FROM queen.push('o', '"savepoint released"');
+RELEASE SAVEPOINT b;
+COMMIT;
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+
+-- A PL/pgSQL block that pushes and then fails: its push is gone.
+DO $$
+BEGIN
+  BEGIN
+    PERFORM queen.push('o', '"in a failed block"');
+    RAISE EXCEPTION 'boom';
+  EXCEPTION WHEN OTHERS THEN NULL;
+  END;
+END $$;
+SELECT msg_offset FROM queen.push('o', '"after the block"');
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+
+-- A transaction that pushed cannot be prepared (0A000), and nothing of it stays.
+BEGIN;
+SELECT msg_offset FROM queen.push('o', '"prepared?"');
+\set VERBOSITY sqlstate
+PREPARE TRANSACTION 'queen-offsets';
+\set VERBOSITY default
+SELECT count(*) AS prepared FROM pg_prepared_xacts;
+SELECT msg_offset FROM queen.push('o', '"after prepare"');
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
