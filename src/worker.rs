@@ -75,11 +75,14 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
     }
 }
 
+/// The extension is installed in this database at this library's version. Between a
+/// restart on a new library and `ALTER EXTENSION queen UPDATE` the worker waits: the old
+/// schema may lack what the new library uses.
 fn installed(client: &mut pgrx::spi::SpiClient<'_>) -> bool {
     crate::spi::first_value::<bool>(run(
         client,
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'queen')",
-        &[],
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'queen' AND extversion = $1)",
+        &[env!("CARGO_PKG_VERSION").into()],
     ))
     .unwrap_or(false)
 }

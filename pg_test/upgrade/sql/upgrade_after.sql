@@ -1,22 +1,29 @@
 -- Upgrade test, part 2 (scripts/upgrade_test.sh): the server now runs the current
--- library over the data 0.1.0 wrote. ALTER EXTENSION queen UPDATE, then the data and
+-- library over the data 0.2.0 wrote. ALTER EXTENSION queen UPDATE, then the data and
 -- behaviour are intact, and the upgraded catalog is exactly a fresh install's.
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 
--- The lease taken under 0.1.0 is live and acks; the partition goes on after it.
+-- The lease taken under 0.2.0 is live and acks; the partition goes on after it.
 SELECT queen.ack(lease_id) -> 'lanes' -> 0 -> 'committed' AS committed FROM held LIMIT 1;
 DROP TABLE held;
 SELECT partition, msg_offset, payload FROM queen.pop('up', partition => 'a', auto_ack => true);
 -- audit's cursor on b survived (nothing again there); a is still all unread.
 SELECT partition, msg_offset FROM queen.pop('up', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
 SELECT partition, consumer_group, data, error_message FROM queen.dlq('up');
+-- New offsets continue after the ones 0.2.0 handed out; a rolled-back push is a gap now.
 SELECT msg_offset FROM queen.push('up', '4', 'a');
--- New in 0.2.0.
+BEGIN;
+SELECT msg_offset FROM queen.push('up', '"rolled back"', 'a');
+ROLLBACK;
+SELECT msg_offset FROM queen.push('up', '6', 'a');
 SELECT * FROM queen.totals('up');
 SELECT queen.retain('up') - 'bytesDeleted' AS pass;
--- Retention over segments 0.1.0 wrote: once both groups have read everything and the
+-- New in 0.3.0: compaction over the fresh tier (the two single pushes after the upgrade:
+-- too few and too young to merge yet).
+SELECT queen.compact('up') AS compacted;
+-- Retention over segments 0.2.0 wrote: once both groups have read everything and the
 -- window has passed, every segment goes, and the partitions remember how far.
 SELECT count(*) FROM queen.pop('up', batch => 10, partition => 'a', auto_ack => true);
 SELECT count(*) FROM queen.pop('up', 'audit', batch => 10, partition => 'a', auto_ack => true);
@@ -24,7 +31,7 @@ SELECT queen.configure('up', retention => 1) ->> 'retention' AS retention;
 SELECT pg_sleep(1.1);
 SELECT queen.retain('up') - 'bytesDeleted' AS pass;
 SELECT name, retained_through FROM queen.partitions ORDER BY name;
-SELECT count(*) AS segments_left FROM queen.segments;
+SELECT (SELECT count(*) FROM queen.segments) + (SELECT count(*) FROM queen.fresh_segments) AS segments_left;
 
 -- Every object, column, default, index, function setting, privilege and comment.
 CREATE FUNCTION pg_temp.queen_catalog() RETURNS SETOF text LANGUAGE sql AS $$

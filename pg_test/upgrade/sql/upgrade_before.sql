@@ -1,13 +1,14 @@
--- Upgrade test, part 1 (scripts/upgrade_test.sh): the previous release (0.1.0), its
+-- Upgrade test, part 1 (scripts/upgrade_test.sh): the previous release (0.2.0), its
 -- library and its install script, writes data. Then the server restarts on the current
 -- library and upgrade_after.sql runs.
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
-CREATE EXTENSION queen VERSION '0.1.0';
+CREATE EXTENSION queen VERSION '0.2.0';
 RESET client_min_messages;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 
--- Data written by 0.1.0: a lease held across the upgrade, a group's cursor, a dead letter.
+-- Data written by 0.2.0: a lease held across the upgrade, a group's cursor, a dead letter,
+-- segments in format 1, partition heads kept by the partition row lock.
 SELECT count(*) FROM queen.push_batch('[{"queue": "up", "partition": "a", "payload": 1},
                                         {"queue": "up", "partition": "a", "payload": 2},
                                         {"queue": "up", "partition": "b", "payload": 3}]');

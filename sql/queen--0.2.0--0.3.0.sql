@@ -1,0 +1,169 @@
+-- queen 0.2.0 -> 0.3.0 (ALTER EXTENSION queen UPDATE TO '0.3.0').
+-- Tested by scripts/upgrade_test.sh: 0.2.0 writes data, the server restarts on the 0.3.0
+-- library, this script runs, and the data, the behaviour and the catalog (compared with a
+-- fresh 0.3.0 install) must be intact.
+--
+-- 0.3.0: pushes reserve offsets without holding their partition row (an offset registry
+-- in shared memory; gaps where a push aborts), small pushes write to a fresh tier that
+-- compaction merges, and push / push_batch are C functions with no SET clause.
+
+-- The fresh tier: the segment of each push of fewer than 64 messages to a partition, until
+-- compaction (src/compaction.rs) merges a run of them into one row of queen.segments. Its
+-- offsets never overlap those of queen.segments. Emptied by compaction, it gives its pages
+-- back to VACUUM.
+CREATE TABLE queen.fresh_segments (
+    partition_id uuid   NOT NULL,
+    first_offset bigint NOT NULL,
+    last_offset  bigint NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    data         bytea  NOT NULL,
+    PRIMARY KEY (partition_id, first_offset)
+);
+ALTER TABLE queen.fresh_segments ALTER COLUMN data SET STORAGE EXTERNAL;
+COMMENT ON TABLE queen.fresh_segments IS 'queen: segments of small pushes, until compaction merges them into queen.segments';
+REVOKE ALL ON queen.fresh_segments FROM PUBLIC;
+COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages: large pushes and compacted runs';
+
+-- push and push_batch become the C functions themselves (same signature, privileges and
+-- comment; no SET clause: they pin their search path in the library).
+CREATE OR REPLACE FUNCTION queen.push(
+    queue text,
+    payload jsonb,
+    partition text DEFAULT 'Default',
+    transaction_id text DEFAULT NULL
+) RETURNS SETOF queen.push_result
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'push_one_wrapper';
+CREATE OR REPLACE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'push_batch_wrapper';
+DROP FUNCTION queen._push(text, jsonb, text, text);
+DROP FUNCTION queen._push_batch(jsonb);
+
+CREATE FUNCTION queen."_readable"(
+	"partition_id" uuid, /* pgrx :: Uuid */
+	"head" bigint /* i64 */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'readable_sql_wrapper';
+CREATE FUNCTION queen."_queues_changed"() RETURNS void
+STRICT VOLATILE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'queues_changed_wrapper';
+CREATE FUNCTION queen."compact"(
+	"queue" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS jsonb /* JsonB */
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'compact_wrapper';
+ALTER FUNCTION queen.compact(text) SECURITY DEFINER;
+REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text) FROM PUBLIC;
+COMMENT ON FUNCTION queen.compact(text) IS
+  'queen: one compaction pass: merge the small segments of small pushes into large ones';
+COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
+COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
+
+-- status, totals and delete_queue read the readable end and both tiers (CREATE OR REPLACE
+-- keeps their privileges and comments).
+CREATE OR REPLACE FUNCTION queen.status(queue text DEFAULT NULL) RETURNS SETOF queen.lane_status
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  -- Only a live lease is shown; an expired one is as good as none.
+  RETURN QUERY
+    SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, l.committed,
+           r.head - l.committed,
+           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_id END,
+           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_expires_at END,
+           l.batch_end, l.batch_retry_count, l.attempt_count,
+           (SELECT count(*) FROM queen.log_dlq d
+             WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group)
+      FROM queen.lanes l
+      JOIN queen.partitions p ON p.partition_id = l.partition_id
+      JOIN queen.queues q ON q.queue_id = l.queue_id
+     CROSS JOIN LATERAL (SELECT queen._readable(p.partition_id, p.head) AS head) r
+     WHERE status.queue IS NULL OR q.name = status.queue
+     ORDER BY q.name, p.name, l.consumer_group;
+END $$;
+
+CREATE OR REPLACE FUNCTION queen.totals(queue text DEFAULT NULL) RETURNS SETOF queen.queue_totals
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  RETURN QUERY
+    WITH q AS (
+      SELECT q.queue_id, q.name, p.partitions, p.messages
+        FROM queen.queues q
+        CROSS JOIN LATERAL (SELECT count(*) AS partitions,
+                                   coalesce(sum(queen._readable(partition_id, head)), 0)::int8 AS messages
+                              FROM queen.partitions WHERE queue_id = q.queue_id) p
+       WHERE totals.queue IS NULL OR q.name = totals.queue
+    ), g AS (
+      SELECT l.queue_id, l.consumer_group,
+             sum(l.committed)::int8 AS committed,
+             sum(queen._readable(p.partition_id, p.head) - l.committed)::int8 AS lag,
+             count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS leased
+        FROM queen.lanes l
+        JOIN queen.partitions p ON p.partition_id = l.partition_id
+       WHERE l.queue_id IN (SELECT queue_id FROM q)
+       GROUP BY l.queue_id, l.consumer_group
+    ), d AS (
+      SELECT d.queue_id, d.consumer_group, count(*) AS dead
+        FROM queen.log_dlq d
+       WHERE d.queue_id IN (SELECT queue_id FROM q)
+       GROUP BY d.queue_id, d.consumer_group
+    )
+    SELECT q.name, g.consumer_group, q.partitions, q.messages,
+           g.committed, g.lag, g.leased, coalesce(d.dead, 0)
+      FROM q
+      LEFT JOIN g ON g.queue_id = q.queue_id
+      LEFT JOIN d ON d.queue_id = q.queue_id AND d.consumer_group = g.consumer_group
+     ORDER BY q.name, g.consumer_group NULLS FIRST;
+END $$;
+
+CREATE OR REPLACE FUNCTION queen.delete_queue(queue text) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  qid bigint;
+  n_partitions bigint;
+  n_segments bigint;
+  n_fresh bigint;
+  n_dead bigint;
+BEGIN
+  IF queue IS NULL THEN
+    RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
+  END IF;
+  -- The queue row first (pushes that create partitions and pops that create groups take
+  -- weaker locks on it, so they wait for us or we for them, never in a cycle), then its
+  -- partitions in name order, as pushes lock them.
+  SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.name = delete_queue.queue FOR UPDATE;
+  IF qid IS NULL THEN
+    RETURN jsonb_build_object('queue', queue, 'deleted', false);
+  END IF;
+  PERFORM 1 FROM queen.partitions p WHERE p.queue_id = qid ORDER BY p.name FOR UPDATE;
+  DELETE FROM queen.segments s USING queen.partitions p
+   WHERE p.queue_id = qid AND s.partition_id = p.partition_id;
+  GET DIAGNOSTICS n_segments = ROW_COUNT;
+  DELETE FROM queen.fresh_segments s USING queen.partitions p
+   WHERE p.queue_id = qid AND s.partition_id = p.partition_id;
+  GET DIAGNOSTICS n_fresh = ROW_COUNT;
+  n_segments := n_segments + n_fresh;
+  DELETE FROM queen.dedup d USING queen.partitions p
+   WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
+  DELETE FROM queen.lanes l WHERE l.queue_id = qid;
+  DELETE FROM queen.leases le WHERE le.queue_id = qid;
+  DELETE FROM queen.log_dlq d WHERE d.queue_id = qid;
+  GET DIAGNOSTICS n_dead = ROW_COUNT;
+  DELETE FROM queen.partitions p WHERE p.queue_id = qid;
+  GET DIAGNOSTICS n_partitions = ROW_COUNT;
+  DELETE FROM queen.queues q WHERE q.queue_id = qid;
+  -- Every backend forgets where this queue's partitions were (src/queues.rs, targets).
+  PERFORM queen._queues_changed();
+  RETURN jsonb_build_object('queue', queue, 'deleted', true, 'partitions', n_partitions,
+                            'segments', n_segments, 'deadLetters', n_dead);
+END $$;
