@@ -1,7 +1,10 @@
 //! The background worker (with `shared_preload_libraries = 'queen'`): in the database
 //! `queen.retention_database`, a compaction pass every `queen.compaction_interval`
 //! milliseconds and a retention pass every `queen.retention_interval` seconds, each
-//! partition's compaction in a transaction of its own.
+//! partition's compaction in a transaction of its own. After a compaction pass that merged
+//! something, the worker vacuums the fresh tier at once: the index of a table whose rows
+//! are all appended on one side and deleted on the other gives its pages back only to
+//! VACUUM, and autovacuum (once a minute at best) would let it grow with every pass.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +43,14 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_else(|| "postgres".to_string());
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    // Nothing the worker commits needs to wait for its WAL flush: a compaction or a
+    // retention pass lost in a crash is undone whole (the small segments, or the old ones,
+    // are still there) and simply runs again; and anything that reads its result and then
+    // commits flushes that WAL first.
+    // SAFETY: setting a configuration option for this process at session level.
+    unsafe {
+        pg_sys::SetConfigOption(c"synchronous_commit".as_ptr(), c"off".as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION);
+    }
     let start = Instant::now();
     let (mut next_compaction, mut next_retention) = (start, start);
     loop {
@@ -87,8 +98,49 @@ fn installed(client: &mut pgrx::spi::SpiClient<'_>) -> bool {
     .unwrap_or(false)
 }
 
+/// `VACUUM (INDEX_CLEANUP on, TRUNCATE off, SKIP_LOCKED) queen.fresh_segments`, as the
+/// command does it (and as autovacuum calls it): outside any transaction block, with a
+/// portal memory context for VACUUM's cross-transaction state.
+fn vacuum_fresh_tier() {
+    // SAFETY: this follows autovacuum's call of vacuum(): a transaction is started, the
+    // relation list is built in it (vacuum copies it before its first commit), the params
+    // live on this stack for the whole call, PortalContext points at a context that lives
+    // across vacuum's own transactions and is reset after, and vacuum leaves a transaction
+    // open for the final commit. An ERROR ends the worker, which the postmaster restarts.
+    unsafe {
+        let cx = pgrx::PgMemoryContexts::new("queen vacuum");
+        let portal = cx.value();
+        pg_sys::PortalContext = portal;
+        pg_sys::StartTransactionCommand();
+        let relation = pg_sys::makeRangeVar(pg_sys::pstrdup(c"queen".as_ptr()), pg_sys::pstrdup(c"fresh_segments".as_ptr()), -1);
+        let list = pg_sys::lappend(
+            std::ptr::null_mut(),
+            pg_sys::makeVacuumRelation(relation, pg_sys::InvalidOid, std::ptr::null_mut()).cast(),
+        );
+        let mut params = pg_sys::VacuumParams {
+            options: pg_sys::VACOPT_VACUUM | pg_sys::VACOPT_SKIP_LOCKED | pg_sys::VACOPT_PROCESS_TOAST,
+            freeze_min_age: -1,
+            freeze_table_age: -1,
+            multixact_freeze_min_age: -1,
+            multixact_freeze_table_age: -1,
+            is_wraparound: false,
+            log_min_duration: -1,
+            // The index is the point: always clean it.
+            index_cleanup: pg_sys::VacOptValue::VACOPTVALUE_ENABLED,
+            // Truncating the heap needs an exclusive lock that pushes hold off: VACUUM
+            // would retry for up to 5 s, and the pass with it. Free pages are reused.
+            truncate: pg_sys::VacOptValue::VACOPTVALUE_DISABLED,
+            nworkers: 0,
+        };
+        pg_sys::vacuum(list, &mut params, std::ptr::null_mut(), true);
+        pg_sys::CommitTransactionCommand();
+        pg_sys::PortalContext = std::ptr::null_mut();
+        drop(cx);
+    }
+}
+
 /// Every partition with small segments, each compacted in a transaction of its own, so a
-/// pass holds no lock for long.
+/// pass holds no lock for long; then, if anything was merged, a VACUUM of the fresh tier.
 fn compaction_pass() {
     let pids = BackgroundWorker::transaction(|| {
         Spi::connect_mut(|client| {
@@ -99,7 +151,13 @@ fn compaction_pass() {
             }
         })
     });
+    let mut merged = 0;
     for pid in pids {
-        BackgroundWorker::transaction(|| Spi::connect_mut(|client| crate::compaction::compact_partition(client, pid)));
+        merged += BackgroundWorker::transaction(|| {
+            Spi::connect_mut(|client| crate::compaction::compact_partition(client, pid)).merged
+        });
+    }
+    if merged > 0 {
+        vacuum_fresh_tier();
     }
 }
