@@ -200,12 +200,13 @@ fn full(what: &str) -> ! {
 }
 
 /// Reserves `n` offsets of a partition for the current transaction; returns the first.
-/// `writes_all`: every reserved offset will be written (else report them with `wrote`).
-pub fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool) -> i64 {
+/// `writes_all`: every reserved offset will be written (else report them with `wrote`);
+/// `fresh`: they go to the fresh tier.
+pub fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool, fresh: bool) -> i64 {
     let key = *partition_id.as_bytes();
     let (me, sub) = (owner(), subxact());
     loop {
-        match with_registry(|r| r.reserve(&key, n, me, sub, writes_all)) {
+        match with_registry(|r| r.reserve(&key, n, me, sub, writes_all, fresh)) {
             Ok(first) => {
                 HOLDS.with(|h| h.set(true));
                 return first;
@@ -215,6 +216,16 @@ pub fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, wri
             Err(Refusal::Full) => full("every offset reservation is in use (queen.max_reservations)"),
         }
     }
+}
+
+/// False when no segment of the fresh tier can hold an offset from `start` on (a read
+/// then skips that tier). Without the registry, or before it knows the partition: true.
+pub fn may_be_fresh(partition_id: pgrx::Uuid, start: i64) -> bool {
+    if !enabled() {
+        return true;
+    }
+    let key = *partition_id.as_bytes();
+    with_view(|v| v.fresh_max(&key)).is_none_or(|max| start <= max)
 }
 
 /// Records that the current transaction wrote offsets of a partition up to `last`.
@@ -232,7 +243,7 @@ pub fn wrote(partition_id: pgrx::Uuid, last: i64) {
 pub fn readable(partition_id: pgrx::Uuid, head: i64) -> i64 {
     if !enabled() {
         let _ = head; // a reserved head may end in a gap; only stored segments count
-        return Spi::connect_mut(|client| stored_ends(client, partition_id).1);
+        return Spi::connect_mut(|client| stored_ends(client, partition_id).readable);
     }
     let key = *partition_id.as_bytes();
     let me = owner();
@@ -257,37 +268,50 @@ fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) {
         Load::Full => full("every tracked partition has pushes in flight (queen.tracked_partitions)"),
         Load::Mine => {
             LOADING.with(|l| l.set(Some(key)));
-            let (head, readable) = stored_ends(client, partition_id);
-            with_registry(|r| r.finish_load(&key, me, head, readable));
+            let e = stored_ends(client, partition_id);
+            with_registry(|r| r.finish_load(&key, me, e.head, e.readable, e.fresh_max));
             LOADING.with(|l| l.set(None));
         }
     }
 }
 
-/// What the database says of a partition: `(head, readable)`. `readable` is the highest
-/// offset a segment of either tier holds (a segment ends on a message) or that retention
-/// deleted; `head` is at least that and covers anything else that names an offset: the
-/// partition row's head (kept by pushes without the registry) and every lane's cursor.
-fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> (i64, i64) {
+/// What the database says of a partition.
+struct Stored {
+    /// At least `readable`, and anything else that names an offset: the partition row's
+    /// head (kept by pushes without the registry) and every lane's cursor.
+    head: i64,
+    /// The highest offset a segment of either tier holds (a segment ends on a message) or
+    /// that retention deleted.
+    readable: i64,
+    /// The last offset of the fresh tier's last segment.
+    fresh_max: i64,
+}
+
+fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Stored {
     let row = run(
         client,
-        "WITH r AS (
-           SELECT greatest(
-             (SELECT p.retained_through FROM queen.partitions p WHERE p.partition_id = $1),
-             (SELECT s.last_offset FROM queen.segments s WHERE s.partition_id = $1
-               ORDER BY s.first_offset DESC LIMIT 1),
-             (SELECT f.last_offset FROM queen.fresh_segments f WHERE f.partition_id = $1
-               ORDER BY f.first_offset DESC LIMIT 1),
-             0) AS readable)
+        "WITH t AS (
+           SELECT (SELECT s.last_offset FROM queen.segments s WHERE s.partition_id = $1
+                    ORDER BY s.first_offset DESC LIMIT 1) AS durable,
+                  (SELECT f.last_offset FROM queen.fresh_segments f WHERE f.partition_id = $1
+                    ORDER BY f.first_offset DESC LIMIT 1) AS fresh,
+                  (SELECT p.retained_through FROM queen.partitions p WHERE p.partition_id = $1) AS retained
+         ), r AS (
+           SELECT greatest(t.durable, t.fresh, t.retained, 0) AS readable, coalesce(t.fresh, 0) AS fresh FROM t
+         )
          SELECT greatest(r.readable,
                          (SELECT p.head FROM queen.partitions p WHERE p.partition_id = $1),
                          (SELECT max(l.committed) FROM queen.lanes l WHERE l.partition_id = $1)),
-                r.readable
+                r.readable, r.fresh
            FROM r",
         &[partition_id.into()],
     );
     let row = row.first();
-    (row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<i64>(2).or_raise().unwrap_or(0))
+    Stored {
+        head: row.get::<i64>(1).or_raise().unwrap_or(0),
+        readable: row.get::<i64>(2).or_raise().unwrap_or(0),
+        fresh_max: row.get::<i64>(3).or_raise().unwrap_or(0),
+    }
 }
 
 /// `queen._readable(partition_id, head)`: the readable end of a partition, for queen's own

@@ -218,6 +218,12 @@ fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
     into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
 }
 
+/// Whether a push of `n` offsets to a partition writes to the fresh tier (decided when
+/// they are reserved, so that readers know where to look).
+fn goes_fresh(n: usize) -> bool {
+    n < FRESH_MAX
+}
+
 /// Finds a queue's partition in one statement, creating the queue and the partition when
 /// they do not exist yet.
 fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
@@ -255,7 +261,7 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
 /// starts past anything stored (the registry does not keep that column current).
 fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool) -> i64 {
     if crate::offsets::enabled() {
-        return crate::offsets::reserve(client, partition_id, n, writes_all);
+        return crate::offsets::reserve(client, partition_id, n, writes_all, goes_fresh(n as usize));
     }
     let head = crate::spi::first_value::<i64>(run(
         client,
@@ -513,7 +519,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             });
             // A small push goes to the fresh tier uncompressed: compaction compresses it
             // with its neighbours soon, much better than one message alone.
-            let fresh_segment = kept.len() < FRESH_MAX;
+            let fresh_segment = goes_fresh(fresh.len());
             let data = if fresh_segment { segment::encode_uncompressed(entries) } else { segment::encode(entries) };
             let last = first + last_k as i64;
             let tier = if fresh_segment { &mut fresh_tier } else { &mut durable_tier };

@@ -67,25 +67,41 @@ pub fn read(
     mut emit: impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
 ) {
     // Per tier: the segment that holds `start`, then the ones that begin inside the span:
-    // tight range scans of the primary keys. `data` comes back as a TOAST pointer.
-    let rows = run(
-        client,
-        "(SELECT first_offset, last_offset, created_at, data FROM queen.segments
-           WHERE partition_id = $1 AND first_offset <= $2
-           ORDER BY first_offset DESC LIMIT 1)
-         UNION ALL
-         (SELECT first_offset, last_offset, created_at, data FROM queen.segments
-           WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
-         UNION ALL
-         (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
-           WHERE partition_id = $1 AND first_offset <= $2
-           ORDER BY first_offset DESC LIMIT 1)
-         UNION ALL
-         (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
-           WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
-         ORDER BY 1",
-        &[partition_id.into(), start.into(), end.into()],
-    );
+    // tight range scans of the primary keys. `data` comes back as a TOAST pointer. The
+    // fresh tier is skipped when no push wrote there at or after `start` (`offsets`).
+    let args = [partition_id.into(), start.into(), end.into()];
+    let rows = if crate::offsets::may_be_fresh(partition_id, start) {
+        run(
+            client,
+            "(SELECT first_offset, last_offset, created_at, data FROM queen.segments
+               WHERE partition_id = $1 AND first_offset <= $2
+               ORDER BY first_offset DESC LIMIT 1)
+             UNION ALL
+             (SELECT first_offset, last_offset, created_at, data FROM queen.segments
+               WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
+             UNION ALL
+             (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
+               WHERE partition_id = $1 AND first_offset <= $2
+               ORDER BY first_offset DESC LIMIT 1)
+             UNION ALL
+             (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
+               WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
+             ORDER BY 1",
+            &args,
+        )
+    } else {
+        run(
+            client,
+            "(SELECT first_offset, last_offset, created_at, data FROM queen.segments
+               WHERE partition_id = $1 AND first_offset <= $2
+               ORDER BY first_offset DESC LIMIT 1)
+             UNION ALL
+             (SELECT first_offset, last_offset, created_at, data FROM queen.segments
+               WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
+             ORDER BY 1",
+            &args,
+        )
+    };
     let mut next = start;
     for row in rows {
         let first: i64 = row.get(1).or_raise().unwrap();

@@ -290,34 +290,61 @@ fn main() {
 
     if want("push1") {
     // ---- push, batch 1, 8 clients: one message per transaction, as most applications
-    // enqueue. First the shape a newcomer starts with: every push to the queue's default
-    // partition. Then the same over 16 partitions. The baselines have no partitions: PgQ's
-    // insert_event and a plain INSERT into an indexed bigserial + jsonb table.
+    // enqueue. The shape a newcomer starts with: every push to the queue's default
+    // partition; then the same over 16 partitions. The baselines have no partitions: PgQ's
+    // insert_event and a plain INSERT into an indexed bigserial + jsonb table. The four
+    // take turns, `POP_REPEATS` rounds, and the median of each counts: single pushes are
+    // bound by the WAL flush, whose speed drifts over a run.
     reset(&mut c);
-    queen_push1_one = run_clients(&dsn, 8, s.secs, |c, _, i| {
-        let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1)");
-        c.execute(&push, &[&payload(i)]).unwrap();
-        1
-    });
-    say(&mut rows, "push, batch 1, 8 clients, one partition", "queen", queen_push1_one, "msg/s");
-    insert1 = run_clients(&dsn, 8, s.secs, |c, _, i| {
-        let insert = prepared(c, "INSERT INTO bench_jobs (payload) VALUES ($1)");
-        c.execute(&insert, &[&payload(i)]).unwrap();
-        1
-    });
-    say(&mut rows, "push, batch 1, 8 clients, one partition", "plain INSERT (bigserial + jsonb)", insert1, "msg/s");
-    pgq1 = run_clients(&dsn, 8, s.secs, |c, _, i| {
-        let insert = prepared(c, "SELECT pgq.insert_event('bq', 'ev', $1::jsonb::text)");
-        c.execute(&insert, &[&payload(i)]).unwrap();
-        1
-    });
-    say(&mut rows, "push, batch 1, 8 clients, one partition", "PgQ insert_event", pgq1, "msg/s");
-    queen_push1_16 = run_clients(&dsn, 8, s.secs, |c, k, i| {
-        let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1, $2)");
-        c.execute(&push, &[&payload(i), &format!("p{}", (k as u64 * 7 + i) % 16)]).unwrap();
-        1
-    });
-    say(&mut rows, "push, batch 1, 8 clients, 16 partitions", "queen", queen_push1_16, "msg/s");
+    type Step = Box<dyn Fn(&mut Client, usize, u64) -> usize + Send + Sync>;
+    let systems: Vec<fn() -> Step> = vec![
+        || Box::new(|c: &mut Client, _, i| {
+            let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1)");
+            c.execute(&push, &[&payload(i)]).unwrap();
+            1
+        }),
+        || Box::new(|c: &mut Client, _, i| {
+            let insert = prepared(c, "INSERT INTO bench_jobs (payload) VALUES ($1)");
+            c.execute(&insert, &[&payload(i)]).unwrap();
+            1
+        }),
+        || Box::new(|c: &mut Client, _, i| {
+            let insert = prepared(c, "SELECT pgq.insert_event('bq', 'ev', $1::jsonb::text)");
+            c.execute(&insert, &[&payload(i)]).unwrap();
+            1
+        }),
+        || Box::new(|c: &mut Client, k, i| {
+            let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1, $2)");
+            c.execute(&push, &[&payload(i), &format!("p{}", (k as u64 * 7 + i) % 16)]).unwrap();
+            1
+        }),
+    ];
+    let mut runs: [Vec<f64>; 4] = Default::default();
+    let mut cpus: [Vec<f64>; 4] = Default::default();
+    for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
+        for (k, system) in systems.iter().enumerate() {
+            let step = system();
+            runs[k].push(run_clients(&dsn, 8, s.secs, move |c, n, i| step(c, n, i)));
+            cpus[k].push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+        }
+    }
+    println!(
+        "  (push 1 runs: queen one partition {:?}, plain INSERT {:?}, PgQ {:?}, queen 16 partitions {:?})",
+        runs[0].iter().map(|v| *v as i64).collect::<Vec<_>>(),
+        runs[1].iter().map(|v| *v as i64).collect::<Vec<_>>(),
+        runs[2].iter().map(|v| *v as i64).collect::<Vec<_>>(),
+        runs[3].iter().map(|v| *v as i64).collect::<Vec<_>>()
+    );
+    let mut result = |k: usize, scenario, system| {
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut cpus[k]));
+        let v = median(&mut runs[k]);
+        say(&mut rows, scenario, system, v, "msg/s");
+        v
+    };
+    queen_push1_one = result(0, "push, batch 1, 8 clients, one partition", "queen");
+    insert1 = result(1, "push, batch 1, 8 clients, one partition", "plain INSERT (bigserial + jsonb)");
+    pgq1 = result(2, "push, batch 1, 8 clients, one partition", "PgQ insert_event");
+    queen_push1_16 = result(3, "push, batch 1, 8 clients, 16 partitions", "queen");
 
     }
     if want("push1000") {

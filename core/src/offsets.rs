@@ -61,6 +61,10 @@ pub struct Slot {
     last: u32,
     head: i64,
     readable: i64,
+    /// The highest offset a push wrote to the fresh tier (at least): a read of offsets
+    /// above it need not look there. Raised when the offsets are reserved, so before any
+    /// reader can see them; never lowered (compaction moves segments out, not in).
+    fresh_max: i64,
 }
 
 #[repr(C)]
@@ -211,6 +215,14 @@ impl<'a> View<'a> {
         Seen::Readable(end)
     }
 
+    /// The highest offset that may be in the fresh tier (None while not loaded: assume any).
+    pub fn fresh_max(&self, key: &[u8; 16]) -> Option<i64> {
+        match find(self.h, self.slots, key) {
+            Ok(i) if self.slots[i].state == READY => Some(self.slots[i].fresh_max),
+            _ => None,
+        }
+    }
+
     /// The last offset reserved (None while not loaded).
     pub fn head(&self, key: &[u8; 16]) -> Option<i64> {
         match find(self.h, self.slots, key) {
@@ -279,8 +291,17 @@ impl<'a> Registry<'a> {
     /// Reserves `n` offsets of partition `key` for `owner`'s transaction (in subtransaction
     /// `subxact`). Returns the first. The reservation holds readers back until `finish`.
     /// `writes_all`: the caller writes every reserved offset, or its (sub)transaction fails
-    /// (no `wrote` needed); otherwise it reports what it wrote with `wrote`.
-    pub fn reserve(&mut self, key: &[u8; 16], n: i64, owner: u32, subxact: u32, writes_all: bool) -> Result<i64, Refusal> {
+    /// (no `wrote` needed); otherwise it reports what it wrote with `wrote`. `fresh`: the
+    /// offsets go to the fresh tier.
+    pub fn reserve(
+        &mut self,
+        key: &[u8; 16],
+        n: i64,
+        owner: u32,
+        subxact: u32,
+        writes_all: bool,
+        fresh: bool,
+    ) -> Result<i64, Refusal> {
         assert!(n > 0 && (owner as usize) < self.owners.len());
         let s = match find(self.h, self.slots, key) {
             Ok(s) if self.slots[s].state == READY => s,
@@ -289,6 +310,9 @@ impl<'a> Registry<'a> {
         };
         let first = self.slots[s].head + 1;
         let end = self.slots[s].head + n;
+        if fresh {
+            self.slots[s].fresh_max = self.slots[s].fresh_max.max(end);
+        }
         // The owner's own reservation at the tail, in the same subtransaction, grows in
         // place: nobody reserved in between, so the range stays the owner's alone.
         let tail = self.slots[s].last;
@@ -468,22 +492,33 @@ impl<'a> Registry<'a> {
         } else {
             i
         };
-        self.slots[i] = Slot { key: *key, state: LOADING, loader: owner, first: NIL, last: NIL, head: 0, readable: 0 };
+        self.slots[i] = Slot {
+            key: *key,
+            state: LOADING,
+            loader: owner,
+            first: NIL,
+            last: NIL,
+            head: 0,
+            readable: 0,
+            fresh_max: 0,
+        };
         self.h.live += 1;
         Load::Mine
     }
 
     /// Ends a load with what the database holds, read with a snapshot taken after
     /// `begin_load`: `readable`, the highest offset a stored segment holds (every push
-    /// that could write below it has ended), and `head`, at least that, the highest offset
-    /// anything refers to. Offsets after `head` are handed out next.
-    pub fn finish_load(&mut self, key: &[u8; 16], owner: u32, head: i64, readable: i64) {
+    /// that could write below it has ended), `head`, at least that, the highest offset
+    /// anything refers to (offsets after it are handed out next), and `fresh_max`, the
+    /// last offset of the fresh tier's last segment.
+    pub fn finish_load(&mut self, key: &[u8; 16], owner: u32, head: i64, readable: i64, fresh_max: i64) {
         if let Ok(i) = find(self.h, self.slots, key) {
             let s = &mut self.slots[i];
             if s.state == LOADING && s.loader == owner {
                 s.state = READY;
                 s.head = head.max(readable);
                 s.readable = readable;
+                s.fresh_max = fresh_max;
             }
         }
     }
@@ -573,7 +608,7 @@ mod tests {
         }
         fn load(&mut self, k: u8, end: i64) {
             assert_eq!(self.reg().begin_load(&key(k), 99), Load::Mine);
-            self.reg().finish_load(&key(k), 99, end, end);
+            self.reg().finish_load(&key(k), 99, end, end, 0);
         }
     }
 
@@ -587,11 +622,11 @@ mod tests {
     #[test]
     fn commits_out_of_order_become_readable_in_order() {
         let mut m = Mem::new(4, 8, 4);
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false), Err(Refusal::Unknown));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false), Err(Refusal::Unknown));
         m.load(1, 10);
         assert_eq!(m.readable(1), Seen::Readable(10));
-        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, false), Ok(11)); // owner 0: 11..12
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Ok(13)); // owner 1: 13
+        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, false, false), Ok(11)); // owner 0: 11..12
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Ok(13)); // owner 1: 13
         m.reg().wrote(&key(1), 0, 12);
         m.reg().wrote(&key(1), 1, 13);
         m.reg().finish(1, true);
@@ -604,13 +639,13 @@ mod tests {
     fn a_transaction_reads_its_own_pushes_unless_another_comes_first() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 2, 0, 1, false).unwrap(); // owner 0: 1..2
+        m.reg().reserve(&key(1), 2, 0, 1, false, false).unwrap(); // owner 0: 1..2
         m.reg().wrote(&key(1), 0, 2);
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2));
         assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
-        m.reg().reserve(&key(1), 1, 1, 1, false).unwrap(); // owner 1: 3
+        m.reg().reserve(&key(1), 1, 1, 1, false, false).unwrap(); // owner 1: 3
         m.reg().wrote(&key(1), 1, 3);
-        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap(); // owner 0 again: 4, a new record
+        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap(); // owner 0 again: 4, a new record
         m.reg().wrote(&key(1), 0, 4);
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2), "3 is another's, in flight");
         assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
@@ -623,9 +658,9 @@ mod tests {
     fn an_abort_leaves_a_gap_and_an_aborted_tail_is_not_readable() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false), Ok(1));
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Ok(2));
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false), Ok(3));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false), Ok(1));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Ok(2));
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false), Ok(3));
         m.reg().wrote(&key(1), 0, 1);
         m.reg().wrote(&key(1), 2, 3);
         m.reg().finish(1, false); // 2 aborts: a gap
@@ -634,17 +669,17 @@ mod tests {
         m.reg().finish(2, false); // the tail aborts: readable stays on a real message
         assert_eq!(m.readable(1), Seen::Readable(1));
         assert_eq!(m.reg().view().head(&key(1)), Some(3), "offsets are never reused");
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false), Ok(4));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false), Ok(4));
     }
 
     #[test]
     fn a_reservation_that_wrote_nothing_commits_as_a_gap() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 5);
-        m.reg().reserve(&key(1), 3, 0, 1, false).unwrap();
+        m.reg().reserve(&key(1), 3, 0, 1, false, false).unwrap();
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(5));
-        m.reg().reserve(&key(1), 3, 0, 1, false).unwrap(); // 9..11
+        m.reg().reserve(&key(1), 3, 0, 1, false, false).unwrap(); // 9..11
         m.reg().wrote(&key(1), 0, 10);
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(10));
@@ -654,19 +689,19 @@ mod tests {
     fn subtransactions_abort_and_commit_their_reservations() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap(); // 1, top level
+        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap(); // 1, top level
         m.reg().wrote(&key(1), 0, 1);
-        m.reg().reserve(&key(1), 1, 0, 2, false).unwrap(); // 2, savepoint 2 (a new record)
+        m.reg().reserve(&key(1), 1, 0, 2, false, false).unwrap(); // 2, savepoint 2 (a new record)
         m.reg().wrote(&key(1), 0, 2);
         m.reg().abort_subxact(0, 2);
-        m.reg().reserve(&key(1), 1, 0, 3, false).unwrap(); // 3, savepoint 3, released into 1
+        m.reg().reserve(&key(1), 1, 0, 3, false, false).unwrap(); // 3, savepoint 3, released into 1
         m.reg().wrote(&key(1), 0, 3);
         m.reg().commit_subxact(0, 3, 1);
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(3));
         // Had savepoint 2 been kept, readable would be 3 too; what matters is that an
         // aborted savepoint's write is never claimed: reserve once more and abort it.
-        m.reg().reserve(&key(1), 1, 0, 4, false).unwrap(); // 4
+        m.reg().reserve(&key(1), 1, 0, 4, false, false).unwrap(); // 4
         m.reg().wrote(&key(1), 0, 4);
         m.reg().abort_subxact(0, 4);
         m.reg().finish(0, true);
@@ -678,16 +713,16 @@ mod tests {
         let mut m = Mem::new(2, 4, 4);
         assert_eq!(m.reg().begin_load(&key(1), 0), Load::Mine);
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Loading);
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Err(Refusal::Loading));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Err(Refusal::Loading));
         assert_eq!(m.readable(1), Seen::Loading);
         m.reg().abandon_load(&key(1), 1); // not the loader: nothing happens
         assert_eq!(m.readable(1), Seen::Loading);
         m.reg().abandon_load(&key(1), 0);
         assert_eq!(m.readable(1), Seen::Unknown);
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Mine);
-        m.reg().finish_load(&key(1), 1, 9, 7);
+        m.reg().finish_load(&key(1), 1, 9, 7, 0);
         assert_eq!(m.readable(1), Seen::Readable(7));
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false), Ok(10), "offsets after the stored head");
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Ok(10), "offsets after the stored head");
     }
 
     #[test]
@@ -695,8 +730,8 @@ mod tests {
         let mut m = Mem::new(2, 4, 4);
         m.load(1, 0);
         m.load(2, 0);
-        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap();
-        m.reg().reserve(&key(2), 1, 1, 1, false).unwrap();
+        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap();
+        m.reg().reserve(&key(2), 1, 1, 1, false, false).unwrap();
         assert_eq!(m.reg().begin_load(&key(3), 2), Load::Full, "both have pushes in flight");
         m.reg().finish(1, false);
         assert_eq!(m.reg().begin_load(&key(3), 2), Load::Mine);
@@ -706,15 +741,29 @@ mod tests {
     }
 
     #[test]
+    fn fresh_max_covers_every_fresh_reservation() {
+        let mut m = Mem::new(4, 8, 4);
+        m.load(1, 0);
+        assert_eq!(m.reg().view().fresh_max(&key(1)), Some(0));
+        m.reg().reserve(&key(1), 100, 0, 1, true, false).unwrap(); // 1..100, durable
+        assert_eq!(m.reg().view().fresh_max(&key(1)), Some(0));
+        m.reg().reserve(&key(1), 2, 1, 1, true, true).unwrap(); // 101..102, fresh
+        assert_eq!(m.reg().view().fresh_max(&key(1)), Some(102), "raised at reservation, before any commit");
+        m.reg().finish(1, false);
+        assert_eq!(m.reg().view().fresh_max(&key(1)), Some(102), "never lowered");
+        assert_eq!(m.reg().view().fresh_max(&key(2)), None, "unknown: assume anything");
+    }
+
+    #[test]
     fn the_record_pool_runs_out_cleanly() {
         let mut m = Mem::new(4, 2, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 1, 0, 1, false).unwrap();
-        m.reg().reserve(&key(1), 1, 1, 1, false).unwrap();
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false), Err(Refusal::Full));
+        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap();
+        m.reg().reserve(&key(1), 1, 1, 1, false, false).unwrap();
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false), Err(Refusal::Full));
         assert_eq!(m.reg().view().head(&key(1)), Some(2), "a refused reservation takes nothing");
         m.reg().finish(0, false);
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false), Ok(3));
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false), Ok(3));
     }
 
     #[derive(Debug, Clone)]
@@ -739,6 +788,7 @@ mod tests {
     /// The model: every reservation ever made, with its fate.
     #[derive(Debug, Clone)]
     struct Res {
+        fresh: bool,
         part: u8,
         owner: u32,
         subxact: u32,
@@ -769,13 +819,15 @@ mod tests {
                 match op {
                     Op::Reserve { owner, part, n, write, all } => {
                         let sub = *stacks[owner as usize].last().unwrap();
+                        let fresh = n % 2 == 0;
                         let got = loop {
-                            match m.reg().reserve(&key(part), n, owner, sub, all) {
+                            match m.reg().reserve(&key(part), n, owner, sub, all, fresh) {
                                 Err(Refusal::Unknown) => {
                                     match m.reg().begin_load(&key(part), owner) {
                                         Load::Mine => {
                                             let end = db_end(&model, part);
-                                            m.reg().finish_load(&key(part), owner, end, end);
+                                            let fresh_end = model.iter().filter(|r| r.part == part && r.fresh && r.fate == Some(true)).filter_map(|r| r.written).max().unwrap_or(0);
+                                            m.reg().finish_load(&key(part), owner, end, end, fresh_end);
                                         }
                                         Load::Full => break None,
                                         other => panic!("{other:?}"),
@@ -804,7 +856,7 @@ mod tests {
                         if let (Some(w), false) = (written, all) {
                             m.reg().wrote(&key(part), owner, w);
                         }
-                        model.push(Res { part, owner, subxact: sub, first, end, written, fate: None });
+                        model.push(Res { fresh, part, owner, subxact: sub, first, end, written, fate: None });
                     }
                     Op::Finish { owner, commit } => {
                         m.reg().finish(owner, commit);
@@ -846,6 +898,11 @@ mod tests {
                         .filter_map(|r| r.written)
                         .max()
                         .unwrap_or(0);
+                    // The fresh tier's bound covers every fresh offset a reader could see.
+                    if let Some(fm) = m.reg().view().fresh_max(&key(part)) {
+                        let need = model.iter().filter(|r| r.part == part && r.fresh && r.fate != Some(false)).filter_map(|r| r.written).max().unwrap_or(0);
+                        prop_assert!(fm >= need, "partition {}: fresh_max {} below {}", part, fm, need);
+                    }
                     // What each owner sees: its own reservations count as written.
                     for me in 0u32..4 {
                         let lowest_other = model.iter().filter(|r| r.part == part && r.fate.is_none() && r.owner != me).map(|r| r.first).min();
