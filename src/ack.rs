@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use crate::jsonb::{Found, JsonbArg};
 
 use crate::errors::{self, SpiExt};
-use crate::spi::{clock_now, from_pg_uuid, run, timestamptz, to_pg_uuid};
 use crate::segments;
+use crate::spi::{clock_now, from_pg_uuid, run, timestamptz, to_pg_uuid};
 
 /// An ack item addressed to a partition, in input order.
 struct Addressed {
@@ -34,9 +34,8 @@ struct LockedLane {
 }
 
 fn parse_status(s: &str) -> AckStatus {
-    s.parse().unwrap_or_else(|_| {
-        errors::invalid("status", format_args!("{s:?} (must be completed, failed, retry or dlq)"))
-    })
+    s.parse()
+        .unwrap_or_else(|_| errors::invalid("status", format_args!("{s:?} (must be completed, failed, retry or dlq)")))
 }
 
 #[pg_extern(name = "ack")]
@@ -76,9 +75,13 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
         .map(|i| {
             let at = |k: &str| format!("acks[{i}].{k}");
             let obj = acks.object_at(i).unwrap_or_else(|text| {
-                errors::invalid(&format!("acks[{i}]"), format_args!("must be an object {{partitionId, offset, status?, error?}}, got {text}"))
+                errors::invalid(
+                    &format!("acks[{i}]"),
+                    format_args!("must be an object {{partitionId, offset, status?, error?}}, got {text}"),
+                )
             });
-            let (pid, offset, status, error) = (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"));
+            let (pid, offset, status, error) =
+                (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"));
             let present = [&pid, &offset, &status, &error].iter().filter(|v| v.is_some()).count();
             obj.reject_unknown_keys(&ACK_KEYS, present, &format!("acks[{i}]"));
             let partition_id = match pid {

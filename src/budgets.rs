@@ -123,7 +123,12 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
     let (ok, detail) = match found {
         None => (false, "the lease is expired or unknown".to_string()),
         Some((remaining, group_timeout, grace, margin)) => {
-            let b = Budget { handler_timeout: group_timeout.unwrap_or(0), queue_margin: 0, timeout_grace: grace, record_margin: margin };
+            let b = Budget {
+                handler_timeout: group_timeout.unwrap_or(0),
+                queue_margin: 0,
+                timeout_grace: grace,
+                record_margin: margin,
+            };
             let timeout = asked.or(group_timeout).unwrap_or(0);
             let ok = b.may_start(remaining, timeout);
             (

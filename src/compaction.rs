@@ -147,7 +147,12 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Done {
         &[pid.into(), lo.into(), hi.into()],
     )
     .into_iter()
-    .map(|r| Seg { fresh: false, first: r.get(1).or_raise().unwrap(), last: r.get(2).or_raise().unwrap(), created_at: 0 })
+    .map(|r| Seg {
+        fresh: false,
+        first: r.get(1).or_raise().unwrap(),
+        last: r.get(2).or_raise().unwrap(),
+        created_at: 0,
+    })
     .chain(fresh)
     .collect();
     segs.sort_by_key(|s| s.first);

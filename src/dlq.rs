@@ -60,8 +60,7 @@ fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
-    let (id, queue, partition, payload) =
-        Spi::connect_mut(|client| lock_row(client, partition_id, transaction_id));
+    let (id, queue, partition, payload) = Spi::connect_mut(|client| lock_row(client, partition_id, transaction_id));
     let pushed = push_items(vec![PushItem { queue, partition, payload, transaction_id: None }]);
     let row = &pushed[0];
     let removed = Spi::connect_mut(|client| {

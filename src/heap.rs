@@ -80,7 +80,16 @@ pub fn insert_fresh_segment(pid: pgrx::Uuid, first: i64, last: i64, created_at: 
             } else {
                 pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
             };
-            pg_sys::index_insert(irel, ivalues.as_mut_ptr(), inulls.as_mut_ptr(), &mut (*tup).t_self, rel, unique, false, info);
+            pg_sys::index_insert(
+                irel,
+                ivalues.as_mut_ptr(),
+                inulls.as_mut_ptr(),
+                &mut (*tup).t_self,
+                rel,
+                unique,
+                false,
+                info,
+            );
             pg_sys::index_close(irel, pg_sys::NoLock as pg_sys::LOCKMODE);
         }
         pg_sys::ExecDropSingleTupleTableSlot(slot);

@@ -6,10 +6,8 @@
 //! largest cost of push and pop.
 
 use pgrx::pg_sys;
+use pgrx::pgrx_sql_entity_graph::metadata::{ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable};
 use pgrx::prelude::*;
-use pgrx::pgrx_sql_entity_graph::metadata::{
-    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable,
-};
 
 use crate::errors;
 
@@ -82,11 +80,7 @@ pub fn jsonb_datum(container: &[u8]) -> pg_sys::Datum {
         let total = container.len() + pg_sys::VARHDRSZ;
         let p = pg_sys::palloc(total) as *mut pg_sys::varlena;
         pgrx::set_varsize_4b(p, total as i32);
-        std::ptr::copy_nonoverlapping(
-            container.as_ptr(),
-            (p as *mut u8).add(pg_sys::VARHDRSZ),
-            container.len(),
-        );
+        std::ptr::copy_nonoverlapping(container.as_ptr(), (p as *mut u8).add(pg_sys::VARHDRSZ), container.len());
         pg_sys::Datum::from(p)
     }
 }
@@ -246,7 +240,6 @@ pub fn to_text(container: &[u8]) -> String {
     unsafe {
         let d = jsonb_datum(container);
         let c = pgrx::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(d)]);
-        c.map(|c| c.to_string_lossy().into_owned())
-            .unwrap_or_else(|| errors::internal("jsonb_out returned NULL"))
+        c.map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| errors::internal("jsonb_out returned NULL"))
     }
 }

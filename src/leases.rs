@@ -8,7 +8,6 @@ use serde_json::{json, Value};
 use crate::errors::{self, SpiExt};
 use crate::spi::{clock_now, from_pg_uuid, run, timestamptz};
 
-
 #[pg_extern]
 #[search_path(pg_catalog, pg_temp)]
 fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonB {

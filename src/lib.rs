@@ -9,11 +9,13 @@ use pgrx::prelude::*;
 mod ack;
 mod budgets;
 mod compaction;
+mod dlq;
 mod durability;
 mod encryption;
 mod errors;
 mod heap;
 mod jsonb;
+mod leases;
 mod offsets;
 mod pop;
 mod push;
@@ -24,8 +26,6 @@ mod shmem;
 mod spi;
 mod wake;
 mod worker;
-mod leases;
-mod dlq;
 
 ::pgrx::pg_module_magic!(name, version);
 

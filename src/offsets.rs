@@ -195,7 +195,9 @@ fn wait_for_load() {
 fn full(what: &str) -> ! {
     errors::raise(
         PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-        format!("queen: {what}; raise it in postgresql.conf (takes a restart) or push to fewer partitions per transaction"),
+        format!(
+            "queen: {what}; raise it in postgresql.conf (takes a restart) or push to fewer partitions per transaction"
+        ),
     )
 }
 

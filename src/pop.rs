@@ -2,21 +2,20 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
-use pgrx::{pg_sys, PgSqlErrorCode};
 use pgrx::spi::SpiClient;
+use pgrx::{pg_sys, PgSqlErrorCode};
 use queen_core::claim::allocate;
 use queen_core::lease::effective_lease_micros;
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
 use crate::jsonb::RawJsonb;
-use crate::{durability, queues, segments, wake};
 use crate::spi::{clock_now, run, timestamptz, to_pg_uuid};
+use crate::{durability, queues, segments, wake};
 
 /// Most messages one pop may ask for.
 pub const MAX_POP_BATCH: i32 = 100_000;
 /// Most lanes one pop may claim.
 pub const MAX_POP_PARTITIONS: i32 = 10_000;
-
 
 /// Validated arguments of one pop.
 pub struct PopArgs<'a> {
@@ -138,10 +137,7 @@ fn validate(a: &PopArgs) {
         errors::invalid("wait_ms", format_args!("{} (must be >= 0)", a.wait_ms));
     }
     if a.max_partitions < 1 || a.max_partitions > MAX_POP_PARTITIONS {
-        errors::invalid(
-            "max_partitions",
-            format_args!("{} (must be 1 to {MAX_POP_PARTITIONS})", a.max_partitions),
-        );
+        errors::invalid("max_partitions", format_args!("{} (must be 1 to {MAX_POP_PARTITIONS})", a.max_partitions));
     }
     if a.subscription != "all" && a.subscription != "new" {
         errors::invalid("subscription", format_args!("{:?} (must be 'all' or 'new')", a.subscription));
@@ -334,7 +330,8 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
         return to_candidates(table);
     }
     let key = (queue_id, a.group.to_string());
-    let cursor = CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::spi::new_id().as_bytes()));
+    let cursor =
+        CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::spi::new_id().as_bytes()));
     let cursor_id = pgrx::Uuid::from_bytes(cursor);
     let want = i64::from(a.max_partitions);
     let mut found = to_candidates(run(

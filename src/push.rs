@@ -43,8 +43,9 @@ pub struct PushRow {
     pub msg_offset: i64,
 }
 
-
-fn into_table(rows: Vec<PushRow>) -> TableIterator<
+fn into_table(
+    rows: Vec<PushRow>,
+) -> TableIterator<
     'static,
     (
         name!(idx, i32),
@@ -156,7 +157,9 @@ AS 'MODULE_PATHNAME', 'push_batch_wrapper';
 COMMENT ON FUNCTION queen.push_batch(jsonb) IS
   'queen: push a JSON array of {queue, partition?, payload, transactionId?} atomically';
 "#)]
-fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
+fn push_batch(
+    p_items: Option<JsonbArg>,
+) -> TableIterator<
     'static,
     (
         name!(idx, i32),
@@ -168,9 +171,7 @@ fn push_batch(p_items: Option<JsonbArg>) -> TableIterator<
     ),
 > {
     let items_arg = p_items.unwrap_or_else(|| errors::null_arg("items"));
-    let n = items_arg
-        .array_len()
-        .unwrap_or_else(|| errors::invalid("items", "must be a JSON array of objects"));
+    let n = items_arg.array_len().unwrap_or_else(|| errors::invalid("items", "must be a JSON array of objects"));
     if n == 0 {
         errors::invalid("items", "must hold at least one item");
     }
@@ -325,7 +326,13 @@ fn record_ids(
                 created_at = EXCLUDED.created_at
           WHERE d.created_at <= now() - make_interval(secs => $5)
          RETURNING d.transaction_id",
-        &[t.partition_id.into(), asked.clone().into(), message_ids.into(), offsets.into(), f64::from(t.dedup_window).into()],
+        &[
+            t.partition_id.into(),
+            asked.clone().into(),
+            message_ids.into(),
+            offsets.into(),
+            f64::from(t.dedup_window).into(),
+        ],
     )
     .into_iter()
     .map(|r| r.get::<String>(1).or_raise().unwrap())

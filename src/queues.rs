@@ -105,7 +105,11 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
     const FIND: &str = "SELECT queue_id, dedup_window, encryption FROM queen.queues WHERE name = $1";
     let read = |t: pgrx::spi::SpiTupleTable<'_>| {
         t.into_iter().next().map(|r| {
-            (r.get::<i64>(1).or_raise().unwrap(), r.get::<i32>(2).or_raise().unwrap(), r.get::<bool>(3).or_raise().unwrap())
+            (
+                r.get::<i64>(1).or_raise().unwrap(),
+                r.get::<i32>(2).or_raise().unwrap(),
+                r.get::<bool>(3).or_raise().unwrap(),
+            )
         })
     };
     // The common case first: no write, no lock.
@@ -117,9 +121,8 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
         "INSERT INTO queen.queues (name, lease_time) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
         &[name.into(), IMPLICIT_QUEUE_LEASE_SECONDS.into()],
     );
-    read(run(client, FIND, &[name.into()])).unwrap_or_else(|| {
-        crate::errors::internal(format_args!("queue {name:?} vanished while being created"))
-    })
+    read(run(client, FIND, &[name.into()]))
+        .unwrap_or_else(|| crate::errors::internal(format_args!("queue {name:?} vanished while being created")))
 }
 
 /// Creates a partition and the lanes of every existing consumer group, all starting at 0:
@@ -211,8 +214,11 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     let due = LAST_REPAIR.with(|m| {
         let mut m = m.borrow_mut();
         match m.get(&key) {
-            Some(t) if now.duration_since(*t) < std::time::Duration::from_secs(1)
-                && !CREATED_HERE.with(|c| c.get()) => false,
+            Some(t)
+                if now.duration_since(*t) < std::time::Duration::from_secs(1) && !CREATED_HERE.with(|c| c.get()) =>
+            {
+                false
+            }
             _ => {
                 m.insert(key, now);
                 true

@@ -16,7 +16,6 @@
 //! next pass rather than waited for, and so is a partition whose row is locked (a
 //! compaction pass, or a push without the offset registry).
 
-
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -133,4 +132,3 @@ pub fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> 
     }
     (queues.len() as i64, segments, bytes)
 }
-

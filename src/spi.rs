@@ -19,11 +19,7 @@ thread_local! {
 }
 
 /// Runs `sql` (a constant, never built from input) as a kept plan with `args`.
-pub fn run<'conn>(
-    client: &mut SpiClient<'conn>,
-    sql: &'static str,
-    args: &[DatumWithOid<'_>],
-) -> SpiTupleTable<'conn> {
+pub fn run<'conn>(client: &mut SpiClient<'conn>, sql: &'static str, args: &[DatumWithOid<'_>]) -> SpiTupleTable<'conn> {
     let plan = PLANS.with(|p| p.borrow().get(sql).cloned());
     let plan = match plan {
         Some(p) => p,
@@ -67,8 +63,7 @@ pub fn clock_now() -> i64 {
 }
 
 pub fn timestamptz(micros: i64) -> pgrx::datum::TimestampWithTimeZone {
-    pgrx::datum::TimestampWithTimeZone::try_from(micros)
-        .unwrap_or_else(|_| crate::errors::invalid("timestamp", micros))
+    pgrx::datum::TimestampWithTimeZone::try_from(micros).unwrap_or_else(|_| crate::errors::invalid("timestamp", micros))
 }
 
 pub fn to_pg_uuid(u: uuid::Uuid) -> pgrx::Uuid {
@@ -98,10 +93,8 @@ pub fn new_id() -> uuid::Uuid {
 
 /// `n` fresh UUIDv7s, in order, with one clock reading.
 pub fn new_ids(n: usize) -> Vec<uuid::Uuid> {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     IDS.with(|g| {
         let mut g = g.borrow_mut();
         let g = g.get_or_insert_with(queen_core::ids::Uuid7Gen::from_entropy);

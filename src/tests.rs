@@ -24,10 +24,9 @@ mod tests {
         assert_eq!(near_60, Some(true));
         assert_eq!(count("SELECT count(*) FROM queen.pop('scn')"), 0, "leased lane");
         assert_eq!(count("SELECT min(msg_offset) FROM queen.pop('scn', 'other', batch => 5)"), 1);
-        let committed = Spi::get_one::<i64>(
-            "SELECT (queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed')::int8 FROM b LIMIT 1",
-        )
-        .unwrap();
+        let committed =
+            Spi::get_one::<i64>("SELECT (queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed')::int8 FROM b LIMIT 1")
+                .unwrap();
         assert_eq!(committed, Some(2));
         assert_eq!(count("SELECT msg_offset FROM queen.pop('scn')"), 3);
     }

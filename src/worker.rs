@@ -38,10 +38,8 @@ fn period(value: i32, unit: Duration) -> Option<Duration> {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let db = RETENTION_DATABASE
-        .get()
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "postgres".to_string());
+    let db =
+        RETENTION_DATABASE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| "postgres".to_string());
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     // Nothing the worker commits needs to wait for its WAL flush: a compaction or a
     // retention pass lost in a crash is undone whole (the small segments, or the old ones,
@@ -49,7 +47,12 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
     // commits flushes that WAL first.
     // SAFETY: setting a configuration option for this process at session level.
     unsafe {
-        pg_sys::SetConfigOption(c"synchronous_commit".as_ptr(), c"off".as_ptr(), pg_sys::GucContext::PGC_USERSET, pg_sys::GucSource::PGC_S_SESSION);
+        pg_sys::SetConfigOption(
+            c"synchronous_commit".as_ptr(),
+            c"off".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+        );
     }
     let start = Instant::now();
     let (mut next_compaction, mut next_retention) = (start, start);
@@ -112,7 +115,8 @@ fn vacuum_fresh_tier() {
         let portal = cx.value();
         pg_sys::PortalContext = portal;
         pg_sys::StartTransactionCommand();
-        let relation = pg_sys::makeRangeVar(pg_sys::pstrdup(c"queen".as_ptr()), pg_sys::pstrdup(c"fresh_segments".as_ptr()), -1);
+        let relation =
+            pg_sys::makeRangeVar(pg_sys::pstrdup(c"queen".as_ptr()), pg_sys::pstrdup(c"fresh_segments".as_ptr()), -1);
         let list = pg_sys::lappend(
             std::ptr::null_mut(),
             pg_sys::makeVacuumRelation(relation, pg_sys::InvalidOid, std::ptr::null_mut()).cast(),

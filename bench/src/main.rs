@@ -46,8 +46,8 @@ fn client_cpu_seconds() -> f64 {
     // Fields after the command name: utime and stime are the 12th and 13th.
     let rest = stat.rsplit(')').next().unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let ticks: f64 =
+        f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0) + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
     ticks / 100.0
 }
 
@@ -80,10 +80,8 @@ fn reset(c: &mut Client) {
          CREATE EXTENSION IF NOT EXISTS pgq;",
     )
     .unwrap();
-    let exists: bool = c
-        .query_one("SELECT EXISTS (SELECT 1 FROM pgq.queue WHERE queue_name = 'bq')", &[])
-        .unwrap()
-        .get(0);
+    let exists: bool =
+        c.query_one("SELECT EXISTS (SELECT 1 FROM pgq.queue WHERE queue_name = 'bq')", &[]).unwrap().get(0);
     if exists {
         c.batch_execute("SELECT pgq.unregister_consumer('bq', 'c'); SELECT pgq.drop_queue('bq');").unwrap();
     }
@@ -143,7 +141,9 @@ where
 }
 
 fn queen_items(queue: &str, partition: &str, n: usize, base: u64) -> Value {
-    Value::Array((0..n as u64).map(|i| json!({"queue": queue, "partition": partition, "payload": payload(base + i)})).collect())
+    Value::Array(
+        (0..n as u64).map(|i| json!({"queue": queue, "partition": partition, "payload": payload(base + i)})).collect(),
+    )
 }
 
 /// Fills queen queue `bq` with `n` messages over `partitions` partitions (push_batch of up
@@ -154,7 +154,8 @@ fn prefill_queen(c: &mut Client, n: usize, partitions: usize) {
         let mut left = per;
         while left > 0 {
             let k = left.min(1000);
-            c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&queen_items("bq", &format!("p{p}"), k, 0)]).unwrap();
+            c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&queen_items("bq", &format!("p{p}"), k, 0)])
+                .unwrap();
             left -= k;
         }
     }
@@ -241,11 +242,19 @@ fn fmt_rate(v: f64) -> String {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0) / 1024 / 1024))
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0) / 1024 / 1024)
+        })
         .unwrap_or(0);
     let cores = thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     format!("{cores} cores ({cpu}), {mem} GiB RAM")
@@ -265,9 +274,23 @@ fn main() {
     }
     assert!(!opts.dsn.is_empty(), "usage: queen-bench --dsn DSN [--smoke] [--out FILE]");
     let s = if opts.smoke {
-        Sizes { secs: 0.5, pop_prefill: 3_200, wake_samples: 20, disk_messages: 4_000, big_backlog: 8_000, partitions_many: 200 }
+        Sizes {
+            secs: 0.5,
+            pop_prefill: 3_200,
+            wake_samples: 20,
+            disk_messages: 4_000,
+            big_backlog: 8_000,
+            partitions_many: 200,
+        }
     } else {
-        Sizes { secs: 10.0, pop_prefill: 500_000, wake_samples: 1_000, disk_messages: 200_000, big_backlog: 5_000_000, partitions_many: 10_000 }
+        Sizes {
+            secs: 10.0,
+            pop_prefill: 500_000,
+            wake_samples: 1_000,
+            disk_messages: 200_000,
+            big_backlog: 5_000_000,
+            partitions_many: 10_000,
+        }
     };
     let dsn = opts.dsn.clone();
     let want = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
@@ -289,178 +312,189 @@ fn main() {
     };
 
     if want("push1") {
-    // ---- push, batch 1, 8 clients: one message per transaction, as most applications
-    // enqueue. The shape a newcomer starts with: every push to the queue's default
-    // partition; then the same over 16 partitions. The baselines have no partitions: PgQ's
-    // insert_event and a plain INSERT into an indexed bigserial + jsonb table. The four
-    // take turns, `POP_REPEATS` rounds, and the median of each counts: single pushes are
-    // bound by the WAL flush, whose speed drifts over a run.
-    reset(&mut c);
-    type Step = Box<dyn Fn(&mut Client, usize, u64) -> usize + Send + Sync>;
-    let systems: Vec<fn() -> Step> = vec![
-        || Box::new(|c: &mut Client, _, i| {
-            let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1)");
-            c.execute(&push, &[&payload(i)]).unwrap();
-            1
-        }),
-        || Box::new(|c: &mut Client, _, i| {
-            let insert = prepared(c, "INSERT INTO bench_jobs (payload) VALUES ($1)");
-            c.execute(&insert, &[&payload(i)]).unwrap();
-            1
-        }),
-        || Box::new(|c: &mut Client, _, i| {
-            let insert = prepared(c, "SELECT pgq.insert_event('bq', 'ev', $1::jsonb::text)");
-            c.execute(&insert, &[&payload(i)]).unwrap();
-            1
-        }),
-        || Box::new(|c: &mut Client, k, i| {
-            let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1, $2)");
-            c.execute(&push, &[&payload(i), &format!("p{}", (k as u64 * 7 + i) % 16)]).unwrap();
-            1
-        }),
-    ];
-    let mut runs: [Vec<f64>; 4] = Default::default();
-    let mut cpus: [Vec<f64>; 4] = Default::default();
-    for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
-        for (k, system) in systems.iter().enumerate() {
-            let step = system();
-            runs[k].push(run_clients(&dsn, 8, s.secs, move |c, n, i| step(c, n, i)));
-            cpus[k].push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+        // ---- push, batch 1, 8 clients: one message per transaction, as most applications
+        // enqueue. The shape a newcomer starts with: every push to the queue's default
+        // partition; then the same over 16 partitions. The baselines have no partitions: PgQ's
+        // insert_event and a plain INSERT into an indexed bigserial + jsonb table. The four
+        // take turns, `POP_REPEATS` rounds, and the median of each counts: single pushes are
+        // bound by the WAL flush, whose speed drifts over a run.
+        reset(&mut c);
+        type Step = Box<dyn Fn(&mut Client, usize, u64) -> usize + Send + Sync>;
+        let systems: Vec<fn() -> Step> = vec![
+            || {
+                Box::new(|c: &mut Client, _, i| {
+                    let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1)");
+                    c.execute(&push, &[&payload(i)]).unwrap();
+                    1
+                })
+            },
+            || {
+                Box::new(|c: &mut Client, _, i| {
+                    let insert = prepared(c, "INSERT INTO bench_jobs (payload) VALUES ($1)");
+                    c.execute(&insert, &[&payload(i)]).unwrap();
+                    1
+                })
+            },
+            || {
+                Box::new(|c: &mut Client, _, i| {
+                    let insert = prepared(c, "SELECT pgq.insert_event('bq', 'ev', $1::jsonb::text)");
+                    c.execute(&insert, &[&payload(i)]).unwrap();
+                    1
+                })
+            },
+            || {
+                Box::new(|c: &mut Client, k, i| {
+                    let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1, $2)");
+                    c.execute(&push, &[&payload(i), &format!("p{}", (k as u64 * 7 + i) % 16)]).unwrap();
+                    1
+                })
+            },
+        ];
+        let mut runs: [Vec<f64>; 4] = Default::default();
+        let mut cpus: [Vec<f64>; 4] = Default::default();
+        for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
+            for (k, system) in systems.iter().enumerate() {
+                let step = system();
+                runs[k].push(run_clients(&dsn, 8, s.secs, move |c, n, i| step(c, n, i)));
+                cpus[k].push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+            }
         }
-    }
-    println!(
-        "  (push 1 runs: queen one partition {:?}, plain INSERT {:?}, PgQ {:?}, queen 16 partitions {:?})",
-        runs[0].iter().map(|v| *v as i64).collect::<Vec<_>>(),
-        runs[1].iter().map(|v| *v as i64).collect::<Vec<_>>(),
-        runs[2].iter().map(|v| *v as i64).collect::<Vec<_>>(),
-        runs[3].iter().map(|v| *v as i64).collect::<Vec<_>>()
-    );
-    let mut result = |k: usize, scenario, system| {
-        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut cpus[k]));
-        let v = median(&mut runs[k]);
-        say(&mut rows, scenario, system, v, "msg/s");
-        v
-    };
-    queen_push1_one = result(0, "push, batch 1, 8 clients, one partition", "queen");
-    insert1 = result(1, "push, batch 1, 8 clients, one partition", "plain INSERT (bigserial + jsonb)");
-    pgq1 = result(2, "push, batch 1, 8 clients, one partition", "PgQ insert_event");
-    queen_push1_16 = result(3, "push, batch 1, 8 clients, 16 partitions", "queen");
-
+        println!(
+            "  (push 1 runs: queen one partition {:?}, plain INSERT {:?}, PgQ {:?}, queen 16 partitions {:?})",
+            runs[0].iter().map(|v| *v as i64).collect::<Vec<_>>(),
+            runs[1].iter().map(|v| *v as i64).collect::<Vec<_>>(),
+            runs[2].iter().map(|v| *v as i64).collect::<Vec<_>>(),
+            runs[3].iter().map(|v| *v as i64).collect::<Vec<_>>()
+        );
+        let mut result = |k: usize, scenario, system| {
+            *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut cpus[k]));
+            let v = median(&mut runs[k]);
+            say(&mut rows, scenario, system, v, "msg/s");
+            v
+        };
+        queen_push1_one = result(0, "push, batch 1, 8 clients, one partition", "queen");
+        insert1 = result(1, "push, batch 1, 8 clients, one partition", "plain INSERT (bigserial + jsonb)");
+        pgq1 = result(2, "push, batch 1, 8 clients, one partition", "PgQ insert_event");
+        queen_push1_16 = result(3, "push, batch 1, 8 clients, 16 partitions", "queen");
     }
     if want("push1000") {
-    // ---- push, batch 1,000, 4 clients, all to one partition ----
-    reset(&mut c);
-    let batches: Arc<Vec<Value>> = Arc::new((0..4).map(|_| queen_items("bq", "Default", 1000, 0)).collect());
-    let b = batches.clone();
-    queen_push1000 = run_clients(&dsn, 4, s.secs, move |c, k, _| {
-        let push = prepared(c, "SELECT count(*) FROM queen.push_batch($1)");
-        c.execute(&push, &[&b[k]]).unwrap();
-        1000
-    });
-    say(&mut rows, "push, batch 1000, 4 clients, one partition", "queen", queen_push1000, "msg/s");
-    let raw: Arc<Vec<Value>> = Arc::new((0..1000).map(payload).collect());
-    let r = raw.clone();
-    raw_insert = run_clients(&dsn, 4, s.secs, move |c, _, _| {
-        let insert = prepared(c, "INSERT INTO bench_raw (payload) SELECT * FROM unnest($1::jsonb[])");
-        c.execute(&insert, &[&*r]).unwrap();
-        1000
-    });
-    say(&mut rows, "push, batch 1000, 4 clients, one partition", "raw INSERT (limit)", raw_insert, "msg/s");
-    let texts: Arc<Vec<String>> = Arc::new(raw.iter().map(|v| v.to_string()).collect());
-    let t = texts.clone();
-    let v = run_clients(&dsn, 4, s.secs, move |c, _, _| {
-        let insert = prepared(c, "SELECT count(pgq.insert_event('bq', 'ev', x)) FROM unnest($1::text[]) x");
-        c.execute(&insert, &[&*t]).unwrap();
-        1000
-    });
-    say(&mut rows, "push, batch 1000, 4 clients, one partition", "PgQ", v, "msg/s");
-    // The floor of any push_batch(items jsonb): the server receives and parses the same
-    // 1,000-item argument and stores nothing.
-    let b = batches.clone();
-    jsonb_floor = run_clients(&dsn, 4, s.secs, move |c, k, _| {
-        let receive = prepared(c, "SELECT jsonb_array_length($1)");
-        c.execute(&receive, &[&b[k]]).unwrap();
-        1000
-    });
-    say(&mut rows, "push, batch 1000, 4 clients, one partition", "receive jsonb only (floor)", jsonb_floor, "msg/s");
-
+        // ---- push, batch 1,000, 4 clients, all to one partition ----
+        reset(&mut c);
+        let batches: Arc<Vec<Value>> = Arc::new((0..4).map(|_| queen_items("bq", "Default", 1000, 0)).collect());
+        let b = batches.clone();
+        queen_push1000 = run_clients(&dsn, 4, s.secs, move |c, k, _| {
+            let push = prepared(c, "SELECT count(*) FROM queen.push_batch($1)");
+            c.execute(&push, &[&b[k]]).unwrap();
+            1000
+        });
+        say(&mut rows, "push, batch 1000, 4 clients, one partition", "queen", queen_push1000, "msg/s");
+        let raw: Arc<Vec<Value>> = Arc::new((0..1000).map(payload).collect());
+        let r = raw.clone();
+        raw_insert = run_clients(&dsn, 4, s.secs, move |c, _, _| {
+            let insert = prepared(c, "INSERT INTO bench_raw (payload) SELECT * FROM unnest($1::jsonb[])");
+            c.execute(&insert, &[&*r]).unwrap();
+            1000
+        });
+        say(&mut rows, "push, batch 1000, 4 clients, one partition", "raw INSERT (limit)", raw_insert, "msg/s");
+        let texts: Arc<Vec<String>> = Arc::new(raw.iter().map(|v| v.to_string()).collect());
+        let t = texts.clone();
+        let v = run_clients(&dsn, 4, s.secs, move |c, _, _| {
+            let insert = prepared(c, "SELECT count(pgq.insert_event('bq', 'ev', x)) FROM unnest($1::text[]) x");
+            c.execute(&insert, &[&*t]).unwrap();
+            1000
+        });
+        say(&mut rows, "push, batch 1000, 4 clients, one partition", "PgQ", v, "msg/s");
+        // The floor of any push_batch(items jsonb): the server receives and parses the same
+        // 1,000-item argument and stores nothing.
+        let b = batches.clone();
+        jsonb_floor = run_clients(&dsn, 4, s.secs, move |c, k, _| {
+            let receive = prepared(c, "SELECT jsonb_array_length($1)");
+            c.execute(&receive, &[&b[k]]).unwrap();
+            1000
+        });
+        say(
+            &mut rows,
+            "push, batch 1000, 4 clients, one partition",
+            "receive jsonb only (floor)",
+            jsonb_floor,
+            "msg/s",
+        );
     }
     if want("pop") {
-    // ---- pop + ack, batch 100, 4 consumers, 16 partitions, prefilled ----
-    // 500k messages drain in a few seconds, so one drain is a short sample: each system
-    // drains `POP_REPEATS` times, alternating, and the median counts.
-    let (mut queen_runs, mut skip_runs) = (Vec::new(), Vec::new());
-    let (mut queen_cpu, mut skip_cpu) = (Vec::new(), Vec::new());
-    for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
-        reset(&mut c);
-        prefill_queen(&mut c, s.pop_prefill, 16);
-        queen_runs.push(queen_consume(&dsn, s.secs));
-        queen_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-        c.execute(
+        // ---- pop + ack, batch 100, 4 consumers, 16 partitions, prefilled ----
+        // 500k messages drain in a few seconds, so one drain is a short sample: each system
+        // drains `POP_REPEATS` times, alternating, and the median counts.
+        let (mut queen_runs, mut skip_runs) = (Vec::new(), Vec::new());
+        let (mut queen_cpu, mut skip_cpu) = (Vec::new(), Vec::new());
+        for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
+            reset(&mut c);
+            prefill_queen(&mut c, s.pop_prefill, 16);
+            queen_runs.push(queen_consume(&dsn, s.secs));
+            queen_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+            c.execute(
             "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
                'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
                'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
             &[&(s.pop_prefill as i32)],
         )
         .unwrap();
+            c.batch_execute("VACUUM ANALYZE").unwrap();
+            skip_runs.push(run_clients(&dsn, 4, s.secs, |c, _, _| {
+                let claim =
+                    prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED");
+                let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = ANY($1)");
+                let mut tx = c.transaction().unwrap();
+                let ids: Vec<i64> = tx.query(&claim, &[]).unwrap().iter().map(|r| r.get(0)).collect();
+                if ids.is_empty() {
+                    return 0;
+                }
+                tx.execute(&delete, &[&ids]).unwrap();
+                tx.commit().unwrap();
+                ids.len()
+            }));
+            skip_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+        }
+        println!(
+            "  (pop + ack runs: queen {:?}, skip-locked {:?})",
+            queen_runs.iter().map(|v| *v as i64).collect::<Vec<_>>(),
+            skip_runs.iter().map(|v| *v as i64).collect::<Vec<_>>()
+        );
+        queen_pop = median(&mut queen_runs);
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut queen_cpu));
+        say(&mut rows, "pop + ack, batch 100, 4 consumers", "queen", queen_pop, "msg/s");
+        skip_pop = median(&mut skip_runs);
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut skip_cpu));
+        say(&mut rows, "pop + ack, batch 100, 4 consumers", "skip-locked table", skip_pop, "msg/s");
+        pgq_prefill(&mut c, s.pop_prefill.min(if opts.smoke { 3_200 } else { 200_000 }));
         c.batch_execute("VACUUM ANALYZE").unwrap();
-        skip_runs.push(run_clients(&dsn, 4, s.secs, |c, _, _| {
-            let claim = prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED");
-            let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = ANY($1)");
-            let mut tx = c.transaction().unwrap();
-            let ids: Vec<i64> = tx
-                .query(&claim, &[])
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            if ids.is_empty() {
-                return 0;
-            }
-            tx.execute(&delete, &[&ids]).unwrap();
-            tx.commit().unwrap();
-            ids.len()
-        }));
-        skip_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-    }
-    println!("  (pop + ack runs: queen {:?}, skip-locked {:?})", queen_runs.iter().map(|v| *v as i64).collect::<Vec<_>>(), skip_runs.iter().map(|v| *v as i64).collect::<Vec<_>>());
-    queen_pop = median(&mut queen_runs);
-    *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut queen_cpu));
-    say(&mut rows, "pop + ack, batch 100, 4 consumers", "queen", queen_pop, "msg/s");
-    skip_pop = median(&mut skip_runs);
-    *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut skip_cpu));
-    say(&mut rows, "pop + ack, batch 100, 4 consumers", "skip-locked table", skip_pop, "msg/s");
-    pgq_prefill(&mut c, s.pop_prefill.min(if opts.smoke { 3_200 } else { 200_000 }));
-    c.batch_execute("VACUUM ANALYZE").unwrap();
-    // PgQ has one cursor per consumer: its consumers do not share a queue's events.
-    let pgq_pop = run_clients(&dsn, 1, s.secs, |c, _, _| pgq_consume_one(c));
-    say(&mut rows, "pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)", pgq_pop, "msg/s");
-
+        // PgQ has one cursor per consumer: its consumers do not share a queue's events.
+        let pgq_pop = run_clients(&dsn, 1, s.secs, |c, _, _| pgq_consume_one(c));
+        say(&mut rows, "pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)", pgq_pop, "msg/s");
     }
     if want("fanout") {
-    // ---- fan-out: 10 groups read one stream while it is pushed ----
-    reset(&mut c);
-    let stop = Arc::new(AtomicBool::new(false));
-    let pushed = Arc::new(AtomicU64::new(0));
-    let delivered = Arc::new(AtomicU64::new(0));
-    let t0 = Instant::now();
-    let mut handles = Vec::new();
-    for k in 0..2 {
-        let (stop, pushed, dsn) = (stop.clone(), pushed.clone(), dsn.clone());
-        handles.push(thread::spawn(move || {
-            let mut c = connect(&dsn);
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let items = queen_items("bq", &format!("p{}", (k * 8 + i) % 16), 100, i * 100);
-                c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&items]).unwrap();
-                pushed.fetch_add(100, Ordering::Relaxed);
-                i += 1;
-            }
-        }));
-    }
-    for g in 0..10 {
-        let (stop, delivered, dsn) = (stop.clone(), delivered.clone(), dsn.clone());
-        handles.push(thread::spawn(move || {
+        // ---- fan-out: 10 groups read one stream while it is pushed ----
+        reset(&mut c);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pushed = Arc::new(AtomicU64::new(0));
+        let delivered = Arc::new(AtomicU64::new(0));
+        let t0 = Instant::now();
+        let mut handles = Vec::new();
+        for k in 0..2 {
+            let (stop, pushed, dsn) = (stop.clone(), pushed.clone(), dsn.clone());
+            handles.push(thread::spawn(move || {
+                let mut c = connect(&dsn);
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let items = queen_items("bq", &format!("p{}", (k * 8 + i) % 16), 100, i * 100);
+                    c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&items]).unwrap();
+                    pushed.fetch_add(100, Ordering::Relaxed);
+                    i += 1;
+                }
+            }));
+        }
+        for g in 0..10 {
+            let (stop, delivered, dsn) = (stop.clone(), delivered.clone(), dsn.clone());
+            handles.push(thread::spawn(move || {
             let mut c = connect(&dsn);
             let group = format!("g{g}");
             let pop = c
@@ -474,119 +508,116 @@ fn main() {
                 delivered.fetch_add(n as u64, Ordering::Relaxed);
             }
         }));
-    }
-    thread::sleep(Duration::from_secs_f64(s.secs));
-    stop.store(true, Ordering::Relaxed);
-    for h in handles {
-        h.join().unwrap();
-    }
-    let el = t0.elapsed().as_secs_f64();
-    push_rate = pushed.load(Ordering::Relaxed) as f64 / el;
-    fan_rate = delivered.load(Ordering::Relaxed) as f64 / el;
-    say(&mut rows, "fan-out: 10 groups while pushing", "queen push rate", push_rate, "msg/s");
-    say(&mut rows, "fan-out: 10 groups while pushing", "queen deliveries", fan_rate, "msg/s");
-
+        }
+        thread::sleep(Duration::from_secs_f64(s.secs));
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().unwrap();
+        }
+        let el = t0.elapsed().as_secs_f64();
+        push_rate = pushed.load(Ordering::Relaxed) as f64 / el;
+        fan_rate = delivered.load(Ordering::Relaxed) as f64 / el;
+        say(&mut rows, "fan-out: 10 groups while pushing", "queen push rate", push_rate, "msg/s");
+        say(&mut rows, "fan-out: 10 groups while pushing", "queen deliveries", fan_rate, "msg/s");
     }
     if want("wake") {
-    // ---- wake latency: push commit -> return of a waiting pop ----
-    reset(&mut c);
-    c.execute("SELECT count(*) FROM queen.push('wake', '0')", &[]).unwrap();
-    c.execute("SELECT count(*) FROM queen.pop('wake', auto_ack => true)", &[]).unwrap();
-    let (tx_ret, rx_ret) = mpsc::channel::<Instant>();
-    let (tx_go, rx_go) = mpsc::channel::<()>();
-    let dsn2 = dsn.clone();
-    let samples = s.wake_samples;
-    let waiter = thread::spawn(move || {
-        let mut c = connect(&dsn2);
-        let stmt = c.prepare("SELECT 1 FROM queen.pop('wake', auto_ack => true, wait_ms => 5000)").unwrap();
+        // ---- wake latency: push commit -> return of a waiting pop ----
+        reset(&mut c);
+        c.execute("SELECT count(*) FROM queen.push('wake', '0')", &[]).unwrap();
+        c.execute("SELECT count(*) FROM queen.pop('wake', auto_ack => true)", &[]).unwrap();
+        let (tx_ret, rx_ret) = mpsc::channel::<Instant>();
+        let (tx_go, rx_go) = mpsc::channel::<()>();
+        let dsn2 = dsn.clone();
+        let samples = s.wake_samples;
+        let waiter = thread::spawn(move || {
+            let mut c = connect(&dsn2);
+            let stmt = c.prepare("SELECT 1 FROM queen.pop('wake', auto_ack => true, wait_ms => 5000)").unwrap();
+            for _ in 0..samples {
+                tx_go.send(()).unwrap();
+                let n = c.query(&stmt, &[]).unwrap().len();
+                assert_eq!(n, 1, "waiting pop returned empty");
+                tx_ret.send(Instant::now()).unwrap();
+            }
+        });
+        lat = Vec::with_capacity(samples);
+        let push = c.prepare("SELECT 1 FROM queen.push('wake', '1')").unwrap();
         for _ in 0..samples {
-            tx_go.send(()).unwrap();
-            let n = c.query(&stmt, &[]).unwrap().len();
-            assert_eq!(n, 1, "waiting pop returned empty");
-            tx_ret.send(Instant::now()).unwrap();
+            rx_go.recv().unwrap();
+            thread::sleep(Duration::from_millis(3)); // let the waiter park
+            c.query(&push, &[]).unwrap();
+            let committed = Instant::now();
+            let returned = rx_ret.recv().unwrap();
+            lat.push(returned.saturating_duration_since(committed).as_secs_f64() * 1000.0);
         }
-    });
-    lat = Vec::with_capacity(samples);
-    let push = c.prepare("SELECT 1 FROM queen.push('wake', '1')").unwrap();
-    for _ in 0..samples {
-        rx_go.recv().unwrap();
-        thread::sleep(Duration::from_millis(3)); // let the waiter park
-        c.query(&push, &[]).unwrap();
-        let committed = Instant::now();
-        let returned = rx_ret.recv().unwrap();
-        lat.push(returned.saturating_duration_since(committed).as_secs_f64() * 1000.0);
-    }
-    waiter.join().unwrap();
-    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
-    say(&mut rows, "wake latency (push commit -> pop return)", "queen p50", pct(0.5), "ms");
-    say(&mut rows, "wake latency (push commit -> pop return)", "queen p99", pct(0.99), "ms");
-    say(&mut rows, "wake latency (push commit -> pop return)", "queen max", pct(1.0), "ms");
-
+        waiter.join().unwrap();
+        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
+        say(&mut rows, "wake latency (push commit -> pop return)", "queen p50", pct(0.5), "ms");
+        say(&mut rows, "wake latency (push commit -> pop return)", "queen p99", pct(0.99), "ms");
+        say(&mut rows, "wake latency (push commit -> pop return)", "queen max", pct(1.0), "ms");
     }
     if want("disk") {
-    // ---- disk bytes per message ----
-    reset(&mut c);
-    prefill_queen(&mut c, s.disk_messages, 16);
-    let size = |c: &mut Client, sql: &str| -> f64 { c.query_one(sql, &[]).unwrap().get::<_, i64>(0) as f64 };
-    queen_bytes = size(
+        // ---- disk bytes per message ----
+        reset(&mut c);
+        prefill_queen(&mut c, s.disk_messages, 16);
+        let size = |c: &mut Client, sql: &str| -> f64 { c.query_one(sql, &[]).unwrap().get::<_, i64>(0) as f64 };
+        queen_bytes = size(
         &mut c,
         "SELECT sum(pg_total_relation_size(c.oid))::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
           WHERE n.nspname = 'queen' AND c.relkind IN ('r', 'm')",
     ) / s.disk_messages as f64;
-    c.execute(
+        c.execute(
         "INSERT INTO bench_raw (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
            'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99), jsonb_build_object('sku', 'SKU-67890', 'qty', 1, 'price', 5.5)),
            'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
         &[&(s.disk_messages as i32)],
     )
     .unwrap();
-    c.batch_execute("VACUUM bench_raw").unwrap();
-    raw_bytes = size(&mut c, "SELECT pg_total_relation_size('bench_raw')::int8") / s.disk_messages as f64;
-    say(&mut rows, "disk bytes per message (push batch 1000)", "queen", queen_bytes, "B/msg");
-    say(&mut rows, "disk bytes per message (push batch 1000)", "raw row table", raw_bytes, "B/msg");
-
+        c.batch_execute("VACUUM bench_raw").unwrap();
+        raw_bytes = size(&mut c, "SELECT pg_total_relation_size('bench_raw')::int8") / s.disk_messages as f64;
+        say(&mut rows, "disk bytes per message (push batch 1000)", "queen", queen_bytes, "B/msg");
+        say(&mut rows, "disk bytes per message (push batch 1000)", "raw row table", raw_bytes, "B/msg");
     }
     if want("disk1") {
-    // ---- disk bytes per message, single pushes: 8 clients push one message per
-    // transaction to one partition (the fresh tier, compacted by the worker meanwhile),
-    // then a last compaction pass and VACUUM, as an operator's maintenance would.
-    reset(&mut c);
-    let total = s.disk_messages as u64;
-    let counter = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..8)
-        .map(|_| {
-            let (dsn, counter) = (dsn.clone(), counter.clone());
-            thread::spawn(move || {
-                let mut c = connect(&dsn);
-                let push = c.prepare("SELECT 1 FROM queen.push('bq', $1)").unwrap();
-                loop {
-                    let i = counter.fetch_add(1, Ordering::Relaxed);
-                    if i >= total {
-                        break;
+        // ---- disk bytes per message, single pushes: 8 clients push one message per
+        // transaction to one partition (the fresh tier, compacted by the worker meanwhile),
+        // then a last compaction pass and VACUUM, as an operator's maintenance would.
+        reset(&mut c);
+        let total = s.disk_messages as u64;
+        let counter = Arc::new(AtomicU64::new(0));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (dsn, counter) = (dsn.clone(), counter.clone());
+                thread::spawn(move || {
+                    let mut c = connect(&dsn);
+                    let push = c.prepare("SELECT 1 FROM queen.push('bq', $1)").unwrap();
+                    loop {
+                        let i = counter.fetch_add(1, Ordering::Relaxed);
+                        if i >= total {
+                            break;
+                        }
+                        c.execute(&push, &[&payload(i)]).unwrap();
                     }
-                    c.execute(&push, &[&payload(i)]).unwrap();
-                }
+                })
             })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
-    // The last runs are short and young: compact until the fresh tier is empty (the
-    // linger of a short run is 10 s).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        c.execute("SELECT queen.compact('bq')", &[]).unwrap();
-        let left: i64 = c.query_one("SELECT count(*) FROM queen.fresh_segments", &[]).unwrap().get(0);
-        if left == 0 || Instant::now() > deadline {
-            break;
+            .collect();
+        for h in handles {
+            h.join().unwrap();
         }
-        thread::sleep(Duration::from_millis(500));
-    }
-    c.batch_execute("VACUUM queen.fresh_segments").unwrap();
-    c.batch_execute("VACUUM queen.segments").unwrap();
-    single_bytes = c
+        // The last runs are short and young: compact until the fresh tier is empty (the
+        // linger of a short run is 10 s).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            c.execute("SELECT queen.compact('bq')", &[]).unwrap();
+            let left: i64 = c.query_one("SELECT count(*) FROM queen.fresh_segments", &[]).unwrap().get(0);
+            if left == 0 || Instant::now() > deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
+        c.batch_execute("VACUUM queen.fresh_segments").unwrap();
+        c.batch_execute("VACUUM queen.segments").unwrap();
+        single_bytes = c
         .query_one(
             "SELECT sum(pg_total_relation_size(c.oid))::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = 'queen' AND c.relkind IN ('r', 'm')",
@@ -595,69 +626,69 @@ fn main() {
         .unwrap()
         .get::<_, i64>(0) as f64
         / total as f64;
-    say(&mut rows, "disk bytes per message (single pushes, compacted)", "queen", single_bytes, "B/msg");
-
+        say(&mut rows, "disk bytes per message (single pushes, compacted)", "queen", single_bytes, "B/msg");
     }
     if want("scaling") {
-    // ---- scaling: backlog and partitions ----
-    // Backlog depth: one consumer at the front of one partition, timing only its
-    // pop + ack calls: 1k messages of backlog (refilled, untimed, when drained) against
-    // a deep backlog.
-    let timed_pops = |c: &mut Client, max_pops: usize| -> (usize, f64) {
-        let (mut n, mut t) = (0usize, 0f64);
-        for _ in 0..max_pops {
-            let t0 = Instant::now();
-            let got = queen_pop_ack(c);
-            t += t0.elapsed().as_secs_f64();
-            if got == 0 {
-                break;
+        // ---- scaling: backlog and partitions ----
+        // Backlog depth: one consumer at the front of one partition, timing only its
+        // pop + ack calls: 1k messages of backlog (refilled, untimed, when drained) against
+        // a deep backlog.
+        let timed_pops = |c: &mut Client, max_pops: usize| -> (usize, f64) {
+            let (mut n, mut t) = (0usize, 0f64);
+            for _ in 0..max_pops {
+                let t0 = Instant::now();
+                let got = queen_pop_ack(c);
+                t += t0.elapsed().as_secs_f64();
+                if got == 0 {
+                    break;
+                }
+                n += got;
             }
-            n += got;
+            (n, t)
+        };
+        reset(&mut c);
+        let (mut n_small, mut t_small) = (0usize, 0f64);
+        for _ in 0..if opts.smoke { 3 } else { 40 } {
+            prefill_queen(&mut c, 1_000, 1);
+            let (n, t) = timed_pops(&mut c, 1_000);
+            n_small += n;
+            t_small += t;
         }
-        (n, t)
-    };
-    reset(&mut c);
-    let (mut n_small, mut t_small) = (0usize, 0f64);
-    for _ in 0..if opts.smoke { 3 } else { 40 } {
-        prefill_queen(&mut c, 1_000, 1);
-        let (n, t) = timed_pops(&mut c, 1_000);
-        n_small += n;
-        t_small += t;
-    }
-    small_backlog = n_small as f64 / t_small;
-    reset(&mut c);
-    prefill_queen(&mut c, s.big_backlog, 1);
-    let (n_big, t_big) = timed_pops(&mut c, if opts.smoke { 30 } else { 400 });
-    big_backlog = n_big as f64 / t_big;
-    say(&mut rows, "scaling: pop + ack at backlog 1k (1 consumer)", "queen", small_backlog, "msg/s");
-    say(&mut rows, "scaling: pop + ack at big backlog (1 consumer)", "queen", big_backlog, "msg/s");
-    reset(&mut c);
-    // Every pop can fill its batch of 100 from one partition in both cases.
-    prefill_queen(&mut c, 10 * 10_000, 10);
-    few = queen_consume(&dsn, s.secs);
-    say(&mut rows, "scaling: pop + ack, 10 partitions", "queen", few, "msg/s");
-    reset(&mut c);
-    prefill_queen(&mut c, s.partitions_many * 100, s.partitions_many);
-    many = queen_consume(&dsn, s.secs);
-    say(&mut rows, "scaling: pop + ack, many partitions", "queen", many, "msg/s");
-    // Monitoring on that queue: what a scrape of every lane, or of the totals, costs.
-    for (what, sql) in [
-        ("queen.status (every lane)", "SELECT count(*) FROM queen.status('bq')"),
-        ("queen.totals", "SELECT count(*) FROM queen.totals('bq')"),
-    ] {
-        c.execute(sql, &[]).unwrap(); // warm
-        let t = Instant::now();
-        for _ in 0..10 {
-            c.execute(sql, &[]).unwrap();
+        small_backlog = n_small as f64 / t_small;
+        reset(&mut c);
+        prefill_queen(&mut c, s.big_backlog, 1);
+        let (n_big, t_big) = timed_pops(&mut c, if opts.smoke { 30 } else { 400 });
+        big_backlog = n_big as f64 / t_big;
+        say(&mut rows, "scaling: pop + ack at backlog 1k (1 consumer)", "queen", small_backlog, "msg/s");
+        say(&mut rows, "scaling: pop + ack at big backlog (1 consumer)", "queen", big_backlog, "msg/s");
+        reset(&mut c);
+        // Every pop can fill its batch of 100 from one partition in both cases.
+        prefill_queen(&mut c, 10 * 10_000, 10);
+        few = queen_consume(&dsn, s.secs);
+        say(&mut rows, "scaling: pop + ack, 10 partitions", "queen", few, "msg/s");
+        reset(&mut c);
+        prefill_queen(&mut c, s.partitions_many * 100, s.partitions_many);
+        many = queen_consume(&dsn, s.secs);
+        say(&mut rows, "scaling: pop + ack, many partitions", "queen", many, "msg/s");
+        // Monitoring on that queue: what a scrape of every lane, or of the totals, costs.
+        for (what, sql) in [
+            ("queen.status (every lane)", "SELECT count(*) FROM queen.status('bq')"),
+            ("queen.totals", "SELECT count(*) FROM queen.totals('bq')"),
+        ] {
+            c.execute(sql, &[]).unwrap(); // warm
+            let t = Instant::now();
+            for _ in 0..10 {
+                c.execute(sql, &[]).unwrap();
+            }
+            say(&mut rows, "status scrape, many partitions", what, t.elapsed().as_secs_f64() * 100.0, "ms per call");
         }
-        say(&mut rows, "status scrape, many partitions", what, t.elapsed().as_secs_f64() * 100.0, "ms per call");
-    }
-
     }
     // ---- ratios against the targets ----
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
-    let find = |sc: &str, sys: &str| rows.iter().find(|r| r.scenario == sc && r.system == sys).map(|r| r.value).unwrap_or(f64::NAN);
+    let find = |sc: &str, sys: &str| {
+        rows.iter().find(|r| r.scenario == sc && r.system == sys).map(|r| r.value).unwrap_or(f64::NAN)
+    };
     let pgq_ack = find("pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)");
     let targets = [
         ("push 1, one partition / PgQ insert_event", queen_push1_one / pgq1, ">= 1.0"),

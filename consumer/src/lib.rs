@@ -56,17 +56,33 @@ pub struct Message {
 /// What happened, for logs and tests.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Claimed { messages: usize },
-    Started { offset: i64 },
-    Finished { offset: i64, status: &'static str },
+    Claimed {
+        messages: usize,
+    },
+    Started {
+        offset: i64,
+    },
+    Finished {
+        offset: i64,
+        status: &'static str,
+    },
     /// The handler passed its timeout; its cancellation token fired.
-    TimedOut { offset: i64 },
+    TimedOut {
+        offset: i64,
+    },
     /// The handler ignored cancellation for the whole grace: no longer waited for.
-    Abandoned { offset: i64 },
+    Abandoned {
+        offset: i64,
+    },
     /// `queen.may_start` said no: the message did not run (SQL0105).
-    MayNotStart { offset: i64, warning: String },
+    MayNotStart {
+        offset: i64,
+        warning: String,
+    },
     /// The claim's results, recorded in one ack call.
-    Recorded { ack: Value },
+    Recorded {
+        ack: Value,
+    },
 }
 
 /// The four allowances of seed 001, and where to read from.
@@ -259,10 +275,8 @@ impl Consumer {
                 stopped = true;
                 break;
             }
-            let timeout = timeout_override
-                .and_then(|f| f(m))
-                .map(|t| t.min(c.handler_timeout))
-                .unwrap_or(c.handler_timeout);
+            let timeout =
+                timeout_override.and_then(|f| f(m)).map(|t| t.min(c.handler_timeout)).unwrap_or(c.handler_timeout);
             let may: bool = self
                 .client
                 .query_one("SELECT queen.may_start($1, make_interval(secs => $2))", &[&lease, &timeout.as_secs_f64()])
@@ -308,16 +322,19 @@ impl Consumer {
         if stopped {
             // Shutting down or out of time: release what never started in each lane.
             for m in &messages {
-                let started = acks.iter().any(|a| a["offset"] == m.offset && a["partitionId"] == m.partition_id.to_string());
-                let lane_released = acks
-                    .iter()
-                    .any(|a| a["partitionId"] == m.partition_id.to_string() && a["status"] != "completed");
+                let started =
+                    acks.iter().any(|a| a["offset"] == m.offset && a["partitionId"] == m.partition_id.to_string());
+                let lane_released =
+                    acks.iter().any(|a| a["partitionId"] == m.partition_id.to_string() && a["status"] != "completed");
                 if !started && !lane_released {
-                    acks.push(json!({"partitionId": m.partition_id.to_string(), "offset": m.offset, "status": "retry"}));
+                    acks.push(
+                        json!({"partitionId": m.partition_id.to_string(), "offset": m.offset, "status": "retry"}),
+                    );
                 }
             }
         }
-        let ack: Value = self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
+        let ack: Value =
+            self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
         self.emit(Event::Recorded { ack });
         Ok(messages.len())
     }

@@ -120,19 +120,11 @@ pub const RETRIES_EXHAUSTED: &str = "Retries exhausted";
 
 /// Applies the ack items of one lane. `call_error` is the first error given anywhere in
 /// the ack call (any lane), the fallback for a dead-letter record.
-pub fn plan_lane(
-    lane: LaneState,
-    items: &[AckItem],
-    policy: RetryPolicy,
-    call_error: Option<&str>,
-) -> LanePlan {
+pub fn plan_lane(lane: LaneState, items: &[AckItem], policy: RetryPolicy, call_error: Option<&str>) -> LanePlan {
     let in_span = |o: i64| o > lane.committed && o <= lane.batch_end;
 
     // The lowest explicit signal, first in input order among equals.
-    let signal = items
-        .iter()
-        .filter(|i| in_span(i.offset) && i.status.is_signal())
-        .min_by_key(|i| i.offset);
+    let signal = items.iter().filter(|i| in_span(i.offset) && i.status.is_signal()).min_by_key(|i| i.offset);
 
     let mut outcomes: Vec<ItemOutcome> = items
         .iter()
@@ -141,9 +133,7 @@ pub fn plan_lane(
                 ItemOutcome::OutsideSpan
             } else {
                 match signal {
-                    Some(e) if i.offset > e.offset => {
-                        ItemOutcome::AboveSignal { signal_offset: e.offset }
-                    }
+                    Some(e) if i.offset > e.offset => ItemOutcome::AboveSignal { signal_offset: e.offset },
                     _ => ItemOutcome::Applied,
                 }
             }
@@ -151,12 +141,7 @@ pub fn plan_lane(
         .collect();
 
     let Some(e) = signal else {
-        let highest = items
-            .iter()
-            .filter(|i| in_span(i.offset))
-            .map(|i| i.offset)
-            .max()
-            .unwrap_or(lane.committed);
+        let highest = items.iter().filter(|i| in_span(i.offset)).map(|i| i.offset).max().unwrap_or(lane.committed);
         let complete = highest == lane.batch_end;
         return LanePlan {
             committed: highest.max(lane.committed),
@@ -188,14 +173,8 @@ pub fn plan_lane(
             plan.retry_count = 0;
             plan.reset_attempts = true;
             let mark = if policy.dead_lettering {
-                let error = e
-                    .error
-                    .as_deref()
-                    .or(call_error)
-                    .unwrap_or(RETRIES_EXHAUSTED)
-                    .to_string();
-                plan.disposal =
-                    Disposal::DeadLetter { offset: e.offset, error, retry_count: lane.retry_count };
+                let error = e.error.as_deref().or(call_error).unwrap_or(RETRIES_EXHAUSTED).to_string();
+                plan.disposal = Disposal::DeadLetter { offset: e.offset, error, retry_count: lane.retry_count };
                 ItemOutcome::DeadLettered
             } else {
                 plan.disposal = Disposal::Drop { offset: e.offset };
@@ -251,8 +230,7 @@ mod tests {
     #[test]
     fn issue_example_failed_in_the_middle() {
         // span 11..16: [completed 11, completed 12, failed 14, completed 15]
-        let items =
-            [item(11, Completed), item(12, Completed), item(14, Failed), item(15, Completed)];
+        let items = [item(11, Completed), item(12, Completed), item(14, Failed), item(15, Completed)];
         let p = plan_lane(LANE, &items, POLICY, None);
         assert_eq!(p.committed, 13);
         assert!(p.release);
@@ -275,17 +253,12 @@ mod tests {
         e.error = Some("boom".into());
         let p = plan_lane(lane, &[item(11, Completed), e.clone()], POLICY, Some("other"));
         assert_eq!(p.committed, 12);
-        assert_eq!(
-            p.disposal,
-            Disposal::DeadLetter { offset: 12, error: "boom".into(), retry_count: 3 }
-        );
+        assert_eq!(p.disposal, Disposal::DeadLetter { offset: 12, error: "boom".into(), retry_count: 3 });
         assert_eq!((p.retry_count, p.reset_attempts), (0, true));
         let p = plan_lane(lane, &[item(12, Failed)], POLICY, Some("other"));
         assert!(matches!(p.disposal, Disposal::DeadLetter { ref error, .. } if error == "other"));
         let p = plan_lane(lane, &[item(12, Failed)], POLICY, None);
-        assert!(
-            matches!(p.disposal, Disposal::DeadLetter { ref error, .. } if error == RETRIES_EXHAUSTED)
-        );
+        assert!(matches!(p.disposal, Disposal::DeadLetter { ref error, .. } if error == RETRIES_EXHAUSTED));
         assert_eq!(p.items[0], ItemOutcome::DeadLettered);
     }
 

@@ -89,7 +89,8 @@ mod tests {
 
     #[test]
     fn runs_split_at_durable_segments_and_stop_at_readable() {
-        let segs = [fresh(1, 1, 0), fresh(2, 3, 0), fresh(5, 6, 0), durable(7, 100), fresh(101, 104, 0), fresh(105, 105, 0)];
+        let segs =
+            [fresh(1, 1, 0), fresh(2, 3, 0), fresh(5, 6, 0), durable(7, 100), fresh(101, 104, 0), fresh(105, 105, 0)];
         assert_eq!(plan(&segs, 1000, 0, L), vec![0..3, 4..6]);
         // Offset 105 is not decided yet (readable 104): the run stops before it.
         assert_eq!(plan(&segs, 104, 0, L), vec![0..3, 4..5]);

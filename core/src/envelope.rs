@@ -38,7 +38,9 @@ pub enum EnvelopeError {
     /// The key text is not 64 hex digits.
     BadKey(String),
     /// No key given has this envelope's fingerprint.
-    NoKey { fingerprint: String },
+    NoKey {
+        fingerprint: String,
+    },
     /// The tag does not verify: the envelope was altered, or belongs to another message.
     Forged,
     Malformed(&'static str),

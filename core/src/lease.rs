@@ -44,11 +44,7 @@ impl Budget {
 /// budget; else the queue's stored `lease_time`; else 60 s.
 /// `budget_micros` is the group's stored budget as `Budget::lease_micros` (or the same sum
 /// computed in SQL); None or 0 when the group has none.
-pub fn effective_lease_micros(
-    lease_seconds: i32,
-    budget_micros: Option<i64>,
-    queue_lease_time: Option<i32>,
-) -> i64 {
+pub fn effective_lease_micros(lease_seconds: i32, budget_micros: Option<i64>, queue_lease_time: Option<i32>) -> i64 {
     if lease_seconds > 0 {
         return i64::from(lease_seconds) * MICROS;
     }

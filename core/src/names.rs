@@ -43,9 +43,7 @@ pub fn queue_name(name: &str) -> Result<(), NameError> {
 /// Partition and consumer-group names: 1–200 characters of `[A-Za-z0-9._:@/+=#-]` plus `_`
 /// (the default group is `__QUEUE_MODE__`, and partition keys are often ids like `user_42`).
 pub fn lane_name(name: &str) -> Result<(), NameError> {
-    check(name, |c| {
-        c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-' | '@' | '/' | '+' | '=' | '#')
-    })
+    check(name, |c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-' | '@' | '/' | '+' | '=' | '#'))
 }
 
 #[cfg(test)]

@@ -374,7 +374,14 @@ impl Directory {
     /// Calls `f(index, frame)` for frames `from..to` (clamped to the segment), where
     /// `bytes` holds the segment's bytes from offset `bytes_start` on: at least the
     /// `span(from, to)`. Only the blocks that hold those frames are decompressed.
-    pub fn for_each_in<F>(&self, bytes: &[u8], bytes_start: usize, from: usize, to: usize, mut f: F) -> Result<(), CodecError>
+    pub fn for_each_in<F>(
+        &self,
+        bytes: &[u8],
+        bytes_start: usize,
+        from: usize,
+        to: usize,
+        mut f: F,
+    ) -> Result<(), CodecError>
     where
         F: FnMut(usize, Entry<'_>),
     {
@@ -404,10 +411,7 @@ impl Directory {
                         })
                         .map_err(|e| CodecError::Decompress(e.to_string()))?;
                     if scratch.len() != block.raw_len {
-                        return Err(CodecError::LengthMismatch {
-                            expected: block.raw_len,
-                            got: scratch.len(),
-                        });
+                        return Err(CodecError::LengthMismatch { expected: block.raw_len, got: scratch.len() });
                     }
                     &scratch
                 }
@@ -440,8 +444,7 @@ impl Directory {
                 let pl_len = r.usize("payload length")?;
                 let payload = r.bytes(pl_len, "payload")?;
                 if index >= from && index < to {
-                    let transaction_id =
-                        std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
+                    let transaction_id = std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
                     let mut message_id = [0u8; 16];
                     message_id.copy_from_slice(id);
                     f(index, Entry::Message(Frame { message_id, transaction_id, payload, created_at }));
@@ -513,7 +516,9 @@ mod tests {
 
     fn own(e: Entry<'_>) -> Option<Owned> {
         match e {
-            Entry::Message(f) => Some((f.message_id, f.transaction_id.to_string(), f.payload.to_vec(), f.created_at.unwrap())),
+            Entry::Message(f) => {
+                Some((f.message_id, f.transaction_id.to_string(), f.payload.to_vec(), f.created_at.unwrap()))
+            }
             Entry::Gap => None,
         }
     }
@@ -580,7 +585,9 @@ mod tests {
         let seg = Segment::parse(&bytes).unwrap();
         let mut got = Vec::new();
         seg.for_each_in(0, 9, |i, e| match e {
-            Entry::Message(f) => got.push((i, f.message_id[0], f.transaction_id.to_string(), f.payload.to_vec(), f.created_at)),
+            Entry::Message(f) => {
+                got.push((i, f.message_id[0], f.transaction_id.to_string(), f.payload.to_vec(), f.created_at))
+            }
             Entry::Gap => panic!("a version 1 segment has no gaps"),
         })
         .unwrap();

@@ -229,11 +229,18 @@ pub fn run(cfg: &Config) -> Report {
 
 /// One push call: single messages through `queen.push`, more through `queen.push_batch`.
 /// Rows: (idx, partition_id, msg_offset).
-fn push_call(c: &mut impl postgres::GenericClient, single: bool, items: &Value) -> Result<Vec<postgres::Row>, postgres::Error> {
+fn push_call(
+    c: &mut impl postgres::GenericClient,
+    single: bool,
+    items: &Value,
+) -> Result<Vec<postgres::Row>, postgres::Error> {
     if single {
         let it = &items[0];
         let (queue, partition) = (it["queue"].as_str().unwrap(), it["partition"].as_str().unwrap());
-        c.query("SELECT 0::int4, partition_id, msg_offset FROM queen.push($1, $2, $3)", &[&queue, &it["payload"], &partition])
+        c.query(
+            "SELECT 0::int4, partition_id, msg_offset FROM queen.push($1, $2, $3)",
+            &[&queue, &it["payload"], &partition],
+        )
     } else {
         c.query("SELECT idx, partition_id, msg_offset FROM queen.push_batch($1)", &[items])
     }
@@ -383,7 +390,9 @@ fn consumer(
             Outcome::Signal("dlq") => c
                 .query_one("SELECT queen.ack($1, $2::jsonb) /* dead-letter */", &[&lease, &Value::Array(acks.clone())])
                 .map(|row| Some(row.get(0))),
-            _ => c.query_one("SELECT queen.ack($1, $2::jsonb)", &[&lease, &Value::Array(acks.clone())]).map(|row| Some(row.get(0))),
+            _ => c
+                .query_one("SELECT queen.ack($1, $2::jsonb)", &[&lease, &Value::Array(acks.clone())])
+                .map(|row| Some(row.get(0))),
         };
         let mut s = shared.lock().unwrap();
         match result {
@@ -424,7 +433,13 @@ fn consumer(
                 // The connection died: the ack may or may not have committed.
                 for &(pid, first, last) in &lanes {
                     let to = match signal {
-                        Some((sig, spid, e)) if spid == pid => if sig == "dlq" || sig == "failed" { e } else { e - 1 },
+                        Some((sig, spid, e)) if spid == pid => {
+                            if sig == "dlq" || sig == "failed" {
+                                e
+                            } else {
+                                e - 1
+                            }
+                        }
                         _ => last,
                     };
                     s.maybe_advances.entry(group.to_string()).or_default().push((pid, first, to));
@@ -435,7 +450,12 @@ fn consumer(
                     }
                 }
                 for (sq, addr, id) in got {
-                    s.deliveries.entry(group.to_string()).or_default().push(Delivery { seq: sq, addr, id, fate: Some("crash") });
+                    s.deliveries.entry(group.to_string()).or_default().push(Delivery {
+                        seq: sq,
+                        addr,
+                        id,
+                        fate: Some("crash"),
+                    });
                 }
                 drop(s);
                 c = connect_retrying(deadline);
@@ -461,7 +481,13 @@ fn drained(c: &mut Client, queue: &str, group: &str) -> bool {
 /// push, a pop, an ack or a dead-lettering ack (the postmaster then restarts every
 /// session), or `pg_ctl stop -m immediate` and a restart — whichever kind it has done
 /// least. Returns how many of each.
-fn chaos(kills: usize, seed: u64, compactor: bool, stop: &AtomicBool, deadline: Instant) -> BTreeMap<&'static str, usize> {
+fn chaos(
+    kills: usize,
+    seed: u64,
+    compactor: bool,
+    stop: &AtomicBool,
+    deadline: Instant,
+) -> BTreeMap<&'static str, usize> {
     let mut targets: Vec<(&str, &str)> = vec![
         ("push", "%queen.push%"),
         ("pop", "%queen.pop%"),
@@ -645,12 +671,18 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
                 if from > next && holds_message(pid, next, from - 1) {
                     // Messages no ack reported: only an ack whose fate a crash hid may have
                     // passed them.
-                    assert!(covered_by_maybe(pid, next, from - 1), "{group}: partition {pid}: offsets {next}..{from} skipped by the cursor");
+                    assert!(
+                        covered_by_maybe(pid, next, from - 1),
+                        "{group}: partition {pid}: offsets {next}..{from} skipped by the cursor"
+                    );
                 }
                 next = to + 1;
             }
             if next <= head && holds_message(pid, next, head) {
-                assert!(covered_by_maybe(pid, next, head), "{group}: partition {pid}: offsets {next}..={head} passed by no ack");
+                assert!(
+                    covered_by_maybe(pid, next, head),
+                    "{group}: partition {pid}: offsets {next}..={head} passed by no ack"
+                );
             }
         }
         // Exactly one log_dlq row per dead-lettered message.
@@ -665,7 +697,8 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect();
         let dead: HashSet<Addr> = s.dead.get(group).map(|v| v.iter().copied().collect()).unwrap_or_default();
-        let maybe_dead: HashSet<Addr> = s.maybe_dead.get(group).map(|v| v.iter().copied().collect()).unwrap_or_default();
+        let maybe_dead: HashSet<Addr> =
+            s.maybe_dead.get(group).map(|v| v.iter().copied().collect()).unwrap_or_default();
         assert_eq!(dead.len(), s.dead.get(group).map_or(0, Vec::len), "{group}: an address dead-lettered twice");
         for &(pid, off, n) in &rows {
             assert_eq!(n, 1, "{group}: {n} log_dlq rows for ({pid}, {off})");

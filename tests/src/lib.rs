@@ -8,8 +8,7 @@ pub mod harness;
 use postgres::{Client, NoTls};
 
 pub fn dsn() -> String {
-    std::env::var("QUEEN_TEST_DSN")
-        .expect("QUEEN_TEST_DSN is not set: run these tests with `make integration`")
+    std::env::var("QUEEN_TEST_DSN").expect("QUEEN_TEST_DSN is not set: run these tests with `make integration`")
 }
 
 pub fn connect() -> Client {

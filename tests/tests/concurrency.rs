@@ -172,7 +172,12 @@ fn one_in_flight_batch_per_lane() {
     const SESSIONS: usize = 8;
     let queue = unique("lane");
     let mut setup = connect();
-    setup.execute("SELECT count(*) FROM queen.push_batch($1)", &[&json!((0..10).map(|i| json!({"queue": queue, "payload": i})).collect::<Vec<_>>())]).unwrap();
+    setup
+        .execute(
+            "SELECT count(*) FROM queen.push_batch($1)",
+            &[&json!((0..10).map(|i| json!({"queue": queue, "payload": i})).collect::<Vec<_>>())],
+        )
+        .unwrap();
     for round in 0..5 {
         let barrier = Arc::new(Barrier::new(SESSIONS));
         let handles: Vec<_> = (0..SESSIONS)
@@ -191,7 +196,10 @@ fn one_in_flight_batch_per_lane() {
         assert_eq!(winners.len(), 1, "round {round}: exactly one session gets the lane");
         // Different groups are never blocked by it.
         let other: i64 = setup
-            .query_one("SELECT count(*) FROM queen.pop($1, $2, batch => 10, auto_ack => true)", &[&queue, &format!("g{round}")])
+            .query_one(
+                "SELECT count(*) FROM queen.pop($1, $2, batch => 10, auto_ack => true)",
+                &[&queue, &format!("g{round}")],
+            )
             .unwrap()
             .get(0);
         assert_eq!(other, 10);

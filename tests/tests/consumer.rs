@@ -71,14 +71,22 @@ async fn seed_worked_example_scaled_down() {
         .unwrap();
     assert_eq!(n, 4);
     let events = drain(&mut rx);
-    let started: Vec<i64> = events.iter().filter_map(|e| if let Event::Started { offset } = e { Some(*offset) } else { None }).collect();
+    let started: Vec<i64> =
+        events.iter().filter_map(|e| if let Event::Started { offset } = e { Some(*offset) } else { None }).collect();
     assert_eq!(started, vec![1, 2], "{events:?}");
-    assert!(events.iter().any(|e| matches!(e, Event::MayNotStart { offset: 3, warning } if warning.starts_with("SQL0105"))), "{events:?}");
-    let ack = events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
+    assert!(
+        events.iter().any(|e| matches!(e, Event::MayNotStart { offset: 3, warning } if warning.starts_with("SQL0105"))),
+        "{events:?}"
+    );
+    let ack =
+        events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
     assert_eq!(ack["lanes"][0]["committed"], 2, "{ack}");
     assert_eq!(ack["lanes"][0]["leaseReleased"], true, "{ack}");
     // 3 and 4 come back on the next pop at once, not after the lease would have expired.
-    let rows = c.query("SELECT msg_offset FROM queen.pop($1, 'charge-cards', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
+    let rows = c
+        .query("SELECT msg_offset FROM queen.pop($1, 'charge-cards', batch => 10, auto_ack => true)", &[&queue])
+        .await
+        .unwrap();
     let offsets: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(offsets, vec![3, 4]);
 }
@@ -150,7 +158,8 @@ async fn handler_timeouts_cancel_then_abandon() {
     assert!(t0.elapsed() < Duration::from_secs(2), "the consumer did not wait for the handler");
     let events = drain(&mut rx);
     assert!(events.contains(&Event::Abandoned { offset: 1 }), "{events:?}");
-    let ack = events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
+    let ack =
+        events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
     assert_eq!(ack["items"][0]["status"], "failed", "{ack}");
     assert!(ack["items"][0]["error"].as_str().unwrap().contains("ignored cancellation"), "{ack}");
     assert_eq!(retries(&c, queue.clone()).await, 2);
@@ -268,13 +277,16 @@ async fn graceful_shutdown_finishes_the_current_message_and_releases_the_rest() 
         .await
         .unwrap();
     let events = drain(&mut rx);
-    let started: Vec<i64> = events.iter().filter_map(|e| if let Event::Started { offset } = e { Some(*offset) } else { None }).collect();
+    let started: Vec<i64> =
+        events.iter().filter_map(|e| if let Event::Started { offset } = e { Some(*offset) } else { None }).collect();
     assert_eq!(started, vec![1], "{events:?}");
-    let ack = events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
+    let ack =
+        events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
     assert_eq!(ack["lanes"][0]["committed"], 1, "{ack}");
     assert_eq!(ack["lanes"][0]["leaseReleased"], true, "{ack}");
     let c = client().await;
-    let rows = c.query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
+    let rows =
+        c.query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
     assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![2, 3], "released at once");
 }
 
@@ -297,7 +309,9 @@ async fn per_message_timeout_override_is_capped_at_the_ceiling() {
         .unwrap();
     // Message 1 gets 200 ms (it needs 400: times out); message 2 asks for 10 s but is
     // capped at the 600 ms ceiling (it needs 400: completes).
-    let override_fn = |m: &queen_consumer::Message| Some(if m.offset == 1 { Duration::from_millis(200) } else { Duration::from_secs(10) });
+    let override_fn = |m: &queen_consumer::Message| {
+        Some(if m.offset == 1 { Duration::from_millis(200) } else { Duration::from_secs(10) })
+    };
     consumer
         .run_once(
             |_m, cancel| async move {

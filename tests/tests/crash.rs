@@ -55,7 +55,10 @@ fn immediate_stop_loses_nothing_that_returned() {
                 let mut s = 0u64;
                 while !stop.load(Ordering::SeqCst) {
                     s += 1;
-                    let r = c.execute("SELECT * FROM queen.push($1, jsonb_build_object('p', $2::int8, 's', $3::int8))", &[&queue, &(p as i64), &(s as i64)]);
+                    let r = c.execute(
+                        "SELECT * FROM queen.push($1, jsonb_build_object('p', $2::int8, 's', $3::int8))",
+                        &[&queue, &(p as i64), &(s as i64)],
+                    );
                     match r {
                         Ok(_) => {
                             confirmed.lock().unwrap().insert((p, s));
@@ -71,7 +74,8 @@ fn immediate_stop_loses_nothing_that_returned() {
         thread::spawn(move || {
             let mut c = connect_retrying();
             while !stop.load(Ordering::SeqCst) {
-                let rows = match c.query("SELECT lease_id, msg_offset FROM queen.pop($1, 'g', batch => 50)", &[&queue]) {
+                let rows = match c.query("SELECT lease_id, msg_offset FROM queen.pop($1, 'g', batch => 50)", &[&queue])
+                {
                     Ok(r) => r,
                     Err(_) => {
                         c = connect_retrying();

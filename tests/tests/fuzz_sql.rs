@@ -11,12 +11,47 @@ const CALLS: usize = 10_000;
 
 fn odd_text(r: &mut impl Rng) -> Option<String> {
     let pool = [
-        "", " ", "a b", "x'; DROP TABLE queen.queues; --", "\"quoted\"", "semi;colon", "ünïcødé", "日本語",
-        "🚀", "tab\there", "new\nline", "%s%s%n", "\\", "Default", "__QUEUE_MODE__", "ok-name", "a.b:c",
-        "-1", "0", "99999999999999999999", "1e309", "NaN", "null", "true", "[]", "{}", "{\"a\":", "[1,2",
-        "{\"queue\": \"x\"}", "[{\"queue\": \"fz\", \"payload\": 1}]", "[{\"queue\": 1}]",
+        "",
+        " ",
+        "a b",
+        "x'; DROP TABLE queen.queues; --",
+        "\"quoted\"",
+        "semi;colon",
+        "ünïcødé",
+        "日本語",
+        "🚀",
+        "tab\there",
+        "new\nline",
+        "%s%s%n",
+        "\\",
+        "Default",
+        "__QUEUE_MODE__",
+        "ok-name",
+        "a.b:c",
+        "-1",
+        "0",
+        "99999999999999999999",
+        "1e309",
+        "NaN",
+        "null",
+        "true",
+        "[]",
+        "{}",
+        "{\"a\":",
+        "[1,2",
+        "{\"queue\": \"x\"}",
+        "[{\"queue\": \"fz\", \"payload\": 1}]",
+        "[{\"queue\": 1}]",
         "[{\"partitionId\": \"00000000-0000-0000-0000-000000000000\", \"offset\": 1}]",
-        "00000000-0000-0000-0000-000000000000", "not-a-uuid", "1 s", "-5 s", "1 mon", "all", "new", "retry", "dlq",
+        "00000000-0000-0000-0000-000000000000",
+        "not-a-uuid",
+        "1 s",
+        "-5 s",
+        "1 mon",
+        "all",
+        "new",
+        "retry",
+        "dlq",
     ];
     match r.gen_range(0..10) {
         0 => None,
@@ -28,7 +63,11 @@ fn odd_text(r: &mut impl Rng) -> Option<String> {
 
 fn odd_int(r: &mut impl Rng) -> Option<String> {
     let pool = ["0", "-1", "1", "2147483647", "-2147483648", "2147483648", "100001", "10001", "5", "abc", "1.5", ""];
-    if r.gen_bool(0.1) { None } else { Some(pool.choose(r).unwrap().to_string()) }
+    if r.gen_bool(0.1) {
+        None
+    } else {
+        Some(pool.choose(r).unwrap().to_string())
+    }
 }
 
 #[test]
@@ -62,7 +101,11 @@ fn ten_thousand_bad_calls_give_clean_errors_only() {
             .map(|j| {
                 let int_like = calls[k].contains(&format!("${}::text::int", j + 1))
                     || calls[k].contains(&format!("${}::text::bigint", j + 1));
-                if int_like && rng.gen_bool(0.7) { odd_int(&mut rng) } else { odd_text(&mut rng) }
+                if int_like && rng.gen_bool(0.7) {
+                    odd_int(&mut rng)
+                } else {
+                    odd_text(&mut rng)
+                }
             })
             .collect();
         let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
@@ -70,7 +113,11 @@ fn ten_thousand_bad_calls_give_clean_errors_only() {
         match c.query(&stmts[k], &params) {
             Ok(_) => ok += 1,
             Err(e) => {
-                let code = e.code().unwrap_or_else(|| panic!("call {i} ({}) {args:?}: no SQLSTATE: {e}", calls[k])).code().to_string();
+                let code = e
+                    .code()
+                    .unwrap_or_else(|| panic!("call {i} ({}) {args:?}: no SQLSTATE: {e}", calls[k]))
+                    .code()
+                    .to_string();
                 let clean = code.starts_with("22") || code.starts_with("54") || code == "0A000" || code == "P0002";
                 assert!(clean, "call {i} ({}) with {args:?} gave {code}: {e}", calls[k]);
                 refused += 1;

@@ -12,7 +12,10 @@ fn concurrent_outcomes_keep_every_invariant() {
     assert!(report.rolled_back > 0, "some pushes rolled back");
     assert!(report.dead_lettered > 0, "some messages were dead-lettered");
     for cause in ["expiry", "nack"] {
-        assert!(report.duplicates.get(cause).copied().unwrap_or(0) > 0, "no duplicate from {cause}: the run did not exercise it");
+        assert!(
+            report.duplicates.get(cause).copied().unwrap_or(0) > 0,
+            "no duplicate from {cause}: the run did not exercise it"
+        );
     }
 }
 

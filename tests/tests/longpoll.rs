@@ -94,8 +94,7 @@ fn waiting_pop_wakes_on_nack() {
     });
     wait_until_parked(&mut c, &queue);
     let nacked_at = Instant::now();
-    let r: serde_json::Value =
-        c.query_one("SELECT queen.ack($1, $2, 1, 'retry')", &[&lease, &pid]).unwrap().get(0);
+    let r: serde_json::Value = c.query_one("SELECT queen.ack($1, $2, 1, 'retry')", &[&lease, &pid]).unwrap().get(0);
     assert_eq!(r["lanes"][0]["leaseReleased"], true, "{r}");
     let (rows, attempt, returned_at) = waiter.join().unwrap();
     assert_eq!(rows, 1);

@@ -67,7 +67,9 @@ fn worker_deletes_consumed_segments_past_the_retention() {
     // The queue works on: a new message after the deleted ones, and a new group starts
     // after what was deleted.
     c.execute("SELECT count(*) FROM queen.push($1, '42')", &[&short]).unwrap();
-    let rows = c.query("SELECT msg_offset, payload::text FROM queen.pop($1, 'late', batch => 10, auto_ack => true)", &[&short]).unwrap();
+    let rows = c
+        .query("SELECT msg_offset, payload::text FROM queen.pop($1, 'late', batch => 10, auto_ack => true)", &[&short])
+        .unwrap();
     let got: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(got, vec![(4, "42".to_string())]);
 }
@@ -89,7 +91,9 @@ fn worker_compacts_small_segments() {
         std::thread::sleep(Duration::from_millis(250));
     }
     assert_eq!(stored(&mut c, &queue), (5, 0));
-    let rows = c.query("SELECT msg_offset, payload::text FROM queen.pop($1, batch => 10, auto_ack => true)", &[&queue]).unwrap();
+    let rows = c
+        .query("SELECT msg_offset, payload::text FROM queen.pop($1, batch => 10, auto_ack => true)", &[&queue])
+        .unwrap();
     let got: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(got, (0..5).map(|i| (i as i64 + 1, i.to_string())).collect::<Vec<_>>());
 }

@@ -31,13 +31,18 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
 
     let mut c = connect_as(&app);
     c.execute("SELECT * FROM queen.push($1, '{\"a\": 1}')", &[&queue]).unwrap();
-    c.execute("SELECT * FROM queen.push_batch(jsonb_build_array(jsonb_build_object('queue', $1::text, 'payload', 2)))", &[&queue]).unwrap();
+    c.execute(
+        "SELECT * FROM queen.push_batch(jsonb_build_array(jsonb_build_object('queue', $1::text, 'payload', 2)))",
+        &[&queue],
+    )
+    .unwrap();
     let rows = c.query("SELECT lease_id, partition_id, msg_offset FROM queen.pop($1, batch => 10)", &[&queue]).unwrap();
     assert_eq!(rows.len(), 2);
     let (lease, pid): (uuid::Uuid, uuid::Uuid) = (rows[0].get(0), rows[0].get(1));
     let ext: serde_json::Value = c.query_one("SELECT queen.extend_lease($1, 30)", &[&lease]).unwrap().get(0);
     assert_eq!(ext["renewed"], 1);
-    let ack: serde_json::Value = c.query_one("SELECT queen.ack($1, $2, 1, 'dlq', 'poison')", &[&lease, &pid]).unwrap().get(0);
+    let ack: serde_json::Value =
+        c.query_one("SELECT queen.ack($1, $2, 1, 'dlq', 'poison')", &[&lease, &pid]).unwrap().get(0);
     assert_eq!(ack["items"][0]["dlq"], true, "{ack}");
     let dead = c.query("SELECT transaction_id FROM queen.dlq($1)", &[&queue]).unwrap();
     assert_eq!(dead.len(), 1);
@@ -46,7 +51,11 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
     assert_eq!(replay["replayed"], true);
 
     // The tables stay closed to the application role.
-    for sql in ["SELECT count(*) FROM queen.segments", "DELETE FROM queen.lanes", "SELECT * FROM queen._pop('x', 'g', 1, NULL, 0, false, 0, 1, 'all')"] {
+    for sql in [
+        "SELECT count(*) FROM queen.segments",
+        "DELETE FROM queen.lanes",
+        "SELECT * FROM queen._pop('x', 'g', 1, NULL, 0, false, 0, 1, 'all')",
+    ] {
         let err = c.batch_execute(sql).expect_err(sql);
         assert_eq!(err.code(), Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{sql}: {err}");
     }
@@ -67,4 +76,47 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
             "DROP OWNED BY {app}; DROP ROLE {app}; DROP OWNED BY {stranger}; DROP ROLE {stranger};"
         ))
         .unwrap();
+}
+
+/// `queen.push` and `queen.push_batch` carry no `SET search_path` clause: they pin the
+/// search path inside the library. A caller who puts a schema of its own first, with an
+/// operator that would run as the function's owner if it were picked, gets nothing from
+/// it: the push works and the operator never runs.
+#[test]
+fn a_callers_search_path_cannot_hijack_a_push() {
+    let mut admin = connect();
+    let app = format!("app_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    admin.batch_execute(&format!("CREATE ROLE {app} LOGIN; CREATE SCHEMA {app} AUTHORIZATION {app};")).unwrap();
+    admin.batch_execute(&APP_GRANTS.replace("{role}", &app)).unwrap();
+    let queue = unique("hijack");
+
+    let mut c = connect_as(&app);
+    c.batch_execute(&format!(
+        "CREATE TABLE {app}.calls (who text);
+         CREATE FUNCTION {app}.texteq(a text, b text) RETURNS bool LANGUAGE plpgsql AS $$
+           BEGIN INSERT INTO {app}.calls VALUES (current_user); RETURN a OPERATOR(pg_catalog.=) b; END $$;
+         CREATE OPERATOR {app}.= (LEFTARG = text, RIGHTARG = text, FUNCTION = {app}.texteq);
+         SET search_path = {app}, pg_catalog;"
+    ))
+    .unwrap();
+    // The operator is live for this session's own queries...
+    let own: bool = c.query_one("SELECT 'a'::text = 'a'::text", &[]).unwrap().get(0);
+    assert!(own);
+    let before: i64 = c.query_one(&format!("SELECT count(*) FROM {app}.calls"), &[]).unwrap().get(0);
+    assert_eq!(before, 1, "the caller's operator is picked for the caller's own query");
+    // ... but not inside queen's functions, whatever the caller's search path.
+    for _ in 0..3 {
+        c.execute("SELECT * FROM queen.push($1, '1')", &[&queue]).unwrap();
+        c.execute(
+            "SELECT * FROM queen.push_batch(jsonb_build_array(jsonb_build_object('queue', $1::text, 'payload', 2)))",
+            &[&queue],
+        )
+        .unwrap();
+    }
+    let n = c.query("SELECT 1 FROM queen.pop($1, batch => 10, auto_ack => true)", &[&queue]).unwrap().len();
+    assert_eq!(n, 6);
+    let after: i64 = c.query_one(&format!("SELECT count(*) FROM {app}.calls"), &[]).unwrap().get(0);
+    assert_eq!(after, 1, "queen's SQL ran the caller's operator");
+    drop(c);
+    admin.batch_execute(&format!("DROP SCHEMA {app} CASCADE; DROP OWNED BY {app}; DROP ROLE {app};")).unwrap();
 }
