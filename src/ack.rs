@@ -150,7 +150,6 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
             FOR UPDATE OF l",
         &[lease_id.into(), pids.into(), timestamptz(now).into()],
     )
-    .into_iter()
     .map(|row| LockedLane {
         partition_id: row.get(1).or_raise().unwrap(),
         consumer_group: row.get(2).or_raise().unwrap(),

@@ -96,7 +96,6 @@ pub fn partitions_to_compact(client: &mut SpiClient<'_>, queue: Option<&str>) ->
                    WHERE p.partition_id = f.pid AND q.name = $1))",
         &[queue.into()],
     )
-    .into_iter()
     .map(|r| r.get::<pgrx::Uuid>(1).or_raise().unwrap())
     .collect()
 }
@@ -128,7 +127,6 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Done {
           ORDER BY first_offset LIMIT 100000",
         &[pid.into(), readable.into()],
     )
-    .into_iter()
     .map(|r| Seg {
         fresh: true,
         first: r.get(1).or_raise().unwrap(),
@@ -146,7 +144,6 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Done {
           WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3",
         &[pid.into(), lo.into(), hi.into()],
     )
-    .into_iter()
     .map(|r| Seg {
         fresh: false,
         first: r.get(1).or_raise().unwrap(),
@@ -176,9 +173,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
           WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3
           ORDER BY first_offset",
         &[pid.into(), first.into(), last.into()],
-    )
-    .into_iter()
-    {
+    ) {
         rows += 1;
         let seg_first: i64 = row.get(1).or_raise().unwrap();
         let row_time: i64 = row.get::<TimestampWithTimeZone>(2).or_raise().unwrap().into();

@@ -59,7 +59,7 @@ pub struct Delivered {
 
 /// Internal: called only by `queen.pop` (sql/api.sql), which fixes the search_path.
 #[pg_extern(name = "_pop")]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
 fn pop_sql(
     p_queue: Option<&str>,
     p_consumer_group: Option<&str>,

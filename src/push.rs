@@ -297,7 +297,6 @@ fn stored_duplicates(
             AND created_at > now() - make_interval(secs => $3)",
         &[t.partition_id.into(), transaction_ids.into(), f64::from(t.dedup_window).into()],
     )
-    .into_iter()
     .map(|r| (r.get::<String>(1).or_raise().unwrap(), (r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap())))
     .collect()
 }
@@ -334,7 +333,6 @@ fn record_ids(
             f64::from(t.dedup_window).into(),
         ],
     )
-    .into_iter()
     .map(|r| r.get::<String>(1).or_raise().unwrap())
     .collect();
     let lost: Vec<String> = asked.into_iter().filter(|tx| !recorded.contains(tx)).collect();

@@ -76,7 +76,6 @@ pub fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> 
             FOR UPDATE SKIP LOCKED",
         &[queue.into()],
     )
-    .into_iter()
     .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
     .collect();
     let (mut segments, mut bytes) = (0i64, 0i64);
@@ -89,7 +88,6 @@ pub fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> 
               ORDER BY partition_id FOR NO KEY UPDATE SKIP LOCKED",
             &[queue_id.into()],
         )
-        .into_iter()
         .map(|r| r.get(1).or_raise().unwrap())
         .collect();
         // Per partition: the lowest cursor over the queue's groups (a group without a lane

@@ -102,9 +102,8 @@ pub fn read(
     };
     // In offset order (sorted here: a Sort node in the statement costs more than these
     // few rows do).
-    let mut rows: Vec<(i64, i64, SpiHeapTupleData<'_>)> = rows
-        .map(|row| (row.get::<i64>(1).or_raise().unwrap(), row.get::<i64>(2).or_raise().unwrap(), row))
-        .collect();
+    let mut rows: Vec<(i64, i64, SpiHeapTupleData<'_>)> =
+        rows.map(|row| (row.get::<i64>(1).or_raise().unwrap(), row.get::<i64>(2).or_raise().unwrap(), row)).collect();
     rows.sort_unstable_by_key(|r| r.0);
     let mut next = start;
     for (first, last, row) in rows {

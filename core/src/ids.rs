@@ -76,7 +76,7 @@ impl Uuid7Gen {
         b
     }
 
-    pub fn next(&mut self) -> [u8; 16] {
+    pub fn next_now(&mut self) -> [u8; 16] {
         let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         self.next_at(ms)
     }
@@ -124,7 +124,7 @@ mod tests {
     fn formats_like_the_uuid_crate() {
         let mut g = Uuid7Gen::from_entropy();
         for _ in 0..100 {
-            let b = g.next();
+            let b = g.next_now();
             let u = uuid_string(&b);
             assert_eq!(u.len(), 36);
             assert_eq!(&u[14..15], "7");
