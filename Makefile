@@ -30,7 +30,7 @@ NOPRELOAD_DIR  ?= /tmp/queen-nopreload
 NOPRELOAD_PORT ?= 5490
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: upgrade-test clients package fuzz bench deps build install install-debug run stop test unit pgrx-test regress integration \
+.PHONY: upgrade-test clients package fuzz bench deps build install install-debug run stop test lint unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -65,8 +65,14 @@ run: install
 stop:
 	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
 
-test: deps unit pgrx-test install-debug regress integration upgrade-test
+test: deps lint unit pgrx-test install-debug regress integration upgrade-test
 	@echo "make test: all layers passed"
+
+# The habits, enforced: rustfmt (rustfmt.toml), and clippy with every warning an error and
+# every unsafe block explained (a SAFETY: note).
+lint:
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
 
 # Previous release's library writes data, the current one upgrades it (scripts/upgrade_test.sh).
 upgrade-test:

@@ -35,6 +35,7 @@ pub fn init() {
 
 /// WAL end of this transaction so far (0: it has written none).
 fn wal_end() -> u64 {
+    // SAFETY: a plain read of this backend's own transaction state.
     unsafe { pg_sys::XactLastRecEnd }
 }
 
@@ -59,6 +60,8 @@ pub fn pop_done(first_writer: bool) {
 
 /// `SET LOCAL name = value`: reverted when the transaction ends.
 fn set_local(name: &CStr, value: &CStr) {
+    // SAFETY: setting a configuration option for the current transaction (GUC_ACTION_LOCAL)
+    // from a pre-commit callback, with static names and values.
     unsafe {
         pg_sys::set_config_option(
             name.as_ptr(),

@@ -19,6 +19,8 @@ impl FromDatum for RawJsonb {
         if is_null {
             return None;
         }
+        // SAFETY: a non-null jsonb datum of the current call; detoasting returns a varlena
+        // whose header gives the length of the bytes copied out here.
         unsafe {
             let v = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
             let len = pgrx::varsize_any_exhdr(v);
@@ -42,6 +44,7 @@ impl IntoDatum for RawJsonb {
 // for its own JsonB.
 macro_rules! callconv {
     ($($t:ident),*) => {$(
+        // SAFETY: the type is jsonb in SQL, and its datums are jsonb (FromDatum/IntoDatum).
         unsafe impl SqlTranslatable for $t {
             const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!($t);
             const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
@@ -50,21 +53,26 @@ macro_rules! callconv {
             const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
                 Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
         }
+        // SAFETY: arguments are unboxed with this type's FromDatum, as pgrx's own JsonB is.
         unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for $t {
             unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
                 let index = arg.index();
+                // SAFETY: pgrx calls this for an argument of this SQL type (jsonb).
                 unsafe {
                     arg.unbox_arg_using_from_datum()
                         .unwrap_or_else(|| panic!("argument {index} must not be null"))
                 }
             }
             unsafe fn unbox_nullable_arg(arg: pgrx::callconv::Arg<'_, 'fcx>) -> pgrx::nullable::Nullable<Self> {
+                // SAFETY: as above; NULL is handled by FromDatum.
                 unsafe { arg.unbox_arg_using_from_datum().into() }
             }
         }
+        // SAFETY: returns are boxed with this type's IntoDatum, as pgrx's own JsonB is.
         unsafe impl pgrx::callconv::BoxRet for $t {
             unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
                 match self.into_datum() {
+                    // SAFETY: a jsonb datum palloc'd in the call's memory context.
                     Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
                     None => fcinfo.return_null(),
                 }
@@ -76,6 +84,7 @@ callconv!(RawJsonb, JsonbArg);
 
 /// A jsonb datum (palloc'd in the current memory context) holding `container` bytes.
 pub fn jsonb_datum(container: &[u8]) -> pg_sys::Datum {
+    // SAFETY: a fresh palloc of header + bytes; the copy stays within it.
     unsafe {
         let total = container.len() + pg_sys::VARHDRSZ;
         let p = pg_sys::palloc(total) as *mut pg_sys::varlena;
@@ -95,6 +104,7 @@ impl FromDatum for JsonbArg {
         } else {
             // Full detoast: a 4-byte header keeps the container aligned for PostgreSQL's
             // jsonb accessors.
+            // SAFETY: a non-null jsonb datum of the current call.
             unsafe { Some(JsonbArg(pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::Jsonb)) }
         }
     }
@@ -121,6 +131,8 @@ pub enum Found {
 
 /// A value's JSON text, for error messages (never on a hot path).
 fn value_text(v: &mut pg_sys::JsonbValue) -> String {
+    // SAFETY: `v` is a value PostgreSQL's accessors filled; JsonbValueToJsonb returns a
+    // palloc'd varlena whose header gives its length.
     unsafe {
         let jb = pg_sys::JsonbValueToJsonb(v) as *const pg_sys::varlena;
         let len = pgrx::varsize_any_exhdr(jb);
@@ -131,17 +143,21 @@ fn value_text(v: &mut pg_sys::JsonbValue) -> String {
 
 impl JsonbArg {
     fn root(&self) -> *mut pg_sys::JsonbContainer {
+        // SAFETY: self.0 is a detoasted jsonb (FromDatum), valid for the call.
         unsafe { &raw mut (*self.0).root }
     }
 
     /// The number of elements when the value is an array (not a raw scalar), else None.
     pub fn array_len(&self) -> Option<u32> {
+        // SAFETY: the root container of a valid jsonb.
         let h = unsafe { (*self.root()).header };
         (h & pg_sys::JB_FARRAY != 0 && h & pg_sys::JB_FSCALAR == 0).then_some(h & pg_sys::JB_CMASK)
     }
 
     /// Element `i` of the top-level array when it is an object; else its JSON text.
     pub fn object_at(&self, i: u32) -> Result<JsonbObject, String> {
+        // SAFETY: PostgreSQL's accessor on a valid container returns NULL or a palloc'd
+        // value; a binary value's data points into the same container.
         unsafe {
             let v = pg_sys::getIthJsonbValueFromContainer(self.root(), i);
             if v.is_null() {
@@ -166,6 +182,7 @@ impl JsonbObject {
     /// holds more keys than that is there one to name (the iterator is not free, so it
     /// stays off the common path).
     pub fn reject_unknown_keys(&self, allowed: &[&str], present: usize, argument: &str) {
+        // SAFETY: self.0 points into a valid jsonb container (object_at).
         let count = unsafe { (*self.0).header & pg_sys::JB_CMASK } as usize;
         if count > present {
             let k = self.unknown_key(allowed).unwrap_or_default();
@@ -174,6 +191,8 @@ impl JsonbObject {
     }
 
     fn get_value(&self, key: &str) -> Option<pg_sys::JsonbValue> {
+        // SAFETY: a lookup by key (pointer and length) in a valid container into a zeroed
+        // value that PostgreSQL fills.
         unsafe {
             let mut res: pg_sys::JsonbValue = std::mem::zeroed();
             let found = pg_sys::getKeyJsonValueFromContainer(
@@ -191,6 +210,7 @@ impl JsonbObject {
         let mut v = self.get_value(key)?;
         Some(match v.type_ {
             pg_sys::jbvType::jbvString => {
+                // SAFETY: a string value's pointer and length, inside the container.
                 let s = unsafe { std::slice::from_raw_parts(v.val.string.val as *const u8, v.val.string.len as usize) };
                 Found::Str(String::from_utf8_lossy(s).into_owned())
             }
@@ -202,6 +222,7 @@ impl JsonbObject {
     /// The value at `key` as jsonb bytes (any JSON value, null included).
     pub fn get_jsonb(&self, key: &str) -> Option<Vec<u8>> {
         let mut v = self.get_value(key)?;
+        // SAFETY: as value_text; the palloc'd copy is freed after the bytes are taken.
         unsafe {
             let jb = pg_sys::JsonbValueToJsonb(&mut v) as *const pg_sys::varlena;
             let len = pgrx::varsize_any_exhdr(jb);
@@ -214,6 +235,7 @@ impl JsonbObject {
 
     /// The first key not in `allowed`, if any (for error messages).
     fn unknown_key(&self, allowed: &[&str]) -> Option<String> {
+        // SAFETY: PostgreSQL's iterator over a valid container; key values point into it.
         unsafe {
             let mut it = pg_sys::JsonbIteratorInit(self.0);
             let mut v: pg_sys::JsonbValue = std::mem::zeroed();
@@ -237,6 +259,7 @@ impl JsonbObject {
 
 /// The text of jsonb bytes, for error messages only (never on a hot path).
 pub fn to_text(container: &[u8]) -> String {
+    // SAFETY: jsonb_out on a well-formed jsonb datum built from stored jsonb bytes.
     unsafe {
         let d = jsonb_datum(container);
         let c = pgrx::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(d)]);

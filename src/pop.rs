@@ -147,6 +147,7 @@ fn validate(a: &PopArgs) {
 /// Long-poll: retries the claim whenever a push commits or a lane is released on this
 /// queue (see `wake`), until messages come or `wait_ms` passes.
 fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
+    // SAFETY: a plain read of the transaction's isolation level.
     if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         errors::raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,

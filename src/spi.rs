@@ -59,6 +59,7 @@ pub fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
 /// `clock_timestamp()`. Leases use it, not `now()`: a pop or ack inside a long
 /// transaction must judge expiry by the real time.
 pub fn clock_now() -> i64 {
+    // SAFETY: a plain clock read.
     unsafe { pgrx::pg_sys::GetCurrentTimestamp() }
 }
 
