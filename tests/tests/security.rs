@@ -5,6 +5,15 @@
 use postgres::{Client, NoTls};
 use queen_it::{connect, dsn, unique};
 
+/// GRANT and DROP OWNED rewrite the same catalog rows (the functions' ACLs): two tests doing
+/// it at once get "tuple concurrently updated". The tests of this file take turns.
+static CATALOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn admin_ddl(admin: &mut Client, sql: &str) {
+    let _turn = CATALOG.lock().unwrap_or_else(|e| e.into_inner());
+    admin.batch_execute(sql).unwrap();
+}
+
 fn connect_as(role: &str) -> Client {
     let d = dsn().replace("user=postgres", &format!("user={role}"));
     Client::connect(&d, NoTls).expect("connect as the test role")
@@ -25,8 +34,8 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
     let mut admin = connect();
     let app = format!("app_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let stranger = format!("stranger_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    admin.batch_execute(&format!("CREATE ROLE {app} LOGIN; CREATE ROLE {stranger} LOGIN;")).unwrap();
-    admin.batch_execute(&APP_GRANTS.replace("{role}", &app)).unwrap();
+    admin_ddl(&mut admin, &format!("CREATE ROLE {app} LOGIN; CREATE ROLE {stranger} LOGIN;"));
+    admin_ddl(&mut admin, &APP_GRANTS.replace("{role}", &app));
     let queue = unique("sec");
 
     let mut c = connect_as(&app);
@@ -71,11 +80,10 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
     }
     drop(c);
     drop(s);
-    admin
-        .batch_execute(&format!(
-            "DROP OWNED BY {app}; DROP ROLE {app}; DROP OWNED BY {stranger}; DROP ROLE {stranger};"
-        ))
-        .unwrap();
+    admin_ddl(
+        &mut admin,
+        &format!("DROP OWNED BY {app}; DROP ROLE {app}; DROP OWNED BY {stranger}; DROP ROLE {stranger};"),
+    );
 }
 
 /// `queen.push` and `queen.push_batch` carry no `SET search_path` clause: they pin the
@@ -86,8 +94,8 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
 fn a_callers_search_path_cannot_hijack_a_push() {
     let mut admin = connect();
     let app = format!("app_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    admin.batch_execute(&format!("CREATE ROLE {app} LOGIN; CREATE SCHEMA {app} AUTHORIZATION {app};")).unwrap();
-    admin.batch_execute(&APP_GRANTS.replace("{role}", &app)).unwrap();
+    admin_ddl(&mut admin, &format!("CREATE ROLE {app} LOGIN; CREATE SCHEMA {app} AUTHORIZATION {app};"));
+    admin_ddl(&mut admin, &APP_GRANTS.replace("{role}", &app));
     let queue = unique("hijack");
 
     let mut c = connect_as(&app);
@@ -118,5 +126,5 @@ fn a_callers_search_path_cannot_hijack_a_push() {
     let after: i64 = c.query_one(&format!("SELECT count(*) FROM {app}.calls"), &[]).unwrap().get(0);
     assert_eq!(after, 1, "queen's SQL ran the caller's operator");
     drop(c);
-    admin.batch_execute(&format!("DROP SCHEMA {app} CASCADE; DROP OWNED BY {app}; DROP ROLE {app};")).unwrap();
+    admin_ddl(&mut admin, &format!("DROP SCHEMA {app} CASCADE; DROP OWNED BY {app}; DROP ROLE {app};"));
 }
