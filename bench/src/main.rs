@@ -708,9 +708,23 @@ fn main() {
         ("pop+ack big backlog / 1k backlog", big_backlog / small_backlog, ">= 0.8"),
         ("pop+ack many partitions / 10 partitions", many / few, ">= 0.5"),
     ];
+    // Whether a measured ratio meets its target ("" for the rows that only explain).
+    let verdict = |v: f64, want: &str| -> &'static str {
+        let (op, bound) = match want.split_once(' ') {
+            Some((op @ (">=" | "<="), b)) => (op, b.parse::<f64>().unwrap_or(f64::NAN)),
+            _ => return "",
+        };
+        if v.is_nan() {
+            "not run"
+        } else if (op == ">=" && v >= bound) || (op == "<=" && v <= bound) {
+            "met"
+        } else {
+            "MISSED"
+        }
+    };
     println!();
     for (name, v, want) in &targets {
-        println!("{name:<44} {v:>10.2}   target {want}");
+        println!("{name:<44} {v:>10.2}   target {want:<24} {}", verdict(*v, want));
     }
 
     if let Some(out) = opts.out {
@@ -728,9 +742,9 @@ fn main() {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());
             let _ = writeln!(md, "| {} | {} | {} {} | {cpu} |", r.scenario, r.system, fmt_rate(r.value), r.unit);
         }
-        let _ = writeln!(md, "\n| ratio | measured | target |\n|---|---|---|");
+        let _ = writeln!(md, "\n| ratio | measured | target | |\n|---|---|---|---|");
         for (name, v, want) in &targets {
-            let _ = writeln!(md, "| {name} | {v:.2} | {want} |");
+            let _ = writeln!(md, "| {name} | {v:.2} | {want} | {} |", verdict(*v, want));
         }
         std::fs::write(&out, md).unwrap();
         println!("\nwrote {out}");
