@@ -7,6 +7,7 @@ pub mod compaction;
 pub mod envelope;
 pub mod ids;
 pub mod lease;
+pub mod lanes;
 pub mod names;
 pub mod offsets;
 pub mod segment;
