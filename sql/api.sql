@@ -127,17 +127,19 @@ AS $$
 BEGIN
   -- Only a live lease is shown; an expired one is as good as none.
   RETURN QUERY
-    SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, l.committed,
-           r.head - l.committed,
-           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_id END,
-           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_expires_at END,
-           l.batch_end, l.batch_retry_count, l.attempt_count,
+    SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, v.committed,
+           r.head - v.committed,
+           CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_id END,
+           CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_expires_at END,
+           v.batch_end, v.retry_count, v.attempt_count,
            (SELECT count(*) FROM queen.log_dlq d
              WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group)
       FROM queen.lanes l
       JOIN queen.partitions p ON p.partition_id = l.partition_id
       JOIN queen.queues q ON q.queue_id = l.queue_id
      CROSS JOIN LATERAL (SELECT queen._readable(p.partition_id, p.head) AS head) r
+     CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
+                                    l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
      WHERE status.queue IS NULL OR q.name = status.queue
      ORDER BY q.name, p.name, l.consumer_group;
 END $$;
@@ -172,11 +174,13 @@ BEGIN
        WHERE totals.queue IS NULL OR q.name = totals.queue
     ), g AS (
       SELECT l.queue_id, l.consumer_group,
-             sum(l.committed)::int8 AS committed,
-             sum(queen._readable(p.partition_id, p.head) - l.committed)::int8 AS lag,
-             count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS leased
+             sum(v.committed)::int8 AS committed,
+             sum(queen._readable(p.partition_id, p.head) - v.committed)::int8 AS lag,
+             count(*) FILTER (WHERE v.lease_expires_at > clock_timestamp()) AS leased
         FROM queen.lanes l
         JOIN queen.partitions p ON p.partition_id = l.partition_id
+       CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
+                                      l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
        WHERE l.queue_id IN (SELECT queue_id FROM q)
        GROUP BY l.queue_id, l.consumer_group
     ), d AS (
@@ -227,6 +231,9 @@ BEGIN
   n_segments := n_segments + n_fresh;
   DELETE FROM queen.dedup d USING queen.partitions p
    WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
+  -- The lane registry forgets the queue's lanes (src/lanes.rs).
+  PERFORM queen._forget_lanes(array_agg(l.partition_id), array_agg(l.consumer_group))
+     FROM queen.lanes l WHERE l.queue_id = qid;
   DELETE FROM queen.lanes l WHERE l.queue_id = qid;
   DELETE FROM queen.leases le WHERE le.queue_id = qid;
   DELETE FROM queen.log_dlq d WHERE d.queue_id = qid;
@@ -280,6 +287,31 @@ COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text)
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';
+-- The lane journal's table `t` emptied, if nothing holds it (src/lanes.rs: the worker
+-- calls it once every cursor in it is saved in queen.lanes).
+CREATE FUNCTION queen._empty_journal(t int) RETURNS bool
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF t = 0 THEN
+    LOCK TABLE queen.lane_journal_0 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    TRUNCATE queen.lane_journal_0;
+  ELSE
+    LOCK TABLE queen.lane_journal_1 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    TRUNCATE queen.lane_journal_1;
+  END IF;
+  RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+  RETURN false;
+END $$;
+COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: empty a saved lane journal table (background worker); not granted';
+COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS 'queen internal: a lane''s live state (status, totals); not granted';
+COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS 'queen internal: a lane''s readable end when a pop may claim it (pop''s scan); not granted';
+COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS 'queen internal: a lane''s live cursor (retention); not granted';
+COMMENT ON FUNCTION queen._forget_lanes(uuid[], text[]) IS 'queen internal: the lane registry forgets lanes (delete_queue); not granted';
+COMMENT ON FUNCTION queen._group_hash(text) IS 'queen internal: the lane registry''s hash of a group name; not granted';
+COMMENT ON FUNCTION queen._expire_lease(uuid) IS 'queen internal: end a lease now, as if it had expired (tests); not granted';
 COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
 COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
 COMMENT ON FUNCTION queen.retain(text) IS

@@ -104,12 +104,33 @@ CREATE TABLE queen.lanes (
     claim_start       bigint,
     -- when the lane was last claimed (telemetry)
     last_claimed_at   timestamptz,
+    -- the lane journal's number of the cursor and retry count saved here
+    journal_seq       bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (partition_id, consumer_group)
 ) WITH (fillfactor = 50);
 -- A pop scans a group's lanes in partition order from a cursor (see pop::claim_candidates).
 -- None of these columns change on claim or ack, so lane updates stay HOT.
 CREATE INDEX lanes_queue_group ON queen.lanes (queue_id, consumer_group, partition_id);
 COMMENT ON TABLE queen.lanes IS 'queen: a consumer group''s cursor and lease on one partition';
+
+-- With shared_preload_libraries = 'queen', a lane's live state (cursor, retry count,
+-- lease) is kept in shared memory (src/lanes.rs) and queen.lanes holds the cursor and
+-- retry count as of the last save by the background worker: every ack appends the new
+-- ones here, to the table the registry names as current, and the worker empties the other
+-- one with TRUNCATE once it has saved them (so nothing here outlives a few seconds, even
+-- while a long transaction holds the xmin horizon back). Without preloading these stay
+-- empty and queen.lanes is current.
+CREATE TABLE queen.lane_journal_0 (
+    partition_id   uuid   NOT NULL,
+    consumer_group text   NOT NULL,
+    seq            bigint NOT NULL,
+    committed      bigint NOT NULL,
+    retry_count    int    NOT NULL,
+    PRIMARY KEY (partition_id, consumer_group, seq)
+);
+COMMENT ON TABLE queen.lane_journal_0 IS 'queen: cursors and retry counts acks committed (one of two tables used in turn)';
+CREATE TABLE queen.lane_journal_1 (LIKE queen.lane_journal_0 INCLUDING ALL);
+COMMENT ON TABLE queen.lane_journal_1 IS 'queen: cursors and retry counts acks committed (one of two tables used in turn)';
 
 -- Which lanes a lease holds, for ack(lease_id) and extend_lease without a lease_id index
 -- on lanes (which would make every claim a non-HOT update).

@@ -31,6 +31,8 @@ struct LockedLane {
     live: bool,
     policy: RetryPolicy,
     queue: String,
+    /// With the lane registry: the lane's whole state, locked by this transaction.
+    registry: Option<queen_core::lanes::State>,
 }
 
 fn parse_status(s: &str) -> AckStatus {
@@ -137,36 +139,42 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         v
     });
     // Lock the lanes this lease holds, in partition order (no deadlock between acks).
-    let lanes: Vec<LockedLane> = run(
-        client,
-        "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
-                l.batch_retry_count, l.lease_expires_at > $3, q.retry_limit,
-                q.dead_letter_queue OR q.dlq_after_max_retries, q.name
-           FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
-          WHERE l.partition_id = ANY(coalesce($2::uuid[],
-                  (SELECT le.partition_ids FROM queen.leases le WHERE le.lease_id = $1)))
-            AND l.lease_id = $1
-          ORDER BY l.partition_id
-            FOR UPDATE OF l",
-        &[lease_id.into(), pids.into(), timestamptz(now).into()],
-    )
-    .map(|row| LockedLane {
-        partition_id: row.get(1).or_raise().unwrap(),
-        consumer_group: row.get(2).or_raise().unwrap(),
-        queue_id: row.get(3).or_raise().unwrap(),
-        state: LaneState {
-            committed: row.get(4).or_raise().unwrap(),
-            batch_end: row.get::<i64>(5).or_raise().unwrap_or(0),
-            retry_count: row.get(6).or_raise().unwrap(),
-        },
-        live: row.get(7).or_raise().unwrap_or(false),
-        policy: RetryPolicy {
-            retry_limit: row.get(8).or_raise().unwrap(),
-            dead_lettering: row.get(9).or_raise().unwrap(),
-        },
-        queue: row.get(10).or_raise().unwrap(),
-    })
-    .collect();
+    let registry = crate::lanes::enabled();
+    let lanes: Vec<LockedLane> = if registry {
+        lock_registry(client, lease_id, pids.as_deref(), now)
+    } else {
+        run(
+            client,
+            "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
+                    l.batch_retry_count, l.lease_expires_at > $3, q.retry_limit,
+                    q.dead_letter_queue OR q.dlq_after_max_retries, q.name
+               FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
+              WHERE l.partition_id = ANY(coalesce($2::uuid[],
+                      (SELECT le.partition_ids FROM queen.leases le WHERE le.lease_id = $1)))
+                AND l.lease_id = $1
+              ORDER BY l.partition_id
+                FOR UPDATE OF l",
+            &[lease_id.into(), pids.into(), timestamptz(now).into()],
+        )
+        .map(|row| LockedLane {
+            partition_id: row.get(1).or_raise().unwrap(),
+            consumer_group: row.get(2).or_raise().unwrap(),
+            queue_id: row.get(3).or_raise().unwrap(),
+            state: LaneState {
+                committed: row.get(4).or_raise().unwrap(),
+                batch_end: row.get::<i64>(5).or_raise().unwrap_or(0),
+                retry_count: row.get(6).or_raise().unwrap(),
+            },
+            live: row.get(7).or_raise().unwrap_or(false),
+            policy: RetryPolicy {
+                retry_limit: row.get(8).or_raise().unwrap(),
+                dead_lettering: row.get(9).or_raise().unwrap(),
+            },
+            queue: row.get(10).or_raise().unwrap(),
+            registry: None,
+        })
+        .collect()
+    };
 
     // Whole-lease form: one `completed` item at batch_end for every live lane.
     let items: Vec<Addressed> = items.unwrap_or_else(|| {
@@ -224,7 +232,9 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
             crate::wake::notify_on_commit(&lane.queue);
         }
     }
-    if !u_pid.is_empty() {
+    if registry {
+        apply_registry(client, &lanes, &u_pid, &u_committed, &u_release, &u_retry, &u_reset);
+    } else if !u_pid.is_empty() {
         // One statement: apply the plans, and drop the lease row once no lane holds the
         // lease any more. (The DELETE sees the lanes as they were before the UPDATE, so
         // the lanes this UPDATE releases are subtracted explicitly.)
@@ -268,6 +278,95 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         "items": item_json,
         "lanes": lane_json,
     })
+}
+
+/// With the lane registry: the lanes of a live or expired lease, locked in partition
+/// order (an ack waits for another transaction that holds one, as for a row lock). Only
+/// lanes that still carry this lease; `wanted` limits them to the items' partitions.
+fn lock_registry(
+    client: &mut SpiClient<'_>,
+    lease_id: pgrx::Uuid,
+    wanted: Option<&[pgrx::Uuid]>,
+    now: i64,
+) -> Vec<LockedLane> {
+    let Some(info) = crate::lanes::lease(lease_id) else { return Vec::new() };
+    let policy = run(
+        client,
+        "SELECT retry_limit, dead_letter_queue OR dlq_after_max_retries, name FROM queen.queues WHERE queue_id = $1",
+        &[info.queue_id.into()],
+    );
+    let Some(q) = policy.into_iter().next() else { return Vec::new() };
+    let policy =
+        RetryPolicy { retry_limit: q.get(1).or_raise().unwrap(), dead_lettering: q.get(2).or_raise().unwrap() };
+    let queue: String = q.get(3).or_raise().unwrap();
+    let mut pids: Vec<pgrx::Uuid> = info
+        .lanes
+        .iter()
+        .map(|k| pgrx::Uuid::from_bytes(k.partition))
+        .filter(|p| wanted.is_none_or(|w| w.contains(p)))
+        .collect();
+    pids.sort_by_key(|p| *p.as_bytes());
+    let mut locked = Vec::with_capacity(pids.len());
+    for pid in pids {
+        // A lane that has moved on to another lease is not this ack's to wait for.
+        if crate::lanes::view(pid, &info.group).0.lease_id != *lease_id.as_bytes() {
+            continue;
+        }
+        let Some(s) = crate::lanes::lock(pid, &info.group, true) else { continue };
+        if s.lease_id != *lease_id.as_bytes() {
+            continue;
+        }
+        locked.push(LockedLane {
+            partition_id: pid,
+            consumer_group: info.group.clone(),
+            queue_id: info.queue_id,
+            state: LaneState { committed: s.committed, batch_end: s.batch_end, retry_count: s.retry_count },
+            live: s.live_lease(now),
+            policy,
+            queue: queue.clone(),
+            registry: Some(s),
+        });
+    }
+    locked
+}
+
+/// With the lane registry: the plans take effect there, and every changed cursor or retry
+/// count is journaled in this transaction.
+fn apply_registry(
+    client: &mut SpiClient<'_>,
+    lanes: &[LockedLane],
+    pids: &[pgrx::Uuid],
+    committed: &[i64],
+    release: &[bool],
+    retry: &[i32],
+    reset: &[bool],
+) {
+    let mut journal = Vec::new();
+    let mut group = "";
+    for (k, pid) in pids.iter().enumerate() {
+        let lane = lanes.iter().find(|l| l.partition_id == *pid).expect("an acked lane is locked");
+        let old = lane.registry.expect("locked in the registry");
+        group = &lane.consumer_group;
+        let mut new = queen_core::lanes::State { committed: committed[k], retry_count: retry[k], ..old };
+        if release[k] {
+            new.lease_id = [0; 16];
+            new.lease_expires = 0;
+            new.batch_end = 0;
+        }
+        if reset[k] {
+            new.attempt_count = 0;
+            new.claim_start = 0;
+        }
+        let changed = new.committed != old.committed || new.retry_count != old.retry_count;
+        if changed {
+            new.journal_seq = old.journal_seq + 1;
+        }
+        crate::lanes::set(*pid, &lane.consumer_group, new, None);
+        if changed {
+            journal.push((*pid, new));
+        }
+    }
+    crate::lanes::journal(client, group, &journal);
 }
 
 fn item_report(a: &Addressed, success: bool, error: &str) -> Value {

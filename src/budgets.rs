@@ -97,29 +97,33 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     let asked = handler_timeout.map(|v| micros("handler_timeout", Some(v)));
     let now = clock_now();
-    let found = Spi::connect_mut(|client| {
-        let rows = run(
-            client,
-            "SELECT (extract(epoch FROM min(l.lease_expires_at) - $2) * 1000000)::int8,
-                    (extract(epoch FROM g.handler_timeout) * 1000000)::int8,
-                    (extract(epoch FROM g.timeout_grace) * 1000000)::int8,
-                    (extract(epoch FROM g.record_margin) * 1000000)::int8
-               FROM queen.leases le
-               JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
-               LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
-              WHERE le.lease_id = $1 AND l.lease_expires_at > $2
-              GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin",
-            &[lease_id.into(), timestamptz(now).into()],
-        );
-        rows.into_iter().next().map(|r| {
-            (
-                r.get::<i64>(1).or_raise().unwrap_or(0),
-                r.get::<i64>(2).or_raise(),
-                r.get::<i64>(3).or_raise().unwrap_or(0),
-                r.get::<i64>(4).or_raise().unwrap_or(0),
-            )
+    let found = if crate::lanes::enabled() {
+        may_start_registry(lease_id, now)
+    } else {
+        Spi::connect_mut(|client| {
+            let rows = run(
+                client,
+                "SELECT (extract(epoch FROM min(l.lease_expires_at) - $2) * 1000000)::int8,
+                        (extract(epoch FROM g.handler_timeout) * 1000000)::int8,
+                        (extract(epoch FROM g.timeout_grace) * 1000000)::int8,
+                        (extract(epoch FROM g.record_margin) * 1000000)::int8
+                   FROM queen.leases le
+                   JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
+                   LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
+                  WHERE le.lease_id = $1 AND l.lease_expires_at > $2
+                  GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin",
+                &[lease_id.into(), timestamptz(now).into()],
+            );
+            rows.into_iter().next().map(|r| {
+                (
+                    r.get::<i64>(1).or_raise().unwrap_or(0),
+                    r.get::<i64>(2).or_raise(),
+                    r.get::<i64>(3).or_raise().unwrap_or(0),
+                    r.get::<i64>(4).or_raise().unwrap_or(0),
+                )
+            })
         })
-    });
+    };
     let (ok, detail) = match found {
         None => (false, "the lease is expired or unknown".to_string()),
         Some((remaining, group_timeout, grace, margin)) => {
@@ -154,4 +158,38 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
         .report(PgLogLevel::WARNING);
     }
     ok
+}
+
+/// With the lane registry: the remaining time of the lease (its earliest live lane) and
+/// the group's handler timeout, grace and record margin (microseconds).
+fn may_start_registry(lease_id: pgrx::Uuid, now: i64) -> Option<(i64, Option<i64>, i64, i64)> {
+    let info = crate::lanes::lease(lease_id)?;
+    let earliest = info
+        .lanes
+        .iter()
+        .map(|k| crate::lanes::view(pgrx::Uuid::from_bytes(k.partition), &info.group).0)
+        .filter(|s| s.lease_id == *lease_id.as_bytes() && s.live_lease(now))
+        .map(|s| s.lease_expires)
+        .min()?;
+    let budget = Spi::connect_mut(|client| {
+        run(
+            client,
+            "SELECT (extract(epoch FROM g.handler_timeout) * 1000000)::int8,
+                    (extract(epoch FROM g.timeout_grace) * 1000000)::int8,
+                    (extract(epoch FROM g.record_margin) * 1000000)::int8
+               FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2",
+            &[info.queue_id.into(), info.group.as_str().into()],
+        )
+        .into_iter()
+        .next()
+        .map(|r| {
+            (
+                r.get::<i64>(1).or_raise(),
+                r.get::<i64>(2).or_raise().unwrap_or(0),
+                r.get::<i64>(3).or_raise().unwrap_or(0),
+            )
+        })
+    });
+    let (timeout, grace, margin) = budget.unwrap_or((None, 0, 0));
+    Some((earliest - now, timeout, grace, margin))
 }

@@ -20,7 +20,58 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
     let target = now.saturating_add(i64::from(seconds) * 1_000_000);
     // Renew every live lane of the lease; never shorten one. An unknown or expired lease
     // renews nothing and is no error.
-    let (renewed, earliest) = Spi::connect_mut(|client| {
+    let (renewed, earliest) = if crate::lanes::enabled() {
+        extend_registry(lease_id, target, now)
+    } else {
+        extend_table(lease_id, target, now)
+    };
+    let ts = earliest.map(Value::from).unwrap_or(Value::Null);
+    JsonB(json!({
+        "leaseId": from_pg_uuid(&lease_id).to_string(),
+        "success": renewed > 0,
+        "renewed": renewed,
+        "newExpiresAt": ts,
+        "expiresAt": ts,
+        "lease_expires_at": ts,
+    }))
+}
+
+/// With the lane registry: every live lane of the lease, locked (waiting for another
+/// transaction that holds one, as for a row lock), gets the later of its expiry and
+/// `target`. Returns how many, and the earliest new expiry as ISO text.
+fn extend_registry(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
+    let Some(info) = crate::lanes::lease(lease_id) else { return (0, None) };
+    let mut pids: Vec<pgrx::Uuid> = info.lanes.iter().map(|k| pgrx::Uuid::from_bytes(k.partition)).collect();
+    pids.sort_by_key(|p| *p.as_bytes());
+    let (mut renewed, mut earliest) = (0i64, i64::MAX);
+    for pid in pids {
+        let Some(s) = crate::lanes::lock(pid, &info.group, true) else { continue };
+        if s.lease_id != *lease_id.as_bytes() || !s.live_lease(now) {
+            continue;
+        }
+        let expires = s.lease_expires.max(target);
+        crate::lanes::set(pid, &info.group, queen_core::lanes::State { lease_expires: expires, ..s }, None);
+        renewed += 1;
+        earliest = earliest.min(expires);
+    }
+    (renewed, (renewed > 0).then(|| iso(earliest)))
+}
+
+/// A timestamp (microseconds since 2000-01-01) as `YYYY-MM-DDTHH:MM:SS.ffffffZ`, as the
+/// table path formats it.
+fn iso(micros: i64) -> String {
+    Spi::get_one_with_args::<String>(
+        "SELECT to_char($1 AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+        &[timestamptz(micros).into()],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_default()
+}
+
+/// Without the registry: the lanes table, in one statement.
+fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
+    Spi::connect_mut(|client| {
         let row = run(
             client,
             r#"WITH lease AS (
@@ -42,14 +93,5 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
         );
         let row = row.first();
         (row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<String>(2).or_raise())
-    });
-    let ts = earliest.map(Value::from).unwrap_or(Value::Null);
-    JsonB(json!({
-        "leaseId": from_pg_uuid(&lease_id).to_string(),
-        "success": renewed > 0,
-        "renewed": renewed,
-        "newExpiresAt": ts,
-        "expiresAt": ts,
-        "lease_expires_at": ts,
-    }))
+    })
 }

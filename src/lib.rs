@@ -15,6 +15,7 @@ mod encryption;
 mod errors;
 mod heap;
 mod jsonb;
+mod lanes;
 mod leases;
 mod offsets;
 mod pop;
@@ -38,6 +39,7 @@ pub extern "C-unwind" fn _PG_init() {
     durability::init();
     encryption::init();
     offsets::init();
+    lanes::init();
     queues::init();
     compaction::init();
     retention::init();

@@ -347,10 +347,12 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // its offsets first, then wake waiting pops, which will find them readable.
         XACT_EVENT_COMMIT => {
             end(true);
+            crate::lanes::end(true);
             crate::wake::on_commit();
         }
         XACT_EVENT_ABORT => {
             end(false);
+            crate::lanes::end(false);
             crate::wake::on_abort();
             crate::queues::on_abort();
         }
@@ -374,6 +376,10 @@ unsafe extern "C-unwind" fn subxact_callback(
     use pg_sys::SubXactEvent::*;
     if event == SUBXACT_EVENT_ABORT_SUB {
         crate::queues::on_abort();
+        crate::lanes::end_subxact(my_subid, parent_subid, false);
+    }
+    if event == SUBXACT_EVENT_COMMIT_SUB {
+        crate::lanes::end_subxact(my_subid, parent_subid, true);
     }
     if !enabled() {
         return;

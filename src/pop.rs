@@ -5,6 +5,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::{pg_sys, PgSqlErrorCode};
 use queen_core::claim::allocate;
+use queen_core::lanes::State as LaneState;
 use queen_core::lease::effective_lease_micros;
 
 use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
@@ -42,6 +43,8 @@ struct Candidate {
     claim_start: Option<i64>,
     attempt_count: i32,
     old_lease: Option<pgrx::Uuid>,
+    /// With the lane registry: the lane's state, locked by this transaction.
+    registry: Option<LaneState>,
 }
 
 pub struct Delivered {
@@ -102,7 +105,10 @@ fn pop_sql(
     queues::CREATED_HERE.with(|c| c.set(false));
     let first_writer = durability::pop_start();
     let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
-    durability::pop_done(first_writer);
+    // An auto-ack moves the cursor: it commits durably, as an ack does.
+    if !args.auto_ack {
+        durability::pop_done(first_writer);
+    }
     queues::CREATED_HERE.with(|c| c.set(false));
     TableIterator::new(rows.into_iter().map(move |d| {
         (
@@ -197,9 +203,17 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     }
 
     let now = clock_now();
-    let mut candidates = claim_candidates(client, a, queue_id, now);
+    let registry = crate::lanes::enabled();
+    let find = |client: &mut SpiClient<'_>| {
+        if registry {
+            claim_candidates_registry(client, a, queue_id, now)
+        } else {
+            claim_candidates(client, a, queue_id, now)
+        }
+    };
+    let mut candidates = find(client);
     if candidates.is_empty() && queues::repair_lanes(client, queue_id, a.group) {
-        candidates = claim_candidates(client, a, queue_id, now);
+        candidates = find(client);
     }
     if candidates.is_empty() {
         return Vec::new();
@@ -244,53 +258,57 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         }
     }
 
-    let now_ts = timestamptz(now);
-    match (lease_id, expires) {
-        (Some(lease_id), Some(expires)) => {
-            run(
-                client,
-                "WITH claimed AS (
-                   UPDATE queen.lanes l
-                      SET lease_id = $3, lease_expires_at = $4, batch_end = v.batch_end,
-                          claim_start = v.claim_start, attempt_count = v.attempt,
-                          last_claimed_at = $5
-                     FROM unnest($1::uuid[], $2::int8[], $6::int8[], $7::int4[])
-                          AS v(partition_id, batch_end, claim_start, attempt)
-                    WHERE l.partition_id = v.partition_id AND l.consumer_group = $8
-                 ), expired AS (
-                   DELETE FROM queen.leases WHERE lease_id = ANY($9::uuid[])
-                 )
-                 INSERT INTO queen.leases (lease_id, queue_id, consumer_group, partition_ids, expires_at)
-                 VALUES ($3, $10, $8, $1, $4)",
-                &[
-                    pids.clone().into(),
-                    ends.into(),
-                    lease_id.into(),
-                    timestamptz(expires).into(),
-                    now_ts.into(),
-                    starts.into(),
-                    attempts.into(),
-                    a.group.into(),
-                    old_leases.into(),
-                    queue_id.into(),
-                ],
-            );
-        }
-        _ => {
-            // auto_ack: no lease; the cursor moves to batch_end in this same call.
-            run(
-                client,
-                "WITH done AS (
-                   UPDATE queen.lanes l
-                      SET committed = v.batch_end, lease_id = NULL, lease_expires_at = NULL,
-                          batch_end = NULL, claim_start = NULL, attempt_count = 0,
-                          batch_retry_count = 0, last_claimed_at = $3
-                     FROM unnest($1::uuid[], $2::int8[]) AS v(partition_id, batch_end)
-                    WHERE l.partition_id = v.partition_id AND l.consumer_group = $4
-                 )
-                 DELETE FROM queen.leases WHERE lease_id = ANY($5::uuid[])",
-                &[pids.into(), ends.into(), now_ts.into(), a.group.into(), old_leases.into()],
-            );
+    if registry {
+        apply_registry(client, a, queue_id, &candidates, &pids, &ends, &starts, &attempts, lease_id, expires, now);
+    } else {
+        let now_ts = timestamptz(now);
+        match (lease_id, expires) {
+            (Some(lease_id), Some(expires)) => {
+                run(
+                    client,
+                    "WITH claimed AS (
+                       UPDATE queen.lanes l
+                          SET lease_id = $3, lease_expires_at = $4, batch_end = v.batch_end,
+                              claim_start = v.claim_start, attempt_count = v.attempt,
+                              last_claimed_at = $5
+                         FROM unnest($1::uuid[], $2::int8[], $6::int8[], $7::int4[])
+                              AS v(partition_id, batch_end, claim_start, attempt)
+                        WHERE l.partition_id = v.partition_id AND l.consumer_group = $8
+                     ), expired AS (
+                       DELETE FROM queen.leases WHERE lease_id = ANY($9::uuid[])
+                     )
+                     INSERT INTO queen.leases (lease_id, queue_id, consumer_group, partition_ids, expires_at)
+                     VALUES ($3, $10, $8, $1, $4)",
+                    &[
+                        pids.clone().into(),
+                        ends.into(),
+                        lease_id.into(),
+                        timestamptz(expires).into(),
+                        now_ts.into(),
+                        starts.into(),
+                        attempts.into(),
+                        a.group.into(),
+                        old_leases.into(),
+                        queue_id.into(),
+                    ],
+                );
+            }
+            _ => {
+                // auto_ack: no lease; the cursor moves to batch_end in this same call.
+                run(
+                    client,
+                    "WITH done AS (
+                       UPDATE queen.lanes l
+                          SET committed = v.batch_end, lease_id = NULL, lease_expires_at = NULL,
+                              batch_end = NULL, claim_start = NULL, attempt_count = 0,
+                              batch_retry_count = 0, last_claimed_at = $3
+                         FROM unnest($1::uuid[], $2::int8[]) AS v(partition_id, batch_end)
+                        WHERE l.partition_id = v.partition_id AND l.consumer_group = $4
+                     )
+                     DELETE FROM queen.leases WHERE lease_id = ANY($5::uuid[])",
+                    &[pids.into(), ends.into(), now_ts.into(), a.group.into(), old_leases.into()],
+                );
+            }
         }
     }
     // Rows come ordered by partition, then offset (spec §4).
@@ -373,6 +391,143 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
     found
 }
 
+/// With the lane registry: the claimable lanes, in the same order as `claim_candidates`
+/// (from this backend's cursor, wrapping), each locked for this transaction. The scan
+/// reads lane rows that no pop or ack updates, and asks the registry about each
+/// (`queen._claimable`); a lane another pop takes meanwhile is skipped, never waited for.
+fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
+    let want = i64::from(a.max_partitions);
+    let rows: Vec<(pgrx::Uuid, String, i64)> = if let Some(p) = a.partition {
+        run(
+            client,
+            "SELECT l.partition_id, p.name, r.readable
+               FROM queen.partitions p
+               JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
+              CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
+              WHERE p.queue_id = $1 AND p.name = $3 AND r.readable IS NOT NULL",
+            &[queue_id.into(), a.group.into(), p.into()],
+        )
+        .into_iter()
+        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
+        .collect()
+    } else {
+        let key = (queue_id, a.group.to_string());
+        let cursor =
+            CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::spi::new_id().as_bytes()));
+        let cursor_id = pgrx::Uuid::from_bytes(cursor);
+        let scan = |client: &mut SpiClient<'_>, after: bool, limit: i64| -> Vec<(pgrx::Uuid, String, i64)> {
+            let args = [queue_id.into(), a.group.into(), limit.into(), cursor_id.into()];
+            let table = if after {
+                run(
+                    client,
+                    "SELECT l.partition_id, p.name, r.readable
+                       FROM queen.lanes l
+                       JOIN queen.partitions p ON p.partition_id = l.partition_id
+                      CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
+                      WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id > $4
+                        AND r.readable IS NOT NULL
+                      ORDER BY l.partition_id
+                      LIMIT $3",
+                    &args,
+                )
+            } else {
+                run(
+                    client,
+                    "SELECT l.partition_id, p.name, r.readable
+                       FROM queen.lanes l
+                       JOIN queen.partitions p ON p.partition_id = l.partition_id
+                      CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
+                      WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id <= $4
+                        AND r.readable IS NOT NULL
+                      ORDER BY l.partition_id
+                      LIMIT $3",
+                    &args,
+                )
+            };
+            table
+                .into_iter()
+                .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
+                .collect()
+        };
+        let mut rows = scan(client, true, want);
+        if (rows.len() as i64) < want {
+            rows.extend(scan(client, false, want - rows.len() as i64));
+        }
+        if let Some(last) = rows.last() {
+            let last = *last.0.as_bytes();
+            CURSORS.with(|c| c.borrow_mut().insert(key, last));
+        }
+        rows
+    };
+    rows.into_iter()
+        .filter_map(|(partition_id, partition, readable)| {
+            let s = crate::lanes::lock(partition_id, a.group, false)?;
+            (!s.live_lease(now) && s.committed < readable).then(|| Candidate {
+                partition_id,
+                partition,
+                committed: s.committed,
+                readable,
+                available: readable - s.committed,
+                claim_start: (s.claim_start != 0).then_some(s.claim_start),
+                attempt_count: s.attempt_count,
+                old_lease: None,
+                registry: Some(s),
+            })
+        })
+        .collect()
+}
+
+/// With the lane registry: the claims take effect there (the lanes stay locked until the
+/// transaction ends); an auto-ack journals its cursors.
+#[allow(clippy::too_many_arguments)]
+fn apply_registry(
+    client: &mut SpiClient<'_>,
+    a: &PopArgs,
+    queue_id: i64,
+    candidates: &[Candidate],
+    pids: &[pgrx::Uuid],
+    ends: &[i64],
+    starts: &[i64],
+    attempts: &[i32],
+    lease_id: Option<pgrx::Uuid>,
+    expires: Option<i64>,
+    now: i64,
+) {
+    let mut journal = Vec::new();
+    for (k, pid) in pids.iter().enumerate() {
+        let c = candidates.iter().find(|c| c.partition_id == *pid).expect("a claimed lane was a candidate");
+        let old = c.registry.expect("locked in the registry");
+        let new = match (lease_id, expires) {
+            (Some(id), Some(expires)) => LaneState {
+                lease_id: *id.as_bytes(),
+                lease_expires: expires,
+                batch_end: ends[k],
+                claim_start: starts[k],
+                attempt_count: attempts[k],
+                last_claimed: now,
+                ..old
+            },
+            // auto_ack: no lease; the cursor moves to batch_end (journaled).
+            _ => LaneState {
+                committed: ends[k],
+                retry_count: 0,
+                attempt_count: 0,
+                claim_start: 0,
+                last_claimed: now,
+                lease_id: [0; 16],
+                lease_expires: 0,
+                batch_end: 0,
+                journal_seq: old.journal_seq + 1,
+            },
+        };
+        crate::lanes::set(*pid, a.group, new, Some((queue_id, a.group)));
+        if lease_id.is_none() {
+            journal.push((*pid, new));
+        }
+    }
+    crate::lanes::journal(client, a.group, &journal);
+}
+
 fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
     table
         .into_iter()
@@ -388,6 +543,7 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
                 claim_start: row.get(5).or_raise(),
                 attempt_count: row.get(6).or_raise().unwrap(),
                 old_lease: row.get(7).or_raise(),
+                registry: None,
             }
         })
         .collect()

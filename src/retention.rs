@@ -96,7 +96,7 @@ pub fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> 
             client,
             "WITH floor AS (
                SELECT p.partition_id,
-                      (SELECT coalesce(min(coalesce(l.committed, 0)), 0)
+                      (SELECT coalesce(min(coalesce(queen._committed(l.partition_id, l.consumer_group, l.committed), 0)), 0)
                          FROM queen.groups g
                          LEFT JOIN queen.lanes l
                            ON l.partition_id = p.partition_id AND l.consumer_group = g.consumer_group

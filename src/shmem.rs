@@ -1,7 +1,8 @@
 //! Shared memory: the one place that asks PostgreSQL for it.
 //!
-//! With `shared_preload_libraries = 'queen'`, queen keeps two things in shared memory:
-//! the long-poll wake-up slots (`wake`) and the offset registry (`offsets`). Each module
+//! With `shared_preload_libraries = 'queen'`, queen keeps three things in shared memory:
+//! the long-poll wake-up slots (`wake`), the offset registry (`offsets`) and the lane
+//! registry (`lanes`). Each module
 //! says how much it needs and initialises its part; this module chains the hooks. Without
 //! preloading none of it exists, and both modules fall back to what needs no shared memory.
 
@@ -37,6 +38,8 @@ unsafe extern "C-unwind" fn shmem_request() {
         pg_sys::RequestAddinShmemSpace(crate::wake::shmem_size());
         pg_sys::RequestAddinShmemSpace(crate::offsets::shmem_size());
         pg_sys::RequestNamedLWLockTranche(crate::offsets::TRANCHE.as_ptr(), 1);
+        pg_sys::RequestAddinShmemSpace(crate::lanes::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::lanes::TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -52,6 +55,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         crate::wake::shmem_init(alloc(c"queen wake-ups", crate::wake::shmem_size()));
         crate::offsets::shmem_init(alloc(c"queen offsets", crate::offsets::shmem_size()));
+        crate::lanes::shmem_init(alloc(c"queen lanes", crate::lanes::shmem_size()));
         pg_sys::LWLockRelease(lock);
     }
 }

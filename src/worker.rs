@@ -1,7 +1,9 @@
 //! The background worker (with `shared_preload_libraries = 'queen'`): in the database
 //! `queen.retention_database`, a compaction pass every `queen.compaction_interval`
 //! milliseconds and a retention pass every `queen.retention_interval` seconds, each
-//! partition's compaction in a transaction of its own. After a compaction pass that merged
+//! partition's compaction in a transaction of its own; and every two seconds a round of
+//! the lane journal (`lanes`): changed cursors saved into `queen.lanes`, and the journal
+//! table no ack writes to any more emptied. After a compaction pass that merged
 //! something, the worker vacuums the fresh tier at once: the index of a table whose rows
 //! are all appended on one side and deleted on the other gives its pages back only to
 //! VACUUM, and autovacuum (once a minute at best) would let it grow with every pass.
@@ -29,6 +31,10 @@ pub fn init() {
     }
 }
 
+/// How often the lane journal moves on (see `lanes::rotate_journal`: a table is emptied
+/// within three rounds of its retirement).
+const JOURNAL_ROUND: Duration = Duration::from_secs(2);
+
 /// A setting as a period, None when 0 (off).
 fn period(value: i32, unit: Duration) -> Option<Duration> {
     (value > 0).then(|| unit * value as u32)
@@ -55,14 +61,14 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
         );
     }
     let start = Instant::now();
-    let (mut next_compaction, mut next_retention) = (start, start);
+    let (mut next_compaction, mut next_retention, mut next_journal) = (start, start, start);
     loop {
         let now = Instant::now();
         let compaction = period(COMPACTION_INTERVAL.get(), Duration::from_millis(1));
         let retention = period(RETENTION_INTERVAL.get(), Duration::from_secs(1));
         // Sleep until the next pass that is on; with both off, wake now and then for a
         // reload that turns one on.
-        let due = [compaction.map(|_| next_compaction), retention.map(|_| next_retention)];
+        let due = [compaction.map(|_| next_compaction), retention.map(|_| next_retention), Some(next_journal)];
         let wake_at = due.iter().flatten().min().copied().unwrap_or(now + Duration::from_secs(60));
         if !BackgroundWorker::wait_latch(Some(wake_at.saturating_duration_since(now))) {
             break; // SIGTERM
@@ -75,6 +81,16 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
         if let Some(p) = compaction.filter(|_| now >= next_compaction) {
             compaction_pass();
             next_compaction = Instant::now() + p;
+        }
+        if crate::lanes::enabled() && now >= next_journal {
+            BackgroundWorker::transaction(|| {
+                Spi::connect_mut(|client| {
+                    if installed(client) {
+                        crate::lanes::rotate_journal(client);
+                    }
+                })
+            });
+            next_journal = Instant::now() + JOURNAL_ROUND;
         }
         if let Some(p) = retention.filter(|_| now >= next_retention) {
             BackgroundWorker::transaction(|| {

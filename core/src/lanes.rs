@@ -131,6 +131,8 @@ pub struct LaneSlot {
     changed: u32,
     /// A committed change not yet saved to the lanes table.
     dirty: u32,
+    /// The database the lane belongs to (its lanes table and journal are there).
+    database: u32,
 }
 
 #[repr(C)]
@@ -160,7 +162,10 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(max_lanes: usize, max_leases: usize) -> Layout {
-        Layout { lanes: (max_lanes.max(1) * 2).next_power_of_two(), leases: (max_leases.max(1) * 2).next_power_of_two() }
+        Layout {
+            lanes: (max_lanes.max(1) * 2).next_power_of_two(),
+            leases: (max_leases.max(1) * 2).next_power_of_two(),
+        }
     }
     pub fn lanes_at(&self) -> usize {
         std::mem::size_of::<Header>().next_multiple_of(8)
@@ -389,12 +394,22 @@ impl<'a> Registry<'a> {
     }
 
     /// Ends a load with the lane's durable state: its cursor and retry count, as of the
-    /// journal entry `journal_seq` (or the lanes table when the journal has none).
-    pub fn finish_load(&mut self, key: &LaneKey, owner: u32, committed: i64, retry_count: i32, journal_seq: i64) {
+    /// journal entry `journal_seq` (or the lanes table when the journal has none), read in
+    /// `database`.
+    pub fn finish_load(
+        &mut self,
+        key: &LaneKey,
+        owner: u32,
+        committed: i64,
+        retry_count: i32,
+        journal_seq: i64,
+        database: u32,
+    ) {
         if let Ok(i) = find_lane(self.lanes, key) {
             let s = &mut self.lanes[i];
             if s.status == LOADING && s.loader == owner {
                 s.status = READY;
+                s.database = database;
                 s.state = State { committed, retry_count, journal_seq, ..State::default() };
             }
         }
@@ -432,7 +447,8 @@ impl<'a> Registry<'a> {
         for k in 0..n {
             let i = (self.h.hand as usize + k) % n;
             let s = &self.lanes[i];
-            if s.status == READY && s.holder.owner == NIL && s.dirty == 0 && s.changed == 0 && !s.state.live_lease(now) {
+            if s.status == READY && s.holder.owner == NIL && s.dirty == 0 && s.changed == 0 && !s.state.live_lease(now)
+            {
                 self.h.hand = ((i + 1) % n) as u32;
                 self.unchain(i);
                 self.remove_lane(i);
@@ -501,7 +517,10 @@ impl<'a> Registry<'a> {
         }
         let before = self.lanes[i].state;
         let changed = before.committed != state.committed || before.retry_count != state.retry_count;
-        debug_assert!(!changed || state.journal_seq == before.journal_seq + 1, "a journaled change takes the next number");
+        debug_assert!(
+            !changed || state.journal_seq == before.journal_seq + 1,
+            "a journaled change takes the next number"
+        );
         if !self.set_state(i, state, lease, now) {
             return false;
         }
@@ -607,9 +626,13 @@ impl<'a> Registry<'a> {
 
     // ---- saving cursors ----
 
-    /// Lanes whose cursor or retry count changed since they were last saved.
-    pub fn dirty(&self) -> Vec<(LaneKey, State)> {
-        self.lanes.iter().filter(|s| s.status == READY && s.dirty == 1).map(|s| (s.key, s.state)).collect()
+    /// Lanes of `database` whose cursor or retry count changed since they were last saved.
+    pub fn dirty(&self, database: u32) -> Vec<(LaneKey, State)> {
+        self.lanes
+            .iter()
+            .filter(|s| s.status == READY && s.dirty == 1 && s.database == database)
+            .map(|s| (s.key, s.state))
+            .collect()
     }
 
     /// The lanes table now holds `saved` for this lane: clean unless it changed since.
@@ -633,7 +656,6 @@ impl<'a> Registry<'a> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -649,7 +671,11 @@ mod tests {
     impl Mem {
         fn new(max_lanes: usize, max_leases: usize) -> Mem {
             let l = Layout::new(max_lanes, max_leases);
-            let mut m = Mem { h: Header::default(), lanes: vec![LaneSlot::default(); l.lanes], leases: vec![LeaseSlot::default(); l.leases] };
+            let mut m = Mem {
+                h: Header::default(),
+                lanes: vec![LaneSlot::default(); l.lanes],
+                leases: vec![LeaseSlot::default(); l.leases],
+            };
             Registry::format(&mut m.h, &mut m.lanes, &mut m.leases, max_lanes, max_leases);
             m
         }
@@ -658,7 +684,7 @@ mod tests {
         }
         fn load(&mut self, k: &LaneKey, committed: i64) {
             assert_eq!(self.reg().begin_load(k, 99, 0), Load::Mine);
-            self.reg().finish_load(k, 99, committed, 0, 0);
+            self.reg().finish_load(k, 99, committed, 0, 0, 1);
         }
         fn state(&mut self, k: &LaneKey) -> State {
             match self.reg().view().lane(k) {
@@ -702,7 +728,13 @@ mod tests {
         assert!(m.reg().set(&a, 0, claimed, Some((42, "g")), 0));
         m.reg().lock(&b, holder(0)).unwrap();
         let sb = m.state(&b);
-        assert!(m.reg().set(&b, 0, State { lease_id: lease(1), lease_expires: 100, batch_end: 3, ..sb }, Some((42, "g")), 0));
+        assert!(m.reg().set(
+            &b,
+            0,
+            State { lease_id: lease(1), lease_expires: 100, batch_end: 3, ..sb },
+            Some((42, "g")),
+            0
+        ));
         let info = m.reg().view().lease(&lease(1)).unwrap();
         assert_eq!((info.queue_id, info.group.as_str(), info.lanes.len()), (42, "g", 2));
         // b's claim rolls back: its old state returns, the lease keeps a alone.
@@ -732,9 +764,9 @@ mod tests {
         assert_eq!(m.reg().leases_live(), 0);
         assert_eq!(m.reg().view().lease(&lease(3)), None);
         // The committed change is waiting to be saved; saving it cleans the lane.
-        assert_eq!(m.reg().dirty(), vec![(a, acked)]);
+        assert_eq!(m.reg().dirty(1), vec![(a, acked)]);
         m.reg().saved(&a, &acked);
-        assert!(m.reg().dirty().is_empty());
+        assert!(m.reg().dirty(1).is_empty());
     }
 
     #[test]
@@ -746,7 +778,7 @@ mod tests {
         m.reg().set(&a, 0, State { committed: 7, journal_seq: 1, ..s }, None, 0);
         m.reg().unlock(&a, 0, Some(s));
         assert_eq!(m.state(&a), s);
-        assert!(m.reg().dirty().is_empty());
+        assert!(m.reg().dirty(1).is_empty());
     }
 
     #[test]
@@ -759,7 +791,13 @@ mod tests {
         for (n, k) in keys.iter().take(2).enumerate() {
             m.reg().lock(k, holder(0)).unwrap();
             let s = m.state(k);
-            assert!(m.reg().set(k, 0, State { lease_id: lease(n as u8 + 1), lease_expires: 100, batch_end: 1, ..s }, Some((1, "g")), 0));
+            assert!(m.reg().set(
+                k,
+                0,
+                State { lease_id: lease(n as u8 + 1), lease_expires: 100, batch_end: 1, ..s },
+                Some((1, "g")),
+                0
+            ));
             m.reg().unlock(k, 0, None);
         }
         m.reg().lock(&keys[2], holder(0)).unwrap();
@@ -831,7 +869,7 @@ mod tests {
                         let k = keys[lane as usize];
                         if !model.contains_key(&lane) {
                             match m.reg().begin_load(&k, owner, now) {
-                                Load::Mine => { m.reg().finish_load(&k, owner, 0, 0, 0); model.insert(lane, State::default()); }
+                                Load::Mine => { m.reg().finish_load(&k, owner, 0, 0, 0, 1); model.insert(lane, State::default()); }
                                 Load::Full => continue,
                                 other => prop_assert!(false, "{:?}", other),
                             }
@@ -887,7 +925,7 @@ mod tests {
                         }
                     }
                     Op::Save => {
-                        for (k, st) in m.reg().dirty() {
+                        for (k, st) in m.reg().dirty(1) {
                             m.reg().saved(&k, &st);
                             if let Some(l) = keys.iter().position(|x| *x == k) { unsaved.remove(&(l as u8)); }
                         }
@@ -927,7 +965,7 @@ mod tests {
                     got.sort_by_key(|k| k.partition);
                     prop_assert_eq!(got, lanes);
                 }
-                let dirty: std::collections::HashSet<LaneKey> = m.reg().dirty().into_iter().map(|(k, _)| k).collect();
+                let dirty: std::collections::HashSet<LaneKey> = m.reg().dirty(1).into_iter().map(|(k, _)| k).collect();
                 for lane in &unsaved {
                     prop_assert!(dirty.contains(&keys[*lane as usize]), "lane {} changed and committed but is not listed", lane);
                 }

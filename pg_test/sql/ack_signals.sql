@@ -13,8 +13,8 @@ EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE; END $$;
 -- The lane of queue q (default group), as the operator would look at it.
 CREATE FUNCTION pg_temp.lane(q text) RETURNS TABLE (committed bigint, leased bool, batch_end bigint, retries int, attempts int)
 LANGUAGE sql AS $$
-  SELECT l.committed, l.lease_id IS NOT NULL, l.batch_end, l.batch_retry_count, l.attempt_count
-    FROM queen.lanes l JOIN queen.queues qq USING (queue_id) WHERE qq.name = q $$;
+  SELECT s.committed, s.lease_id IS NOT NULL, s.batch_end, s.retry_count, s.attempt_count
+    FROM queen.status(q) s WHERE s.consumer_group = '__QUEUE_MODE__' $$;
 -- Pop the whole span of q under a lease into temp table cur; show offsets and attempt.
 CREATE FUNCTION pg_temp.take(q text) RETURNS TABLE (msg_offset bigint, attempt int) LANGUAGE plpgsql
 SET client_min_messages = warning AS $$
@@ -66,7 +66,9 @@ SELECT count(*) FROM queen.push('free', '"x"');
 SELECT * FROM pg_temp.take('free');
 SELECT (pg_temp.nack(1, 'retry') -> 'lanes' -> 0) - 'partitionId' AS lane;
 SELECT * FROM pg_temp.take('free');
-UPDATE queen.lanes SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE lease_id IS NOT NULL;
+-- (Every live lease expires: this queue's and the ones the tests above left.)
+SELECT sum(queen._expire_lease(lease_id)) AS expired_lanes
+  FROM (SELECT DISTINCT lease_id FROM queen.status() WHERE lease_id IS NOT NULL) l;
 SELECT * FROM pg_temp.take('free');
 SELECT * FROM pg_temp.lane('free');
 SELECT count(*) AS dead_letters FROM queen.dlq('free');

@@ -20,7 +20,7 @@ SELECT count(DISTINCT lease_id) AS leases, bool_and(lease_id IS NOT NULL) AS lea
        bool_and(created_at <= now()) AS created_in_past
   FROM b1;
 SELECT committed, batch_end, lease_id = (SELECT lease_id FROM b1 LIMIT 1) AS same_lease
-  FROM queen.lanes WHERE consumer_group = '__QUEUE_MODE__';
+  FROM queen.status('q1') WHERE consumer_group = '__QUEUE_MODE__';
 
 -- Same group while leased: nothing. Another group: its own rows from offset 1.
 SELECT count(*) AS same_group FROM queen.pop('q1', batch => 10);
@@ -30,7 +30,7 @@ SELECT msg_offset, payload, consumer_group FROM queen.pop('q1', 'g2', batch => 1
 SELECT (r -> 'lanes' -> 0 ->> 'committed')::int AS committed, r -> 'lanes' -> 0 -> 'leaseReleased' AS released,
        jsonb_array_length(r -> 'items') AS items
   FROM (SELECT queen.ack(lease_id) AS r FROM b1 LIMIT 1) s;
-SELECT committed, lease_id IS NULL AS no_lease, batch_end FROM queen.lanes
+SELECT committed, lease_id IS NULL AS no_lease, batch_end FROM queen.status('q1')
  WHERE consumer_group = '__QUEUE_MODE__';
 CREATE TEMP TABLE b2 AS SELECT * FROM queen.pop('q1', batch => 5);
 SELECT msg_offset, payload, attempt FROM b2;
@@ -45,7 +45,7 @@ SELECT queen.push('q1', '{"n": 5}') IS NOT NULL AS pushed;
 -- An ack with a superseded or unknown lease changes nothing.
 SELECT r -> 'items' -> 0 -> 'success' AS success, r -> 'lanes' AS lanes
   FROM (SELECT queen.ack(b1.lease_id, b1.partition_id, 4) AS r FROM b1 LIMIT 1) s;
-SELECT committed FROM queen.lanes WHERE consumer_group = '__QUEUE_MODE__';
+SELECT committed FROM queen.status('q1') WHERE consumer_group = '__QUEUE_MODE__';
 SELECT (queen.ack(lease_id, partition_id, msg_offset) -> 'lanes' -> 0) - 'partitionId' AS lane FROM b3;
 
 -- JSON-array ack: items outside (committed, batch_end] are reported, not applied.

@@ -30,7 +30,7 @@ SELECT queen.may_start(lease_id, '46 s') AS needs_49s FROM claim LIMIT 1;
 SELECT count(DISTINCT lease_expires_at) AS one_deadline FROM claim;
 -- An expired or unknown lease is false, with the warning.
 SELECT queen.may_start(gen_random_uuid()) AS unknown;
-UPDATE queen.lanes SET lease_expires_at = clock_timestamp() - interval '1 s' WHERE lease_id = (SELECT lease_id FROM claim LIMIT 1);
+SELECT queen._expire_lease((SELECT lease_id FROM claim LIMIT 1)) AS expired_lanes;
 SELECT queen.may_start(lease_id) AS expired FROM claim LIMIT 1;
 
 \set VERBOSITY default

@@ -9,9 +9,8 @@ BEGIN EXECUTE q; RETURN 'no error';
 EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE || ': ' || SQLERRM; END $$;
 -- Seconds from now until the lease of the last pop of group g on queue q expires.
 CREATE FUNCTION pg_temp.lease_secs(q text, g text) RETURNS int LANGUAGE sql AS $$
-  SELECT round(extract(epoch FROM l.lease_expires_at - clock_timestamp()))::int
-    FROM queen.lanes l JOIN queen.queues qq USING (queue_id)
-   WHERE qq.name = q AND l.consumer_group = g AND l.lease_id IS NOT NULL $$;
+  SELECT round(extract(epoch FROM s.lease_expires_at - clock_timestamp()))::int
+    FROM queen.status(q) s WHERE s.consumer_group = g AND s.lease_id IS NOT NULL $$;
 
 -- Precedence: implicit queue 60 s; configure() 300 s; lease_time 5; lease_seconds wins.
 SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'lq', 'payload', i)) FROM generate_series(1, 10) i));
@@ -33,26 +32,23 @@ SELECT pg_temp.err($$SELECT queen.configure('lq', retry_limit => -1)$$);
 SELECT pg_temp.err($$SELECT queen.configure('bad name')$$);
 SELECT pg_temp.err($$SELECT queen.configure('lq', lease_time => NULL)$$);
 
--- extend_lease: two lanes under one lease, earliest expiry, never shortens.
+-- extend_lease: two lanes under one lease, both renewed, never shortened.
 SELECT count(*) FROM queen.push_batch('[{"queue": "ext", "partition": "a", "payload": 1},
                                         {"queue": "ext", "partition": "b", "payload": 2}]');
 CREATE TEMP TABLE two AS SELECT * FROM queen.pop('ext', max_partitions => 2, batch => 2, lease_seconds => 30);
 SELECT count(DISTINCT lease_id) AS leases, count(*) AS lanes FROM two;
--- Give one lane a longer lease so the earliest expiry is the other one.
-UPDATE queen.lanes SET lease_expires_at = clock_timestamp() + interval '500 s'
- WHERE partition_id = (SELECT partition_id FROM two WHERE partition = 'b');
 CREATE TEMP TABLE e1 AS SELECT queen.extend_lease(lease_id, 120) AS r FROM two LIMIT 1;
 SELECT r -> 'success' AS success, r -> 'renewed' AS renewed,
        r -> 'newExpiresAt' = r -> 'expiresAt' AND r -> 'expiresAt' = r -> 'lease_expires_at' AS same_three,
        round(extract(epoch FROM (r ->> 'expiresAt')::timestamptz - clock_timestamp())) AS earliest_in_s,
        r ->> 'expiresAt' ~ '^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$' AS iso_utc
   FROM e1;
-SELECT partition, round(extract(epoch FROM l.lease_expires_at - clock_timestamp())) AS secs
-  FROM queen.lanes l JOIN two USING (partition_id) ORDER BY 1;
+SELECT partition, round(extract(epoch FROM s.lease_expires_at - clock_timestamp())) AS secs
+  FROM queen.status('ext') s ORDER BY 1;
 -- Fewer seconds than remain: unchanged.
 SELECT (queen.extend_lease(lease_id, 10) ->> 'renewed')::int AS renewed FROM two LIMIT 1;
-SELECT partition, round(extract(epoch FROM l.lease_expires_at - clock_timestamp())) AS secs
-  FROM queen.lanes l JOIN two USING (partition_id) ORDER BY 1;
+SELECT partition, round(extract(epoch FROM s.lease_expires_at - clock_timestamp())) AS secs
+  FROM queen.status('ext') s ORDER BY 1;
 SELECT pg_temp.err($$SELECT queen.extend_lease(gen_random_uuid(), 0)$$);
 SELECT pg_temp.err($$SELECT queen.extend_lease(NULL)$$);
 SELECT r - 'leaseId' AS unknown_lease FROM (SELECT queen.extend_lease(gen_random_uuid()) AS r) s;
@@ -73,10 +69,10 @@ SELECT r -> 'items' -> 0 -> 'success' AS old_lease_ack, r -> 'lanes' AS lanes
   FROM (SELECT queen.ack(lease_id, partition_id, 2) AS r FROM x0 LIMIT 1) s;
 SELECT pg_sleep(1.1);
 SELECT msg_offset, attempt FROM queen.pop('exp', batch => 2, lease_seconds => 1);
-SELECT committed, batch_retry_count, attempt_count FROM queen.lanes l JOIN queen.queues q USING (queue_id) WHERE q.name = 'exp';
+SELECT committed, retry_count, attempt_count FROM queen.status('exp');
 -- The attempt resets once the start moves: ack 1 of the live lease, let it expire, pop.
-SELECT (queen.ack(l.lease_id, l.partition_id, 1) -> 'lanes' -> 0 ->> 'committed')::int AS committed
-  FROM queen.lanes l JOIN queen.queues q USING (queue_id) WHERE q.name = 'exp';
+SELECT (queen.ack(s.lease_id, s.partition_id, 1) -> 'lanes' -> 0 ->> 'committed')::int AS committed
+  FROM queen.status('exp') s;
 SELECT pg_sleep(1.1);
 SELECT msg_offset, attempt FROM queen.pop('exp', batch => 2);
 

@@ -134,7 +134,7 @@ async fn handler_timeouts_cancel_then_abandon() {
     assert!(events.contains(&Event::Finished { offset: 1, status: "failed" }), "{events:?}");
     async fn retries(c: &tokio_postgres::Client, q: String) -> i32 {
         c.query_one(
-            "SELECT l.batch_retry_count FROM queen.lanes l JOIN queen.queues q USING (queue_id) WHERE q.name = $1 AND l.consumer_group = 'g'",
+            "SELECT retry_count FROM queen.status($1) WHERE consumer_group = 'g'",
             &[&q],
         )
         .await

@@ -131,7 +131,7 @@ fn immediate_stop_loses_nothing_that_returned() {
     // The group's cursor is one some ack call asked for.
     let committed: i64 = c
         .query_one(
-            "SELECT l.committed FROM queen.lanes l JOIN queen.queues q USING (queue_id) WHERE q.name = $1 AND l.consumer_group = 'g'",
+            "SELECT committed FROM queen.status($1) WHERE consumer_group = 'g'",
             &[&queue],
         )
         .unwrap()

@@ -1,0 +1,622 @@
+//! Lane state without row versions: the shared-memory side of `queen_core::lanes`.
+//!
+//! With `shared_preload_libraries = 'queen'`, a lane's cursor, retry budget and lease live
+//! in the registry (`queen_core::lanes`), so pops and acks write no row version that a
+//! long transaction could pin:
+//!
+//! - a pop locks the lanes it claims in the registry and sets their lease: it writes
+//!   nothing to the database;
+//! - an ack changes the cursor in the registry and appends the new cursor and retry count
+//!   to the lane journal (`queen.lane_journal_0` / `_1`), in its own transaction;
+//! - the background worker copies changed cursors into `queen.lanes` every few seconds,
+//!   then empties the journal table no ack writes to any more with TRUNCATE (which a
+//!   long transaction does not hold back).
+//!
+//! After a crash the registry is rebuilt, lane by lane on first use, from `queen.lanes`
+//! and the newest journal entry: every committed ack is there. Leases are not: their
+//! messages are delivered again (at-least-once delivery allows it).
+//!
+//! A transaction that changes a lane holds it until it ends, like a row lock, and an abort
+//! (of the transaction, or of the subtransaction that changed it) puts back the state it
+//! found. Another pop skips a held lane; another ack or extension waits for the holder's
+//! transaction (PostgreSQL's deadlock detector sees that wait).
+//!
+//! Without preloading there is no registry and `queen.lanes` / `queen.leases` hold
+//! everything, as before (see `pop`, `ack`, `leases`).
+
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::PgSqlErrorCode;
+use queen_core::lanes::{
+    group_hash, Busy, Header, Holder, LaneKey, LaneSlot, Layout, LeaseInfo, LeaseSlot, Load, Registry, Seen, State,
+    View,
+};
+
+use crate::errors::{self, SpiExt};
+use crate::spi::run;
+
+pub const TRANCHE: &CStr = c"queen lanes";
+
+static TRACKED_LANES: GucSetting<i32> = GucSetting::<i32>::new(16_384);
+static MAX_LEASES: GucSetting<i32> = GucSetting::<i32>::new(8_192);
+
+/// The journal's state in shared memory, beside the registry.
+#[repr(C)]
+#[derive(Default)]
+struct Journal {
+    /// Acks append to `queen.lane_journal_{current % 2}`.
+    current: u64,
+    /// Acks in flight (not yet ended) per journal table.
+    writers: [u32; 2],
+    /// The table not written to has been emptied since it was retired.
+    other_empty: u32,
+}
+
+struct Shared {
+    lock: *mut pg_sys::LWLock,
+    base: *mut u8,
+    layout: Layout,
+}
+
+static mut SHARED: Option<Shared> = None;
+
+/// One lane this transaction holds or changed, for the end of the transaction.
+struct Held {
+    key: LaneKey,
+    /// The subtransaction that saved `found`.
+    subxact: u32,
+    /// The state before this subtransaction's first change: restored on abort.
+    found: State,
+    /// This entry took the lock (its abort releases it).
+    locked: bool,
+}
+
+thread_local! {
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
+    /// The journal table this transaction wrote to, if any.
+    static WROTE: Cell<Option<usize>> = const { Cell::new(None) };
+    static LOADING: Cell<Option<LaneKey>> = const { Cell::new(None) };
+}
+
+/// Called from `_PG_init` while preloading: the sizes of shared memory.
+pub fn init() {
+    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    GucRegistry::define_int_guc(
+        c"queen.tracked_lanes",
+        c"Lanes (partition x consumer group) whose cursor and lease queen keeps in shared memory at once.",
+        c"An idle lane beyond this is dropped and read back from the database when used again.",
+        &TRACKED_LANES,
+        16,
+        1 << 22,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"queen.max_leases",
+        c"Live leases (one per pop that claimed something) queen keeps at once.",
+        c"Past it, expired leases make room; a pop that finds no room fails with SQLSTATE 53400.",
+        &MAX_LEASES,
+        16,
+        1 << 22,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+}
+
+fn layout() -> Layout {
+    Layout::new(TRACKED_LANES.get() as usize, MAX_LEASES.get() as usize)
+}
+
+fn journal_at(l: Layout) -> usize {
+    l.size().next_multiple_of(8)
+}
+
+/// Bytes of shared memory the registry and the journal's state take.
+pub fn shmem_size() -> usize {
+    journal_at(layout()) + std::mem::size_of::<Journal>()
+}
+
+/// Formats the registry (or attaches to it): `shmem` calls this once per process.
+pub fn shmem_init((base, found): (*mut u8, bool)) {
+    let layout = layout();
+    // SAFETY: the tranche was requested in the shmem request hook; `base` points at
+    // shmem_size() bytes, fresh when !found, and the caller holds AddinShmemInitLock.
+    unsafe {
+        let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
+        SHARED = Some(Shared { lock, base, layout });
+        if !found {
+            let (h, lanes, leases, journal) = parts(base, layout);
+            Registry::format(h, lanes, leases, TRACKED_LANES.get() as usize, MAX_LEASES.get() as usize);
+            *journal = Journal { other_empty: 1, ..Journal::default() };
+        }
+    }
+}
+
+/// The registry's parts inside its block.
+///
+/// SAFETY (for callers): `base` is the block laid out by `l`, and the caller holds the
+/// lock in a mode that fits what it does with the parts.
+#[allow(clippy::type_complexity)]
+unsafe fn parts<'a>(
+    base: *mut u8,
+    l: Layout,
+) -> (&'a mut Header, &'a mut [LaneSlot], &'a mut [LeaseSlot], &'a mut Journal) {
+    // SAFETY: every part lies inside the block Layout sized, 8-byte aligned, disjoint.
+    unsafe {
+        (
+            &mut *(base as *mut Header),
+            std::slice::from_raw_parts_mut(base.add(l.lanes_at()) as *mut LaneSlot, l.lanes),
+            std::slice::from_raw_parts_mut(base.add(l.leases_at()) as *mut LeaseSlot, l.leases),
+            &mut *(base.add(journal_at(l)) as *mut Journal),
+        )
+    }
+}
+
+/// True when the registry exists (the library was preloaded).
+pub fn enabled() -> bool {
+    // SAFETY: SHARED is written once per process, before any query runs.
+    unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
+}
+
+fn shared() -> &'static Shared {
+    // SAFETY: as in `enabled`; callers check `enabled` first.
+    unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen lanes: shared memory not set up") }
+}
+
+fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>, &mut Journal) -> R) -> R {
+    let s = shared();
+    // SAFETY: the lock guards the registry; `f` is pure Rust that raises no ERROR, so the
+    // lock is released here (an ERROR elsewhere releases every LWLock).
+    unsafe {
+        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let (h, lanes, leases, journal) = parts(s.base, s.layout);
+        let out = f(&mut Registry::new(h, lanes, leases), journal);
+        pg_sys::LWLockRelease(s.lock);
+        out
+    }
+}
+
+fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
+    let s = shared();
+    // SAFETY: as `with_registry`; readers only read.
+    unsafe {
+        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_SHARED);
+        let (h, lanes, leases, _) = parts(s.base, s.layout);
+        let out = f(&View::new(h, lanes, leases));
+        pg_sys::LWLockRelease(s.lock);
+        out
+    }
+}
+
+fn owner() -> u32 {
+    // SAFETY: this backend's id, 1..=MaxBackends for every process running queen's code.
+    (unsafe { pg_sys::MyBackendId } - 1) as u32
+}
+
+fn me() -> Holder {
+    // SAFETY: MyProc is this backend's PGPROC, set for every backend.
+    let (backend, lxid) = unsafe { ((*pg_sys::MyProc).backendId, (*pg_sys::MyProc).lxid) };
+    Holder { owner: owner(), vxid_backend: backend, vxid_local: lxid }
+}
+
+fn subxact() -> u32 {
+    // SAFETY: a plain read of the transaction state.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
+fn full(what: &str) -> ! {
+    errors::raise(
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!("queen: {what}; raise it in postgresql.conf (takes a restart)"),
+    )
+}
+
+/// The key of a lane.
+pub fn key(partition_id: pgrx::Uuid, group: &str) -> LaneKey {
+    LaneKey { partition: *partition_id.as_bytes(), group: group_hash(group) }
+}
+
+/// A lane's state as this transaction sees it (loading it first if needed), and whether
+/// another transaction holds it.
+pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
+    let k = key(partition_id, group);
+    let mine = owner();
+    loop {
+        match with_view(|v| v.lane(&k)) {
+            Seen::Ready(s, h) => return (s, h.is_some_and(|h| h.owner != mine)),
+            Seen::Loading => wait_a_moment(),
+            Seen::Unknown => load(partition_id, group),
+        }
+    }
+}
+
+/// A lease's queue, group and lanes, if some lane still holds it.
+pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
+    with_view(|v| v.lease(lease_id.as_bytes()))
+}
+
+fn wait_a_moment() {
+    // SAFETY: a plain sleep; interrupts are checked right after.
+    unsafe { pg_sys::pg_usleep(100) };
+    pgrx::check_for_interrupts!();
+}
+
+/// Brings a lane into the registry from the database: `queen.lanes`, and the newest
+/// journal entry, if one is newer.
+fn load(partition_id: pgrx::Uuid, group: &str) {
+    let k = key(partition_id, group);
+    let me = owner();
+    match with_registry(|r, _| r.begin_load(&k, me, crate::spi::clock_now())) {
+        Load::Ready => {}
+        Load::Loading => wait_a_moment(),
+        Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
+        Load::Mine => {
+            LOADING.with(|l| l.set(Some(k)));
+            let (committed, retry, seq) = Spi::connect_mut(|client| stored(client, partition_id, group));
+            // SAFETY: a plain read of the current database's id.
+            let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+            with_registry(|r, _| r.finish_load(&k, me, committed, retry, seq, db));
+            LOADING.with(|l| l.set(None));
+        }
+    }
+}
+
+/// A lane's durable cursor, retry count and journal number (a lane with no row: 0s).
+fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> (i64, i32, i64) {
+    let row = run(
+        client,
+        "SELECT j.committed, j.retry_count, j.seq FROM (
+           (SELECT committed, batch_retry_count AS retry_count, journal_seq AS seq FROM queen.lanes
+             WHERE partition_id = $1 AND consumer_group = $2)
+           UNION ALL
+           (SELECT committed, retry_count, seq FROM queen.lane_journal_0
+             WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
+           UNION ALL
+           (SELECT committed, retry_count, seq FROM queen.lane_journal_1
+             WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
+         ) j ORDER BY j.seq DESC LIMIT 1",
+        &[partition_id.into(), group.into()],
+    );
+    let Some(row) = row.into_iter().next() else { return (0, 0, 0) };
+    (row.get(1).or_raise().unwrap_or(0), row.get(2).or_raise().unwrap_or(0), row.get(3).or_raise().unwrap_or(0))
+}
+
+/// Locks a lane for this transaction; `wait`: wait for another holder (else None when
+/// held). Returns the state this transaction sees.
+pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> {
+    let k = key(partition_id, group);
+    let holder = me();
+    let sub = subxact();
+    loop {
+        match with_registry(|r, _| r.lock(&k, holder)) {
+            Ok((s, took)) => {
+                remember(k, sub, s, took);
+                return Some(s);
+            }
+            Err(Busy::Unknown) => load(partition_id, group),
+            Err(Busy::Loading) => wait_a_moment(),
+            Err(Busy::Held(_)) if !wait => return None,
+            Err(Busy::Held(h)) => {
+                let vxid = pg_sys::VirtualTransactionId { backendId: h.vxid_backend, localTransactionId: h.vxid_local };
+                // SAFETY: waits, in the lock manager (so deadlocks are detected), for that
+                // virtual transaction to end; returns at once if it already has.
+                unsafe { pg_sys::VirtualXactLock(vxid, true) };
+                pgrx::check_for_interrupts!();
+            }
+        }
+    }
+}
+
+/// Keeps what an abort of the current subtransaction must restore.
+fn remember(k: LaneKey, sub: u32, found: State, locked: bool) {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        if locked || !h.iter().any(|e| e.key == k && e.subxact == sub) {
+            h.push(Held { key: k, subxact: sub, found, locked });
+        }
+    });
+}
+
+/// Sets the state of a lane this transaction holds. `lease`: the queue and group of a new
+/// lease. A change of cursor or retry count takes `journal_seq + 1` (see `journal`).
+pub fn set(partition_id: pgrx::Uuid, group: &str, state: State, lease: Option<(i64, &str)>) {
+    let k = key(partition_id, group);
+    let (mine, now) = (owner(), crate::spi::clock_now());
+    if !with_registry(|r, _| r.set(&k, mine, state, lease, now)) {
+        full("every lease slot holds a live lease (queen.max_leases)");
+    }
+}
+
+/// The journal table an ack of this transaction appends to (counted as a writer until the
+/// transaction ends, so that the worker does not empty it under the ack).
+pub fn journal_table() -> usize {
+    if let Some(t) = WROTE.with(|w| w.get()) {
+        return t;
+    }
+    let t = with_registry(|_, j| {
+        let t = (j.current % 2) as usize;
+        j.writers[t] += 1;
+        t
+    });
+    WROTE.with(|w| w.set(Some(t)));
+    t
+}
+
+/// Appends lanes' new cursors and retry counts to the journal (one statement).
+pub fn journal(client: &mut SpiClient<'_>, group: &str, rows: &[(pgrx::Uuid, State)]) {
+    if rows.is_empty() {
+        return;
+    }
+    let pids: Vec<pgrx::Uuid> = rows.iter().map(|r| r.0).collect();
+    let seqs: Vec<i64> = rows.iter().map(|r| r.1.journal_seq).collect();
+    let committed: Vec<i64> = rows.iter().map(|r| r.1.committed).collect();
+    let retries: Vec<i32> = rows.iter().map(|r| r.1.retry_count).collect();
+    let args = [pids.into(), group.into(), seqs.into(), committed.into(), retries.into()];
+    if journal_table() == 0 {
+        run(
+            client,
+            "INSERT INTO queen.lane_journal_0 (partition_id, consumer_group, seq, committed, retry_count)
+             SELECT u.p, $2, u.s, u.c, u.r FROM unnest($1::uuid[], $3::int8[], $4::int8[], $5::int4[]) AS u(p, s, c, r)",
+            &args,
+        );
+    } else {
+        run(
+            client,
+            "INSERT INTO queen.lane_journal_1 (partition_id, consumer_group, seq, committed, retry_count)
+             SELECT u.p, $2, u.s, u.c, u.r FROM unnest($1::uuid[], $3::int8[], $4::int8[], $5::int4[]) AS u(p, s, c, r)",
+            &args,
+        );
+    }
+}
+
+// ---- the end of a transaction ----
+
+/// Commit: releases every lane this transaction holds. Abort: puts back what it found.
+pub fn end(committed: bool) {
+    let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    let wrote = WROTE.with(|w| w.take());
+    let loading = LOADING.with(|l| l.take());
+    if (held.is_empty() && wrote.is_none() && loading.is_none()) || !enabled() {
+        return;
+    }
+    let mine = owner();
+    with_registry(|r, j| {
+        // Newest first, so that an older save of the same lane is restored last.
+        for e in held.iter().rev() {
+            if committed {
+                if e.locked {
+                    r.unlock(&e.key, mine, None);
+                }
+            } else if e.locked {
+                r.unlock(&e.key, mine, Some(e.found));
+            }
+        }
+        if let Some(t) = wrote {
+            j.writers[t] -= 1;
+        }
+        if let Some(k) = loading {
+            r.abandon_load(&k, mine);
+        }
+    });
+}
+
+/// A subtransaction aborted: its changes are put back, and the locks it took released.
+pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
+    if !enabled() {
+        return;
+    }
+    if let Some(k) = LOADING.with(|l| l.take()).filter(|_| !committed) {
+        let mine = owner();
+        with_registry(|r, _| r.abandon_load(&k, mine));
+    }
+    let undo: Vec<Held> = HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        if committed {
+            for e in h.iter_mut().filter(|e| e.subxact >= sub) {
+                e.subxact = parent;
+            }
+            Vec::new()
+        } else {
+            let (undo, keep): (Vec<Held>, Vec<Held>) =
+                std::mem::take(&mut *h).into_iter().partition(|e| e.subxact >= sub);
+            *h = keep;
+            undo
+        }
+    });
+    if undo.is_empty() {
+        return;
+    }
+    let mine = owner();
+    with_registry(|r, _| {
+        for e in undo.iter().rev() {
+            if e.locked {
+                r.unlock(&e.key, mine, Some(e.found));
+            } else {
+                // Locked by the parent: put back what this subtransaction found, keep the lock.
+                r.set(&e.key, mine, e.found, None, i64::MAX);
+            }
+        }
+    });
+}
+
+// ---- saving cursors and emptying the journal (the background worker) ----
+
+/// Copies changed cursors into `queen.lanes` (lanes the table no longer has are skipped),
+/// then marks them saved. Returns how many.
+pub fn save_cursors(client: &mut SpiClient<'_>) -> usize {
+    // SAFETY: a plain read of the current database's id.
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let dirty = with_registry(|r, _| r.dirty(db));
+    if dirty.is_empty() {
+        return 0;
+    }
+    let parts: Vec<pgrx::Uuid> = dirty.iter().map(|(k, _)| pgrx::Uuid::from_bytes(k.partition)).collect();
+    let groups: Vec<Vec<u8>> = dirty.iter().map(|(k, _)| k.group.to_vec()).collect();
+    let committed: Vec<i64> = dirty.iter().map(|(_, s)| s.committed).collect();
+    let retries: Vec<i32> = dirty.iter().map(|(_, s)| s.retry_count).collect();
+    let seqs: Vec<i64> = dirty.iter().map(|(_, s)| s.journal_seq).collect();
+    // The lanes table knows groups by name, the registry by hash: match on both keys.
+    run(
+        client,
+        "UPDATE queen.lanes l SET committed = v.c, batch_retry_count = v.r, journal_seq = v.s
+           FROM unnest($1::uuid[], $2::bytea[], $3::int8[], $4::int4[], $5::int8[]) AS v(p, g, c, r, s)
+          WHERE l.partition_id = v.p AND queen._group_hash(l.consumer_group) = v.g AND l.journal_seq < v.s",
+        &[parts.into(), groups.into(), committed.into(), retries.into(), seqs.into()],
+    );
+    with_registry(|r, _| {
+        for (k, s) in &dirty {
+            r.saved(k, s);
+        }
+    });
+    dirty.len()
+}
+
+/// One round of the journal's rotation: when the idle table is empty, make it current;
+/// once no ack writes to the retired one any more and every cursor is saved, empty the
+/// retired one (TRUNCATE, without waiting for a lock: else next round).
+pub fn rotate_journal(client: &mut SpiClient<'_>) {
+    let (retired, writers, other_empty) = with_registry(|_, j| {
+        let retired = ((j.current + 1) % 2) as usize;
+        (retired, j.writers[retired], j.other_empty)
+    });
+    if other_empty == 1 {
+        with_registry(|_, j| {
+            j.current += 1;
+            j.other_empty = 0;
+        });
+        return; // the table just retired may still have writers: empty it next round
+    }
+    if writers > 0 {
+        return;
+    }
+    save_cursors(client);
+    let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
+    if crate::spi::first_value::<bool>(emptied).unwrap_or(false) {
+        with_registry(|_, j| j.other_empty = 1);
+    }
+}
+
+/// `queen._group_hash(name)`: the lane registry's hash of a consumer group's name.
+#[pg_extern(name = "_group_hash", immutable, parallel_safe)]
+fn group_hash_sql(name: &str) -> Vec<u8> {
+    group_hash(name).to_vec()
+}
+
+// ---- SQL helpers (internal, not granted) ----
+
+/// `queen._lane(...)`: a lane's live state, for `status` and `totals`. With the registry
+/// its state; without, the row's own columns (passed in).
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[pg_extern(name = "_lane", volatile, parallel_unsafe)]
+fn lane_sql(
+    partition_id: pgrx::Uuid,
+    consumer_group: &str,
+    committed: i64,
+    lease_id: Option<pgrx::Uuid>,
+    lease_expires_at: Option<pgrx::datum::TimestampWithTimeZone>,
+    batch_end: Option<i64>,
+    retry_count: i32,
+    attempt_count: i32,
+) -> TableIterator<
+    'static,
+    (
+        name!(committed, i64),
+        name!(lease_id, Option<pgrx::Uuid>),
+        name!(lease_expires_at, Option<pgrx::datum::TimestampWithTimeZone>),
+        name!(batch_end, Option<i64>),
+        name!(retry_count, i32),
+        name!(attempt_count, i32),
+    ),
+> {
+    if !enabled() {
+        return TableIterator::once((committed, lease_id, lease_expires_at, batch_end, retry_count, attempt_count));
+    }
+    let (s, _) = view(partition_id, consumer_group);
+    let lease = s.has_lease().then(|| pgrx::Uuid::from_bytes(s.lease_id));
+    TableIterator::once((
+        s.committed,
+        lease,
+        lease.map(|_| crate::spi::timestamptz(s.lease_expires)),
+        lease.map(|_| s.batch_end),
+        s.retry_count,
+        s.attempt_count,
+    ))
+}
+
+/// `queen._forget_lanes(partition_ids, groups)`: `delete_queue` removes these lanes.
+#[pg_extern(name = "_forget_lanes", volatile)]
+fn forget_lanes_sql(partition_ids: Option<Vec<pgrx::Uuid>>, groups: Option<Vec<String>>) {
+    if !enabled() {
+        return;
+    }
+    let keys: Vec<LaneKey> = partition_ids
+        .unwrap_or_default()
+        .into_iter()
+        .zip(groups.unwrap_or_default())
+        .map(|(p, g)| key(p, &g))
+        .collect();
+    with_registry(|r, _| r.forget(&keys));
+}
+
+/// `queen._expire_lease(lease_id)`: ends a lease now, as if it had expired. Returns how
+/// many lanes it held.
+#[pg_extern(name = "_expire_lease", volatile)]
+#[search_path(pg_catalog, pg_temp)]
+fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
+    let now = crate::spi::clock_now();
+    if !enabled() {
+        return Spi::connect_mut(|client| {
+            crate::spi::first_value::<i64>(run(
+                client,
+                "WITH e AS (UPDATE queen.lanes SET lease_expires_at = $2 WHERE lease_id = $1 AND lease_expires_at > $2
+                            RETURNING 1)
+                 SELECT count(*)::int8 FROM e",
+                &[lease_id.into(), crate::spi::timestamptz(now - 1).into()],
+            ))
+            .unwrap_or(0)
+        });
+    }
+    let Some(info) = lease(lease_id) else { return 0 };
+    let mut n = 0;
+    for k in info.lanes {
+        let pid = pgrx::Uuid::from_bytes(k.partition);
+        if let Some(s) = lock(pid, &info.group, true) {
+            if s.lease_id == *lease_id.as_bytes() && s.live_lease(now) {
+                set(pid, &info.group, State { lease_expires: now - 1, ..s }, None);
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// `queen._claimable(partition_id, consumer_group, head)`: for a pop's scan of its lanes,
+/// the partition's readable end when the lane can be claimed now (no live lease, no other
+/// transaction holding it, messages past its cursor), else NULL.
+#[pg_extern(name = "_claimable", volatile, parallel_unsafe)]
+fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
+    let (s, held) = view(partition_id, consumer_group);
+    if held || s.live_lease(crate::spi::clock_now()) {
+        return None;
+    }
+    let readable = crate::offsets::readable(partition_id, head);
+    (s.committed < readable).then_some(readable)
+}
+
+/// `queen._committed(partition_id, consumer_group, committed)`: a lane's live cursor (with
+/// the registry; else the row's, passed in). For retention's floor.
+#[pg_extern(name = "_committed", volatile, parallel_unsafe)]
+fn committed_sql(partition_id: pgrx::Uuid, consumer_group: &str, committed: i64) -> i64 {
+    if !enabled() {
+        return committed;
+    }
+    view(partition_id, consumer_group).0.committed
+}
