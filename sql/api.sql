@@ -305,6 +305,7 @@ BEGIN
 EXCEPTION WHEN lock_not_available THEN
   RETURN false;
 END $$;
+REVOKE ALL ON FUNCTION queen._empty_journal(int) FROM PUBLIC;
 COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: empty a saved lane journal table (background worker); not granted';
 COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS 'queen internal: a lane''s live state (status, totals); not granted';
 COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS 'queen internal: a lane''s readable end when a pop may claim it (pop''s scan); not granted';

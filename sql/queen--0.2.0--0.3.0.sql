@@ -5,7 +5,8 @@
 --
 -- 0.3.0: pushes reserve offsets without holding their partition row (an offset registry
 -- in shared memory; gaps where a push aborts), small pushes write to a fresh tier that
--- compaction merges, and push / push_batch are C functions with no SET clause.
+-- compaction merges, push / push_batch are C functions with no SET clause, and a lane's
+-- live state (cursor, lease) is kept in shared memory, with a journal of acks.
 
 -- The fresh tier: the segment of each push of fewer than 64 messages to a partition, until
 -- compaction (src/compaction.rs) merges a run of them into one row of queen.segments. Its
@@ -24,6 +25,28 @@ COMMENT ON TABLE queen.fresh_segments IS 'queen: segments of small pushes, until
 REVOKE ALL ON queen.fresh_segments FROM PUBLIC;
 COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages: large pushes and compacted runs';
 
+-- The lane journal, and the journal number of the cursor saved in each lane row.
+ALTER TABLE queen.lanes ADD COLUMN journal_seq bigint NOT NULL DEFAULT 0;
+-- With shared_preload_libraries = 'queen', a lane's live state (cursor, retry count,
+-- lease) is kept in shared memory (src/lanes.rs) and queen.lanes holds the cursor and
+-- retry count as of the last save by the background worker: every ack appends the new
+-- ones here, to the table the registry names as current, and the worker empties the other
+-- one with TRUNCATE once it has saved them (so nothing here outlives a few seconds, even
+-- while a long transaction holds the xmin horizon back). Without preloading these stay
+-- empty and queen.lanes is current.
+CREATE TABLE queen.lane_journal_0 (
+    partition_id   uuid   NOT NULL,
+    consumer_group text   NOT NULL,
+    seq            bigint NOT NULL,
+    committed      bigint NOT NULL,
+    retry_count    int    NOT NULL,
+    PRIMARY KEY (partition_id, consumer_group, seq)
+);
+COMMENT ON TABLE queen.lane_journal_0 IS 'queen: cursors and retry counts acks committed (one of two tables used in turn)';
+CREATE TABLE queen.lane_journal_1 (LIKE queen.lane_journal_0 INCLUDING ALL);
+COMMENT ON TABLE queen.lane_journal_1 IS 'queen: cursors and retry counts acks committed (one of two tables used in turn)';
+REVOKE ALL ON queen.lane_journal_0, queen.lane_journal_1 FROM PUBLIC;
+
 -- push and push_batch become the C functions themselves (same signature, privileges and
 -- comment; no SET clause: they pin their search path in the library).
 CREATE OR REPLACE FUNCTION queen.push(
@@ -40,15 +63,16 @@ AS 'MODULE_PATHNAME', 'push_batch_wrapper';
 DROP FUNCTION queen._push(text, jsonb, text, text);
 DROP FUNCTION queen._push_batch(jsonb);
 
+-- New internal functions (not granted) and queen.compact.
 CREATE FUNCTION queen."_readable"(
 	"partition_id" uuid, /* pgrx :: Uuid */
 	"head" bigint /* i64 */
 ) RETURNS bigint /* i64 */
-STRICT VOLATILE PARALLEL UNSAFE
+STRICT VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'readable_sql_wrapper';
 CREATE FUNCTION queen."_queues_changed"() RETURNS void
-STRICT VOLATILE
+STRICT VOLATILE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'queues_changed_wrapper';
 CREATE FUNCTION queen."compact"(
@@ -57,15 +81,94 @@ CREATE FUNCTION queen."compact"(
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'compact_wrapper';
+CREATE FUNCTION queen."_group_hash"(
+	"name" TEXT /* & str */
+) RETURNS bytea /* Vec < u8 > */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'group_hash_sql_wrapper';
+CREATE FUNCTION queen."_lane"(
+	"partition_id" uuid, /* pgrx :: Uuid */
+	"consumer_group" TEXT, /* & str */
+	"committed" bigint, /* i64 */
+	"lease_id" uuid, /* Option < pgrx :: Uuid > */
+	"lease_expires_at" timestamp with time zone, /* Option < pgrx :: datum :: TimestampWithTimeZone > */
+	"batch_end" bigint, /* Option < i64 > */
+	"retry_count" INT, /* i32 */
+	"attempt_count" INT /* i32 */
+) RETURNS TABLE (
+	"committed" bigint,  /* i64 */
+	"lease_id" uuid,  /* Option < pgrx :: Uuid > */
+	"lease_expires_at" timestamp with time zone,  /* Option < pgrx :: datum :: TimestampWithTimeZone > */
+	"batch_end" bigint,  /* Option < i64 > */
+	"retry_count" INT,  /* i32 */
+	"attempt_count" INT  /* i32 */
+)
+VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'lane_sql_wrapper';
+CREATE FUNCTION queen."_forget_lanes"(
+	"partition_ids" uuid[], /* :: std :: option :: Option < Vec < pgrx :: Uuid > > */
+	"groups" TEXT[] /* :: std :: option :: Option < Vec < String > > */
+) RETURNS void
+VOLATILE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'forget_lanes_sql_wrapper';
+CREATE FUNCTION queen."_expire_lease"(
+	"lease_id" uuid /* pgrx :: Uuid */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'expire_lease_sql_wrapper';
+CREATE FUNCTION queen."_claimable"(
+	"partition_id" uuid, /* pgrx :: Uuid */
+	"consumer_group" TEXT, /* & str */
+	"head" bigint /* i64 */
+) RETURNS bigint /* Option < i64 > */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claimable_sql_wrapper';
+CREATE FUNCTION queen."_committed"(
+	"partition_id" uuid, /* pgrx :: Uuid */
+	"consumer_group" TEXT, /* & str */
+	"committed" bigint /* i64 */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'committed_sql_wrapper';
 ALTER FUNCTION queen.compact(text) SECURITY DEFINER;
-REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text) FROM PUBLIC;
+CREATE FUNCTION queen._empty_journal(t int) RETURNS bool
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF t = 0 THEN
+    LOCK TABLE queen.lane_journal_0 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    TRUNCATE queen.lane_journal_0;
+  ELSE
+    LOCK TABLE queen.lane_journal_1 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    TRUNCATE queen.lane_journal_1;
+  END IF;
+  RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+  RETURN false;
+END $$;
+REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text), queen._group_hash(text), queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int), queen._forget_lanes(uuid[], text[]), queen._expire_lease(uuid), queen._claimable(uuid, text, bigint), queen._committed(uuid, text, bigint), queen._empty_journal(int) FROM PUBLIC;
+COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
+COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';
-COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
-COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
+COMMENT ON FUNCTION queen._group_hash(text) IS 'queen internal: the lane registry''s hash of a group name; not granted';
+COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS 'queen internal: a lane''s live state (status, totals); not granted';
+COMMENT ON FUNCTION queen._forget_lanes(uuid[], text[]) IS 'queen internal: the lane registry forgets lanes (delete_queue); not granted';
+COMMENT ON FUNCTION queen._expire_lease(uuid) IS 'queen internal: end a lease now, as if it had expired (tests); not granted';
+COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS 'queen internal: a lane''s readable end when a pop may claim it (pop''s scan); not granted';
+COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS 'queen internal: a lane''s live cursor (retention); not granted';
+COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: empty a saved lane journal table (background worker); not granted';
 
--- status, totals and delete_queue read the readable end and both tiers (CREATE OR REPLACE
--- keeps their privileges and comments).
+-- status, totals and delete_queue read the readable end, the live lane state and both
+-- tiers (CREATE OR REPLACE keeps their privileges and comments).
 CREATE OR REPLACE FUNCTION queen.status(queue text DEFAULT NULL) RETURNS SETOF queen.lane_status
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -73,17 +176,19 @@ AS $$
 BEGIN
   -- Only a live lease is shown; an expired one is as good as none.
   RETURN QUERY
-    SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, l.committed,
-           r.head - l.committed,
-           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_id END,
-           CASE WHEN l.lease_expires_at > clock_timestamp() THEN l.lease_expires_at END,
-           l.batch_end, l.batch_retry_count, l.attempt_count,
+    SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, v.committed,
+           r.head - v.committed,
+           CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_id END,
+           CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_expires_at END,
+           v.batch_end, v.retry_count, v.attempt_count,
            (SELECT count(*) FROM queen.log_dlq d
              WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group)
       FROM queen.lanes l
       JOIN queen.partitions p ON p.partition_id = l.partition_id
       JOIN queen.queues q ON q.queue_id = l.queue_id
      CROSS JOIN LATERAL (SELECT queen._readable(p.partition_id, p.head) AS head) r
+     CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
+                                    l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
      WHERE status.queue IS NULL OR q.name = status.queue
      ORDER BY q.name, p.name, l.consumer_group;
 END $$;
@@ -103,11 +208,13 @@ BEGIN
        WHERE totals.queue IS NULL OR q.name = totals.queue
     ), g AS (
       SELECT l.queue_id, l.consumer_group,
-             sum(l.committed)::int8 AS committed,
-             sum(queen._readable(p.partition_id, p.head) - l.committed)::int8 AS lag,
-             count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS leased
+             sum(v.committed)::int8 AS committed,
+             sum(queen._readable(p.partition_id, p.head) - v.committed)::int8 AS lag,
+             count(*) FILTER (WHERE v.lease_expires_at > clock_timestamp()) AS leased
         FROM queen.lanes l
         JOIN queen.partitions p ON p.partition_id = l.partition_id
+       CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
+                                      l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
        WHERE l.queue_id IN (SELECT queue_id FROM q)
        GROUP BY l.queue_id, l.consumer_group
     ), d AS (
@@ -155,6 +262,9 @@ BEGIN
   n_segments := n_segments + n_fresh;
   DELETE FROM queen.dedup d USING queen.partitions p
    WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
+  -- The lane registry forgets the queue's lanes (src/lanes.rs).
+  PERFORM queen._forget_lanes(array_agg(l.partition_id), array_agg(l.consumer_group))
+     FROM queen.lanes l WHERE l.queue_id = qid;
   DELETE FROM queen.lanes l WHERE l.queue_id = qid;
   DELETE FROM queen.leases le WHERE le.queue_id = qid;
   DELETE FROM queen.log_dlq d WHERE d.queue_id = qid;

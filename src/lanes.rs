@@ -81,6 +81,8 @@ thread_local! {
     /// The journal table this transaction wrote to, if any.
     static WROTE: Cell<Option<usize>> = const { Cell::new(None) };
     static LOADING: Cell<Option<LaneKey>> = const { Cell::new(None) };
+    /// (The worker) queen.leases holds nothing from a version without the registry.
+    static OLD_LEASES_GONE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Called from `_PG_init` while preloading: the sizes of shared memory.
@@ -240,6 +242,25 @@ pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
 
 /// A lease's queue, group and lanes, if some lane still holds it.
 pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
+    if let Some(info) = with_view(|v| v.lease(lease_id.as_bytes())) {
+        return Some(info);
+    }
+    // A lease taken by a version without the registry (before an upgrade) is in
+    // queen.leases, and its lanes' rows carry it: loading them takes it over while live.
+    let (group, pids) = Spi::connect_mut(|client| {
+        let rows = run(
+            client,
+            "SELECT consumer_group, partition_ids FROM queen.leases WHERE lease_id = $1 AND expires_at > now()",
+            &[lease_id.into()],
+        );
+        let r = rows.into_iter().next()?;
+        let group: String = r.get(1).or_raise()?;
+        let pids: Vec<pgrx::Uuid> = r.get(2).or_raise()?;
+        Some((group, pids))
+    })?;
+    for pid in pids {
+        view(pid, &group);
+    }
     with_view(|v| v.lease(lease_id.as_bytes()))
 }
 
@@ -260,33 +281,53 @@ fn load(partition_id: pgrx::Uuid, group: &str) {
         Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
         Load::Mine => {
             LOADING.with(|l| l.set(Some(k)));
-            let (committed, retry, seq) = Spi::connect_mut(|client| stored(client, partition_id, group));
+            let (state, queue_id) = Spi::connect_mut(|client| stored(client, partition_id, group));
             // SAFETY: a plain read of the current database's id.
             let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-            with_registry(|r, _| r.finish_load(&k, me, committed, retry, seq, db));
+            let now = crate::spi::clock_now();
+            with_registry(|r, _| r.finish_load(&k, me, state, Some((queue_id, group)), db, now));
             LOADING.with(|l| l.set(None));
         }
     }
 }
 
-/// A lane's durable cursor, retry count and journal number (a lane with no row: 0s).
-fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> (i64, i32, i64) {
+/// A lane's stored state: its cursor, retry count and journal number (from `queen.lanes`,
+/// or the newest journal entry when it is newer), the lease the row still carries from a
+/// version without the registry (taken over if live), and the lane's queue.
+fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> (State, i64) {
     let row = run(
         client,
-        "SELECT j.committed, j.retry_count, j.seq FROM (
-           (SELECT committed, batch_retry_count AS retry_count, journal_seq AS seq FROM queen.lanes
-             WHERE partition_id = $1 AND consumer_group = $2)
-           UNION ALL
-           (SELECT committed, retry_count, seq FROM queen.lane_journal_0
-             WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
-           UNION ALL
-           (SELECT committed, retry_count, seq FROM queen.lane_journal_1
-             WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
-         ) j ORDER BY j.seq DESC LIMIT 1",
+        "SELECT l.queue_id, l.lease_id,
+                (extract(epoch FROM l.lease_expires_at - '2000-01-01 UTC') * 1000000)::int8,
+                l.batch_end, l.claim_start, l.attempt_count, j.committed, j.retry_count, j.seq
+           FROM queen.lanes l
+          CROSS JOIN LATERAL (
+             SELECT x.committed, x.retry_count, x.seq FROM (
+               SELECT l.committed, l.batch_retry_count AS retry_count, l.journal_seq AS seq
+               UNION ALL
+               (SELECT committed, retry_count, seq FROM queen.lane_journal_0
+                 WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
+               UNION ALL
+               (SELECT committed, retry_count, seq FROM queen.lane_journal_1
+                 WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
+             ) x ORDER BY x.seq DESC LIMIT 1) j
+          WHERE l.partition_id = $1 AND l.consumer_group = $2",
         &[partition_id.into(), group.into()],
     );
-    let Some(row) = row.into_iter().next() else { return (0, 0, 0) };
-    (row.get(1).or_raise().unwrap_or(0), row.get(2).or_raise().unwrap_or(0), row.get(3).or_raise().unwrap_or(0))
+    let Some(r) = row.into_iter().next() else { return (State::default(), 0) };
+    let lease: Option<pgrx::Uuid> = r.get(2).or_raise();
+    let state = State {
+        committed: r.get(7).or_raise().unwrap_or(0),
+        retry_count: r.get(8).or_raise().unwrap_or(0),
+        journal_seq: r.get(9).or_raise().unwrap_or(0),
+        lease_id: lease.map_or([0; 16], |l| *l.as_bytes()),
+        lease_expires: r.get(3).or_raise().unwrap_or(0),
+        batch_end: r.get(4).or_raise().unwrap_or(0),
+        claim_start: r.get(5).or_raise().unwrap_or(0),
+        attempt_count: r.get(6).or_raise().unwrap_or(0),
+        last_claimed: 0,
+    };
+    (state, r.get(1).or_raise().unwrap_or(0))
 }
 
 /// Locks a lane for this transaction; `wait`: wait for another holder (else None when
@@ -450,7 +491,8 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
 // ---- saving cursors and emptying the journal (the background worker) ----
 
 /// Copies changed cursors into `queen.lanes` (lanes the table no longer has are skipped),
-/// then marks them saved. Returns how many.
+/// then marks them saved. Returns how many. A saved row drops any lease it carried from a
+/// version without the registry: the registry has it now.
 pub fn save_cursors(client: &mut SpiClient<'_>) -> usize {
     // SAFETY: a plain read of the current database's id.
     let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
@@ -466,7 +508,8 @@ pub fn save_cursors(client: &mut SpiClient<'_>) -> usize {
     // The lanes table knows groups by name, the registry by hash: match on both keys.
     run(
         client,
-        "UPDATE queen.lanes l SET committed = v.c, batch_retry_count = v.r, journal_seq = v.s
+        "UPDATE queen.lanes l SET committed = v.c, batch_retry_count = v.r, journal_seq = v.s,
+                lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
            FROM unnest($1::uuid[], $2::bytea[], $3::int8[], $4::int4[], $5::int8[]) AS v(p, g, c, r, s)
           WHERE l.partition_id = v.p AND queen._group_hash(l.consumer_group) = v.g AND l.journal_seq < v.s",
         &[parts.into(), groups.into(), committed.into(), retries.into(), seqs.into()],
@@ -483,6 +526,17 @@ pub fn save_cursors(client: &mut SpiClient<'_>) -> usize {
 /// once no ack writes to the retired one any more and every cursor is saved, empty the
 /// retired one (TRUNCATE, without waiting for a lock: else next round).
 pub fn rotate_journal(client: &mut SpiClient<'_>) {
+    // Leases a version without the registry left in queen.leases: gone once expired (the
+    // registry never writes there), then not looked at again.
+    if !OLD_LEASES_GONE.with(|g| g.get()) {
+        let left = run(
+            client,
+            "WITH d AS (DELETE FROM queen.leases WHERE expires_at < now() RETURNING 1)
+             SELECT (SELECT count(*) FROM queen.leases) - (SELECT count(*) FROM d)",
+            &[],
+        );
+        OLD_LEASES_GONE.with(|g| g.set(crate::spi::first_value::<i64>(left) == Some(0)));
+    }
     let (retired, writers, other_empty) = with_registry(|_, j| {
         let retired = ((j.current + 1) % 2) as usize;
         (retired, j.writers[retired], j.other_empty)

@@ -393,25 +393,35 @@ impl<'a> Registry<'a> {
         Load::Mine
     }
 
-    /// Ends a load with the lane's durable state: its cursor and retry count, as of the
-    /// journal entry `journal_seq` (or the lanes table when the journal has none), read in
-    /// `database`.
+    /// Ends a load with the lane's durable state, read in `database`: its cursor and retry
+    /// count as of the journal entry `state.journal_seq` (or the lanes table when the
+    /// journal has none). A stored lease (the lanes table of a version that kept leases
+    /// there) is taken over when it is live at `now` and covers a span past the cursor,
+    /// under `lease` (queue id, group); otherwise the lane starts with no lease.
     pub fn finish_load(
         &mut self,
         key: &LaneKey,
         owner: u32,
-        committed: i64,
-        retry_count: i32,
-        journal_seq: i64,
+        state: State,
+        lease: Option<(i64, &str)>,
         database: u32,
+        now: i64,
     ) {
-        if let Ok(i) = find_lane(self.lanes, key) {
-            let s = &mut self.lanes[i];
-            if s.status == LOADING && s.loader == owner {
-                s.status = READY;
-                s.database = database;
-                s.state = State { committed, retry_count, journal_seq, ..State::default() };
-            }
+        let Ok(i) = find_lane(self.lanes, key) else { return };
+        if self.lanes[i].status != LOADING || self.lanes[i].loader != owner {
+            return;
+        }
+        self.lanes[i].status = READY;
+        self.lanes[i].database = database;
+        let bare = State {
+            committed: state.committed,
+            retry_count: state.retry_count,
+            journal_seq: state.journal_seq,
+            ..State::default()
+        };
+        let keep = state.live_lease(now) && state.batch_end > state.committed && lease.is_some();
+        if !(keep && self.set_state(i, state, lease, now)) {
+            self.lanes[i].state = bare;
         }
     }
 
@@ -684,7 +694,7 @@ mod tests {
         }
         fn load(&mut self, k: &LaneKey, committed: i64) {
             assert_eq!(self.reg().begin_load(k, 99, 0), Load::Mine);
-            self.reg().finish_load(k, 99, committed, 0, 0, 1);
+            self.reg().finish_load(k, 99, State { committed, ..State::default() }, None, 1, 0);
         }
         fn state(&mut self, k: &LaneKey) -> State {
             match self.reg().view().lane(k) {
@@ -745,6 +755,21 @@ mod tests {
         assert!(m.reg().holds(&a, &lease(1), 50));
         assert!(!m.reg().holds(&a, &lease(1), 100), "expired at 100");
         assert_eq!(m.reg().view().lane(&a), Seen::Ready(claimed, None));
+    }
+
+    #[test]
+    fn a_stored_lease_is_taken_over_when_live() {
+        let mut m = Mem::new(8, 8);
+        let (a, b) = (key(1, "g"), key(2, "g"));
+        let stored = State { committed: 3, lease_id: lease(5), lease_expires: 100, batch_end: 6, claim_start: 4, ..State::default() };
+        m.reg().begin_load(&a, 0, 50);
+        m.reg().finish_load(&a, 0, stored, Some((7, "g")), 1, 50);
+        assert_eq!(m.state(&a), stored);
+        assert_eq!(m.reg().view().lease(&lease(5)).map(|l| (l.queue_id, l.lanes)), Some((7, vec![a])));
+        // Expired, or over a span the cursor has passed: not taken over.
+        m.reg().begin_load(&b, 0, 150);
+        m.reg().finish_load(&b, 0, stored, Some((7, "g")), 1, 150);
+        assert!(!m.state(&b).has_lease());
     }
 
     #[test]
@@ -869,7 +894,7 @@ mod tests {
                         let k = keys[lane as usize];
                         if !model.contains_key(&lane) {
                             match m.reg().begin_load(&k, owner, now) {
-                                Load::Mine => { m.reg().finish_load(&k, owner, 0, 0, 0, 1); model.insert(lane, State::default()); }
+                                Load::Mine => { m.reg().finish_load(&k, owner, State::default(), None, 1, now); model.insert(lane, State::default()); }
                                 Load::Full => continue,
                                 other => prop_assert!(false, "{:?}", other),
                             }
