@@ -1,8 +1,11 @@
 //! queen-bench: queen side by side with PgQ, a SKIP LOCKED job table (the pgmq / pg-boss /
 //! River pattern) and the raw row-insert limit, on one cluster with one set of settings.
 //!
-//! `queen-bench --dsn DSN [--smoke] [--out BENCHMARKS.md]`. `--smoke` runs every scenario
-//! for a moment on tiny sizes, with no thresholds: it keeps the bench from rotting.
+//! `queen-bench --dsn DSN [--smoke] [--out BENCHMARKS.md] [--only a,b] [--held-minutes N]`.
+//! `--smoke` runs every scenario for a moment on tiny sizes, with no thresholds: it keeps
+//! the bench from rotting. The held-snapshot scenario (`held.rs`, half an hour) runs only
+//! when asked for (`--only held`, `make bench-held`) or in the smoke run; it writes its own
+//! section of the output file and leaves the rest as it was (and the others leave it).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,12 +16,17 @@ use std::time::{Duration, Instant};
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};
 
+mod held;
+
 struct Opts {
     dsn: String,
     smoke: bool,
     out: Option<String>,
-    /// Scenario groups to run (push1, push1000, pop, fanout, wake, disk, disk1, scaling); all if empty.
+    /// Scenario groups to run (push1, push1000, pop, fanout, wake, disk, disk1, scaling,
+    /// held); all but held if empty.
     only: Vec<String>,
+    /// Minutes per held-snapshot run.
+    held_minutes: usize,
 }
 
 /// Sizes of a run: the full bench or the smoke run.
@@ -223,6 +231,9 @@ fn pgq_consume_one(c: &mut Client) -> usize {
     n.max(1)
 }
 
+/// Where the held-snapshot section of the output file starts.
+const HELD_MARK: &str = "<!-- held snapshot: written by make bench-held -->\n";
+
 /// Drains per system in the pop + ack scenario (the median counts).
 const POP_REPEATS: usize = 3;
 
@@ -262,13 +273,14 @@ fn machine() -> String {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mut opts = Opts { dsn: String::new(), smoke: false, out: None, only: Vec::new() };
+    let mut opts = Opts { dsn: String::new(), smoke: false, out: None, only: Vec::new(), held_minutes: 5 };
     while let Some(a) = args.next() {
         match a.as_str() {
             "--dsn" => opts.dsn = args.next().expect("--dsn DSN"),
             "--smoke" => opts.smoke = true,
             "--out" => opts.out = args.next(),
             "--only" => opts.only = args.next().expect("--only a,b").split(',').map(str::to_string).collect(),
+            "--held-minutes" => opts.held_minutes = args.next().and_then(|m| m.parse().ok()).expect("--held-minutes N"),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -293,7 +305,9 @@ fn main() {
         }
     };
     let dsn = opts.dsn.clone();
-    let want = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
+    let want = |g: &str| (opts.only.is_empty() && g != "held") || opts.only.iter().any(|o| o == g);
+    let held_on = want("held") || (opts.smoke && opts.only.is_empty());
+    let others_on = ["push1", "push1000", "pop", "fanout", "wake", "disk", "disk1", "scaling"].iter().any(|g| want(g));
     let mut jsonb_floor = f64::NAN;
     let (mut queen_push1_one, mut queen_push1_16, mut insert1, mut pgq1, mut single_bytes) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
@@ -683,6 +697,23 @@ fn main() {
             say(&mut rows, "status scrape, many partitions", what, t.elapsed().as_secs_f64() * 100.0, "ms per call");
         }
     }
+    let mut held_md = None;
+    let mut held_ratios = Vec::new();
+    if held_on {
+        let sizes = if opts.smoke {
+            held::Sizes { minutes: 2, minute: Duration::from_secs(1), backlog: 3_200, pgq_backlog: 3_200 }
+        } else {
+            held::Sizes {
+                minutes: opts.held_minutes,
+                minute: Duration::from_secs(60),
+                backlog: 3_000_000,
+                pgq_backlog: 200_000,
+            }
+        };
+        let (md, ratios) = held::run(&dsn, &sizes);
+        held_md = Some(md);
+        held_ratios = ratios;
+    }
     // ---- ratios against the targets ----
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
@@ -723,11 +754,33 @@ fn main() {
         }
     };
     println!();
-    for (name, v, want) in &targets {
+    if others_on {
+        for (name, v, want) in &targets {
+            println!("{name:<44} {v:>10.2}   target {want:<24} {}", verdict(*v, want));
+        }
+    }
+    for (name, v, want) in &held_ratios {
         println!("{name:<44} {v:>10.2}   target {want:<24} {}", verdict(*v, want));
     }
 
     if let Some(out) = opts.out {
+        // The file keeps the section of whichever part did not run this time.
+        let old = std::fs::read_to_string(&out).unwrap_or_default();
+        let (old_main, old_held) = match old.split_once(HELD_MARK) {
+            Some((m, h)) => (m.to_string(), Some(h.to_string())),
+            None => (old, None),
+        };
+        let mut held_section = held_md.map(|md| {
+            let mut md = md;
+            let _ = writeln!(md, "\n| ratio | measured | target | |\n|---|---|---|---|");
+            for (name, v, want) in &held_ratios {
+                let _ = writeln!(md, "| {name} | {v:.2} | {want} | {} |", verdict(*v, want));
+            }
+            md
+        });
+        if held_section.is_none() {
+            held_section = old_held;
+        }
         let mut md = String::new();
         let _ = writeln!(md, "# queen benchmarks\n");
         let _ = writeln!(md, "Written by `make bench` (bench/src/main.rs). Machine: {}.", machine());
@@ -745,6 +798,12 @@ fn main() {
         let _ = writeln!(md, "\n| ratio | measured | target | |\n|---|---|---|---|");
         for (name, v, want) in &targets {
             let _ = writeln!(md, "| {name} | {v:.2} | {want} | {} |", verdict(*v, want));
+        }
+        if !others_on {
+            md = old_main;
+        }
+        if let Some(h) = held_section {
+            md = format!("{}\n{HELD_MARK}{}", md.trim_end(), h);
         }
         std::fs::write(&out, md).unwrap();
         println!("\nwrote {out}");

@@ -761,7 +761,14 @@ mod tests {
     fn a_stored_lease_is_taken_over_when_live() {
         let mut m = Mem::new(8, 8);
         let (a, b) = (key(1, "g"), key(2, "g"));
-        let stored = State { committed: 3, lease_id: lease(5), lease_expires: 100, batch_end: 6, claim_start: 4, ..State::default() };
+        let stored = State {
+            committed: 3,
+            lease_id: lease(5),
+            lease_expires: 100,
+            batch_end: 6,
+            claim_start: 4,
+            ..State::default()
+        };
         m.reg().begin_load(&a, 0, 50);
         m.reg().finish_load(&a, 0, stored, Some((7, "g")), 1, 50);
         assert_eq!(m.state(&a), stored);

@@ -133,13 +133,10 @@ async fn handler_timeouts_cancel_then_abandon() {
     assert!(!events.contains(&Event::Abandoned { offset: 1 }), "{events:?}");
     assert!(events.contains(&Event::Finished { offset: 1, status: "failed" }), "{events:?}");
     async fn retries(c: &tokio_postgres::Client, q: String) -> i32 {
-        c.query_one(
-            "SELECT retry_count FROM queen.status($1) WHERE consumer_group = 'g'",
-            &[&q],
-        )
-        .await
-        .unwrap()
-        .get::<_, i32>(0)
+        c.query_one("SELECT retry_count FROM queen.status($1) WHERE consumer_group = 'g'", &[&q])
+            .await
+            .unwrap()
+            .get::<_, i32>(0)
     }
     assert_eq!(retries(&c, queue.clone()).await, 1);
 

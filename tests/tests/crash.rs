@@ -129,12 +129,7 @@ fn immediate_stop_loses_nothing_that_returned() {
     }
     assert_eq!(present.len(), rows.len(), "no message stored twice");
     // The group's cursor is one some ack call asked for.
-    let committed: i64 = c
-        .query_one(
-            "SELECT committed FROM queen.status($1) WHERE consumer_group = 'g'",
-            &[&queue],
-        )
-        .unwrap()
-        .get(0);
+    let committed: i64 =
+        c.query_one("SELECT committed FROM queen.status($1) WHERE consumer_group = 'g'", &[&queue]).unwrap().get(0);
     assert!(acked_cursors.lock().unwrap().contains(&committed), "cursor {committed} was set by no ack");
 }

@@ -44,9 +44,7 @@ fn pop_one(c: &mut Client, queue: &str, auto_ack: bool) -> Option<uuid::Uuid> {
 }
 
 fn pop_group(c: &mut Client, queue: &str, group: &str, auto_ack: bool) -> Option<uuid::Uuid> {
-    let rows = c
-        .query("SELECT lease_id FROM queen.pop($1, $2, auto_ack => $3)", &[&queue, &group, &auto_ack])
-        .unwrap();
+    let rows = c.query("SELECT lease_id FROM queen.pop($1, $2, auto_ack => $3)", &[&queue, &group, &auto_ack]).unwrap();
     assert_eq!(rows.len(), 1, "a message was available");
     rows[0].get(0)
 }
