@@ -180,7 +180,6 @@ fn may_start_registry(lease_id: pgrx::Uuid, now: i64) -> Option<(i64, Option<i64
                FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2",
             &[info.queue_id.into(), info.group.as_str().into()],
         )
-        .into_iter()
         .next()
         .map(|r| {
             (

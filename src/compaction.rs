@@ -67,7 +67,7 @@ fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
     let mut done = Done::default();
     Spi::connect_mut(|client| {
         for pid in partitions_to_compact(client, queue) {
-            done.add(compact_partition(client, pid));
+            done.add(compact_partition(client, pid, 0).0);
         }
     });
     JsonB(json!({
@@ -108,24 +108,33 @@ struct Owned {
     created_at: i64,
 }
 
-/// Merges the runs of one partition that `queen_core::compaction::plan` picks.
-pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Done {
+/// Most fresh segments a pass reads from one partition.
+const READ_MAX: usize = 100_000;
+
+/// Merges the runs of one partition that `queen_core::compaction::plan` picks, among its
+/// fresh segments from offset `from` on. Returns what it did and, unless the partition was
+/// busy, the lowest offset a fresh segment of it may still start at once this commits:
+/// where the next pass can start (`from` for it), so that it does not walk the index
+/// entries of segments merged away, which a held snapshot keeps from being removed.
+pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid, from: i64) -> (Done, Option<i64>) {
     let locked = run(
         client,
         "SELECT p.head FROM queen.partitions p WHERE p.partition_id = $1 FOR NO KEY UPDATE SKIP LOCKED",
         &[pid.into()],
     );
     let Some(head) = locked.into_iter().next().map(|r| r.get::<i64>(1).or_raise().unwrap()) else {
-        return Done::default(); // busy (or gone): the next pass
+        return (Done::default(), None); // busy (or gone): the next pass
     };
+    // Every fresh segment at or below the readable end is committed (its reservation has
+    // ended), and any later one starts above it.
     let readable = crate::offsets::readable(pid, head);
     let fresh: Vec<Seg> = run(
         client,
         "SELECT first_offset, last_offset, (extract(epoch FROM created_at - '2000-01-01 UTC') * 1000000)::int8
            FROM queen.fresh_segments
-          WHERE partition_id = $1 AND first_offset <= $2
-          ORDER BY first_offset LIMIT 100000",
-        &[pid.into(), readable.into()],
+          WHERE partition_id = $1 AND first_offset >= $3 AND first_offset <= $2
+          ORDER BY first_offset LIMIT $4",
+        &[pid.into(), readable.into(), from.into(), (READ_MAX as i64).into()],
     )
     .map(|r| Seg {
         fresh: true,
@@ -134,8 +143,9 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Done {
         created_at: r.get(3).or_raise().unwrap(),
     })
     .collect();
+    let complete = fresh.len() < READ_MAX;
     let (Some(lo), Some(hi)) = (fresh.first().map(|s| s.first), fresh.last().map(|s| s.last)) else {
-        return Done::default();
+        return (Done::default(), Some(from.max(readable + 1)));
     };
     // Durable segments between them split runs (offsets of the two tiers never overlap).
     let mut segs: Vec<Seg> = run(
@@ -154,11 +164,16 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Done {
     .collect();
     segs.sort_by_key(|s| s.first);
     let mut done = Done { partitions: 1, ..Done::default() };
+    let mut merged = vec![false; segs.len()];
     for r in plan(&segs, readable, clock_now(), LIMITS) {
         let (first, last) = (segs[r.start].first, segs[r.end - 1].last);
         done.add(merge(client, pid, first, last));
+        merged[r.start..r.end].fill(true);
     }
-    done
+    // The first fresh segment left, else past everything read.
+    let left = segs.iter().zip(&merged).find(|(s, m)| s.fresh && !**m).map(|(s, _)| s.first);
+    let next = left.unwrap_or(if complete { readable + 1 } else { hi + 1 });
+    (done, Some(next))
 }
 
 /// Replaces the fresh segments in `first..=last` by one durable segment with the same

@@ -8,9 +8,12 @@
 //!   nothing to the database;
 //! - an ack changes the cursor in the registry and appends the new cursor and retry count
 //!   to the lane journal (`queen.lane_journal_0` / `_1`), in its own transaction;
-//! - the background worker copies changed cursors into `queen.lanes` every few seconds,
-//!   then empties the journal table no ack writes to any more with TRUNCATE (which a
-//!   long transaction does not hold back).
+//! - every couple of seconds the background worker empties the journal table no ack
+//!   writes to any more, with TRUNCATE (which a long transaction does not hold back),
+//!   after copying into `queen.lanes` the cursors that the other table does not hold a
+//!   newer entry of (`save_cursors`): a lane acked all the time gets no row version,
+//!   one that goes quiet gets one;
+//! - a clean stop of the worker saves every cursor into `queen.lanes`.
 //!
 //! After a crash the registry is rebuilt, lane by lane on first use, from `queen.lanes`
 //! and the newest journal entry: every committed ack is there. Leases are not: their
@@ -295,7 +298,8 @@ fn load(partition_id: pgrx::Uuid, group: &str) {
 /// or the newest journal entry when it is newer), the lease the row still carries from a
 /// version without the registry (taken over if live), and the lane's queue.
 fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> (State, i64) {
-    let row = run(
+    // With a snapshot taken now: a REPEATABLE READ transaction's own may predate acks.
+    let row = crate::spi::first_row_now(
         client,
         "SELECT l.queue_id, l.lease_id,
                 (extract(epoch FROM l.lease_expires_at - '2000-01-01 UTC') * 1000000)::int8,
@@ -313,21 +317,23 @@ fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> 
              ) x ORDER BY x.seq DESC LIMIT 1) j
           WHERE l.partition_id = $1 AND l.consumer_group = $2",
         &[partition_id.into(), group.into()],
+        |r| {
+            let lease: Option<pgrx::Uuid> = r.get(2);
+            let state = State {
+                committed: r.get(7).unwrap_or(0),
+                retry_count: r.get(8).unwrap_or(0),
+                journal_seq: r.get(9).unwrap_or(0),
+                lease_id: lease.map_or([0; 16], |l| *l.as_bytes()),
+                lease_expires: r.get(3).unwrap_or(0),
+                batch_end: r.get(4).unwrap_or(0),
+                claim_start: r.get(5).unwrap_or(0),
+                attempt_count: r.get(6).unwrap_or(0),
+                last_claimed: 0,
+            };
+            (state, r.get(1).unwrap_or(0))
+        },
     );
-    let Some(r) = row.into_iter().next() else { return (State::default(), 0) };
-    let lease: Option<pgrx::Uuid> = r.get(2).or_raise();
-    let state = State {
-        committed: r.get(7).or_raise().unwrap_or(0),
-        retry_count: r.get(8).or_raise().unwrap_or(0),
-        journal_seq: r.get(9).or_raise().unwrap_or(0),
-        lease_id: lease.map_or([0; 16], |l| *l.as_bytes()),
-        lease_expires: r.get(3).or_raise().unwrap_or(0),
-        batch_end: r.get(4).or_raise().unwrap_or(0),
-        claim_start: r.get(5).or_raise().unwrap_or(0),
-        attempt_count: r.get(6).or_raise().unwrap_or(0),
-        last_claimed: 0,
-    };
-    (state, r.get(1).or_raise().unwrap_or(0))
+    row.unwrap_or((State::default(), 0))
 }
 
 /// Locks a lane for this transaction; `wait`: wait for another holder (else None when
@@ -493,10 +499,31 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
 /// Copies changed cursors into `queen.lanes` (lanes the table no longer has are skipped),
 /// then marks them saved. Returns how many. A saved row drops any lease it carried from a
 /// version without the registry: the registry has it now.
-pub fn save_cursors(client: &mut SpiClient<'_>) -> usize {
+///
+/// `unless_in`: the current journal table; a lane with a committed entry there is left
+/// dirty, not saved: that entry is newer than anything the other table holds, so emptying
+/// the other one loses nothing, and a lane acked round after round never updates its row.
+/// Its row is saved once it has been idle for a round. So the rows a pop scans get a new
+/// version only when a lane goes quiet, not every round: under a snapshot that holds the
+/// xmin horizon back, their chains stay short however long it is held.
+pub fn save_cursors(client: &mut SpiClient<'_>, unless_in: Option<usize>) -> usize {
     // SAFETY: a plain read of the current database's id.
     let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    let dirty = with_registry(|r, _| r.dirty(db));
+    let mut dirty = with_registry(|r, _| r.dirty(db));
+    if let (Some(t), false) = (unless_in, dirty.is_empty()) {
+        let parts: Vec<pgrx::Uuid> = dirty.iter().map(|(k, _)| pgrx::Uuid::from_bytes(k.partition)).collect();
+        let sql = if t == 0 {
+            "SELECT DISTINCT j.partition_id, queen._group_hash(j.consumer_group)
+               FROM queen.lane_journal_0 j WHERE j.partition_id = ANY($1)"
+        } else {
+            "SELECT DISTINCT j.partition_id, queen._group_hash(j.consumer_group)
+               FROM queen.lane_journal_1 j WHERE j.partition_id = ANY($1)"
+        };
+        let hot: std::collections::HashSet<(pgrx::Uuid, Vec<u8>)> = run(client, sql, &[parts.into()])
+            .map(|r| (r.get::<pgrx::Uuid>(1).or_raise().unwrap(), r.get::<Vec<u8>>(2).or_raise().unwrap()))
+            .collect();
+        dirty.retain(|(k, _)| !hot.contains(&(pgrx::Uuid::from_bytes(k.partition), k.group.to_vec())));
+    }
     if dirty.is_empty() {
         return 0;
     }
@@ -551,7 +578,7 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) {
     if writers > 0 {
         return;
     }
-    save_cursors(client);
+    save_cursors(client, Some(1 - retired));
     let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
     if crate::spi::first_value::<bool>(emptied).unwrap_or(false) {
         with_registry(|_, j| j.other_empty = 1);

@@ -25,8 +25,7 @@ use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
 use queen_core::offsets::{Header, Layout, Load, Record, Refusal, Registry, Seen, Slot, View};
 
-use crate::errors::{self, SpiExt};
-use crate::spi::run;
+use crate::errors;
 
 pub const TRANCHE: &CStr = c"queen";
 
@@ -230,6 +229,15 @@ pub fn may_be_fresh(partition_id: pgrx::Uuid, start: i64) -> bool {
     with_view(|v| v.fresh_max(&key)).is_none_or(|max| start <= max)
 }
 
+/// The partitions the registry tracks that a push wrote to the fresh tier of, each with
+/// the highest offset that may be there (empty without the registry).
+pub fn fresh_partitions() -> Vec<(pgrx::Uuid, i64)> {
+    if !enabled() {
+        return Vec::new();
+    }
+    with_view(|v| v.fresh_partitions()).into_iter().map(|(k, max)| (pgrx::Uuid::from_bytes(k), max)).collect()
+}
+
 /// Records that the current transaction wrote offsets of a partition up to `last`.
 pub fn wrote(partition_id: pgrx::Uuid, last: i64) {
     let key = *partition_id.as_bytes();
@@ -260,7 +268,8 @@ pub fn readable(partition_id: pgrx::Uuid, head: i64) -> i64 {
 
 /// Brings a partition into the registry: its head and readable end are the highest
 /// offset the database holds for it, read with a snapshot taken after the slot was
-/// claimed (nothing was in flight for it before: it had no slot).
+/// claimed (nothing was in flight for it before: it had no slot), whatever the
+/// transaction's isolation level (`spi::first_row_now`).
 fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) {
     let key = *partition_id.as_bytes();
     let me = owner();
@@ -290,7 +299,7 @@ struct Stored {
 }
 
 fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Stored {
-    let row = run(
+    let row = crate::spi::first_row_now(
         client,
         "WITH t AS (
            SELECT (SELECT s.last_offset FROM queen.segments s WHERE s.partition_id = $1
@@ -307,13 +316,13 @@ fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Stored {
                 r.readable, r.fresh
            FROM r",
         &[partition_id.into()],
+        |row| Stored {
+            head: row.get::<i64>(1).unwrap_or(0),
+            readable: row.get::<i64>(2).unwrap_or(0),
+            fresh_max: row.get::<i64>(3).unwrap_or(0),
+        },
     );
-    let row = row.first();
-    Stored {
-        head: row.get::<i64>(1).or_raise().unwrap_or(0),
-        readable: row.get::<i64>(2).or_raise().unwrap_or(0),
-        fresh_max: row.get::<i64>(3).or_raise().unwrap_or(0),
-    }
+    row.unwrap_or(Stored { head: 0, readable: 0, fresh_max: 0 })
 }
 
 /// `queen._readable(partition_id, head)`: the readable end of a partition, for queen's own

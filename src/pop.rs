@@ -407,7 +407,6 @@ fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: 
               WHERE p.queue_id = $1 AND p.name = $3 AND r.readable IS NOT NULL",
             &[queue_id.into(), a.group.into(), p.into()],
         )
-        .into_iter()
         .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
         .collect()
     } else {

@@ -13,6 +13,7 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::spi::{SpiClient, SpiHeapTupleData};
+use queen_core::compaction::FRESH_MAX;
 use queen_core::segment::{CodecError, Directory, Entry, Frame};
 
 use crate::errors::{self, SpiExt};
@@ -69,8 +70,12 @@ pub fn read(
     // Per tier: the segment that holds `start`, then the ones that begin inside the span:
     // tight range scans of the primary keys. `data` comes back as a TOAST pointer. The
     // fresh tier is skipped when no push wrote there at or after `start` (`offsets`).
-    let args = [partition_id.into(), start.into(), end.into()];
     let rows = if crate::offsets::may_be_fresh(partition_id, start) {
+        // A fresh segment holds fewer than FRESH_MAX offsets, so the one holding `start`
+        // begins after `start - FRESH_MAX`. The bound keeps the probe off the index entries
+        // of segments compaction has replaced: while a snapshot holds the xmin horizon
+        // back they cannot be removed, and an unbounded probe would walk them all.
+        let floor = start - FRESH_MAX as i64;
         run(
             client,
             "(SELECT first_offset, last_offset, created_at, data FROM queen.segments
@@ -81,12 +86,12 @@ pub fn read(
                WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
              UNION ALL
              (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
-               WHERE partition_id = $1 AND first_offset <= $2
+               WHERE partition_id = $1 AND first_offset <= $2 AND first_offset > $4
                ORDER BY first_offset DESC LIMIT 1)
              UNION ALL
              (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
                WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)",
-            &args,
+            &[partition_id.into(), start.into(), end.into(), floor.into()],
         )
     } else {
         run(
@@ -97,7 +102,7 @@ pub fn read(
              UNION ALL
              (SELECT first_offset, last_offset, created_at, data FROM queen.segments
                WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)",
-            &args,
+            &[partition_id.into(), start.into(), end.into()],
         )
     };
     // In offset order (sorted here: a Sort node in the statement costs more than these

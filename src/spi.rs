@@ -18,6 +18,100 @@ thread_local! {
         RefCell::new(HashMap::new());
 }
 
+/// One row of `first_row_now`'s result.
+pub struct NowRow {
+    tuple: pgrx::pg_sys::HeapTuple,
+    desc: pgrx::pg_sys::TupleDesc,
+}
+
+impl NowRow {
+    /// Column `col` (from 1), None when NULL.
+    pub fn get<T: pgrx::FromDatum>(&self, col: usize) -> Option<T> {
+        let mut isnull = false;
+        // SAFETY: the tuple and descriptor are SPI's result of the query just run, alive
+        // until the next SPI call; `col` is checked by SPI_getbinval (an ERROR if out of
+        // range); the value is converted (copied) at its column's own type.
+        unsafe {
+            let d = pgrx::pg_sys::SPI_getbinval(self.tuple, self.desc, col as i32, &mut isnull);
+            let oid = pgrx::pg_sys::SPI_gettypeid(self.desc, col as i32);
+            T::from_polymorphic_datum(d, isnull, oid)
+        }
+    }
+}
+
+thread_local! {
+    static NOW_PLANS: RefCell<HashMap<&'static str, pgrx::pg_sys::SPIPlanPtr>> = RefCell::new(HashMap::new());
+}
+
+/// Runs a query of queen's own (a constant) with a snapshot taken now, not the
+/// transaction's, and reads its first row with `read` (None: no row). For loading the
+/// registries from the database: what they load must be the latest committed state even
+/// in a REPEATABLE READ or SERIALIZABLE transaction, whose snapshot may predate commits
+/// (a stale load would hand out offsets again, or move a cursor back). `_client` is
+/// proof that SPI is connected.
+pub fn first_row_now<R>(
+    _client: &mut SpiClient<'_>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+    read: impl FnOnce(&NowRow) -> R,
+) -> Option<R> {
+    use pgrx::pg_sys;
+    let plan = NOW_PLANS.with(|p| p.borrow().get(sql).copied()).unwrap_or_else(|| {
+        let text = std::ffi::CString::new(sql).expect("no NUL in queen's SQL");
+        let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
+        // SAFETY: SPI is connected (`_client`); the text and types outlive the call; the
+        // plan is kept (moved out of the SPI procedure's memory) before it is cached.
+        let plan = unsafe {
+            let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+            if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
+                crate::errors::internal(format_args!("cannot prepare {sql}"));
+            }
+            plan
+        };
+        NOW_PLANS.with(|p| p.borrow_mut().insert(sql, plan));
+        plan
+    });
+    let mut values: Vec<pg_sys::Datum> = Vec::with_capacity(args.len());
+    let mut nulls: Vec<std::os::raw::c_char> = Vec::with_capacity(args.len());
+    for a in args {
+        match a.datum() {
+            Some(d) => {
+                values.push(d.sans_lifetime());
+                nulls.push(b' ' as std::os::raw::c_char);
+            }
+            None => {
+                values.push(pg_sys::Datum::from(0usize));
+                nulls.push(b'n' as std::os::raw::c_char);
+            }
+        }
+    }
+    // SAFETY: a kept plan of this backend, with as many arguments as it was prepared
+    // with (the same call site's); the snapshot GetLatestSnapshot returns is valid until
+    // the next one is taken, and SPI registers it for the query's duration; read-only,
+    // so the query runs on exactly that snapshot. The result is read before any other
+    // SPI call.
+    unsafe {
+        let rc = pg_sys::SPI_execute_snapshot(
+            plan,
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            pg_sys::GetLatestSnapshot(),
+            std::ptr::null_mut(),
+            true,
+            false,
+            1,
+        );
+        if rc != pg_sys::SPI_OK_SELECT as i32 {
+            crate::errors::internal(format_args!("SPI_execute_snapshot returned {rc}"));
+        }
+        let table = pg_sys::SPI_tuptable;
+        if pg_sys::SPI_processed == 0 || table.is_null() {
+            return None;
+        }
+        Some(read(&NowRow { tuple: *(*table).vals, desc: (*table).tupdesc }))
+    }
+}
+
 /// Runs `sql` (a constant, never built from input) as a kept plan with `args`.
 pub fn run<'conn>(client: &mut SpiClient<'conn>, sql: &'static str, args: &[DatumWithOid<'_>]) -> SpiTupleTable<'conn> {
     let plan = PLANS.with(|p| p.borrow().get(sql).cloned());

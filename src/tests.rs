@@ -35,14 +35,14 @@ mod tests {
     fn lease_is_fenced_after_expiry() {
         Spi::run("SELECT * FROM queen.push('fence', '1')").unwrap();
         Spi::run("CREATE TEMP TABLE f AS SELECT * FROM queen.pop('fence', lease_seconds => 1)").unwrap();
-        // Expire the lease by moving its expiry into the past.
-        Spi::run("UPDATE queen.lanes SET lease_expires_at = clock_timestamp() - interval '1 s'").unwrap();
+        // Expire the lease now.
+        assert_eq!(count("SELECT queen._expire_lease(lease_id)::int8 FROM f"), 1);
         let applied = Spi::get_one::<bool>(
             "SELECT (queen.ack(lease_id, partition_id, msg_offset) -> 'items' -> 0 ->> 'success')::bool FROM f",
         )
         .unwrap();
         assert_eq!(applied, Some(false));
-        assert_eq!(count("SELECT committed FROM queen.lanes"), 0, "expired ack moved nothing");
+        assert_eq!(count("SELECT committed FROM queen.status('fence')"), 0, "expired ack moved nothing");
         // The next pop reclaims the same offset, counting the attempt.
         assert_eq!(count("SELECT attempt::int8 FROM queen.pop('fence')"), 1);
     }
@@ -57,14 +57,18 @@ mod tests {
         Spi::run("CREATE TEMP TABLE c AS SELECT * FROM queen.pop('cum', batch => 5)").unwrap();
         // Acking offset 3 alone commits 1..3 and keeps the lease over 4..5.
         Spi::run("SELECT queen.ack(lease_id, partition_id, 3) FROM c LIMIT 1").unwrap();
-        assert_eq!(count("SELECT committed FROM queen.lanes"), 3);
-        assert_eq!(count("SELECT count(*) FROM queen.lanes WHERE lease_id IS NOT NULL"), 1);
+        assert_eq!(count("SELECT committed FROM queen.status('cum')"), 3);
+        assert_eq!(count("SELECT count(*) FROM queen.status('cum') WHERE lease_id IS NOT NULL"), 1);
         // A cursor never moves backwards.
         Spi::run("SELECT queen.ack(lease_id, partition_id, 2) FROM c LIMIT 1").unwrap();
-        assert_eq!(count("SELECT committed FROM queen.lanes"), 3);
+        assert_eq!(count("SELECT committed FROM queen.status('cum')"), 3);
         Spi::run("SELECT queen.ack(lease_id, partition_id, 5) FROM c LIMIT 1").unwrap();
-        assert_eq!(count("SELECT count(*) FROM queen.lanes WHERE lease_id IS NULL AND committed = 5"), 1);
-        assert_eq!(count("SELECT count(*) FROM queen.leases"), 0, "released lease row is gone");
+        assert_eq!(count("SELECT count(*) FROM queen.status('cum') WHERE lease_id IS NULL AND committed = 5"), 1);
+        assert_eq!(
+            count("SELECT (queen.extend_lease(lease_id) ->> 'renewed')::int8 FROM c LIMIT 1"),
+            0,
+            "the lease is over"
+        );
     }
 
     #[pg_test]

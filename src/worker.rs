@@ -8,6 +8,7 @@
 //! are all appended on one side and deleted on the other gives its pages back only to
 //! VACUUM, and autovacuum (once a minute at best) would let it grow with every pass.
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
@@ -61,6 +62,7 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
         );
     }
     let start = Instant::now();
+    let mut compactor = Compactor::default();
     let (mut next_compaction, mut next_retention, mut next_journal) = (start, start, start);
     loop {
         let now = Instant::now();
@@ -79,7 +81,7 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
         }
         let now = Instant::now();
         if let Some(p) = compaction.filter(|_| now >= next_compaction) {
-            compaction_pass();
+            compactor.pass();
             next_compaction = Instant::now() + p;
         }
         if crate::lanes::enabled() && now >= next_journal {
@@ -102,6 +104,17 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
             });
             next_retention = Instant::now() + p;
         }
+    }
+    // A clean stop saves every cursor into queen.lanes, so that a restart without the
+    // library preloaded (no registry, no journal) finds them there.
+    if crate::lanes::enabled() {
+        BackgroundWorker::transaction(|| {
+            Spi::connect_mut(|client| {
+                if installed(client) {
+                    crate::lanes::save_cursors(client, None);
+                }
+            })
+        });
     }
 }
 
@@ -159,25 +172,94 @@ fn vacuum_fresh_tier() {
     }
 }
 
-/// Every partition with small segments, each compacted in a transaction of its own, so a
-/// pass holds no lock for long; then, if anything was merged, a VACUUM of the fresh tier.
-fn compaction_pass() {
-    let pids = BackgroundWorker::transaction(|| {
-        Spi::connect_mut(|client| {
-            if installed(client) {
-                crate::compaction::partitions_to_compact(client, None)
-            } else {
-                Vec::new()
+/// How often a compaction pass lists every partition of the fresh tier from the table (a
+/// skip scan of its primary key) rather than from the offsets registry: at the start, and
+/// then for partitions the registry has evicted or that another database's pushes did not
+/// make it load.
+const FULL_LIST_EVERY: Duration = Duration::from_secs(60);
+
+/// The worker's compaction state: where each partition's fresh segments may start (see
+/// `compaction::compact_partition`), and when the table was last listed whole.
+#[derive(Default)]
+struct Compactor {
+    from: HashMap<pgrx::Uuid, i64>,
+    listed: Option<Instant>,
+    /// The oldest transaction horizon at the last VACUUM of the fresh tier.
+    vacuumed_at: Option<String>,
+}
+
+impl Compactor {
+    /// Every partition with small segments, each compacted in a transaction of its own, so
+    /// a pass holds no lock for long; then, if anything was merged and the xmin horizon has
+    /// moved since the last one, a VACUUM of the fresh tier.
+    fn pass(&mut self) {
+        let full = self.listed.is_none_or(|t| t.elapsed() >= FULL_LIST_EVERY);
+        let pids: Vec<pgrx::Uuid> = if full {
+            let pids = BackgroundWorker::transaction(|| {
+                Spi::connect_mut(|client| {
+                    if installed(client) {
+                        crate::compaction::partitions_to_compact(client, None)
+                    } else {
+                        Vec::new()
+                    }
+                })
+            });
+            self.listed = Some(Instant::now());
+            // Forget the marks of partitions with nothing fresh left.
+            let listed: HashSet<pgrx::Uuid> = pids.iter().copied().collect();
+            self.from.retain(|p, _| listed.contains(p));
+            pids
+        } else {
+            // Partitions with something fresh at or above where they may start. (One the
+            // registry has evicted meanwhile waits for the next full listing.)
+            crate::offsets::fresh_partitions()
+                .into_iter()
+                .filter(|(p, max)| self.from.get(p).is_none_or(|from| from <= max))
+                .map(|(p, _)| p)
+                .collect()
+        };
+        let mut merged = 0;
+        for pid in pids {
+            let from = self.from.get(&pid).copied().unwrap_or(0);
+            let (done, next) = BackgroundWorker::transaction(|| {
+                Spi::connect_mut(|client| crate::compaction::compact_partition(client, pid, from))
+            });
+            // (Committed: the marks move only now.)
+            if let Some(next) = next {
+                self.from.insert(pid, next);
             }
-        })
-    });
-    let mut merged = 0;
-    for pid in pids {
-        merged += BackgroundWorker::transaction(|| {
-            Spi::connect_mut(|client| crate::compaction::compact_partition(client, pid)).merged
-        });
+            merged += done.merged;
+        }
+        if merged > 0 {
+            let horizon = BackgroundWorker::transaction(|| Spi::connect_mut(xmin_horizon));
+            if horizon.is_none() || horizon != self.vacuumed_at {
+                vacuum_fresh_tier();
+                self.vacuumed_at = horizon;
+            }
+        }
     }
-    if merged > 0 {
-        vacuum_fresh_tier();
-    }
+}
+
+/// The oldest transaction that holds back what VACUUM may remove (the xmin horizon): of
+/// every backend's snapshot and transaction id, replication slot and prepared transaction.
+/// While it stays the same, a VACUUM can remove nothing that the last one could not, and
+/// only scans: a long transaction makes a pass skip it instead.
+fn xmin_horizon(client: &mut pgrx::spi::SpiClient<'_>) -> Option<String> {
+    crate::spi::first_value::<String>(run(
+        client,
+        "SELECT x::text FROM (
+           SELECT backend_xmin AS x FROM pg_catalog.pg_stat_activity
+            WHERE backend_xmin IS NOT NULL AND pid <> pg_catalog.pg_backend_pid()
+           UNION ALL
+           SELECT backend_xid FROM pg_catalog.pg_stat_activity
+            WHERE backend_xid IS NOT NULL AND pid <> pg_catalog.pg_backend_pid()
+           UNION ALL
+           SELECT xmin FROM pg_catalog.pg_replication_slots WHERE xmin IS NOT NULL
+           UNION ALL
+           SELECT catalog_xmin FROM pg_catalog.pg_replication_slots WHERE catalog_xmin IS NOT NULL
+           UNION ALL
+           SELECT transaction FROM pg_catalog.pg_prepared_xacts) h
+         ORDER BY pg_catalog.age(x) DESC LIMIT 1",
+        &[],
+    ))
 }

@@ -27,6 +27,8 @@ struct Opts {
     only: Vec<String>,
     /// Minutes per held-snapshot run.
     held_minutes: usize,
+    /// Systems of the held-snapshot scenario (queen, skip, pgq); all if empty.
+    held_systems: Vec<String>,
 }
 
 /// Sizes of a run: the full bench or the smoke run.
@@ -77,11 +79,16 @@ fn payload(i: u64) -> Value {
 }
 
 fn reset(c: &mut Client) {
+    // QUEEN_BENCH_VERSION: an older version's script (with its library installed), for
+    // before-and-after figures in one run of the same bench.
+    let create = match std::env::var("QUEEN_BENCH_VERSION") {
+        Ok(v) => format!("CREATE EXTENSION queen VERSION '{}'", v.replace('\'', "")),
+        Err(_) => "CREATE EXTENSION queen".to_string(),
+    };
+    c.batch_execute("SET client_min_messages = warning; DROP EXTENSION IF EXISTS queen CASCADE;").unwrap();
+    c.batch_execute(&create).unwrap();
     c.batch_execute(
-        "SET client_min_messages = warning;
-         DROP EXTENSION IF EXISTS queen CASCADE;
-         CREATE EXTENSION queen;
-         DROP TABLE IF EXISTS bench_jobs, bench_raw;
+        "DROP TABLE IF EXISTS bench_jobs, bench_raw;
          CREATE TABLE bench_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL,
                                   created_at timestamptz NOT NULL DEFAULT now());
          CREATE TABLE bench_raw (id bigserial PRIMARY KEY, payload jsonb NOT NULL);
@@ -273,13 +280,23 @@ fn machine() -> String {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let mut opts = Opts { dsn: String::new(), smoke: false, out: None, only: Vec::new(), held_minutes: 5 };
+    let mut opts = Opts {
+        dsn: String::new(),
+        smoke: false,
+        out: None,
+        only: Vec::new(),
+        held_minutes: 5,
+        held_systems: Vec::new(),
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
             "--dsn" => opts.dsn = args.next().expect("--dsn DSN"),
             "--smoke" => opts.smoke = true,
             "--out" => opts.out = args.next(),
             "--only" => opts.only = args.next().expect("--only a,b").split(',').map(str::to_string).collect(),
+            "--held-systems" => {
+                opts.held_systems = args.next().expect("--held-systems a,b").split(',').map(str::to_string).collect()
+            }
             "--held-minutes" => opts.held_minutes = args.next().and_then(|m| m.parse().ok()).expect("--held-minutes N"),
             other => panic!("unknown argument {other}"),
         }
@@ -710,7 +727,7 @@ fn main() {
                 pgq_backlog: 200_000,
             }
         };
-        let (md, ratios) = held::run(&dsn, &sizes);
+        let (md, ratios) = held::run(&dsn, &sizes, &opts.held_systems);
         held_md = Some(md);
         held_ratios = ratios;
     }

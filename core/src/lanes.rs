@@ -235,6 +235,13 @@ fn key_hash(k: &LaneKey) -> u64 {
 
 /// Finds a key: Ok(slot) when present; Err(slot to insert at) when absent (the first
 /// tombstone on the probe path, else the empty slot that ended it).
+/// Where a backward-shift deletion may move the entry at `j` of a table with `mask`: to
+/// the hole at `hole` when its home `home` is not cyclically between the hole and `j`
+/// (its probe passes the hole).
+fn may_fill(hole: usize, j: usize, home: usize, mask: usize) -> bool {
+    (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask)
+}
+
 fn find_lane(slots: &[LaneSlot], key: &LaneKey) -> Result<usize, usize> {
     let mask = slots.len() - 1;
     let mut i = key_hash(key) as usize & mask;
@@ -371,11 +378,12 @@ impl<'a> Registry<'a> {
         if self.h.lanes_live >= self.h.max_lanes && !self.evict_one(now) {
             return Load::Full;
         }
+        // (An eviction may have moved the free slot.)
+        let i = if self.h.lanes_live < self.h.max_lanes { find_lane(self.lanes, key).expect_err("absent") } else { i };
         // Too many tombstones make misses slow: keep at least a quarter of the slots empty.
         if self.h.lanes_used >= self.h.lane_slots - self.h.lane_slots / 4 && self.lanes[i].status == EMPTY {
             return Load::Full;
         }
-        let i = find_lane(self.lanes, key).expect_err("absent");
         if self.lanes[i].status == EMPTY {
             self.h.lanes_used += 1;
         }
@@ -446,9 +454,123 @@ impl<'a> Registry<'a> {
         }
     }
 
+    /// Empties lane slot `i` (unchained from any lease) by backward-shift deletion: the
+    /// entries after it in its cluster move up when their probe passes the hole, so no
+    /// tombstone is left and lanes coming and going never fill the table. A moved lane's
+    /// lease chain is pointed at its new slot.
     fn remove_lane(&mut self, i: usize) {
-        self.lanes[i] = LaneSlot { status: TOMB, ..LaneSlot::default() };
+        debug_assert_eq!(self.lanes[i].lease, NIL);
+        let mask = self.lanes.len() - 1;
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            if self.lanes[j].status == EMPTY || j == i {
+                break;
+            }
+            let home = key_hash(&self.lanes[j].key) as usize & mask;
+            if self.lanes[j].status != TOMB && may_fill(hole, j, home, mask) {
+                self.lanes[hole] = self.lanes[j];
+                self.relink_lane(j, hole);
+                hole = j;
+            }
+        }
+        self.lanes[hole] = LaneSlot::default();
         self.h.lanes_live -= 1;
+        self.h.lanes_used -= 1;
+    }
+
+    /// The lane that was in slot `from` is in slot `to` now: its lease chain says so.
+    fn relink_lane(&mut self, from: usize, to: usize) {
+        let s = self.lanes[to];
+        if s.lease == NIL {
+            return;
+        }
+        if s.lease_prev == NIL {
+            self.leases[s.lease as usize].first = to as u32;
+        } else {
+            self.lanes[s.lease_prev as usize].lease_next = to as u32;
+        }
+        if s.lease_next != NIL {
+            self.lanes[s.lease_next as usize].lease_prev = to as u32;
+        }
+        let _ = from;
+    }
+
+    /// (Tests) The tables' structure: every entry found where it is, the counters right,
+    /// every lease chain linked both ways, counted, and pointing at its lease.
+    #[cfg(test)]
+    fn check(&self) -> Result<(), String> {
+        let mut live = 0;
+        for (i, s) in self.lanes.iter().enumerate() {
+            if s.status == EMPTY {
+                continue;
+            }
+            live += 1;
+            if find_lane(self.lanes, &s.key) != Ok(i) {
+                return Err(format!("lane slot {i} is not where a lookup finds it"));
+            }
+        }
+        if live != self.h.lanes_live || live != self.h.lanes_used {
+            return Err(format!("{live} lanes, counted {} / {}", self.h.lanes_live, self.h.lanes_used));
+        }
+        let (mut leases, mut chained) = (0, 0);
+        for (l, s) in self.leases.iter().enumerate() {
+            if s.status == EMPTY {
+                continue;
+            }
+            leases += 1;
+            if find_lease(self.leases, &s.id) != Ok(l) {
+                return Err(format!("lease slot {l} is not where a lookup finds it"));
+            }
+            let (mut k, mut prev, mut n) = (s.first, NIL, 0);
+            while k != NIL {
+                let lane = &self.lanes[k as usize];
+                if lane.lease != l as u32 || lane.lease_prev != prev {
+                    return Err(format!("lease slot {l}: lane slot {k} is linked wrong"));
+                }
+                (prev, k, n) = (k, lane.lease_next, n + 1);
+            }
+            if n != s.count || n == 0 {
+                return Err(format!("lease slot {l}: {n} lanes chained, counted {}", s.count));
+            }
+            chained += n;
+        }
+        let on_leases = self.lanes.iter().filter(|s| s.status != EMPTY && s.lease != NIL).count() as u32;
+        if leases != self.h.leases_live || leases != self.h.leases_used || chained != on_leases {
+            return Err(format!(
+                "{leases} leases ({} / {}); {chained} chained of {on_leases}",
+                self.h.leases_live, self.h.leases_used
+            ));
+        }
+        Ok(())
+    }
+
+    /// Empties lease slot `l` (no lane on its chain), as `remove_lane` does lanes.
+    fn remove_lease(&mut self, l: usize) {
+        let mask = self.leases.len() - 1;
+        let mut hole = l;
+        let mut j = l;
+        loop {
+            j = (j + 1) & mask;
+            if self.leases[j].status == EMPTY || j == l {
+                break;
+            }
+            let home = hash_bytes(&self.leases[j].id) as usize & mask;
+            if self.leases[j].status != TOMB && may_fill(hole, j, home, mask) {
+                self.leases[hole] = self.leases[j];
+                // Every lane on the moved lease's chain points at its new slot.
+                let mut k = self.leases[hole].first;
+                while k != NIL {
+                    self.lanes[k as usize].lease = hole as u32;
+                    k = self.lanes[k as usize].lease_next;
+                }
+                hole = j;
+            }
+        }
+        self.leases[hole] = LeaseSlot::default();
+        self.h.leases_live -= 1;
+        self.h.leases_used -= 1;
     }
 
     /// Evicts a ready lane nobody holds, with no live lease at `now` and nothing unsaved.
@@ -497,18 +619,16 @@ impl<'a> Registry<'a> {
         if self.lanes[i].status != READY || self.lanes[i].holder.owner != owner {
             return;
         }
-        match restore {
+        if let Some(saved) = restore {
             // The saved state's lease was chained before; restoring it re-chains it (its
             // lease slot may have gone meanwhile: then the lane loses it, as if expired).
-            Some(saved) => {
-                if !self.set_state(i, saved, None, i64::MAX) {
-                    let mut bare = saved;
-                    bare.lease_id = [0; 16];
-                    self.set_state(i, bare, None, i64::MAX);
-                }
+            if !self.set_state(i, saved, None, i64::MAX) {
+                let mut bare = saved;
+                bare.lease_id = [0; 16];
+                self.set_state(i, bare, None, i64::MAX);
             }
-            None if self.lanes[i].changed == 1 => self.lanes[i].dirty = 1,
-            None => {}
+        } else if self.lanes[i].changed == 1 {
+            self.lanes[i].dirty = 1;
         }
         self.lanes[i].changed = 0;
         self.lanes[i].holder = Holder { owner: NIL, ..Holder::default() };
@@ -614,8 +734,7 @@ impl<'a> Registry<'a> {
         self.lanes[i].lease_next = NIL;
         self.leases[l as usize].count -= 1;
         if self.leases[l as usize].count == 0 {
-            self.leases[l as usize] = LeaseSlot { status: TOMB, ..LeaseSlot::default() };
-            self.h.leases_live -= 1;
+            self.remove_lease(l as usize);
         }
     }
 
@@ -802,6 +921,42 @@ mod tests {
     }
 
     #[test]
+    fn leases_and_lanes_coming_and_going_never_fill_the_tables() {
+        // A lease per pop, released by its ack; lanes evicted for others: tens of
+        // thousands of each through tables of a few slots.
+        let mut m = Mem::new(4, 2);
+        let lanes: Vec<LaneKey> = (0..3).map(|p| key(p, "g")).collect();
+        for k in &lanes {
+            m.load(k, 0);
+        }
+        for n in 0..20_000u32 {
+            let a = lanes[n as usize % 3];
+            let mut id = [0u8; 16];
+            id[..4].copy_from_slice(&n.to_le_bytes());
+            id[15] = 1;
+            let (s, _) = m.reg().lock(&a, holder(0)).unwrap();
+            let claimed = State { lease_id: id, lease_expires: i64::MAX, batch_end: s.committed + 1, ..s };
+            assert!(m.reg().set(&a, 0, claimed, Some((1, "g")), 0), "claim {n} found no lease slot");
+            m.reg().unlock(&a, 0, None);
+            m.reg().lock(&a, holder(0)).unwrap();
+            let acked = State { committed: s.committed + 1, journal_seq: s.journal_seq + 1, ..State::default() };
+            assert!(m.reg().set(&a, 0, acked, None, 0));
+            m.reg().unlock(&a, 0, None);
+            m.reg().saved(&a, &acked);
+            // A lane of another partition comes and goes.
+            let other = key(3 + (n % 200) as u8, "h");
+            match m.reg().begin_load(&other, 9, 0) {
+                Load::Mine => m.reg().finish_load(&other, 9, State::default(), None, 1, 0),
+                other => panic!("load {n}: {other:?}"),
+            }
+            m.reg().forget(&[other]);
+            m.reg().check().unwrap();
+        }
+        assert_eq!(m.reg().leases_live(), 0);
+        assert_eq!(m.reg().lanes_live(), 3);
+    }
+
+    #[test]
     fn an_aborted_change_is_not_saved() {
         let mut m = Mem::new(8, 8);
         let a = key(1, "g");
@@ -969,6 +1124,9 @@ mod tests {
                             unsaved.remove(&lane);
                         }
                     }
+                }
+                if let Err(e) = m.reg().check() {
+                    prop_assert!(false, "{}", e);
                 }
                 // Every model lane reads as modelled; lease chains match the states.
                 let mut chains: HashMap<[u8; 16], Vec<LaneKey>> = HashMap::new();

@@ -223,6 +223,12 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Every tracked partition a push has written to the fresh tier of, with the highest
+    /// offset that may be there.
+    pub fn fresh_partitions(&self) -> Vec<([u8; 16], i64)> {
+        self.slots.iter().filter(|s| s.state == READY && s.fresh_max > 0).map(|s| (s.key, s.fresh_max)).collect()
+    }
+
     /// The last offset reserved (None while not loaded).
     pub fn head(&self, key: &[u8; 16]) -> Option<i64> {
         match find(self.h, self.slots, key) {
@@ -752,6 +758,8 @@ mod tests {
         m.reg().finish(1, false);
         assert_eq!(m.reg().view().fresh_max(&key(1)), Some(102), "never lowered");
         assert_eq!(m.reg().view().fresh_max(&key(2)), None, "unknown: assume anything");
+        m.load(3, 0);
+        assert_eq!(m.reg().view().fresh_partitions(), vec![(key(1), 102)], "only partitions with fresh pushes");
     }
 
     #[test]

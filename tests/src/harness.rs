@@ -50,6 +50,9 @@ pub struct Config {
     pub seed: u64,
     /// The run fails instead of hanging past this.
     pub deadline: Duration,
+    /// A REPEATABLE READ transaction, opened before the sessions start, stays open until
+    /// the checks are done: the xmin horizon stands still for the whole run.
+    pub held_snapshot: bool,
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -72,6 +75,7 @@ impl Config {
             kills,
             seed: env_or("QUEEN_HARNESS_SEED", 0x51ee) as u64,
             deadline: Duration::from_secs(env_or("QUEEN_HARNESS_DEADLINE_S", 900) as u64),
+            held_snapshot: false,
         }
     }
 }
@@ -87,6 +91,10 @@ pub struct Report {
     pub dead_lettered: usize,
     pub kills: BTreeMap<&'static str, usize>,
     pub seconds: f64,
+    /// With a held snapshot: lane journal entries written during the run, and how many
+    /// of them are still in the journal tables at the end.
+    pub journal_written: i64,
+    pub journal_left: i64,
 }
 
 type Addr = (uuid::Uuid, i64); // (partition_id, offset)
@@ -165,6 +173,26 @@ pub fn run(cfg: &Config) -> Report {
             &[&queue, &cfg.retry_limit],
         )
         .unwrap();
+    let journal_written = |c: &mut Client| -> i64 {
+        // (Statistics: backends flush them within a second.)
+        thread::sleep(Duration::from_millis(1200));
+        c.query_one(
+            "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables
+              WHERE schemaname = 'queen' AND relname LIKE 'lane\\_journal\\__'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let mut holder = None;
+    let mut written_before = 0;
+    if cfg.held_snapshot {
+        written_before = journal_written(&mut admin);
+        let mut h = connect_retrying(deadline);
+        h.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM queen.partitions;").unwrap();
+        let pid: i32 = h.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+        holder = Some((h, pid, Instant::now()));
+    }
     let shared = Arc::new(Mutex::new(Shared::default()));
     let seq = Arc::new(AtomicU64::new(0));
     let pushers_left = Arc::new(AtomicUsize::new(cfg.pushers));
@@ -222,6 +250,28 @@ pub fn run(cfg: &Config) -> Report {
 
     let mut admin = connect_retrying(deadline);
     let mut report = check(cfg, &queue, &mut admin, &shared.lock().unwrap());
+    if let Some((mut h, pid, held_at)) = holder {
+        report.journal_written = journal_written(&mut admin) - written_before;
+        report.journal_left = admin
+            .query_one(
+                "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        // Still the same snapshot, open all along.
+        let xmin_held: bool = admin
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                 WHERE pid = $1 AND state = 'idle in transaction' AND backend_xmin IS NOT NULL
+                                   AND xact_start < now() - make_interval(secs => $2))",
+                &[&pid, &(held_at.elapsed().as_secs_f64() * 0.9)],
+            )
+            .unwrap()
+            .get(0);
+        assert!(xmin_held, "the held snapshot was not held for the whole run");
+        h.batch_execute("COMMIT").unwrap();
+    }
     report.kills = kills;
     report.seconds = t0.elapsed().as_secs_f64();
     report
