@@ -287,26 +287,38 @@ COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text)
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';
--- The lane journal's table `t` emptied, if nothing holds it (src/lanes.rs: the worker
--- calls it once every cursor in it is saved in queen.lanes).
+-- The lane journal's table `t` saved into queen.lanes and emptied, if nothing holds it
+-- (src/lanes.rs, rotate_journal: the worker calls it once no ack writes to it).
 CREATE FUNCTION queen._empty_journal(t int) RETURNS bool
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+  retired text := format('queen.lane_journal_%s', t);
+  newer text := format('queen.lane_journal_%s', 1 - t);
 BEGIN
-  IF t = 0 THEN
-    LOCK TABLE queen.lane_journal_0 IN ACCESS EXCLUSIVE MODE NOWAIT;
-    TRUNCATE queen.lane_journal_0;
-  ELSE
-    LOCK TABLE queen.lane_journal_1 IN ACCESS EXCLUSIVE MODE NOWAIT;
-    TRUNCATE queen.lane_journal_1;
+  IF t IS NULL OR t NOT IN (0, 1) THEN
+    RAISE EXCEPTION 'queen: no lane journal table %', t USING ERRCODE = '22023';
   END IF;
+  EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', retired);
+  -- Each lane's newest entry goes into queen.lanes first, unless the current table holds
+  -- one at least as new (it stays there): nothing the journal knew is lost.
+  EXECUTE format($q$
+    UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count, journal_seq = j.seq,
+           lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
+      FROM (SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq, committed, retry_count
+              FROM %1$s ORDER BY partition_id, consumer_group, seq DESC) j
+     WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group AND l.journal_seq < j.seq
+       AND NOT EXISTS (SELECT 1 FROM %2$s c
+                        WHERE c.partition_id = j.partition_id AND c.consumer_group = j.consumer_group
+                          AND c.seq >= j.seq)$q$, retired, newer);
+  EXECUTE format('TRUNCATE %s', retired);
   RETURN true;
 EXCEPTION WHEN lock_not_available THEN
   RETURN false;
 END $$;
 REVOKE ALL ON FUNCTION queen._empty_journal(int) FROM PUBLIC;
-COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: empty a saved lane journal table (background worker); not granted';
+COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: save a lane journal table into queen.lanes and empty it (background worker); not granted';
 COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS 'queen internal: a lane''s live state (status, totals); not granted';
 COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS 'queen internal: a lane''s readable end when a pop may claim it (pop''s scan); not granted';
 COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS 'queen internal: a lane''s live cursor (retention); not granted';

@@ -10,10 +10,10 @@
 //!   to the lane journal (`queen.lane_journal_0` / `_1`), in its own transaction;
 //! - every couple of seconds the background worker empties the journal table no ack
 //!   writes to any more, with TRUNCATE (which a long transaction does not hold back),
-//!   after copying into `queen.lanes` the cursors that the other table does not hold a
-//!   newer entry of (`save_cursors`): a lane acked all the time gets no row version,
-//!   one that goes quiet gets one;
-//! - a clean stop of the worker saves every cursor into `queen.lanes`.
+//!   after copying into `queen.lanes` each lane's newest entry in it, unless the other
+//!   table holds one at least as new (`rotate_journal`): a lane acked all the time gets
+//!   no row version, one that goes quiet gets one;
+//! - a clean stop of the worker copies the whole journal into `queen.lanes`.
 //!
 //! After a crash the registry is rebuilt, lane by lane on first use, from `queen.lanes`
 //! and the newest journal entry: every committed ack is there. Leases are not: their
@@ -77,6 +77,8 @@ struct Held {
     found: State,
     /// This entry took the lock (its abort releases it).
     locked: bool,
+    /// The queue and group of `found`'s lease, to recreate it if an aborted ack ended it.
+    lease: Option<(i64, String)>,
 }
 
 thread_local! {
@@ -343,9 +345,12 @@ pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> 
     let holder = me();
     let sub = subxact();
     loop {
-        match with_registry(|r, _| r.lock(&k, holder)) {
-            Ok((s, took)) => {
-                remember(k, sub, s, took);
+        let locked = with_registry(|r, _| {
+            r.lock(&k, holder).map(|(s, took)| (s, took, s.has_lease().then(|| r.lease_queue(&s.lease_id)).flatten()))
+        });
+        match locked {
+            Ok((s, took, queue)) => {
+                remember(k, sub, s, took, queue.map(|q| (q, group.to_string())));
                 return Some(s);
             }
             Err(Busy::Unknown) => load(partition_id, group),
@@ -363,13 +368,19 @@ pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> 
 }
 
 /// Keeps what an abort of the current subtransaction must restore.
-fn remember(k: LaneKey, sub: u32, found: State, locked: bool) {
+fn remember(k: LaneKey, sub: u32, found: State, locked: bool, lease: Option<(i64, String)>) {
     HELD.with(|h| {
         let mut h = h.borrow_mut();
         if locked || !h.iter().any(|e| e.key == k && e.subxact == sub) {
-            h.push(Held { key: k, subxact: sub, found, locked });
+            h.push(Held { key: k, subxact: sub, found, locked, lease });
         }
     });
+}
+
+impl Held {
+    fn lease(&self) -> Option<(i64, &str)> {
+        self.lease.as_ref().map(|(q, g)| (*q, g.as_str()))
+    }
 }
 
 /// Sets the state of a lane this transaction holds. `lease`: the queue and group of a new
@@ -426,6 +437,12 @@ pub fn journal(client: &mut SpiClient<'_>, group: &str, rows: &[(pgrx::Uuid, Sta
 
 // ---- the end of a transaction ----
 
+/// This transaction holds lanes in the registry or wrote to the journal: it cannot be
+/// prepared (a prepared transaction has no backend left to release them).
+pub fn in_use() -> bool {
+    HELD.with(|h| !h.borrow().is_empty()) || WROTE.with(|w| w.get().is_some())
+}
+
 /// Commit: releases every lane this transaction holds. Abort: puts back what it found.
 pub fn end(committed: bool) {
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
@@ -434,7 +451,7 @@ pub fn end(committed: bool) {
     if (held.is_empty() && wrote.is_none() && loading.is_none()) || !enabled() {
         return;
     }
-    let mine = owner();
+    let (mine, now) = (owner(), crate::spi::clock_now());
     with_registry(|r, j| {
         // Newest first, so that an older save of the same lane is restored last.
         for e in held.iter().rev() {
@@ -443,11 +460,11 @@ pub fn end(committed: bool) {
                     r.unlock(&e.key, mine, None);
                 }
             } else if e.locked {
-                r.unlock(&e.key, mine, Some(e.found));
+                r.unlock_restoring(&e.key, mine, e.found, e.lease(), now);
             }
         }
         if let Some(t) = wrote {
-            j.writers[t] -= 1;
+            j.writers[t] = j.writers[t].saturating_sub(1);
         }
         if let Some(k) = loading {
             r.abandon_load(&k, mine);
@@ -481,14 +498,14 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     if undo.is_empty() {
         return;
     }
-    let mine = owner();
+    let (mine, now) = (owner(), crate::spi::clock_now());
     with_registry(|r, _| {
         for e in undo.iter().rev() {
             if e.locked {
-                r.unlock(&e.key, mine, Some(e.found));
+                r.unlock_restoring(&e.key, mine, e.found, e.lease(), now);
             } else {
                 // Locked by the parent: put back what this subtransaction found, keep the lock.
-                r.set(&e.key, mine, e.found, None, i64::MAX);
+                r.restore(&e.key, mine, e.found, e.lease(), now);
             }
         }
     });
@@ -496,63 +513,47 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
 
 // ---- saving cursors and emptying the journal (the background worker) ----
 
-/// Copies changed cursors into `queen.lanes` (lanes the table no longer has are skipped),
-/// then marks them saved. Returns how many. A saved row drops any lease it carried from a
-/// version without the registry: the registry has it now.
-///
-/// `unless_in`: the current journal table; a lane with a committed entry there is left
-/// dirty, not saved: that entry is newer than anything the other table holds, so emptying
-/// the other one loses nothing, and a lane acked round after round never updates its row.
-/// Its row is saved once it has been idle for a round. So the rows a pop scans get a new
-/// version only when a lane goes quiet, not every round: under a snapshot that holds the
-/// xmin horizon back, their chains stay short however long it is held.
-pub fn save_cursors(client: &mut SpiClient<'_>, unless_in: Option<usize>) -> usize {
-    // SAFETY: a plain read of the current database's id.
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    let mut dirty = with_registry(|r, _| r.dirty(db));
-    if let (Some(t), false) = (unless_in, dirty.is_empty()) {
-        let parts: Vec<pgrx::Uuid> = dirty.iter().map(|(k, _)| pgrx::Uuid::from_bytes(k.partition)).collect();
-        let sql = if t == 0 {
-            "SELECT DISTINCT j.partition_id, queen._group_hash(j.consumer_group)
-               FROM queen.lane_journal_0 j WHERE j.partition_id = ANY($1)"
-        } else {
-            "SELECT DISTINCT j.partition_id, queen._group_hash(j.consumer_group)
-               FROM queen.lane_journal_1 j WHERE j.partition_id = ANY($1)"
-        };
-        let hot: std::collections::HashSet<(pgrx::Uuid, Vec<u8>)> = run(client, sql, &[parts.into()])
-            .map(|r| (r.get::<pgrx::Uuid>(1).or_raise().unwrap(), r.get::<Vec<u8>>(2).or_raise().unwrap()))
-            .collect();
-        dirty.retain(|(k, _)| !hot.contains(&(pgrx::Uuid::from_bytes(k.partition), k.group.to_vec())));
-    }
-    if dirty.is_empty() {
-        return 0;
-    }
-    let parts: Vec<pgrx::Uuid> = dirty.iter().map(|(k, _)| pgrx::Uuid::from_bytes(k.partition)).collect();
-    let groups: Vec<Vec<u8>> = dirty.iter().map(|(k, _)| k.group.to_vec()).collect();
-    let committed: Vec<i64> = dirty.iter().map(|(_, s)| s.committed).collect();
-    let retries: Vec<i32> = dirty.iter().map(|(_, s)| s.retry_count).collect();
-    let seqs: Vec<i64> = dirty.iter().map(|(_, s)| s.journal_seq).collect();
-    // The lanes table knows groups by name, the registry by hash: match on both keys.
-    run(
+/// Copies every lane's newest journal entry (of both tables) into `queen.lanes` where the
+/// row is older: a clean stop of the worker, so that a restart without the library
+/// preloaded (no registry, no journal) finds every cursor in the table. A saved row drops
+/// any lease it carried from a version without the registry. Returns how many rows.
+pub fn save_cursors(client: &mut SpiClient<'_>) -> i64 {
+    let saved = run(
         client,
-        "UPDATE queen.lanes l SET committed = v.c, batch_retry_count = v.r, journal_seq = v.s,
-                lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
-           FROM unnest($1::uuid[], $2::bytea[], $3::int8[], $4::int4[], $5::int8[]) AS v(p, g, c, r, s)
-          WHERE l.partition_id = v.p AND queen._group_hash(l.consumer_group) = v.g AND l.journal_seq < v.s",
-        &[parts.into(), groups.into(), committed.into(), retries.into(), seqs.into()],
+        "WITH j AS (
+           SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq, committed, retry_count
+             FROM (SELECT * FROM queen.lane_journal_0 UNION ALL SELECT * FROM queen.lane_journal_1) a
+            ORDER BY partition_id, consumer_group, seq DESC),
+         u AS (
+           UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count, journal_seq = j.seq,
+                  lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
+             FROM j
+            WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group AND l.journal_seq < j.seq
+           RETURNING 1)
+         SELECT count(*)::int8 FROM u",
+        &[],
     );
-    with_registry(|r, _| {
-        for (k, s) in &dirty {
-            r.saved(k, s);
-        }
-    });
-    dirty.len()
+    crate::spi::first_value::<i64>(saved).unwrap_or(0)
 }
 
-/// One round of the journal's rotation: when the idle table is empty, make it current;
-/// once no ack writes to the retired one any more and every cursor is saved, empty the
-/// retired one (TRUNCATE, without waiting for a lock: else next round).
-pub fn rotate_journal(client: &mut SpiClient<'_>) {
+/// What a round of the journal's rotation did, for `rotated` once its transaction commits.
+#[derive(Default)]
+pub struct Rotation {
+    /// The retired table was emptied.
+    emptied: bool,
+    /// The registry's unsaved lanes when the round began: each one's newest entry is now
+    /// in `queen.lanes` or in the current table.
+    saved: Vec<(LaneKey, State)>,
+}
+
+/// One round of the journal's rotation (in the worker's transaction): when the idle table
+/// is empty, make it current; once no ack writes to the retired one any more, empty it
+/// (`queen._empty_journal`: it copies each lane's newest entry into `queen.lanes` first,
+/// unless the current table holds one at least as new, then TRUNCATEs; without waiting for
+/// a lock: else next round). Everything the journal held is thus in `queen.lanes` or in
+/// the current table, whatever the registry knows (after a restart it knows nothing), so
+/// a lane acked all the time never updates its row, and one that goes quiet does once.
+pub fn rotate_journal(client: &mut SpiClient<'_>) -> Rotation {
     // Leases a version without the registry left in queen.leases: gone once expired (the
     // registry never writes there), then not looked at again.
     if !OLD_LEASES_GONE.with(|g| g.get()) {
@@ -573,16 +574,32 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) {
             j.current += 1;
             j.other_empty = 0;
         });
-        return; // the table just retired may still have writers: empty it next round
+        return Rotation::default(); // the table just retired may still have writers: next round
     }
     if writers > 0 {
+        return Rotation::default();
+    }
+    // SAFETY: a plain read of the current database's id.
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    // Taken before the copy: every state listed has committed, so its entry is copied.
+    let saved = with_registry(|r, _| r.dirty(db));
+    let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
+    let emptied = crate::spi::first_value::<bool>(emptied).unwrap_or(false);
+    Rotation { emptied, saved: if emptied { saved } else { Vec::new() } }
+}
+
+/// After the rotation round's transaction committed: the emptied table may become current
+/// next round, and the lanes saved may be evicted (a reload finds their state).
+pub fn rotated(done: Rotation) {
+    if !done.emptied {
         return;
     }
-    save_cursors(client, Some(1 - retired));
-    let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
-    if crate::spi::first_value::<bool>(emptied).unwrap_or(false) {
-        with_registry(|_, j| j.other_empty = 1);
-    }
+    with_registry(|r, j| {
+        for (k, s) in &done.saved {
+            r.saved(k, s);
+        }
+        j.other_empty = 1;
+    });
 }
 
 /// `queen._group_hash(name)`: the lane registry's hash of a consumer group's name.

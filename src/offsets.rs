@@ -365,6 +365,12 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             crate::wake::on_abort();
             crate::queues::on_abort();
         }
+        XACT_EVENT_PRE_PREPARE if crate::lanes::in_use() => errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "queen: a transaction that popped, acked or extended a lease cannot be prepared (PREPARE TRANSACTION): \
+             the lanes it holds live in this session's shared memory and would stay locked"
+                .to_string(),
+        ),
         XACT_EVENT_PRE_PREPARE if HOLDS.with(|h| h.get()) => errors::raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             "queen: a transaction that pushed messages cannot be prepared (PREPARE TRANSACTION): \

@@ -85,6 +85,18 @@ pub fn first_row_now<R>(
             }
         }
     }
+    // The plan's locks first, then the snapshot: a TRUNCATE that commits while this waits
+    // for its lock (the worker emptying a journal table it has just saved) is then seen
+    // whole, the rows it saved included. The locks last until the transaction ends, as
+    // any query's do.
+    // SAFETY: a kept (saved) plan of this backend; the cached plan is released at once with
+    // the resource owner it was taken with (a saved plan's: CurrentResourceOwner).
+    unsafe {
+        let cplan = pg_sys::SPI_plan_get_cached_plan(plan);
+        if !cplan.is_null() {
+            pg_sys::ReleaseCachedPlan(cplan, pg_sys::CurrentResourceOwner);
+        }
+    }
     // SAFETY: a kept plan of this backend, with as many arguments as it was prepared
     // with (the same call site's); the snapshot GetLatestSnapshot returns is valid until
     // the next one is taken, and SPI registers it for the query's duration; read-only,

@@ -85,13 +85,16 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
             next_compaction = Instant::now() + p;
         }
         if crate::lanes::enabled() && now >= next_journal {
-            BackgroundWorker::transaction(|| {
+            let done = BackgroundWorker::transaction(|| {
                 Spi::connect_mut(|client| {
                     if installed(client) {
-                        crate::lanes::rotate_journal(client);
+                        crate::lanes::rotate_journal(client)
+                    } else {
+                        crate::lanes::Rotation::default()
                     }
                 })
             });
+            crate::lanes::rotated(done);
             next_journal = Instant::now() + JOURNAL_ROUND;
         }
         if let Some(p) = retention.filter(|_| now >= next_retention) {
@@ -111,7 +114,7 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
         BackgroundWorker::transaction(|| {
             Spi::connect_mut(|client| {
                 if installed(client) {
-                    crate::lanes::save_cursors(client, None);
+                    crate::lanes::save_cursors(client);
                 }
             })
         });

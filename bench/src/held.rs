@@ -318,6 +318,14 @@ pub fn run(dsn: &str, s: &Sizes, only: &[String]) -> (String, Vec<(String, f64, 
             last(&h.singles) / last(&n.singles),
             if system == System::Queen { ">= 0.8" } else { "(baseline)" },
         ));
+        // Bounded tables: the last minute's size against the second minute's (the first
+        // still fills up to what retention keeps), snapshot held.
+        let grew = |v: &[f64]| last(v) / v.get(1).or(v.first()).copied().unwrap_or(f64::NAN);
+        ratios.push((
+            format!("held snapshot: {} tables, last minute / minute 2", system.name()),
+            grew(&h.size_mb),
+            if system == System::Queen { "<= 1.2" } else { "(baseline)" },
+        ));
     }
     let mut md = String::new();
     let _ = writeln!(md, "## pop + ack under a held snapshot\n");

@@ -620,18 +620,53 @@ impl<'a> Registry<'a> {
             return;
         }
         if let Some(saved) = restore {
-            // The saved state's lease was chained before; restoring it re-chains it (its
-            // lease slot may have gone meanwhile: then the lane loses it, as if expired).
-            if !self.set_state(i, saved, None, i64::MAX) {
-                let mut bare = saved;
-                bare.lease_id = [0; 16];
-                self.set_state(i, bare, None, i64::MAX);
-            }
+            self.put_back(i, saved, None, i64::MAX);
         } else if self.lanes[i].changed == 1 {
             self.lanes[i].dirty = 1;
         }
         self.lanes[i].changed = 0;
         self.lanes[i].holder = Holder { owner: NIL, ..Holder::default() };
+    }
+
+    /// An abort: puts back `saved`, the state `owner` found when it locked the lane, and
+    /// releases the lock. `lease`: the queue and group of `saved`'s lease, so that it is
+    /// recreated if the aborted change ended it (an ack of its last lane).
+    pub fn unlock_restoring(&mut self, key: &LaneKey, owner: u32, saved: State, lease: Option<(i64, &str)>, now: i64) {
+        let Ok(i) = find_lane(self.lanes, key) else { return };
+        if self.lanes[i].status != READY || self.lanes[i].holder.owner != owner {
+            return;
+        }
+        self.put_back(i, saved, lease, now);
+        self.lanes[i].changed = 0;
+        self.lanes[i].holder = Holder { owner: NIL, ..Holder::default() };
+    }
+
+    /// A subtransaction's abort: puts back `saved`, what the lane held when the
+    /// subtransaction first changed it; `owner` keeps the lock (its parent took it).
+    /// `lease` as in `unlock_restoring`.
+    pub fn restore(&mut self, key: &LaneKey, owner: u32, saved: State, lease: Option<(i64, &str)>, now: i64) {
+        let Ok(i) = find_lane(self.lanes, key) else { return };
+        if self.lanes[i].status != READY || self.lanes[i].holder.owner != owner {
+            return;
+        }
+        self.put_back(i, saved, lease, now);
+    }
+
+    /// Sets lane `i` back to `saved` (no journal number check: it goes back). If its lease
+    /// cannot be chained again (gone, and no room or no `lease` to recreate it), the lane
+    /// loses it, as if it had expired: the cursor and retry count are put back anyway.
+    fn put_back(&mut self, i: usize, saved: State, lease: Option<(i64, &str)>, now: i64) {
+        if !self.set_state(i, saved, lease, now) {
+            let mut bare = saved;
+            bare.lease_id = [0; 16];
+            let done = self.set_state(i, bare, None, now);
+            debug_assert!(done, "a state without a lease always fits");
+        }
+    }
+
+    /// The queue of a live lease slot (for recreating it on an abort).
+    pub fn lease_queue(&self, id: &[u8; 16]) -> Option<i64> {
+        find_lease(self.leases, id).ok().map(|l| self.leases[l].queue_id)
     }
 
     /// Replaces the state of a lane `owner` holds. `lease` names the queue and group of a
@@ -954,6 +989,43 @@ mod tests {
         }
         assert_eq!(m.reg().leases_live(), 0);
         assert_eq!(m.reg().lanes_live(), 3);
+    }
+
+    #[test]
+    fn an_aborted_ack_of_a_leases_last_lane_brings_the_lease_back() {
+        let mut m = Mem::new(8, 8);
+        let a = key(1, "g");
+        m.load(&a, 3);
+        m.reg().lock(&a, holder(0)).unwrap();
+        let s = m.state(&a);
+        let claimed = State { lease_id: lease(4), lease_expires: 100, batch_end: 8, claim_start: 4, ..s };
+        assert!(m.reg().set(&a, 0, claimed, Some((42, "g")), 0));
+        m.reg().unlock(&a, 0, None);
+        // The same transaction acks it in a savepoint (the lease slot goes with its last
+        // lane), then rolls the savepoint back: cursor, retry count and lease come back.
+        m.reg().lock(&a, holder(1)).unwrap();
+        let found = m.state(&a);
+        assert_eq!(m.reg().lease_queue(&lease(4)), Some(42));
+        let acked = State { committed: 8, journal_seq: 1, ..State::default() };
+        assert!(m.reg().set(&a, 1, acked, None, 0));
+        assert_eq!(m.reg().view().lease(&lease(4)), None);
+        m.reg().restore(&a, 1, found, Some((42, "g")), 50);
+        assert_eq!(m.state(&a), claimed);
+        assert_eq!(m.reg().view().lease(&lease(4)).map(|l| l.lanes), Some(vec![a]));
+        m.reg().check().unwrap();
+        // The same again at the top level: the lock is released too.
+        assert!(m.reg().set(&a, 1, acked, None, 0));
+        m.reg().unlock_restoring(&a, 1, found, Some((42, "g")), 50);
+        assert_eq!(m.reg().view().lane(&a), Seen::Ready(claimed, None));
+        assert!(m.reg().holds(&a, &lease(4), 50));
+        assert!(m.reg().dirty(1).is_empty(), "nothing changed in the end");
+        // Without the lease's queue and group (or no room), the lane loses the lease, as
+        // if it expired, but its cursor still goes back.
+        m.reg().lock(&a, holder(1)).unwrap();
+        assert!(m.reg().set(&a, 1, acked, None, 0));
+        m.reg().unlock_restoring(&a, 1, found, None, 50);
+        assert_eq!(m.state(&a), State { lease_id: [0; 16], ..claimed });
+        m.reg().check().unwrap();
     }
 
     #[test]

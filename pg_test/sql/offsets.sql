@@ -55,3 +55,13 @@ PREPARE TRANSACTION 'queen-offsets';
 SELECT count(*) AS prepared FROM pg_prepared_xacts;
 SELECT msg_offset FROM queen.push('o', '"after prepare"');
 SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+
+-- Nor one that holds a lane (a pop that leased it, an ack): the lane stays as it was.
+SELECT msg_offset FROM queen.push('o', '"leased, then prepared?"');
+BEGIN;
+SELECT msg_offset, attempt FROM queen.pop('o', batch => 1);
+\set VERBOSITY sqlstate
+PREPARE TRANSACTION 'queen-lanes';
+\set VERBOSITY default
+SELECT count(*) AS prepared FROM pg_prepared_xacts;
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);

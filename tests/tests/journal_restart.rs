@@ -1,0 +1,90 @@
+//! The lane journal across an immediate stop: a lane acked without pause never has its
+//! `queen.lanes` row updated (its newest cursor is always in the current journal table).
+//! After a crash the registry starts empty and the worker goes on rotating the journal;
+//! the cursor must survive those rotations although no session touches the lane until
+//! they are done, and an ack rolled back to a savepoint must leave cursor and lease as
+//! they were.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use queen_it::harness::cluster_immediate_restart;
+use queen_it::{dsn, unique};
+
+fn connect_retrying() -> Client {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(c) = Client::connect(&dsn(), NoTls) {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "the server did not come back");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn committed(c: &mut Client, queue: &str) -> i64 {
+    c.query_one("SELECT committed FROM queen.status($1)", &[&queue]).unwrap().get(0)
+}
+
+#[test]
+fn a_hot_lanes_cursor_survives_a_crash_and_the_rotations_after_it() {
+    let queue = unique("journal");
+    let mut c = connect_retrying();
+    c.execute(
+        "SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', $1::text, 'payload', i))
+                                                   FROM generate_series(1, 20000) i))",
+        &[&queue],
+    )
+    .unwrap();
+    // Ack 10 at a time, 50 times a second, for 7 s: several journal rounds (2 s each) with the lane never quiet.
+    let t0 = Instant::now();
+    let mut acked = 0i64;
+    while t0.elapsed() < Duration::from_secs(7) {
+        let rows = c.query("SELECT lease_id, msg_offset FROM queen.pop($1, batch => 10)", &[&queue]).unwrap();
+        assert!(!rows.is_empty(), "the backlog lasts the whole test");
+        let lease: uuid::Uuid = rows[0].get(0);
+        c.execute("SELECT queen.ack($1)", &[&lease]).unwrap();
+        acked = rows.iter().map(|r| r.get::<_, i64>(1)).max().unwrap();
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(committed(&mut c, &queue), acked);
+    let row: i64 = c
+        .query_one(
+            "SELECT l.committed FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id WHERE q.name = $1",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0);
+    assert!(row < acked, "the hot lane's row was updated ({row} of {acked}): the test would prove nothing");
+    drop(c);
+
+    cluster_immediate_restart();
+    // Nobody uses the lane while the worker rotates the journal: both tables retire once.
+    thread::sleep(Duration::from_secs(10));
+    let mut c = connect_retrying();
+    assert_eq!(committed(&mut c, &queue), acked, "the cursor went back after the crash");
+    let next: i64 =
+        c.query_one("SELECT msg_offset FROM queen.pop($1, batch => 1, auto_ack => true)", &[&queue]).unwrap().get(0);
+    assert_eq!(next, acked + 1);
+
+    // An ack of a lease's only lane, rolled back to a savepoint: nothing moved, the lease
+    // is still live and its ack works afterwards.
+    let acked = next;
+    let mut tx = c.transaction().unwrap();
+    let lease: uuid::Uuid =
+        tx.query_one("SELECT DISTINCT lease_id FROM queen.pop($1, batch => 5)", &[&queue]).unwrap().get(0);
+    let mut sp = tx.transaction().unwrap();
+    sp.execute("SELECT queen.ack($1)", &[&lease]).unwrap();
+    sp.rollback().unwrap();
+    tx.commit().unwrap();
+    let (cursor, live): (i64, Option<uuid::Uuid>) = {
+        let r = c.query_one("SELECT committed, lease_id FROM queen.status($1)", &[&queue]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((cursor, live), (acked, Some(lease)), "a rolled-back ack changed the lane");
+    let released: bool =
+        c.query_one("SELECT (queen.ack($1) -> 'lanes' -> 0 ->> 'leaseReleased')::bool", &[&lease]).unwrap().get(0);
+    assert!(released);
+    assert_eq!(committed(&mut c, &queue), acked + 5);
+}
