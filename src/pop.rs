@@ -105,10 +105,7 @@ fn pop_sql(
     queues::CREATED_HERE.with(|c| c.set(false));
     let first_writer = durability::pop_start();
     let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
-    // An auto-ack moves the cursor: it commits durably, as an ack does.
-    if !args.auto_ack {
-        durability::pop_done(first_writer);
-    }
+    durability::pop_done(first_writer);
     queues::CREATED_HERE.with(|c| c.set(false));
     TableIterator::new(rows.into_iter().map(move |d| {
         (
