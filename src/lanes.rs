@@ -41,6 +41,7 @@ use queen_core::lanes::{
 };
 
 use crate::errors::{self, SpiExt};
+use crate::shmem::{owner, subxact};
 use crate::spi::run;
 
 pub const TRANCHE: &CStr = c"queen lanes";
@@ -180,43 +181,31 @@ fn shared() -> &'static Shared {
 
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>, &mut Journal) -> R) -> R {
     let s = shared();
-    // SAFETY: the lock guards the registry; `f` is pure Rust that raises no ERROR, so the
-    // lock is released here (an ERROR elsewhere releases every LWLock).
+    // SAFETY: our tranche's lock, held exclusively; the parts lie in the block it guards,
+    // and `f` is pure Rust that raises no ERROR.
     unsafe {
-        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let (h, lanes, leases, journal) = parts(s.base, s.layout);
-        let out = f(&mut Registry::new(h, lanes, leases), journal);
-        pg_sys::LWLockRelease(s.lock);
-        out
+        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
+            let (h, lanes, leases, journal) = parts(s.base, s.layout);
+            f(&mut Registry::new(h, lanes, leases), journal)
+        })
     }
 }
 
 fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
     let s = shared();
-    // SAFETY: as `with_registry`; readers only read.
+    // SAFETY: as `with_registry`; readers only read, under the lock in shared mode.
     unsafe {
-        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_SHARED);
-        let (h, lanes, leases, _) = parts(s.base, s.layout);
-        let out = f(&View::new(h, lanes, leases));
-        pg_sys::LWLockRelease(s.lock);
-        out
+        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_SHARED, || {
+            let (h, lanes, leases, _) = parts(s.base, s.layout);
+            f(&View::new(h, lanes, leases))
+        })
     }
-}
-
-fn owner() -> u32 {
-    // SAFETY: this backend's id, 1..=MaxBackends for every process running queen's code.
-    (unsafe { pg_sys::MyBackendId } - 1) as u32
 }
 
 fn me() -> Holder {
     // SAFETY: MyProc is this backend's PGPROC, set for every backend.
     let (backend, lxid) = unsafe { ((*pg_sys::MyProc).backendId, (*pg_sys::MyProc).lxid) };
     Holder { owner: owner(), vxid_backend: backend, vxid_local: lxid }
-}
-
-fn subxact() -> u32 {
-    // SAFETY: a plain read of the transaction state.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
 }
 
 fn full(what: &str) -> ! {

@@ -26,6 +26,7 @@ use pgrx::PgSqlErrorCode;
 use queen_core::offsets::{Header, Layout, Load, Record, Refusal, Registry, Seen, Slot, View};
 
 use crate::errors;
+use crate::shmem::{owner, subxact};
 
 pub const TRANCHE: &CStr = c"queen";
 
@@ -148,14 +149,13 @@ fn shared() -> &'static Shared {
 /// Runs `f` on the registry under its lock, exclusively.
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
     let s = shared();
-    // SAFETY: the lock guards the registry; `f` is pure Rust that cannot raise an ERROR
-    // (so the lock is always released here; an ERROR elsewhere releases every LWLock).
+    // SAFETY: our tranche's lock, held exclusively; the parts lie in the block it guards,
+    // and `f` is pure Rust that cannot raise an ERROR.
     unsafe {
-        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        let (h, slots, recs, owners) = parts(s.base, s.layout);
-        let out = f(&mut Registry::new(h, slots, recs, owners));
-        pg_sys::LWLockRelease(s.lock);
-        out
+        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
+            let (h, slots, recs, owners) = parts(s.base, s.layout);
+            f(&mut Registry::new(h, slots, recs, owners))
+        })
     }
 }
 
@@ -164,24 +164,11 @@ fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
     let s = shared();
     // SAFETY: as `with_registry`; readers only read, and writers hold the lock exclusively.
     unsafe {
-        pg_sys::LWLockAcquire(s.lock, pg_sys::LWLockMode::LW_SHARED);
-        let (h, slots, recs, _) = parts(s.base, s.layout);
-        let out = f(&View::new(h, slots, recs));
-        pg_sys::LWLockRelease(s.lock);
-        out
+        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_SHARED, || {
+            let (h, slots, recs, _) = parts(s.base, s.layout);
+            f(&View::new(h, slots, recs))
+        })
     }
-}
-
-/// This backend's owner number in the registry.
-fn owner() -> u32 {
-    // SAFETY: MyBackendId is this backend's id (1..=MaxBackends) for every process that
-    // runs queen's functions: client backends and background workers.
-    (unsafe { pg_sys::MyBackendId } - 1) as u32
-}
-
-fn subxact() -> u32 {
-    // SAFETY: a plain read of the transaction state; queen's functions run in a transaction.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
 }
 
 /// Another backend is loading a partition: give it a moment.

@@ -68,3 +68,31 @@ unsafe fn alloc(name: &std::ffi::CStr, size: usize) -> (*mut u8, bool) {
     let p = unsafe { pg_sys::ShmemInitStruct(name.as_ptr(), size, &mut found) } as *mut u8;
     (p, found)
 }
+
+/// Runs `f` holding `lock` in `mode` (exclusive or shared), for the registries kept here.
+///
+/// SAFETY (for callers): `lock` is one of queen's named LWLocks, and `f` is pure Rust that
+/// raises no ERROR, so the lock is always released here (an ERROR elsewhere releases
+/// every LWLock anyway).
+pub unsafe fn locked<R>(lock: *mut pg_sys::LWLock, mode: pg_sys::LWLockMode::Type, f: impl FnOnce() -> R) -> R {
+    // SAFETY: as the caller promises.
+    unsafe {
+        pg_sys::LWLockAcquire(lock, mode);
+        let out = f();
+        pg_sys::LWLockRelease(lock);
+        out
+    }
+}
+
+/// This backend's owner number in queen's registries (0-based).
+pub fn owner() -> u32 {
+    // SAFETY: MyBackendId is this backend's id (1..=MaxBackends) for every process that
+    // runs queen's functions: client backends and background workers.
+    (unsafe { pg_sys::MyBackendId } - 1) as u32
+}
+
+/// The current subtransaction's id.
+pub fn subxact() -> u32 {
+    // SAFETY: a plain read of the transaction state; queen's functions run in a transaction.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}

@@ -615,13 +615,14 @@ impl<'a> Registry<'a> {
     /// Ends `owner`'s lock of a lane. `restore`: the state to put back (an abort).
     /// A committed change of the cursor or retry count marks the lane for saving.
     pub fn unlock(&mut self, key: &LaneKey, owner: u32, restore: Option<State>) {
+        if let Some(saved) = restore {
+            return self.unlock_restoring(key, owner, saved, None, i64::MAX);
+        }
         let Ok(i) = find_lane(self.lanes, key) else { return };
         if self.lanes[i].status != READY || self.lanes[i].holder.owner != owner {
             return;
         }
-        if let Some(saved) = restore {
-            self.put_back(i, saved, None, i64::MAX);
-        } else if self.lanes[i].changed == 1 {
+        if self.lanes[i].changed == 1 {
             self.lanes[i].dirty = 1;
         }
         self.lanes[i].changed = 0;
