@@ -214,10 +214,15 @@ BEGIN
   IF queue IS NULL THEN
     RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
   END IF;
-  -- The queue row first (pushes that create partitions and pops that create groups take
-  -- weaker locks on it, so they wait for us or we for them, never in a cycle), then its
-  -- partitions in name order, as pushes lock them.
-  SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.name = delete_queue.queue FOR UPDATE;
+  -- The queue lock in exclusive mode before anything else: every call that touched the
+  -- queue holds it in share mode until it ends, so this waits for them and none of them
+  -- waits for this while holding a row of the queue (src/locks.rs). Then the queue row,
+  -- then its partitions in name order.
+  SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.name = delete_queue.queue;
+  IF qid IS NOT NULL THEN
+    PERFORM queen._own_queue(qid);
+    SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.queue_id = qid FOR UPDATE;
+  END IF;
   IF qid IS NULL THEN
     RETURN jsonb_build_object('queue', queue, 'deleted', false);
   END IF;
@@ -266,6 +271,7 @@ ALTER FUNCTION queen.dlq_replay(uuid, text) SECURITY DEFINER;
 ALTER FUNCTION queen.dlq_delete(uuid, text) SECURITY DEFINER;
 ALTER FUNCTION queen.retain(text) SECURITY DEFINER;
 ALTER FUNCTION queen.compact(text) SECURITY DEFINER;
+ALTER FUNCTION queen.create_group(text, text, text) SECURITY DEFINER;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
@@ -283,6 +289,8 @@ COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
   'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
 COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead letter with a fresh transaction id';
 COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
+COMMENT ON FUNCTION queen.create_group(text, text, text) IS
+  'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
 COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text) IS 'queen internal: the body of queen.pop; not granted';
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
@@ -326,6 +334,7 @@ COMMENT ON FUNCTION queen._forget_lanes(uuid[], text[]) IS 'queen internal: the 
 COMMENT ON FUNCTION queen._group_hash(text) IS 'queen internal: the lane registry''s hash of a group name; not granted';
 COMMENT ON FUNCTION queen._expire_lease(uuid) IS 'queen internal: end a lease now, as if it had expired (tests); not granted';
 COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
+COMMENT ON FUNCTION queen._own_queue(bigint) IS 'queen internal: the queue lock in exclusive mode (delete_queue); not granted';
 COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
 COMMENT ON FUNCTION queen.retain(text) IS
   'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';

@@ -75,6 +75,12 @@ CREATE FUNCTION queen."_queues_changed"() RETURNS void
 STRICT VOLATILE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'queues_changed_wrapper';
+CREATE FUNCTION queen."_own_queue"(
+	"queue_id" bigint /* i64 */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'own_queue_sql_wrapper';
 CREATE FUNCTION queen."compact"(
 	"queue" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS jsonb /* JsonB */
@@ -166,8 +172,9 @@ BEGIN
 EXCEPTION WHEN lock_not_available THEN
   RETURN false;
 END $$;
-REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text), queen._group_hash(text), queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int), queen._forget_lanes(uuid[], text[]), queen._expire_lease(uuid), queen._claimable(uuid, text, bigint), queen._committed(uuid, text, bigint), queen._empty_journal(int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text), queen._group_hash(text), queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int), queen._forget_lanes(uuid[], text[]), queen._expire_lease(uuid), queen._claimable(uuid, text, bigint), queen._committed(uuid, text, bigint), queen._empty_journal(int), queen._own_queue(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
+COMMENT ON FUNCTION queen._own_queue(bigint) IS 'queen internal: the queue lock in exclusive mode (delete_queue); not granted';
 COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';
@@ -257,10 +264,15 @@ BEGIN
   IF queue IS NULL THEN
     RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
   END IF;
-  -- The queue row first (pushes that create partitions and pops that create groups take
-  -- weaker locks on it, so they wait for us or we for them, never in a cycle), then its
-  -- partitions in name order, as pushes lock them.
-  SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.name = delete_queue.queue FOR UPDATE;
+  -- The queue lock in exclusive mode before anything else: every call that touched the
+  -- queue holds it in share mode until it ends, so this waits for them and none of them
+  -- waits for this while holding a row of the queue (src/locks.rs). Then the queue row,
+  -- then its partitions in name order.
+  SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.name = delete_queue.queue;
+  IF qid IS NOT NULL THEN
+    PERFORM queen._own_queue(qid);
+    SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.queue_id = qid FOR UPDATE;
+  END IF;
   IF qid IS NULL THEN
     RETURN jsonb_build_object('queue', queue, 'deleted', false);
   END IF;
@@ -289,3 +301,17 @@ BEGIN
   RETURN jsonb_build_object('queue', queue, 'deleted', true, 'partitions', n_partitions,
                             'segments', n_segments, 'deadLetters', n_dead);
 END $$;
+
+-- Consumer groups for deploy scripts (issue 14).
+CREATE FUNCTION queen."create_group"(
+	"queue" TEXT, /* Option < & str > */
+	"consumer_group" TEXT, /* Option < & str > */
+	"subscription" TEXT DEFAULT 'all' /* Option < & str > */
+) RETURNS jsonb /* pgrx :: JsonB */
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'create_group_wrapper';
+ALTER FUNCTION queen.create_group(text, text, text) SECURITY DEFINER;
+REVOKE ALL ON FUNCTION queen.create_group(text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION queen.create_group(text, text, text) IS
+  'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';

@@ -142,6 +142,14 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     let registry = crate::lanes::enabled();
     let lanes: Vec<LockedLane> = if registry {
         lock_registry(client, lease_id, pids.as_deref(), now)
+    } else if !crate::spi::first_value::<i64>(run(
+        client,
+        "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
+        &[lease_id.into()],
+    ))
+    .is_some_and(crate::locks::share_queue)
+    {
+        Vec::new() // unknown lease, or its queue was deleted while this waited
     } else {
         run(
             client,
@@ -290,6 +298,10 @@ fn lock_registry(
     now: i64,
 ) -> Vec<LockedLane> {
     let Some(info) = crate::lanes::lease(lease_id) else { return Vec::new() };
+    // The queue lock before the lanes (`queen_core::lock_order`).
+    if !crate::locks::share_queue(info.queue_id) {
+        return Vec::new();
+    }
     let policy = run(
         client,
         "SELECT retry_limit, dead_letter_queue OR dlq_after_max_retries, name FROM queen.queues WHERE queue_id = $1",

@@ -53,10 +53,10 @@ fn configure_group(
         errors::invalid("handler_timeout", "0 (must be > 0)");
     }
     Spi::connect_mut(|client| {
-        let (queue_id, ..) = queues::ensure_queue(client, queue);
-        // Creates the group and its lanes as a first pop would ('all'); if another session
-        // is creating it right now, the upsert below waits for it.
-        queues::ensure_group(client, queue_id, group, "all");
+        let (queue_id, ..) = queues::ensure_queue_locked(client, queue);
+        // Creates the group and its lanes as a first pop would ('all'), after a session
+        // that is creating it right now.
+        queues::ensure_group(client, queue_id, group, "all", true);
         run(
             client,
             "INSERT INTO queen.groups AS g (queue_id, consumer_group, handler_timeout, queue_margin,

@@ -12,25 +12,31 @@ use crate::push::{push_items, PushItem};
 use crate::spi::{from_pg_uuid, run};
 
 /// The oldest dead-letter row at an address, locked; P0002 when there is none. Two
-/// consumer groups can dead-letter the same message: each call takes one row.
+/// consumer groups can dead-letter the same message: each call takes one row. Returns
+/// (row id, queue, partition); the payload is read apart (`payload`), so that deleting a
+/// row never needs to open it.
 fn lock_row(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
     transaction_id: &str,
-) -> (pgrx::Uuid, String, String, Vec<u8>) {
-    let rows = run(
-        client,
-        "SELECT d.id, q.name, p.name, coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id))
+) -> (pgrx::Uuid, String, String) {
+    const LOCK: &str = "SELECT d.id, q.name, p.name
            FROM queen.log_dlq d
            JOIN queen.queues q ON q.queue_id = d.queue_id
            JOIN queen.partitions p ON p.partition_id = d.partition_id
           WHERE d.partition_id = $1 AND d.transaction_id = $2
           ORDER BY d.failed_at, d.id
           LIMIT 1
-            FOR UPDATE OF d",
+            FOR UPDATE OF d";
+    // The queue lock before the row lock (`queen_core::lock_order`).
+    let queue_id = crate::spi::first_value::<i64>(run(
+        client,
+        "SELECT queue_id FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 LIMIT 1",
         &[partition_id.into(), transaction_id.into()],
-    );
-    let Some(row) = rows.into_iter().next() else {
+    ));
+    let locked = queue_id.is_none_or(crate::locks::share_queue);
+    let row = if locked { run(client, LOCK, &[partition_id.into(), transaction_id.into()]).next() } else { None };
+    let Some(row) = row else {
         errors::raise(
             PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
             format!(
@@ -39,12 +45,21 @@ fn lock_row(
             ),
         );
     };
-    (
-        row.get(1).or_raise().unwrap(),
-        row.get(2).or_raise().unwrap(),
-        row.get(3).or_raise().unwrap(),
-        row.get::<crate::jsonb::RawJsonb>(4).or_raise().unwrap().0,
-    )
+    (row.get(1).or_raise().unwrap(), row.get(2).or_raise().unwrap(), row.get(3).or_raise().unwrap())
+}
+
+/// The payload of a dead letter, opened if the queue is encrypted.
+fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> Vec<u8> {
+    let rows = run(
+        client,
+        "SELECT coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)) FROM queen.log_dlq d WHERE d.id = $1",
+        &[id.into()],
+    );
+    rows.first()
+        .get::<crate::jsonb::RawJsonb>(1)
+        .or_raise()
+        .unwrap_or_else(|| errors::internal("dead letter vanished"))
+        .0
 }
 
 fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx::Uuid, &str) {
@@ -60,7 +75,10 @@ fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
-    let (id, queue, partition, payload) = Spi::connect_mut(|client| lock_row(client, partition_id, transaction_id));
+    let (id, queue, partition, payload) = Spi::connect_mut(|client| {
+        let (id, queue, partition) = lock_row(client, partition_id, transaction_id);
+        (id, queue, partition, payload(client, id))
+    });
     let pushed = push_items(vec![PushItem { queue, partition, payload, transaction_id: None }]);
     let row = &pushed[0];
     let removed = Spi::connect_mut(|client| {

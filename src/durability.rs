@@ -1,15 +1,19 @@
 //! Commit durability of a pop (README, "Durability").
 //!
-//! A pop's writes — the lease, the attempt count, an auto-ack's cursor advance — can be
-//! lost in a server crash without losing a message: the messages are delivered again,
-//! which at-least-once delivery allows. So when a transaction's only WAL is the pop's own,
-//! its commit does not wait for the WAL flush (`synchronous_commit = off` for that commit
-//! alone). A push and an ack keep the configured durability, and so does every
-//! transaction that wrote anything else: its writes are the user's, not queen's.
+//! A pop's lease and attempt count can be lost in a server crash without losing a
+//! message: the messages are delivered again, which at-least-once delivery allows. So
+//! when a transaction's only WAL is one leasing pop's own, its commit does not wait for
+//! the WAL flush (`synchronous_commit = off` for that commit alone).
+//!
+//! Everything else keeps the configured durability: a push, an ack, an auto-ack pop (it
+//! moves the cursor, which must never move back after a crash: an auto-acked message is
+//! never delivered again), a pop that created its consumer group (a 'new' group forgotten
+//! in a crash would be created again later, at a later end, and skip what came between),
+//! and every transaction that wrote anything else: its writes are the user's, not queen's.
 //!
 //! "Only the pop's own" is checked by WAL position: `XactLastRecEnd` is 0 until a
 //! transaction writes WAL, so it is 0 when the pop starts and, at pre-commit, still where
-//! the pop left it. `queen.durable_pop = on` turns this off.
+//! the pop left it. `queen.durable_pop = on` makes every pop's commit wait.
 
 use std::ffi::CStr;
 
@@ -24,9 +28,10 @@ pub fn init() {
     GucRegistry::define_bool_guc(
         c"queen.durable_pop",
         c"Whether a pop's commit waits for its WAL flush.",
-        c"Off (the default): a transaction whose only writes are one pop's commits without \
-          waiting for the WAL flush; a server crash can forget that lease or auto-ack, and \
-          its messages are delivered again. On: the configured synchronous_commit applies.",
+        c"Off (the default): a transaction whose only writes are one leasing pop's commits \
+          without waiting for the WAL flush; a server crash can forget that lease, and its \
+          messages are delivered again. Auto-ack pops and pops that create their group always \
+          wait. On: the configured synchronous_commit applies to every pop.",
         &DURABLE_POP,
         GucContext::Userset,
         GucFlags::default(),
@@ -39,16 +44,18 @@ fn wal_end() -> u64 {
     unsafe { pg_sys::XactLastRecEnd }
 }
 
-/// Marks the start of a pop; pass the result to `pop_done`.
-pub fn pop_start() -> bool {
-    !DURABLE_POP.get() && wal_end() == 0
+/// Marks the start of a pop; pass the result to `pop_done`. An auto-ack pop keeps the
+/// configured durability.
+pub fn pop_start(auto_ack: bool) -> bool {
+    !auto_ack && !DURABLE_POP.get() && wal_end() == 0
 }
 
-/// Marks the end of a pop. When the pop was the transaction's first writer, its commit
-/// skips the flush wait unless something wrote WAL after it.
-pub fn pop_done(first_writer: bool) {
+/// Marks the end of a pop. When a leasing pop was the transaction's first writer and did
+/// not create its group (`created_group`), its commit skips the flush wait unless
+/// something wrote WAL after it.
+pub fn pop_done(first_writer: bool, created_group: bool) {
     let end = wal_end();
-    if !first_writer || end == 0 {
+    if !first_writer || created_group || end == 0 {
         return;
     }
     register_xact_callback(PgXactCallbackEvent::PreCommit, move || {

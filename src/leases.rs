@@ -41,6 +41,10 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
 /// `target`. Returns how many, and the earliest new expiry as ISO text.
 fn extend_registry(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
     let Some(info) = crate::lanes::lease(lease_id) else { return (0, None) };
+    // The queue lock, then the lanes in partition order (`queen_core::lock_order`).
+    if !crate::locks::share_queue(info.queue_id) {
+        return (0, None);
+    }
     let mut pids: Vec<pgrx::Uuid> = info.lanes.iter().map(|k| pgrx::Uuid::from_bytes(k.partition)).collect();
     pids.sort_by_key(|p| *p.as_bytes());
     let (mut renewed, mut earliest) = (0i64, i64::MAX);
@@ -69,18 +73,32 @@ fn iso(micros: i64) -> String {
     .unwrap_or_default()
 }
 
-/// Without the registry: the lanes table, in one statement.
+/// Without the registry: the lanes table, in one statement that locks the lanes in
+/// partition order, as an ack does (`queen_core::lock_order`).
 fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
     Spi::connect_mut(|client| {
+        let queue_id = crate::spi::first_value::<i64>(run(
+            client,
+            "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
+            &[lease_id.into()],
+        ));
+        if !queue_id.is_some_and(crate::locks::share_queue) {
+            return (0, None);
+        }
         let row = run(
             client,
             r#"WITH lease AS (
                  SELECT partition_ids FROM queen.leases WHERE lease_id = $1
+               ), locked AS (
+                 SELECT l.partition_id, l.consumer_group FROM queen.lanes l, lease
+                  WHERE l.partition_id = ANY(lease.partition_ids) AND l.lease_id = $1
+                  ORDER BY l.partition_id
+                    FOR UPDATE OF l
                ), renewed AS (
                  UPDATE queen.lanes l SET lease_expires_at = greatest(l.lease_expires_at, $2)
-                   FROM lease
-                  WHERE l.partition_id = ANY(lease.partition_ids) AND l.lease_id = $1
-                    AND l.lease_expires_at > $3
+                   FROM locked k
+                  WHERE l.partition_id = k.partition_id AND l.consumer_group = k.consumer_group
+                    AND l.lease_id = $1 AND l.lease_expires_at > $3
                  RETURNING l.lease_expires_at
                ), stored AS (
                  UPDATE queen.leases SET expires_at = greatest(expires_at, $2)

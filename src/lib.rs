@@ -17,6 +17,7 @@ mod heap;
 mod jsonb;
 mod lanes;
 mod leases;
+mod locks;
 mod offsets;
 mod pop;
 mod push;

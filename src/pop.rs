@@ -103,9 +103,9 @@ fn pop_sql(
     validate(&args);
     let group = args.group.to_string();
     queues::CREATED_HERE.with(|c| c.set(false));
-    let first_writer = durability::pop_start();
+    let first_writer = durability::pop_start(args.auto_ack);
     let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
-    durability::pop_done(first_writer);
+    durability::pop_done(first_writer, queues::CREATED_HERE.with(|c| c.get()));
     queues::CREATED_HERE.with(|c| c.set(false));
     TableIterator::new(rows.into_iter().map(move |d| {
         (
@@ -195,7 +195,11 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let lease_time: Option<i32> = row.get(2).or_raise();
     let has_group: bool = row.get(3).or_raise().unwrap();
     let budget_micros: Option<i64> = row.get(4).or_raise();
-    if !has_group && !queues::ensure_group(client, queue_id, a.group, a.subscription) {
+    // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
+    if !crate::locks::share_queue(queue_id) {
+        return Vec::new(); // deleted while this pop waited: an unknown queue
+    }
+    if !has_group && queues::ensure_group(client, queue_id, a.group, a.subscription, false).is_none() {
         return Vec::new(); // another session is creating this group and claiming right now
     }
 

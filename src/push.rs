@@ -249,9 +249,14 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
                 (queue_id, dedup_window, encrypted, None)
             }
         };
+        // The queue lock before the partition row's foreign key locks the queue row
+        // (`queen_core::lock_order`); a queue deleted while this waited is created again.
+        if pid.is_none() && !crate::locks::share_queue(queue_id) {
+            continue;
+        }
         // A partition another session creates at the same moment: look it up again.
         if let Some(partition_id) = pid.or_else(|| queues::create_partition(client, queue_id, partition)) {
-            return Target { partition_id, dedup_window, encrypted };
+            return Target { queue_id, partition_id, dedup_window, encrypted };
         }
     }
 }
@@ -439,7 +444,15 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         // (queue, partition) name order: the order partition rows are locked in without
         // the registry, so that two batches cannot deadlock.
         for (&(queue, partition), idxs) in &groups {
-            let t = queues::target(queue, partition, || locate(client, queue, partition));
+            // The queue lock first (`queen_core::lock_order`). A push that waited for a
+            // `delete_queue` finds its target again: the queue is created anew.
+            let t = loop {
+                let t = queues::target(queue, partition, || locate(client, queue, partition));
+                if crate::locks::share_queue(t.queue_id) {
+                    break t;
+                }
+                queues::on_abort(); // forget the deleted queue's targets
+            };
             crate::wake::notify_on_commit(queue);
             // Minted transaction ids are unique: only producer-supplied ones need the
             // dedup window, and only they pay for it.

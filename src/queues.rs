@@ -11,6 +11,7 @@ use crate::spi::{first_value, run, to_pg_uuid};
 /// Where one (queue, partition) of a push goes.
 #[derive(Clone, Copy)]
 pub struct Target {
+    pub queue_id: i64,
     pub partition_id: pgrx::Uuid,
     pub dedup_window: i32,
     pub encrypted: bool,
@@ -125,6 +126,17 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
         .unwrap_or_else(|| crate::errors::internal(format_args!("queue {name:?} vanished while being created")))
 }
 
+/// `ensure_queue`, then the queue lock in share mode (`locks::share_queue`): a queue that
+/// a `delete_queue` removed while this waited is created again.
+pub fn ensure_queue_locked(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) {
+    loop {
+        let found = ensure_queue(client, name);
+        if crate::locks::share_queue(found.0) {
+            return found;
+        }
+    }
+}
+
 /// Creates a partition and the lanes of every existing consumer group, all starting at 0:
 /// everything in a partition newer than a group is new to it. Returns None when another
 /// session created the partition first; the caller then looks it up.
@@ -160,17 +172,19 @@ fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64) {
 /// 'new' starts the lanes of existing partitions at their readable end, 'all' at 0 (or
 /// where retention left off).
 ///
-/// Returns false, without waiting, when another session is creating the same group right
-/// now: a pop never waits on a claim that is not its own.
-pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subscription: &str) -> bool {
-    let mine = first_value::<bool>(run(
-        client,
-        "SELECT pg_try_advisory_xact_lock(1364541774, hashtext($1::text || '/' || $2))",
-        &[queue_id.into(), group.into()],
-    ))
-    .unwrap_or(false);
-    if !mine {
-        return false;
+/// The caller holds the queue lock (`locks::share_queue`). With `wait` false (a pop),
+/// returns None without waiting when another session is creating the same group right
+/// now: a pop never waits on a claim that is not its own. Otherwise returns whether this
+/// call created the group.
+pub fn ensure_group(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    group: &str,
+    subscription: &str,
+    wait: bool,
+) -> Option<bool> {
+    if !crate::locks::group_creation(queue_id, group, wait) {
+        return None;
     }
     let created = run(
         client,
@@ -179,7 +193,7 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
         &[queue_id.into(), group.into(), subscription.into()],
     );
     if created.is_empty() {
-        return true;
+        return Some(false);
     }
     CREATED_HERE.with(|c| c.set(true));
     lock_for_new_lanes(client, queue_id);
@@ -192,7 +206,49 @@ pub fn ensure_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subs
          ON CONFLICT DO NOTHING",
         &[queue_id.into(), group.into(), subscription.into()],
     );
-    true
+    Some(true)
+}
+
+/// `queen.create_group`: creates a consumer group (and its queue, as a push would) before
+/// any consumer pops, for deploy scripts. `subscription` 'all' starts at the oldest
+/// message kept, 'new' at each partition's readable end. A group that exists is left as
+/// it is (`created` false, and its own subscription reported). Waits for a pop that is
+/// creating the same group at this moment.
+#[pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn create_group(
+    queue: Option<&str>,
+    consumer_group: Option<&str>,
+    subscription: pgrx::default!(Option<&str>, "'all'"),
+) -> pgrx::JsonB {
+    use crate::errors::{check_lane_name, check_queue_name, invalid, null_arg};
+    let queue = queue.unwrap_or_else(|| null_arg("queue"));
+    let group = consumer_group.unwrap_or_else(|| null_arg("consumer_group"));
+    let subscription = subscription.unwrap_or_else(|| null_arg("subscription"));
+    check_queue_name("queue", queue);
+    check_lane_name("consumer_group", group);
+    if subscription != "all" && subscription != "new" {
+        invalid("subscription", format_args!("{subscription:?} (must be 'all' or 'new')"));
+    }
+    pgrx::Spi::connect_mut(|client| {
+        let (queue_id, ..) = ensure_queue_locked(client, queue);
+        let created = ensure_group(client, queue_id, group, subscription, true).unwrap_or(false);
+        let row = run(
+            client,
+            "SELECT g.subscription, (SELECT count(*) FROM queen.lanes l
+                                      WHERE l.queue_id = g.queue_id AND l.consumer_group = g.consumer_group)
+               FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2",
+            &[queue_id.into(), group.into()],
+        );
+        let row = row.first();
+        pgrx::JsonB(serde_json::json!({
+            "queue": queue,
+            "consumerGroup": group,
+            "created": created,
+            "subscription": row.get::<String>(1).or_raise(),
+            "lanes": row.get::<i64>(2).or_raise().unwrap_or(0),
+        }))
+    })
 }
 
 thread_local! {

@@ -8,6 +8,7 @@ pub mod envelope;
 pub mod ids;
 pub mod lanes;
 pub mod lease;
+pub mod lock_order;
 pub mod names;
 pub mod offsets;
 pub mod segment;

@@ -40,8 +40,12 @@ fn cluster(cmd: &str) {
     assert!(ok.success(), "pg_ctl {cmd} failed");
 }
 
+/// The tests of this file crash the one test cluster: one at a time.
+static CRASHING: Mutex<()> = Mutex::new(());
+
 #[test]
 fn immediate_stop_loses_nothing_that_returned() {
+    let _one = CRASHING.lock().unwrap_or_else(|e| e.into_inner());
     let queue = unique("crash");
     let stop = Arc::new(AtomicBool::new(false));
     let confirmed = Arc::new(Mutex::new(BTreeSet::<(u64, u64)>::new()));
@@ -132,4 +136,57 @@ fn immediate_stop_loses_nothing_that_returned() {
     let committed: i64 =
         c.query_one("SELECT committed FROM queen.status($1) WHERE consumer_group = 'g'", &[&queue]).unwrap().get(0);
     assert!(acked_cursors.lock().unwrap().contains(&committed), "cursor {committed} was set by no ack");
+}
+
+/// Invariant 3 and issue 14 item 8: what an auto-ack pop or a group-creating pop did is
+/// durable when it returns. The WAL writer is slowed to 10 s, so that an asynchronous
+/// commit would still be unflushed when the server is killed right after it.
+#[test]
+fn auto_ack_cursor_and_new_group_survive_a_crash() {
+    let _one = CRASHING.lock().unwrap_or_else(|e| e.into_inner());
+    let queue = unique("crashack");
+    let mut c = connect_retrying();
+    for i in 1..=10 {
+        c.execute("SELECT queen.push($1, jsonb_build_object('i', $2::int))", &[&queue, &i]).unwrap();
+    }
+    // A group that subscribes to what comes after its creation.
+    let none = c.query("SELECT 1 FROM queen.pop($1, 'late', subscription => 'new')", &[&queue]).unwrap();
+    assert!(none.is_empty(), "a 'new' group starts at the end");
+    c.batch_execute("ALTER SYSTEM SET wal_writer_delay = '10s'; SELECT pg_reload_conf()").unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let got: Vec<i64> = c
+        .query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 4, auto_ack => true)", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(got, vec![1, 2, 3, 4]);
+    let none = c.query("SELECT 1 FROM queen.pop($1, 'fresh', subscription => 'new')", &[&queue]).unwrap();
+    assert!(none.is_empty());
+    cluster("crash");
+    cluster("start");
+    let mut c = connect_retrying();
+    c.batch_execute("ALTER SYSTEM RESET wal_writer_delay; SELECT pg_reload_conf()").unwrap();
+    // The auto-acked messages are not delivered again.
+    let next: Vec<i64> = c
+        .query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 100, auto_ack => true)", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(next, (5..=10).collect::<Vec<_>>(), "the auto-ack cursor moved back in the crash");
+    // Messages pushed after the crash reach both 'new' groups: neither was forgotten and
+    // created again at a later end.
+    for i in 11..=12 {
+        c.execute("SELECT queen.push($1, jsonb_build_object('i', $2::int))", &[&queue, &i]).unwrap();
+    }
+    for group in ["late", "fresh"] {
+        let got: Vec<i64> = c
+            .query("SELECT msg_offset FROM queen.pop($1, $2, batch => 100, auto_ack => true)", &[&queue, &group])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(got, vec![11, 12], "group {group} lost messages pushed after the crash");
+    }
 }

@@ -1,0 +1,102 @@
+//! queen's heavyweight locks, in the order `queen_core::lock_order` sets: the queue lock
+//! and the group-creation lock. Both are lock-manager locks on tags that only queen
+//! builds (object locks whose class is one of queen's own tables, which no DDL and no
+//! SQL function can take), so no other role can hold or block them, and the deadlock
+//! detector sees every wait on them.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use queen_core::lock_order::{group_key, queue_key};
+
+fn table_oid(name: &std::ffi::CStr) -> pg_sys::Oid {
+    // SAFETY: plain catalog lookups by name (missing_ok), valid inside a transaction.
+    unsafe {
+        let ns = pg_sys::get_namespace_oid(c"queen".as_ptr(), true);
+        if ns == pg_sys::InvalidOid {
+            return pg_sys::InvalidOid;
+        }
+        pg_sys::get_relname_relid(name.as_ptr(), ns)
+    }
+}
+
+fn object_tag(class: pg_sys::Oid, objid: u32, sub: u16) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        // SAFETY: a plain read of this backend's database.
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field2: class.to_u32(),
+        locktag_field3: objid,
+        locktag_field4: sub,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_OBJECT as u8,
+        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+    }
+}
+
+/// Takes `tag` in `mode` until the transaction ends. Returns (got it, had to wait).
+fn acquire(tag: &pg_sys::LOCKTAG, mode: u32, wait: bool) -> (bool, bool) {
+    let mode = mode as pg_sys::LOCKMODE;
+    // SAFETY: a transaction-scoped lock on a fully initialized tag; LockAcquire raises an
+    // ERROR (deadlock, cancel) through PostgreSQL's own longjmp, which pgrx's guard on
+    // every extern function turns into a Rust panic and back.
+    unsafe {
+        if pg_sys::LockAcquire(tag, mode, false, true) != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
+            return (true, false);
+        }
+        if !wait {
+            return (false, false);
+        }
+        pg_sys::LockAcquire(tag, mode, false, false);
+    }
+    (true, true)
+}
+
+fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
+    object_tag(table_oid(c"queues"), queue_key(queue_id), 0)
+}
+
+/// The queue lock in share mode, for the rest of the transaction: every call that
+/// touches a queue's rows takes it first. Waits only for a `delete_queue` of the queue.
+/// Returns false when the queue was deleted while this call waited (read with a fresh
+/// snapshot; under REPEATABLE READ or SERIALIZABLE that is a serialization failure).
+pub fn share_queue(queue_id: i64) -> bool {
+    let (_, waited) = acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true);
+    !waited || still_there(queue_id)
+}
+
+/// The queue lock in exclusive mode (`delete_queue`).
+pub fn own_queue(queue_id: i64) {
+    acquire(&queue_tag(queue_id), pg_sys::AccessExclusiveLock, true);
+}
+
+fn still_there(queue_id: i64) -> bool {
+    let there = Spi::connect_mut(|client| {
+        crate::spi::first_row_now(
+            client,
+            "SELECT true FROM queen.queues WHERE queue_id = $1",
+            &[queue_id.into()],
+            |_| true,
+        )
+    })
+    .is_some();
+    // SAFETY: a plain read of the transaction's isolation level.
+    if !there && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        crate::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            "queen: could not serialize access: the queue was deleted by a concurrent transaction".to_string(),
+        );
+    }
+    there
+}
+
+/// The creation lock of one consumer group, until the transaction ends. Without `wait`,
+/// false when another transaction is creating the same group right now.
+pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
+    let (objid, sub) = group_key(queue_id, group);
+    acquire(&object_tag(table_oid(c"groups"), objid, sub), pg_sys::AccessExclusiveLock, wait).0
+}
+
+/// `queen._own_queue(queue_id)`: the queue lock in exclusive mode, for `delete_queue`
+/// (PL/pgSQL). Not granted.
+#[pg_extern(name = "_own_queue", volatile, parallel_unsafe)]
+fn own_queue_sql(queue_id: i64) {
+    own_queue(queue_id);
+}
