@@ -100,17 +100,6 @@ fn leasing_pop_alone_commits_without_flush_wait_everything_else_waits() {
         pop_group(c, &queue, &format!("new{g}"), false);
     });
     assert!(creating >= N, "group-creating pops waited for only {creating} WAL flushes out of {N}");
-    // With queen.durable_pop = on, leasing pops wait too.
-    c.batch_execute("SET queen.durable_pop = on").unwrap();
-    let durable = syncs_during(&mut c, |c| {
-        pop_one(c, &queue, false);
-    });
-    assert!(durable >= N, "with queen.durable_pop pops waited for only {durable} WAL flushes out of {N}");
-    let durable_auto = syncs_during(&mut c, |c| {
-        pop_one(c, &queue, true);
-    });
-    assert!(durable_auto >= N, "with queen.durable_pop auto-ack pops waited for only {durable_auto} WAL flushes");
-    c.batch_execute("RESET queen.durable_pop").unwrap();
     let setting: String = c.query_one("SHOW synchronous_commit", &[]).unwrap().get(0);
     assert_eq!(setting, "on", "the session's synchronous_commit is left as it was");
 }

@@ -80,13 +80,21 @@ fn record<T>(stats: &Shared, op: &'static str, r: Result<T, postgres::Error>) ->
             let text = match e.as_db_error() {
                 Some(db) => {
                     let mut t = db.message().to_string();
-                    if let Some(d) = db.detail() {
-                        t.push_str(&format!(" DETAIL: {d}"));
+                    for (label, part) in [("DETAIL", db.detail()), ("HINT", db.hint()), ("WHERE", db.where_())] {
+                        if let Some(part) = part {
+                            t.push_str(&format!("\n{label}: {part}"));
+                        }
                     }
-                    if let Some(w) = db.where_() {
-                        t.push_str(&format!(" WHERE: {}", w.replace('\n', " | ")));
-                    }
-                    t
+                    // Without the Rust backtrace that a pgrx error may carry.
+                    let frame = |l: &str| {
+                        let l = l.trim_start();
+                        l.is_empty()
+                            || l.starts_with("at ")
+                            || l.contains("backtrace")
+                            || l.split_once(": ").is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+                    };
+                    let lines: Vec<&str> = t.lines().filter(|l| !frame(l)).collect();
+                    lines.join(" | ").chars().take(600).collect()
                 }
                 None => e.to_string(),
             };
