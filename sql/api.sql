@@ -25,7 +25,8 @@ CREATE FUNCTION queen.pop(
     auto_ack bool DEFAULT false,
     wait_ms int DEFAULT 0,
     max_partitions int DEFAULT 1,
-    subscription text DEFAULT 'all'
+    subscription text DEFAULT 'all',
+    max_bytes bigint DEFAULT 33554432
 ) RETURNS SETOF queen.message
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -36,11 +37,11 @@ AS $$
 BEGIN
   RETURN QUERY SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
                       r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt
-                 FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9) r;
+                 FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) r;
 END $$;
 
-COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) IS
-  'queen: claim up to batch messages under one lease (or auto_ack); returns queen.message rows';
+COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
+  'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
 
 -- Privileges: the API is granted explicitly (see README, "Privileges"); internals are not.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
@@ -291,7 +292,7 @@ COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead lette
 COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
 COMMENT ON FUNCTION queen.create_group(text, text, text) IS
   'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
-COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text) IS 'queen internal: the body of queen.pop; not granted';
+COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS 'queen internal: the body of queen.pop; not granted';
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';

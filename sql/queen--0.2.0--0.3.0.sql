@@ -315,3 +315,73 @@ ALTER FUNCTION queen.create_group(text, text, text) SECURITY DEFINER;
 REVOKE ALL ON FUNCTION queen.create_group(text, text, text) FROM PUBLIC;
 COMMENT ON FUNCTION queen.create_group(text, text, text) IS
   'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
+
+-- queen.pop gains max_bytes (issue 14: a byte budget per pop). The old function is
+-- replaced; the roles that could execute it can execute the new one.
+SELECT set_config('queen_upgrade.pop_grantees', coalesce(string_agg(quote_ident(a.grantee::regrole::text), ','), ''), true)
+  FROM pg_proc p, aclexplode(p.proacl) a
+ WHERE p.oid = 'queen.pop(text, text, int, text, int, bool, int, int, text)'::regprocedure
+   AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner;
+DROP FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text);
+DROP FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text);
+CREATE FUNCTION queen."_pop"(
+	"p_queue" TEXT, /* Option < & str > */
+	"p_consumer_group" TEXT, /* Option < & str > */
+	"p_batch" INT, /* Option < i32 > */
+	"p_partition" TEXT, /* Option < & str > */
+	"p_lease_seconds" INT, /* Option < i32 > */
+	"p_auto_ack" bool, /* Option < bool > */
+	"p_wait_ms" INT, /* Option < i32 > */
+	"p_max_partitions" INT, /* Option < i32 > */
+	"p_subscription" TEXT, /* Option < & str > */
+	"p_max_bytes" bigint /* Option < i64 > */
+) RETURNS TABLE (
+	"lease_id" uuid,  /* Option < pgrx :: Uuid > */
+	"lease_expires_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"partition_id" uuid,  /* pgrx :: Uuid */
+	"partition" TEXT,  /* String */
+	"consumer_group" TEXT,  /* String */
+	"msg_offset" bigint,  /* i64 */
+	"message_id" uuid,  /* pgrx :: Uuid */
+	"transaction_id" TEXT,  /* String */
+	"payload" jsonb,  /* RawJsonb */
+	"created_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"attempt" INT  /* i32 */
+)
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'pop_sql_wrapper';
+REVOKE ALL ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS 'queen internal: the body of queen.pop; not granted';
+CREATE FUNCTION queen.pop(
+    queue text,
+    consumer_group text DEFAULT '__QUEUE_MODE__',
+    batch int DEFAULT 1,
+    partition text DEFAULT NULL,
+    lease_seconds int DEFAULT 0,
+    auto_ack bool DEFAULT false,
+    wait_ms int DEFAULT 0,
+    max_partitions int DEFAULT 1,
+    subscription text DEFAULT 'all',
+    max_bytes bigint DEFAULT 33554432
+) RETURNS SETOF queen.message
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+BEGIN
+  RETURN QUERY SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
+                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt
+                 FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) r;
+END $$;
+REVOKE ALL ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
+  'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
+DO $$
+BEGIN
+  IF current_setting('queen_upgrade.pop_grantees') <> '' THEN
+    EXECUTE format('GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO %s',
+                   current_setting('queen_upgrade.pop_grantees'));
+  END IF;
+END $$;

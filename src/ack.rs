@@ -57,6 +57,9 @@ fn ack_one(
     JsonB(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
 }
 
+/// Most items one ack call may carry (its report holds one JSON object per item).
+pub const MAX_ACK_ITEMS: u32 = 100_000;
+
 /// The keys an ack item may have.
 const ACK_KEYS: [&str; 4] = ["partitionId", "offset", "status", "error"];
 
@@ -72,6 +75,9 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
         .unwrap_or_else(|| errors::invalid("acks", "must be a JSON array of {partitionId, offset, status?, error?}"));
     if n == 0 {
         errors::invalid("acks", "must hold at least one item");
+    }
+    if n > MAX_ACK_ITEMS {
+        errors::too_big("acks", format_args!("{n} items (at most {MAX_ACK_ITEMS} per call)"));
     }
     let items = (0..n)
         .map(|i| {

@@ -10,6 +10,11 @@ pub fn invalid(argument: &str, detail: impl std::fmt::Display) -> ! {
 }
 
 /// 22004 null_value_not_allowed.
+/// An argument past one of queen's documented limits (54000, program_limit_exceeded).
+pub fn too_big(argument: &str, detail: impl std::fmt::Display) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED, format!("queen: {argument} is too large: {detail}"))
+}
+
 pub fn null_arg(argument: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("queen: {argument} must not be NULL"))
 }

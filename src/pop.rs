@@ -17,6 +17,10 @@ use crate::{durability, queues, segments, wake};
 pub const MAX_POP_BATCH: i32 = 100_000;
 /// Most lanes one pop may claim.
 pub const MAX_POP_PARTITIONS: i32 = 10_000;
+/// Longest a pop may wait for messages (`wait_ms`): five minutes.
+pub const MAX_WAIT_MS: i32 = 300_000;
+/// Most payload bytes one pop may return (`max_bytes`).
+pub const MAX_POP_BYTES: i64 = 1 << 30;
 
 /// Validated arguments of one pop.
 pub struct PopArgs<'a> {
@@ -29,6 +33,9 @@ pub struct PopArgs<'a> {
     pub wait_ms: i32,
     pub max_partitions: i32,
     pub subscription: &'a str,
+    /// The byte budget: payload bytes past it wait for the next pop, except the first
+    /// message, which always comes.
+    pub max_bytes: i64,
 }
 
 /// A lane this pop locked, before it knows how many messages it takes.
@@ -73,6 +80,7 @@ fn pop_sql(
     p_wait_ms: Option<i32>,
     p_max_partitions: Option<i32>,
     p_subscription: Option<&str>,
+    p_max_bytes: Option<i64>,
 ) -> TableIterator<
     'static,
     (
@@ -99,6 +107,7 @@ fn pop_sql(
         wait_ms: p_wait_ms.unwrap_or(0),
         max_partitions: p_max_partitions.unwrap_or(1),
         subscription: p_subscription.unwrap_or("all"),
+        max_bytes: p_max_bytes.unwrap_or_else(|| errors::null_arg("max_bytes")),
     };
     validate(&args);
     let group = args.group.to_string();
@@ -138,6 +147,15 @@ fn validate(a: &PopArgs) {
     }
     if a.wait_ms < 0 {
         errors::invalid("wait_ms", format_args!("{} (must be >= 0)", a.wait_ms));
+    }
+    if a.wait_ms > MAX_WAIT_MS {
+        errors::too_big("wait_ms", format_args!("{} (at most {MAX_WAIT_MS})", a.wait_ms));
+    }
+    if a.max_bytes < 1 {
+        errors::invalid("max_bytes", format_args!("{} (must be >= 1)", a.max_bytes));
+    }
+    if a.max_bytes > MAX_POP_BYTES {
+        errors::too_big("max_bytes", format_args!("{} (at most {MAX_POP_BYTES})", a.max_bytes));
     }
     if a.max_partitions < 1 || a.max_partitions > MAX_POP_PARTITIONS {
         errors::invalid("max_partitions", format_args!("{} (must be 1 to {MAX_POP_PARTITIONS})", a.max_partitions));
@@ -234,6 +252,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut starts = Vec::new();
     let mut attempts = Vec::new();
     let mut old_leases = Vec::new();
+    let mut budget = Budget { left: a.max_bytes, any: false };
     for (c, &take) in candidates.iter().zip(&takes) {
         if take == 0 {
             continue; // locked but not claimed: the lock ends with this transaction
@@ -241,7 +260,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let start = c.committed + 1;
         let attempt = if c.claim_start == Some(start) { c.attempt_count + 1 } else { 0 };
         let before = out.len();
-        let Some(end) = read_span(client, c, take, |mut d| {
+        let Some(end) = read_span(client, c, take, &mut budget, |mut d| {
             d.lease_id = lease_id;
             d.lease_expires_at = expires;
             d.attempt = attempt;
@@ -559,7 +578,32 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
 /// REPEATABLE READ or SERIALIZABLE the snapshot is the transaction's, older than the
 /// readable end: a missing offset may be a message committed since, so the read stops
 /// before it instead and delivers only what comes before.
-fn read_span(client: &mut SpiClient<'_>, c: &Candidate, take: i64, mut emit: impl FnMut(Delivered)) -> Option<i64> {
+/// What is left of a pop's byte budget (`max_bytes`), and whether it delivered anything.
+struct Budget {
+    left: i64,
+    any: bool,
+}
+
+impl Budget {
+    /// Whether a payload of `n` bytes fits; the first message of a pop always does.
+    fn take(&mut self, n: usize) -> bool {
+        let n = n as i64;
+        if self.any && n > self.left {
+            return false;
+        }
+        self.left -= n;
+        self.any = true;
+        true
+    }
+}
+
+fn read_span(
+    client: &mut SpiClient<'_>,
+    c: &Candidate,
+    take: i64,
+    budget: &mut Budget,
+    mut emit: impl FnMut(Delivered),
+) -> Option<i64> {
     // SAFETY: a plain read of the transaction's isolation level.
     let fixed_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
     let (mut next, mut delivered, mut last) = (c.committed + 1, 0i64, None);
@@ -572,6 +616,10 @@ fn read_span(client: &mut SpiClient<'_>, c: &Candidate, take: i64, mut emit: imp
                 stop = fixed_snapshot;
                 return !stop;
             };
+            if !budget.take(f.payload.len()) {
+                stop = true;
+                return false; // past the byte budget: this message waits for the next pop
+            }
             let payload = crate::encryption::open(&f.message_id, f.payload);
             emit(Delivered {
                 lease_id: None,

@@ -15,8 +15,15 @@
 //!
 //! Every error is collected by SQLSTATE. The run passes only with no `40P01` and no
 //! error outside `ALLOWED` (empty: see there), no statement cancelled by the 30 s
-//! `statement_timeout` (a wait that never ends is a deadlock nobody detected), and only
-//! if the run did each kind of work at least once.
+//! `statement_timeout` (a wait that never ends is a deadlock nobody detected), no
+//! "deadlock detected" in the server log during the run (any session: the background
+//! worker's retention and compaction passes too; when QUEEN_TEST_DIR names the cluster's
+//! directory, as `make integration` sets it), and only if the run did each kind of work.
+//!
+//! It needs a cluster with `shared_preload_libraries = 'queen'`, as `make integration`'s:
+//! without it a push holds its partition rows until it commits (README), and the
+//! two-statement transactions here, which push to partitions in opposite orders, deadlock
+//! as any two transactions that update two rows in opposite orders do.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -50,8 +57,14 @@ const CONFIGURE: &str =
 #[derive(Default)]
 struct ErrorStat {
     count: u64,
-    sample: String,
-    ops: BTreeMap<&'static str, u64>,
+    /// Per operation: how many, and the first message.
+    ops: BTreeMap<&'static str, (u64, String)>,
+}
+
+impl ErrorStat {
+    fn samples(&self) -> String {
+        self.ops.iter().map(|(op, (n, text))| format!("\n      {op} x{n}: {text}")).collect()
+    }
 }
 
 #[derive(Default)]
@@ -100,10 +113,8 @@ fn record<T>(stats: &Shared, op: &'static str, r: Result<T, postgres::Error>) ->
             };
             let stat = s.errors.entry(code).or_default();
             stat.count += 1;
-            *stat.ops.entry(op).or_default() += 1;
-            if stat.sample.is_empty() {
-                stat.sample = format!("[{op}] {text}");
-            }
+            let per_op = stat.ops.entry(op).or_insert_with(|| (0, text));
+            per_op.0 += 1;
             None
         }
     }
@@ -126,6 +137,33 @@ fn revive(c: &mut Client) {
     if c.is_closed() {
         *c = session();
     }
+}
+
+/// The test cluster's server log (`scripts/cluster.sh` writes it to QUEEN_TEST_DIR), if
+/// this run can read it: deadlocks whose victim is no session of this test (the background
+/// worker's retention or compaction passes) are found there.
+fn server_log() -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(&std::env::var("QUEEN_TEST_DIR").ok()?).join("server.log");
+    std::fs::metadata(&path).is_ok().then_some(path)
+}
+
+/// The server log's "deadlock detected" reports written after byte `from`, each with the
+/// lines that follow it (DETAIL, the processes, the statement).
+fn logged_deadlocks(path: &std::path::Path, from: u64) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut text = String::new();
+    let mut f = std::fs::File::open(path).expect("open the server log");
+    f.seek(SeekFrom::Start(from)).unwrap();
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).unwrap();
+    text.push_str(&String::from_utf8_lossy(&bytes));
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("deadlock detected"))
+        .map(|(i, _)| lines[i..(i + 6).min(lines.len())].join("\n"))
+        .collect()
 }
 
 fn stress_secs() -> u64 {
@@ -332,10 +370,14 @@ fn dead_letterer(k: usize, queues: [String; 2], stop: Instant, stats: Shared) {
                 let (lease, parts) = by_partition(&rows);
                 let acks = signals(&parts, &mut r);
                 let v: Value = tx.query_one("SELECT queen.ack($1, $2::jsonb)", &[&lease, &acks])?.get(0);
+                // What the signals left leased (nothing, unless only completions were
+                // sent): extended, then completed, still holding the dead letters' rows.
+                tx.query_one("SELECT queen.extend_lease($1, 30)", &[&lease])?;
+                tx.query_one("SELECT queen.ack($1)", &[&lease])?;
                 tx.commit()?;
                 Ok(Some(v))
             });
-            record(&stats, "dl: pop + dead-lettering ack in a transaction", res)
+            record(&stats, "dl: pop + dead-lettering ack + extend + ack(lease) in a transaction", res)
         } else {
             let rows = match record(&stats, "dl: pop", c.query(POP, &[&q, &"dl", &8i32, &2i32])) {
                 Some(rows) => rows,
@@ -386,6 +428,7 @@ fn multi_laner(k: usize, queues: [String; 2], stop: Instant, stats: Shared) {
             lasts.iter().map(|(p, o)| json!({"partitionId": p.to_string(), "offset": o})).collect::<Vec<_>>(),
         );
         let extend = "SELECT (queen.extend_lease($1, $2) ->> 'renewed')::int8";
+        let dlq_first = r.gen_bool(0.5);
         let (op, res): (&'static str, Result<i64, postgres::Error>) = match r.gen_range(0..3) {
             0 => (
                 "ml: extend + ack(items, reversed) in a transaction",
@@ -410,10 +453,13 @@ fn multi_laner(k: usize, queues: [String; 2], stop: Instant, stats: Shared) {
                 res
             }),
             _ => (
-                "ml: ack(last lane) + extend + ack(lease) in a transaction",
+                "ml: ack(last lane, completed or dlq) + extend + ack(lease) in a transaction",
                 c.transaction().and_then(|mut tx| {
+                    // A dead letter's row holds the queue row (its foreign key) until the
+                    // end of the transaction, across the lane waits that follow.
                     let (pid, off) = lasts[0];
-                    tx.query_one("SELECT queen.ack($1, $2, $3)", &[&lease, &pid, &off])?;
+                    let status = if dlq_first { "dlq" } else { "completed" };
+                    tx.query_one("SELECT queen.ack($1, $2, $3, $4, 'stress')", &[&lease, &pid, &off, &status])?;
                     let renewed: i64 = tx.query_one(extend, &[&lease, &60i32])?.get(0);
                     tx.query_one("SELECT queen.ack($1)", &[&lease])?;
                     tx.commit()?;
@@ -437,6 +483,8 @@ fn invariant_5_no_deadlocks_under_mixed_load() {
     for q in &queues {
         admin.execute(CONFIGURE, &[q]).unwrap();
     }
+    let log = server_log();
+    let log_from = log.as_ref().map_or(0, |p| std::fs::metadata(p).unwrap().len());
     let stats: Shared = Arc::new(Mutex::new(Stats::default()));
     let t0 = Instant::now();
     let stop = t0 + Duration::from_secs(secs);
@@ -487,34 +535,43 @@ fn invariant_5_no_deadlocks_under_mixed_load() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
 
+    let deadlocks_logged = log.as_deref().map(|p| logged_deadlocks(p, log_from));
+
     let s = stats.lock().unwrap();
     eprintln!("lock_order: {secs} s planned, {:.1} s run", t0.elapsed().as_secs_f64());
     eprintln!("operations (ok / failed):");
     for (op, (ok, failed)) in &s.ops {
-        eprintln!("  {op:<60} {ok:>8} / {failed}");
+        eprintln!("  {op:<76} {ok:>8} / {failed}");
     }
     eprintln!("work:");
     for (what, n) in &s.work {
-        eprintln!("  {what:<60} {n:>8}");
+        eprintln!("  {what:<76} {n:>8}");
     }
     eprintln!("errors by SQLSTATE:");
     for (code, e) in &s.errors {
-        eprintln!("  {code}: {} ({:?})\n      e.g. {}", e.count, e.ops, e.sample);
+        eprintln!("  {code}: {}{}", e.count, e.samples());
     }
     eprintln!("rows of deleted partitions left (informational): {orphans:?}");
+    match &deadlocks_logged {
+        Some(found) => eprintln!("deadlocks in the server log: {}", found.len()),
+        None => eprintln!("server log not readable (QUEEN_TEST_DIR): only this test's sessions are checked"),
+    }
     for q in &queues {
         let _ = admin.execute("SELECT queen.delete_queue($1)", &[q]);
     }
 
     assert!(panicked.is_empty(), "threads panicked: {panicked:?}");
     let deadlocks = s.errors.get("40P01").map_or(0, |e| e.count);
-    assert_eq!(deadlocks, 0, "deadlocks (40P01): {}", s.errors["40P01"].sample);
+    assert_eq!(deadlocks, 0, "deadlocks (40P01):{}", s.errors["40P01"].samples());
+    if let Some(found) = &deadlocks_logged {
+        assert!(found.is_empty(), "deadlocks in the server log (any session):\n{}", found.join("\n---\n"));
+    }
     let allowed: BTreeSet<&str> = ALLOWED.iter().map(|(code, _)| *code).collect();
     let bad: Vec<String> = s
         .errors
         .iter()
         .filter(|(code, _)| !allowed.contains(code.as_str()))
-        .map(|(code, e)| format!("{code} x{}: {}", e.count, e.sample))
+        .map(|(code, e)| format!("{code} x{}:{}", e.count, e.samples()))
         .collect();
     assert!(bad.is_empty(), "errors that are not documented queen errors of these races:\n{}", bad.join("\n"));
 

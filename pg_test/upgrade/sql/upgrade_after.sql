@@ -4,6 +4,13 @@
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
+-- queen.pop was replaced (max_bytes): who could pop still can.
+SELECT has_function_privilege('queen_upgrade_app',
+         'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS app_can_pop;
+REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM queen_upgrade_app;
+DROP ROLE queen_upgrade_app;
+-- New in 0.3.0: explicit consumer groups.
+SELECT queen.create_group('up', 'deploy', 'new') - 'lanes' AS created;
 
 -- The lease taken under 0.2.0 is live and acks; the partition goes on after it.
 SELECT queen.ack(lease_id) -> 'lanes' -> 0 -> 'committed' AS committed FROM held LIMIT 1;

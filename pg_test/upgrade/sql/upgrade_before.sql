@@ -18,3 +18,6 @@ SELECT count(*) FROM queen.pop('up', 'audit', batch => 1, partition => 'b', auto
 SELECT queen.ack(lease_id, partition_id, msg_offset, 'dlq', 'old') -> 'items' -> 0 -> 'dlq' AS dlq
   FROM queen.pop('up', batch => 1, partition => 'b');
 
+-- A role that may pop: the upgrade replaces queen.pop (it gains max_bytes) and keeps the grant.
+CREATE ROLE queen_upgrade_app;
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) TO queen_upgrade_app;
