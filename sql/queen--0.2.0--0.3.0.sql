@@ -385,3 +385,20 @@ BEGIN
                    current_setting('queen_upgrade.pop_grantees'));
   END IF;
 END $$;
+
+-- configure: encryption defaults to NULL (keep); an encrypted queue is not turned off
+-- unless encryption => false is given (issue 14).
+CREATE OR REPLACE FUNCTION queen."configure"(
+	"queue" TEXT, /* Option < & str > */
+	"lease_time" INT DEFAULT 300, /* Option < i32 > */
+	"retry_limit" INT DEFAULT 3, /* Option < i32 > */
+	"dead_letter_queue" bool DEFAULT true, /* Option < bool > */
+	"dlq_after_max_retries" bool DEFAULT true, /* Option < bool > */
+	"dedup_window" INT DEFAULT 3600, /* Option < i32 > */
+	"encryption" bool DEFAULT NULL, /* Option < bool > */
+	"retention" INT DEFAULT 0 /* Option < i32 > */
+) RETURNS jsonb /* pgrx :: JsonB */
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'configure_wrapper';
+ALTER FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) SECURITY DEFINER;

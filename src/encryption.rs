@@ -1,9 +1,20 @@
 //! Encryption at rest (spec §7, issue 7/7): queues configured with `encryption => true`
 //! store each payload as an AES-256-GCM envelope (`queen_core::envelope`), sealed at push
-//! with `queen.encryption_key` and opened at pop, in `queen.dlq` and at replay with it or
-//! with one of `queen.encryption_old_keys` (key rotation). Both settings are
-//! superuser-only and hidden from everybody else; a missing or unknown key is an ERROR,
-//! never a wrong payload.
+//! and opened at pop, in `queen.dlq` and at replay.
+//!
+//! Where the keys come from (README, "Encryption", has the threat model):
+//! - `queen.encryption_key_file` (preferred): a file that only the server's OS user may
+//!   read (mode 0600 or stricter; anything looser is refused). Its first key line is the
+//!   sealing key, the next ones are older keys that still open envelopes. Lines that are
+//!   empty or start with `#` are skipped. The setting holds only the path; only
+//!   superusers can set it. Reading the file needs the OS account, or a role that may read
+//!   server files (superuser, `pg_read_server_files`).
+//! - `queen.encryption_key` and `queen.encryption_old_keys`, used only when no key file
+//!   is set. Superuser-only and hidden from `SHOW ALL`, but members of
+//!   `pg_read_all_settings` (part of `pg_monitor`) can read them, and `ALTER SYSTEM` or
+//!   `ALTER DATABASE` store them in files and catalogs: kept for tests and compatibility.
+//!
+//! A missing or unknown key is an ERROR, never a wrong payload, and no error quotes a key.
 
 use std::cell::RefCell;
 
@@ -17,26 +28,67 @@ use crate::jsonb::RawJsonb;
 
 static ENCRYPTION_KEY: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
 static OLD_KEYS: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
+static KEY_FILE: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
 
 /// Called from `_PG_init`.
 pub fn init() {
     let hidden = GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL;
     GucRegistry::define_string_guc(
+        c"queen.encryption_key_file",
+        c"File holding the encryption keys: the sealing key, then older keys, one per line (64 hex digits each).",
+        c"Only superusers set it. The file must be readable by the server's OS user alone (chmod 600).",
+        &KEY_FILE,
+        GucContext::Suset,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
         c"queen.encryption_key",
-        c"Key (64 hex digits) that seals the payloads of encrypted queues.",
-        c"Superuser-only and hidden. Also opens envelopes it sealed.",
+        c"Key (64 hex digits) that seals the payloads of encrypted queues, when no key file is set.",
+        c"Superuser-only and hidden, but readable by pg_read_all_settings: prefer queen.encryption_key_file.",
         &ENCRYPTION_KEY,
         GucContext::Suset,
         hidden,
     );
     GucRegistry::define_string_guc(
         c"queen.encryption_old_keys",
-        c"Earlier keys (comma-separated, 64 hex digits each) that still open envelopes.",
+        c"Earlier keys (comma-separated, 64 hex digits each) that still open envelopes, when no key file is set.",
         c"Superuser-only and hidden. For key rotation: envelopes name the key that sealed them.",
         &OLD_KEYS,
         GucContext::Suset,
         hidden,
     );
+}
+
+/// The keys of a key file: (sealing key, older keys). Refuses a file that the group or
+/// others may read. No error quotes the file's content.
+fn read_key_file(path: &str) -> (String, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |detail: String| -> ! {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_CONFIG_FILE_ERROR,
+            format!("queen: queen.encryption_key_file {path:?}: {detail}"),
+        )
+    };
+    let meta = std::fs::metadata(path).unwrap_or_else(|e| fail(e.to_string()));
+    let mode = meta.permissions().mode();
+    if mode & 0o077 != 0 {
+        fail(format!("may be read by others (mode {:o}); allow its owner alone (chmod 600)", mode & 0o777));
+    }
+    let text = std::fs::read(path).unwrap_or_else(|e| fail(e.to_string()));
+    let text = String::from_utf8(text).unwrap_or_else(|_| fail("is not text".to_string()));
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+    let current = lines.next().unwrap_or_else(|| fail("holds no key".to_string())).to_string();
+    (current, lines.collect::<Vec<_>>().join(","))
+}
+
+/// The key texts in force: (sealing key, older keys, where they came from).
+fn key_texts() -> (String, String, &'static str) {
+    let file = setting(&KEY_FILE);
+    if file.trim().is_empty() {
+        return (setting(&ENCRYPTION_KEY), setting(&OLD_KEYS), "");
+    }
+    let (current, old) = read_key_file(file.trim());
+    (current, old, "file")
 }
 
 /// Parsed keys and the setting texts they came from: parsing and key expansion once.
@@ -62,15 +114,20 @@ fn bad_key(name: &str, e: EnvelopeError) -> ! {
 
 /// (the sealing key if set, every key that may open an envelope)
 fn keys<R>(f: impl FnOnce(Option<&Key>, &[Key]) -> R) -> R {
-    let (current, old) = (setting(&ENCRYPTION_KEY), setting(&OLD_KEYS));
+    let (current, old, from) = key_texts();
+    let (current_name, old_name) = if from == "file" {
+        ("queen.encryption_key_file (first key)", "queen.encryption_key_file (older keys)")
+    } else {
+        ("queen.encryption_key", "queen.encryption_old_keys")
+    };
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         let fresh = !matches!(&*c, Some(p) if p.current_text == current && p.old_text == old);
         if fresh {
             let key = (!current.trim().is_empty())
-                .then(|| Key::from_hex(&current).unwrap_or_else(|e| bad_key("queen.encryption_key", e)));
+                .then(|| Key::from_hex(&current).unwrap_or_else(|e| bad_key(current_name, e)));
             let mut all: Vec<Key> = key.iter().cloned().collect();
-            all.extend(Key::list_from_hex(&old).unwrap_or_else(|e| bad_key("queen.encryption_old_keys", e)));
+            all.extend(Key::list_from_hex(&old).unwrap_or_else(|e| bad_key(old_name, e)));
             *c = Some(Parsed { current_text: current, old_text: old, current: key, all });
         }
         let p = c.as_ref().unwrap();
@@ -81,7 +138,7 @@ fn keys<R>(f: impl FnOnce(Option<&Key>, &[Key]) -> R) -> R {
 fn no_key(what: &str) -> ! {
     errors::raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        format!("queen: {what}, but queen.encryption_key is not set (a superuser sets it, e.g. ALTER SYSTEM)"),
+        format!("queen: {what}, but no encryption key is set (a superuser sets queen.encryption_key_file)"),
     )
 }
 
@@ -111,7 +168,7 @@ pub fn open(message_id: &[u8; 16], stored: &[u8]) -> Vec<u8> {
         Ok(plain) => plain,
         Err(e @ EnvelopeError::NoKey { .. }) => errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("queen: {e} (set queen.encryption_key or queen.encryption_old_keys)"),
+            format!("queen: {e} (add it to queen.encryption_key_file, or set queen.encryption_old_keys)"),
         ),
         Err(e) => errors::raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("queen: {e}")),
     })

@@ -243,7 +243,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let (lease_id, expires) = if a.auto_ack {
         (None, None)
     } else {
-        (Some(to_pg_uuid(crate::spi::new_id())), Some(now.saturating_add(lease_micros)))
+        (Some(to_pg_uuid(crate::spi::new_lease_id())), Some(now.saturating_add(lease_micros)))
     };
 
     let mut out = Vec::new();

@@ -317,7 +317,7 @@ fn configure(
     dead_letter_queue: pgrx::default!(Option<bool>, true),
     dlq_after_max_retries: pgrx::default!(Option<bool>, true),
     dedup_window: pgrx::default!(Option<i32>, 3600),
-    encryption: pgrx::default!(Option<bool>, false),
+    encryption: pgrx::default!(Option<bool>, "NULL"),
     retention: pgrx::default!(Option<i32>, 0),
 ) -> pgrx::JsonB {
     use crate::errors::{check_queue_name, invalid, null_arg};
@@ -328,7 +328,6 @@ fn configure(
     let dead_letter_queue = dead_letter_queue.unwrap_or_else(|| null_arg("dead_letter_queue"));
     let dlq_after_max_retries = dlq_after_max_retries.unwrap_or_else(|| null_arg("dlq_after_max_retries"));
     let dedup_window = dedup_window.unwrap_or_else(|| null_arg("dedup_window"));
-    let encryption = encryption.unwrap_or_else(|| null_arg("encryption"));
     let retention = retention.unwrap_or_else(|| null_arg("retention"));
     if lease_time < 1 {
         invalid("lease_time", format_args!("{lease_time} (must be >= 1 second)"));
@@ -338,11 +337,30 @@ fn configure(
             invalid(name, format_args!("{v} (must be >= 0)"));
         }
     }
-    if encryption {
+    if encryption == Some(true) {
         crate::encryption::require_key(queue);
     }
     invalidate();
-    pgrx::Spi::connect_mut(|client| {
+    let encryption = pgrx::Spi::connect_mut(|client| {
+        // encryption not given: an encrypted queue stays encrypted only if asked to; turning
+        // it off silently would store the next payloads in plaintext.
+        let encryption = encryption.unwrap_or_else(|| {
+            let stored = first_value::<bool>(run(
+                client,
+                "SELECT encryption FROM queen.queues WHERE name = $1",
+                &[queue.into()],
+            ));
+            if stored == Some(true) {
+                crate::errors::raise(
+                    pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!(
+                        "queen: queue {queue:?} is encrypted: pass encryption => true to keep it so, \
+                         or encryption => false to store new payloads in plaintext"
+                    ),
+                );
+            }
+            false
+        });
         run(
             client,
             "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
@@ -365,6 +383,7 @@ fn configure(
                 retention.into(),
             ],
         );
+        encryption
     });
     pgrx::JsonB(serde_json::json!({
         "leaseTime": lease_time,

@@ -52,11 +52,20 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
     // retention pass lost in a crash is undone whole (the small segments, or the old ones,
     // are still there) and simply runs again; and anything that reads its result and then
     // commits flushes that WAL first.
-    // SAFETY: setting a configuration option for this process at session level.
+    // The worker runs as the bootstrap superuser: its search path is pinned to pg_catalog
+    // (every queen name it uses is schema-qualified), so no schema a user can create in
+    // (public, "$user") can put a function or operator in its way.
+    // SAFETY: setting configuration options for this process at session level.
     unsafe {
         pg_sys::SetConfigOption(
             c"synchronous_commit".as_ptr(),
             c"off".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+        );
+        pg_sys::SetConfigOption(
+            c"search_path".as_ptr(),
+            c"pg_catalog, pg_temp".as_ptr(),
             pg_sys::GucContext::PGC_USERSET,
             pg_sys::GucSource::PGC_S_SESSION,
         );

@@ -64,14 +64,18 @@ impl std::error::Error for EnvelopeError {}
 impl Key {
     /// A key from 64 hex digits (32 bytes); surrounding whitespace is ignored.
     pub fn from_hex(text: &str) -> Result<Key, EnvelopeError> {
-        let t = text.trim();
+        // Byte-wise: the text may hold anything (it never appears in an error message).
+        let t = text.trim().as_bytes();
         if t.len() != 64 {
-            return Err(EnvelopeError::BadKey(format!("expected 64 hex digits, got {} characters", t.len())));
+            return Err(EnvelopeError::BadKey(format!("expected 64 hex digits, got {} bytes", t.len())));
         }
+        let digit = |c: u8| (c as char).to_digit(16).filter(|_| c.is_ascii()).map(|d| d as u8);
         let mut bytes = [0u8; 32];
         for (i, b) in bytes.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&t[2 * i..2 * i + 2], 16)
-                .map_err(|_| EnvelopeError::BadKey("not hexadecimal".to_string()))?;
+            match (digit(t[2 * i]), digit(t[2 * i + 1])) {
+                (Some(hi), Some(lo)) => *b = hi << 4 | lo,
+                _ => return Err(EnvelopeError::BadKey("not hexadecimal".to_string())),
+            }
         }
         let digest = Sha256::digest(bytes);
         let mut fingerprint = [0u8; 8];
@@ -169,6 +173,13 @@ mod tests {
     #[test]
     fn bad_keys() {
         assert!(Key::from_hex("abc").is_err());
+        // Non-ASCII text of the right byte length: an error, not a panic, and the error
+        // never quotes the text.
+        for bad in ["é".repeat(32), format!("{}é", "a".repeat(62)), format!("a{}", "é".repeat(31)) + "a"] {
+            let e = Key::from_hex(&bad).err().expect("refused").to_string();
+            assert!(!e.contains('é') && !e.contains("aaaa"), "the error quotes the key: {e}");
+        }
+        assert!(Key::from_hex(&"é".repeat(33)).is_err());
         assert!(Key::from_hex(&"zz".repeat(32)).is_err());
         assert_eq!(Key::list_from_hex(&format!("{K1}, ,{K2}")).unwrap().len(), 2);
         assert!(!format!("{:?}", Key::from_hex(K1).unwrap()).contains(K1));

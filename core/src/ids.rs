@@ -82,6 +82,47 @@ impl Uuid7Gen {
     }
 }
 
+/// Random bytes from the operating system's CSPRNG (`getrandom`), fetched 4 KiB at a
+/// time so that a busy backend does not make a system call per id.
+pub struct RandomPool {
+    buf: Box<[u8; 4096]>,
+    used: usize,
+}
+
+impl Default for RandomPool {
+    fn default() -> Self {
+        RandomPool { buf: Box::new([0u8; 4096]), used: 4096 }
+    }
+}
+
+impl RandomPool {
+    /// The next `N` random bytes. Panics only if the OS has no random source at all.
+    pub fn take<const N: usize>(&mut self) -> [u8; N] {
+        assert!(N <= self.buf.len());
+        if self.used + N > self.buf.len() {
+            getrandom::getrandom(&mut self.buf[..]).expect("the OS random number generator");
+            self.used = 0;
+        }
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.buf[self.used..self.used + N]);
+        // Each byte is handed out once.
+        self.buf[self.used..self.used + N].fill(0);
+        self.used += N;
+        out
+    }
+}
+
+/// A UUIDv7 for a credential (a lease id): the millisecond time prefix, and all 74 other
+/// bits from `random` (a CSPRNG): nothing in it can be predicted from earlier ids.
+pub fn secure_v7(now_ms: u64, random: [u8; 10]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..6].copy_from_slice(&now_ms.to_be_bytes()[2..]);
+    b[6..].copy_from_slice(&random);
+    b[6] = 0x70 | (b[6] & 0x0f); // version 7
+    b[8] = (b[8] & 0x3f) | 0x80; // RFC 9562 variant
+    b
+}
+
 /// Formats 16 bytes as a canonical lowercase UUID string.
 pub fn uuid_string(b: &[u8; 16]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -111,6 +152,22 @@ mod tests {
             assert!(id > prev, "monotonic");
             prev = id;
         }
+    }
+
+    #[test]
+    fn secure_ids_have_the_time_prefix_and_fresh_random_bits() {
+        let mut pool = RandomPool::default();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..5_000 {
+            let id = secure_v7(0x0123_4567_89ab, pool.take());
+            assert_eq!(&id[..6], &[0x01, 0x23, 0x45, 0x67, 0x89, 0xab]);
+            assert_eq!(id[6] >> 4, 7, "version 7");
+            assert_eq!(id[8] >> 6, 0b10, "RFC variant");
+            assert!(seen.insert(id), "an id repeated");
+        }
+        // Two pools (two backends) never hand out the same stream.
+        let (mut a, mut b) = (RandomPool::default(), RandomPool::default());
+        assert_ne!(a.take::<16>(), b.take::<16>());
     }
 
     #[test]

@@ -59,11 +59,54 @@ SET queen.encryption_key = 'not-a-key';
 SELECT msg_offset FROM queen.push('vault', '1');
 RESET queen.encryption_key;
 
+-- A key file: readable by the server's OS user alone (written here by COPY TO PROGRAM, as
+-- that user).
+-- Its first key seals, the next ones open old envelopes; '#' lines and blank lines are skipped.
+COPY (SELECT '# queen keys' UNION ALL SELECT 'ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100'
+      UNION ALL SELECT '' UNION ALL SELECT '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f')
+  TO PROGRAM 'cat > /tmp/queen_regress.keys && chmod 600 /tmp/queen_regress.keys';
+SET queen.encryption_key_file = '/tmp/queen_regress.keys';
+SELECT msg_offset FROM queen.push('vault', '{"card": "from-file"}');
+SELECT msg_offset, payload FROM queen.pop('vault', 'keyfile', batch => 20, auto_ack => true);
+-- The file wins over the key settings.
+SET queen.encryption_key = 'not-a-key';
+SELECT count(*) FROM queen.push('vault', '{"card": "still-file"}');
+RESET queen.encryption_key;
+-- A file others may read is refused, and so is a missing one; no error quotes a key.
+COPY (SELECT 'ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100')
+  TO PROGRAM 'cat > /tmp/queen_regress_open.keys && chmod 644 /tmp/queen_regress_open.keys';
+SET queen.encryption_key_file = '/tmp/queen_regress_open.keys';
+SELECT msg_offset FROM queen.push('vault', '1');
+SET queen.encryption_key_file = '/tmp/queen_regress_missing.keys';
+SELECT msg_offset FROM queen.push('vault', '1');
+COPY (SELECT 'zzeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100')
+  TO PROGRAM 'cat > /tmp/queen_regress_bad.keys && chmod 600 /tmp/queen_regress_bad.keys';
+SET queen.encryption_key_file = '/tmp/queen_regress_bad.keys';
+SELECT msg_offset FROM queen.push('vault', '1');
+RESET queen.encryption_key_file;
+
+-- configure without encryption does not turn an encrypted queue's encryption off: it is
+-- refused; encryption => false turns it off explicitly.
+SELECT queen.configure('vault', retry_limit => 5);
+SELECT queen.configure('vault', retry_limit => 5, encryption => false) ->> 'encryption' AS encryption;
+SELECT queen.configure('vault', retry_limit => 5) ->> 'encryption' AS encryption;
+
 -- The key is hidden from everybody but superusers, and only they can set it.
 CREATE ROLE queen_enc_app;
 SET ROLE queen_enc_app;
 SHOW queen.encryption_key;
 SELECT count(*) FROM pg_settings WHERE name LIKE 'queen.encryption%';
 SET queen.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+SET queen.encryption_key_file = '/tmp/queen_regress.keys';
 RESET ROLE;
+-- A monitoring role (pg_read_all_settings, part of pg_monitor) sees the key settings but
+-- not the key file's content: only the path.
+GRANT pg_monitor TO queen_enc_app;
+SET queen.encryption_key_file = '/tmp/queen_regress.keys';
+SET ROLE queen_enc_app;
+SHOW queen.encryption_key_file;
+SELECT pg_read_file('/tmp/queen_regress.keys');
+RESET ROLE;
+RESET queen.encryption_key_file;
+REVOKE pg_monitor FROM queen_enc_app;
 DROP ROLE queen_enc_app;

@@ -36,7 +36,10 @@ fn a_pop_stays_within_its_byte_budget() {
     c.execute("SELECT queen.push($1, to_jsonb(repeat('m', $2::int)))", &[&queue, &((MIB - 2) as i32)]).unwrap();
     c.execute("SELECT queen.push($1, to_jsonb(repeat('m', $2::int)))", &[&queue, &((MIB - 2) as i32)]).unwrap();
     let n = c
-        .query("SELECT 1 FROM queen.pop($1, batch => 1000, max_bytes => $2, auto_ack => true)", &[&queue, &(MIB as i64)])
+        .query(
+            "SELECT 1 FROM queen.pop($1, batch => 1000, max_bytes => $2, auto_ack => true)",
+            &[&queue, &(MIB as i64)],
+        )
         .unwrap()
         .len();
     assert_eq!(n, 1);

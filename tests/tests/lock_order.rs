@@ -8,10 +8,12 @@
 //! - run retention passes (`queen.retain()` and `queen.retain(queue)`) on queues with a
 //!   one-second retention;
 //! - pop and ack with `dlq`, `failed` (retry limit 1: the second failure dead-letters) and
-//!   `retry`: dead-lettering acks, some in the pop's own transaction;
+//!   `retry`: dead-lettering acks, some in the pop's own transaction, followed there by
+//!   an extension and a whole-lease ack;
 //! - `delete_queue` one of the queues every 0.5–2 s (pushes recreate it at once);
 //! - pop leases over up to six partitions and extend and ack them, acks in an order other
-//!   than partition order, some in one transaction with the extension.
+//!   than partition order, some in one transaction with the extension (and a dead letter
+//!   filed first).
 //!
 //! Every error is collected by SQLSTATE. The run passes only with no `40P01` and no
 //! error outside `ALLOWED` (empty: see there), no statement cancelled by the 30 s

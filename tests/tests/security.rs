@@ -128,3 +128,58 @@ fn a_callers_search_path_cannot_hijack_a_push() {
     drop(c);
     admin_ddl(&mut admin, &format!("DROP SCHEMA {app} CASCADE; DROP OWNED BY {app}; DROP ROLE {app};"));
 }
+
+/// The maintenance worker runs as the bootstrap superuser. A database-level search_path
+/// that puts a user's schema before pg_catalog must not let that schema's functions run
+/// inside the worker: its path is pinned. `evil.clock_timestamp()` (which retention calls,
+/// unqualified) records who called it.
+#[test]
+fn the_worker_ignores_a_hostile_search_path() {
+    let mut admin = connect();
+    let db: String = admin.query_one("SELECT current_database()", &[]).unwrap().get(0);
+    let queue = unique("worker_path");
+    admin_ddl(
+        &mut admin,
+        "CREATE SCHEMA IF NOT EXISTS evil;
+         CREATE TABLE IF NOT EXISTS evil.calls (backend_type text, at timestamptz DEFAULT pg_catalog.now());
+         CREATE OR REPLACE FUNCTION evil.clock_timestamp() RETURNS timestamptz LANGUAGE sql VOLATILE AS
+           $$ INSERT INTO evil.calls (backend_type)
+                SELECT backend_type FROM pg_catalog.pg_stat_activity WHERE pid = pg_catalog.pg_backend_pid()
+                RETURNING pg_catalog.clock_timestamp() $$;
+         TRUNCATE evil.calls;",
+    );
+    // Work for the worker's retention pass: a queue with a retention window and a group.
+    admin.execute("SELECT queen.configure($1, retention => 1)", &[&queue]).unwrap();
+    admin.execute("SELECT queen.push($1, '1')", &[&queue]).unwrap();
+    admin.query("SELECT 1 FROM queen.pop($1, auto_ack => true)", &[&queue]).unwrap();
+    admin_ddl(&mut admin, &format!("ALTER DATABASE {db} SET search_path = evil, pg_catalog, public"));
+    // A fresh worker reads the database's settings when it connects.
+    admin
+        .execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'queen maintenance'", &[])
+        .unwrap();
+    // The worker comes back within its restart time (5 s) and passes every second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut passed = false;
+    while std::time::Instant::now() < deadline && !passed {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        passed = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'queen maintenance'
+                   AND backend_start < clock_timestamp() - interval '3 s'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            > 0;
+    }
+    admin_ddl(&mut admin, &format!("ALTER DATABASE {db} RESET search_path"));
+    assert!(passed, "the maintenance worker did not come back");
+    let calls: Vec<String> = admin
+        .query("SELECT DISTINCT backend_type FROM evil.calls", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, Option<String>>(0).unwrap_or_default())
+        .collect();
+    admin_ddl(&mut admin, "DROP SCHEMA evil CASCADE");
+    assert!(!calls.contains(&"queen maintenance".to_string()), "the worker ran evil.clock_timestamp(): {calls:?}");
+}
