@@ -137,7 +137,7 @@ fn a_callers_search_path_cannot_hijack_a_push() {
 fn the_worker_ignores_a_hostile_search_path() {
     let mut admin = connect();
     let db: String = admin.query_one("SELECT current_database()", &[]).unwrap().get(0);
-    let queue = unique("worker_path");
+    let queue = unique("workerpath");
     admin_ddl(
         &mut admin,
         "CREATE SCHEMA IF NOT EXISTS evil;
@@ -146,6 +146,8 @@ fn the_worker_ignores_a_hostile_search_path() {
            $$ INSERT INTO evil.calls (backend_type)
                 SELECT backend_type FROM pg_catalog.pg_stat_activity WHERE pid = pg_catalog.pg_backend_pid()
                 RETURNING pg_catalog.clock_timestamp() $$;
+         CREATE OR REPLACE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql VOLATILE AS
+           $$ SELECT evil.clock_timestamp() $$;
          TRUNCATE evil.calls;",
     );
     // Work for the worker's retention pass: a queue with a retention window and a group.
@@ -161,11 +163,15 @@ fn the_worker_ignores_a_hostile_search_path() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let mut passed = false;
     while std::time::Instant::now() < deadline && !passed {
+        // Segments that retention may delete (read by the group, older than 1 s), so that
+        // its pass evaluates clock_timestamp().
+        admin.execute("SELECT queen.push($1, '1')", &[&queue]).unwrap();
+        admin.query("SELECT 1 FROM queen.pop($1, auto_ack => true)", &[&queue]).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(500));
         passed = admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'queen maintenance'
-                   AND backend_start < clock_timestamp() - interval '3 s'",
+                   AND backend_start < pg_catalog.clock_timestamp() - interval '4 s'",
                 &[],
             )
             .unwrap()
