@@ -128,6 +128,11 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
             })
         });
     }
+    // Exit code 1: the postmaster starts the worker again after its restart time, unless
+    // the server is shutting down. (With 0 it would not: a pg_terminate_backend of the
+    // worker would end retention, compaction and journal rotation until a restart.)
+    // SAFETY: ending the process the way PostgreSQL's own workers do.
+    unsafe { pg_sys::proc_exit(1) };
 }
 
 /// The extension is installed in this database at this library's version. Between a
