@@ -66,8 +66,9 @@ COPY (SELECT '# queen keys' UNION ALL SELECT 'ffeeddccbbaa99887766554433221100ff
       UNION ALL SELECT '' UNION ALL SELECT '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f')
   TO PROGRAM 'cat > /tmp/queen_regress.keys && chmod 600 /tmp/queen_regress.keys';
 SET queen.encryption_key_file = '/tmp/queen_regress.keys';
-SELECT msg_offset FROM queen.push('vault', '{"card": "from-file"}');
-SELECT msg_offset, payload FROM queen.pop('vault', 'keyfile', batch => 20, auto_ack => true);
+SELECT count(*) FROM queen.push('vault', '{"card": "from-file"}');
+-- (Offsets are left out: aborted pushes leave gaps with the offset registry only.)
+SELECT payload FROM queen.pop('vault', 'keyfile', batch => 20, auto_ack => true);
 -- The file wins over the key settings.
 SET queen.encryption_key = 'not-a-key';
 SELECT count(*) FROM queen.push('vault', '{"card": "still-file"}');
