@@ -230,10 +230,11 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             claim_candidates(client, a, queue_id, now)
         }
     };
-    let mut candidates = find(client);
-    if candidates.is_empty() && queues::repair_lanes(client, queue_id, a.group) {
-        candidates = find(client);
-    }
+    // Lanes a concurrent partition and group creation both missed are added here, at most
+    // once a second per backend and group, busy or not: a missed partition waits at most
+    // about a second after both creations committed, never for the group to go idle.
+    queues::repair_lanes(client, queue_id, a.group);
+    let candidates = find(client);
     if candidates.is_empty() {
         return Vec::new();
     }

@@ -260,10 +260,10 @@ thread_local! {
 }
 
 /// Adds lanes that a partition and a group created at the same moment both missed (each
-/// transaction saw only the other's committed rows). Such lanes start at 0: the partition
-/// is as new as the group. The anti-join is O(partitions), so a backend runs it at most
-/// once a second per (queue, group), and only when a pop found nothing to claim.
-/// Returns true when it added a lane.
+/// transaction saw only the other's committed rows). Such lanes start where retention
+/// left off: the partition is as new as the group. The anti-join is O(partitions), so a
+/// backend runs it at most once a second per (queue, group), before its pop claims
+/// anything (the queue row lock comes before lanes). Returns true when it added a lane.
 pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> bool {
     let key = (queue_id, group.to_string());
     let now = std::time::Instant::now();
