@@ -273,6 +273,8 @@ ALTER FUNCTION queen.dlq_delete(uuid, text) SECURITY DEFINER;
 ALTER FUNCTION queen.retain(text) SECURITY DEFINER;
 ALTER FUNCTION queen.compact(text) SECURITY DEFINER;
 ALTER FUNCTION queen.create_group(text, text, text) SECURITY DEFINER;
+ALTER FUNCTION queen.drop_group(text, text, bool) SECURITY DEFINER;
+ALTER FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) SECURITY DEFINER;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
@@ -292,6 +294,10 @@ COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead lette
 COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
 COMMENT ON FUNCTION queen.create_group(text, text, text) IS
   'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
+COMMENT ON FUNCTION queen.drop_group(text, text, bool) IS
+  'queen: remove a consumer group (its cursors and leases) so that it no longer holds retention back';
+COMMENT ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) IS
+  'queen: move a consumer group''s cursors to an offset or to the first message at or after a time';
 COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS 'queen internal: the body of queen.pop; not granted';
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS

@@ -402,3 +402,31 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'configure_wrapper';
 ALTER FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) SECURITY DEFINER;
+
+-- Removing and moving consumer groups (issue 14).
+CREATE FUNCTION queen."drop_group"(
+	"queue" TEXT, /* Option < & str > */
+	"consumer_group" TEXT, /* Option < & str > */
+	"force" bool DEFAULT false /* Option < bool > */
+) RETURNS jsonb /* JsonB */
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'drop_group_wrapper';
+CREATE FUNCTION queen."seek"(
+	"queue" TEXT, /* Option < & str > */
+	"consumer_group" TEXT, /* Option < & str > */
+	"partition" TEXT DEFAULT NULL, /* Option < & str > */
+	"to_offset" bigint DEFAULT NULL, /* Option < i64 > */
+	"to_time" timestamp with time zone DEFAULT NULL, /* Option < TimestampWithTimeZone > */
+	"force" bool DEFAULT false /* Option < bool > */
+) RETURNS jsonb /* JsonB */
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'seek_wrapper';
+ALTER FUNCTION queen.drop_group(text, text, bool) SECURITY DEFINER;
+ALTER FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) SECURITY DEFINER;
+REVOKE ALL ON FUNCTION queen.drop_group(text, text, bool), queen.seek(text, text, text, bigint, timestamptz, bool) FROM PUBLIC;
+COMMENT ON FUNCTION queen.drop_group(text, text, bool) IS
+  'queen: remove a consumer group (its cursors and leases) so that it no longer holds retention back';
+COMMENT ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) IS
+  'queen: move a consumer group''s cursors to an offset or to the first message at or after a time';

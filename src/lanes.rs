@@ -89,6 +89,19 @@ thread_local! {
     static LOADING: Cell<Option<LaneKey>> = const { Cell::new(None) };
     /// (The worker) queen.leases holds nothing from a version without the registry.
     static OLD_LEASES_GONE: Cell<bool> = const { Cell::new(false) };
+    /// Lanes this transaction removed (`drop_group`), with the subtransaction that did:
+    /// the registry forgets them when it commits.
+    static FORGET: RefCell<Vec<(u32, LaneKey)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The registry forgets these lanes if, and when, the current transaction commits (their
+/// rows are deleted in it; until then the lanes stay, locked by it).
+pub fn forget_on_commit(keys: Vec<LaneKey>) {
+    if !enabled() {
+        return;
+    }
+    let sub = subxact();
+    FORGET.with(|f| f.borrow_mut().extend(keys.into_iter().map(|k| (sub, k))));
 }
 
 /// Called from `_PG_init` while preloading: the sizes of shared memory.
@@ -437,7 +450,8 @@ pub fn end(committed: bool) {
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     let wrote = WROTE.with(|w| w.take());
     let loading = LOADING.with(|l| l.take());
-    if (held.is_empty() && wrote.is_none() && loading.is_none()) || !enabled() {
+    let forget: Vec<LaneKey> = FORGET.with(|f| std::mem::take(&mut *f.borrow_mut())).into_iter().map(|e| e.1).collect();
+    if (held.is_empty() && wrote.is_none() && loading.is_none() && forget.is_empty()) || !enabled() {
         return;
     }
     let (mine, now) = (owner(), crate::spi::clock_now());
@@ -458,6 +472,9 @@ pub fn end(committed: bool) {
         if let Some(k) = loading {
             r.abandon_load(&k, mine);
         }
+        if committed {
+            r.forget(&forget);
+        }
     });
 }
 
@@ -470,6 +487,14 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
         let mine = owner();
         with_registry(|r, _| r.abandon_load(&k, mine));
     }
+    FORGET.with(|f| {
+        let mut f = f.borrow_mut();
+        if committed {
+            f.iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent);
+        } else {
+            f.retain(|e| e.0 < sub);
+        }
+    });
     let undo: Vec<Held> = HELD.with(|h| {
         let mut h = h.borrow_mut();
         if committed {

@@ -13,6 +13,7 @@ mod dlq;
 mod durability;
 mod encryption;
 mod errors;
+mod groups;
 mod heap;
 mod jsonb;
 mod lanes;

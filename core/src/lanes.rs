@@ -1236,3 +1236,26 @@ mod tests {
         }
     }
 }
+
+/// Where `queen.seek` puts a lane's cursor so that the next message delivered is
+/// `next` (or the first one after it that still exists): never below what retention
+/// deleted (`retained_through`), never past the readable end.
+pub fn seek_cursor(next: i64, retained_through: i64, readable: i64) -> i64 {
+    next.saturating_sub(1).min(readable).max(retained_through)
+}
+
+#[cfg(test)]
+mod seek_tests {
+    use super::seek_cursor;
+
+    #[test]
+    fn seek_clamps_to_what_exists() {
+        assert_eq!(seek_cursor(5, 0, 10), 4, "next delivered is 5");
+        assert_eq!(seek_cursor(1, 0, 10), 0, "from the start");
+        assert_eq!(seek_cursor(0, 0, 10), 0);
+        assert_eq!(seek_cursor(i64::MIN, 0, 10), 0);
+        assert_eq!(seek_cursor(3, 6, 10), 6, "deleted by retention: the first kept message");
+        assert_eq!(seek_cursor(50, 0, 10), 10, "past the end: the end");
+        assert_eq!(seek_cursor(11, 0, 10), 10);
+    }
+}

@@ -1,0 +1,291 @@
+//! Moving and removing consumer groups: `queen.seek` and `queen.drop_group`. Both take
+//! the queue lock in share mode, then the group's lanes in partition order
+//! (`queen_core::lock_order`), waiting for a pop or ack in flight on a lane, and refuse a
+//! lane under a live lease unless `force` (SQLSTATE 55006); with `force` the lease ends.
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::{JsonB, PgSqlErrorCode};
+use queen_core::lanes::{seek_cursor, State};
+use serde_json::json;
+
+use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::spi::{clock_now, first_value, from_pg_uuid, run, timestamptz};
+
+/// One lane of the group, locked by this transaction.
+struct Lane {
+    partition_id: pgrx::Uuid,
+    partition: String,
+    retained_through: i64,
+    head: i64,
+    /// The cursor and whether a live lease holds the lane.
+    committed: i64,
+    leased: bool,
+    /// With the lane registry: its state.
+    registry: Option<State>,
+}
+
+fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
+    let id = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]))?;
+    crate::locks::share_queue(id).then_some(id)
+}
+
+/// The group's lanes (of one partition, if given), locked in partition order.
+fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, partition: Option<&str>) -> Vec<Lane> {
+    let registry = crate::lanes::enabled();
+    let now = clock_now();
+    // With the registry the lanes are locked there (the rows carry nothing live, and
+    // locking them could wait for the worker's journal rotation, which waits for us).
+    // Without it, the rows are the lanes.
+    let args = [queue_id.into(), group.into(), partition.into(), timestamptz(now).into()];
+    let rows = if registry {
+        run(
+            client,
+            "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, false
+               FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
+              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
+                AND $4::timestamptz IS NOT NULL
+              ORDER BY l.partition_id",
+            &args,
+        )
+    } else {
+        run(
+            client,
+            "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed,
+                    coalesce(l.lease_expires_at > $4, false)
+               FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
+              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
+              ORDER BY l.partition_id
+                FOR UPDATE OF l",
+            &args,
+        )
+    };
+    let rows: Vec<_> = rows
+        .map(|r| {
+            (
+                r.get::<pgrx::Uuid>(1).or_raise().unwrap(),
+                r.get::<String>(2).or_raise().unwrap(),
+                r.get::<i64>(3).or_raise().unwrap(),
+                r.get::<i64>(4).or_raise().unwrap(),
+                r.get::<i64>(5).or_raise().unwrap(),
+                r.get::<bool>(6).or_raise().unwrap(),
+            )
+        })
+        .collect();
+    rows.into_iter()
+        .map(|(partition_id, partition, retained_through, head, committed, leased)| {
+            if registry {
+                let s = crate::lanes::lock(partition_id, group, true).expect("a waiting lock is always taken");
+                Lane {
+                    partition_id,
+                    partition,
+                    retained_through,
+                    head,
+                    committed: s.committed,
+                    leased: s.live_lease(now),
+                    registry: Some(s),
+                }
+            } else {
+                Lane { partition_id, partition, retained_through, head, committed, leased, registry: None }
+            }
+        })
+        .collect()
+}
+
+fn refuse_leased(lanes: &[Lane], force: bool, what: &str) {
+    if force {
+        return;
+    }
+    if let Some(l) = lanes.iter().find(|l| l.leased) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+            format!(
+                "queen: cannot {what}: partition {:?} is under a live lease (ack it, let it expire, or pass force => true)",
+                l.partition
+            ),
+        );
+    }
+}
+
+fn group_exists(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> bool {
+    first_value::<bool>(run(
+        client,
+        "SELECT true FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR UPDATE",
+        &[queue_id.into(), group.into()],
+    ))
+    .is_some()
+}
+
+fn no_group(queue: &str, group: &str) -> ! {
+    errors::raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        format!("queen: queue {queue:?} has no consumer group {group:?}"),
+    )
+}
+
+/// The first offset of a partition whose message is at least `at` old (microseconds),
+/// or None when every message is older. A segment's `created_at` is its newest message's
+/// time, so the first segment at or after `at` holds the answer.
+fn first_offset_at(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, at: i64) -> Option<i64> {
+    let seg = run(
+        client,
+        "SELECT first_offset, last_offset FROM (
+           SELECT first_offset, last_offset FROM queen.segments WHERE partition_id = $1 AND created_at >= $2
+           UNION ALL
+           SELECT first_offset, last_offset FROM queen.fresh_segments WHERE partition_id = $1 AND created_at >= $2
+         ) s ORDER BY first_offset LIMIT 1",
+        &[partition_id.into(), timestamptz(at).into()],
+    );
+    let row = seg.into_iter().next()?;
+    let (first, last): (i64, i64) = (row.get(1).or_raise().unwrap(), row.get(2).or_raise().unwrap());
+    let mut found = None;
+    crate::segments::read(client, partition_id, first, last, |offset, message| {
+        if let Some((_, created_at)) = message {
+            if pgrx::pg_sys::TimestampTz::from(created_at) >= at {
+                found = Some(offset);
+                return false;
+            }
+        }
+        true
+    });
+    found.or(Some(last + 1))
+}
+
+/// `queen.seek`: moves a consumer group's cursors so that its next pop delivers
+/// `to_offset` (or, with `to_time`, the first message pushed at or after that time) in
+/// each of its partitions, or in `partition` alone. Offsets are clamped to what exists:
+/// not below what retention deleted, not past the readable end; a time after every
+/// message moves the cursor to the end. Retry counts restart; a lane under a live lease
+/// is refused (55006) unless `force`, which ends the lease. Returns each lane's move.
+#[pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn seek(
+    queue: Option<&str>,
+    consumer_group: Option<&str>,
+    partition: default!(Option<&str>, "NULL"),
+    to_offset: default!(Option<i64>, "NULL"),
+    to_time: default!(Option<TimestampWithTimeZone>, "NULL"),
+    force: default!(Option<bool>, false),
+) -> JsonB {
+    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
+    let force = force.unwrap_or_else(|| errors::null_arg("force"));
+    check_queue_name("queue", queue);
+    check_lane_name("consumer_group", group);
+    if let Some(p) = partition {
+        check_lane_name("partition", p);
+    }
+    let at: Option<i64> = to_time.map(pgrx::pg_sys::TimestampTz::from);
+    if to_offset.is_some() == at.is_some() {
+        errors::invalid("to_offset", "give exactly one of to_offset and to_time");
+    }
+    if at.is_some_and(|t| t == i64::MIN || t == i64::MAX) {
+        errors::invalid("to_time", "must be a finite time");
+    }
+    let moved = Spi::connect_mut(|client| {
+        let Some(queue_id) = queue_id(client, queue) else { no_group(queue, group) };
+        if !group_exists(client, queue_id, group) {
+            no_group(queue, group);
+        }
+        let lanes = lock_lanes(client, queue_id, group, partition);
+        if let (Some(p), true) = (partition, lanes.is_empty()) {
+            errors::raise(
+                PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+                format!("queen: queue {queue:?} has no partition {p:?} for group {group:?}"),
+            );
+        }
+        refuse_leased(&lanes, force, "seek");
+        let mut journal = Vec::new();
+        let mut out = Vec::new();
+        for l in &lanes {
+            let readable = crate::offsets::readable(l.partition_id, l.head);
+            let next = match (to_offset, at) {
+                (Some(o), _) => o,
+                (None, Some(t)) => first_offset_at(client, l.partition_id, t).unwrap_or(readable + 1),
+                _ => unreachable!("checked above"),
+            };
+            let to = seek_cursor(next, l.retained_through, readable);
+            if let Some(s) = l.registry {
+                let new = State {
+                    committed: to,
+                    retry_count: 0,
+                    attempt_count: 0,
+                    claim_start: 0,
+                    lease_id: [0; 16],
+                    lease_expires: 0,
+                    batch_end: 0,
+                    journal_seq: s.journal_seq + 1,
+                    ..s
+                };
+                crate::lanes::set(l.partition_id, group, new, None);
+                journal.push((l.partition_id, new));
+            } else {
+                run(
+                    client,
+                    "UPDATE queen.lanes SET committed = $3, batch_retry_count = 0, lease_id = NULL,
+                            lease_expires_at = NULL, batch_end = NULL, claim_start = NULL, attempt_count = 0
+                      WHERE partition_id = $1 AND consumer_group = $2",
+                    &[l.partition_id.into(), group.into(), to.into()],
+                );
+            }
+            out.push(json!({
+                "partition": l.partition,
+                "partitionId": from_pg_uuid(&l.partition_id).to_string(),
+                "committedBefore": l.committed,
+                "committed": to,
+                "leaseEnded": l.leased,
+            }));
+        }
+        crate::lanes::journal(client, group, &journal);
+        out
+    });
+    crate::wake::notify_on_commit(queue);
+    JsonB(json!({"queue": queue, "consumerGroup": group, "lanes": moved}))
+}
+
+/// `queen.drop_group`: removes a consumer group: its lanes (cursors), its leases, and the
+/// group itself, so that it no longer holds retention back. Its dead letters stay (they
+/// are listed and replayed by queue). A lane under a live lease is refused (55006) unless
+/// `force`. Returns what was removed; a group that does not exist is `dropped: false`.
+#[pg_extern]
+#[search_path(pg_catalog, pg_temp)]
+fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!(Option<bool>, false)) -> JsonB {
+    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
+    let force = force.unwrap_or_else(|| errors::null_arg("force"));
+    check_queue_name("queue", queue);
+    check_lane_name("consumer_group", group);
+    let lanes = Spi::connect_mut(|client| {
+        let queue_id = queue_id(client, queue)?;
+        if !group_exists(client, queue_id, group) {
+            return None;
+        }
+        let lanes = lock_lanes(client, queue_id, group, None);
+        refuse_leased(&lanes, force, "drop the group");
+        let pids: Vec<pgrx::Uuid> = lanes.iter().map(|l| l.partition_id).collect();
+        // The journal first (its entries would otherwise revive these cursors if the group
+        // were created again): holding its tables keeps the worker from rotating them
+        // under the lane rows deleted next.
+        run(
+            client,
+            "WITH j0 AS (DELETE FROM queen.lane_journal_0 WHERE partition_id = ANY($2) AND consumer_group = $1)
+             DELETE FROM queen.lane_journal_1 WHERE partition_id = ANY($2) AND consumer_group = $1",
+            &[group.into(), pids.clone().into()],
+        );
+        run(
+            client,
+            "WITH le AS (DELETE FROM queen.leases WHERE queue_id = $1 AND consumer_group = $2),
+                  la AS (DELETE FROM queen.lanes WHERE queue_id = $1 AND consumer_group = $2)
+             DELETE FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2",
+            &[queue_id.into(), group.into()],
+        );
+        // The registry forgets the lanes once this commits (until then they stay locked).
+        crate::lanes::forget_on_commit(pids.iter().map(|p| crate::lanes::key(*p, group)).collect());
+        Some(lanes.len())
+    });
+    JsonB(match lanes {
+        Some(n) => json!({"queue": queue, "consumerGroup": group, "dropped": true, "lanes": n}),
+        None => json!({"queue": queue, "consumerGroup": group, "dropped": false}),
+    })
+}
