@@ -206,3 +206,45 @@ fn one_in_flight_batch_per_lane() {
         setup.execute("SELECT queen.ack($1)", &[&winners[0]]).unwrap();
     }
 }
+
+/// Eight workers start on a new consumer group at the same moment (one of them creates
+/// it; the others must neither fail nor wait on a claim that is not theirs), with and
+/// without long-poll: every one of them is served.
+#[test]
+fn eight_workers_starting_a_new_group_at_once_are_all_served() {
+    let queue = unique("newgroup");
+    let mut c = connect();
+    let items: Vec<_> =
+        (0..80).map(|i| json!({"queue": queue, "partition": format!("p{}", i % 8), "payload": i})).collect();
+    c.query("SELECT 1 FROM queen.push_batch($1)", &[&json!(items)]).unwrap();
+    for (group, wait_ms) in [("quick", 0), ("polling", 2000)] {
+        let barrier = Arc::new(Barrier::new(8));
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                let (queue, barrier) = (queue.clone(), barrier.clone());
+                thread::spawn(move || {
+                    let mut c = connect();
+                    barrier.wait();
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    loop {
+                        let rows = c
+                            .query(
+                                "SELECT lease_id FROM queen.pop($1, $2, batch => 10, wait_ms => $3)",
+                                &[&queue, &group, &wait_ms],
+                            )
+                            .unwrap();
+                        if let Some(r) = rows.first() {
+                            // Hold the lease: the other workers must take other partitions.
+                            let _lease: uuid::Uuid = r.get(0);
+                            return rows.len();
+                        }
+                        assert!(Instant::now() < deadline, "a worker of group {group} was never served");
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                })
+            })
+            .collect();
+        let served: Vec<usize> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        assert_eq!(served, vec![10; 8], "group {group}: each worker got one partition's ten messages");
+    }
+}
