@@ -80,15 +80,21 @@ BEGIN
     RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
       USING ERRCODE = '22023';
   END IF;
-  -- created_at equals failed_at: a frame's enqueue time is not kept per message.
+  -- created_at equals failed_at: a frame's enqueue time is not kept per message. A row
+  -- whose envelope cannot be opened (its key is not configured, or it does not
+  -- authenticate) is listed with a NULL payload and the reason after its error.
   RETURN QUERY
     SELECT d.id, d.transaction_id, d.partition_id, q.name, p.name, d.consumer_group,
-           d.error_message, d.retry_count,
-           coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)),
+           CASE WHEN x.unopenable IS NULL THEN d.error_message
+                ELSE d.error_message || ' (payload not shown: ' || x.unopenable || ')' END,
+           d.retry_count,
+           CASE WHEN x.unopenable IS NULL THEN coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)) END,
            d.failed_at, d.failed_at, NULL::text
       FROM queen.log_dlq d
       JOIN queen.queues q ON q.queue_id = d.queue_id
       JOIN queen.partitions p ON p.partition_id = d.partition_id
+     CROSS JOIN LATERAL (SELECT CASE WHEN d.data IS NULL
+                                     THEN queen._dead_letter_unopenable(d.envelope, d.message_id) END AS unopenable) x
      WHERE (dlq.queue IS NULL OR q.name = dlq.queue)
        AND (dlq.consumer_group IS NULL OR d.consumer_group = dlq.consumer_group)
      ORDER BY d.failed_at DESC, d.id DESC
@@ -299,6 +305,7 @@ COMMENT ON FUNCTION queen.drop_group(text, text, bool) IS
 COMMENT ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) IS
   'queen: move a consumer group''s cursors to an offset or to the first message at or after a time';
 COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS 'queen internal: the body of queen.pop; not granted';
+COMMENT ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) IS 'queen internal: why a dead letter''s envelope cannot be opened (queen.dlq); not granted';
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';

@@ -430,3 +430,54 @@ COMMENT ON FUNCTION queen.drop_group(text, text, bool) IS
   'queen: remove a consumer group (its cursors and leases) so that it no longer holds retention back';
 COMMENT ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) IS
   'queen: move a consumer group''s cursors to an offset or to the first message at or after a time';
+
+-- Poison messages (issue 14): queen.dlq lists a dead letter whose envelope cannot be
+-- opened, with a NULL payload and the reason.
+CREATE FUNCTION queen."_dead_letter_unopenable"(
+	"envelope" bytea, /* & [u8] */
+	"message_id" uuid /* pgrx :: Uuid */
+) RETURNS TEXT /* Option < String > */
+STRICT 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'dead_letter_unopenable_wrapper';
+REVOKE ALL ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) FROM PUBLIC;
+COMMENT ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) IS 'queen internal: why a dead letter''s envelope cannot be opened (queen.dlq); not granted';
+CREATE OR REPLACE FUNCTION queen.dlq(
+    queue text DEFAULT NULL,
+    consumer_group text DEFAULT NULL,
+    page_size int DEFAULT 100,
+    page_offset int DEFAULT 0
+) RETURNS SETOF queen.dead_letter
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
+    RAISE EXCEPTION 'queen: invalid page_size: % (must be 1 to 10000)', page_size
+      USING ERRCODE = '22023';
+  END IF;
+  IF page_offset IS NULL OR page_offset < 0 THEN
+    RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
+      USING ERRCODE = '22023';
+  END IF;
+  -- created_at equals failed_at: a frame's enqueue time is not kept per message. A row
+  -- whose envelope cannot be opened (its key is not configured, or it does not
+  -- authenticate) is listed with a NULL payload and the reason after its error.
+  RETURN QUERY
+    SELECT d.id, d.transaction_id, d.partition_id, q.name, p.name, d.consumer_group,
+           CASE WHEN x.unopenable IS NULL THEN d.error_message
+                ELSE d.error_message || ' (payload not shown: ' || x.unopenable || ')' END,
+           d.retry_count,
+           CASE WHEN x.unopenable IS NULL THEN coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)) END,
+           d.failed_at, d.failed_at, NULL::text
+      FROM queen.log_dlq d
+      JOIN queen.queues q ON q.queue_id = d.queue_id
+      JOIN queen.partitions p ON p.partition_id = d.partition_id
+     CROSS JOIN LATERAL (SELECT CASE WHEN d.data IS NULL
+                                     THEN queen._dead_letter_unopenable(d.envelope, d.message_id) END AS unopenable) x
+     WHERE (dlq.queue IS NULL OR q.name = dlq.queue)
+       AND (dlq.consumer_group IS NULL OR d.consumer_group = dlq.consumer_group)
+     ORDER BY d.failed_at DESC, d.id DESC
+     LIMIT page_size OFFSET page_offset;
+END $$;

@@ -441,30 +441,20 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
     // An offset inside the span holds a message unless an aborted push left it empty:
     // then there is nothing to file, and the cursor passes it all the same.
     let Some((message_id, transaction_id, payload)) = frame else { return false };
-    // An encrypted payload is filed as its envelope (`envelope`), a plain one as jsonb.
-    let (data, envelope) = if queen_core::envelope::is_envelope(&payload) {
-        (None, Some(payload))
-    } else {
-        (Some(crate::jsonb::RawJsonb(payload)), None)
-    };
-    run(
+    crate::dlq::file(
         client,
-        "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
-                                    message_id, transaction_id, data, error_message, retry_count, envelope)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        &[
-            to_pg_uuid(crate::spi::new_id()).into(),
-            lane.queue_id.into(),
-            lane.partition_id.into(),
-            lane.consumer_group.as_str().into(),
-            offset.into(),
-            message_id.into(),
-            transaction_id.as_str().into(),
-            data.into(),
-            error.into(),
-            retry_count.into(),
-            envelope.into(),
-        ],
+        crate::dlq::Filing {
+            queue_id: lane.queue_id,
+            partition_id: lane.partition_id,
+            group: &lane.consumer_group,
+            offset,
+            message_id,
+            transaction_id: &transaction_id,
+            stored: payload,
+            error,
+            retry_count,
+            raw: false,
+        },
     );
     true
 }

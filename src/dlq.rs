@@ -110,3 +110,54 @@ fn dlq_delete(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) ->
         "transactionId": transaction_id,
     }))
 }
+
+/// One message to file as a dead letter.
+pub struct Filing<'a> {
+    pub queue_id: i64,
+    pub partition_id: pgrx::Uuid,
+    pub group: &'a str,
+    pub offset: i64,
+    pub message_id: pgrx::Uuid,
+    pub transaction_id: &'a str,
+    /// The payload as stored: jsonb, or an envelope of an encrypted queue.
+    pub stored: Vec<u8>,
+    pub error: &'a str,
+    pub retry_count: i32,
+    /// `stored` is not a message (a corrupt segment's bytes): kept as bytes, in `envelope`.
+    pub raw: bool,
+}
+
+/// Files a dead letter, unless the group already filed this offset (a message that could
+/// not be opened is filed once, however often a pop meets it). Returns whether it filed.
+pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
+    // An encrypted payload is filed as its envelope (`envelope`), a plain one as jsonb.
+    let (data, envelope) = if f.raw || queen_core::envelope::is_envelope(&f.stored) {
+        (None, Some(f.stored))
+    } else {
+        (Some(crate::jsonb::RawJsonb(f.stored)), None)
+    };
+    !run(
+        client,
+        "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
+                                    message_id, transaction_id, data, error_message, retry_count, envelope)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+          WHERE NOT EXISTS (SELECT 1 FROM queen.log_dlq d
+                             WHERE d.partition_id = $3 AND d.transaction_id = $7
+                               AND d.consumer_group = $4 AND d.msg_offset = $5)
+         RETURNING 1",
+        &[
+            crate::spi::to_pg_uuid(crate::spi::new_id()).into(),
+            f.queue_id.into(),
+            f.partition_id.into(),
+            f.group.into(),
+            f.offset.into(),
+            f.message_id.into(),
+            f.transaction_id.into(),
+            data.into(),
+            f.error.into(),
+            f.retry_count.into(),
+            envelope.into(),
+        ],
+    )
+    .is_empty()
+}

@@ -159,24 +159,72 @@ pub fn seal_all<'a>(queue: &str, messages: impl Iterator<Item = (&'a uuid::Uuid,
     })
 }
 
-/// A stored payload in jsonb's binary form: opened when it is an envelope.
-pub fn open(message_id: &[u8; 16], stored: &[u8]) -> Vec<u8> {
+/// Why a stored payload cannot be opened.
+pub struct Unopenable {
+    code: PgSqlErrorCode,
+    pub message: String,
+}
+
+/// A stored payload in jsonb's binary form, opened when it is an envelope; or why it
+/// cannot be (a key that is not configured, or an envelope that does not authenticate).
+pub fn try_open(message_id: &[u8; 16], stored: &[u8]) -> Result<Vec<u8>, Unopenable> {
     if !envelope::is_envelope(stored) {
-        return stored.to_vec();
+        return Ok(stored.to_vec());
     }
-    keys(|_, all| match envelope::open(all, message_id, stored) {
-        Ok(plain) => plain,
-        Err(e @ EnvelopeError::NoKey { .. }) => errors::raise(
-            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("queen: {e} (add it to queen.encryption_key_file, or set queen.encryption_old_keys)"),
-        ),
-        Err(e) => errors::raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("queen: {e}")),
+    keys(|_, all| {
+        envelope::open(all, message_id, stored).map_err(|e| match e {
+            e @ EnvelopeError::NoKey { .. } => Unopenable {
+                code: PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                message: format!("queen: {e} (add it to queen.encryption_key_file, or set queen.encryption_old_keys)"),
+            },
+            e => Unopenable { code: PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, message: format!("queen: {e}") },
+        })
     })
+}
+
+impl Unopenable {
+    /// The envelope names a key that is not configured: a setting to fix, not a bad
+    /// message (`raise` it).
+    pub fn missing_key(&self) -> bool {
+        self.code == PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+    }
+
+    pub fn raise(self) -> ! {
+        errors::raise(self.code, self.message)
+    }
+}
+
+/// `try_open`, or an ERROR.
+pub fn open(message_id: &[u8; 16], stored: &[u8]) -> Vec<u8> {
+    try_open(message_id, stored).unwrap_or_else(|e| e.raise())
 }
 
 /// Internal: the plaintext of a dead letter stored as an envelope (queen.dlq, replay).
 #[pg_extern(name = "_open_dead_letter")]
 #[search_path(pg_catalog, pg_temp)]
 fn open_dead_letter(envelope: &[u8], message_id: pgrx::Uuid) -> RawJsonb {
+    if let Err(e) = sealed(envelope) {
+        e.raise();
+    }
     RawJsonb(open(message_id.as_bytes(), envelope))
+}
+
+/// A dead letter's `envelope` column holds an envelope, or the bytes of a corrupt segment
+/// (never to be read as a payload).
+fn sealed(envelope: &[u8]) -> Result<(), Unopenable> {
+    if envelope::is_envelope(envelope) {
+        return Ok(());
+    }
+    Err(Unopenable {
+        code: PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        message: "queen: the dead letter holds the bytes of a corrupt segment, not a message".to_string(),
+    })
+}
+
+/// Internal: why a dead letter's envelope cannot be opened, or NULL when it can
+/// (queen.dlq lists such a row with a NULL payload and this reason).
+#[pg_extern(name = "_dead_letter_unopenable")]
+#[search_path(pg_catalog, pg_temp)]
+fn dead_letter_unopenable(envelope: &[u8], message_id: pgrx::Uuid) -> Option<String> {
+    sealed(envelope).and_then(|()| try_open(message_id.as_bytes(), envelope).map(drop)).err().map(|e| e.message)
 }

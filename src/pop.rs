@@ -254,6 +254,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut attempts = Vec::new();
     let mut old_leases = Vec::new();
     let mut budget = Budget { left: a.max_bytes, any: false };
+    let mut poison = Vec::new();
+    let mut passed = Vec::new();
     for (c, &take) in candidates.iter().zip(&takes) {
         if take == 0 {
             continue; // locked but not claimed: the lock ends with this transaction
@@ -261,14 +263,21 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let start = c.committed + 1;
         let attempt = if c.claim_start == Some(start) { c.attempt_count + 1 } else { 0 };
         let before = out.len();
-        let Some(end) = read_span(client, c, take, &mut budget, |mut d| {
+        let poisoned = poison.len();
+        let span = read_span(client, c, take, &mut budget, &mut poison, |mut d| {
             d.lease_id = lease_id;
             d.lease_expires_at = expires;
             d.attempt = attempt;
             out.push(d);
-        }) else {
+        });
+        let Some(end) = span.delivered else {
             debug_assert_eq!(out.len(), before);
-            continue; // nothing to deliver after all (see read_span): not claimed
+            // Nothing to deliver after all (see read_span): not claimed. Messages that
+            // cannot be opened were filed as dead letters: the cursor passes them.
+            if poison.len() > poisoned {
+                passed.push((c.partition_id, span.seen.expect("poison was seen")));
+            }
+            continue;
         };
         pids.push(c.partition_id);
         ends.push(end);
@@ -279,6 +288,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         }
     }
 
+    file_poison(client, a, queue_id, &candidates, poison, &passed);
     if registry {
         apply_registry(client, a, queue_id, &candidates, &pids, &ends, &starts, &attempts, lease_id, expires, now);
     } else {
@@ -598,50 +608,172 @@ impl Budget {
     }
 }
 
+/// A message of a span that cannot be opened (`encryption::try_open`): filed as a dead
+/// letter by `file_poison`, never delivered.
+struct Poison {
+    partition_id: pgrx::Uuid,
+    offset: i64,
+    message_id: pgrx::Uuid,
+    transaction_id: String,
+    stored: Vec<u8>,
+    error: String,
+    /// A corrupt segment (its bytes), not one message.
+    raw: bool,
+}
+
+/// What `read_span` got to: the last offset it delivered, and the last it passed
+/// (delivered, or a message it could not open).
+struct Span {
+    delivered: Option<i64>,
+    seen: Option<i64>,
+}
+
+/// Files the messages a pop could not open as dead letters of its group, with the reason
+/// (once each), with a WARNING; and moves past them the cursors of lanes (`passed`) where
+/// they were all the pop found. Other lanes pass them with their lease's ack.
+fn file_poison(
+    client: &mut SpiClient<'_>,
+    a: &PopArgs,
+    queue_id: i64,
+    candidates: &[Candidate],
+    poison: Vec<Poison>,
+    passed: &[(pgrx::Uuid, i64)],
+) {
+    for p in poison {
+        let filed = crate::dlq::file(
+            client,
+            crate::dlq::Filing {
+                queue_id,
+                partition_id: p.partition_id,
+                group: a.group,
+                offset: p.offset,
+                message_id: p.message_id,
+                transaction_id: &p.transaction_id,
+                stored: p.stored,
+                error: &p.error,
+                retry_count: 0,
+                raw: p.raw,
+            },
+        );
+        if filed {
+            pgrx::warning!(
+                "queen: the message at offset {} of a partition of queue {:?} cannot be read or opened; it was filed as a dead letter: {}",
+                p.offset,
+                a.queue,
+                p.error
+            );
+        }
+    }
+    let mut journal = Vec::new();
+    for &(pid, to) in passed {
+        let c = candidates.iter().find(|c| c.partition_id == pid).expect("a passed lane was a candidate");
+        if let Some(old) = c.registry {
+            let new = LaneState { committed: to, retry_count: 0, journal_seq: old.journal_seq + 1, ..old };
+            crate::lanes::set(pid, a.group, new, None);
+            journal.push((pid, new));
+        } else {
+            run(
+                client,
+                "UPDATE queen.lanes SET committed = greatest(committed, $3), batch_retry_count = 0
+                  WHERE partition_id = $1 AND consumer_group = $2",
+                &[pid.into(), a.group.into(), to.into()],
+            );
+        }
+    }
+    crate::lanes::journal(client, a.group, &journal);
+}
+
 fn read_span(
     client: &mut SpiClient<'_>,
     c: &Candidate,
     take: i64,
     budget: &mut Budget,
+    poison: &mut Vec<Poison>,
     mut emit: impl FnMut(Delivered),
-) -> Option<i64> {
+) -> Span {
     // SAFETY: a plain read of the transaction's isolation level.
     let fixed_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
-    let (mut next, mut delivered, mut last) = (c.committed + 1, 0i64, None);
+    let (mut next, mut delivered, mut last, mut seen) = (c.committed + 1, 0i64, None, None);
     while delivered < take && next <= c.readable {
         // Assume no gaps; a gap costs one more (short) read.
         let end = (next + (take - delivered) - 1).min(c.readable);
         let mut stop = false;
-        segments::read(client, c.partition_id, next, end, |offset, message| {
-            let Some((f, created_at)) = message else {
-                stop = fixed_snapshot;
-                return !stop;
-            };
-            if !budget.take(f.payload.len()) {
-                stop = true;
-                return false; // past the byte budget: this message waits for the next pop
-            }
-            let payload = crate::encryption::open(&f.message_id, f.payload);
-            emit(Delivered {
-                lease_id: None,
-                lease_expires_at: None,
+        // A corrupt segment is filed whole, as one dead letter (its bytes, and the
+        // offsets it held), and passed over like a message that cannot be opened.
+        let mut corrupts: Vec<segments::Corrupt> = Vec::new();
+        let mut corrupt = |k: segments::Corrupt| corrupts.push(k);
+        segments::read_or_skip(
+            client,
+            c.partition_id,
+            next,
+            end,
+            |offset, message| {
+                let Some((f, created_at)) = message else {
+                    stop = fixed_snapshot;
+                    return !stop;
+                };
+                if !budget.take(f.payload.len()) {
+                    stop = true;
+                    return false; // past the byte budget: this message waits for the next pop
+                }
+                let payload = match crate::encryption::try_open(&f.message_id, f.payload) {
+                    Ok(payload) => payload,
+                    // A key that is not configured stops the pop: every message it sealed
+                    // would be dead-lettered over one missing setting.
+                    Err(e) if e.missing_key() => e.raise(),
+                    Err(e) => {
+                        // Poison (an envelope that does not authenticate): filed as a dead
+                        // letter and passed over; the lane goes on.
+                        poison.push(Poison {
+                            partition_id: c.partition_id,
+                            offset,
+                            message_id: pgrx::Uuid::from_bytes(f.message_id),
+                            transaction_id: f.transaction_id.to_string(),
+                            stored: f.payload.to_vec(),
+                            error: e.message,
+                            raw: false,
+                        });
+                        seen = Some(offset);
+                        return true;
+                    }
+                };
+                emit(Delivered {
+                    lease_id: None,
+                    lease_expires_at: None,
+                    partition_id: c.partition_id,
+                    partition: c.partition.clone(),
+                    msg_offset: offset,
+                    message_id: pgrx::Uuid::from_bytes(f.message_id),
+                    transaction_id: f.transaction_id.to_string(),
+                    payload,
+                    created_at,
+                    attempt: 0,
+                });
+                delivered += 1;
+                last = Some(offset);
+                seen = Some(offset);
+                delivered < take
+            },
+            Some(&mut corrupt),
+        );
+        let mut past_corrupt = end + 1;
+        for k in corrupts {
+            seen = seen.max(Some(k.last));
+            past_corrupt = past_corrupt.max(k.last + 1);
+            poison.push(Poison {
                 partition_id: c.partition_id,
-                partition: c.partition.clone(),
-                msg_offset: offset,
-                message_id: pgrx::Uuid::from_bytes(f.message_id),
-                transaction_id: f.transaction_id.to_string(),
-                payload,
-                created_at,
-                attempt: 0,
+                offset: k.segment_first,
+                message_id: pgrx::Uuid::from_bytes([0; 16]),
+                transaction_id: format!("corrupt segment {}..{}", k.segment_first, k.last),
+                stored: k.bytes,
+                error: format!("queen: offsets {}..{} cannot be read: {}", k.from, k.last, k.error),
+                raw: true,
             });
-            delivered += 1;
-            last = Some(offset);
-            delivered < take
-        });
+        }
         if stop {
             break;
         }
-        next = end + 1;
+        next = past_corrupt;
     }
-    last
+    Span { delivered: last, seen }
 }

@@ -65,7 +65,31 @@ pub fn read(
     partition_id: pgrx::Uuid,
     start: i64,
     end: i64,
+    emit: impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
+) {
+    read_or_skip(client, partition_id, start, end, emit, None);
+}
+
+/// A segment that cannot be decoded: its offsets (`from..=last` were not handed out),
+/// why, and its stored bytes.
+pub struct Corrupt {
+    pub segment_first: i64,
+    pub from: i64,
+    pub last: i64,
+    pub error: String,
+    pub bytes: Vec<u8>,
+}
+
+/// `read`, except that a corrupt segment is handed to `corrupt` (when given) and its
+/// offsets are passed over, instead of an ERROR: a pop files it as a dead letter and
+/// goes on with the partition.
+pub fn read_or_skip(
+    client: &mut SpiClient<'_>,
+    partition_id: pgrx::Uuid,
+    start: i64,
+    end: i64,
     mut emit: impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
+    mut corrupt: Option<&mut dyn FnMut(Corrupt)>,
 ) {
     // Per tier: the segment that holds `start`, then the ones that begin inside the span:
     // tight range scans of the primary keys. `data` comes back as a TOAST pointer. The
@@ -129,29 +153,43 @@ pub fn read(
         let StoredBytea(datum) = row.get(4).or_raise().unwrap();
         // SAFETY: `datum` is a non-null bytea of this row.
         let total = unsafe { pg_sys::toast_raw_datum_size(datum) } - pg_sys::VARHDRSZ;
+        // A corrupt segment: an ERROR, or handed over and passed.
+        let mut skip = |from: i64, error: String| {
+            let Some(handler) = corrupt.as_mut() else {
+                errors::corrupted(format_args!("{error} (partition {partition_id})"))
+            };
+            handler(Corrupt { segment_first: first, from, last, error, bytes: slice(&row, datum, 0, total).to_vec() });
+        };
         let mut head = slice(&row, datum, 0, HEAD_BYTES.min(total));
-        let dir = loop {
+        let parsed = loop {
             match Directory::parse(head, total) {
-                Ok(dir) => break dir,
+                Ok(dir) => break Ok(dir),
                 Err(CodecError::Truncated(_)) if head.len() < total => {
                     head = slice(&row, datum, 0, (head.len() * 8).min(total));
                 }
-                Err(e) => errors::corrupted(e),
+                Err(e) => break Err(e.to_string()),
             }
         };
-        if dir.frame_count() as i64 != last - first + 1 {
-            errors::corrupted(format_args!(
-                "segment {first}..{last} of partition {partition_id} holds {} entries",
-                dir.frame_count()
-            ));
-        }
+        let dir = match parsed {
+            Ok(dir) if dir.frame_count() as i64 == last - first + 1 => dir,
+            Ok(dir) => {
+                skip(next, format!("segment {first}..{last} holds {} entries", dir.frame_count()));
+                next = last + 1;
+                continue;
+            }
+            Err(e) => {
+                skip(next, format!("segment {first}..{last}: {e}"));
+                next = last + 1;
+                continue;
+            }
+        };
         let from = (next - first) as usize;
         let to = (end.min(last) - first + 1) as usize;
         let Some((s, e)) = dir.span(from, to) else { continue };
         // The header fetch may already hold the span (a small segment: all of it).
         let body = if e <= head.len() { &head[s..e] } else { slice(&row, datum, s, e - s) };
         let mut go_on = true;
-        dir.for_each_in(body, s, from, to, |i, entry| {
+        let decoded = dir.for_each_in(body, s, from, to, |i, entry| {
             if !go_on {
                 return;
             }
@@ -165,10 +203,16 @@ pub fn read(
                 }
                 Entry::Gap => emit(offset, None),
             };
-        })
-        .unwrap_or_else(|e| errors::corrupted(e));
+        });
+        // A block that fails its checks: the entries before it were handed out; the rest
+        // of the segment is corrupt.
         if !go_on {
             return;
+        }
+        if let Err(e) = decoded {
+            skip(next, format!("segment {first}..{last}: {e}"));
+            next = last + 1;
+            continue;
         }
     }
     // Offsets past the last segment.
