@@ -11,6 +11,7 @@ REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int,
 DROP ROLE queen_upgrade_app;
 -- New in 0.3.0: explicit consumer groups.
 SELECT queen.create_group('up', 'deploy', 'new') - 'lanes' AS created;
+SELECT queen.drop_group('up', 'deploy') AS dropped;
 
 -- The lease taken under 0.2.0 is live and acks; the partition goes on after it.
 SELECT queen.ack(lease_id) -> 'lanes' -> 0 -> 'committed' AS committed FROM held LIMIT 1;
