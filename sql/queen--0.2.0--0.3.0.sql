@@ -318,10 +318,13 @@ COMMENT ON FUNCTION queen.create_group(text, text, text) IS
 
 -- queen.pop gains max_bytes (issue 14: a byte budget per pop). The old function is
 -- replaced; the roles that could execute it can execute the new one.
-SELECT set_config('queen_upgrade.pop_grantees', coalesce(string_agg(quote_ident(a.grantee::regrole::text), ','), ''), true)
+SELECT set_config('queen_upgrade.pop_grants', coalesce(string_agg(format(
+         'GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO %s%s',
+         CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
+         CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''), true)
   FROM pg_proc p, aclexplode(p.proacl) a
  WHERE p.oid = 'queen.pop(text, text, int, text, int, bool, int, int, text)'::regprocedure
-   AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner;
+   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner;
 DROP FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text);
 DROP FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text);
 CREATE FUNCTION queen."_pop"(
@@ -380,9 +383,8 @@ COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, 
   'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
 DO $$
 BEGIN
-  IF current_setting('queen_upgrade.pop_grantees') <> '' THEN
-    EXECUTE format('GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO %s',
-                   current_setting('queen_upgrade.pop_grantees'));
+  IF current_setting('queen_upgrade.pop_grants') <> '' THEN
+    EXECUTE current_setting('queen_upgrade.pop_grants');
   END IF;
 END $$;
 

@@ -74,21 +74,29 @@ fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, partition:
         })
         .collect();
     rows.into_iter()
-        .map(|(partition_id, partition, retained_through, head, committed, leased)| {
-            if registry {
-                let s = crate::lanes::lock(partition_id, group, true).expect("a waiting lock is always taken");
-                Lane {
+        .filter_map(|(partition_id, partition, retained_through, head, committed, leased)| {
+            if !registry {
+                return Some(Lane {
                     partition_id,
                     partition,
                     retained_through,
                     head,
-                    committed: s.committed,
-                    leased: s.live_lease(now),
-                    registry: Some(s),
-                }
-            } else {
-                Lane { partition_id, partition, retained_through, head, committed, leased, registry: None }
+                    committed,
+                    leased,
+                    registry: None,
+                });
             }
+            // None: the lane went away while this waited (its group was dropped).
+            let s = crate::lanes::lock(partition_id, group, true)?;
+            Some(Lane {
+                partition_id,
+                partition,
+                retained_through,
+                head,
+                committed: s.committed,
+                leased: s.live_lease(now),
+                registry: Some(s),
+            })
         })
         .collect()
 }
@@ -185,6 +193,9 @@ fn seek(
     }
     let moved = Spi::connect_mut(|client| {
         let Some(queue_id) = queue_id(client, queue) else { no_group(queue, group) };
+        // The queue row, as lane creation does: a retention pass skips the queue until
+        // this commits, so the segments a rewind points at stay.
+        run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR KEY SHARE", &[queue_id.into()]);
         if !group_exists(client, queue_id, group) {
             no_group(queue, group);
         }

@@ -234,7 +234,8 @@ pub fn key(partition_id: pgrx::Uuid, group: &str) -> LaneKey {
 }
 
 /// A lane's state as this transaction sees it (loading it first if needed), and whether
-/// another transaction holds it.
+/// another transaction holds it. A lane that does not exist (no row: its group was
+/// dropped) reads as held, with no lease: nothing may claim it.
 pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
     let k = key(partition_id, group);
     let mine = owner();
@@ -242,7 +243,11 @@ pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
         match with_view(|v| v.lane(&k)) {
             Seen::Ready(s, h) => return (s, h.is_some_and(|h| h.owner != mine)),
             Seen::Loading => wait_a_moment(),
-            Seen::Unknown => load(partition_id, group),
+            Seen::Unknown => {
+                if !load(partition_id, group) {
+                    return (State::default(), true);
+                }
+            }
         }
     }
 }
@@ -278,8 +283,9 @@ fn wait_a_moment() {
 }
 
 /// Brings a lane into the registry from the database: `queen.lanes`, and the newest
-/// journal entry, if one is newer.
-fn load(partition_id: pgrx::Uuid, group: &str) {
+/// journal entry, if one is newer. False when the lane has no row (it never existed, or
+/// its group was dropped): then nothing is loaded.
+fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
     let k = key(partition_id, group);
     let me = owner();
     match with_registry(|r, _| r.begin_load(&k, me, crate::spi::clock_now())) {
@@ -288,7 +294,11 @@ fn load(partition_id: pgrx::Uuid, group: &str) {
         Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
         Load::Mine => {
             LOADING.with(|l| l.set(Some(k)));
-            let (state, queue_id) = Spi::connect_mut(|client| stored(client, partition_id, group));
+            let Some((state, queue_id)) = Spi::connect_mut(|client| stored(client, partition_id, group)) else {
+                with_registry(|r, _| r.abandon_load(&k, me));
+                LOADING.with(|l| l.set(None));
+                return false;
+            };
             // SAFETY: a plain read of the current database's id.
             let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
             let now = crate::spi::clock_now();
@@ -296,12 +306,13 @@ fn load(partition_id: pgrx::Uuid, group: &str) {
             LOADING.with(|l| l.set(None));
         }
     }
+    true
 }
 
 /// A lane's stored state: its cursor, retry count and journal number (from `queen.lanes`,
 /// or the newest journal entry when it is newer), the lease the row still carries from a
 /// version without the registry (taken over if live), and the lane's queue.
-fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> (State, i64) {
+fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> Option<(State, i64)> {
     // With a snapshot taken now: a REPEATABLE READ transaction's own may predate acks.
     let row = crate::spi::first_row_now(
         client,
@@ -337,7 +348,7 @@ fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> 
             (state, r.get(1).unwrap_or(0))
         },
     );
-    row.unwrap_or((State::default(), 0))
+    row
 }
 
 /// Locks a lane for this transaction; `wait`: wait for another holder (else None when
@@ -355,7 +366,11 @@ pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> 
                 remember(k, sub, s, took, queue.map(|q| (q, group.to_string())));
                 return Some(s);
             }
-            Err(Busy::Unknown) => load(partition_id, group),
+            Err(Busy::Unknown) => {
+                if !load(partition_id, group) {
+                    return None; // no such lane (its group was dropped)
+                }
+            }
             Err(Busy::Loading) => wait_a_moment(),
             Err(Busy::Held(_)) if !wait => return None,
             Err(Busy::Held(h)) => {

@@ -31,22 +31,38 @@ fn object_tag(class: pg_sys::Oid, objid: u32, sub: u16) -> pg_sys::LOCKTAG {
     }
 }
 
-/// Takes `tag` in `mode` until the transaction ends. Returns (got it, had to wait).
-fn acquire(tag: &pg_sys::LOCKTAG, mode: u32, wait: bool) -> (bool, bool) {
+/// How a lock was taken.
+#[derive(PartialEq)]
+enum Took {
+    /// This transaction held it already.
+    Held,
+    /// Taken now, at once.
+    Now,
+    /// Taken after waiting for another transaction.
+    Waited,
+    /// Not taken (without waiting).
+    No,
+}
+
+/// Takes `tag` in `mode` until the transaction ends.
+fn acquire(tag: &pg_sys::LOCKTAG, mode: u32, wait: bool) -> Took {
+    use pg_sys::LockAcquireResult::{LOCKACQUIRE_ALREADY_CLEAR, LOCKACQUIRE_ALREADY_HELD, LOCKACQUIRE_NOT_AVAIL};
     let mode = mode as pg_sys::LOCKMODE;
-    // SAFETY: a transaction-scoped lock on a fully initialized tag; LockAcquire raises an
-    // ERROR (deadlock, cancel) through PostgreSQL's own longjmp, which pgrx's guard on
-    // every extern function turns into a Rust panic and back.
+    // SAFETY: a transaction-scoped lock on a fully initialized tag. pgrx wraps every
+    // pg_sys call so that an ERROR it raises (deadlock, cancel) becomes a Rust panic and
+    // then an ERROR again at the extension's boundary.
     unsafe {
-        if pg_sys::LockAcquire(tag, mode, false, true) != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
-            return (true, false);
+        match pg_sys::LockAcquire(tag, mode, false, true) {
+            LOCKACQUIRE_ALREADY_HELD | LOCKACQUIRE_ALREADY_CLEAR => return Took::Held,
+            LOCKACQUIRE_NOT_AVAIL => {}
+            _ => return Took::Now,
         }
         if !wait {
-            return (false, false);
+            return Took::No;
         }
         pg_sys::LockAcquire(tag, mode, false, false);
     }
-    (true, true)
+    Took::Waited
 }
 
 fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
@@ -57,14 +73,30 @@ fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
 /// touches a queue's rows takes it first. Waits only for a `delete_queue` of the queue.
 /// Returns false when the queue was deleted while this call waited (read with a fresh
 /// snapshot; under REPEATABLE READ or SERIALIZABLE that is a serialization failure).
+///
+/// A `delete_queue` that committed between the caller's lookup of the queue and this lock
+/// made the caller wait, or (if it ended just before) sent an invalidation that arrives
+/// here: either way the queue is looked up again. Otherwise the lookup stands, with no
+/// extra query.
 pub fn share_queue(queue_id: i64) -> bool {
-    let (_, waited) = acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true);
-    !waited || still_there(queue_id)
+    match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true) {
+        Took::Held => true,
+        Took::Waited => {
+            crate::queues::changed_since();
+            still_there(queue_id)
+        }
+        _ => !crate::queues::changed_since() || still_there(queue_id),
+    }
 }
 
 /// The queue lock in exclusive mode (`delete_queue`).
 pub fn own_queue(queue_id: i64) {
     acquire(&queue_tag(queue_id), pg_sys::AccessExclusiveLock, true);
+}
+
+/// Whether the lock was taken (or already held).
+fn taken(t: Took) -> bool {
+    t != Took::No
 }
 
 fn still_there(queue_id: i64) -> bool {
@@ -91,7 +123,7 @@ fn still_there(queue_id: i64) -> bool {
 /// false when another transaction is creating the same group right now.
 pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
     let (objid, sub) = group_key(queue_id, group);
-    acquire(&object_tag(table_oid(c"groups"), objid, sub), pg_sys::AccessExclusiveLock, wait).0
+    taken(acquire(&object_tag(table_oid(c"groups"), objid, sub), pg_sys::AccessExclusiveLock, wait))
 }
 
 /// `queen._own_queue(queue_id)`: the queue lock in exclusive mode, for `delete_queue`

@@ -712,10 +712,6 @@ fn read_span(
                     stop = fixed_snapshot;
                     return !stop;
                 };
-                if !budget.take(f.payload.len()) {
-                    stop = true;
-                    return false; // past the byte budget: this message waits for the next pop
-                }
                 let payload = match crate::encryption::try_open(&f.message_id, f.payload) {
                     Ok(payload) => payload,
                     // A key that is not configured stops the pop: every message it sealed
@@ -737,6 +733,10 @@ fn read_span(
                         return true;
                     }
                 };
+                if !budget.take(payload.len()) {
+                    stop = true;
+                    return false; // past the byte budget: this message waits for the next pop
+                }
                 emit(Delivered {
                     lease_id: None,
                     lease_expires_at: None,

@@ -27,6 +27,21 @@ thread_local! {
     /// Set by the invalidation callback, which may run in the middle of anything (even
     /// while the cache is borrowed): the cache is cleared at its next use.
     static STALE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set by the same callback, for `locks::share_queue` (see `changed_since`).
+    static CHANGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether `queen.queues` may have changed (a queue deleted, say) since the last call:
+/// processes the invalidations other transactions committed, then reads and clears the
+/// flag they set.
+pub fn changed_since() -> bool {
+    if QUEUES_OID.with(|o| o.get()) == pg_sys::InvalidOid {
+        let oid = queues_oid();
+        QUEUES_OID.with(|o| o.set(oid));
+    }
+    // SAFETY: processing pending invalidations is allowed at any point in a transaction.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    CHANGED.with(|c| c.replace(false))
 }
 
 /// Most (queue, partition) pairs a backend remembers; past it, it starts again.
@@ -43,6 +58,7 @@ pub fn init() {
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     if relid == pg_sys::InvalidOid || relid == QUEUES_OID.with(|o| o.get()) {
         STALE.with(|s| s.set(true));
+        CHANGED.with(|c| c.set(true));
     }
 }
 
@@ -149,10 +165,13 @@ pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -
         &[pid.into(), queue_id.into(), name.into()],
     );
     first_value::<bool>(inserted)?;
+    // The groups' rows are key-share-locked: a group that `drop_group` is removing right
+    // now gets no lane once it is gone (its row lock is waited for, and re-checked).
     run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
-         SELECT $1, g.consumer_group, $2, 0 FROM queen.groups g WHERE g.queue_id = $2
+         SELECT $1, g.consumer_group, $2, 0
+           FROM (SELECT consumer_group FROM queen.groups WHERE queue_id = $2 FOR KEY SHARE) g
          ON CONFLICT DO NOTHING",
         &[pid.into(), queue_id.into()],
     );
@@ -292,6 +311,9 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
           WHERE p.queue_id = $1
             AND NOT EXISTS (SELECT 1 FROM queen.lanes l
                              WHERE l.partition_id = p.partition_id AND l.consumer_group = $2)
+            -- the group still exists: a drop_group under way is waited for
+            AND EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2
+                           FOR KEY SHARE)
          ON CONFLICT DO NOTHING RETURNING 1",
         &[queue_id.into(), group.into()],
     )
@@ -342,6 +364,12 @@ fn configure(
     }
     invalidate();
     let encryption = pgrx::Spi::connect_mut(|client| {
+        // The queue lock before the queue row (`queen_core::lock_order`), if it exists.
+        let found =
+            first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+        if let Some(id) = found {
+            crate::locks::share_queue(id);
+        }
         // encryption not given: an encrypted queue stays encrypted only if asked to; turning
         // it off silently would store the next payloads in plaintext.
         let encryption = encryption.unwrap_or_else(|| {

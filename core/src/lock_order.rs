@@ -14,6 +14,8 @@
 //! 2. **The queue row** (`queen.queues`): FOR KEY SHARE by the foreign keys of a new
 //!    partition, group or dead letter; FOR UPDATE by retention (SKIP LOCKED: it never
 //!    waits) and by `delete_queue`; UPDATE by `configure`.
+//!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts, FOR UPDATE by
+//!    `seek` and `drop_group`.
 //! 3. **Partition rows**, in partition-name order within a call (pushes without the
 //!    offset registry; compaction and retention SKIP LOCKED).
 //! 4. **Lanes**, in partition-id order (byte order of the UUID) within a lease: pop

@@ -6,9 +6,13 @@ ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 -- queen.pop was replaced (max_bytes): who could pop still can.
 SELECT has_function_privilege('queen_upgrade_app',
-         'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS app_can_pop;
-REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM queen_upgrade_app;
+         'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS app_can_pop,
+       has_function_privilege('Queen Upgrade-Ops',
+         'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE WITH GRANT OPTION') AS ops_can_grant;
+REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint)
+  FROM queen_upgrade_app, "Queen Upgrade-Ops" CASCADE;
 DROP ROLE queen_upgrade_app;
+DROP ROLE "Queen Upgrade-Ops";
 -- New in 0.3.0: explicit consumer groups.
 SELECT queen.create_group('up', 'deploy', 'new') - 'lanes' AS created;
 SELECT queen.drop_group('up', 'deploy') AS dropped;

@@ -20,4 +20,6 @@ SELECT queen.ack(lease_id, partition_id, msg_offset, 'dlq', 'old') -> 'items' ->
 
 -- A role that may pop: the upgrade replaces queen.pop (it gains max_bytes) and keeps the grant.
 CREATE ROLE queen_upgrade_app;
+CREATE ROLE "Queen Upgrade-Ops";
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) TO queen_upgrade_app;
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) TO "Queen Upgrade-Ops" WITH GRANT OPTION;
