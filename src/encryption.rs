@@ -29,6 +29,7 @@ use crate::jsonb::RawJsonb;
 static ENCRYPTION_KEY: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
 static OLD_KEYS: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
 static KEY_FILE: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
+static DEAD_LETTER_MISSING_KEY: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// Called from `_PG_init`.
 pub fn init() {
@@ -40,6 +41,16 @@ pub fn init() {
         &KEY_FILE,
         GucContext::Suset,
         GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_bool_guc(
+        c"queen.dead_letter_missing_key",
+        c"Whether a pop dead-letters a message sealed with a key that is not configured.",
+        c"Off (the default): such a message stops the pop with SQLSTATE 55000 until the key is configured. \
+          On: it is filed as a dead letter (its envelope kept, so it can be replayed once the key is back) \
+          and the partition goes on.",
+        &DEAD_LETTER_MISSING_KEY,
+        GucContext::Suset,
+        GucFlags::default(),
     );
     GucRegistry::define_string_guc(
         c"queen.encryption_key",
@@ -183,10 +194,10 @@ pub fn try_open(message_id: &[u8; 16], stored: &[u8]) -> Result<Vec<u8>, Unopena
 }
 
 impl Unopenable {
-    /// The envelope names a key that is not configured: a setting to fix, not a bad
-    /// message (`raise` it).
-    pub fn missing_key(&self) -> bool {
-        self.code == PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+    /// The envelope names a key that is not configured: a setting to fix rather than a
+    /// bad message, so a pop raises it, unless `queen.dead_letter_missing_key` is on.
+    pub fn stops_pop(&self) -> bool {
+        self.code == PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE && !DEAD_LETTER_MISSING_KEY.get()
     }
 
     pub fn raise(self) -> ! {

@@ -714,9 +714,10 @@ fn read_span(
                 };
                 let payload = match crate::encryption::try_open(&f.message_id, f.payload) {
                     Ok(payload) => payload,
-                    // A key that is not configured stops the pop: every message it sealed
-                    // would be dead-lettered over one missing setting.
-                    Err(e) if e.missing_key() => e.raise(),
+                    // A key that is not configured stops the pop (unless
+                    // queen.dead_letter_missing_key): every message it sealed would
+                    // otherwise be dead-lettered over one missing setting.
+                    Err(e) if e.stops_pop() => e.raise(),
                     Err(e) => {
                         // Poison (an envelope that does not authenticate): filed as a dead
                         // letter and passed over; the lane goes on.

@@ -66,5 +66,17 @@ SELECT pg_temp.err($$SELECT * FROM queen.pop('pv', 'g')$$);
 SELECT consumer_group, data IS NULL AS no_payload, error_message FROM queen.dlq('pv');
 SELECT queen.dlq_delete(partition_id, transaction_id) ->> 'deleted' AS deleted FROM queen.log_dlq
  WHERE consumer_group = 'g' AND envelope IS NOT NULL AND transaction_id NOT LIKE 'corrupt%';
-SET queen.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+-- An operator who knows the key is gone for good (or wants the partition served while
+-- it is restored) sets queen.dead_letter_missing_key: such messages are filed, their
+-- envelopes kept, and replay works once the key is back.
+SET queen.dead_letter_missing_key = on;
 SELECT msg_offset, payload FROM queen.pop('pv', 'g', batch => 10, auto_ack => true);
+SELECT consumer_group, msg_offset, data IS NULL AS sealed FROM queen.log_dlq WHERE transaction_id NOT LIKE 'corrupt%';
+RESET queen.dead_letter_missing_key;
+SELECT count(*) FROM queen.push('pv', '3');
+SET queen.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+SELECT queen.dlq_replay(partition_id, transaction_id) ->> 'replayed' AS replayed FROM queen.log_dlq
+ WHERE transaction_id NOT LIKE 'corrupt%';
+SET queen.encryption_old_keys = 'ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100';
+SELECT msg_offset, payload FROM queen.pop('pv', 'g', batch => 10, auto_ack => true);
+RESET queen.encryption_old_keys;
