@@ -1,4 +1,4 @@
--- queen's SQL API: thin SQL wrappers that give the Rust entry points their spec names,
+-- queen's SQL API: thin SQL wrappers that give the Rust entry points their documented names,
 -- defaults and named result types. Every function has a fixed search_path.
 
 -- queen.pop is PL/pgSQL with RETURN QUERY: it materializes its rows, so the fixed
@@ -42,11 +42,12 @@ END $$;
 
 COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
   'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO queen_consumer;
 
--- Privileges: the API is granted explicitly (see README, "Privileges"); internals are not.
+-- Privileges: the API is granted to queen's roles, function by function; internals are not.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 
--- Dead-letter listing (spec §7): newest first, paged.
+-- Dead-letter listing (docs/functions.md#dlq): newest first, paged.
 CREATE TYPE queen.dead_letter AS (
     id             uuid,
     transaction_id text,
@@ -102,6 +103,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.dlq(text, text, int, int) IS
   'queen: list dead-lettered messages, newest first, paged';
+GRANT EXECUTE ON FUNCTION queen.dlq(text, text, int, int) TO queen_consumer;
 REVOKE ALL ON FUNCTION queen.dlq(text, text, int, int) FROM PUBLIC;
 
 -- The same for the API functions that pgrx defines (see the comment at the top).
@@ -110,7 +112,7 @@ ALTER FUNCTION queen.ack(uuid, jsonb) SET plan_cache_mode = force_generic_plan S
 ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
 ALTER FUNCTION queen.extend_lease(uuid, int) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
 
--- Operations (spec §10): one row per lane.
+-- Operations (docs/functions.md#status): one row per lane.
 CREATE TYPE queen.lane_status AS (
     queue            text,
     partition        text,
@@ -152,8 +154,9 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.status(text) IS
   'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters';
+GRANT EXECUTE ON FUNCTION queen.status(text) TO queen_admin;
 
--- Per-queue totals (spec §10): one row per (queue, consumer group); a queue nobody has
+-- Per-queue totals (docs/functions.md#totals): one row per (queue, consumer group); a queue nobody has
 -- popped yet has one row with consumer_group NULL. One pass over lanes and partitions.
 CREATE TYPE queen.queue_totals AS (
     queue          text,
@@ -205,8 +208,9 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.totals(text) IS
   'queen: per queue and consumer group — partitions, messages, committed, lag, leased lanes, dead letters';
+GRANT EXECUTE ON FUNCTION queen.totals(text) TO queen_admin;
 
--- delete_queue (spec §2): the queue and everything of it, dead letters included.
+-- delete_queue (docs/functions.md#delete_queue): the queue and everything of it, dead letters included.
 CREATE FUNCTION queen.delete_queue(queue text) RETURNS jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -260,55 +264,21 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.delete_queue(text) IS
   'queen: remove a queue with its partitions, segments, lanes, leases and dead letters';
+GRANT EXECUTE ON FUNCTION queen.delete_queue(text) TO queen_admin;
 REVOKE ALL ON FUNCTION queen.status(text), queen.delete_queue(text) FROM PUBLIC;
 
--- Privileges (spec §10). Every API function runs as the extension's owner (SECURITY
--- DEFINER, with the fixed search_path above), so an application role needs only USAGE on
--- the schema and EXECUTE on the functions it calls; the tables and the internal functions
--- (_pop, _readable, ...) stay closed to it. Nothing is granted to PUBLIC: the README lists
--- the GRANTs for a producer/consumer role and for an operator role.
-ALTER FUNCTION queen.ack(uuid) SECURITY DEFINER;
-ALTER FUNCTION queen.ack(uuid, jsonb) SECURITY DEFINER;
-ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text) SECURITY DEFINER;
-ALTER FUNCTION queen.extend_lease(uuid, int) SECURITY DEFINER;
-ALTER FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) SECURITY DEFINER;
-ALTER FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) SECURITY DEFINER;
-ALTER FUNCTION queen.may_start(uuid, interval) SECURITY DEFINER;
-ALTER FUNCTION queen.dlq_replay(uuid, text) SECURITY DEFINER;
-ALTER FUNCTION queen.dlq_delete(uuid, text) SECURITY DEFINER;
-ALTER FUNCTION queen.retain(text) SECURITY DEFINER;
-ALTER FUNCTION queen.compact(text) SECURITY DEFINER;
-ALTER FUNCTION queen.create_group(text, text, text) SECURITY DEFINER;
-ALTER FUNCTION queen.drop_group(text, text, bool) SECURITY DEFINER;
-ALTER FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) SECURITY DEFINER;
+-- Privileges (docs/functions.md, "Privileges"). Every API function runs as the extension's
+-- owner (SECURITY DEFINER, with a fixed search_path), so an application role needs only
+-- USAGE on the schema and EXECUTE on the functions it calls; the tables and the internal
+-- functions (_pop, _readable, ...) stay closed to it. Nothing is granted to PUBLIC: each
+-- API function grants EXECUTE to queen_producer, queen_consumer or queen_admin where it is
+-- defined (roles: sql/schema.sql).
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
-COMMENT ON FUNCTION queen.ack(uuid) IS 'queen: complete every lane the lease holds';
-COMMENT ON FUNCTION queen.ack(uuid, jsonb) IS
-  'queen: ack [{partitionId, offset, status?, error?}] under a lease (completed, failed, retry, dlq)';
-COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text) IS
-  'queen: ack one offset under a lease (completed, failed, retry, dlq)';
-COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS 'queen: renew every live lane of a lease; never shortens';
-COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) IS
-  'queen: create or update a queue; returns its options in camelCase';
-COMMENT ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) IS
-  'queen: store a consumer group''s lease budget (queue margin + handler timeout + grace + record margin)';
-COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
-  'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
-COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS 'queen: re-push a dead letter with a fresh transaction id';
-COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS 'queen: remove a dead letter';
-COMMENT ON FUNCTION queen.create_group(text, text, text) IS
-  'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
-COMMENT ON FUNCTION queen.drop_group(text, text, bool) IS
-  'queen: remove a consumer group (its cursors and leases) so that it no longer holds retention back';
-COMMENT ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) IS
-  'queen: move a consumer group''s cursors to an offset or to the first message at or after a time';
 COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS 'queen internal: the body of queen.pop; not granted';
 COMMENT ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) IS 'queen internal: why a dead letter''s envelope cannot be opened (queen.dlq); not granted';
 COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
-COMMENT ON FUNCTION queen.compact(text) IS
-  'queen: one compaction pass: merge the small segments of small pushes into large ones';
 -- The lane journal's table `t` saved into queen.lanes and emptied, if nothing holds it
 -- (src/lanes.rs, rotate_journal: the worker calls it once no ack writes to it).
 CREATE FUNCTION queen._empty_journal(t int) RETURNS bool
@@ -350,5 +320,3 @@ COMMENT ON FUNCTION queen._expire_lease(uuid) IS 'queen internal: end a lease no
 COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
 COMMENT ON FUNCTION queen._own_queue(bigint) IS 'queen internal: the queue lock in exclusive mode (delete_queue); not granted';
 COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
-COMMENT ON FUNCTION queen.retain(text) IS
-  'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';

@@ -483,3 +483,33 @@ BEGIN
      ORDER BY d.failed_at DESC, d.id DESC
      LIMIT page_size OFFSET page_offset;
 END $$;
+
+-- Privileges ship as roles (sql/schema.sql has the same block for a fresh install): each
+-- API function grants EXECUTE to queen_producer, queen_consumer or queen_admin. Grants an
+-- operator made to other roles before the update stay as they were.
+DO $roles$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_producer') THEN
+    CREATE ROLE queen_producer NOLOGIN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_consumer') THEN
+    CREATE ROLE queen_consumer NOLOGIN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_admin') THEN
+    CREATE ROLE queen_admin NOLOGIN;
+    GRANT queen_producer, queen_consumer TO queen_admin;
+  END IF;
+END $roles$;
+GRANT USAGE ON SCHEMA queen TO queen_producer, queen_consumer, queen_admin;
+GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text), queen.push_batch(jsonb) TO queen_producer;
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint),
+    queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text),
+    queen.extend_lease(uuid, int), queen.may_start(uuid, interval), queen.dlq(text, text, int, int)
+  TO queen_consumer;
+GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int),
+    queen.configure_group(text, text, interval, interval, interval, interval),
+    queen.create_group(text, text, text), queen.drop_group(text, text, bool),
+    queen.seek(text, text, text, bigint, timestamptz, bool), queen.status(text), queen.totals(text),
+    queen.retain(text), queen.compact(text), queen.delete_queue(text),
+    queen.dlq_replay(uuid, text), queen.dlq_delete(uuid, text)
+  TO queen_admin;

@@ -12,10 +12,36 @@
 --     they rewrite or delete its segments: never at once, and never waiting.
 --   * A new partition gets a lane for every committed group; a new group gets a lane for
 --     every committed partition. When both are created at the same moment and miss each
---     other, the group's next empty pop adds the missing lane (queues::repair_lanes).
+--     other, the group's pops add the missing lane (queues::repair_lanes, run by a pop at
+--     most once a second per backend and group, busy or not).
 --     Neither path waits on a lock held by a consumer's open transaction.
 --   * A pop claims lanes with FOR UPDATE SKIP LOCKED: it never waits on another's lane.
 --   * An ack locks only the lanes of its lease, in partition_id order.
+
+-- Roles (docs/functions.md, "Privileges"): the extension ships its privileges as three
+-- roles, and each API function grants EXECUTE to one of them where it is defined.
+--   queen_producer  push, push_batch
+--   queen_consumer  pop, ack, extend_lease, may_start, dlq
+--   queen_admin     both of the above, and configure, configure_group, create_group,
+--                   drop_group, seek, status, totals, retain, compact, delete_queue,
+--                   dlq_replay, dlq_delete
+-- Roles belong to the cluster, not to a database: a second database that installs queen
+-- reuses them, and DROP EXTENSION leaves them (drop them by hand once no database uses
+-- queen). They cannot log in; grant them to application roles.
+DO $roles$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_producer') THEN
+    CREATE ROLE queen_producer NOLOGIN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_consumer') THEN
+    CREATE ROLE queen_consumer NOLOGIN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_admin') THEN
+    CREATE ROLE queen_admin NOLOGIN;
+    GRANT queen_producer, queen_consumer TO queen_admin;
+  END IF;
+END $roles$;
+GRANT USAGE ON SCHEMA queen TO queen_producer, queen_consumer, queen_admin;
 
 CREATE TABLE queen.queues (
     queue_id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -78,7 +104,7 @@ CREATE TABLE queen.groups (
     queue_id        bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
     consumer_group  text   NOT NULL,
     subscription    text   NOT NULL DEFAULT 'all',
-    -- consumer lease budget (spec section 8); NULL when none is stored
+    -- consumer lease budget (queen.configure_group); NULL when none is stored
     handler_timeout interval,
     queue_margin    interval,
     timeout_grace   interval,
@@ -143,7 +169,7 @@ CREATE TABLE queen.leases (
 );
 COMMENT ON TABLE queen.leases IS 'queen: the lanes each live lease holds';
 
--- API result types (spec section 1).
+-- API result types.
 CREATE TYPE queen.push_result AS (
     idx            int,
     status         text,
@@ -194,7 +220,7 @@ CREATE INDEX log_dlq_queue ON queen.log_dlq (queue_id, consumer_group);
 COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';
 REVOKE ALL ON queen.log_dlq FROM PUBLIC;
 
--- Producer-supplied transaction ids seen within a queue's dedup window (spec §3).
+-- Producer-supplied transaction ids seen within a queue's dedup window.
 -- Expired entries are pruned by later pushes to the same partition.
 CREATE TABLE queen.dedup (
     partition_id   uuid   NOT NULL,

@@ -1,4 +1,4 @@
-//! Ack (spec §5): an ack is an offset commit, fenced by its lease. The arithmetic is
+//! Ack (docs/functions.md#ack): an ack is an offset commit, fenced by its lease. The arithmetic is
 //! `queen_core::ack::plan_lane`; this module locks lanes, applies plans, files dead
 //! letters and reports.
 
@@ -8,13 +8,16 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, LaneState, RetryPolicy};
+use queen_core::policy::dead_lettering;
 use serde_json::{json, Value};
 
 use crate::jsonb::{Found, JsonbArg};
 
+use crate::clock::{clock_now, timestamptz};
 use crate::errors::{self, SpiExt};
+use crate::ids::{from_pg_uuid, to_pg_uuid};
 use crate::segments;
-use crate::spi::{clock_now, from_pg_uuid, run, timestamptz, to_pg_uuid};
+use crate::spi::run;
 
 /// An ack item addressed to a partition, in input order.
 struct Addressed {
@@ -40,7 +43,17 @@ fn parse_status(s: &str) -> AckStatus {
         .unwrap_or_else(|_| errors::invalid("status", format_args!("{s:?} (must be completed, failed, retry or dlq)")))
 }
 
-#[pg_extern(name = "ack")]
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text) IS
+  'queen: ack one offset under a lease (completed, failed, retry, dlq)';
+GRANT EXECUTE ON FUNCTION queen.ack(uuid, uuid, bigint, text, text) TO queen_consumer;
+"#,
+    name = "ack_one_home",
+    requires = [ack_one]
+);
+
+#[pg_extern(name = "ack", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn ack_one(
     lease_id: Option<pgrx::Uuid>,
@@ -57,13 +70,20 @@ fn ack_one(
     JsonB(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
 }
 
-/// Most items one ack call may carry (its report holds one JSON object per item).
-pub const MAX_ACK_ITEMS: u32 = 100_000;
-
 /// The keys an ack item may have.
 const ACK_KEYS: [&str; 4] = ["partitionId", "offset", "status", "error"];
 
-#[pg_extern(name = "ack")]
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.ack(uuid, jsonb) IS
+  'queen: ack [{partitionId, offset, status?, error?}] under a lease (completed, failed, retry, dlq)';
+GRANT EXECUTE ON FUNCTION queen.ack(uuid, jsonb) TO queen_consumer;
+"#,
+    name = "ack_many_home",
+    requires = [ack_many]
+);
+
+#[pg_extern(name = "ack", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
@@ -76,8 +96,8 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
     if n == 0 {
         errors::invalid("acks", "must hold at least one item");
     }
-    if n > MAX_ACK_ITEMS {
-        errors::too_big("acks", format_args!("{n} items (at most {MAX_ACK_ITEMS} per call)"));
+    if let Err(v) = queen_core::policy::check_ack_items(n) {
+        errors::violation(v);
     }
     let items = (0..n)
         .map(|i| {
@@ -122,7 +142,17 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
     JsonB(ack(lease_id, Some(items)))
 }
 
-#[pg_extern(name = "ack")]
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.ack(uuid) IS
+  'queen: complete every lane the lease holds';
+GRANT EXECUTE ON FUNCTION queen.ack(uuid) TO queen_consumer;
+"#,
+    name = "ack_lease_home",
+    requires = [ack_lease]
+);
+
+#[pg_extern(name = "ack", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonB {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
@@ -159,15 +189,19 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     } else {
         run(
             client,
-            "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
-                    l.batch_retry_count, l.lease_expires_at > $3, q.retry_limit,
-                    q.dead_letter_queue OR q.dlq_after_max_retries, q.name
+            concat!(
+                "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
+                    l.batch_retry_count, ",
+                queen_core::lease_live_sql!("l", "$3"),
+                ", q.retry_limit,
+                    q.dead_letter_queue, q.dlq_after_max_retries, q.name
                FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
               WHERE l.partition_id = ANY(coalesce($2::uuid[],
                       (SELECT le.partition_ids FROM queen.leases le WHERE le.lease_id = $1)))
                 AND l.lease_id = $1
               ORDER BY l.partition_id
-                FOR UPDATE OF l",
+                FOR UPDATE OF l"
+            ),
             &[lease_id.into(), pids.into(), timestamptz(now).into()],
         )
         .map(|row| LockedLane {
@@ -182,9 +216,9 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
             live: row.get(7).or_raise().unwrap_or(false),
             policy: RetryPolicy {
                 retry_limit: row.get(8).or_raise().unwrap(),
-                dead_lettering: row.get(9).or_raise().unwrap(),
+                dead_lettering: dead_lettering(row.get(9).or_raise().unwrap(), row.get(10).or_raise().unwrap()),
             },
-            queue: row.get(10).or_raise().unwrap(),
+            queue: row.get(11).or_raise().unwrap(),
             registry: None,
         })
         .collect()
@@ -194,10 +228,9 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     let items: Vec<Addressed> = items.unwrap_or_else(|| {
         lanes
             .iter()
-            .filter(|l| l.live)
-            .map(|l| Addressed {
-                partition_id: l.partition_id,
-                item: AckItem { offset: l.state.batch_end, status: AckStatus::Completed, error: None },
+            .filter_map(|l| {
+                let item = queen_core::lane::whole_lease_item(l.state.batch_end, l.live)?;
+                Some(Addressed { partition_id: l.partition_id, item })
             })
             .collect()
     });
@@ -310,13 +343,15 @@ fn lock_registry(
     }
     let policy = run(
         client,
-        "SELECT retry_limit, dead_letter_queue OR dlq_after_max_retries, name FROM queen.queues WHERE queue_id = $1",
+        "SELECT retry_limit, dead_letter_queue, dlq_after_max_retries, name FROM queen.queues WHERE queue_id = $1",
         &[info.queue_id.into()],
     );
     let Some(q) = policy.into_iter().next() else { return Vec::new() };
-    let policy =
-        RetryPolicy { retry_limit: q.get(1).or_raise().unwrap(), dead_lettering: q.get(2).or_raise().unwrap() };
-    let queue: String = q.get(3).or_raise().unwrap();
+    let policy = RetryPolicy {
+        retry_limit: q.get(1).or_raise().unwrap(),
+        dead_lettering: dead_lettering(q.get(2).or_raise().unwrap(), q.get(3).or_raise().unwrap()),
+    };
+    let queue: String = q.get(4).or_raise().unwrap();
     let mut pids: Vec<pgrx::Uuid> = info
         .lanes
         .iter()

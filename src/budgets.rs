@@ -1,4 +1,4 @@
-//! Consumer lease budgets (spec §8, seed 001): a group stores the four allowances; a pop
+//! Consumer lease budgets (docs/functions.md#configure_group, #may_start): a group stores the four allowances; a pop
 //! by that group leases for their sum; `may_start` tells a consumer whether a queued
 //! message still has the time to run.
 
@@ -8,9 +8,11 @@ use pgrx::{JsonB, PgLogLevel, PgSqlErrorCode};
 use queen_core::lease::{Budget, MICROS};
 use serde_json::json;
 
-use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::clock::{clock_now, timestamptz};
+use crate::errors::{self, SpiExt};
+use crate::names::{check_lane_name, check_queue_name};
 use crate::queues;
-use crate::spi::{clock_now, run, timestamptz};
+use crate::spi::run;
 
 /// Microseconds in an interval, refusing months (their length is not fixed).
 fn micros(argument: &str, v: Option<Interval>) -> i64 {
@@ -29,7 +31,17 @@ fn secs(m: i64) -> f64 {
     m as f64 / MICROS as f64
 }
 
-#[pg_extern]
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) IS
+  'queen: store a consumer group''s lease budget (queue margin + handler timeout + grace + record margin)';
+GRANT EXECUTE ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) TO queen_admin;
+"#,
+    name = "configure_group_home",
+    requires = [configure_group]
+);
+
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn configure_group(
     queue: Option<&str>,
@@ -49,8 +61,8 @@ fn configure_group(
         timeout_grace: micros("timeout_grace", timeout_grace),
         record_margin: micros("record_margin", record_margin),
     };
-    if b.handler_timeout == 0 {
-        errors::invalid("handler_timeout", "0 (must be > 0)");
+    if let Err(v) = b.validate() {
+        errors::violation(v);
     }
     Spi::connect_mut(|client| {
         let (queue_id, ..) = queues::ensure_queue_locked(client, queue);
@@ -87,11 +99,21 @@ fn configure_group(
     }))
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
+  'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
+GRANT EXECUTE ON FUNCTION queen.may_start(uuid, interval) TO queen_consumer;
+"#,
+    name = "may_start_home",
+    requires = [may_start]
+);
+
 /// True when the lease's remaining time covers `handler_timeout` (default: the group's)
 /// plus the group's grace and record margin. Otherwise false, with a WARNING that begins
 /// `SQL0105: queued message has insufficient lease time`. An expired or unknown lease is
 /// false. A group without a stored budget counts grace and margin as 0.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Interval>, "NULL")) -> bool {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
@@ -103,15 +125,19 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
         Spi::connect_mut(|client| {
             let rows = run(
                 client,
-                "SELECT (extract(epoch FROM min(l.lease_expires_at) - $2) * 1000000)::int8,
+                concat!(
+                    "SELECT (extract(epoch FROM min(l.lease_expires_at) - $2) * 1000000)::int8,
                         (extract(epoch FROM g.handler_timeout) * 1000000)::int8,
                         (extract(epoch FROM g.timeout_grace) * 1000000)::int8,
                         (extract(epoch FROM g.record_margin) * 1000000)::int8
                    FROM queen.leases le
                    JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
                    LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
-                  WHERE le.lease_id = $1 AND l.lease_expires_at > $2
-                  GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin",
+                  WHERE le.lease_id = $1 AND ",
+                    queen_core::lease_live_sql!("l", "$2"),
+                    "
+                  GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin"
+                ),
                 &[lease_id.into(), timestamptz(now).into()],
             );
             rows.into_iter().next().map(|r| {

@@ -19,8 +19,9 @@ use queen_core::compaction::{plan, Seg, LIMITS};
 use queen_core::segment::{self, Entry, Frame, Segment};
 use serde_json::json;
 
+use crate::clock::clock_now;
 use crate::errors::{self, SpiExt};
-use crate::spi::{clock_now, run};
+use crate::spi::run;
 
 pub static COMPACTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
@@ -57,12 +58,22 @@ impl Done {
     }
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.compact(text) IS
+  'queen: one compaction pass: merge the small segments of small pushes into large ones';
+GRANT EXECUTE ON FUNCTION queen.compact(text) TO queen_admin;
+"#,
+    name = "compact_home",
+    requires = [compact]
+);
+
 /// `queen.compact(queue)`: one compaction pass over a queue, or over every queue.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
-        errors::check_queue_name("queue", q);
+        crate::names::check_queue_name("queue", q);
     }
     let mut done = Done::default();
     Spi::connect_mut(|client| {
@@ -228,7 +239,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
          )
          INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data)
          VALUES ($1, $2, $3, $4, $5)",
-        &[pid.into(), first.into(), last.into(), crate::spi::timestamptz(newest).into(), data.into()],
+        &[pid.into(), first.into(), last.into(), crate::clock::timestamptz(newest).into(), data.into()],
     );
     Done { partitions: 0, merged: rows, written: 1, messages }
 }

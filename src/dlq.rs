@@ -1,4 +1,4 @@
-//! Dead-letter queue (spec §7): replay and delete by address (partition_id,
+//! Dead-letter queue (docs/functions.md#dlq_replay): replay and delete by address (partition_id,
 //! transaction_id). Listing is plain SQL (`queen.dlq`, sql/api.sql); filing happens inside
 //! the ack that gives up on a message (`ack::file_dead_letter`).
 
@@ -8,8 +8,9 @@ use pgrx::{JsonB, PgSqlErrorCode};
 use serde_json::json;
 
 use crate::errors::{self, SpiExt};
+use crate::ids::from_pg_uuid;
 use crate::push::{push_items, PushItem};
-use crate::spi::{from_pg_uuid, run};
+use crate::spi::run;
 
 /// The oldest dead-letter row at an address, locked; P0002 when there is none. Two
 /// consumer groups can dead-letter the same message: each call takes one row. Returns
@@ -69,9 +70,19 @@ fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx
     )
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS
+  'queen: re-push a dead letter with a fresh transaction id';
+GRANT EXECUTE ON FUNCTION queen.dlq_replay(uuid, text) TO queen_admin;
+"#,
+    name = "dlq_replay_home",
+    requires = [dlq_replay]
+);
+
 /// Re-pushes the stored payload to its queue and partition with a fresh transaction id,
 /// then removes the row — one transaction, so a failed push leaves the row in place.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
@@ -93,8 +104,18 @@ fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) ->
     }))
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS
+  'queen: remove a dead letter';
+GRANT EXECUTE ON FUNCTION queen.dlq_delete(uuid, text) TO queen_admin;
+"#,
+    name = "dlq_delete_home",
+    requires = [dlq_delete]
+);
+
 /// Removes the dead-letter row at the address and nothing else.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_delete(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
@@ -146,7 +167,7 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
                                AND d.consumer_group = $4 AND d.msg_offset = $5)
          RETURNING 1",
         &[
-            crate::spi::to_pg_uuid(crate::spi::new_id()).into(),
+            crate::ids::to_pg_uuid(crate::ids::new_id()).into(),
             f.queue_id.into(),
             f.partition_id.into(),
             f.group.into(),

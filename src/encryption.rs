@@ -1,4 +1,4 @@
-//! Encryption at rest (spec §7, issue 7/7): queues configured with `encryption => true`
+//! Encryption at rest (docs/concepts.md, "Encryption"): queues configured with `encryption => true`
 //! store each payload as an AES-256-GCM envelope (`queen_core::envelope`), sealed at push
 //! and opened at pop, in `queen.dlq` and at replay.
 //!

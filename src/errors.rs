@@ -1,4 +1,4 @@
-//! Errors with the SQLSTATEs the spec names. Every function raises through these, so a
+//! Errors with the SQLSTATEs of docs/errors.md. Every function raises through these, so a
 //! message always names the argument and the bad value.
 
 use pgrx::pg_sys::panic::ErrorReport;
@@ -9,12 +9,17 @@ pub fn invalid(argument: &str, detail: impl std::fmt::Display) -> ! {
     raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("queen: invalid {argument}: {detail}"))
 }
 
-/// 22004 null_value_not_allowed.
-/// An argument past one of queen's documented limits (54000, program_limit_exceeded).
-pub fn too_big(argument: &str, detail: impl std::fmt::Display) -> ! {
-    raise(PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED, format!("queen: {argument} is too large: {detail}"))
+/// Raises a policy violation: 22023 for a value an argument cannot take, 54000 for one past
+/// a documented limit; the text is the policy's.
+pub fn violation(v: queen_core::policy::Violation) -> ! {
+    let code = match v.kind {
+        queen_core::policy::ViolationKind::Invalid => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        queen_core::policy::ViolationKind::TooBig => PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+    };
+    raise(code, v.message())
 }
 
+/// 22004 null_value_not_allowed.
 pub fn null_arg(argument: &str) -> ! {
     raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("queen: {argument} must not be NULL"))
 }
@@ -45,19 +50,5 @@ impl<T> SpiExt<T> for Result<T, pgrx::spi::SpiError> {
             Ok(v) => v,
             Err(e) => internal(e),
         }
-    }
-}
-
-/// Checks a queue name (spec §1), raising 22023 with the argument name.
-pub fn check_queue_name(argument: &str, name: &str) {
-    if let Err(e) = queen_core::names::queue_name(name) {
-        invalid(argument, format_args!("{name:?} {e}"));
-    }
-}
-
-/// Checks a partition or consumer-group name, raising 22023 with the argument name.
-pub fn check_lane_name(argument: &str, name: &str) {
-    if let Err(e) = queen_core::names::lane_name(name) {
-        invalid(argument, format_args!("{name:?} {e}"));
     }
 }

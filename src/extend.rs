@@ -1,14 +1,26 @@
-//! Leases (spec §6): extend. Expiry needs no code: a pop treats an expired lease as
+//! `queen.extend_lease` (docs/functions.md#extend_lease). Expiry needs no code: a pop treats an expired lease as
 //! absent and reclaims the lane (see `pop`).
 
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
+use crate::clock::{clock_now, timestamptz};
 use crate::errors::{self, SpiExt};
-use crate::spi::{clock_now, from_pg_uuid, run, timestamptz};
+use crate::ids::from_pg_uuid;
+use crate::spi::run;
 
-#[pg_extern]
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS
+  'queen: renew every live lane of a lease; never shortens';
+GRANT EXECUTE ON FUNCTION queen.extend_lease(uuid, int) TO queen_consumer;
+"#,
+    name = "extend_lease_home",
+    requires = [extend_lease]
+);
+
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonB {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
@@ -87,7 +99,8 @@ fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<Str
         }
         let row = run(
             client,
-            r#"WITH lease AS (
+            concat!(
+                r#"WITH lease AS (
                  SELECT partition_ids FROM queen.leases WHERE lease_id = $1
                ), locked AS (
                  SELECT l.partition_id, l.consumer_group FROM queen.lanes l, lease
@@ -98,7 +111,9 @@ fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<Str
                  UPDATE queen.lanes l SET lease_expires_at = greatest(l.lease_expires_at, $2)
                    FROM locked k
                   WHERE l.partition_id = k.partition_id AND l.consumer_group = k.consumer_group
-                    AND l.lease_id = $1 AND l.lease_expires_at > $3
+                    AND l.lease_id = $1 AND "#,
+                queen_core::lease_live_sql!("l", "$3"),
+                r#"
                  RETURNING l.lease_expires_at
                ), stored AS (
                  UPDATE queen.leases SET expires_at = greatest(expires_at, $2)
@@ -106,7 +121,8 @@ fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<Str
                )
                SELECT count(*)::int8,
                       to_char(min(lease_expires_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-                 FROM renewed"#,
+                 FROM renewed"#
+            ),
             &[lease_id.into(), timestamptz(target).into(), timestamptz(now).into()],
         );
         let row = row.first();

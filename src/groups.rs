@@ -10,8 +10,11 @@ use pgrx::{JsonB, PgSqlErrorCode};
 use queen_core::lanes::{seek_cursor, State};
 use serde_json::json;
 
-use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
-use crate::spi::{clock_now, first_value, from_pg_uuid, run, timestamptz};
+use crate::clock::{clock_now, timestamptz};
+use crate::errors::{self, SpiExt};
+use crate::ids::from_pg_uuid;
+use crate::names::{check_lane_name, check_queue_name};
+use crate::spi::{first_value, run};
 
 /// One lane of the group, locked by this transaction.
 struct Lane {
@@ -52,12 +55,15 @@ fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, partition:
     } else {
         run(
             client,
-            "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed,
-                    coalesce(l.lease_expires_at > $4, false)
+            concat!(
+                "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, coalesce(",
+                queen_core::lease_live_sql!("l", "$4"),
+                ", false)
                FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
               WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
               ORDER BY l.partition_id
-                FOR UPDATE OF l",
+                FOR UPDATE OF l"
+            ),
             &args,
         )
     };
@@ -160,13 +166,23 @@ fn first_offset_at(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, at: i64
     found.or(Some(last + 1))
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) IS
+  'queen: move a consumer group''s cursors to an offset or to the first message at or after a time';
+GRANT EXECUTE ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) TO queen_admin;
+"#,
+    name = "seek_home",
+    requires = [seek]
+);
+
 /// `queen.seek`: moves a consumer group's cursors so that its next pop delivers
 /// `to_offset` (or, with `to_time`, the first message pushed at or after that time) in
 /// each of its partitions, or in `partition` alone. Offsets are clamped to what exists:
 /// not below what retention deleted, not past the readable end; a time after every
 /// message moves the cursor to the end. Retry counts restart; a lane under a live lease
 /// is refused (55006) unless `force`, which ends the lease. Returns each lane's move.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn seek(
     queue: Option<&str>,
@@ -255,11 +271,21 @@ fn seek(
     JsonB(json!({"queue": queue, "consumerGroup": group, "lanes": moved}))
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.drop_group(text, text, bool) IS
+  'queen: remove a consumer group (its cursors and leases) so that it no longer holds retention back';
+GRANT EXECUTE ON FUNCTION queen.drop_group(text, text, bool) TO queen_admin;
+"#,
+    name = "drop_group_home",
+    requires = [drop_group]
+);
+
 /// `queen.drop_group`: removes a consumer group: its lanes (cursors), its leases, and the
 /// group itself, so that it no longer holds retention back. Its dead letters stay (they
 /// are listed and replayed by queue). A lane under a live lease is refused (55006) unless
 /// `force`. Returns what was removed; a group that does not exist is `dropped: false`.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!(Option<bool>, false)) -> JsonB {
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));

@@ -288,7 +288,7 @@ fn wait_a_moment() {
 fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
     let k = key(partition_id, group);
     let me = owner();
-    match with_registry(|r, _| r.begin_load(&k, me, crate::spi::clock_now())) {
+    match with_registry(|r, _| r.begin_load(&k, me, crate::clock::clock_now())) {
         Load::Ready => {}
         Load::Loading => wait_a_moment(),
         Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
@@ -301,7 +301,7 @@ fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
             };
             // SAFETY: a plain read of the current database's id.
             let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-            let now = crate::spi::clock_now();
+            let now = crate::clock::clock_now();
             with_registry(|r, _| r.finish_load(&k, me, state, Some((queue_id, group)), db, now));
             LOADING.with(|l| l.set(None));
         }
@@ -404,7 +404,7 @@ impl Held {
 /// lease. A change of cursor or retry count takes `journal_seq + 1` (see `journal`).
 pub fn set(partition_id: pgrx::Uuid, group: &str, state: State, lease: Option<(i64, &str)>) {
     let k = key(partition_id, group);
-    let (mine, now) = (owner(), crate::spi::clock_now());
+    let (mine, now) = (owner(), crate::clock::clock_now());
     if !with_registry(|r, _| r.set(&k, mine, state, lease, now)) {
         full("every lease slot holds a live lease (queen.max_leases)");
     }
@@ -469,7 +469,7 @@ pub fn end(committed: bool) {
     if (held.is_empty() && wrote.is_none() && loading.is_none() && forget.is_empty()) || !enabled() {
         return;
     }
-    let (mine, now) = (owner(), crate::spi::clock_now());
+    let (mine, now) = (owner(), crate::clock::clock_now());
     with_registry(|r, j| {
         // Newest first, so that an older save of the same lane is restored last.
         for e in held.iter().rev() {
@@ -527,7 +527,7 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     if undo.is_empty() {
         return;
     }
-    let (mine, now) = (owner(), crate::spi::clock_now());
+    let (mine, now) = (owner(), crate::clock::clock_now());
     with_registry(|r, _| {
         for e in undo.iter().rev() {
             if e.locked {
@@ -671,7 +671,7 @@ fn lane_sql(
     TableIterator::once((
         s.committed,
         lease,
-        lease.map(|_| crate::spi::timestamptz(s.lease_expires)),
+        lease.map(|_| crate::clock::timestamptz(s.lease_expires)),
         lease.map(|_| s.batch_end),
         s.retry_count,
         s.attempt_count,
@@ -698,15 +698,17 @@ fn forget_lanes_sql(partition_ids: Option<Vec<pgrx::Uuid>>, groups: Option<Vec<S
 #[pg_extern(name = "_expire_lease", volatile)]
 #[search_path(pg_catalog, pg_temp)]
 fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
-    let now = crate::spi::clock_now();
+    let now = crate::clock::clock_now();
     if !enabled() {
         return Spi::connect_mut(|client| {
             crate::spi::first_value::<i64>(run(
                 client,
-                "WITH e AS (UPDATE queen.lanes SET lease_expires_at = $2 WHERE lease_id = $1 AND lease_expires_at > $2
-                            RETURNING 1)
-                 SELECT count(*)::int8 FROM e",
-                &[lease_id.into(), crate::spi::timestamptz(now - 1).into()],
+                concat!(
+                    "WITH e AS (UPDATE queen.lanes l SET lease_expires_at = $2 WHERE l.lease_id = $1 AND ",
+                    queen_core::lease_live_sql!("l", "$2"),
+                    " RETURNING 1) SELECT count(*)::int8 FROM e"
+                ),
+                &[lease_id.into(), crate::clock::timestamptz(now - 1).into()],
             ))
             .unwrap_or(0)
         });
@@ -731,7 +733,7 @@ fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
 #[pg_extern(name = "_claimable", volatile, parallel_unsafe)]
 fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
     let (s, held) = view(partition_id, consumer_group);
-    if held || s.live_lease(crate::spi::clock_now()) {
+    if held || s.live_lease(crate::clock::clock_now()) {
         return None;
     }
     let readable = crate::offsets::readable(partition_id, head);

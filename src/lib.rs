@@ -2,23 +2,26 @@
 //!
 //! This crate is the thin pgrx layer: SQL entry points, SPI and errors. Everything that
 //! needs no PostgreSQL (segment codec, ack arithmetic, lease math, names) lives in
-//! `queen-core`. One module per concern of the spec.
+//! `queen-core`. One module per concern; docs/ describes each.
 
 use pgrx::prelude::*;
 
 mod ack;
 mod budgets;
+mod clock;
 mod compaction;
 mod dlq;
 mod durability;
 mod encryption;
 mod errors;
+mod extend;
 mod groups;
 mod heap;
+mod ids;
 mod jsonb;
 mod lanes;
-mod leases;
 mod locks;
+mod names;
 mod offsets;
 mod pop;
 mod push;

@@ -1,4 +1,4 @@
-//! Pop (spec §4): claim lanes, read from `committed + 1`, lease the span — one call.
+//! Pop (docs/functions.md#pop): claim lanes, read from `committed + 1`, lease the span — one call.
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
@@ -6,21 +6,15 @@ use pgrx::spi::SpiClient;
 use pgrx::{pg_sys, PgSqlErrorCode};
 use queen_core::claim::allocate;
 use queen_core::lanes::State as LaneState;
-use queen_core::lease::effective_lease_micros;
+use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
 
-use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::clock::{clock_now, timestamptz};
+use crate::errors::{self, SpiExt};
+use crate::ids::to_pg_uuid;
 use crate::jsonb::RawJsonb;
-use crate::spi::{clock_now, run, timestamptz, to_pg_uuid};
+use crate::names::{check_lane_name, check_queue_name};
+use crate::spi::run;
 use crate::{durability, queues, segments, wake};
-
-/// Most messages one pop may ask for.
-pub const MAX_POP_BATCH: i32 = 100_000;
-/// Most lanes one pop may claim.
-pub const MAX_POP_PARTITIONS: i32 = 10_000;
-/// Longest a pop may wait for messages (`wait_ms`): five minutes.
-pub const MAX_WAIT_MS: i32 = 300_000;
-/// Most payload bytes one pop may return (`max_bytes`).
-pub const MAX_POP_BYTES: i64 = 1 << 30;
 
 /// Validated arguments of one pop.
 pub struct PopArgs<'a> {
@@ -106,7 +100,7 @@ fn pop_sql(
         auto_ack: p_auto_ack.unwrap_or(false),
         wait_ms: p_wait_ms.unwrap_or(0),
         max_partitions: p_max_partitions.unwrap_or(1),
-        subscription: p_subscription.unwrap_or("all"),
+        subscription: p_subscription.unwrap_or(policy::Subscription::DEFAULT.as_str()),
         max_bytes: p_max_bytes.unwrap_or_else(|| errors::null_arg("max_bytes")),
     };
     validate(&args);
@@ -139,29 +133,15 @@ fn validate(a: &PopArgs) {
     if let Some(p) = a.partition {
         check_lane_name("partition", p);
     }
-    if a.batch < 1 || a.batch > MAX_POP_BATCH {
-        errors::invalid("batch", format_args!("{} (must be 1 to {MAX_POP_BATCH})", a.batch));
-    }
-    if a.lease_seconds < 0 {
-        errors::invalid("lease_seconds", format_args!("{} (must be >= 0)", a.lease_seconds));
-    }
-    if a.wait_ms < 0 {
-        errors::invalid("wait_ms", format_args!("{} (must be >= 0)", a.wait_ms));
-    }
-    if a.wait_ms > MAX_WAIT_MS {
-        errors::too_big("wait_ms", format_args!("{} (at most {MAX_WAIT_MS})", a.wait_ms));
-    }
-    if a.max_bytes < 1 {
-        errors::invalid("max_bytes", format_args!("{} (must be >= 1)", a.max_bytes));
-    }
-    if a.max_bytes > MAX_POP_BYTES {
-        errors::too_big("max_bytes", format_args!("{} (at most {MAX_POP_BYTES})", a.max_bytes));
-    }
-    if a.max_partitions < 1 || a.max_partitions > MAX_POP_PARTITIONS {
-        errors::invalid("max_partitions", format_args!("{} (must be 1 to {MAX_POP_PARTITIONS})", a.max_partitions));
-    }
-    if a.subscription != "all" && a.subscription != "new" {
-        errors::invalid("subscription", format_args!("{:?} (must be 'all' or 'new')", a.subscription));
+    let limits = PopLimits {
+        batch: a.batch,
+        lease_seconds: a.lease_seconds,
+        wait_ms: a.wait_ms,
+        max_partitions: a.max_partitions,
+        max_bytes: a.max_bytes,
+    };
+    if let Err(v) = limits.validate().and(Subscription::parse(a.subscription).map(|_| ())) {
+        errors::violation(v);
     }
 }
 
@@ -244,7 +224,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let (lease_id, expires) = if a.auto_ack {
         (None, None)
     } else {
-        (Some(to_pg_uuid(crate::spi::new_lease_id())), Some(now.saturating_add(lease_micros)))
+        (Some(to_pg_uuid(crate::ids::new_lease_id())), Some(now.saturating_add(lease_micros)))
     };
 
     let mut out = Vec::new();
@@ -261,7 +241,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             continue; // locked but not claimed: the lock ends with this transaction
         }
         let start = c.committed + 1;
-        let attempt = if c.claim_start == Some(start) { c.attempt_count + 1 } else { 0 };
+        let attempt = queen_core::lane::redelivery(c.claim_start, c.attempt_count, start);
         let before = out.len();
         let poisoned = poison.len();
         let span = read_span(client, c, take, &mut budget, &mut poison, |mut d| {
@@ -342,7 +322,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             }
         }
     }
-    // Rows come ordered by partition, then offset (spec §4).
+    // Rows come ordered by partition, then offset (docs/functions.md#pop).
     out.sort_by(|x, y| (x.partition.as_str(), x.msg_offset).cmp(&(y.partition.as_str(), y.msg_offset)));
     out
 }
@@ -367,51 +347,63 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
     if let Some(p) = a.partition {
         let table = run(
             client,
-            "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+            concat!(
+                "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
                     l.claim_start, l.attempt_count, l.lease_id
                FROM queen.partitions p
                JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
               WHERE p.queue_id = $1 AND p.name = $3
                 AND l.committed < queen._readable(l.partition_id, p.head)
-                AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
-                FOR UPDATE OF l SKIP LOCKED",
+                AND ",
+                queen_core::lease_free_sql!("l", "$4"),
+                "
+                FOR UPDATE OF l SKIP LOCKED"
+            ),
             &[queue_id.into(), a.group.into(), p.into(), now.into()],
         );
         return to_candidates(table);
     }
     let key = (queue_id, a.group.to_string());
     let cursor =
-        CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::spi::new_id().as_bytes()));
+        CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::ids::new_id().as_bytes()));
     let cursor_id = pgrx::Uuid::from_bytes(cursor);
     let want = i64::from(a.max_partitions);
     let mut found = to_candidates(run(
         client,
-        "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+        concat!(
+            "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
                     l.claim_start, l.attempt_count, l.lease_id
            FROM queen.lanes l
            JOIN queen.partitions p ON p.partition_id = l.partition_id
           WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id > $5
             AND l.committed < queen._readable(l.partition_id, p.head)
-            AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
+            AND ",
+            queen_core::lease_free_sql!("l", "$4"),
+            "
           ORDER BY l.partition_id
           LIMIT $3
-            FOR UPDATE OF l SKIP LOCKED",
+            FOR UPDATE OF l SKIP LOCKED"
+        ),
         &[queue_id.into(), a.group.into(), want.into(), now.into(), cursor_id.into()],
     ));
     if (found.len() as i64) < want {
         // Wrap around: the lanes at or before the cursor.
         found.extend(to_candidates(run(
             client,
-            "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+            concat!(
+                "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
                     l.claim_start, l.attempt_count, l.lease_id
                FROM queen.lanes l
                JOIN queen.partitions p ON p.partition_id = l.partition_id
               WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id <= $5
                 AND l.committed < queen._readable(l.partition_id, p.head)
-                AND (l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)
+                AND ",
+                queen_core::lease_free_sql!("l", "$4"),
+                "
               ORDER BY l.partition_id
               LIMIT $3
-                FOR UPDATE OF l SKIP LOCKED",
+                FOR UPDATE OF l SKIP LOCKED"
+            ),
             &[queue_id.into(), a.group.into(), (want - found.len() as i64).into(), now.into(), cursor_id.into()],
         )));
     }
@@ -443,7 +435,7 @@ fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: 
     } else {
         let key = (queue_id, a.group.to_string());
         let cursor =
-            CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::spi::new_id().as_bytes()));
+            CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::ids::new_id().as_bytes()));
         let cursor_id = pgrx::Uuid::from_bytes(cursor);
         let scan = |client: &mut SpiClient<'_>, after: bool, limit: i64| -> Vec<(pgrx::Uuid, String, i64)> {
             let args = [queue_id.into(), a.group.into(), limit.into(), cursor_id.into()];

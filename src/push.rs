@@ -9,20 +9,19 @@ use pgrx::spi::SpiClient;
 use queen_core::compaction::FRESH_MAX;
 use queen_core::segment::{self, Entry, Frame};
 
-use crate::errors::{self, check_lane_name, check_queue_name, SpiExt};
+use crate::errors::{self, SpiExt};
+use crate::ids::{new_ids, to_pg_uuid};
 use crate::jsonb::{Found, JsonbArg, RawJsonb};
+use crate::names::{check_lane_name, check_queue_name};
 use crate::queues::{self, Target};
-use crate::spi::{new_ids, run, to_pg_uuid};
+use crate::spi::run;
 
-/// Largest payload accepted, in jsonb's binary form.
-pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
-/// Most items in one push_batch call.
-pub const MAX_BATCH_ITEMS: usize = 100_000;
-/// Most payload bytes in one call (a segment must stay well below bytea's 1 GB).
-pub const MAX_CALL_BYTES: usize = 256 << 20;
-/// Longest transaction id.
-pub const MAX_TRANSACTION_ID: usize = 512;
-pub const DEFAULT_PARTITION: &str = "Default";
+// Limits of a push (a segment must stay well below bytea's 1 GB): the policy's.
+use queen_core::policy::limits::{
+    BATCH_ITEMS as MAX_BATCH_ITEMS, CALL_BYTES as MAX_CALL_BYTES, PAYLOAD_BYTES as MAX_PAYLOAD_BYTES,
+    TRANSACTION_ID as MAX_TRANSACTION_ID,
+};
+use queen_core::policy::DEFAULT_PARTITION;
 
 /// One message to push, validated.
 pub struct PushItem {
@@ -104,6 +103,7 @@ LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_one_wrapper';
 COMMENT ON FUNCTION queen.push(text, jsonb, text, text) IS
   'queen: push one message; returns queen.push_result (status queued or duplicate)';
+GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text) TO queen_producer;
 "#)]
 fn push_one(
     p_queue: Option<&str>,
@@ -156,6 +156,7 @@ LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_wrapper';
 COMMENT ON FUNCTION queen.push_batch(jsonb) IS
   'queen: push a JSON array of {queue, partition?, payload, transactionId?} atomically';
+GRANT EXECUTE ON FUNCTION queen.push_batch(jsonb) TO queen_producer;
 "#)]
 fn push_batch(
     p_items: Option<JsonbArg>,
@@ -344,7 +345,7 @@ fn record_ids(
     let first = ids.first().map_or(0, |i| i.2);
     // Keep the dedup state bounded: now and then, drop this partition's expired entries
     // (never waiting on one a concurrent push holds).
-    if first % 64 < ids.len() as i64 {
+    if queen_core::policy::dedup_prune_due(first, ids.len() as i64) {
         run(
             client,
             "DELETE FROM queen.dedup WHERE ctid = ANY(ARRAY(
@@ -383,7 +384,7 @@ impl Writes {
         }
         pids.drain(..direct);
         data.drain(..direct);
-        let created_at = crate::spi::timestamptz(now);
+        let created_at = crate::clock::timestamptz(now);
         match (pids.len(), fresh) {
             (0, _) => {}
             (_, true) => {
@@ -434,7 +435,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     let duplicate = |i: usize, pid: pgrx::Uuid, (message_id, msg_offset): (pgrx::Uuid, i64)| PushRow {
         idx: i as i32,
         status: "duplicate",
-        message_id: crate::spi::from_pg_uuid(&message_id),
+        message_id: crate::ids::from_pg_uuid(&message_id),
         transaction_id: transaction_ids[i].clone(),
         partition_id: pid,
         msg_offset,
@@ -456,7 +457,10 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             crate::wake::notify_on_commit(queue);
             // Minted transaction ids are unique: only producer-supplied ones need the
             // dedup window, and only they pay for it.
-            let dedup = t.dedup_window > 0 && idxs.iter().any(|&i| items[i].transaction_id.is_some());
+            let dedup = queen_core::policy::dedup_applies(
+                t.dedup_window,
+                idxs.iter().any(|&i| items[i].transaction_id.is_some()),
+            );
             let known = if dedup {
                 let asked = idxs.iter().filter(|&&i| items[i].transaction_id.is_some());
                 stored_duplicates(client, &t, asked.map(|&i| transaction_ids[i].clone()).collect())

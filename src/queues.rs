@@ -3,10 +3,11 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use queen_core::lease::IMPLICIT_QUEUE_LEASE_SECONDS;
+use queen_core::policy::{QueueOptions, Subscription};
 
 use crate::errors::SpiExt;
-use crate::spi::{first_value, run, to_pg_uuid};
+use crate::ids::to_pg_uuid;
+use crate::spi::{first_value, run};
 
 /// Where one (queue, partition) of a push goes.
 #[derive(Clone, Copy)]
@@ -136,7 +137,7 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
     run(
         client,
         "INSERT INTO queen.queues (name, lease_time) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-        &[name.into(), IMPLICIT_QUEUE_LEASE_SECONDS.into()],
+        &[name.into(), QueueOptions::IMPLICIT.lease_time.into()],
     );
     read(run(client, FIND, &[name.into()]))
         .unwrap_or_else(|| crate::errors::internal(format_args!("queue {name:?} vanished while being created")))
@@ -157,7 +158,7 @@ pub fn ensure_queue_locked(client: &mut SpiClient<'_>, name: &str) -> (i64, i32,
 /// everything in a partition newer than a group is new to it. Returns None when another
 /// session created the partition first; the caller then looks it up.
 pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -> Option<pgrx::Uuid> {
-    let pid = to_pg_uuid(crate::spi::new_id());
+    let pid = to_pg_uuid(crate::ids::new_id());
     let inserted = run(
         client,
         "INSERT INTO queen.partitions (partition_id, queue_id, name) VALUES ($1, $2, $3)
@@ -228,27 +229,36 @@ pub fn ensure_group(
     Some(true)
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.create_group(text, text, text) IS
+  'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
+GRANT EXECUTE ON FUNCTION queen.create_group(text, text, text) TO queen_admin;
+"#,
+    name = "create_group_home",
+    requires = [create_group]
+);
+
 /// `queen.create_group`: creates a consumer group (and its queue, as a push would) before
 /// any consumer pops, for deploy scripts. `subscription` 'all' starts at the oldest
 /// message kept, 'new' at each partition's readable end. A group that exists is left as
 /// it is (`created` false, and its own subscription reported). Waits for a pop that is
 /// creating the same group at this moment.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn create_group(
     queue: Option<&str>,
     consumer_group: Option<&str>,
     subscription: pgrx::default!(Option<&str>, "'all'"),
 ) -> pgrx::JsonB {
-    use crate::errors::{check_lane_name, check_queue_name, invalid, null_arg};
+    use crate::errors::null_arg;
+    use crate::names::{check_lane_name, check_queue_name};
     let queue = queue.unwrap_or_else(|| null_arg("queue"));
     let group = consumer_group.unwrap_or_else(|| null_arg("consumer_group"));
     let subscription = subscription.unwrap_or_else(|| null_arg("subscription"));
     check_queue_name("queue", queue);
     check_lane_name("consumer_group", group);
-    if subscription != "all" && subscription != "new" {
-        invalid("subscription", format_args!("{subscription:?} (must be 'all' or 'new')"));
-    }
+    let subscription = Subscription::parse(subscription).unwrap_or_else(|v| crate::errors::violation(v)).as_str();
     pgrx::Spi::connect_mut(|client| {
         let (queue_id, ..) = ensure_queue_locked(client, queue);
         let created = ensure_group(client, queue_id, group, subscription, true).unwrap_or(false);
@@ -327,10 +337,21 @@ fn queues_changed() {
     invalidate();
 }
 
-/// `queen.configure` (spec §2): creates or updates a queue; every option not given takes
-/// its default. No option is cached, so the next pop in every session sees it.
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) IS
+  'queen: create or update a queue; returns its options in camelCase';
+GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) TO queen_admin;
+"#,
+    name = "configure_home",
+    requires = [configure]
+);
+
+/// `queen.configure` (docs/functions.md#configure): creates or updates a queue; every
+/// option not given takes its default (`QueueOptions::CONFIGURED`). No option is cached, so
+/// the next pop in every session sees it.
 #[allow(clippy::too_many_arguments)]
-#[pgrx::pg_extern]
+#[pgrx::pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn configure(
     queue: Option<&str>,
@@ -342,7 +363,8 @@ fn configure(
     encryption: pgrx::default!(Option<bool>, "NULL"),
     retention: pgrx::default!(Option<i32>, 0),
 ) -> pgrx::JsonB {
-    use crate::errors::{check_queue_name, invalid, null_arg};
+    use crate::errors::null_arg;
+    use crate::names::check_queue_name;
     let queue = queue.unwrap_or_else(|| null_arg("queue"));
     check_queue_name("queue", queue);
     let lease_time = lease_time.unwrap_or_else(|| null_arg("lease_time"));
@@ -351,13 +373,17 @@ fn configure(
     let dlq_after_max_retries = dlq_after_max_retries.unwrap_or_else(|| null_arg("dlq_after_max_retries"));
     let dedup_window = dedup_window.unwrap_or_else(|| null_arg("dedup_window"));
     let retention = retention.unwrap_or_else(|| null_arg("retention"));
-    if lease_time < 1 {
-        invalid("lease_time", format_args!("{lease_time} (must be >= 1 second)"));
-    }
-    for (name, v) in [("retry_limit", retry_limit), ("dedup_window", dedup_window), ("retention", retention)] {
-        if v < 0 {
-            invalid(name, format_args!("{v} (must be >= 0)"));
-        }
+    let options = QueueOptions {
+        lease_time,
+        retry_limit,
+        dead_letter_queue,
+        dlq_after_max_retries,
+        dedup_window,
+        encryption: encryption.unwrap_or(false),
+        retention,
+    };
+    if let Err(v) = options.validate() {
+        crate::errors::violation(v);
     }
     if encryption == Some(true) {
         crate::encryption::require_key(queue);

@@ -1,4 +1,4 @@
-//! Retention (spec §2 `retention`, issue 7/7): segments that every consumer group of a
+//! Retention (docs/concepts.md, "Retention"): segments that every consumer group of a
 //! queue has committed past, and that are older than the queue's `retention` seconds,
 //! are deleted whole — one row per segment, never one per message. Dead letters are
 //! never touched; a queue without consumer groups keeps everything.
@@ -21,7 +21,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::json;
 
-use crate::errors::{self, SpiExt};
+use crate::errors::SpiExt;
 use crate::spi::run;
 
 pub static RETENTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
@@ -56,12 +56,22 @@ pub fn init() {
     );
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.retain(text) IS
+  'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';
+GRANT EXECUTE ON FUNCTION queen.retain(text) TO queen_admin;
+"#,
+    name = "retain_home",
+    requires = [retain]
+);
+
 /// One retention pass over `queue`, or over every queue with `retention > 0`.
-#[pg_extern]
+#[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
-        errors::check_queue_name("queue", q);
+        crate::names::check_queue_name("queue", q);
     }
     let (queues, segments, bytes) = Spi::connect_mut(|client| retain_in(client, queue));
     JsonB(json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes}))

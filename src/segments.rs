@@ -198,7 +198,7 @@ pub fn read_or_skip(
             go_on = match entry {
                 Entry::Message(f) => {
                     // Version 1 segments keep no time per message: the row's applies.
-                    let at = f.created_at.map(crate::spi::timestamptz).unwrap_or(created_at);
+                    let at = f.created_at.map(crate::clock::timestamptz).unwrap_or(created_at);
                     emit(offset, Some((f, at)))
                 }
                 Entry::Gap => emit(offset, None),

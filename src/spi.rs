@@ -161,62 +161,10 @@ pub fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
     out
 }
 
-/// Current wall-clock time in microseconds since 2000-01-01, the clock of
-/// `clock_timestamp()`. Leases use it, not `now()`: a pop or ack inside a long
-/// transaction must judge expiry by the real time.
-pub fn clock_now() -> i64 {
-    // SAFETY: a plain clock read.
-    unsafe { pgrx::pg_sys::GetCurrentTimestamp() }
-}
-
-pub fn timestamptz(micros: i64) -> pgrx::datum::TimestampWithTimeZone {
-    pgrx::datum::TimestampWithTimeZone::try_from(micros).unwrap_or_else(|_| crate::errors::invalid("timestamp", micros))
-}
-
-pub fn to_pg_uuid(u: uuid::Uuid) -> pgrx::Uuid {
-    pgrx::Uuid::from_bytes(*u.as_bytes())
-}
-
-pub fn from_pg_uuid(u: &pgrx::Uuid) -> uuid::Uuid {
-    uuid::Uuid::from_bytes(**u)
-}
-
 /// The first column of the first row, or None when the statement returned no row.
 pub fn first_value<T: pgrx::IntoDatum + pgrx::FromDatum>(table: SpiTupleTable<'_>) -> Option<T> {
     if table.is_empty() {
         return None;
     }
     table.first().get_one::<T>().or_raise()
-}
-
-thread_local! {
-    static IDS: RefCell<Option<queen_core::ids::Uuid7Gen>> = const { RefCell::new(None) };
-}
-
-thread_local! {
-    static SECURE: RefCell<queen_core::ids::RandomPool> = RefCell::new(queen_core::ids::RandomPool::default());
-}
-
-/// A fresh lease id: a UUIDv7 whose random bits come from the OS CSPRNG. Lease ids are
-/// the credential `ack` and `extend_lease` check, so they must not be predictable.
-pub fn new_lease_id() -> uuid::Uuid {
-    let ms =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    uuid::Uuid::from_bytes(SECURE.with(|p| queen_core::ids::secure_v7(ms, p.borrow_mut().take())))
-}
-
-/// A fresh UUIDv7, minted without a syscall (see `queen_core::ids`).
-pub fn new_id() -> uuid::Uuid {
-    new_ids(1)[0]
-}
-
-/// `n` fresh UUIDv7s, in order, with one clock reading.
-pub fn new_ids(n: usize) -> Vec<uuid::Uuid> {
-    let ms =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    IDS.with(|g| {
-        let mut g = g.borrow_mut();
-        let g = g.get_or_insert_with(queen_core::ids::Uuid7Gen::from_entropy);
-        (0..n).map(|_| uuid::Uuid::from_bytes(g.next_at(ms))).collect()
-    })
 }

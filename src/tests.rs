@@ -86,4 +86,52 @@ mod tests {
     fn batch_zero_is_an_error() {
         Spi::run("SELECT * FROM queen.pop('x', batch => 0)").unwrap();
     }
+
+    /// The default of argument `n` (1-based) of `func`, evaluated: the literal pgrx wrote
+    /// into the function's definition, as a value.
+    fn arg_default<T: pgrx::IntoDatum + pgrx::FromDatum>(func: &str, n: i32, cast: &str) -> T {
+        let expr = Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{func}'::regprocedure, {n})"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{func}: argument {n} has no default"));
+        Spi::get_one::<T>(&format!("SELECT ({expr}){cast}")).unwrap().unwrap()
+    }
+
+    /// The defaults on the Rust entry points are the policy's (core/src/policy.rs).
+    #[pg_test]
+    fn entry_point_defaults_are_the_policy() {
+        use queen_core::policy::{QueueOptions, Subscription, DEFAULT_BUDGET, DEFAULT_EXTEND_SECONDS};
+        let configure = "queen.configure(text, int, int, bool, bool, int, bool, int)";
+        let o = QueueOptions::CONFIGURED;
+        assert_eq!(arg_default::<i32>(configure, 2, ""), o.lease_time);
+        assert_eq!(arg_default::<i32>(configure, 3, ""), o.retry_limit);
+        assert_eq!(arg_default::<bool>(configure, 4, ""), o.dead_letter_queue);
+        assert_eq!(arg_default::<bool>(configure, 5, ""), o.dlq_after_max_retries);
+        assert_eq!(arg_default::<i32>(configure, 6, ""), o.dedup_window);
+        assert_eq!(arg_default::<i32>(configure, 8, ""), o.retention);
+        // encryption's default is NULL: keep what the queue has (refused on an encrypted one).
+        let enc =
+            Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{configure}'::regprocedure, 7)"));
+        assert!(enc.unwrap().unwrap().starts_with("NULL"));
+
+        let group = "queen.configure_group(text, text, interval, interval, interval, interval)";
+        let us = |n: i32| -> i64 {
+            let expr =
+                Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{group}'::regprocedure, {n})"))
+                    .unwrap()
+                    .unwrap();
+            Spi::get_one::<i64>(&format!("SELECT (extract(epoch FROM ({expr})::interval) * 1000000)::int8"))
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(us(3), DEFAULT_BUDGET.handler_timeout);
+        assert_eq!(us(4), DEFAULT_BUDGET.queue_margin);
+        assert_eq!(us(5), DEFAULT_BUDGET.timeout_grace);
+        assert_eq!(us(6), DEFAULT_BUDGET.record_margin);
+
+        assert_eq!(arg_default::<i32>("queen.extend_lease(uuid, int)", 2, ""), DEFAULT_EXTEND_SECONDS);
+        assert_eq!(
+            arg_default::<String>("queen.create_group(text, text, text)", 3, "::text"),
+            Subscription::DEFAULT.as_str()
+        );
+    }
 }

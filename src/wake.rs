@@ -1,4 +1,4 @@
-//! Long-poll wake-ups (spec §4 `wait_ms`).
+//! Long-poll wake-ups (`wait_ms`, docs/concepts.md "Long-poll").
 //!
 //! With `shared_preload_libraries = 'queen'`, shared memory (`shmem`) holds a small array
 //! of condition variables; a queue maps to one slot. A transaction that pushes to a queue,

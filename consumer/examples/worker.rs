@@ -10,13 +10,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dsn = args.next().unwrap_or_else(|| "host=/var/tmp/queen-run/sock port=5488 user=postgres".into());
     let queue = args.next().unwrap_or_else(|| "demo".into());
+    // The consumer drives the connection itself, so it sees the server's warnings.
     let (client, connection) = tokio_postgres::connect(&dsn, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
     let consumer = Builder::new(&queue, "worker")
         .batch(10)
         .handler_timeout(Duration::from_secs(5))
         .queue_margin(Duration::from_secs(10))
-        .build(client)
+        .build_with_connection(client, connection)
         .await?;
     let stop = consumer.shutdown_token();
     tokio::spawn(async move {

@@ -1,11 +1,20 @@
-//! queen-consumer: a worker for a queen queue that lives by its lease budget (seed 001).
+//! queen-consumer: a worker for a queen queue that lives by its lease budget
+//! (`queen.configure_group`).
 //!
 //! A consumer claims a range with one `queen.pop`, holds it in a local queue and runs its
 //! handler on one message at a time. All messages of a claim share one lease deadline:
 //! before starting each one, the consumer asks `queen.may_start` whether the remaining
 //! lease covers the handler timeout, the cancellation grace and the record margin. A
-//! message that may not start is left unprocessed (the server's `SQL0105` warning is
-//! reported as an [`Event::MayNotStart`]); it did not run.
+//! message that may not start is left unprocessed and reported as an
+//! [`Event::MayNotStart`]; it did not run.
+//!
+//! The event carries the server's own `SQL0105` WARNING (message, SQLSTATE and the DETAIL
+//! with the lease figures) as the server sent it, when the consumer can see it: notices
+//! travel on the connection, not the [`Client`], so build the consumer with
+//! [`Builder::build_with_connection`], which drives the connection and forwards its
+//! notices. A consumer built with [`Builder::build`] from a bare client never sees them
+//! and reports `warning: None`; so does one whose session filters warnings out
+//! (`client_min_messages` above `warning`). The library never makes the text up.
 //!
 //! Each handler gets a cancellation token that fires at its timeout; after the grace the
 //! consumer stops waiting for it (a handler that ignores cancellation may keep running)
@@ -15,17 +24,20 @@
 //! first message that could not start is released with `retry`, so it and the rest
 //! redeliver at once.
 //!
-//! Difference from the seed's system: there, messages that may not start wait for the
-//! lease to expire before another instance reclaims them. Here the consumer releases them
-//! in its ack, so they come back immediately, to this instance or another.
+//! A design choice: messages that may not start are not left to wait for the lease to
+//! expire before another instance reclaims them. The consumer releases them in its ack,
+//! so they come back immediately, to this instance or another.
 
+use queen_core::policy::DEFAULT_BUDGET;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
-use tokio_postgres::Client;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, Mutex};
+use tokio_postgres::error::{DbError, Severity};
+use tokio_postgres::{AsyncMessage, Client, Connection};
 pub use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -74,10 +86,16 @@ pub enum Event {
     Abandoned {
         offset: i64,
     },
-    /// `queen.may_start` said no: the message did not run (SQL0105).
+    /// `queen.may_start` said no: the message did not run.
     MayNotStart {
         offset: i64,
-        warning: String,
+        /// The WARNING the server raised during that `may_start` call, as received:
+        /// its message begins `SQL0105: queued message has insufficient lease time` and
+        /// its detail gives the lease remaining and what starting needs. `None` when no
+        /// warning reached the consumer: it was built with [`Builder::build`] (it cannot
+        /// see the connection's notices), or the session does not send warnings
+        /// (`client_min_messages`). Never filled in by the library itself.
+        warning: Option<Box<DbError>>,
     },
     /// The claim's results, recorded in one ack call.
     Recorded {
@@ -85,7 +103,7 @@ pub enum Event {
     },
 }
 
-/// The four allowances of seed 001, and where to read from.
+/// The four allowances of a lease budget, and where to read from.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub queue: String,
@@ -104,7 +122,12 @@ pub struct Config {
     pub record_margin: Duration,
 }
 
-/// Builds a [`Consumer`]; defaults are the seed's example values.
+fn micros(us: i64) -> Duration {
+    Duration::from_micros(us.max(0) as u64)
+}
+
+/// Builds a [`Consumer`]; the budget defaults are queen's (`queen_core::policy::DEFAULT_BUDGET`,
+/// the same as `queen.configure_group`'s).
 pub struct Builder {
     cfg: Config,
     events: Option<mpsc::UnboundedSender<Event>>,
@@ -120,10 +143,10 @@ impl Builder {
                 partition: None,
                 max_partitions: 1,
                 wait: Duration::from_secs(1),
-                handler_timeout: Duration::from_secs(30),
-                queue_margin: Duration::from_secs(15),
-                timeout_grace: Duration::from_secs(1),
-                record_margin: Duration::from_secs(2),
+                handler_timeout: micros(DEFAULT_BUDGET.handler_timeout),
+                queue_margin: micros(DEFAULT_BUDGET.queue_margin),
+                timeout_grace: micros(DEFAULT_BUDGET.timeout_grace),
+                record_margin: micros(DEFAULT_BUDGET.record_margin),
             },
             events: None,
         }
@@ -167,7 +190,38 @@ impl Builder {
     }
 
     /// Stores the budget for the group (`queen.configure_group`) and returns the consumer.
+    ///
+    /// The caller drives `client`'s connection, so the consumer cannot see the server's
+    /// notices: every [`Event::MayNotStart`] has `warning: None`. Use
+    /// [`Builder::build_with_connection`] to have the server's warning reported.
     pub async fn build(self, client: Client) -> Result<Consumer, tokio_postgres::Error> {
+        self.finish(client, None).await
+    }
+
+    /// Like [`Builder::build`], but takes the client's connection too and drives it on a
+    /// tokio task (do not spawn it yourself), forwarding the server's notices to the
+    /// consumer, so each [`Event::MayNotStart`] carries the WARNING that its
+    /// `queen.may_start` call raised. The task ends when the connection closes or fails;
+    /// the client's next call then returns the error.
+    pub async fn build_with_connection<S, T>(
+        self,
+        client: Client,
+        connection: Connection<S, T>,
+    ) -> Result<Consumer, tokio_postgres::Error>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(drive(connection, tx));
+        self.finish(client, Some(rx)).await
+    }
+
+    async fn finish(
+        self,
+        client: Client,
+        notices: Option<mpsc::UnboundedReceiver<DbError>>,
+    ) -> Result<Consumer, tokio_postgres::Error> {
         let c = &self.cfg;
         client
             .execute(
@@ -183,7 +237,33 @@ impl Builder {
                 ],
             )
             .await?;
-        Ok(Consumer { cfg: self.cfg, client, events: self.events, shutdown: CancellationToken::new() })
+        Ok(Consumer {
+            cfg: self.cfg,
+            client,
+            notices: notices.map(Mutex::new),
+            events: self.events,
+            shutdown: CancellationToken::new(),
+        })
+    }
+}
+
+/// Drives a connection, sending each notice the server raises to `notices`. A notice is
+/// sent before the connection reads any later message of its statement's reply, so it is
+/// in the channel by the time the client's call returns.
+async fn drive<S, T>(mut connection: Connection<S, T>, notices: mpsc::UnboundedSender<DbError>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notice(notice))) => {
+                // The consumer may be gone; keep driving until the connection ends.
+                let _ = notices.send(notice);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => break,
+        }
     }
 }
 
@@ -191,12 +271,18 @@ impl Builder {
 pub struct Consumer {
     cfg: Config,
     client: Client,
+    /// The connection's notices, when the consumer drives it. Held across a `may_start`
+    /// call so that the notices received meanwhile belong to that call.
+    notices: Option<Mutex<mpsc::UnboundedReceiver<DbError>>>,
     events: Option<mpsc::UnboundedSender<Event>>,
     shutdown: CancellationToken,
 }
 
 /// A handler's result: an outcome, or an error message (recorded as `failed`).
 pub type HandlerResult = Result<Outcome, String>;
+
+/// Gives a message its own handler timeout (see [`Consumer::run_once`]).
+pub type TimeoutOverride<'a> = dyn Fn(&Message) -> Option<Duration> + Sync + 'a;
 
 impl Consumer {
     pub fn config(&self) -> &Config {
@@ -206,6 +292,36 @@ impl Consumer {
     /// A token whose cancellation stops the consumer after the claim in hand is recorded.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// Asks `queen.may_start`; on a no, also returns the first WARNING the server sent
+    /// during the call (`None` if none reached the consumer).
+    async fn may_start(
+        &self,
+        lease: Uuid,
+        timeout: Duration,
+    ) -> Result<(bool, Option<Box<DbError>>), tokio_postgres::Error> {
+        let ask = || async {
+            let row = self
+                .client
+                .query_one("SELECT queen.may_start($1, make_interval(secs => $2))", &[&lease, &timeout.as_secs_f64()])
+                .await?;
+            Ok::<bool, tokio_postgres::Error>(row.get(0))
+        };
+        let Some(notices) = &self.notices else {
+            return Ok((ask().await?, None));
+        };
+        let mut notices = notices.lock().await;
+        // Notices from earlier statements (pop, ack) are not this call's.
+        while notices.try_recv().is_ok() {}
+        let may = ask().await?;
+        let mut warning = None;
+        while let Ok(n) = notices.try_recv() {
+            if warning.is_none() && is_warning(&n) {
+                warning = Some(Box::new(n));
+            }
+        }
+        Ok((may, if may { None } else { warning }))
     }
 
     fn emit(&self, e: Event) {
@@ -234,7 +350,7 @@ impl Consumer {
     pub async fn run_once<H, F>(
         &self,
         handler: H,
-        timeout_override: Option<&(dyn Fn(&Message) -> Option<Duration> + Sync)>,
+        timeout_override: Option<&TimeoutOverride<'_>>,
     ) -> Result<usize, tokio_postgres::Error>
     where
         H: Fn(Message, CancellationToken) -> F,
@@ -277,16 +393,9 @@ impl Consumer {
             }
             let timeout =
                 timeout_override.and_then(|f| f(m)).map(|t| t.min(c.handler_timeout)).unwrap_or(c.handler_timeout);
-            let may: bool = self
-                .client
-                .query_one("SELECT queen.may_start($1, make_interval(secs => $2))", &[&lease, &timeout.as_secs_f64()])
-                .await?
-                .get(0);
+            let (may, warning) = self.may_start(lease, timeout).await?;
             if !may {
-                self.emit(Event::MayNotStart {
-                    offset: m.offset,
-                    warning: "SQL0105: queued message has insufficient lease time".into(),
-                });
+                self.emit(Event::MayNotStart { offset: m.offset, warning });
                 // The message did not run: release it (and the rest) at once.
                 acks.push(json!({"partitionId": m.partition_id.to_string(), "offset": m.offset, "status": "retry"}));
                 stopped = true;
@@ -337,5 +446,13 @@ impl Consumer {
             self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
         self.emit(Event::Recorded { ack });
         Ok(messages.len())
+    }
+}
+
+/// A notice of WARNING severity (the nonlocalized severity when the server sends it).
+fn is_warning(n: &DbError) -> bool {
+    match n.parsed_severity() {
+        Some(s) => s == Severity::Warning,
+        None => n.severity() == "WARNING",
     }
 }

@@ -1,9 +1,9 @@
-//! Ack arithmetic: an ack is an offset commit (spec §5).
+//! Ack arithmetic: an ack is an offset commit (docs/functions.md#ack).
 //!
 //! `plan_lane` takes one lane's state and the ack items addressed to it, and decides
 //! where the cursor goes, whether the lease is released, what happens to the retry
 //! budget, and which offset (if any) is dead-lettered or dropped. It touches no storage,
-//! so every rule of the spec is unit tested here.
+//! so every rule of an ack is unit tested here.
 
 use std::fmt;
 use std::str::FromStr;

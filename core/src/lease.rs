@@ -1,16 +1,9 @@
-//! Lease math: the effective lease time of a pop (spec §4) and the consumer budget
-//! (spec §8, seed 001). Durations are microseconds, as PostgreSQL intervals are.
-
-/// Lease time when nothing else says: an unknown queue or a failed lookup.
-pub const DEFAULT_LEASE_SECONDS: i64 = 60;
-/// Lease time a queue gets when a push creates it implicitly.
-pub const IMPLICIT_QUEUE_LEASE_SECONDS: i32 = 60;
-/// Lease time `configure` stores unless told otherwise.
-pub const CONFIGURED_LEASE_SECONDS: i32 = 300;
+//! Lease budget math: the lease a consumer group's budget asks for and whether a handler
+//! may still start under a lease. (The precedence of lease times is `policy`'s.) Durations are microseconds, as PostgreSQL intervals are.
 
 pub const MICROS: i64 = 1_000_000;
 
-/// A consumer group's stored lease budget (spec §8), in microseconds.
+/// A consumer group's stored lease budget (`queen.configure_group`), in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     pub handler_timeout: i64,
@@ -40,23 +33,6 @@ impl Budget {
     }
 }
 
-/// Effective lease of a pop, in microseconds: `lease_seconds` when > 0; else the group's
-/// budget; else the queue's stored `lease_time`; else 60 s.
-/// `budget_micros` is the group's stored budget as `Budget::lease_micros` (or the same sum
-/// computed in SQL); None or 0 when the group has none.
-pub fn effective_lease_micros(lease_seconds: i32, budget_micros: Option<i64>, queue_lease_time: Option<i32>) -> i64 {
-    if lease_seconds > 0 {
-        return i64::from(lease_seconds) * MICROS;
-    }
-    if let Some(b) = budget_micros.filter(|&b| b > 0) {
-        return b;
-    }
-    match queue_lease_time {
-        Some(s) if s > 0 => i64::from(s) * MICROS,
-        _ => DEFAULT_LEASE_SECONDS * MICROS,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,15 +43,6 @@ mod tests {
         timeout_grace: MICROS,
         record_margin: 2 * MICROS,
     };
-
-    #[test]
-    fn precedence() {
-        assert_eq!(effective_lease_micros(2, Some(SEED.lease_micros()), Some(300)), 2 * MICROS);
-        assert_eq!(effective_lease_micros(0, Some(SEED.lease_micros()), Some(300)), 48 * MICROS);
-        assert_eq!(effective_lease_micros(0, Some(0), Some(300)), 300 * MICROS);
-        assert_eq!(effective_lease_micros(0, None, Some(5)), 5 * MICROS);
-        assert_eq!(effective_lease_micros(0, None, None), 60 * MICROS);
-    }
 
     #[test]
     fn seed_worked_example() {

@@ -1,14 +1,17 @@
 //! queen-core: everything in queen that needs no PostgreSQL — the segment codec, the ack
-//! and cursor arithmetic, lease math and name rules. The extension is a thin layer over it.
+//! and cursor arithmetic, lease math, name rules and the queue policy (options,
+//! defaults, limits). The extension is a thin layer over it.
 
 pub mod ack;
 pub mod claim;
 pub mod compaction;
 pub mod envelope;
 pub mod ids;
+pub mod lane;
 pub mod lanes;
 pub mod lease;
 pub mod lock_order;
 pub mod names;
 pub mod offsets;
+pub mod policy;
 pub mod segment;

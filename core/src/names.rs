@@ -1,4 +1,4 @@
-//! Name rules for queues, partitions and consumer groups (spec §1, §9).
+//! Name rules for queues, partitions and consumer groups (docs/concepts.md, "Names").
 
 /// Longest name accepted for a queue, partition or consumer group.
 pub const MAX_NAME: usize = 200;
@@ -35,9 +35,9 @@ fn check(name: &str, ok: impl Fn(char) -> bool) -> Result<(), NameError> {
     }
 }
 
-/// Queue names: 1–200 characters of `[A-Za-z0-9._:-]` (spec §1).
+/// Queue names: 1–200 characters of `[A-Za-z0-9._:-]` (letters, digits, `.`, `_`, `:`, `-`).
 pub fn queue_name(name: &str) -> Result<(), NameError> {
-    check(name, |c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-'))
+    check(name, |c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
 }
 
 /// Partition and consumer-group names: 1–200 characters of `[A-Za-z0-9._:@/+=#-]` plus `_`
@@ -56,7 +56,8 @@ mod tests {
         assert!(queue_name("a.b:c-D9").is_ok());
         assert_eq!(queue_name(""), Err(NameError::Empty));
         assert_eq!(queue_name("a b"), Err(NameError::BadChar(' ')));
-        assert_eq!(queue_name("a_b"), Err(NameError::BadChar('_')));
+        assert!(queue_name("order_events.v1").is_ok());
+        assert_eq!(queue_name("a/b"), Err(NameError::BadChar('/')));
         assert_eq!(queue_name("x'; drop"), Err(NameError::BadChar('\'')));
         assert!(queue_name(&"a".repeat(200)).is_ok());
         assert_eq!(queue_name(&"a".repeat(201)), Err(NameError::TooLong(201)));

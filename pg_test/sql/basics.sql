@@ -87,3 +87,6 @@ SELECT partition, msg_offset, payload FROM m;
 SELECT count(*) AS all_leased FROM queen.pop('q3', max_partitions => 3);
 SELECT jsonb_array_length(queen.ack(lease_id) -> 'lanes') AS lanes_completed FROM m LIMIT 1;
 SELECT partition, msg_offset, payload FROM queen.pop('q3', batch => 10, max_partitions => 3, auto_ack => true);
+-- Queue names take letters, digits and . _ : - (an underscore is a common name part).
+SELECT status FROM queen.push('order_events.v1', '{"n": 1}');
+SELECT payload FROM queen.pop('order_events.v1', auto_ack => true);

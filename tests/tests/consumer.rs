@@ -1,4 +1,4 @@
-//! The consumer library against a real cluster: seed 001's worked example scaled down in
+//! The consumer library against a real cluster: the lease-budget worked example scaled down in
 //! time, handler timeouts and cancellation, and a crashed instance whose claim another
 //! instance takes over after expiry.
 
@@ -17,6 +17,37 @@ async fn client() -> tokio_postgres::Client {
     c
 }
 
+/// A client and its connection, not yet driven: for `Builder::build_with_connection`.
+async fn client_and_connection(
+) -> (tokio_postgres::Client, tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>) {
+    tokio_postgres::connect(&dsn(), tokio_postgres::NoTls).await.unwrap()
+}
+
+/// The figures of the server's DETAIL for a `may_start` that said no: "X s of lease
+/// remain; starting needs Y s (handler timeout T s + grace G s + record margin M s)".
+/// Returns (X, Y, T, G, M), or None if the text is not the server's.
+fn lease_figures(detail: &str) -> Option<(f64, f64, f64, f64, f64)> {
+    let (remain, rest) = detail.split_once(" s of lease remain; starting needs ")?;
+    let (needs, rest) = rest.split_once(" s (handler timeout ")?;
+    let (timeout, rest) = rest.split_once(" s + grace ")?;
+    let (grace, rest) = rest.split_once(" s + record margin ")?;
+    let margin = rest.strip_suffix(" s)")?;
+    Some((remain.parse().ok()?, needs.parse().ok()?, timeout.parse().ok()?, grace.parse().ok()?, margin.parse().ok()?))
+}
+
+/// The server's SQL0105 warning: a WARNING (SQLSTATE 01000) whose message begins
+/// `SQL0105` and whose detail has the lease figures. Returns the figures.
+fn sql0105(warning: &Option<Box<tokio_postgres::error::DbError>>) -> Option<(f64, f64, f64, f64, f64)> {
+    let w = warning.as_deref()?;
+    if w.severity() != "WARNING" || w.code() != &tokio_postgres::error::SqlState::WARNING {
+        return None;
+    }
+    if !w.message().starts_with("SQL0105: queued message has insufficient lease time") {
+        return None;
+    }
+    lease_figures(w.detail()?)
+}
+
 async fn push_n(queue: &str, n: i64) {
     let c = client().await;
     let items: Vec<_> = (1..=n).map(|i| json!({"queue": queue, "payload": {"n": i}})).collect();
@@ -33,12 +64,14 @@ fn drain(rx: &mut mpsc::UnboundedReceiver<Event>) -> Vec<Event> {
 
 /// Seed 001 at a tenth of the time: queue margin 1.5 s, handler timeout 3 s, grace 0.1 s,
 /// record margin 0.2 s, so a claim leases for 4.8 s and a start needs 3.3 s. Handlers take
-/// 1 s: messages 1 and 2 start (4.8 s and ~3.8 s left), message 3 may not (~2.8 s).
+/// 1 s: messages 1 and 2 start (4.8 s and ~3.8 s left), message 3 may not (~2.8 s); its
+/// event carries the server's own warning, figures included.
 #[tokio::test]
 async fn seed_worked_example_scaled_down() {
     let queue = unique("seed001");
     push_n(&queue, 4).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let (consumer_client, connection) = client_and_connection().await;
     let consumer = Builder::new(&queue, "charge-cards")
         .batch(4)
         .wait(Duration::from_millis(0))
@@ -47,7 +80,7 @@ async fn seed_worked_example_scaled_down() {
         .timeout_grace(Duration::from_millis(100))
         .record_margin(Duration::from_millis(200))
         .events(tx)
-        .build(client().await)
+        .build_with_connection(consumer_client, connection)
         .await
         .unwrap();
     // The stored budget sets the lease: 4.8 s.
@@ -75,9 +108,20 @@ async fn seed_worked_example_scaled_down() {
         events.iter().filter_map(|e| if let Event::Started { offset } = e { Some(*offset) } else { None }).collect();
     assert_eq!(started, vec![1, 2], "{events:?}");
     assert!(
-        events.iter().any(|e| matches!(e, Event::MayNotStart { offset: 3, warning } if warning.starts_with("SQL0105"))),
+        events.iter().any(
+            |e| matches!(e, Event::MayNotStart { offset: 3, warning: Some(w) } if w.message().starts_with("SQL0105"))
+        ),
         "{events:?}"
     );
+    // The warning is the server's: its detail has the lease the server saw remaining
+    // (about 2.8 s, after two 1 s handlers) and the requirement from the stored budget.
+    let warning = events
+        .iter()
+        .find_map(|e| if let Event::MayNotStart { offset: 3, warning } = e { Some(warning.clone()) } else { None })
+        .unwrap();
+    let (remain, needs, timeout, grace, margin) = sql0105(&warning).unwrap_or_else(|| panic!("{warning:?}"));
+    assert!(remain > 2.0 && remain < 3.3, "{warning:?}");
+    assert_eq!((needs, timeout, grace, margin), (3.3, 3.0, 0.1, 0.2), "{warning:?}");
     let ack =
         events.iter().find_map(|e| if let Event::Recorded { ack } = e { Some(ack.clone()) } else { None }).unwrap();
     assert_eq!(ack["lanes"][0]["committed"], 2, "{ack}");
@@ -93,7 +137,7 @@ async fn seed_worked_example_scaled_down() {
 
 /// A handler that overruns sees its cancellation and is recorded failed; one that ignores
 /// cancellation is abandoned after the grace and recorded failed; each failed ack charges
-/// the lane's retry budget as in spec §5.
+/// the lane's retry budget (docs/functions.md#ack).
 #[tokio::test]
 async fn handler_timeouts_cancel_then_abandon() {
     let queue = unique("timeouts");
@@ -325,4 +369,53 @@ async fn per_message_timeout_override_is_capped_at_the_ceiling() {
     assert!(events.contains(&Event::TimedOut { offset: 1 }), "{events:?}");
     assert!(events.contains(&Event::Finished { offset: 2, status: "completed" }), "{events:?}");
     assert!(!events.contains(&Event::TimedOut { offset: 2 }), "{events:?}");
+}
+
+/// A claim whose lease is exactly what a start needs (no queue margin): by the time the
+/// consumer asks, less remains, so the first message may not start. Built with the
+/// connection, the event has the server's warning and figures; built from a bare client
+/// (the library cannot see notices), it says there is none rather than make one up.
+#[tokio::test]
+async fn may_not_start_reports_the_servers_warning_or_none() {
+    for with_connection in [true, false] {
+        let queue = unique("sql0105");
+        push_n(&queue, 2).await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let builder = Builder::new(&queue, "g")
+            .batch(2)
+            .wait(Duration::from_millis(0))
+            .queue_margin(Duration::ZERO)
+            .handler_timeout(Duration::from_secs(2))
+            .timeout_grace(Duration::from_millis(50))
+            .record_margin(Duration::from_millis(50))
+            .events(tx);
+        let consumer = if with_connection {
+            let (c, conn) = client_and_connection().await;
+            builder.build_with_connection(c, conn).await.unwrap()
+        } else {
+            builder.build(client().await).await.unwrap()
+        };
+        let n = consumer.run_once(|_m, _c| async move { Ok(Outcome::Completed) }, None).await.unwrap();
+        assert_eq!(n, 2);
+        let events = drain(&mut rx);
+        assert!(!events.iter().any(|e| matches!(e, Event::Started { .. })), "{events:?}");
+        let warning = events
+            .iter()
+            .find_map(|e| if let Event::MayNotStart { offset: 1, warning } = e { Some(warning.clone()) } else { None })
+            .unwrap_or_else(|| panic!("{events:?}"));
+        if with_connection {
+            let (remain, needs, timeout, grace, margin) = sql0105(&warning).unwrap_or_else(|| panic!("{warning:?}"));
+            assert!(remain > 0.0 && remain <= 2.1, "{warning:?}");
+            assert_eq!((needs, timeout, grace, margin), (2.1, 2.0, 0.05, 0.05), "{warning:?}");
+        } else {
+            assert_eq!(warning, None, "the library cannot see notices, so it reports none");
+        }
+        // Both messages were released at once.
+        let c = client().await;
+        let rows = c
+            .query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue])
+            .await
+            .unwrap();
+        assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![1, 2]);
+    }
 }

@@ -1,7 +1,7 @@
 //! Commit durability (README, "Durability"): a pop that takes a lease writes nothing to
 //! wait for (with preloading its lease lives in shared memory; without, its writes commit
-//! without waiting for the WAL flush); a pop whose only writes are its own (creating a
-//! consumer group) does not wait either; a push, an ack, an auto-ack (it moves the cursor)
+//! without waiting for the WAL flush); a push, an ack, an auto-ack pop (it moves the
+//! cursor), a pop that creates its consumer group (its cursor start must survive a crash)
 //! and any transaction that also wrote something else wait for it. Counted with the backend's WAL fsyncs
 //! (`pg_stat_wal.wal_sync`). This file is its own test binary, so no other test of the
 //! suite runs beside it; the WAL writer may still add a sync or two, hence the margins.

@@ -189,3 +189,89 @@ fn the_worker_ignores_a_hostile_search_path() {
     admin_ddl(&mut admin, "DROP SCHEMA evil CASCADE");
     assert!(!calls.contains(&"queen maintenance".to_string()), "the worker ran evil.clock_timestamp(): {calls:?}");
 }
+
+/// The roles the extension ships: a login that is a member of only one of them can call
+/// that role's functions and is refused the others' (42501); `queen_admin` reaches every
+/// API function and no internal one.
+#[test]
+fn the_shipped_roles_grant_least_privilege() {
+    let mut admin = connect();
+    let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let (p, c, a) = (format!("prod_{tag}"), format!("cons_{tag}"), format!("adm_{tag}"));
+    admin_ddl(
+        &mut admin,
+        &format!(
+            "CREATE ROLE {p} LOGIN IN ROLE queen_producer; CREATE ROLE {c} LOGIN IN ROLE queen_consumer;
+             CREATE ROLE {a} LOGIN IN ROLE queen_admin;"
+        ),
+    );
+    let queue = unique("roles");
+    let refused = |cl: &mut Client, sql: &str| {
+        let err = cl.batch_execute(sql).expect_err(sql);
+        assert_eq!(err.code(), Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{sql}: {err}");
+    };
+
+    let mut producer = connect_as(&p);
+    producer.execute("SELECT * FROM queen.push($1, '{\"n\": 1}')", &[&queue]).unwrap();
+    producer.execute("SELECT * FROM queen.push($1, '{\"n\": 2}')", &[&queue]).unwrap();
+    for sql in [
+        format!("SELECT * FROM queen.pop('{queue}')"),
+        format!("SELECT * FROM queen.dlq('{queue}')"),
+        format!("SELECT queen.configure('{queue}')"),
+        "SELECT count(*) FROM queen.segments".to_string(),
+    ] {
+        refused(&mut producer, &sql);
+    }
+
+    let mut consumer = connect_as(&c);
+    let rows = consumer.query("SELECT lease_id, partition_id FROM queen.pop($1, batch => 2)", &[&queue]).unwrap();
+    assert_eq!(rows.len(), 2);
+    let (lease, pid): (uuid::Uuid, uuid::Uuid) = (rows[0].get(0), rows[0].get(1));
+    let may: bool = consumer.query_one("SELECT queen.may_start($1)", &[&lease]).unwrap().get(0);
+    assert!(may);
+    let ext: serde_json::Value = consumer.query_one("SELECT queen.extend_lease($1, 30)", &[&lease]).unwrap().get(0);
+    assert_eq!(ext["renewed"], 1);
+    let ack: serde_json::Value =
+        consumer.query_one("SELECT queen.ack($1, $2, 1, 'dlq', 'bad')", &[&lease, &pid]).unwrap().get(0);
+    assert_eq!(ack["items"][0]["dlq"], true, "{ack}");
+    let dead = consumer.query("SELECT transaction_id FROM queen.dlq($1)", &[&queue]).unwrap();
+    assert_eq!(dead.len(), 1);
+    let tx: String = dead[0].get(0);
+    for sql in [
+        format!("SELECT * FROM queen.push('{queue}', '1')"),
+        format!("SELECT queen.dlq_replay('{pid}', '{tx}')"),
+        format!("SELECT queen.configure('{queue}')"),
+        format!("SELECT * FROM queen.status('{queue}')"),
+        format!("SELECT queen.delete_queue('{queue}')"),
+    ] {
+        refused(&mut consumer, &sql);
+    }
+
+    let mut operator = connect_as(&a);
+    operator.execute("SELECT queen.configure($1, lease_time => 30)", &[&queue]).unwrap();
+    operator.execute("SELECT * FROM queen.push($1, '3')", &[&queue]).unwrap();
+    let replay: serde_json::Value = operator.query_one("SELECT queen.dlq_replay($1, $2)", &[&pid, &tx]).unwrap().get(0);
+    assert_eq!(replay["replayed"], true, "{replay}");
+    let lanes: i64 = operator.query_one("SELECT count(*) FROM queen.status($1)", &[&queue]).unwrap().get(0);
+    assert_eq!(lanes, 1);
+    refused(&mut operator, "SELECT count(*) FROM queen.lanes");
+    let deleted: serde_json::Value = operator.query_one("SELECT queen.delete_queue($1)", &[&queue]).unwrap().get(0);
+    assert_eq!(deleted["deleted"], true);
+
+    // Every API function is reachable through queen_admin, and no internal one is.
+    let rows = admin
+        .query(
+            "SELECT p.oid::regprocedure::text, has_function_privilege('queen_admin', p.oid, 'EXECUTE')
+               FROM pg_proc p WHERE p.pronamespace = 'queen'::regnamespace ORDER BY 1",
+            &[],
+        )
+        .unwrap();
+    let api: Vec<(String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert!(api.len() > 25, "{api:?}");
+    for (f, granted) in &api {
+        let internal = f.starts_with("queen._");
+        assert_eq!(*granted, !internal, "{f}: executable by queen_admin = {granted}");
+    }
+    drop((producer, consumer, operator));
+    admin_ddl(&mut admin, &format!("DROP ROLE {p}; DROP ROLE {c}; DROP ROLE {a};"));
+}

@@ -1,0 +1,475 @@
+//! Queue policy: every option queen stores, its default and its limits, the lease
+//! precedence, the dead-letter decision, the dedup window, the consumer budget defaults and
+//! the limits of each call. The extension reads them from here: its SQL defaults are
+//! checked against this module by tests (`sql_defaults` below for `sql/schema.sql` and
+//! `sql/api.sql`; an in-server test for the defaults on the Rust entry points), and its
+//! error messages are the `Violation`s built here.
+//!
+//! Durations are whole seconds where queen stores seconds (`lease_time`, `dedup_window`,
+//! `retention`), and microseconds where it computes with PostgreSQL intervals.
+
+use crate::lease::{Budget, MICROS};
+
+/// The partition a push uses when none is named.
+pub const DEFAULT_PARTITION: &str = "Default";
+/// The consumer group of a pop that names none: queue mode, one shared cursor.
+pub const QUEUE_MODE_GROUP: &str = "__QUEUE_MODE__";
+
+/// Where a new consumer group starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subscription {
+    /// From the oldest retained message.
+    All,
+    /// After the messages present when the group is created.
+    New,
+}
+
+impl Subscription {
+    pub const DEFAULT: Subscription = Subscription::All;
+
+    pub fn parse(s: &str) -> Result<Subscription, Violation> {
+        match s {
+            "all" => Ok(Subscription::All),
+            "new" => Ok(Subscription::New),
+            _ => Err(Violation::invalid("subscription", format!("{s:?} (must be 'all' or 'new')"))),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Subscription::All => "all",
+            Subscription::New => "new",
+        }
+    }
+}
+
+/// The options of one queue, as `queen.queues` stores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueOptions {
+    /// Seconds a pop's lease lasts when neither the pop nor the group's budget says.
+    pub lease_time: i32,
+    /// Failed acks of one batch before its messages are dead-lettered (or passed over).
+    pub retry_limit: i32,
+    pub dead_letter_queue: bool,
+    pub dlq_after_max_retries: bool,
+    /// Seconds a producer transaction id is remembered per partition; 0 turns dedup off.
+    pub dedup_window: i32,
+    pub encryption: bool,
+    /// Seconds a fully consumed segment is kept; 0 keeps segments until retention runs
+    /// with every group past them.
+    pub retention: i32,
+}
+
+impl QueueOptions {
+    /// What `queen.configure` stores for an option it is not given.
+    pub const CONFIGURED: QueueOptions = QueueOptions {
+        lease_time: 300,
+        retry_limit: 3,
+        dead_letter_queue: true,
+        dlq_after_max_retries: true,
+        dedup_window: 3600,
+        encryption: false,
+        retention: 0,
+    };
+
+    /// What a queue created implicitly (by its first push, pop or group) stores: the
+    /// column defaults of `queen.queues`. Only the lease differs from `CONFIGURED`.
+    pub const IMPLICIT: QueueOptions = QueueOptions { lease_time: 60, ..QueueOptions::CONFIGURED };
+
+    /// Checks every option, naming the first one out of range.
+    pub fn validate(&self) -> Result<(), Violation> {
+        if self.lease_time < 1 {
+            return Err(Violation::invalid("lease_time", format!("{} (must be >= 1 second)", self.lease_time)));
+        }
+        for (name, v) in
+            [("retry_limit", self.retry_limit), ("dedup_window", self.dedup_window), ("retention", self.retention)]
+        {
+            if v < 0 {
+                return Err(Violation::invalid(name, format!("{v} (must be >= 0)")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this queue files the messages of a batch whose retries are exhausted (and
+    /// poison) as dead letters, rather than passing over them.
+    pub fn dead_lettering(&self) -> bool {
+        dead_lettering(self.dead_letter_queue, self.dlq_after_max_retries)
+    }
+}
+
+/// The dead-letter decision from the two stored flags: either one asks for it.
+pub fn dead_lettering(dead_letter_queue: bool, dlq_after_max_retries: bool) -> bool {
+    dead_letter_queue || dlq_after_max_retries
+}
+
+/// Lease time when nothing else says: an unknown queue or a failed lookup.
+pub const DEFAULT_LEASE_SECONDS: i64 = 60;
+
+/// Effective lease of a pop, in microseconds, in order of precedence: the pop's
+/// `lease_seconds` when > 0; else the group's budget (`Budget::lease_micros`, None or 0
+/// when the group has none); else the queue's stored `lease_time`; else 60 s.
+pub fn effective_lease_micros(lease_seconds: i32, budget_micros: Option<i64>, queue_lease_time: Option<i32>) -> i64 {
+    if lease_seconds > 0 {
+        return i64::from(lease_seconds) * MICROS;
+    }
+    if let Some(b) = budget_micros.filter(|&b| b > 0) {
+        return b;
+    }
+    match queue_lease_time {
+        Some(s) if s > 0 => i64::from(s) * MICROS,
+        _ => DEFAULT_LEASE_SECONDS * MICROS,
+    }
+}
+
+/// Seconds `queen.extend_lease` adds when not told.
+pub const DEFAULT_EXTEND_SECONDS: i32 = 60;
+
+/// A group's budget when `queen.configure_group` is not given an allowance:
+/// handler 30 s, queue margin 15 s, grace 1 s, record margin 2 s (a 48 s lease).
+pub const DEFAULT_BUDGET: Budget = Budget {
+    handler_timeout: 30 * MICROS,
+    queue_margin: 15 * MICROS,
+    timeout_grace: MICROS,
+    record_margin: 2 * MICROS,
+};
+
+impl Budget {
+    /// Checks the allowances of a budget: none negative, and a handler that may run.
+    pub fn validate(&self) -> Result<(), Violation> {
+        for (name, v) in [
+            ("handler_timeout", self.handler_timeout),
+            ("queue_margin", self.queue_margin),
+            ("timeout_grace", self.timeout_grace),
+            ("record_margin", self.record_margin),
+        ] {
+            if v < 0 {
+                return Err(Violation::invalid(name, format!("{} s (must be >= 0)", v as f64 / MICROS as f64)));
+            }
+        }
+        if self.handler_timeout == 0 {
+            return Err(Violation::invalid("handler_timeout", "0 (must be > 0)"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a push of items with producer transaction ids checks them for duplicates.
+pub fn dedup_applies(dedup_window: i32, any_transaction_id: bool) -> bool {
+    dedup_window > 0 && any_transaction_id
+}
+
+/// A partition's expired dedup entries are pruned now and then by a push, so the dedup
+/// table stays bounded without a pass of its own: by one single-message push in this many,
+/// and by every push of at least this many messages.
+pub const DEDUP_PRUNE_EVERY: i64 = 64;
+
+/// True when a push that reserved `n` offsets from `first` prunes its partition's
+/// expired dedup entries: when `first` lies within `n` past a multiple of
+/// `DEDUP_PRUNE_EVERY`.
+pub fn dedup_prune_due(first: i64, n: i64) -> bool {
+    first.rem_euclid(DEDUP_PRUNE_EVERY) < n
+}
+
+/// Limits of single calls.
+pub mod limits {
+    /// Most messages one pop may ask for (`batch`).
+    pub const POP_BATCH: i32 = 100_000;
+    /// Most lanes one pop may claim (`max_partitions`).
+    pub const POP_PARTITIONS: i32 = 10_000;
+    /// Longest a pop may wait for messages (`wait_ms`): five minutes.
+    pub const WAIT_MS: i32 = 300_000;
+    /// Payload bytes a pop returns at most unless told (`max_bytes`): 32 MiB.
+    pub const POP_BYTES_DEFAULT: i64 = 32 << 20;
+    /// The largest `max_bytes` a pop may ask for: 1 GiB.
+    pub const POP_BYTES: i64 = 1 << 30;
+    /// Most items one ack may carry.
+    pub const ACK_ITEMS: u32 = 100_000;
+    /// Largest payload of one message, as jsonb: 64 MiB.
+    pub const PAYLOAD_BYTES: usize = 64 << 20;
+    /// Most messages one `push_batch` may carry.
+    pub const BATCH_ITEMS: usize = 100_000;
+    /// Most payload bytes one `push_batch` may carry: 256 MiB.
+    pub const CALL_BYTES: usize = 256 << 20;
+    /// Longest producer transaction id, in bytes.
+    pub const TRANSACTION_ID: usize = 512;
+    /// Rows of one `queen.dlq` page: default and most.
+    pub const PAGE_SIZE_DEFAULT: i32 = 100;
+    pub const PAGE_SIZE: i32 = 10_000;
+}
+
+/// The arguments of one pop that have limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PopLimits {
+    pub batch: i32,
+    pub lease_seconds: i32,
+    pub wait_ms: i32,
+    pub max_partitions: i32,
+    pub max_bytes: i64,
+}
+
+impl PopLimits {
+    /// Checks a pop's arguments, in signature order.
+    pub fn validate(&self) -> Result<(), Violation> {
+        use limits::*;
+        if self.batch < 1 || self.batch > POP_BATCH {
+            return Err(Violation::invalid("batch", format!("{} (must be 1 to {POP_BATCH})", self.batch)));
+        }
+        if self.lease_seconds < 0 {
+            return Err(Violation::invalid("lease_seconds", format!("{} (must be >= 0)", self.lease_seconds)));
+        }
+        if self.wait_ms < 0 {
+            return Err(Violation::invalid("wait_ms", format!("{} (must be >= 0)", self.wait_ms)));
+        }
+        if self.wait_ms > WAIT_MS {
+            return Err(Violation::too_big("wait_ms", format!("{} (at most {WAIT_MS})", self.wait_ms)));
+        }
+        if self.max_bytes < 1 {
+            return Err(Violation::invalid("max_bytes", format!("{} (must be >= 1)", self.max_bytes)));
+        }
+        if self.max_bytes > POP_BYTES {
+            return Err(Violation::too_big("max_bytes", format!("{} (at most {POP_BYTES})", self.max_bytes)));
+        }
+        if self.max_partitions < 1 || self.max_partitions > POP_PARTITIONS {
+            return Err(Violation::invalid(
+                "max_partitions",
+                format!("{} (must be 1 to {POP_PARTITIONS})", self.max_partitions),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks the item count of one ack.
+pub fn check_ack_items(n: u32) -> Result<(), Violation> {
+    if n > limits::ACK_ITEMS {
+        return Err(Violation::too_big("acks", format!("{n} items (at most {} per call)", limits::ACK_ITEMS)));
+    }
+    Ok(())
+}
+
+/// How an argument breaks the policy; the extension maps it to its SQLSTATE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViolationKind {
+    /// A value the argument cannot take (22023).
+    Invalid,
+    /// A value past a documented limit (54000).
+    TooBig,
+}
+
+/// An argument that breaks the policy, with the text of the error a user sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: ViolationKind,
+    pub argument: &'static str,
+    pub detail: String,
+}
+
+impl Violation {
+    pub fn invalid(argument: &'static str, detail: impl Into<String>) -> Violation {
+        Violation { kind: ViolationKind::Invalid, argument, detail: detail.into() }
+    }
+
+    pub fn too_big(argument: &'static str, detail: impl Into<String>) -> Violation {
+        Violation { kind: ViolationKind::TooBig, argument, detail: detail.into() }
+    }
+
+    /// The error message, as queen raises it.
+    pub fn message(&self) -> String {
+        match self.kind {
+            ViolationKind::Invalid => format!("queen: invalid {}: {}", self.argument, self.detail),
+            ViolationKind::TooBig => format!("queen: {} is too large: {}", self.argument, self.detail),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_and_implicit_differ_only_in_the_lease() {
+        assert_eq!(QueueOptions::CONFIGURED.lease_time, 300);
+        assert_eq!(QueueOptions::IMPLICIT.lease_time, 60);
+        assert_eq!(QueueOptions { lease_time: 300, ..QueueOptions::IMPLICIT }, QueueOptions::CONFIGURED);
+        assert!(QueueOptions::CONFIGURED.validate().is_ok());
+        assert!(QueueOptions::IMPLICIT.validate().is_ok());
+    }
+
+    #[test]
+    fn options_out_of_range_name_their_argument() {
+        let base = QueueOptions::CONFIGURED;
+        let e = QueueOptions { lease_time: 0, ..base }.validate().unwrap_err();
+        assert_eq!((e.kind, e.argument), (ViolationKind::Invalid, "lease_time"));
+        assert_eq!(e.message(), "queen: invalid lease_time: 0 (must be >= 1 second)");
+        for (o, name) in [
+            (QueueOptions { retry_limit: -1, ..base }, "retry_limit"),
+            (QueueOptions { dedup_window: -1, ..base }, "dedup_window"),
+            (QueueOptions { retention: -5, ..base }, "retention"),
+        ] {
+            assert_eq!(o.validate().unwrap_err().argument, name);
+        }
+        // 0 is a value, not an absence: no retries, no dedup, no retention delay.
+        assert!(QueueOptions { retry_limit: 0, dedup_window: 0, retention: 0, ..base }.validate().is_ok());
+    }
+
+    #[test]
+    fn dead_lettering_needs_either_flag() {
+        assert!(dead_lettering(true, false));
+        assert!(dead_lettering(false, true));
+        assert!(!dead_lettering(false, false));
+        assert!(QueueOptions::CONFIGURED.dead_lettering());
+    }
+
+    #[test]
+    fn lease_precedence() {
+        let budget = DEFAULT_BUDGET.lease_micros();
+        assert_eq!(budget, 48 * MICROS);
+        assert_eq!(effective_lease_micros(2, Some(budget), Some(300)), 2 * MICROS);
+        assert_eq!(effective_lease_micros(0, Some(budget), Some(300)), 48 * MICROS);
+        assert_eq!(effective_lease_micros(0, Some(0), Some(300)), 300 * MICROS);
+        assert_eq!(effective_lease_micros(0, None, Some(5)), 5 * MICROS);
+        assert_eq!(effective_lease_micros(0, None, Some(0)), 60 * MICROS);
+        assert_eq!(effective_lease_micros(0, None, None), 60 * MICROS);
+    }
+
+    #[test]
+    fn budgets_need_a_handler_and_no_negative_allowance() {
+        assert!(DEFAULT_BUDGET.validate().is_ok());
+        assert_eq!(Budget { handler_timeout: 0, ..DEFAULT_BUDGET }.validate().unwrap_err().argument, "handler_timeout");
+        assert_eq!(Budget { record_margin: -1, ..DEFAULT_BUDGET }.validate().unwrap_err().argument, "record_margin");
+        assert!(Budget { queue_margin: 0, timeout_grace: 0, record_margin: 0, ..DEFAULT_BUDGET }.validate().is_ok());
+    }
+
+    #[test]
+    fn subscriptions() {
+        assert_eq!(Subscription::parse("all"), Ok(Subscription::All));
+        assert_eq!(Subscription::parse("new").unwrap().as_str(), "new");
+        assert_eq!(Subscription::DEFAULT.as_str(), "all");
+        let e = Subscription::parse("ALL").unwrap_err();
+        assert_eq!(e.message(), "queen: invalid subscription: \"ALL\" (must be 'all' or 'new')");
+    }
+
+    #[test]
+    fn dedup_rules() {
+        assert!(dedup_applies(1, true));
+        assert!(!dedup_applies(0, true));
+        assert!(!dedup_applies(3600, false));
+        // Exactly one push in every run of DEDUP_PRUNE_EVERY single-offset pushes prunes.
+        let due = (1..=DEDUP_PRUNE_EVERY * 3).filter(|&f| dedup_prune_due(f, 1)).count();
+        assert_eq!(due, 3);
+        // A batch that starts close enough past a multiple prunes; a batch of at least
+        // DEDUP_PRUNE_EVERY always does.
+        assert!(dedup_prune_due(70, 10));
+        assert!(!dedup_prune_due(60, 10));
+        assert!((0..DEDUP_PRUNE_EVERY).all(|f| dedup_prune_due(f, DEDUP_PRUNE_EVERY)));
+        assert!(dedup_prune_due(0, 1));
+    }
+
+    #[test]
+    fn pop_limits() {
+        let ok = PopLimits {
+            batch: 1,
+            lease_seconds: 0,
+            wait_ms: 0,
+            max_partitions: 1,
+            max_bytes: limits::POP_BYTES_DEFAULT,
+        };
+        assert!(ok.validate().is_ok());
+        let at_most = PopLimits {
+            batch: limits::POP_BATCH,
+            wait_ms: limits::WAIT_MS,
+            max_partitions: limits::POP_PARTITIONS,
+            max_bytes: limits::POP_BYTES,
+            ..ok
+        };
+        assert!(at_most.validate().is_ok());
+        let e = PopLimits { wait_ms: limits::WAIT_MS + 1, ..ok }.validate().unwrap_err();
+        assert_eq!((e.kind, e.argument), (ViolationKind::TooBig, "wait_ms"));
+        assert_eq!(e.message(), "queen: wait_ms is too large: 300001 (at most 300000)");
+        assert_eq!(
+            PopLimits { max_bytes: limits::POP_BYTES + 1, ..ok }.validate().unwrap_err().kind,
+            ViolationKind::TooBig
+        );
+        for (p, name) in [
+            (PopLimits { batch: 0, ..ok }, "batch"),
+            (PopLimits { batch: limits::POP_BATCH + 1, ..ok }, "batch"),
+            (PopLimits { lease_seconds: -1, ..ok }, "lease_seconds"),
+            (PopLimits { wait_ms: -1, ..ok }, "wait_ms"),
+            (PopLimits { max_partitions: 0, ..ok }, "max_partitions"),
+            (PopLimits { max_bytes: 0, ..ok }, "max_bytes"),
+        ] {
+            let e = p.validate().unwrap_err();
+            assert_eq!((e.kind, e.argument), (ViolationKind::Invalid, name), "{p:?}");
+        }
+        assert!(check_ack_items(limits::ACK_ITEMS).is_ok());
+        assert_eq!(check_ack_items(limits::ACK_ITEMS + 1).unwrap_err().kind, ViolationKind::TooBig);
+    }
+
+    /// The defaults written in SQL (column defaults, and the wrappers' argument defaults)
+    /// are this module's.
+    mod sql_defaults {
+        use super::super::*;
+
+        const SCHEMA: &str = include_str!("../../sql/schema.sql");
+        const API: &str = include_str!("../../sql/api.sql");
+
+        /// The DEFAULT of `column` inside the `CREATE TABLE queen.<table>` statement.
+        fn column_default(table: &str, column: &str) -> String {
+            let start =
+                SCHEMA.find(&format!("CREATE TABLE queen.{table} (")).unwrap_or_else(|| panic!("no table {table}"));
+            let body = &SCHEMA[start..start + SCHEMA[start..].find(");").unwrap()];
+            let line = body
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(column))
+                .unwrap_or_else(|| panic!("no column {table}.{column}"));
+            let after = &line[line.find("DEFAULT ").unwrap_or_else(|| panic!("{line}: no DEFAULT")) + 8..];
+            after.trim_end_matches(',').split_whitespace().next().unwrap().trim_end_matches(',').to_string()
+        }
+
+        /// The DEFAULT of argument `arg` of `CREATE FUNCTION queen.<func>(`.
+        fn argument_default(func: &str, arg: &str) -> String {
+            let start =
+                API.find(&format!("CREATE FUNCTION queen.{func}(")).unwrap_or_else(|| panic!("no function {func}"));
+            let sig = &API[start..start + API[start..].find(") RETURNS").unwrap()];
+            let line = sig
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(arg))
+                .unwrap_or_else(|| panic!("no argument {func}.{arg}"));
+            let after = &line[line.find("DEFAULT ").unwrap_or_else(|| panic!("{line}: no DEFAULT")) + 8..];
+            after.trim().trim_end_matches(',').to_string()
+        }
+
+        #[test]
+        fn queues_columns_are_the_implicit_options() {
+            let o = QueueOptions::IMPLICIT;
+            assert_eq!(column_default("queues", "lease_time"), o.lease_time.to_string());
+            assert_eq!(column_default("queues", "retry_limit"), o.retry_limit.to_string());
+            assert_eq!(column_default("queues", "dead_letter_queue"), o.dead_letter_queue.to_string());
+            assert_eq!(column_default("queues", "dlq_after_max_retries"), o.dlq_after_max_retries.to_string());
+            assert_eq!(column_default("queues", "dedup_window"), o.dedup_window.to_string());
+            assert_eq!(column_default("queues", "encryption"), o.encryption.to_string());
+            assert_eq!(column_default("queues", "retention"), o.retention.to_string());
+        }
+
+        #[test]
+        fn groups_subscribe_to_all_by_default() {
+            assert_eq!(column_default("groups", "subscription"), format!("'{}'", Subscription::DEFAULT.as_str()));
+        }
+
+        #[test]
+        fn wrapper_arguments() {
+            assert_eq!(argument_default("pop", "consumer_group"), format!("'{QUEUE_MODE_GROUP}'"));
+            assert_eq!(argument_default("pop", "subscription"), format!("'{}'", Subscription::DEFAULT.as_str()));
+            assert_eq!(argument_default("pop", "max_bytes"), limits::POP_BYTES_DEFAULT.to_string());
+            assert_eq!(argument_default("dlq", "page_size"), limits::PAGE_SIZE_DEFAULT.to_string());
+        }
+
+        #[test]
+        fn the_parser_reads_what_it_claims() {
+            // A misspelled name must fail, not compare two empty strings.
+            assert!(std::panic::catch_unwind(|| column_default("queues", "lease_tim")).is_err());
+            assert!(std::panic::catch_unwind(|| argument_default("pop", "max_byte")).is_err());
+        }
+    }
+}
