@@ -282,43 +282,14 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     if registry {
         apply_registry(client, &lanes, &u_pid, &u_committed, &u_release, &u_retry, &u_reset);
     } else if !u_pid.is_empty() {
-        // One statement: apply the plans, and drop the lease row once no lane holds the
-        // lease any more. (The DELETE sees the lanes as they were before the UPDATE, so
-        // the lanes this UPDATE releases are subtracted explicitly.)
-        run(
-            client,
-            "WITH applied AS (
-               UPDATE queen.lanes l
-                  SET committed = v.committed,
-                      lease_id = CASE WHEN v.release THEN NULL ELSE l.lease_id END,
-                      lease_expires_at = CASE WHEN v.release THEN NULL ELSE l.lease_expires_at END,
-                      batch_end = CASE WHEN v.release THEN NULL ELSE l.batch_end END,
-                      batch_retry_count = v.retry,
-                      attempt_count = CASE WHEN v.reset THEN 0 ELSE l.attempt_count END,
-                      claim_start = CASE WHEN v.reset THEN NULL ELSE l.claim_start END
-                 FROM unnest($1::uuid[], $2::int8[], $3::bool[], $4::int4[], $5::bool[])
-                      AS v(partition_id, committed, release, retry, reset)
-                WHERE l.partition_id = v.partition_id AND l.consumer_group = $6
-               RETURNING l.partition_id, v.release
-             )
-             DELETE FROM queen.leases le
-              WHERE le.lease_id = $7
-                AND EXISTS (SELECT 1 FROM applied WHERE release)
-                AND NOT EXISTS (
-                      SELECT 1 FROM queen.lanes l
-                       WHERE l.partition_id = ANY(le.partition_ids) AND l.lease_id = $7
-                         AND NOT EXISTS (SELECT 1 FROM applied a
-                                          WHERE a.partition_id = l.partition_id AND a.release))",
-            &[
-                u_pid.into(),
-                u_committed.into(),
-                u_release.into(),
-                u_retry.into(),
-                u_reset.into(),
-                group.as_str().into(),
-                lease_id.into(),
-            ],
-        );
+        let plans = crate::lane_rows::AckPlans {
+            partition_ids: u_pid,
+            committed: u_committed,
+            release: u_release,
+            retry: u_retry,
+            reset: u_reset,
+        };
+        crate::lane_rows::apply_acks(client, lease_id, &group, plans);
     }
     json!({
         "leaseId": from_pg_uuid(&lease_id).to_string(),

@@ -6,7 +6,7 @@ use pgrx::JsonB;
 use serde_json::{json, Value};
 
 use crate::clock::{clock_now, timestamptz};
-use crate::errors::{self, SpiExt};
+use crate::errors;
 use crate::ids::from_pg_uuid;
 use crate::spi::run;
 
@@ -97,35 +97,6 @@ fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<Str
         if !queue_id.is_some_and(crate::locks::share_queue) {
             return (0, None);
         }
-        let row = run(
-            client,
-            concat!(
-                r#"WITH lease AS (
-                 SELECT partition_ids FROM queen.leases WHERE lease_id = $1
-               ), locked AS (
-                 SELECT l.partition_id, l.consumer_group FROM queen.lanes l, lease
-                  WHERE l.partition_id = ANY(lease.partition_ids) AND l.lease_id = $1
-                  ORDER BY l.partition_id
-                    FOR UPDATE OF l
-               ), renewed AS (
-                 UPDATE queen.lanes l SET lease_expires_at = greatest(l.lease_expires_at, $2)
-                   FROM locked k
-                  WHERE l.partition_id = k.partition_id AND l.consumer_group = k.consumer_group
-                    AND l.lease_id = $1 AND "#,
-                queen_core::lease_live_sql!("l", "$3"),
-                r#"
-                 RETURNING l.lease_expires_at
-               ), stored AS (
-                 UPDATE queen.leases SET expires_at = greatest(expires_at, $2)
-                  WHERE lease_id = $1 AND EXISTS (SELECT 1 FROM renewed)
-               )
-               SELECT count(*)::int8,
-                      to_char(min(lease_expires_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-                 FROM renewed"#
-            ),
-            &[lease_id.into(), timestamptz(target).into(), timestamptz(now).into()],
-        );
-        let row = row.first();
-        (row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<String>(2).or_raise())
+        crate::lane_rows::extend(client, lease_id, target, now)
     })
 }

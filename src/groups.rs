@@ -248,13 +248,7 @@ fn seek(
                 crate::lanes::set(l.partition_id, group, new, None);
                 journal.push((l.partition_id, new));
             } else {
-                run(
-                    client,
-                    "UPDATE queen.lanes SET committed = $3, batch_retry_count = 0, lease_id = NULL,
-                            lease_expires_at = NULL, batch_end = NULL, claim_start = NULL, attempt_count = 0
-                      WHERE partition_id = $1 AND consumer_group = $2",
-                    &[l.partition_id.into(), group.into(), to.into()],
-                );
+                crate::lane_rows::seek(client, l.partition_id, group, to);
             }
             out.push(json!({
                 "partition": l.partition,
@@ -310,13 +304,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
              DELETE FROM queen.lane_journal_1 WHERE partition_id = ANY($2) AND consumer_group = $1",
             &[group.into(), pids.clone().into()],
         );
-        run(
-            client,
-            "WITH le AS (DELETE FROM queen.leases WHERE queue_id = $1 AND consumer_group = $2),
-                  la AS (DELETE FROM queen.lanes WHERE queue_id = $1 AND consumer_group = $2)
-             DELETE FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2",
-            &[queue_id.into(), group.into()],
-        );
+        crate::lane_rows::drop_group(client, queue_id, group);
         // The registry forgets the lanes once this commits (until then they stay locked).
         crate::lanes::forget_on_commit(pids.iter().map(|p| crate::lanes::key(*p, group)).collect());
         Some(lanes.len())

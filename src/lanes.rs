@@ -547,22 +547,7 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
 /// preloaded (no registry, no journal) finds every cursor in the table. A saved row drops
 /// any lease it carried from a version without the registry. Returns how many rows.
 pub fn save_cursors(client: &mut SpiClient<'_>) -> i64 {
-    let saved = run(
-        client,
-        "WITH j AS (
-           SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq, committed, retry_count
-             FROM (SELECT * FROM queen.lane_journal_0 UNION ALL SELECT * FROM queen.lane_journal_1) a
-            ORDER BY partition_id, consumer_group, seq DESC),
-         u AS (
-           UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count, journal_seq = j.seq,
-                  lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
-             FROM j
-            WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group AND l.journal_seq < j.seq
-           RETURNING 1)
-         SELECT count(*)::int8 FROM u",
-        &[],
-    );
-    crate::spi::first_value::<i64>(saved).unwrap_or(0)
+    crate::lane_rows::save_journal(client)
 }
 
 /// What a round of the journal's rotation did, for `rotated` once its transaction commits.
@@ -700,18 +685,7 @@ fn forget_lanes_sql(partition_ids: Option<Vec<pgrx::Uuid>>, groups: Option<Vec<S
 fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
     let now = crate::clock::clock_now();
     if !enabled() {
-        return Spi::connect_mut(|client| {
-            crate::spi::first_value::<i64>(run(
-                client,
-                concat!(
-                    "WITH e AS (UPDATE queen.lanes l SET lease_expires_at = $2 WHERE l.lease_id = $1 AND ",
-                    queen_core::lease_live_sql!("l", "$2"),
-                    " RETURNING 1) SELECT count(*)::int8 FROM e"
-                ),
-                &[lease_id.into(), crate::clock::timestamptz(now - 1).into()],
-            ))
-            .unwrap_or(0)
-        });
+        return Spi::connect_mut(|client| crate::lane_rows::expire_lease(client, lease_id, now));
     }
     let Some(info) = lease(lease_id) else { return 0 };
     let mut n = 0;

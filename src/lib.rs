@@ -19,6 +19,7 @@ mod groups;
 mod heap;
 mod ids;
 mod jsonb;
+mod lane_rows;
 mod lanes;
 mod locks;
 mod names;
@@ -54,7 +55,10 @@ pub extern "C-unwind" fn _PG_init() {
 extension_sql_file!("../sql/api.sql", name = "api", finalize);
 
 #[cfg(any(test, feature = "pg_test"))]
-mod tests;
+#[pgrx::pg_schema]
+mod tests {
+    include!("pg_tests.rs");
+}
 
 /// Hooks for `cargo pgrx test`.
 #[cfg(test)]

@@ -272,54 +272,13 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     if registry {
         apply_registry(client, a, queue_id, &candidates, &pids, &ends, &starts, &attempts, lease_id, expires, now);
     } else {
-        let now_ts = timestamptz(now);
+        let claims = crate::lane_rows::Claims { partition_ids: pids, ends, starts, attempts, old_leases };
         match (lease_id, expires) {
             (Some(lease_id), Some(expires)) => {
-                run(
-                    client,
-                    "WITH claimed AS (
-                       UPDATE queen.lanes l
-                          SET lease_id = $3, lease_expires_at = $4, batch_end = v.batch_end,
-                              claim_start = v.claim_start, attempt_count = v.attempt,
-                              last_claimed_at = $5
-                         FROM unnest($1::uuid[], $2::int8[], $6::int8[], $7::int4[])
-                              AS v(partition_id, batch_end, claim_start, attempt)
-                        WHERE l.partition_id = v.partition_id AND l.consumer_group = $8
-                     ), expired AS (
-                       DELETE FROM queen.leases WHERE lease_id = ANY($9::uuid[])
-                     )
-                     INSERT INTO queen.leases (lease_id, queue_id, consumer_group, partition_ids, expires_at)
-                     VALUES ($3, $10, $8, $1, $4)",
-                    &[
-                        pids.clone().into(),
-                        ends.into(),
-                        lease_id.into(),
-                        timestamptz(expires).into(),
-                        now_ts.into(),
-                        starts.into(),
-                        attempts.into(),
-                        a.group.into(),
-                        old_leases.into(),
-                        queue_id.into(),
-                    ],
-                );
+                crate::lane_rows::claim_leased(client, queue_id, a.group, claims, lease_id, expires, now)
             }
-            _ => {
-                // auto_ack: no lease; the cursor moves to batch_end in this same call.
-                run(
-                    client,
-                    "WITH done AS (
-                       UPDATE queen.lanes l
-                          SET committed = v.batch_end, lease_id = NULL, lease_expires_at = NULL,
-                              batch_end = NULL, claim_start = NULL, attempt_count = 0,
-                              batch_retry_count = 0, last_claimed_at = $3
-                         FROM unnest($1::uuid[], $2::int8[]) AS v(partition_id, batch_end)
-                        WHERE l.partition_id = v.partition_id AND l.consumer_group = $4
-                     )
-                     DELETE FROM queen.leases WHERE lease_id = ANY($5::uuid[])",
-                    &[pids.into(), ends.into(), now_ts.into(), a.group.into(), old_leases.into()],
-                );
-            }
+            // auto_ack: no lease; the cursor moves to batch_end in this same call.
+            _ => crate::lane_rows::claim_auto_ack(client, a.group, claims, now),
         }
     }
     // Rows come ordered by partition, then offset (docs/functions.md#pop).
@@ -664,12 +623,7 @@ fn file_poison(
             crate::lanes::set(pid, a.group, new, None);
             journal.push((pid, new));
         } else {
-            run(
-                client,
-                "UPDATE queen.lanes SET committed = greatest(committed, $3), batch_retry_count = 0
-                  WHERE partition_id = $1 AND consumer_group = $2",
-                &[pid.into(), a.group.into(), to.into()],
-            );
+            crate::lane_rows::pass(client, pid, a.group, to);
         }
     }
     crate::lanes::journal(client, a.group, &journal);

@@ -166,16 +166,7 @@ pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -
         &[pid.into(), queue_id.into(), name.into()],
     );
     first_value::<bool>(inserted)?;
-    // The groups' rows are key-share-locked: a group that `drop_group` is removing right
-    // now gets no lane once it is gone (its row lock is waited for, and re-checked).
-    run(
-        client,
-        "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
-         SELECT $1, g.consumer_group, $2, 0
-           FROM (SELECT consumer_group FROM queen.groups WHERE queue_id = $2 FOR KEY SHARE) g
-         ON CONFLICT DO NOTHING",
-        &[pid.into(), queue_id.into()],
-    );
+    crate::lane_rows::create_for_partition(client, pid, queue_id);
     Some(pid)
 }
 
@@ -217,15 +208,7 @@ pub fn ensure_group(
     }
     CREATED_HERE.with(|c| c.set(true));
     lock_for_new_lanes(client, queue_id);
-    run(
-        client,
-        "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
-         SELECT p.partition_id, $2, $1,
-                CASE WHEN $3 = 'new' THEN queen._readable(p.partition_id, p.head) ELSE p.retained_through END
-           FROM queen.partitions p WHERE p.queue_id = $1
-         ON CONFLICT DO NOTHING",
-        &[queue_id.into(), group.into(), subscription.into()],
-    );
+    crate::lane_rows::create_for_group(client, queue_id, group, subscription);
     Some(true)
 }
 
@@ -314,20 +297,7 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
         return false;
     }
     lock_for_new_lanes(client, queue_id);
-    !run(
-        client,
-        "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
-         SELECT p.partition_id, $2, $1, p.retained_through FROM queen.partitions p
-          WHERE p.queue_id = $1
-            AND NOT EXISTS (SELECT 1 FROM queen.lanes l
-                             WHERE l.partition_id = p.partition_id AND l.consumer_group = $2)
-            -- the group still exists: a drop_group under way is waited for
-            AND EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2
-                           FOR KEY SHARE)
-         ON CONFLICT DO NOTHING RETURNING 1",
-        &[queue_id.into(), group.into()],
-    )
-    .is_empty()
+    crate::lane_rows::create_missing(client, queue_id, group)
 }
 
 /// `queen._queues_changed()`: for `delete_queue` (PL/pgSQL), which cannot call `invalidate`

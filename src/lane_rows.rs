@@ -1,0 +1,283 @@
+//! Every statement that writes `queen.lanes`, the table form of a lane: one function per
+//! transition of `queen_core::lane` (which decides them) plus the lanes' creation and
+//! removal. The lane registry's copies of lanes live in shared memory (`lanes.rs`); these
+//! rows are what a pop or ack writes without it, and what the registry loads from.
+//! Two more writers are PL/pgSQL where their callers are: `queen.delete_queue` deletes a
+//! queue's lanes, and `queen._empty_journal` saves a journal table into the rows.
+
+use pgrx::spi::SpiClient;
+
+use crate::clock::timestamptz;
+use crate::errors::SpiExt;
+use crate::spi::{first_value, run};
+
+/// A new partition gets a lane at 0 for every committed group of its queue. The groups'
+/// rows are key-share-locked: a group that `drop_group` is removing right now gets no
+/// lane once it is gone (its row lock is waited for, and re-checked).
+pub fn create_for_partition(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, queue_id: i64) {
+    run(
+        client,
+        "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
+         SELECT $1, g.consumer_group, $2, 0
+           FROM (SELECT consumer_group FROM queen.groups WHERE queue_id = $2 FOR KEY SHARE) g
+         ON CONFLICT DO NOTHING",
+        &[partition_id.into(), queue_id.into()],
+    );
+}
+
+/// A new group gets a lane for every partition of its queue: at the readable end for
+/// subscription 'new', else where retention left off.
+pub fn create_for_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subscription: &str) {
+    run(
+        client,
+        "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
+         SELECT p.partition_id, $2, $1,
+                CASE WHEN $3 = 'new' THEN queen._readable(p.partition_id, p.head) ELSE p.retained_through END
+           FROM queen.partitions p WHERE p.queue_id = $1
+         ON CONFLICT DO NOTHING",
+        &[queue_id.into(), group.into(), subscription.into()],
+    );
+}
+
+/// The lanes a partition and a group created at the same moment both missed, for a group
+/// that still exists (a `drop_group` under way is waited for). True when any was added.
+pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> bool {
+    !run(
+        client,
+        "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
+         SELECT p.partition_id, $2, $1, p.retained_through FROM queen.partitions p
+          WHERE p.queue_id = $1
+            AND NOT EXISTS (SELECT 1 FROM queen.lanes l
+                             WHERE l.partition_id = p.partition_id AND l.consumer_group = $2)
+            -- the group still exists: a drop_group under way is waited for
+            AND EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2
+                           FOR KEY SHARE)
+         ON CONFLICT DO NOTHING RETURNING 1",
+        &[queue_id.into(), group.into()],
+    )
+    .is_empty()
+}
+
+/// The claims of one pop, lane by lane (`queen_core::lane::claim`).
+pub struct Claims {
+    pub partition_ids: Vec<pgrx::Uuid>,
+    pub ends: Vec<i64>,
+    pub starts: Vec<i64>,
+    pub attempts: Vec<i32>,
+    /// Expired leases these lanes carried: their lease rows go.
+    pub old_leases: Vec<pgrx::Uuid>,
+}
+
+/// A leasing pop: every claimed lane is leased to `lease_id` until `expires` with its span
+/// and redelivery counter, and the lease row is written, in one statement.
+#[allow(clippy::too_many_arguments)]
+pub fn claim_leased(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    group: &str,
+    c: Claims,
+    lease_id: pgrx::Uuid,
+    expires: i64,
+    now: i64,
+) {
+    run(
+        client,
+        "WITH claimed AS (
+           UPDATE queen.lanes l
+              SET lease_id = $3, lease_expires_at = $4, batch_end = v.batch_end,
+                  claim_start = v.claim_start, attempt_count = v.attempt,
+                  last_claimed_at = $5
+             FROM unnest($1::uuid[], $2::int8[], $6::int8[], $7::int4[])
+                  AS v(partition_id, batch_end, claim_start, attempt)
+            WHERE l.partition_id = v.partition_id AND l.consumer_group = $8
+         ), expired AS (
+           DELETE FROM queen.leases WHERE lease_id = ANY($9::uuid[])
+         )
+         INSERT INTO queen.leases (lease_id, queue_id, consumer_group, partition_ids, expires_at)
+         VALUES ($3, $10, $8, $1, $4)",
+        &[
+            c.partition_ids.into(),
+            c.ends.into(),
+            lease_id.into(),
+            timestamptz(expires).into(),
+            timestamptz(now).into(),
+            c.starts.into(),
+            c.attempts.into(),
+            group.into(),
+            c.old_leases.into(),
+            queue_id.into(),
+        ],
+    );
+}
+
+/// An auto-ack pop (`queen_core::lane::auto_ack`): no lease; each cursor moves to its
+/// span's end in this same call, and the lane is left free with its counters reset.
+pub fn claim_auto_ack(client: &mut SpiClient<'_>, group: &str, c: Claims, now: i64) {
+    run(
+        client,
+        "WITH done AS (
+           UPDATE queen.lanes l
+              SET committed = v.batch_end, lease_id = NULL, lease_expires_at = NULL,
+                  batch_end = NULL, claim_start = NULL, attempt_count = 0,
+                  batch_retry_count = 0, last_claimed_at = $3
+             FROM unnest($1::uuid[], $2::int8[]) AS v(partition_id, batch_end)
+            WHERE l.partition_id = v.partition_id AND l.consumer_group = $4
+         )
+         DELETE FROM queen.leases WHERE lease_id = ANY($5::uuid[])",
+        &[c.partition_ids.into(), c.ends.into(), timestamptz(now).into(), group.into(), c.old_leases.into()],
+    );
+}
+
+/// A lane whose only pending offsets are poison (filed as dead letters): its cursor
+/// passes them.
+pub fn pass(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str, to: i64) {
+    run(
+        client,
+        "UPDATE queen.lanes SET committed = greatest(committed, $3), batch_retry_count = 0
+          WHERE partition_id = $1 AND consumer_group = $2",
+        &[partition_id.into(), group.into(), to.into()],
+    );
+}
+
+/// The ack plans of one call, lane by lane (`queen_core::lane::apply_ack`).
+pub struct AckPlans {
+    pub partition_ids: Vec<pgrx::Uuid>,
+    pub committed: Vec<i64>,
+    pub release: Vec<bool>,
+    pub retry: Vec<i32>,
+    pub reset: Vec<bool>,
+}
+
+/// Applies an ack's plans, and drops the lease row once no lane holds the lease any more,
+/// in one statement. (The DELETE sees the lanes as they were before the UPDATE, so the
+/// lanes this UPDATE releases are subtracted explicitly.)
+pub fn apply_acks(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, group: &str, p: AckPlans) {
+    run(
+        client,
+        "WITH applied AS (
+           UPDATE queen.lanes l
+              SET committed = v.committed,
+                  lease_id = CASE WHEN v.release THEN NULL ELSE l.lease_id END,
+                  lease_expires_at = CASE WHEN v.release THEN NULL ELSE l.lease_expires_at END,
+                  batch_end = CASE WHEN v.release THEN NULL ELSE l.batch_end END,
+                  batch_retry_count = v.retry,
+                  attempt_count = CASE WHEN v.reset THEN 0 ELSE l.attempt_count END,
+                  claim_start = CASE WHEN v.reset THEN NULL ELSE l.claim_start END
+             FROM unnest($1::uuid[], $2::int8[], $3::bool[], $4::int4[], $5::bool[])
+                  AS v(partition_id, committed, release, retry, reset)
+            WHERE l.partition_id = v.partition_id AND l.consumer_group = $6
+           RETURNING l.partition_id, v.release
+         )
+         DELETE FROM queen.leases le
+          WHERE le.lease_id = $7
+            AND EXISTS (SELECT 1 FROM applied WHERE release)
+            AND NOT EXISTS (
+                  SELECT 1 FROM queen.lanes l
+                   WHERE l.partition_id = ANY(le.partition_ids) AND l.lease_id = $7
+                     AND NOT EXISTS (SELECT 1 FROM applied a
+                                      WHERE a.partition_id = l.partition_id AND a.release))",
+        &[
+            p.partition_ids.into(),
+            p.committed.into(),
+            p.release.into(),
+            p.retry.into(),
+            p.reset.into(),
+            group.into(),
+            lease_id.into(),
+        ],
+    );
+}
+
+/// `extend_lease` (`queen_core::lane::extend`): every lane the lease still holds lasts
+/// until at least `target`, never shorter, locked in partition order as an ack locks them
+/// (`queen_core::lock_order`); the lease row follows. Returns how many lanes were renewed
+/// and their earliest expiry (ISO 8601, UTC).
+pub fn extend(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
+    let row = run(
+        client,
+        concat!(
+            r#"WITH lease AS (
+             SELECT partition_ids FROM queen.leases WHERE lease_id = $1
+           ), locked AS (
+             SELECT l.partition_id, l.consumer_group FROM queen.lanes l, lease
+              WHERE l.partition_id = ANY(lease.partition_ids) AND l.lease_id = $1
+              ORDER BY l.partition_id
+                FOR UPDATE OF l
+           ), renewed AS (
+             UPDATE queen.lanes l SET lease_expires_at = greatest(l.lease_expires_at, $2)
+               FROM locked k
+              WHERE l.partition_id = k.partition_id AND l.consumer_group = k.consumer_group
+                AND l.lease_id = $1 AND "#,
+            queen_core::lease_live_sql!("l", "$3"),
+            r#"
+             RETURNING l.lease_expires_at
+           ), stored AS (
+             UPDATE queen.leases SET expires_at = greatest(expires_at, $2)
+              WHERE lease_id = $1 AND EXISTS (SELECT 1 FROM renewed)
+           )
+           SELECT count(*)::int8,
+                  to_char(min(lease_expires_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+             FROM renewed"#
+        ),
+        &[lease_id.into(), timestamptz(target).into(), timestamptz(now).into()],
+    );
+    let row = row.first();
+    (row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<String>(2).or_raise())
+}
+
+/// Ends a lease now, as if it had expired (tests): its lanes become claimable.
+pub fn expire_lease(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, now: i64) -> i64 {
+    first_value::<i64>(run(
+        client,
+        concat!(
+            "WITH e AS (UPDATE queen.lanes l SET lease_expires_at = $2 WHERE l.lease_id = $1 AND ",
+            queen_core::lease_live_sql!("l", "$2"),
+            " RETURNING 1) SELECT count(*)::int8 FROM e"
+        ),
+        &[lease_id.into(), timestamptz(now - 1).into()],
+    ))
+    .unwrap_or(0)
+}
+
+/// `seek`: the lane's cursor moves to `to`, any lease it carried ends, its counters reset.
+pub fn seek(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str, to: i64) {
+    run(
+        client,
+        "UPDATE queen.lanes SET committed = $3, batch_retry_count = 0, lease_id = NULL,
+                lease_expires_at = NULL, batch_end = NULL, claim_start = NULL, attempt_count = 0
+          WHERE partition_id = $1 AND consumer_group = $2",
+        &[partition_id.into(), group.into(), to.into()],
+    );
+}
+
+/// `drop_group`: the group's lanes, leases and row go, in one statement.
+pub fn drop_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str) {
+    run(
+        client,
+        "WITH le AS (DELETE FROM queen.leases WHERE queue_id = $1 AND consumer_group = $2),
+              la AS (DELETE FROM queen.lanes WHERE queue_id = $1 AND consumer_group = $2)
+         DELETE FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2",
+        &[queue_id.into(), group.into()],
+    );
+}
+
+/// Copies every lane's newest journal entry (of both tables) into `queen.lanes` where the
+/// row is older, dropping any lease the row carried. Returns how many rows.
+pub fn save_journal(client: &mut SpiClient<'_>) -> i64 {
+    let saved = run(
+        client,
+        "WITH j AS (
+           SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq, committed, retry_count
+             FROM (SELECT * FROM queen.lane_journal_0 UNION ALL SELECT * FROM queen.lane_journal_1) a
+            ORDER BY partition_id, consumer_group, seq DESC),
+         u AS (
+           UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count, journal_seq = j.seq,
+                  lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
+             FROM j
+            WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group AND l.journal_seq < j.seq
+           RETURNING 1)
+         SELECT count(*)::int8 FROM u",
+        &[],
+    );
+    first_value::<i64>(saved).unwrap_or(0)
+}

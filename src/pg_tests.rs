@@ -1,0 +1,135 @@
+// In-server tests (`cargo pgrx test`): single-session SQL semantics, run inside one
+// transaction each, so every test starts from an empty queen schema. Included into the
+// `tests` module of lib.rs, whose SQL schema pgrx's test runner calls.
+
+use pgrx::prelude::*;
+
+fn count(sql: &str) -> i64 {
+    Spi::get_one::<i64>(sql).unwrap().unwrap()
+}
+
+#[pg_test]
+fn issue_scenario_push_pop_ack() {
+    for n in 1..=3 {
+        Spi::run(&format!("SELECT * FROM queen.push('scn', '{{\"n\": {n}}}')")).unwrap();
+    }
+    Spi::run("CREATE TEMP TABLE b AS SELECT * FROM queen.pop('scn', batch => 2)").unwrap();
+    assert_eq!(count("SELECT count(*) FROM b WHERE msg_offset IN (1, 2)"), 2);
+    assert_eq!(count("SELECT count(DISTINCT lease_id) FROM b"), 1);
+    let near_60 = Spi::get_one::<bool>(
+        "SELECT bool_and(abs(extract(epoch FROM lease_expires_at - clock_timestamp()) - 60) < 2) FROM b",
+    )
+    .unwrap();
+    assert_eq!(near_60, Some(true));
+    assert_eq!(count("SELECT count(*) FROM queen.pop('scn')"), 0, "leased lane");
+    assert_eq!(count("SELECT min(msg_offset) FROM queen.pop('scn', 'other', batch => 5)"), 1);
+    let committed =
+        Spi::get_one::<i64>("SELECT (queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed')::int8 FROM b LIMIT 1")
+            .unwrap();
+    assert_eq!(committed, Some(2));
+    assert_eq!(count("SELECT msg_offset FROM queen.pop('scn')"), 3);
+}
+
+#[pg_test]
+fn lease_is_fenced_after_expiry() {
+    Spi::run("SELECT * FROM queen.push('fence', '1')").unwrap();
+    Spi::run("CREATE TEMP TABLE f AS SELECT * FROM queen.pop('fence', lease_seconds => 1)").unwrap();
+    // Expire the lease now.
+    assert_eq!(count("SELECT queen._expire_lease(lease_id)::int8 FROM f"), 1);
+    let applied = Spi::get_one::<bool>(
+        "SELECT (queen.ack(lease_id, partition_id, msg_offset) -> 'items' -> 0 ->> 'success')::bool FROM f",
+    )
+    .unwrap();
+    assert_eq!(applied, Some(false));
+    assert_eq!(count("SELECT committed FROM queen.status('fence')"), 0, "expired ack moved nothing");
+    // The next pop reclaims the same offset, counting the attempt.
+    assert_eq!(count("SELECT attempt::int8 FROM queen.pop('fence')"), 1);
+}
+
+#[pg_test]
+fn partial_ack_keeps_lease_and_cursor_is_cumulative() {
+    Spi::run(
+        "SELECT * FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'cum', 'payload', i))
+                                           FROM generate_series(1, 5) i))",
+    )
+    .unwrap();
+    Spi::run("CREATE TEMP TABLE c AS SELECT * FROM queen.pop('cum', batch => 5)").unwrap();
+    // Acking offset 3 alone commits 1..3 and keeps the lease over 4..5.
+    Spi::run("SELECT queen.ack(lease_id, partition_id, 3) FROM c LIMIT 1").unwrap();
+    assert_eq!(count("SELECT committed FROM queen.status('cum')"), 3);
+    assert_eq!(count("SELECT count(*) FROM queen.status('cum') WHERE lease_id IS NOT NULL"), 1);
+    // A cursor never moves backwards.
+    Spi::run("SELECT queen.ack(lease_id, partition_id, 2) FROM c LIMIT 1").unwrap();
+    assert_eq!(count("SELECT committed FROM queen.status('cum')"), 3);
+    Spi::run("SELECT queen.ack(lease_id, partition_id, 5) FROM c LIMIT 1").unwrap();
+    assert_eq!(count("SELECT count(*) FROM queen.status('cum') WHERE lease_id IS NULL AND committed = 5"), 1);
+    assert_eq!(
+        count("SELECT (queen.extend_lease(lease_id) ->> 'renewed')::int8 FROM c LIMIT 1"),
+        0,
+        "the lease is over"
+    );
+}
+
+#[pg_test]
+fn segments_are_one_per_partition_per_call() {
+    Spi::run(
+        "SELECT * FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object(
+             'queue', 'seg', 'partition', 'p' || (i % 4), 'payload', i)) FROM generate_series(1, 1000) i))",
+    )
+    .unwrap();
+    assert_eq!(count("SELECT count(*) FROM queen.segments"), 4);
+    assert_eq!(count("SELECT sum(last_offset - first_offset + 1)::int8 FROM queen.segments"), 1000);
+}
+
+#[pg_test(error = "queen: invalid batch: 0 (must be 1 to 100000)")]
+fn batch_zero_is_an_error() {
+    Spi::run("SELECT * FROM queen.pop('x', batch => 0)").unwrap();
+}
+
+/// The default of argument `n` (1-based) of `func`, evaluated: the literal pgrx wrote
+/// into the function's definition, as a value.
+fn arg_default<T: pgrx::IntoDatum + pgrx::FromDatum>(func: &str, n: i32, cast: &str) -> T {
+    let expr = Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{func}'::regprocedure, {n})"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("{func}: argument {n} has no default"));
+    Spi::get_one::<T>(&format!("SELECT ({expr}){cast}")).unwrap().unwrap()
+}
+
+/// The defaults on the Rust entry points are the policy's (core/src/policy.rs).
+#[pg_test]
+fn entry_point_defaults_are_the_policy() {
+    use queen_core::policy::{QueueOptions, Subscription, DEFAULT_BUDGET, DEFAULT_EXTEND_SECONDS};
+    let configure = "queen.configure(text, int, int, bool, bool, int, bool, int)";
+    let o = QueueOptions::CONFIGURED;
+    assert_eq!(arg_default::<i32>(configure, 2, ""), o.lease_time);
+    assert_eq!(arg_default::<i32>(configure, 3, ""), o.retry_limit);
+    assert_eq!(arg_default::<bool>(configure, 4, ""), o.dead_letter_queue);
+    assert_eq!(arg_default::<bool>(configure, 5, ""), o.dlq_after_max_retries);
+    assert_eq!(arg_default::<i32>(configure, 6, ""), o.dedup_window);
+    assert_eq!(arg_default::<i32>(configure, 8, ""), o.retention);
+    // encryption's default is NULL: keep what the queue has (refused on an encrypted one).
+    let enc =
+        Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{configure}'::regprocedure, 7)"));
+    assert!(enc.unwrap().unwrap().starts_with("NULL"));
+
+    let group = "queen.configure_group(text, text, interval, interval, interval, interval)";
+    let us = |n: i32| -> i64 {
+        let expr =
+            Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{group}'::regprocedure, {n})"))
+                .unwrap()
+                .unwrap();
+        Spi::get_one::<i64>(&format!("SELECT (extract(epoch FROM ({expr})::interval) * 1000000)::int8"))
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(us(3), DEFAULT_BUDGET.handler_timeout);
+    assert_eq!(us(4), DEFAULT_BUDGET.queue_margin);
+    assert_eq!(us(5), DEFAULT_BUDGET.timeout_grace);
+    assert_eq!(us(6), DEFAULT_BUDGET.record_margin);
+
+    assert_eq!(arg_default::<i32>("queen.extend_lease(uuid, int)", 2, ""), DEFAULT_EXTEND_SECONDS);
+    assert_eq!(
+        arg_default::<String>("queen.create_group(text, text, text)", 3, "::text"),
+        Subscription::DEFAULT.as_str()
+    );
+}
