@@ -276,9 +276,6 @@ REVOKE ALL ON FUNCTION queen.status(text), queen.delete_queue(text) FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
-COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS 'queen internal: the body of queen.pop; not granted';
-COMMENT ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) IS 'queen internal: why a dead letter''s envelope cannot be opened (queen.dlq); not granted';
-COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS 'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
 -- The lane journal's table `t` saved into queen.lanes and emptied, if nothing holds it
 -- (src/lanes.rs, rotate_journal: the worker calls it once no ack writes to it).
 CREATE FUNCTION queen._empty_journal(t int) RETURNS bool
@@ -311,12 +308,3 @@ EXCEPTION WHEN lock_not_available THEN
 END $$;
 REVOKE ALL ON FUNCTION queen._empty_journal(int) FROM PUBLIC;
 COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: save a lane journal table into queen.lanes and empty it (background worker); not granted';
-COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS 'queen internal: a lane''s live state (status, totals); not granted';
-COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS 'queen internal: a lane''s readable end when a pop may claim it (pop''s scan); not granted';
-COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS 'queen internal: a lane''s live cursor (retention); not granted';
-COMMENT ON FUNCTION queen._forget_lanes(uuid[], text[]) IS 'queen internal: the lane registry forgets lanes (delete_queue); not granted';
-COMMENT ON FUNCTION queen._group_hash(text) IS 'queen internal: the lane registry''s hash of a group name; not granted';
-COMMENT ON FUNCTION queen._expire_lease(uuid) IS 'queen internal: end a lease now, as if it had expired (tests); not granted';
-COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
-COMMENT ON FUNCTION queen._own_queue(bigint) IS 'queen internal: the queue lock in exclusive mode (delete_queue); not granted';
-COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';

@@ -371,20 +371,10 @@ fn apply_registry(
         let lane = lanes.iter().find(|l| l.partition_id == *pid).expect("an acked lane is locked");
         let old = lane.registry.expect("locked in the registry");
         group = &lane.consumer_group;
-        let mut new = queen_core::lanes::State { committed: committed[k], retry_count: retry[k], ..old };
-        if release[k] {
-            new.lease_id = [0; 16];
-            new.lease_expires = 0;
-            new.batch_end = 0;
-        }
-        if reset[k] {
-            new.attempt_count = 0;
-            new.claim_start = 0;
-        }
-        let changed = new.committed != old.committed || new.retry_count != old.retry_count;
-        if changed {
-            new.journal_seq = old.journal_seq + 1;
-        }
+        let state = queen_core::lane::Lane::from_registry(&old);
+        let next = queen_core::lane::apply_ack_effect(&state, committed[k], release[k], retry[k], reset[k]);
+        let new = next.to_registry(&old);
+        let changed = new.journal_seq != old.journal_seq;
         crate::lanes::set(*pid, &lane.consumer_group, new, None);
         if changed {
             journal.push((*pid, new));

@@ -194,7 +194,7 @@ fn may_start_registry(lease_id: pgrx::Uuid, now: i64) -> Option<(i64, Option<i64
         .lanes
         .iter()
         .map(|k| crate::lanes::view(pgrx::Uuid::from_bytes(k.partition), &info.group).0)
-        .filter(|s| s.lease_id == *lease_id.as_bytes() && s.live_lease(now))
+        .filter(|s| s.held_by(lease_id.as_bytes(), now))
         .map(|s| s.lease_expires)
         .min()?;
     let budget = Spi::connect_mut(|client| {

@@ -210,6 +210,15 @@ pub fn open(message_id: &[u8; 16], stored: &[u8]) -> Vec<u8> {
     try_open(message_id, stored).unwrap_or_else(|e| e.raise())
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._open_dead_letter(bytea, uuid) IS
+  'queen internal: opens the envelope of an encrypted dead letter (queen.dlq, dlq_replay); not granted';
+"#,
+    name = "open_dead_letter_home",
+    requires = [open_dead_letter]
+);
+
 /// Internal: the plaintext of a dead letter stored as an envelope (queen.dlq, replay).
 #[pg_extern(name = "_open_dead_letter")]
 #[search_path(pg_catalog, pg_temp)]
@@ -231,6 +240,15 @@ fn sealed(envelope: &[u8]) -> Result<(), Unopenable> {
         message: "queen: the dead letter holds the bytes of a corrupt segment, not a message".to_string(),
     })
 }
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) IS
+  'queen internal: why a dead letter''s envelope cannot be opened (queen.dlq); not granted';
+"#,
+    name = "dead_letter_unopenable_home",
+    requires = [dead_letter_unopenable]
+);
 
 /// Internal: why a dead letter's envelope cannot be opened, or NULL when it can
 /// (queen.dlq lists such a row with a NULL payload and this reason).

@@ -9,6 +9,7 @@ use crate::clock::{clock_now, timestamptz};
 use crate::errors;
 use crate::ids::from_pg_uuid;
 use crate::spi::run;
+use queen_core::lane::Lane;
 
 extension_sql!(
     r#"
@@ -62,11 +63,13 @@ fn extend_registry(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<
     let (mut renewed, mut earliest) = (0i64, i64::MAX);
     for pid in pids {
         let Some(s) = crate::lanes::lock(pid, &info.group, true) else { continue };
-        if s.lease_id != *lease_id.as_bytes() || !s.live_lease(now) {
+        let lane = Lane::from_registry(&s);
+        let Some(next) = queen_core::lane::extend(&lane, u128::from_be_bytes(*lease_id.as_bytes()), target, now) else {
             continue;
-        }
-        let expires = s.lease_expires.max(target);
-        crate::lanes::set(pid, &info.group, queen_core::lanes::State { lease_expires: expires, ..s }, None);
+        };
+        let new = next.to_registry(&s);
+        let expires = new.lease_expires;
+        crate::lanes::set(pid, &info.group, new, None);
         renewed += 1;
         earliest = earliest.min(expires);
     }

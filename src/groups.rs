@@ -7,6 +7,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::{JsonB, PgSqlErrorCode};
+
 use queen_core::lanes::{seek_cursor, State};
 use serde_json::json;
 
@@ -234,19 +235,11 @@ fn seek(
             };
             let to = seek_cursor(next, l.retained_through, readable);
             if let Some(s) = l.registry {
-                let new = State {
-                    committed: to,
-                    retry_count: 0,
-                    attempt_count: 0,
-                    claim_start: 0,
-                    lease_id: [0; 16],
-                    lease_expires: 0,
-                    batch_end: 0,
-                    journal_seq: s.journal_seq + 1,
-                    ..s
-                };
+                let new = queen_core::lane::seek(&queen_core::lane::Lane::from_registry(&s), to).to_registry(&s);
                 crate::lanes::set(l.partition_id, group, new, None);
-                journal.push((l.partition_id, new));
+                if new.journal_seq != s.journal_seq {
+                    journal.push((l.partition_id, new));
+                }
             } else {
                 crate::lane_rows::seek(client, l.partition_id, group, to);
             }

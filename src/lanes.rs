@@ -616,6 +616,15 @@ pub fn rotated(done: Rotation) {
     });
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._group_hash(text) IS
+  'queen internal: the lane registry''s hash of a group name; not granted';
+"#,
+    name = "group_hash_sql_home",
+    requires = [group_hash_sql]
+);
+
 /// `queen._group_hash(name)`: the lane registry's hash of a consumer group's name.
 #[pg_extern(name = "_group_hash", immutable, parallel_safe)]
 fn group_hash_sql(name: &str) -> Vec<u8> {
@@ -623,6 +632,15 @@ fn group_hash_sql(name: &str) -> Vec<u8> {
 }
 
 // ---- SQL helpers (internal, not granted) ----
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS
+  'queen internal: a lane''s live state (status, totals); not granted';
+"#,
+    name = "lane_sql_home",
+    requires = [lane_sql]
+);
 
 /// `queen._lane(...)`: a lane's live state, for `status` and `totals`. With the registry
 /// its state; without, the row's own columns (passed in).
@@ -663,6 +681,15 @@ fn lane_sql(
     ))
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._forget_lanes(uuid[], text[]) IS
+  'queen internal: the lane registry forgets lanes (delete_queue); not granted';
+"#,
+    name = "forget_lanes_sql_home",
+    requires = [forget_lanes_sql]
+);
+
 /// `queen._forget_lanes(partition_ids, groups)`: `delete_queue` removes these lanes.
 #[pg_extern(name = "_forget_lanes", volatile)]
 fn forget_lanes_sql(partition_ids: Option<Vec<pgrx::Uuid>>, groups: Option<Vec<String>>) {
@@ -678,6 +705,15 @@ fn forget_lanes_sql(partition_ids: Option<Vec<pgrx::Uuid>>, groups: Option<Vec<S
     with_registry(|r, _| r.forget(&keys));
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._expire_lease(uuid) IS
+  'queen internal: end a lease now, as if it had expired (tests); not granted';
+"#,
+    name = "expire_lease_sql_home",
+    requires = [expire_lease_sql]
+);
+
 /// `queen._expire_lease(lease_id)`: ends a lease now, as if it had expired. Returns how
 /// many lanes it held.
 #[pg_extern(name = "_expire_lease", volatile)]
@@ -692,7 +728,7 @@ fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
     for k in info.lanes {
         let pid = pgrx::Uuid::from_bytes(k.partition);
         if let Some(s) = lock(pid, &info.group, true) {
-            if s.lease_id == *lease_id.as_bytes() && s.live_lease(now) {
+            if s.held_by(lease_id.as_bytes(), now) {
                 set(pid, &info.group, State { lease_expires: now - 1, ..s }, None);
                 n += 1;
             }
@@ -700,6 +736,15 @@ fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
     }
     n
 }
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS
+  'queen internal: a lane''s readable end when a pop may claim it (pop''s scan); not granted';
+"#,
+    name = "claimable_sql_home",
+    requires = [claimable_sql]
+);
 
 /// `queen._claimable(partition_id, consumer_group, head)`: for a pop's scan of its lanes,
 /// the partition's readable end when the lane can be claimed now (no live lease, no other
@@ -713,6 +758,15 @@ fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> O
     let readable = crate::offsets::readable(partition_id, head);
     (s.committed < readable).then_some(readable)
 }
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS
+  'queen internal: a lane''s live cursor (retention); not granted';
+"#,
+    name = "committed_sql_home",
+    requires = [committed_sql]
+);
 
 /// `queen._committed(partition_id, consumer_group, committed)`: a lane's live cursor (with
 /// the registry; else the row's, passed in). For retention's floor.

@@ -126,6 +126,15 @@ pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
     taken(acquire(&object_tag(table_oid(c"groups"), objid, sub), pg_sys::AccessExclusiveLock, wait))
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._own_queue(bigint) IS
+  'queen internal: the queue lock in exclusive mode (delete_queue); not granted';
+"#,
+    name = "own_queue_sql_home",
+    requires = [own_queue_sql]
+);
+
 /// `queen._own_queue(queue_id)`: the queue lock in exclusive mode, for `delete_queue`
 /// (PL/pgSQL). Not granted.
 #[pg_extern(name = "_own_queue", volatile, parallel_unsafe)]

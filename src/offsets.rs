@@ -312,6 +312,15 @@ fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Stored {
     row.unwrap_or(Stored { head: 0, readable: 0, fresh_max: 0 })
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._readable(uuid, bigint) IS
+  'queen internal: a partition''s readable end (offsets below it are decided); not granted';
+"#,
+    name = "readable_sql_home",
+    requires = [readable_sql]
+);
+
 /// `queen._readable(partition_id, head)`: the readable end of a partition, for queen's own
 /// SQL (the claim query of pop, status, totals, group creation). Not granted.
 #[pg_extern(name = "_readable", volatile, parallel_unsafe)]

@@ -5,6 +5,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::{pg_sys, PgSqlErrorCode};
 use queen_core::claim::allocate;
+use queen_core::lane::Lane;
 use queen_core::lanes::State as LaneState;
 use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
 
@@ -60,6 +61,15 @@ pub struct Delivered {
     pub created_at: TimestampWithTimeZone,
     pub attempt: i32,
 }
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS
+  'queen internal: the body of queen.pop; not granted';
+"#,
+    name = "pop_sql_home",
+    requires = [pop_sql]
+);
 
 /// Internal: called only by `queen.pop` (sql/api.sql), which fixes the search_path.
 #[pg_extern(name = "_pop")]
@@ -443,7 +453,7 @@ fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: 
     rows.into_iter()
         .filter_map(|(partition_id, partition, readable)| {
             let s = crate::lanes::lock(partition_id, a.group, false)?;
-            (!s.live_lease(now) && s.committed < readable).then(|| Candidate {
+            Lane::from_registry(&s).claimability(readable, now).claimable().then(|| Candidate {
                 partition_id,
                 partition,
                 committed: s.committed,
@@ -478,29 +488,14 @@ fn apply_registry(
     for (k, pid) in pids.iter().enumerate() {
         let c = candidates.iter().find(|c| c.partition_id == *pid).expect("a claimed lane was a candidate");
         let old = c.registry.expect("locked in the registry");
-        let new = match (lease_id, expires) {
-            (Some(id), Some(expires)) => LaneState {
-                lease_id: *id.as_bytes(),
-                lease_expires: expires,
-                batch_end: ends[k],
-                claim_start: starts[k],
-                attempt_count: attempts[k],
-                last_claimed: now,
-                ..old
-            },
+        let lane = Lane::from_registry(&old);
+        let claim = queen_core::lane::Claim { start: starts[k], end: ends[k], attempt: attempts[k] };
+        let next = match (lease_id, expires) {
+            (Some(id), Some(expires)) => lane.leased(claim, (u128::from_be_bytes(*id.as_bytes()), expires)),
             // auto_ack: no lease; the cursor moves to batch_end (journaled).
-            _ => LaneState {
-                committed: ends[k],
-                retry_count: 0,
-                attempt_count: 0,
-                claim_start: 0,
-                last_claimed: now,
-                lease_id: [0; 16],
-                lease_expires: 0,
-                batch_end: 0,
-                journal_seq: old.journal_seq + 1,
-            },
+            _ => queen_core::lane::auto_ack(&lane, claim.end),
         };
+        let new = LaneState { last_claimed: now, ..next.to_registry(&old) };
         crate::lanes::set(*pid, a.group, new, Some((queue_id, a.group)));
         if lease_id.is_none() {
             journal.push((*pid, new));
@@ -619,9 +614,11 @@ fn file_poison(
     for &(pid, to) in passed {
         let c = candidates.iter().find(|c| c.partition_id == pid).expect("a passed lane was a candidate");
         if let Some(old) = c.registry {
-            let new = LaneState { committed: to, retry_count: 0, journal_seq: old.journal_seq + 1, ..old };
+            let new = queen_core::lane::pass(&Lane::from_registry(&old), to).to_registry(&old);
             crate::lanes::set(pid, a.group, new, None);
-            journal.push((pid, new));
+            if new.journal_seq != old.journal_seq {
+                journal.push((pid, new));
+            }
         } else {
             crate::lane_rows::pass(client, pid, a.group, to);
         }

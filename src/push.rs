@@ -467,25 +467,15 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             } else {
                 HashMap::new()
             };
-            // Items to store, and duplicates of an earlier item of this call.
-            let mut fresh: Vec<usize> = Vec::with_capacity(idxs.len());
-            let mut repeats: Vec<(usize, usize)> = Vec::new(); // (item, position of its original in fresh)
-            let mut in_call: HashMap<&str, usize> = HashMap::new();
-            for &i in idxs {
-                if dedup && items[i].transaction_id.is_some() {
-                    let tx = transaction_ids[i].as_str();
-                    if let Some(&original) = known.get(tx) {
-                        rows[i] = Some(duplicate(i, t.partition_id, original));
-                        continue;
-                    }
-                    if let Some(&pos) = in_call.get(tx) {
-                        repeats.push((i, pos));
-                        continue;
-                    }
-                    in_call.insert(tx, fresh.len());
-                }
-                fresh.push(i);
+            // Items to store, duplicates of stored ids, and repeats within this call.
+            let ids: Vec<Option<&str>> =
+                idxs.iter().map(|&i| items[i].transaction_id.as_ref().map(|_| transaction_ids[i].as_str())).collect();
+            let class = queen_core::dedup::classify(&ids, dedup, |tx| known.get(tx).copied());
+            for (k, original) in class.known {
+                rows[idxs[k]] = Some(duplicate(idxs[k], t.partition_id, original));
             }
+            let fresh: Vec<usize> = class.store.iter().map(|&k| idxs[k]).collect();
+            let repeats: Vec<(usize, usize)> = class.repeats.iter().map(|&(k, pos)| (idxs[k], pos)).collect();
             if fresh.is_empty() {
                 continue; // every item was a duplicate: no offsets, no segment
             }

@@ -300,6 +300,15 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     crate::lane_rows::create_missing(client, queue_id, group)
 }
 
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._queues_changed() IS
+  'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
+"#,
+    name = "queues_changed_home",
+    requires = [queues_changed]
+);
+
 /// `queen._queues_changed()`: for `delete_queue` (PL/pgSQL), which cannot call `invalidate`
 /// otherwise. Not granted.
 #[pg_extern(name = "_queues_changed", volatile)]

@@ -121,6 +121,19 @@ pub struct Claim {
     pub attempt: i32,
 }
 
+impl Lane {
+    /// The lane leased under `lease` (id, expiry) for `claim`'s span.
+    pub fn leased(&self, claim: Claim, lease: (u128, i64)) -> Lane {
+        Lane {
+            lease: Some(lease),
+            batch_end: claim.end,
+            claim_start: Some(claim.start),
+            attempt_count: claim.attempt,
+            ..*self
+        }
+    }
+}
+
 /// Claims `lane` for a pop that delivers up to `end` (from `committed + 1`; the caller read
 /// the span and stopped at `end`). Under `lease` (id, expiry) the lane is leased; with
 /// `None` (auto-ack) the cursor moves to `end` at once and nothing stays leased.
@@ -133,9 +146,7 @@ pub fn claim(lane: &Lane, readable: i64, end: i64, lease: Option<(u128, i64)>, n
     let attempt = lane.attempt(start);
     let claim = Claim { start, end, attempt };
     let next = match lease {
-        Some(lease) => {
-            Lane { lease: Some(lease), batch_end: end, claim_start: Some(start), attempt_count: attempt, ..*lane }
-        }
+        Some(lease) => lane.leased(claim, lease),
         None => auto_ack(lane, end),
     };
     Some((next, claim))
@@ -156,19 +167,23 @@ pub fn auto_ack(lane: &Lane, end: i64) -> Lane {
 
 /// Applies an ack plan (`ack::plan_lane`) to the lane it was made for.
 pub fn apply_ack(lane: &Lane, plan: &LanePlan) -> Lane {
-    let committed = plan.committed.max(lane.committed);
-    if plan.release {
-        Lane {
-            committed,
-            lease: None,
-            batch_end: 0,
-            claim_start: if plan.reset_attempts { None } else { lane.claim_start },
-            attempt_count: if plan.reset_attempts { 0 } else { lane.attempt_count },
-            retry_count: plan.retry_count,
-        }
-    } else {
-        Lane { committed, retry_count: plan.retry_count, ..*lane }
+    apply_ack_effect(lane, plan.committed, plan.release, plan.retry_count, plan.reset_attempts)
+}
+
+/// `apply_ack` from the parts of a plan that change the lane: the new cursor (never below
+/// the old one), whether the lease ends, the retry count, and whether the redelivery
+/// counter resets.
+pub fn apply_ack_effect(lane: &Lane, committed: i64, release: bool, retry_count: i32, reset: bool) -> Lane {
+    let mut next = Lane { committed: committed.max(lane.committed), retry_count, ..*lane };
+    if release {
+        next.lease = None;
+        next.batch_end = 0;
     }
+    if reset {
+        next.claim_start = None;
+        next.attempt_count = 0;
+    }
+    next
 }
 
 /// An ack by `lease_id` at `now`: fenced by the live lease (None when it does not hold
@@ -204,6 +219,55 @@ pub fn whole_lease_items(lane: &Lane, lease_id: u128, now: i64) -> Option<AckIte
 pub fn extend(lane: &Lane, lease_id: u128, target: i64, now: i64) -> Option<Lane> {
     let (id, expires) = lane.lease.filter(|_| lane.held_by(lease_id, now))?;
     Some(Lane { lease: Some((id, expires.max(target))), ..*lane })
+}
+
+/// A lane whose only pending offsets up to `to` are poison (filed as dead letters): the
+/// cursor passes them, and the retry count of the batch at the cursor starts again.
+pub fn pass(lane: &Lane, to: i64) -> Lane {
+    Lane { committed: lane.committed.max(to), retry_count: 0, ..*lane }
+}
+
+/// `seek`: the one transition that may move a cursor backwards, by an operator's explicit
+/// call. The lane is left free with its counters reset; `to` is the new cursor (already
+/// bounded by `lanes::seek_cursor`).
+pub fn seek(_lane: &Lane, to: i64) -> Lane {
+    Lane::new(to)
+}
+
+/// The registry's form of a lane (`lanes::State`) as a `Lane`, and back. In the registry
+/// a zero lease id means no lease and a zero claim start means none (offsets start at 1).
+impl Lane {
+    pub fn from_registry(s: &crate::lanes::State) -> Lane {
+        Lane {
+            committed: s.committed,
+            lease: s.has_lease().then(|| (u128::from_be_bytes(s.lease_id), s.lease_expires)),
+            batch_end: s.batch_end,
+            claim_start: (s.claim_start != 0).then_some(s.claim_start),
+            attempt_count: s.attempt_count,
+            retry_count: s.retry_count,
+        }
+    }
+
+    /// This lane as a registry state that replaces `old`: the journal sequence goes up
+    /// when the cursor or the retry count changed (what the journal records).
+    pub fn to_registry(&self, old: &crate::lanes::State) -> crate::lanes::State {
+        let (lease_id, lease_expires) = match self.lease {
+            Some((id, expires)) => (id.to_be_bytes(), expires),
+            None => ([0; 16], 0),
+        };
+        let journaled = self.committed != old.committed || self.retry_count != old.retry_count;
+        crate::lanes::State {
+            committed: self.committed,
+            retry_count: self.retry_count,
+            attempt_count: self.attempt_count,
+            claim_start: self.claim_start.unwrap_or(0),
+            last_claimed: old.last_claimed,
+            lease_id,
+            lease_expires,
+            batch_end: if self.lease.is_some() { self.batch_end } else { 0 },
+            journal_seq: old.journal_seq + i64::from(journaled),
+        }
+    }
 }
 
 /// Releases the lease without committing anything (a lease given back, or one whose
@@ -271,6 +335,51 @@ mod tests {
         assert!(whole_lease_items(&l, 7, 100).is_none());
         let (after, _) = ack(&l, 7, &[item], POLICY, None, 1).unwrap();
         assert_eq!(after.committed, 9);
+    }
+
+    #[test]
+    fn registry_round_trip_and_journal_sequence() {
+        let old = crate::lanes::State {
+            committed: 4,
+            retry_count: 1,
+            attempt_count: 2,
+            claim_start: 5,
+            last_claimed: 77,
+            lease_id: [9; 16],
+            lease_expires: 1000,
+            batch_end: 8,
+            journal_seq: 3,
+        };
+        let lane = Lane::from_registry(&old);
+        assert_eq!(lane.lease, Some((u128::from_be_bytes([9; 16]), 1000)));
+        assert_eq!(lane.claim_start, Some(5));
+        assert_eq!(lane.to_registry(&old), old, "unchanged lane, unchanged state");
+        // An extend changes no journaled field; an ack that commits does.
+        let ext = extend(&lane, u128::from_be_bytes([9; 16]), 2000, 10).unwrap().to_registry(&old);
+        assert_eq!((ext.lease_expires, ext.journal_seq), (2000, 3));
+        let acked = apply_ack_effect(&lane, 8, true, 0, true).to_registry(&old);
+        assert_eq!((acked.committed, acked.lease_id, acked.batch_end, acked.claim_start), (8, [0; 16], 0, 0));
+        assert_eq!((acked.journal_seq, acked.last_claimed), (4, 77));
+        let none = Lane::from_registry(&crate::lanes::State::default());
+        assert_eq!(none, Lane::new(0));
+    }
+
+    #[test]
+    fn pass_seek_and_partial_acks() {
+        let (l, _) = claim(&Lane::new(3), 10, 6, Some((7, 100)), 0).unwrap();
+        let l = Lane { retry_count: 2, ..l };
+        // Poison passed: the cursor moves forward only, the retry count restarts.
+        assert_eq!(pass(&l, 5).committed, 5);
+        assert_eq!(pass(&l, 2).committed, 3);
+        assert_eq!(pass(&l, 5).retry_count, 0);
+        assert_eq!(pass(&l, 5).lease, l.lease, "the lease stays");
+        // Seek may move back, and frees the lane.
+        assert_eq!(seek(&l, 1), Lane::new(1));
+        // A partial ack keeps the lease and the redelivery counter.
+        let part = apply_ack_effect(&l, 4, false, 2, false);
+        assert_eq!((part.committed, part.lease, part.claim_start), (4, l.lease, l.claim_start));
+        // A plan never lowers the cursor.
+        assert_eq!(apply_ack_effect(&l, 1, true, 0, true).committed, 3);
     }
 
     #[derive(Debug, Clone)]

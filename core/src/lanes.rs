@@ -108,9 +108,13 @@ impl State {
     pub fn has_lease(&self) -> bool {
         self.lease_id != [0; 16]
     }
-    /// A lease that has not expired at `now`.
+    /// A lease that has not expired at `now` (`lane::lease_live`).
     pub fn live_lease(&self, now: i64) -> bool {
-        self.has_lease() && self.lease_expires > now
+        self.has_lease() && crate::lane::lease_live(Some(self.lease_expires), now)
+    }
+    /// Whether `lease_id` holds this lane at `now` (`lane::Lane::held_by`).
+    pub fn held_by(&self, lease_id: &[u8; 16], now: i64) -> bool {
+        crate::lane::Lane::from_registry(self).held_by(u128::from_be_bytes(*lease_id), now)
     }
 }
 
@@ -817,7 +821,7 @@ impl<'a> Registry<'a> {
 
     /// The lane a lease id names, checked: the lease is live at `now` and holds `key`.
     pub fn holds(&self, key: &LaneKey, lease_id: &[u8; 16], now: i64) -> bool {
-        matches!(self.view().lane(key), Seen::Ready(s, _) if s.lease_id == *lease_id && s.live_lease(now))
+        matches!(self.view().lane(key), Seen::Ready(s, _) if s.held_by(lease_id, now))
     }
 }
 

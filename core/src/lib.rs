@@ -5,6 +5,7 @@
 pub mod ack;
 pub mod claim;
 pub mod compaction;
+pub mod dedup;
 pub mod envelope;
 pub mod ids;
 pub mod lane;

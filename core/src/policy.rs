@@ -10,6 +10,9 @@
 
 use crate::lease::{Budget, MICROS};
 
+/// Name rules (queues; partitions and consumer groups), kept in `names`.
+pub use crate::names::{lane_name, queue_name, NameError, MAX_NAME};
+
 /// The partition a push uses when none is named.
 pub const DEFAULT_PARTITION: &str = "Default";
 /// The consumer group of a pop that names none: queue mode, one shared cursor.
