@@ -28,6 +28,8 @@ REGRESS_TESTS := $(sort $(filter-out nopreload,$(basename $(notdir $(wildcard pg
 NOPRELOAD_TESTS := $(filter-out offsets compaction,$(REGRESS_TESTS)) nopreload
 NOPRELOAD_DIR  ?= /tmp/queen-nopreload
 NOPRELOAD_PORT ?= 5490
+POOLER_DIR ?= /tmp/queen-pooler
+POOLER_PORT ?= 5491
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
 .PHONY: upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
@@ -127,15 +129,21 @@ integration:
 	cargo build -q -p queen-consumer --examples
 	@$(MAKE) -s test-cluster-start
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
+	@# A real PgBouncer in transaction pooling mode, 4 server connections per database.
+	@bash scripts/pgbouncer.sh start $(POOLER_DIR) $(POOLER_PORT) $(TEST_DIR) $(TEST_PORT) 4
 	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
-	  cargo test -p queen-it --tests -- --test-threads=4 || { $(MAKE) -s test-cluster-stop; exit 1; }
+	QUEEN_TEST_POOLER_DSN="host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_it" \
+	  cargo test -p queen-it --tests -- --test-threads=4 \
+	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
 	@# The README's client examples: psycopg 3, SQLAlchemy text(), node-postgres.
 	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
 	  || { $(MAKE) -s test-cluster-stop; exit 1; }
 	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"
 	cargo run -q -p queen-bench -- --dsn "$(TEST_DSN) dbname=queen_bench" --smoke \
-	  || { $(MAKE) -s test-cluster-stop; exit 1; }
+	  --pooler-dsn "host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_bench" \
+	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
+	@bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT)
 	@$(MAKE) -s test-cluster-stop
 
 # Release build, a dedicated cluster with scripts/bench.conf, every scenario against
@@ -145,9 +153,13 @@ bench: install
 	@rm -rf $(BENCH_DIR)
 	@bash scripts/cluster.sh start $(BENCH_DIR) $(BENCH_PORT) scripts/bench.conf
 	@psql -X -q -h $(BENCH_DIR)/sock -p $(BENCH_PORT) -U postgres -c "CREATE DATABASE queen_bench"
+	@bash scripts/pgbouncer.sh start $(POOLER_DIR) $(POOLER_PORT) $(BENCH_DIR) $(BENCH_PORT) 4
 	cargo run --release -q -p queen-bench -- \
 	  --dsn "host=$(BENCH_DIR)/sock port=$(BENCH_PORT) user=postgres dbname=queen_bench" \
-	  --out BENCHMARKS.md || { bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT); exit 1; }
+	  --pooler-dsn "host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_bench" \
+	  --out BENCHMARKS.md || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); \
+	                           bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT); exit 1; }
+	@bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT)
 	@bash scripts/cluster.sh stop $(BENCH_DIR) $(BENCH_PORT)
 
 # The held-snapshot scenario (half an hour): its section of BENCHMARKS.md.

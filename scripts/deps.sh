@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what queen needs on a fresh Debian machine, and only what is missing:
-# PostgreSQL 15 with its server headers, PgQ (a benchmark baseline), clang (for pgrx's bindgen), sudo (for
+# PostgreSQL 15 with its server headers, PgQ (a benchmark baseline), PgBouncer (the pooler
+# tests and benchmark), clang (for pgrx's bindgen), sudo (for
 # `cargo pgrx test --runas`), cargo-pgrx 0.18.1, and pgrx's config for Debian's pg_config.
 set -euo pipefail
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-PKGS=(postgresql-15 postgresql-server-dev-15 postgresql-15-pgq3 libclang-dev clang pkg-config sudo)
+PKGS=(postgresql-15 postgresql-server-dev-15 postgresql-15-pgq3 libclang-dev clang pkg-config sudo pgbouncer)
 
 missing=()
 for p in "${PKGS[@]}"; do

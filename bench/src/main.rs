@@ -1,7 +1,8 @@
 //! queen-bench: queen side by side with PgQ, a SKIP LOCKED job table (the pgmq / pg-boss /
 //! River pattern) and the raw row-insert limit, on one cluster with one set of settings.
 //!
-//! `queen-bench --dsn DSN [--smoke] [--out BENCHMARKS.md] [--only a,b] [--held-minutes N]`.
+//! `queen-bench --dsn DSN [--pooler-dsn DSN] [--smoke] [--out BENCHMARKS.md] [--only a,b]
+//! [--held-minutes N]`.
 //! `--smoke` runs every scenario for a moment on tiny sizes, with no thresholds: it keeps
 //! the bench from rotting. The held-snapshot scenario (`held.rs`, half an hour) runs only
 //! when asked for (`--only held`, `make bench-held`) or in the smoke run; it writes its own
@@ -29,6 +30,8 @@ struct Opts {
     held_minutes: usize,
     /// Systems of the held-snapshot scenario (queen, skip, pgq); all if empty.
     held_systems: Vec<String>,
+    /// The same database through PgBouncer (transaction pooling), for the wake scenario.
+    pooler_dsn: Option<String>,
 }
 
 /// Sizes of a run: the full bench or the smoke run.
@@ -278,6 +281,48 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), {mem} GiB RAM")
 }
 
+/// Wake latency samples in ms: a pop waits (`wait_ms`) on one connection, a push commits
+/// on another, and the time from the push's commit to the pop's return is recorded.
+/// `unnamed` sends every statement as one unnamed statement (`query_typed`), as a client
+/// must through a transaction-pooling PgBouncer; otherwise statements are prepared once.
+fn wake_latencies(dsn: &str, samples: usize, unnamed: bool) -> Vec<f64> {
+    const WAIT: &str = "SELECT 1 FROM queen.pop('wake', auto_ack => true, wait_ms => 5000)";
+    const PUSH: &str = "SELECT 1 FROM queen.push('wake', '1')";
+    let run = |c: &mut Client, stmt: Option<&postgres::Statement>, sql: &str| -> usize {
+        match stmt {
+            Some(st) => c.query(st, &[]).unwrap().len(),
+            None => c.query_typed(sql, &[]).unwrap().len(),
+        }
+    };
+    let (tx_ret, rx_ret) = mpsc::channel::<Instant>();
+    let (tx_go, rx_go) = mpsc::channel::<()>();
+    let dsn2 = dsn.to_string();
+    let waiter = thread::spawn(move || {
+        let mut c = connect(&dsn2);
+        let stmt = (!unnamed).then(|| c.prepare(WAIT).unwrap());
+        for _ in 0..samples {
+            tx_go.send(()).unwrap();
+            let n = run(&mut c, stmt.as_ref(), WAIT);
+            assert_eq!(n, 1, "waiting pop returned empty");
+            tx_ret.send(Instant::now()).unwrap();
+        }
+    });
+    let mut c = connect(dsn);
+    let push = (!unnamed).then(|| c.prepare(PUSH).unwrap());
+    let mut lat = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        rx_go.recv().unwrap();
+        thread::sleep(Duration::from_millis(3)); // let the waiter park
+        run(&mut c, push.as_ref(), PUSH);
+        let committed = Instant::now();
+        let returned = rx_ret.recv().unwrap();
+        lat.push(returned.saturating_duration_since(committed).as_secs_f64() * 1000.0);
+    }
+    waiter.join().unwrap();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    lat
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut opts = Opts {
@@ -287,12 +332,14 @@ fn main() {
         only: Vec::new(),
         held_minutes: 5,
         held_systems: Vec::new(),
+        pooler_dsn: None,
     };
     while let Some(a) = args.next() {
         match a.as_str() {
             "--dsn" => opts.dsn = args.next().expect("--dsn DSN"),
             "--smoke" => opts.smoke = true,
             "--out" => opts.out = args.next(),
+            "--pooler-dsn" => opts.pooler_dsn = args.next(),
             "--only" => opts.only = args.next().expect("--only a,b").split(',').map(str::to_string).collect(),
             "--held-systems" => {
                 opts.held_systems = args.next().expect("--held-systems a,b").split(',').map(str::to_string).collect()
@@ -556,36 +603,21 @@ fn main() {
         reset(&mut c);
         c.execute("SELECT count(*) FROM queen.push('wake', '0')", &[]).unwrap();
         c.execute("SELECT count(*) FROM queen.pop('wake', auto_ack => true)", &[]).unwrap();
-        let (tx_ret, rx_ret) = mpsc::channel::<Instant>();
-        let (tx_go, rx_go) = mpsc::channel::<()>();
-        let dsn2 = dsn.clone();
-        let samples = s.wake_samples;
-        let waiter = thread::spawn(move || {
-            let mut c = connect(&dsn2);
-            let stmt = c.prepare("SELECT 1 FROM queen.pop('wake', auto_ack => true, wait_ms => 5000)").unwrap();
-            for _ in 0..samples {
-                tx_go.send(()).unwrap();
-                let n = c.query(&stmt, &[]).unwrap().len();
-                assert_eq!(n, 1, "waiting pop returned empty");
-                tx_ret.send(Instant::now()).unwrap();
-            }
-        });
-        lat = Vec::with_capacity(samples);
-        let push = c.prepare("SELECT 1 FROM queen.push('wake', '1')").unwrap();
-        for _ in 0..samples {
-            rx_go.recv().unwrap();
-            thread::sleep(Duration::from_millis(3)); // let the waiter park
-            c.query(&push, &[]).unwrap();
-            let committed = Instant::now();
-            let returned = rx_ret.recv().unwrap();
-            lat.push(returned.saturating_duration_since(committed).as_secs_f64() * 1000.0);
-        }
-        waiter.join().unwrap();
-        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        lat = wake_latencies(&dsn, s.wake_samples, false);
         let pct = |p: f64| lat[((lat.len() as f64 - 1.0) * p).round() as usize];
         say(&mut rows, "wake latency (push commit -> pop return)", "queen p50", pct(0.5), "ms");
         say(&mut rows, "wake latency (push commit -> pop return)", "queen p99", pct(0.99), "ms");
         say(&mut rows, "wake latency (push commit -> pop return)", "queen max", pct(1.0), "ms");
+        if let Some(pooler) = &opts.pooler_dsn {
+            // The same, with the waiter and the pusher connected through PgBouncer in
+            // transaction pooling mode (one unnamed statement per call: no prepared
+            // statements through the pooler).
+            let pooled = wake_latencies(pooler, s.wake_samples, true);
+            let pct = |p: f64| pooled[((pooled.len() as f64 - 1.0) * p).round() as usize];
+            say(&mut rows, "wake latency through pgbouncer (transaction pool)", "queen p50", pct(0.5), "ms");
+            say(&mut rows, "wake latency through pgbouncer (transaction pool)", "queen p99", pct(0.99), "ms");
+            say(&mut rows, "wake latency through pgbouncer (transaction pool)", "queen max", pct(1.0), "ms");
+        }
     }
     if want("disk") {
         // ---- disk bytes per message ----
