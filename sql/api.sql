@@ -247,10 +247,8 @@ BEGIN
   n_segments := n_segments + n_fresh;
   DELETE FROM queen.dedup d USING queen.partitions p
    WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
-  -- The lane registry forgets the queue's lanes (src/lanes.rs).
-  PERFORM queen._forget_lanes(array_agg(l.partition_id), array_agg(l.consumer_group))
-     FROM queen.lanes l WHERE l.queue_id = qid;
-  DELETE FROM queen.lanes l WHERE l.queue_id = qid;
+  -- The lanes, rows and registry slots (src/lane_rows.rs).
+  PERFORM queen._delete_lanes(qid);
   DELETE FROM queen.leases le WHERE le.queue_id = qid;
   DELETE FROM queen.log_dlq d WHERE d.queue_id = qid;
   GET DIAGNOSTICS n_dead = ROW_COUNT;
@@ -284,7 +282,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   retired text := format('queen.lane_journal_%s', t);
-  newer text := format('queen.lane_journal_%s', 1 - t);
 BEGIN
   IF t IS NULL OR t NOT IN (0, 1) THEN
     RAISE EXCEPTION 'queen: no lane journal table %', t USING ERRCODE = '22023';
@@ -292,15 +289,7 @@ BEGIN
   EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', retired);
   -- Each lane's newest entry goes into queen.lanes first, unless the current table holds
   -- one at least as new (it stays there): nothing the journal knew is lost.
-  EXECUTE format($q$
-    UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count, journal_seq = j.seq,
-           lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
-      FROM (SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq, committed, retry_count
-              FROM %1$s ORDER BY partition_id, consumer_group, seq DESC) j
-     WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group AND l.journal_seq < j.seq
-       AND NOT EXISTS (SELECT 1 FROM %2$s c
-                        WHERE c.partition_id = j.partition_id AND c.consumer_group = j.consumer_group
-                          AND c.seq >= j.seq)$q$, retired, newer);
+  PERFORM queen._save_journal(t);
   EXECUTE format('TRUNCATE %s', retired);
   RETURN true;
 EXCEPTION WHEN lock_not_available THEN

@@ -113,13 +113,20 @@ CREATE FUNCTION queen."_lane"(
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'lane_sql_wrapper';
-CREATE FUNCTION queen."_forget_lanes"(
-	"partition_ids" uuid[], /* :: std :: option :: Option < Vec < pgrx :: Uuid > > */
-	"groups" TEXT[] /* :: std :: option :: Option < Vec < String > > */
-) RETURNS void
-VOLATILE 
+CREATE FUNCTION queen."_delete_lanes"(
+	"queue_id" bigint /* i64 */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'forget_lanes_sql_wrapper';
+AS 'MODULE_PATHNAME', 'delete_lanes_wrapper';
+CREATE FUNCTION queen."_save_journal"(
+	"t" INT /* i32 */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'save_journal_table_wrapper';
 CREATE FUNCTION queen."_expire_lease"(
 	"lease_id" uuid /* pgrx :: Uuid */
 ) RETURNS bigint /* i64 */
@@ -150,7 +157,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
   retired text := format('queen.lane_journal_%s', t);
-  newer text := format('queen.lane_journal_%s', 1 - t);
 BEGIN
   IF t IS NULL OR t NOT IN (0, 1) THEN
     RAISE EXCEPTION 'queen: no lane journal table %', t USING ERRCODE = '22023';
@@ -158,21 +164,13 @@ BEGIN
   EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE NOWAIT', retired);
   -- Each lane's newest entry goes into queen.lanes first, unless the current table holds
   -- one at least as new (it stays there): nothing the journal knew is lost.
-  EXECUTE format($q$
-    UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count, journal_seq = j.seq,
-           lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
-      FROM (SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq, committed, retry_count
-              FROM %1$s ORDER BY partition_id, consumer_group, seq DESC) j
-     WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group AND l.journal_seq < j.seq
-       AND NOT EXISTS (SELECT 1 FROM %2$s c
-                        WHERE c.partition_id = j.partition_id AND c.consumer_group = j.consumer_group
-                          AND c.seq >= j.seq)$q$, retired, newer);
+  PERFORM queen._save_journal(t);
   EXECUTE format('TRUNCATE %s', retired);
   RETURN true;
 EXCEPTION WHEN lock_not_available THEN
   RETURN false;
 END $$;
-REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text), queen._group_hash(text), queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int), queen._forget_lanes(uuid[], text[]), queen._expire_lease(uuid), queen._claimable(uuid, text, bigint), queen._committed(uuid, text, bigint), queen._empty_journal(int), queen._own_queue(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text), queen._group_hash(text), queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int), queen._delete_lanes(bigint), queen._save_journal(int), queen._expire_lease(uuid), queen._claimable(uuid, text, bigint), queen._committed(uuid, text, bigint), queen._empty_journal(int), queen._own_queue(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
 COMMENT ON FUNCTION queen._own_queue(bigint) IS 'queen internal: the queue lock in exclusive mode (delete_queue); not granted';
 COMMENT ON FUNCTION queen._queues_changed() IS 'queen internal: backends drop their cached queue lookups (delete_queue); not granted';
@@ -180,7 +178,10 @@ COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';
 COMMENT ON FUNCTION queen._group_hash(text) IS 'queen internal: the lane registry''s hash of a group name; not granted';
 COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS 'queen internal: a lane''s live state (status, totals); not granted';
-COMMENT ON FUNCTION queen._forget_lanes(uuid[], text[]) IS 'queen internal: the lane registry forgets lanes (delete_queue); not granted';
+COMMENT ON FUNCTION queen._delete_lanes(bigint) IS
+  'queen internal: remove a queue''s lanes, from the table and the lane registry (delete_queue); not granted';
+COMMENT ON FUNCTION queen._save_journal(int) IS
+  'queen internal: save a lane journal table''s newest entries into queen.lanes (_empty_journal); not granted';
 COMMENT ON FUNCTION queen._expire_lease(uuid) IS 'queen internal: end a lease now, as if it had expired (tests); not granted';
 COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS 'queen internal: a lane''s readable end when a pop may claim it (pop''s scan); not granted';
 COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS 'queen internal: a lane''s live cursor (retention); not granted';
@@ -286,10 +287,8 @@ BEGIN
   n_segments := n_segments + n_fresh;
   DELETE FROM queen.dedup d USING queen.partitions p
    WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
-  -- The lane registry forgets the queue's lanes (src/lanes.rs).
-  PERFORM queen._forget_lanes(array_agg(l.partition_id), array_agg(l.consumer_group))
-     FROM queen.lanes l WHERE l.queue_id = qid;
-  DELETE FROM queen.lanes l WHERE l.queue_id = qid;
+  -- The lanes, rows and registry slots (src/lane_rows.rs).
+  PERFORM queen._delete_lanes(qid);
   DELETE FROM queen.leases le WHERE le.queue_id = qid;
   DELETE FROM queen.log_dlq d WHERE d.queue_id = qid;
   GET DIAGNOSTICS n_dead = ROW_COUNT;

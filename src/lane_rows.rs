@@ -2,9 +2,10 @@
 //! transition of `queen_core::lane` (which decides them) plus the lanes' creation and
 //! removal. The lane registry's copies of lanes live in shared memory (`lanes.rs`); these
 //! rows are what a pop or ack writes without it, and what the registry loads from.
-//! Two more writers are PL/pgSQL where their callers are: `queen.delete_queue` deletes a
-//! queue's lanes, and `queen._empty_journal` saves a journal table into the rows.
+//! The PL/pgSQL callers `queen.delete_queue` and `queen._empty_journal` reach theirs
+//! through `queen._delete_lanes` and `queen._save_journal` below.
 
+use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use crate::clock::timestamptz;
@@ -280,4 +281,78 @@ pub fn save_journal(client: &mut SpiClient<'_>) -> i64 {
         &[],
     );
     first_value::<i64>(saved).unwrap_or(0)
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._delete_lanes(bigint) IS
+  'queen internal: remove a queue''s lanes, from the table and the lane registry (delete_queue); not granted';
+"#,
+    name = "delete_lanes_home",
+    requires = [delete_lanes]
+);
+
+/// `queen._delete_lanes(queue_id)`: `delete_queue` removes the queue's lanes, rows and
+/// registry slots. The caller holds the queue lock exclusively. Returns how many.
+#[pg_extern(name = "_delete_lanes", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn delete_lanes(queue_id: i64) -> i64 {
+    Spi::connect_mut(|client| {
+        let gone: Vec<(pgrx::Uuid, String)> = run(
+            client,
+            "DELETE FROM queen.lanes WHERE queue_id = $1 RETURNING partition_id, consumer_group",
+            &[queue_id.into()],
+        )
+        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
+        .collect();
+        let keys: Vec<_> = gone.iter().map(|(p, g)| crate::lanes::key(*p, g)).collect();
+        crate::lanes::forget_now(&keys);
+        gone.len() as i64
+    })
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._save_journal(int) IS
+  'queen internal: save a lane journal table''s newest entries into queen.lanes (_empty_journal); not granted';
+"#,
+    name = "save_journal_table_home",
+    requires = [save_journal_table]
+);
+
+/// `queen._save_journal(t)`: each lane's newest entry of journal table `t` goes into
+/// `queen.lanes`, unless the other table holds one at least as new (it stays there), so
+/// nothing the journal knew is lost when `t` is emptied. Any lease a saved row carried
+/// ends. The caller (`queen._empty_journal`) holds table `t` exclusively.
+#[pg_extern(name = "_save_journal", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn save_journal_table(t: i32) -> i64 {
+    macro_rules! save {
+        ($retired:literal, $newer:literal) => {
+            concat!(
+                "WITH u AS (
+                   UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count,
+                          journal_seq = j.seq, lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
+                     FROM (SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq,
+                                  committed, retry_count
+                             FROM ",
+                $retired,
+                " ORDER BY partition_id, consumer_group, seq DESC) j
+                    WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group
+                      AND l.journal_seq < j.seq
+                      AND NOT EXISTS (SELECT 1 FROM ",
+                $newer,
+                " c WHERE c.partition_id = j.partition_id AND c.consumer_group = j.consumer_group
+                                    AND c.seq >= j.seq)
+                   RETURNING 1)
+                 SELECT count(*)::int8 FROM u"
+            )
+        };
+    }
+    let sql = match t {
+        0 => save!("queen.lane_journal_0", "queen.lane_journal_1"),
+        1 => save!("queen.lane_journal_1", "queen.lane_journal_0"),
+        _ => crate::errors::invalid("t", format_args!("{t} (no lane journal table)")),
+    };
+    Spi::connect_mut(|client| first_value::<i64>(run(client, sql, &[])).unwrap_or(0))
 }

@@ -681,28 +681,11 @@ fn lane_sql(
     ))
 }
 
-extension_sql!(
-    r#"
-COMMENT ON FUNCTION queen._forget_lanes(uuid[], text[]) IS
-  'queen internal: the lane registry forgets lanes (delete_queue); not granted';
-"#,
-    name = "forget_lanes_sql_home",
-    requires = [forget_lanes_sql]
-);
-
-/// `queen._forget_lanes(partition_ids, groups)`: `delete_queue` removes these lanes.
-#[pg_extern(name = "_forget_lanes", volatile)]
-fn forget_lanes_sql(partition_ids: Option<Vec<pgrx::Uuid>>, groups: Option<Vec<String>>) {
-    if !enabled() {
-        return;
+/// The registry forgets these lanes now (`delete_queue`, which holds its queue exclusively).
+pub fn forget_now(keys: &[LaneKey]) {
+    if enabled() {
+        with_registry(|r, _| r.forget(keys));
     }
-    let keys: Vec<LaneKey> = partition_ids
-        .unwrap_or_default()
-        .into_iter()
-        .zip(groups.unwrap_or_default())
-        .map(|(p, g)| key(p, &g))
-        .collect();
-    with_registry(|r, _| r.forget(&keys));
 }
 
 extension_sql!(
