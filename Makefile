@@ -30,6 +30,9 @@ NOPRELOAD_DIR  ?= /tmp/queen-nopreload
 NOPRELOAD_PORT ?= 5490
 POOLER_DIR ?= /tmp/queen-pooler
 POOLER_PORT ?= 5491
+EXPORTER_DIR ?= /tmp/queen-exporter
+EXPORTER_PORT ?= 9491
+RUN_EXPORTER_PORT ?= 9488
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
 .PHONY: upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
@@ -58,13 +61,19 @@ run: install
 	@$(PSQL_RUN) -q -c "CREATE EXTENSION IF NOT EXISTS queen"
 	@$(PSQL_RUN) -q -c "ALTER EXTENSION queen UPDATE" >/dev/null 2>&1 || true
 	@$(PSQL_RUN) -f scripts/demo.sql
+	@bash scripts/exporter.sh stop $(RUN_DIR)-exporter $(RUN_EXPORTER_PORT)
+	@bash scripts/exporter.sh start $(RUN_DIR)-exporter $(RUN_EXPORTER_PORT) \
+	  "postgresql://postgres@127.0.0.1:$(RUN_PORT)/postgres?sslmode=disable"
 	@echo
 	@echo "queen is running. Connect with:"
 	@echo "  psql -h $(RUN_DIR)/sock -p $(RUN_PORT) -U postgres"
 	@echo "  (or TCP: psql -h 127.0.0.1 -p $(RUN_PORT) -U postgres)"
+	@echo "Prometheus metrics (postgres_exporter with prometheus/queen.yaml):"
+	@echo "  curl -s http://127.0.0.1:$(RUN_EXPORTER_PORT)/metrics | grep ^queen_"
 	@echo "Stop it with: make stop"
 
 stop:
+	@bash scripts/exporter.sh stop $(RUN_DIR)-exporter $(RUN_EXPORTER_PORT)
 	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
 
 test: deps lint unit pgrx-test install-debug regress integration upgrade-test
@@ -131,10 +140,16 @@ integration:
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
 	@# A real PgBouncer in transaction pooling mode, 4 server connections per database.
 	@bash scripts/pgbouncer.sh start $(POOLER_DIR) $(POOLER_PORT) $(TEST_DIR) $(TEST_PORT) 4
+	@# A real postgres_exporter with queen's queries (prometheus/queen.yaml).
+	@bash scripts/exporter.sh start $(EXPORTER_DIR) $(EXPORTER_PORT) \
+	  "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it?sslmode=disable"
 	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
 	QUEEN_TEST_POOLER_DSN="host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_it" \
+	QUEEN_TEST_METRICS_URL="http://127.0.0.1:$(EXPORTER_PORT)/metrics" \
 	  cargo test -p queen-it --tests -- --test-threads=4 \
-	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
+	  || { bash scripts/exporter.sh stop $(EXPORTER_DIR) $(EXPORTER_PORT); \
+	       bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
+	@bash scripts/exporter.sh stop $(EXPORTER_DIR) $(EXPORTER_PORT)
 	@# The README's client examples: psycopg 3, SQLAlchemy text(), node-postgres.
 	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
 	  || { $(MAKE) -s test-cluster-stop; exit 1; }

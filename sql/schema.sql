@@ -23,8 +23,8 @@
 --   queen_producer  push, push_batch
 --   queen_consumer  pop, ack, extend_lease, may_start, dlq
 --   queen_admin     both of the above, and configure, configure_group, create_group,
---                   drop_group, seek, status, totals, retain, compact, delete_queue,
---                   dlq_replay, dlq_delete
+--                   drop_group, seek, status, totals, metrics, retain, compact,
+--                   delete_queue, dlq_replay, dlq_delete
 -- Roles belong to the cluster, not to a database: a second database that installs queen
 -- reuses them, and DROP EXTENSION leaves them (drop them by hand once no database uses
 -- queen). They cannot log in; grant them to application roles.

@@ -31,6 +31,7 @@ mod retention;
 mod segments;
 mod shmem;
 mod spi;
+mod stats;
 mod wake;
 mod worker;
 

@@ -1,8 +1,8 @@
 //! Shared memory: the one place that asks PostgreSQL for it.
 //!
 //! With `shared_preload_libraries = 'queen'`, queen keeps three things in shared memory:
-//! the long-poll wake-up slots (`wake`), the offset registry (`offsets`) and the lane
-//! registry (`lanes`). Each module
+//! the long-poll wake-up slots (`wake`), the offset registry (`offsets`), the lane
+//! registry (`lanes`) and the worker's counters (`stats`). Each module
 //! says how much it needs and initialises its part; this module chains the hooks. Without
 //! preloading none of it exists, and both modules fall back to what needs no shared memory.
 
@@ -40,6 +40,7 @@ unsafe extern "C-unwind" fn shmem_request() {
         pg_sys::RequestNamedLWLockTranche(crate::offsets::TRANCHE.as_ptr(), 1);
         pg_sys::RequestAddinShmemSpace(crate::lanes::shmem_size());
         pg_sys::RequestNamedLWLockTranche(crate::lanes::TRANCHE.as_ptr(), 1);
+        pg_sys::RequestAddinShmemSpace(crate::stats::shmem_size());
     }
 }
 
@@ -56,6 +57,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
         crate::wake::shmem_init(alloc(c"queen wake-ups", crate::wake::shmem_size()));
         crate::offsets::shmem_init(alloc(c"queen offsets", crate::offsets::shmem_size()));
         crate::lanes::shmem_init(alloc(c"queen lanes", crate::lanes::shmem_size()));
+        crate::stats::shmem_init(alloc(c"queen stats", crate::stats::shmem_size()));
         pg_sys::LWLockRelease(lock);
     }
 }

@@ -110,7 +110,8 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
             BackgroundWorker::transaction(|| {
                 Spi::connect_mut(|client| {
                     if installed(client) {
-                        crate::retention::retain_in(client, None);
+                        let (_, _, bytes) = crate::retention::retain_in(client, None);
+                        crate::stats::record_retention(crate::clock::clock_now(), bytes);
                     }
                 })
             });

@@ -63,6 +63,21 @@ fn worker_deletes_consumed_segments_past_the_retention() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(stored(&mut c, &keep).0, 3, "a queue without retention keeps its messages");
+    // queen.metrics() shows what the worker's passes freed, and when the last one ran.
+    let m: Vec<(String, f64)> = c
+        .query(
+            "SELECT metric, value FROM queen.metrics()
+              WHERE metric IN ('retention_freed_bytes_total', 'retention_last_run_timestamp_seconds')",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let get = |k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+    assert!(get("retention_freed_bytes_total").is_some_and(|b| b > 0.0), "{m:?}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(get("retention_last_run_timestamp_seconds").is_some_and(|t| (now - t).abs() < 120.0), "{m:?}");
 
     // The queue works on: a new message after the deleted ones, and a new group starts
     // after what was deleted.
