@@ -277,98 +277,108 @@ CREATE TYPE queen.metric AS (
     value          double precision
 );
 
-CREATE FUNCTION queen.metrics() RETURNS SETOF queen.metric
+CREATE FUNCTION queen.metrics(kind text DEFAULT NULL) RETURNS SETOF queen.metric
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-  RETURN QUERY
-    WITH p AS (
-      SELECT p.queue_id, count(*) AS partitions,
-             coalesce(sum(queen._readable(p.partition_id, p.head)), 0) AS messages
-        FROM queen.partitions p GROUP BY p.queue_id
-    ), s AS (
-      SELECT p.queue_id, count(*) AS segments, coalesce(sum(pg_column_size(x.data)), 0) AS bytes
-        FROM (SELECT partition_id, data FROM queen.segments
-              UNION ALL SELECT partition_id, data FROM queen.fresh_segments) x
-        JOIN queen.partitions p ON p.partition_id = x.partition_id
-       GROUP BY p.queue_id
-    ), l AS (
-      SELECT l.queue_id, l.consumer_group, l.partition_id, v.committed, v.lease_id,
-             v.lease_expires_at, v.retry_count, queen._readable(p.partition_id, p.head) AS readable
-        FROM queen.lanes l
-        JOIN queen.partitions p ON p.partition_id = l.partition_id
-       CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
-                                      l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
-    ), g AS (
-      -- The oldest unconsumed message's age: the time its segment was written (a lower
-      -- bound for a batch or a compacted run, whose time is its newest message's).
-      SELECT l.queue_id, l.consumer_group,
-             sum(l.readable - l.committed) AS lag,
-             coalesce(max(extract(epoch FROM clock_timestamp() - o.written)), 0) AS lag_seconds,
-             count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS live,
-             count(*) FILTER (WHERE l.lease_id IS NOT NULL AND l.lease_expires_at <= clock_timestamp()
-                                AND l.readable > l.committed) AS expired,
-             sum(l.retry_count) AS retries
-        FROM l
-        LEFT JOIN LATERAL (
-          SELECT min(t.created_at) AS written FROM (
-            (SELECT s.created_at FROM queen.segments s
-              WHERE s.partition_id = l.partition_id AND s.first_offset <= l.committed + 1
-                AND s.last_offset > l.committed
-              ORDER BY s.first_offset DESC LIMIT 1)
-            UNION ALL
-            (SELECT s.created_at FROM queen.segments s
-              WHERE s.partition_id = l.partition_id AND s.first_offset > l.committed
-              ORDER BY s.first_offset LIMIT 1)
-            UNION ALL
-            (SELECT f.created_at FROM queen.fresh_segments f
-              WHERE f.partition_id = l.partition_id AND f.first_offset <= l.committed + 1
-                AND f.last_offset > l.committed
-              ORDER BY f.first_offset DESC LIMIT 1)
-            UNION ALL
-            (SELECT f.created_at FROM queen.fresh_segments f
-              WHERE f.partition_id = l.partition_id AND f.first_offset > l.committed
-              ORDER BY f.first_offset LIMIT 1)) t
-        ) o ON l.readable > l.committed
-       GROUP BY l.queue_id, l.consumer_group
-    ), d AS (
-      SELECT d.queue_id, d.consumer_group, count(*) AS dead
-        FROM queen.log_dlq d GROUP BY d.queue_id, d.consumer_group
-    ), r AS (
-      SELECT * FROM queen._retention_stats()
-    )
-    SELECT m.metric, q.name, NULL::text, m.value
-      FROM queen.queues q
-      LEFT JOIN p ON p.queue_id = q.queue_id
-      LEFT JOIN s ON s.queue_id = q.queue_id
-     CROSS JOIN LATERAL (VALUES ('partitions', coalesce(p.partitions, 0)::float8),
-                                ('messages', coalesce(p.messages, 0)::float8),
-                                ('segments', coalesce(s.segments, 0)::float8),
-                                ('bytes', coalesce(s.bytes, 0)::float8)) m(metric, value)
-    UNION ALL
-    SELECT m.metric, q.name, g.consumer_group, m.value
-      FROM g JOIN queen.queues q ON q.queue_id = g.queue_id
-     CROSS JOIN LATERAL (VALUES ('lag_messages', g.lag::float8),
-                                ('lag_seconds', g.lag_seconds::float8),
-                                ('leases_live', g.live::float8),
-                                ('leases_expired', g.expired::float8),
-                                ('retries', g.retries::float8)) m(metric, value)
-    UNION ALL
-    SELECT 'dead_letters', q.name, d.consumer_group, d.dead::float8
-      FROM d JOIN queen.queues q ON q.queue_id = d.queue_id
-    UNION ALL
-    SELECT m.metric, NULL, NULL, m.value
-      FROM r CROSS JOIN LATERAL (VALUES ('retention_runs', r.runs::float8),
-                                        ('retention_freed_bytes_last', r.bytes_last::float8),
-                                        ('retention_freed_bytes_total', r.bytes_total::float8),
-                                        ('retention_last_run_timestamp_seconds',
-                                         extract(epoch FROM r.last_run_at)::float8)) m(metric, value)
-     WHERE m.value IS NOT NULL;
+  IF kind IS NOT NULL AND kind NOT IN ('queue', 'group', 'dead_letters', 'retention') THEN
+    RAISE EXCEPTION 'queen: invalid kind: % (must be queue, group, dead_letters, retention or NULL)', kind
+      USING ERRCODE = '22023';
+  END IF;
+  IF kind IS NULL OR kind = 'queue' THEN
+    RETURN QUERY
+      WITH p AS (
+        SELECT p.queue_id, count(*) AS partitions,
+               coalesce(sum(queen._readable(p.partition_id, p.head)), 0) AS messages
+          FROM queen.partitions p GROUP BY p.queue_id
+      ), s AS (
+        SELECT p.queue_id, count(*) AS segments, coalesce(sum(pg_column_size(x.data)), 0) AS bytes
+          FROM (SELECT partition_id, data FROM queen.segments
+                UNION ALL SELECT partition_id, data FROM queen.fresh_segments) x
+          JOIN queen.partitions p ON p.partition_id = x.partition_id
+         GROUP BY p.queue_id
+      )
+      SELECT m.metric, q.name, NULL::text, m.value
+        FROM queen.queues q
+        LEFT JOIN p ON p.queue_id = q.queue_id
+        LEFT JOIN s ON s.queue_id = q.queue_id
+       CROSS JOIN LATERAL (VALUES ('partitions', coalesce(p.partitions, 0)::float8),
+                                  ('messages', coalesce(p.messages, 0)::float8),
+                                  ('segments', coalesce(s.segments, 0)::float8),
+                                  ('bytes', coalesce(s.bytes, 0)::float8)) m(metric, value);
+  END IF;
+  IF kind IS NULL OR kind = 'group' THEN
+    RETURN QUERY
+      WITH l AS (
+        SELECT l.queue_id, l.consumer_group, l.partition_id, v.committed, v.lease_id,
+               v.lease_expires_at, v.retry_count, queen._readable(p.partition_id, p.head) AS readable
+          FROM queen.lanes l
+          JOIN queen.partitions p ON p.partition_id = l.partition_id
+         CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
+                                        l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
+      ), g AS (
+        -- The oldest unconsumed message's age: the time its segment was written (a lower
+        -- bound for a batch or a compacted run, whose time is its newest message's).
+        SELECT l.queue_id, l.consumer_group,
+               sum(l.readable - l.committed) AS lag,
+               coalesce(max(extract(epoch FROM clock_timestamp() - o.written)), 0) AS lag_seconds,
+               count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS live,
+               count(*) FILTER (WHERE l.lease_id IS NOT NULL AND l.lease_expires_at <= clock_timestamp()
+                                  AND l.readable > l.committed) AS expired,
+               sum(l.retry_count) AS retries
+          FROM l
+          LEFT JOIN LATERAL (
+            SELECT min(t.created_at) AS written FROM (
+              (SELECT s.created_at FROM queen.segments s
+                WHERE s.partition_id = l.partition_id AND s.first_offset <= l.committed + 1
+                  AND s.last_offset > l.committed
+                ORDER BY s.first_offset DESC LIMIT 1)
+              UNION ALL
+              (SELECT s.created_at FROM queen.segments s
+                WHERE s.partition_id = l.partition_id AND s.first_offset > l.committed
+                ORDER BY s.first_offset LIMIT 1)
+              UNION ALL
+              (SELECT f.created_at FROM queen.fresh_segments f
+                WHERE f.partition_id = l.partition_id AND f.first_offset <= l.committed + 1
+                  AND f.last_offset > l.committed
+                ORDER BY f.first_offset DESC LIMIT 1)
+              UNION ALL
+              (SELECT f.created_at FROM queen.fresh_segments f
+                WHERE f.partition_id = l.partition_id AND f.first_offset > l.committed
+                ORDER BY f.first_offset LIMIT 1)) t
+          ) o ON l.readable > l.committed
+         GROUP BY l.queue_id, l.consumer_group
+      )
+      SELECT m.metric, q.name, g.consumer_group, m.value
+        FROM g JOIN queen.queues q ON q.queue_id = g.queue_id
+       CROSS JOIN LATERAL (VALUES ('lag_messages', g.lag::float8),
+                                  ('lag_seconds', g.lag_seconds::float8),
+                                  ('leases_live', g.live::float8),
+                                  ('leases_expired', g.expired::float8),
+                                  ('retries', g.retries::float8)) m(metric, value);
+  END IF;
+  IF kind IS NULL OR kind = 'dead_letters' THEN
+    RETURN QUERY
+      SELECT 'dead_letters'::text, q.name, d.consumer_group, count(*)::float8
+        FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
+       GROUP BY q.name, d.consumer_group;
+  END IF;
+  IF kind IS NULL OR kind = 'retention' THEN
+    RETURN QUERY
+      SELECT m.metric, NULL::text, NULL::text, m.value
+        FROM queen._retention_stats() r
+       CROSS JOIN LATERAL (VALUES ('retention_runs', r.runs::float8),
+                                  ('retention_freed_bytes_last', r.bytes_last::float8),
+                                  ('retention_freed_bytes_total', r.bytes_total::float8),
+                                  ('retention_last_run_timestamp_seconds',
+                                   extract(epoch FROM r.last_run_at)::float8)) m(metric, value)
+       WHERE m.value IS NOT NULL;
+  END IF;
 END $$;
-COMMENT ON FUNCTION queen.metrics() IS
-  'queen: one row per metric and label set (queue, consumer group) for monitoring: sizes, lag, leases, retries, dead letters, retention';
-GRANT EXECUTE ON FUNCTION queen.metrics() TO queen_admin;
+COMMENT ON FUNCTION queen.metrics(text) IS
+  'queen: one row per metric and label set (queue, consumer group) for monitoring: sizes, lag, leases, retries, dead letters, retention; kind picks one part';
+GRANT EXECUTE ON FUNCTION queen.metrics(text) TO queen_admin;
 
 -- Privileges (docs/functions.md, "Privileges"). Every API function runs as the extension's
 -- owner (SECURITY DEFINER, with a fixed search_path), so an application role needs only

@@ -738,7 +738,7 @@ fn main() {
         for (what, sql) in [
             ("queen.status (every lane)", "SELECT count(*) FROM queen.status('bq')"),
             ("queen.totals", "SELECT count(*) FROM queen.totals('bq')"),
-            // Every queue of the database; prometheus/queen.yaml calls it 4 times a scrape.
+            // Every queue of the database: what one Prometheus scrape computes.
             ("queen.metrics (every queue)", "SELECT count(*) FROM queen.metrics()"),
         ] {
             c.execute(sql, &[]).unwrap(); // warm

@@ -39,3 +39,14 @@ SELECT (SELECT count(*) FROM queen.queues) AS queues, (SELECT count(*) FROM quee
 SELECT msg_offset, payload FROM queen.pop('other', auto_ack => true);
 -- A deleted queue comes back empty on its next push.
 SELECT msg_offset FROM queen.push('ops', '5');
+-- queen.metrics: one row per metric and label set; kind picks one part.
+SELECT metric, CASE WHEN metric = 'bytes' THEN value > 0 END AS some_bytes,
+       CASE WHEN metric <> 'bytes' THEN value END AS value
+  FROM queen.metrics('queue') WHERE queue = 'ops' ORDER BY 1;
+SELECT count(*) > 0 AS groups_reported FROM queen.metrics('group');
+SELECT (SELECT count(*) FROM queen.metrics())
+       = (SELECT count(*) FROM unnest(ARRAY['queue', 'group', 'dead_letters', 'retention']) k,
+                               queen.metrics(k)) AS all_is_the_sum_of_the_parts;
+\set VERBOSITY terse
+SELECT * FROM queen.metrics('bogus');
+\set VERBOSITY default
