@@ -62,7 +62,7 @@ ALTER FUNCTION queen.retain(text) SECURITY DEFINER;
 COMMENT ON FUNCTION queen.retain(text) IS
   'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';
 
--- Per-queue totals (spec §10): one row per (queue, consumer group); a queue nobody has
+-- Per-queue totals (docs/functions.md#totals): one row per (queue, consumer group); a queue nobody has
 -- popped yet has one row with consumer_group NULL. One pass over lanes and partitions.
 CREATE TYPE queen.queue_totals AS (
     queue          text,

@@ -1,4 +1,4 @@
--- Spec §8 (seed 001): consumer lease budgets in SQL.
+-- Consumer lease budgets in SQL (docs/functions.md#configure_group, #may_start).
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
 CREATE EXTENSION queen;
@@ -11,7 +11,7 @@ CREATE FUNCTION pg_temp.secs(t timestamptz) RETURNS int LANGUAGE sql AS $$
 
 SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'payments.requested', 'payload', i)) FROM generate_series(1, 8) i));
 
--- The seed's example values: 15 s queue margin + 30 s handler + 1 s grace + 2 s record = 48 s.
+-- The example values: 15 s queue margin + 30 s handler + 1 s grace + 2 s record = 48 s.
 SELECT queen.configure_group('payments.requested', 'charge-cards');
 CREATE TEMP TABLE claim AS SELECT * FROM queen.pop('payments.requested', 'charge-cards', batch => 4);
 SELECT msg_offset, pg_temp.secs(lease_expires_at) AS lease_s FROM claim;

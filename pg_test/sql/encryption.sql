@@ -1,4 +1,4 @@
--- Encryption at rest (spec §7): an encrypted queue stores AES-256-GCM envelopes; pop,
+-- Encryption at rest (docs/concepts.md, "Encryption"): an encrypted queue stores AES-256-GCM envelopes; pop,
 -- queen.dlq and replay give plaintext; the key is superuser-only and hidden; a missing
 -- or unknown key is an ERROR; old keys open old envelopes after a rotation.
 SET client_min_messages = warning;
