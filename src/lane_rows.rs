@@ -263,24 +263,12 @@ pub fn drop_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str) {
 }
 
 /// Copies every lane's newest journal entry (of both tables) into `queen.lanes` where the
-/// row is older, dropping any lease the row carried. Returns how many rows.
+/// row is older, dropping any lease the row carried: a clean stop of the worker, so that a
+/// restart without the library preloaded (no registry, no journal) finds every cursor in
+/// the table. Each table's pass skips the entries the other holds newer, so the two passes
+/// together save each lane's newest. Returns how many rows.
 pub fn save_journal(client: &mut SpiClient<'_>) -> i64 {
-    let saved = run(
-        client,
-        "WITH j AS (
-           SELECT DISTINCT ON (partition_id, consumer_group) partition_id, consumer_group, seq, committed, retry_count
-             FROM (SELECT * FROM queen.lane_journal_0 UNION ALL SELECT * FROM queen.lane_journal_1) a
-            ORDER BY partition_id, consumer_group, seq DESC),
-         u AS (
-           UPDATE queen.lanes l SET committed = j.committed, batch_retry_count = j.retry_count, journal_seq = j.seq,
-                  lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
-             FROM j
-            WHERE l.partition_id = j.partition_id AND l.consumer_group = j.consumer_group AND l.journal_seq < j.seq
-           RETURNING 1)
-         SELECT count(*)::int8 FROM u",
-        &[],
-    );
-    first_value::<i64>(saved).unwrap_or(0)
+    save_journal_from(client, 0) + save_journal_from(client, 1)
 }
 
 extension_sql!(
@@ -327,6 +315,12 @@ COMMENT ON FUNCTION queen._save_journal(int) IS
 #[pg_extern(name = "_save_journal", volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn save_journal_table(t: i32) -> i64 {
+    Spi::connect_mut(|client| save_journal_from(client, t))
+}
+
+/// The newest entries of journal table `t` that the other table does not hold newer go
+/// into `queen.lanes` where the row is older. Returns how many rows.
+fn save_journal_from(client: &mut SpiClient<'_>, t: i32) -> i64 {
     macro_rules! save {
         ($retired:literal, $newer:literal) => {
             concat!(
@@ -354,5 +348,5 @@ fn save_journal_table(t: i32) -> i64 {
         1 => save!("queen.lane_journal_1", "queen.lane_journal_0"),
         _ => crate::errors::invalid("t", format_args!("{t} (no lane journal table)")),
     };
-    Spi::connect_mut(|client| first_value::<i64>(run(client, sql, &[])).unwrap_or(0))
+    first_value::<i64>(run(client, sql, &[])).unwrap_or(0)
 }

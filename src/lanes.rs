@@ -540,15 +540,8 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     });
 }
 
-// ---- saving cursors and emptying the journal (the background worker) ----
-
-/// Copies every lane's newest journal entry (of both tables) into `queen.lanes` where the
-/// row is older: a clean stop of the worker, so that a restart without the library
-/// preloaded (no registry, no journal) finds every cursor in the table. A saved row drops
-/// any lease it carried from a version without the registry. Returns how many rows.
-pub fn save_cursors(client: &mut SpiClient<'_>) -> i64 {
-    crate::lane_rows::save_journal(client)
-}
+// ---- emptying the journal (the background worker; a clean stop saves it whole with
+// `lane_rows::save_journal`) ----
 
 /// What a round of the journal's rotation did, for `rotated` once its transaction commits.
 #[derive(Default)]

@@ -124,7 +124,7 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
         BackgroundWorker::transaction(|| {
             Spi::connect_mut(|client| {
                 if installed(client) {
-                    crate::lanes::save_cursors(client);
+                    crate::lane_rows::save_journal(client);
                 }
             })
         });
