@@ -90,7 +90,7 @@ upgrade-test:
 	bash scripts/upgrade_test.sh
 
 unit:
-	cargo test -p queen-core
+	cargo test -p queen-core -p queen-consumer
 
 # A deep run of the core's property tests (segment codec, cursor arithmetic): the number
 # of cases per property is FUZZ_CASES. `make test` runs proptest's default of 256.

@@ -36,7 +36,8 @@ AS $$
 #variable_conflict use_column
 BEGIN
   RETURN QUERY SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
-                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt
+                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt,
+                      r.headers
                  FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) r;
 END $$;
 
@@ -60,7 +61,8 @@ CREATE TYPE queen.dead_letter AS (
     data           jsonb,
     created_at     timestamptz,
     failed_at      timestamptz,
-    producer_sub   text
+    producer_sub   text,
+    headers        jsonb
 );
 
 CREATE FUNCTION queen.dlq(
@@ -90,7 +92,8 @@ BEGIN
                 ELSE d.error_message || ' (payload not shown: ' || x.unopenable || ')' END,
            d.retry_count,
            CASE WHEN x.unopenable IS NULL THEN coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)) END,
-           d.failed_at, d.failed_at, NULL::text
+           d.failed_at, d.failed_at, NULL::text,
+           CASE WHEN x.unopenable IS NULL THEN queen._dead_letter_headers(d.headers, d.message_id) END
       FROM queen.log_dlq d
       JOIN queen.queues q ON q.queue_id = d.queue_id
       JOIN queen.partitions p ON p.partition_id = d.partition_id

@@ -47,19 +47,40 @@ CREATE TABLE queen.lane_journal_1 (LIKE queen.lane_journal_0 INCLUDING ALL);
 COMMENT ON TABLE queen.lane_journal_1 IS 'queen: cursors and retry counts acks committed (one of two tables used in turn)';
 REVOKE ALL ON queen.lane_journal_0, queen.lane_journal_1 FROM PUBLIC;
 
--- push and push_batch become the C functions themselves (same signature, privileges and
--- comment; no SET clause: they pin their search path in the library).
-CREATE OR REPLACE FUNCTION queen.push(
+-- push and push_batch become the C functions themselves (no SET clause: they pin their
+-- search path in the library). push gains headers (issue 16): the old function is
+-- replaced, and the roles that could execute it can execute the new one.
+SELECT set_config('queen_upgrade.push_grants', coalesce(string_agg(format(
+         'GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb) TO %s%s',
+         CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
+         CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''), true)
+  FROM pg_proc p, aclexplode(p.proacl) a
+ WHERE p.oid = 'queen.push(text, jsonb, text, text)'::regprocedure
+   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner;
+DROP FUNCTION queen.push(text, jsonb, text, text);
+CREATE FUNCTION queen.push(
     queue text,
     payload jsonb,
     partition text DEFAULT 'Default',
-    transaction_id text DEFAULT NULL
+    transaction_id text DEFAULT NULL,
+    headers jsonb DEFAULT NULL
 ) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_one_wrapper';
+REVOKE ALL ON FUNCTION queen.push(text, jsonb, text, text, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb) IS
+  'queen: push one message (with optional headers); returns queen.push_result (status queued or duplicate)';
+DO $$
+BEGIN
+  IF current_setting('queen_upgrade.push_grants') <> '' THEN
+    EXECUTE current_setting('queen_upgrade.push_grants');
+  END IF;
+END $$;
 CREATE OR REPLACE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_wrapper';
+COMMENT ON FUNCTION queen.push_batch(jsonb) IS
+  'queen: push a JSON array of {queue, partition?, payload, transactionId?, headers?} atomically';
 DROP FUNCTION queen._push(text, jsonb, text, text);
 DROP FUNCTION queen._push_batch(jsonb);
 
@@ -326,6 +347,8 @@ SELECT set_config('queen_upgrade.pop_grants', coalesce(string_agg(format(
    AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner;
 DROP FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text);
 DROP FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text);
+-- Messages carry headers (issue 16): pop returns them as a last column.
+ALTER TYPE queen.message ADD ATTRIBUTE headers jsonb;
 CREATE FUNCTION queen."_pop"(
 	"p_queue" TEXT, /* Option < & str > */
 	"p_consumer_group" TEXT, /* Option < & str > */
@@ -348,7 +371,8 @@ CREATE FUNCTION queen."_pop"(
 	"transaction_id" TEXT,  /* String */
 	"payload" jsonb,  /* RawJsonb */
 	"created_at" timestamp with time zone,  /* TimestampWithTimeZone */
-	"attempt" INT  /* i32 */
+	"attempt" INT,  /* i32 */
+	"headers" jsonb  /* Option < RawJsonb > */
 )
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'pop_sql_wrapper';
@@ -374,7 +398,8 @@ AS $$
 #variable_conflict use_column
 BEGIN
   RETURN QUERY SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
-                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt
+                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt,
+                      r.headers
                  FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) r;
 END $$;
 REVOKE ALL ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM PUBLIC;
@@ -444,6 +469,19 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'dead_letter_unopenable_wrapper';
 REVOKE ALL ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) FROM PUBLIC;
 COMMENT ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) IS 'queen internal: why a dead letter''s envelope cannot be opened (queen.dlq); not granted';
+-- Dead letters keep their message's headers (issue 16), as stored, and list them as jsonb.
+ALTER TABLE queen.log_dlq ADD COLUMN headers bytea;
+ALTER TYPE queen.dead_letter ADD ATTRIBUTE headers jsonb;
+CREATE FUNCTION queen."_dead_letter_headers"(
+	"headers" bytea, /* & [u8] */
+	"message_id" uuid /* pgrx :: Uuid */
+) RETURNS jsonb /* Option < RawJsonb > */
+STRICT 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'dead_letter_headers_wrapper';
+REVOKE ALL ON FUNCTION queen._dead_letter_headers(bytea, uuid) FROM PUBLIC;
+COMMENT ON FUNCTION queen._dead_letter_headers(bytea, uuid) IS 'queen internal: a dead letter''s headers as jsonb, opened if sealed (queen.dlq); not granted';
 CREATE OR REPLACE FUNCTION queen.dlq(
     queue text DEFAULT NULL,
     consumer_group text DEFAULT NULL,
@@ -471,7 +509,8 @@ BEGIN
                 ELSE d.error_message || ' (payload not shown: ' || x.unopenable || ')' END,
            d.retry_count,
            CASE WHEN x.unopenable IS NULL THEN coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)) END,
-           d.failed_at, d.failed_at, NULL::text
+           d.failed_at, d.failed_at, NULL::text,
+           CASE WHEN x.unopenable IS NULL THEN queen._dead_letter_headers(d.headers, d.message_id) END
       FROM queen.log_dlq d
       JOIN queen.queues q ON q.queue_id = d.queue_id
       JOIN queen.partitions p ON p.partition_id = d.partition_id
@@ -500,7 +539,7 @@ BEGIN
   END IF;
 END $roles$;
 GRANT USAGE ON SCHEMA queen TO queen_producer, queen_consumer, queen_admin;
-GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text), queen.push_batch(jsonb) TO queen_producer;
+GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb), queen.push_batch(jsonb) TO queen_producer;
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint),
     queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text),
     queen.extend_lease(uuid, int), queen.may_start(uuid, interval), queen.dlq(text, text, int, int)

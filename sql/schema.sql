@@ -190,7 +190,8 @@ CREATE TYPE queen.message AS (
     transaction_id   text,
     payload          jsonb,
     created_at       timestamptz,
-    attempt          int
+    attempt          int,
+    headers          jsonb
 );
 
 -- Internal tables are for the extension's functions only.
@@ -212,6 +213,9 @@ CREATE TABLE queen.log_dlq (
     retry_count    int    NOT NULL,
     failed_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     envelope       bytea,
+    -- the message's headers as the segment held them (jsonb's binary form, or an
+    -- envelope of an encrypted queue); NULL when it had none. queen.dlq shows them as jsonb.
+    headers        bytea,
     CHECK ((data IS NULL) <> (envelope IS NULL))
 );
 CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);

@@ -427,16 +427,22 @@ const NO_MESSAGE: &str = "no message at this offset (a push that did not commit)
 /// transaction: the cursor passes the message only if its dead letter is stored. Returns
 /// false when the offset is a gap (nothing to file).
 fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, error: &str, retry_count: i32) -> bool {
-    let mut frame: Option<(pgrx::Uuid, String, Vec<u8>)> = None;
+    type Stored = (pgrx::Uuid, String, Vec<u8>, Option<Vec<u8>>);
+    let mut frame: Option<Stored> = None;
     segments::read(client, lane.partition_id, offset, offset, |_, message| {
         if let Some((f, _)) = message {
-            frame = Some((pgrx::Uuid::from_bytes(f.message_id), f.transaction_id.to_string(), f.payload.to_vec()));
+            frame = Some((
+                pgrx::Uuid::from_bytes(f.message_id),
+                f.transaction_id.to_string(),
+                f.payload.to_vec(),
+                f.headers.map(<[u8]>::to_vec),
+            ));
         }
         false
     });
     // An offset inside the span holds a message unless an aborted push left it empty:
     // then there is nothing to file, and the cursor passes it all the same.
-    let Some((message_id, transaction_id, payload)) = frame else { return false };
+    let Some((message_id, transaction_id, payload, headers)) = frame else { return false };
     crate::dlq::file(
         client,
         crate::dlq::Filing {
@@ -447,6 +453,7 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
             message_id,
             transaction_id: &transaction_id,
             stored: payload,
+            headers,
             error,
             retry_count,
             raw: false,

@@ -117,6 +117,7 @@ struct Owned {
     transaction_id: String,
     payload: Vec<u8>,
     created_at: i64,
+    headers: Option<Vec<u8>>,
 }
 
 /// Most fresh segments a pass reads from one partition.
@@ -216,6 +217,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
                         transaction_id: f.transaction_id.to_string(),
                         payload: f.payload.to_vec(),
                         created_at,
+                        headers: f.headers.map(<[u8]>::to_vec),
                     });
                 }
             }
@@ -229,6 +231,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
             transaction_id: &m.transaction_id,
             payload: &m.payload,
             created_at: Some(m.created_at),
+            headers: m.headers.as_deref(),
         }),
         None => Entry::Gap,
     }));

@@ -49,18 +49,22 @@ fn lock_row(
     (row.get(1).or_raise().unwrap(), row.get(2).or_raise().unwrap(), row.get(3).or_raise().unwrap())
 }
 
-/// The payload of a dead letter, opened if the queue is encrypted.
-fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> Vec<u8> {
+/// The payload and headers of a dead letter, opened if the queue is encrypted.
+fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> (Vec<u8>, Option<Vec<u8>>) {
     let rows = run(
         client,
-        "SELECT coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)) FROM queen.log_dlq d WHERE d.id = $1",
+        "SELECT coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)), d.headers, d.message_id
+           FROM queen.log_dlq d WHERE d.id = $1",
         &[id.into()],
     );
-    rows.first()
-        .get::<crate::jsonb::RawJsonb>(1)
-        .or_raise()
-        .unwrap_or_else(|| errors::internal("dead letter vanished"))
-        .0
+    let row = rows.first();
+    let payload =
+        row.get::<crate::jsonb::RawJsonb>(1).or_raise().unwrap_or_else(|| errors::internal("dead letter vanished")).0;
+    let headers = row.get::<Vec<u8>>(2).or_raise().map(|h| {
+        let message_id: pgrx::Uuid = row.get(3).or_raise().unwrap();
+        crate::encryption::open_headers(message_id.as_bytes(), &h)
+    });
+    (payload, headers)
 }
 
 fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx::Uuid, &str) {
@@ -80,17 +84,17 @@ GRANT EXECUTE ON FUNCTION queen.dlq_replay(uuid, text) TO queen_admin;
     requires = [dlq_replay]
 );
 
-/// Re-pushes the stored payload to its queue and partition with a fresh transaction id,
+/// Re-pushes the stored payload and headers to its queue and partition with a fresh transaction id,
 /// then removes the row — one transaction, so a failed push leaves the row in place.
 #[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
-    let (id, queue, partition, payload) = Spi::connect_mut(|client| {
+    let (id, queue, partition, (payload, headers)) = Spi::connect_mut(|client| {
         let (id, queue, partition) = lock_row(client, partition_id, transaction_id);
         (id, queue, partition, payload(client, id))
     });
-    let pushed = push_items(vec![PushItem { queue, partition, payload, transaction_id: None }]);
+    let pushed = push_items(vec![PushItem { queue, partition, payload, transaction_id: None, headers }]);
     let row = &pushed[0];
     let removed = Spi::connect_mut(|client| {
         !run(client, "DELETE FROM queen.log_dlq WHERE id = $1 RETURNING 1", &[id.into()]).is_empty()
@@ -142,6 +146,8 @@ pub struct Filing<'a> {
     pub transaction_id: &'a str,
     /// The payload as stored: jsonb, or an envelope of an encrypted queue.
     pub stored: Vec<u8>,
+    /// The headers as stored, likewise (kept as bytes in `log_dlq.headers`).
+    pub headers: Option<Vec<u8>>,
     pub error: &'a str,
     pub retry_count: i32,
     /// `stored` is not a message (a corrupt segment's bytes): kept as bytes, in `envelope`.
@@ -160,8 +166,9 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
     !run(
         client,
         "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
-                                    message_id, transaction_id, data, error_message, retry_count, envelope)
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11
+                                    message_id, transaction_id, data, error_message, retry_count, envelope,
+                                    headers)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
           WHERE NOT EXISTS (SELECT 1 FROM queen.log_dlq d
                              WHERE d.partition_id = $3 AND d.transaction_id = $7
                                AND d.consumer_group = $4 AND d.msg_offset = $5)
@@ -178,6 +185,7 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
             f.error.into(),
             f.retry_count.into(),
             envelope.into(),
+            f.headers.into(),
         ],
     )
     .is_empty()

@@ -170,6 +170,18 @@ pub fn seal_all<'a>(queue: &str, messages: impl Iterator<Item = (&'a uuid::Uuid,
     })
 }
 
+/// Seals the headers of each `(message id, headers)` of an encrypted queue (None stays
+/// None), bound to their message and purpose (`envelope::headers_aad`).
+pub fn seal_headers<'a>(
+    queue: &str,
+    messages: impl Iterator<Item = (&'a uuid::Uuid, Option<&'a [u8]>)>,
+) -> Vec<Option<Vec<u8>>> {
+    keys(|key, _| {
+        let key = key.unwrap_or_else(|| no_key(&format!("queue {queue:?} is encrypted")));
+        messages.map(|(id, h)| h.map(|h| envelope::seal(key, &envelope::headers_aad(id.as_bytes()), h))).collect()
+    })
+}
+
 /// Why a stored payload cannot be opened.
 pub struct Unopenable {
     code: PgSqlErrorCode,
@@ -179,11 +191,20 @@ pub struct Unopenable {
 /// A stored payload in jsonb's binary form, opened when it is an envelope; or why it
 /// cannot be (a key that is not configured, or an envelope that does not authenticate).
 pub fn try_open(message_id: &[u8; 16], stored: &[u8]) -> Result<Vec<u8>, Unopenable> {
+    try_open_for(message_id, stored)
+}
+
+/// Stored headers, opened as `try_open` opens a payload.
+pub fn try_open_headers(message_id: &[u8; 16], stored: &[u8]) -> Result<Vec<u8>, Unopenable> {
+    try_open_for(&envelope::headers_aad(message_id), stored)
+}
+
+fn try_open_for(aad: &[u8], stored: &[u8]) -> Result<Vec<u8>, Unopenable> {
     if !envelope::is_envelope(stored) {
         return Ok(stored.to_vec());
     }
     keys(|_, all| {
-        envelope::open(all, message_id, stored).map_err(|e| match e {
+        envelope::open(all, aad, stored).map_err(|e| match e {
             e @ EnvelopeError::NoKey { .. } => Unopenable {
                 code: PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 message: format!("queen: {e} (add it to queen.encryption_key_file, or set queen.encryption_old_keys)"),
@@ -208,6 +229,11 @@ impl Unopenable {
 /// `try_open`, or an ERROR.
 pub fn open(message_id: &[u8; 16], stored: &[u8]) -> Vec<u8> {
     try_open(message_id, stored).unwrap_or_else(|e| e.raise())
+}
+
+/// `try_open_headers`, or an ERROR.
+pub fn open_headers(message_id: &[u8; 16], stored: &[u8]) -> Vec<u8> {
+    try_open_headers(message_id, stored).unwrap_or_else(|e| e.raise())
 }
 
 extension_sql!(
@@ -256,4 +282,22 @@ COMMENT ON FUNCTION queen._dead_letter_unopenable(bytea, uuid) IS
 #[search_path(pg_catalog, pg_temp)]
 fn dead_letter_unopenable(envelope: &[u8], message_id: pgrx::Uuid) -> Option<String> {
     sealed(envelope).and_then(|()| try_open(message_id.as_bytes(), envelope).map(drop)).err().map(|e| e.message)
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._dead_letter_headers(bytea, uuid) IS
+  'queen internal: a dead letter''s headers as jsonb, opened if sealed (queen.dlq); not granted';
+"#,
+    name = "dead_letter_headers_home",
+    requires = [dead_letter_headers]
+);
+
+/// Internal: a dead letter's headers (stored as the segment held them: jsonb bytes, or an
+/// envelope of an encrypted queue) as jsonb; NULL when they cannot be opened (queen.dlq
+/// then gives the reason with the payload, which the same key sealed).
+#[pg_extern(name = "_dead_letter_headers")]
+#[search_path(pg_catalog, pg_temp)]
+fn dead_letter_headers(headers: &[u8], message_id: pgrx::Uuid) -> Option<RawJsonb> {
+    try_open_headers(message_id.as_bytes(), headers).ok().map(RawJsonb)
 }

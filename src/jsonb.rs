@@ -266,3 +266,9 @@ pub fn to_text(container: &[u8]) -> String {
         c.map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| errors::internal("jsonb_out returned NULL"))
     }
 }
+
+/// Whether jsonb bytes hold an object (not an array or a scalar).
+pub fn is_object(container: &[u8]) -> bool {
+    // The container starts with its header word, in the server's byte order.
+    container.get(..4).map(|h| u32::from_ne_bytes(h.try_into().unwrap()) & pg_sys::JB_FOBJECT != 0).unwrap_or(false)
+}

@@ -60,6 +60,8 @@ pub struct Delivered {
     pub payload: Vec<u8>,
     pub created_at: TimestampWithTimeZone,
     pub attempt: i32,
+    /// The headers object as jsonb bytes, opened; None: the message has none.
+    pub headers: Option<Vec<u8>>,
 }
 
 extension_sql!(
@@ -99,6 +101,7 @@ fn pop_sql(
         name!(payload, RawJsonb),
         name!(created_at, TimestampWithTimeZone),
         name!(attempt, i32),
+        name!(headers, Option<RawJsonb>),
     ),
 > {
     let args = PopArgs {
@@ -133,6 +136,7 @@ fn pop_sql(
             RawJsonb(d.payload),
             d.created_at,
             d.attempt,
+            d.headers.map(RawJsonb),
         )
     }))
 }
@@ -562,6 +566,7 @@ struct Poison {
     message_id: pgrx::Uuid,
     transaction_id: String,
     stored: Vec<u8>,
+    headers: Option<Vec<u8>>,
     error: String,
     /// A corrupt segment (its bytes), not one message.
     raw: bool,
@@ -596,6 +601,7 @@ fn file_poison(
                 message_id: p.message_id,
                 transaction_id: &p.transaction_id,
                 stored: p.stored,
+                headers: p.headers,
                 error: &p.error,
                 retry_count: 0,
                 raw: p.raw,
@@ -655,8 +661,13 @@ fn read_span(
                     stop = fixed_snapshot;
                     return !stop;
                 };
-                let payload = match crate::encryption::try_open(&f.message_id, f.payload) {
-                    Ok(payload) => payload,
+                let opened = crate::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
+                    let headers =
+                        f.headers.map(|h| crate::encryption::try_open_headers(&f.message_id, h)).transpose()?;
+                    Ok((payload, headers))
+                });
+                let (payload, headers) = match opened {
+                    Ok(opened) => opened,
                     // A key that is not configured stops the pop (unless
                     // queen.dead_letter_missing_key): every message it sealed would
                     // otherwise be dead-lettered over one missing setting.
@@ -670,6 +681,7 @@ fn read_span(
                             message_id: pgrx::Uuid::from_bytes(f.message_id),
                             transaction_id: f.transaction_id.to_string(),
                             stored: f.payload.to_vec(),
+                            headers: f.headers.map(<[u8]>::to_vec),
                             error: e.message,
                             raw: false,
                         });
@@ -677,7 +689,8 @@ fn read_span(
                         return true;
                     }
                 };
-                if !budget.take(payload.len()) {
+                // Headers count with the payload: both are held in memory for the result.
+                if !budget.take(payload.len() + headers.as_ref().map_or(0, Vec::len)) {
                     stop = true;
                     return false; // past the byte budget: this message waits for the next pop
                 }
@@ -692,6 +705,7 @@ fn read_span(
                     payload,
                     created_at,
                     attempt: 0,
+                    headers,
                 });
                 delivered += 1;
                 last = Some(offset);
@@ -710,6 +724,7 @@ fn read_span(
                 message_id: pgrx::Uuid::from_bytes([0; 16]),
                 transaction_id: format!("corrupt segment {}..{}", k.segment_first, k.last),
                 stored: k.bytes,
+                headers: None,
                 error: format!("queen: offsets {}..{} cannot be read: {}", k.from, k.last, k.error),
                 raw: true,
             });

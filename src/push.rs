@@ -18,8 +18,8 @@ use crate::spi::run;
 
 // Limits of a push (a segment must stay well below bytea's 1 GB): the policy's.
 use queen_core::policy::limits::{
-    BATCH_ITEMS as MAX_BATCH_ITEMS, CALL_BYTES as MAX_CALL_BYTES, PAYLOAD_BYTES as MAX_PAYLOAD_BYTES,
-    TRANSACTION_ID as MAX_TRANSACTION_ID,
+    BATCH_ITEMS as MAX_BATCH_ITEMS, CALL_BYTES as MAX_CALL_BYTES, HEADERS_BYTES as MAX_HEADERS_BYTES,
+    PAYLOAD_BYTES as MAX_PAYLOAD_BYTES, TRANSACTION_ID as MAX_TRANSACTION_ID,
 };
 use queen_core::policy::DEFAULT_PARTITION;
 
@@ -30,6 +30,8 @@ pub struct PushItem {
     /// The payload as jsonb bytes (see `jsonb`).
     pub payload: Vec<u8>,
     pub transaction_id: Option<String>,
+    /// The headers object as jsonb bytes; None: no headers.
+    pub headers: Option<Vec<u8>>,
 }
 
 /// One result row: `queen.push_result`.
@@ -79,6 +81,24 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
             ),
         );
     }
+    if let Some(headers) = &item.headers {
+        if !crate::jsonb::is_object(headers) {
+            errors::invalid(
+                &format!("{}headers", at()),
+                format_args!("must be a JSON object, got {}", crate::jsonb::to_text(headers)),
+            );
+        }
+        if headers.len() > MAX_HEADERS_BYTES {
+            errors::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!(
+                    "queen: {}headers is {} bytes (as jsonb); the most a message may carry is {MAX_HEADERS_BYTES}",
+                    at(),
+                    headers.len()
+                ),
+            );
+        }
+    }
     if let Some(tx) = &item.transaction_id {
         if tx.is_empty() || tx.len() > MAX_TRANSACTION_ID {
             errors::invalid(
@@ -97,19 +117,21 @@ CREATE FUNCTION queen.push(
     queue text,
     payload jsonb,
     partition text DEFAULT 'Default',
-    transaction_id text DEFAULT NULL
+    transaction_id text DEFAULT NULL,
+    headers jsonb DEFAULT NULL
 ) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_one_wrapper';
-COMMENT ON FUNCTION queen.push(text, jsonb, text, text) IS
-  'queen: push one message; returns queen.push_result (status queued or duplicate)';
-GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text) TO queen_producer;
+COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb) IS
+  'queen: push one message (with optional headers); returns queen.push_result (status queued or duplicate)';
+GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb) TO queen_producer;
 "#)]
 fn push_one(
     p_queue: Option<&str>,
     p_payload: Option<RawJsonb>,
     p_partition: Option<&str>,
     p_transaction_id: Option<&str>,
+    p_headers: Option<RawJsonb>,
 ) -> TableIterator<
     'static,
     (
@@ -128,6 +150,7 @@ fn push_one(
         partition: p_partition.unwrap_or(DEFAULT_PARTITION).to_string(),
         payload: payload.0,
         transaction_id: p_transaction_id.map(str::to_string),
+        headers: p_headers.map(|h| h.0),
     };
     check_item(&item, &String::new);
     into_table(crate::spi::with_pinned_search_path(|| push_items(vec![item])))
@@ -135,7 +158,7 @@ fn push_one(
 
 /// The keys a push_batch item may have; anything else is refused (a typo such as
 /// "partiton" must not silently send a message to the default partition).
-const BATCH_KEYS: [&str; 4] = ["queue", "partition", "payload", "transactionId"];
+const BATCH_KEYS: [&str; 5] = ["queue", "partition", "payload", "transactionId", "headers"];
 
 /// A string field of a batch item: absent or null is None; anything else but a string
 /// is an error naming the item and the key.
@@ -147,7 +170,7 @@ fn string_field(found: Option<Found>, at: &dyn Fn() -> String, key: &str) -> Opt
     }
 }
 
-/// `queen.push_batch`: a JSON array of `{queue, partition?, payload, transactionId?}`,
+/// `queen.push_batch`: a JSON array of `{queue, partition?, payload, transactionId?, headers?}`,
 /// atomically; one result row per item in input order. The items are read in jsonb's
 /// binary form; payloads are copied out as jsonb bytes. Pins its search path as `push`.
 #[pg_extern(sql = r#"
@@ -155,7 +178,7 @@ CREATE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_wrapper';
 COMMENT ON FUNCTION queen.push_batch(jsonb) IS
-  'queen: push a JSON array of {queue, partition?, payload, transactionId?} atomically';
+  'queen: push a JSON array of {queue, partition?, payload, transactionId?, headers?} atomically';
 GRANT EXECUTE ON FUNCTION queen.push_batch(jsonb) TO queen_producer;
 "#)]
 fn push_batch(
@@ -189,16 +212,19 @@ fn push_batch(
         let obj = items_arg.object_at(i).unwrap_or_else(|text| {
             errors::invalid(
                 &format!("items[{i}]"),
-                format_args!("must be an object {{queue, partition?, payload, transactionId?}}, got {text}"),
+                format_args!("must be an object {{queue, partition?, payload, transactionId?, headers?}}, got {text}"),
             )
         });
         let (queue, partition, transaction_id) = (obj.get("queue"), obj.get("partition"), obj.get("transactionId"));
-        // A JSON null payload is a payload; only a missing key is an error.
+        // A JSON null payload is a payload; only a missing key is an error. Null headers
+        // are no headers.
         let payload = obj.get_jsonb("payload");
-        let present = [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some()]
-            .iter()
-            .filter(|&&b| b)
-            .count();
+        let headers = obj.get("headers");
+        let present =
+            [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some(), headers.is_some()]
+                .iter()
+                .filter(|&&b| b)
+                .count();
         obj.reject_unknown_keys(&BATCH_KEYS, present, &format!("items[{i}]"));
         let item = PushItem {
             queue: string_field(queue, &at, "queue")
@@ -206,15 +232,19 @@ fn push_batch(
             partition: string_field(partition, &at, "partition").unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
             payload: payload.unwrap_or_else(|| errors::invalid(&format!("{}payload", at()), "is missing")),
             transaction_id: string_field(transaction_id, &at, "transactionId"),
+            headers: match headers {
+                None | Some(Found::Null) => None,
+                Some(_) => obj.get_jsonb("headers"),
+            },
         };
         check_item(&item, &at);
-        total += item.payload.len();
+        total += item.payload.len() + item.headers.as_ref().map_or(0, Vec::len);
         items.push(item);
     }
     if total > MAX_CALL_BYTES {
         errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            format!("queen: items carry {total} payload bytes; at most {MAX_CALL_BYTES} per call"),
+            format!("queen: items carry {total} payload and header bytes; at most {MAX_CALL_BYTES} per call"),
         );
     }
     into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
@@ -518,6 +548,13 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
                 crate::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
             });
+            // Headers are sealed too, each under its message id and its own purpose.
+            let sealed_headers: Option<Vec<Option<Vec<u8>>>> = t.encrypted.then(|| {
+                crate::encryption::seal_headers(
+                    queue,
+                    kept.iter().map(|&i| (&message_ids[i], items[i].headers.as_deref())),
+                )
+            });
             let entries = kept.iter().enumerate().map(|(k, &i)| {
                 if !stored[k] {
                     return Entry::Gap;
@@ -527,6 +564,10 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                     transaction_id: &transaction_ids[i],
                     payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
                     created_at: Some(now),
+                    headers: match &sealed_headers {
+                        Some(s) => s[k].as_deref(),
+                        None => items[i].headers.as_deref(),
+                    },
                 })
             });
             // A small push goes to the fresh tier uncompressed: compaction compresses it

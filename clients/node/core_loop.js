@@ -1,5 +1,5 @@
 // queen's core loop from Node.js with node-postgres: push, pop with a wait, ack, and the
-// dead-letter queue. Run by `make clients` against a real cluster (QUEEN_DSN).
+// dead-letter queue, with a W3C traceparent header carried from producer to consumer. Run by `make clients` against a real cluster (QUEEN_DSN).
 const assert = require("node:assert/strict");
 const crypto = require("node:crypto");
 const { Client } = require("pg");
@@ -9,18 +9,24 @@ async function main() {
   await db.connect();
   const queue = `node-orders-${crypto.randomUUID().slice(0, 8)}`;
 
-  // Push: one message, then a batch.
-  await db.query("SELECT * FROM queen.push($1, $2)", [queue, { id: 1 }]);
+  // The producer's trace context (W3C Trace Context): version-trace id-parent id-flags.
+  const hex = (n) => crypto.randomBytes(n).toString("hex");
+  const trace = { traceparent: `00-${hex(16)}-${hex(8)}-01` };
+
+  // Push: one message with the trace context in its headers, then a batch.
+  await db.query("SELECT * FROM queen.push($1, $2, headers => $3)", [queue, { id: 1 }, trace]);
   await db.query("SELECT * FROM queen.push_batch($1)", [
-    JSON.stringify([{ queue, payload: { id: 2 } }, { queue, payload: { id: 3 } }]),
+    JSON.stringify([{ queue, payload: { id: 2 } }, { queue, payload: { id: 3 }, headers: trace }]),
   ]);
 
-  // Pop: wait up to 2 s for up to 10 messages, under one lease.
+  // Pop: wait up to 2 s for up to 10 messages, under one lease. The consumer continues
+  // the producer's trace from the headers.
   const { rows } = await db.query(
-    "SELECT lease_id, partition_id, msg_offset, payload FROM queen.pop($1, batch => 10, wait_ms => 2000)",
+    "SELECT lease_id, partition_id, msg_offset, payload, headers FROM queen.pop($1, batch => 10, wait_ms => 2000)",
     [queue],
   );
   assert.deepEqual(rows.map((r) => r.payload), [{ id: 1 }, { id: 2 }, { id: 3 }]);
+  assert.deepEqual(rows.map((r) => r.headers), [trace, null, trace]);
 
   // Ack: 1 and 2 completed; 3 goes to the dead-letter queue.
   const [{ lease_id: lease, partition_id: partition }] = rows;
@@ -36,13 +42,13 @@ async function main() {
 
   // The dead-letter queue: list, then replay (pushes the payload again).
   const dead = await db.query(
-    "SELECT partition_id, transaction_id, data, error_message FROM queen.dlq($1)",
+    "SELECT partition_id, transaction_id, data, error_message, headers FROM queen.dlq($1)",
     [queue],
   );
-  assert.deepEqual(dead.rows.map((d) => [d.data, d.error_message]), [[{ id: 3 }, "bad order"]]);
+  assert.deepEqual(dead.rows.map((d) => [d.data, d.error_message, d.headers]), [[{ id: 3 }, "bad order", trace]]);
   await db.query("SELECT queen.dlq_replay($1, $2)", [dead.rows[0].partition_id, dead.rows[0].transaction_id]);
-  const again = await db.query("SELECT payload FROM queen.pop($1, auto_ack => true)", [queue]);
-  assert.deepEqual(again.rows, [{ payload: { id: 3 } }]);
+  const again = await db.query("SELECT payload, headers FROM queen.pop($1, auto_ack => true)", [queue]);
+  assert.deepEqual(again.rows, [{ payload: { id: 3 }, headers: trace }]);
 
   await db.end();
   console.log("node (node-postgres): ok");

@@ -25,7 +25,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     consumer
         .run(|m, _cancel| async move {
-            println!("{} #{}: {}", m.partition, m.offset, m.payload);
+            // A producer that pushed a W3C traceparent in the headers: continue its trace.
+            match m.traceparent() {
+                Some(trace) => println!("{} #{}: {} (trace {trace})", m.partition, m.offset, m.payload),
+                None => println!("{} #{}: {}", m.partition, m.offset, m.payload),
+            }
             Ok(Outcome::Completed)
         })
         .await?;

@@ -63,6 +63,39 @@ pub struct Message {
     pub transaction_id: String,
     pub payload: Value,
     pub attempt: i32,
+    /// The headers the producer pushed with the message (`queen.push(..., headers =>)`),
+    /// or None.
+    pub headers: Option<Value>,
+}
+
+impl Message {
+    /// The producer's W3C trace context (`headers.traceparent`), when it is a well-formed
+    /// `traceparent` (version 00: `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`,
+    /// ids not all zero): the consumer's span continues that trace. Anything else is None,
+    /// as the W3C rules ask of a receiver.
+    pub fn traceparent(&self) -> Option<&str> {
+        let t = self.headers.as_ref()?.get("traceparent")?.as_str()?;
+        valid_traceparent(t).then_some(t)
+    }
+}
+
+/// Headers that carry a W3C trace context to the consumer: pass them as `headers` to
+/// `queen.push` or as the `"headers"` key of a `queen.push_batch` item.
+pub fn trace_headers(traceparent: &str) -> Value {
+    json!({ "traceparent": traceparent })
+}
+
+fn valid_traceparent(t: &str) -> bool {
+    let parts: Vec<&str> = t.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && nonzero(parts[1])
+        && hex(parts[2], 16)
+        && nonzero(parts[2])
+        && hex(parts[3], 2)
 }
 
 /// What happened, for logs and tests.
@@ -360,7 +393,8 @@ impl Consumer {
         let rows = self
             .client
             .query(
-                "SELECT lease_id, partition_id, partition, msg_offset, message_id, transaction_id, payload, attempt
+                "SELECT lease_id, partition_id, partition, msg_offset, message_id, transaction_id, payload, attempt,
+                        headers
                    FROM queen.pop($1, $2, batch => $3, partition => $4, wait_ms => $5, max_partitions => $6)",
                 &[&c.queue, &c.group, &c.batch, &c.partition, &(c.wait.as_millis() as i32), &c.max_partitions],
             )
@@ -379,6 +413,7 @@ impl Consumer {
                 transaction_id: r.get(5),
                 payload: r.get(6),
                 attempt: r.get(7),
+                headers: r.get(8),
             })
             .collect();
         self.emit(Event::Claimed { messages: messages.len() });
@@ -454,5 +489,41 @@ fn is_warning(n: &DbError) -> bool {
     match n.parsed_severity() {
         Some(s) => s == Severity::Warning,
         None => n.severity() == "WARNING",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_follows_the_w3c_format() {
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(valid_traceparent(good));
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", // an unknown version
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", // upper case
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01", // zero trace id
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", // zero parent id
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",  // short trace id
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad}");
+        }
+        let m = |headers| Message {
+            lease_id: Uuid::nil(),
+            partition_id: Uuid::nil(),
+            partition: "p".into(),
+            offset: 1,
+            message_id: Uuid::nil(),
+            transaction_id: "t".into(),
+            payload: Value::Null,
+            attempt: 1,
+            headers,
+        };
+        assert_eq!(m(Some(trace_headers(good))).traceparent(), Some(good));
+        assert_eq!(m(Some(json!({"traceparent": 5}))).traceparent(), None);
+        assert_eq!(m(None).traceparent(), None);
     }
 }

@@ -98,6 +98,15 @@ pub fn is_envelope(bytes: &[u8]) -> bool {
     bytes.starts_with(MAGIC)
 }
 
+/// The associated data of a message's headers envelope: its id, then `headers`. A
+/// payload envelope is bound to the id alone, so neither can stand in for the other.
+pub fn headers_aad(message_id: &[u8; 16]) -> [u8; 23] {
+    let mut aad = [0u8; 23];
+    aad[..16].copy_from_slice(message_id);
+    aad[16..].copy_from_slice(b"headers");
+    aad
+}
+
 /// Seals `plaintext` for the message `aad` (its id) with a random nonce.
 pub fn seal(key: &Key, aad: &[u8], plaintext: &[u8]) -> Vec<u8> {
     let mut nonce = [0u8; 12];
@@ -146,6 +155,18 @@ mod tests {
 
     const K1: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
     const K2: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+    #[test]
+    fn headers_and_payload_envelopes_do_not_stand_in_for_each_other() {
+        let key = Key::from_hex(&"ab".repeat(32)).unwrap();
+        let id = [7u8; 16];
+        let headers = seal(&key, &headers_aad(&id), b"{\"traceparent\": \"x\"}");
+        assert_eq!(open(std::slice::from_ref(&key), &headers_aad(&id), &headers).unwrap(), b"{\"traceparent\": \"x\"}");
+        assert!(open(std::slice::from_ref(&key), &id, &headers).is_err(), "headers read as a payload");
+        let payload = seal(&key, &id, b"{}");
+        assert!(open(std::slice::from_ref(&key), &headers_aad(&id), &payload).is_err(), "a payload read as headers");
+        assert!(open(std::slice::from_ref(&key), &headers_aad(&[8u8; 16]), &headers).is_err(), "another message's");
+    }
 
     #[test]
     fn round_trip_and_no_plaintext() {

@@ -196,6 +196,9 @@ pub mod limits {
     pub const CALL_BYTES: usize = 256 << 20;
     /// Longest producer transaction id, in bytes.
     pub const TRANSACTION_ID: usize = 512;
+    /// Largest headers object of one message, as jsonb: 64 KiB. Headers are metadata
+    /// (tracing, routing), read by every consumer of the message: the payload is for data.
+    pub const HEADERS_BYTES: usize = 64 << 10;
     /// Rows of one `queen.dlq` page: default and most.
     pub const PAGE_SIZE_DEFAULT: i32 = 100;
     pub const PAGE_SIZE: i32 = 10_000;

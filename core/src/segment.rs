@@ -10,7 +10,7 @@
 //! Layout (all integers are LEB128 varints unless said):
 //!
 //! ```text
-//! magic "QS" | version u8 (1 or 2) | [v2: base_time, zigzag varint] | entry_count | block_count
+//! magic "QS" | version u8 (1, 2 or 3) | [v2, v3: base_time, zigzag varint] | entry_count | block_count
 //! per block:  entries_in_block | raw_len | stored_len | codec u8 (0 raw, 1 zstd) | crc32 u32 LE
 //! block bodies, concatenated in order
 //! ```
@@ -19,7 +19,12 @@
 //! `message_id [16] | txid_len | txid (UTF-8) | payload_len | payload`. Version 2:
 //! `kind u8`, then for kind 0 (message) `message_id [16] | time_delta (zigzag varint,
 //! microseconds after base_time) | txid_len | txid | payload_len | payload`, and nothing
-//! more for kind 1 (gap). Any other kind is an error, so a later kind cannot be misread.
+//! more for kind 1 (gap). Version 3 is version 2 plus kind 2, a message with headers: kind
+//! 0's fields, then `headers_len | headers` (jsonb bytes, or an envelope when the queue is
+//! encrypted). A segment is written as version 3 only when one of its messages has
+//! headers, so segments without headers keep the version 2 bytes, and a reader that knows
+//! only versions 1 and 2 refuses a version 3 segment instead of misreading it. Any other
+//! kind is an error, so a later kind cannot be misread.
 //! Blocks are compressed one by one so that a pop decodes only the blocks it needs, not
 //! the whole segment. A block is kept raw when zstd would not make it smaller. The CRC32
 //! of each block's raw bytes (and, in version 2, of the base time) turns corruption into an
@@ -30,8 +35,11 @@ use std::fmt;
 const MAGIC: &[u8; 2] = b"QS";
 const VERSION_1: u8 = 1;
 const VERSION: u8 = 2;
+/// Version 2 plus `KIND_HEADERS`: written only when a message carries headers.
+const VERSION_3: u8 = 3;
 const KIND_MESSAGE: u8 = 0;
 const KIND_GAP: u8 = 1;
+const KIND_HEADERS: u8 = 2;
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
 
@@ -64,6 +72,9 @@ pub struct Frame<'a> {
     /// segments do not store it: None when read from one (the segment row's time applies).
     /// Written as the segment's first time when None.
     pub created_at: Option<i64>,
+    /// The message's headers as stored: jsonb bytes, or an envelope of an encrypted
+    /// queue. None: the message has none (every message of a version 1 or 2 segment).
+    pub headers: Option<&'a [u8]>,
 }
 
 /// One offset of a segment.
@@ -210,18 +221,26 @@ where
     let mut current = Block { entries: 0, raw: Vec::new() };
     let mut count: u64 = 0;
     let mut base: Option<i64> = None;
+    let mut version = VERSION;
     for entry in entries {
         match entry {
             Entry::Gap => current.raw.push(KIND_GAP),
             Entry::Message(frame) => {
                 let base = *base.get_or_insert(frame.created_at.unwrap_or(0));
-                current.raw.push(KIND_MESSAGE);
+                if frame.headers.is_some() {
+                    version = VERSION_3;
+                }
+                current.raw.push(if frame.headers.is_some() { KIND_HEADERS } else { KIND_MESSAGE });
                 current.raw.extend_from_slice(&frame.message_id);
                 put_varint(&mut current.raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
                 put_varint(&mut current.raw, frame.transaction_id.len() as u64);
                 current.raw.extend_from_slice(frame.transaction_id.as_bytes());
                 put_varint(&mut current.raw, frame.payload.len() as u64);
                 current.raw.extend_from_slice(frame.payload);
+                if let Some(headers) = frame.headers {
+                    put_varint(&mut current.raw, headers.len() as u64);
+                    current.raw.extend_from_slice(headers);
+                }
             }
         }
         current.entries += 1;
@@ -236,7 +255,7 @@ where
 
     let mut header = Vec::with_capacity(24 + blocks.len() * 8);
     header.extend_from_slice(MAGIC);
-    header.push(VERSION);
+    header.push(version);
     put_varint(&mut header, zigzag(base.unwrap_or(0)));
     put_varint(&mut header, count);
     put_varint(&mut header, blocks.len() as u64);
@@ -250,7 +269,7 @@ where
                 c.compress(&block.raw).ok()
             })
         });
-        let crc = block_crc(VERSION, base.unwrap_or(0), &block.raw).to_le_bytes();
+        let crc = block_crc(version, base.unwrap_or(0), &block.raw).to_le_bytes();
         let raw_len = block.raw.len();
         let (codec, body) = match compressed.flatten() {
             Some(c) if c.len() < raw_len => (CODEC_ZSTD, c),
@@ -305,10 +324,10 @@ impl Directory {
             return Err(CodecError::BadMagic);
         }
         let version = r.u8("version")?;
-        if version != VERSION && version != VERSION_1 {
+        if !matches!(version, VERSION_1 | VERSION | VERSION_3) {
             return Err(CodecError::UnsupportedVersion(version));
         }
-        let base_time = if version == VERSION { unzigzag(r.varint("base time")?) } else { 0 };
+        let base_time = if version == VERSION_1 { 0 } else { unzigzag(r.varint("base time")?) };
         let frame_count = r.usize("frame count")?;
         let block_count = r.usize("block count")?;
         // Every block header takes at least 8 bytes: refuse counts the input cannot hold.
@@ -431,6 +450,7 @@ impl Directory {
                         continue;
                     }
                     KIND_MESSAGE => {}
+                    KIND_HEADERS if self.version == VERSION_3 => {}
                     other => return Err(CodecError::UnknownKind(other)),
                 }
                 let id = r.bytes(16, "message id")?;
@@ -443,11 +463,17 @@ impl Directory {
                 let tx = r.bytes(tx_len, "transaction id")?;
                 let pl_len = r.usize("payload length")?;
                 let payload = r.bytes(pl_len, "payload")?;
+                let headers = if kind == KIND_HEADERS {
+                    let len = r.usize("headers length")?;
+                    Some(r.bytes(len, "headers")?)
+                } else {
+                    None
+                };
                 if index >= from && index < to {
                     let transaction_id = std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
                     let mut message_id = [0u8; 16];
                     message_id.copy_from_slice(id);
-                    f(index, Entry::Message(Frame { message_id, transaction_id, payload, created_at }));
+                    f(index, Entry::Message(Frame { message_id, transaction_id, payload, created_at, headers }));
                 }
             }
             if !r.done() {
@@ -490,7 +516,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    type Owned = ([u8; 16], String, Vec<u8>, i64);
+    /// (message id, transaction id, payload, time, headers)
+    type Owned = ([u8; 16], String, Vec<u8>, i64, Option<Vec<u8>>);
 
     fn owned(n: usize, payload_len: usize) -> Vec<Option<Owned>> {
         (0..n)
@@ -498,7 +525,16 @@ mod tests {
                 let mut id = [0u8; 16];
                 id[..8].copy_from_slice(&(i as u64).to_be_bytes());
                 let payload = format!("{{\"i\": {i}, \"pad\": \"{}\"}}", "x".repeat(payload_len));
-                Some((id, format!("tx-{i}"), payload.into_bytes(), 800_000_000_000_000 + (i as i64 % 7) * 1000 - 3000))
+                // Every fifth message carries headers; the others none.
+                let headers =
+                    (i % 5 == 3).then(|| format!("{{\"traceparent\": \"00-{i:032x}-{i:016x}-01\"}}").into_bytes());
+                Some((
+                    id,
+                    format!("tx-{i}"),
+                    payload.into_bytes(),
+                    800_000_000_000_000 + (i as i64 % 7) * 1000 - 3000,
+                    headers,
+                ))
             })
             .collect()
     }
@@ -506,9 +542,13 @@ mod tests {
     fn entries(v: &[Option<Owned>]) -> Vec<Entry<'_>> {
         v.iter()
             .map(|e| match e {
-                Some((id, tx, p, t)) => {
-                    Entry::Message(Frame { message_id: *id, transaction_id: tx, payload: p, created_at: Some(*t) })
-                }
+                Some((id, tx, p, t, h)) => Entry::Message(Frame {
+                    message_id: *id,
+                    transaction_id: tx,
+                    payload: p,
+                    created_at: Some(*t),
+                    headers: h.as_deref(),
+                }),
                 None => Entry::Gap,
             })
             .collect()
@@ -516,9 +556,13 @@ mod tests {
 
     fn own(e: Entry<'_>) -> Option<Owned> {
         match e {
-            Entry::Message(f) => {
-                Some((f.message_id, f.transaction_id.to_string(), f.payload.to_vec(), f.created_at.unwrap()))
-            }
+            Entry::Message(f) => Some((
+                f.message_id,
+                f.transaction_id.to_string(),
+                f.payload.to_vec(),
+                f.created_at.unwrap(),
+                f.headers.map(<[u8]>::to_vec),
+            )),
             Entry::Gap => None,
         }
     }
@@ -561,7 +605,7 @@ mod tests {
         assert!(seg.dir.blocks.len() > 1, "1000 frames span several blocks");
         assert_eq!(decode_all(&bytes).unwrap(), data);
         // compressed well below the raw size
-        let raw: usize = data.iter().flatten().map(|(_, t, p, _)| 16 + t.len() + p.len()).sum();
+        let raw: usize = data.iter().flatten().map(|(_, t, p, _, _)| 16 + t.len() + p.len()).sum();
         assert!(bytes.len() < raw / 3, "{} vs {}", bytes.len(), raw);
     }
 
@@ -619,7 +663,8 @@ mod tests {
     fn single_big_and_unicode_payloads() {
         let big = vec![b'a'; 1 << 20];
         let uni = "{\"t\": \"żółć 日本語 🚀\"}".as_bytes().to_vec();
-        let data = vec![Some(([1u8; 16], "a".to_string(), big, 5)), Some(([2u8; 16], "é".to_string(), uni, -7))];
+        let data =
+            vec![Some(([1u8; 16], "a".to_string(), big, 5, None)), Some(([2u8; 16], "é".to_string(), uni, -7, None))];
         assert_eq!(decode_all(&encode(entries(&data))).unwrap(), data);
     }
 
@@ -635,7 +680,7 @@ mod tests {
 
     #[test]
     fn small_and_incompressible_blocks_stay_raw() {
-        let data = vec![Some(([7u8; 16], String::new(), b"{}".to_vec(), 0))];
+        let data = vec![Some(([7u8; 16], String::new(), b"{}".to_vec(), 0, None))];
         let bytes = encode(entries(&data));
         let seg = Segment::parse(&bytes).unwrap();
         assert_eq!(seg.dir.blocks[0].codec, CODEC_RAW);
@@ -666,11 +711,36 @@ mod tests {
         assert_eq!(decode_all(&odd).unwrap_err(), CodecError::UnknownKind(9));
     }
 
+    #[test]
+    fn headers_make_a_version_3_segment_and_only_then() {
+        let mut data = owned(10, 20);
+        for d in data.iter_mut().flatten() {
+            d.4 = None;
+        }
+        let plain = encode(entries(&data));
+        assert_eq!(plain[2], VERSION, "no headers: the version 2 bytes, as before");
+        data[4].as_mut().unwrap().4 = Some(b"{\"traceparent\": \"00-ab-cd-01\"}".to_vec());
+        data[6].as_mut().unwrap().4 = Some(Vec::new());
+        let with = encode(entries(&data));
+        assert_eq!(with[2], VERSION_3);
+        assert_eq!(decode_all(&with).unwrap(), data, "an empty header block is kept, not dropped");
+        // A version 2 segment may not carry the headers kind: refused, never misread.
+        let mut downgraded = with.clone();
+        downgraded[2] = VERSION;
+        assert!(decode_all(&downgraded).is_err());
+    }
+
     fn any_entries() -> impl Strategy<Value = Vec<Option<Owned>>> {
         proptest::collection::vec(
             proptest::option::weighted(
                 0.85,
-                (any::<[u8; 16]>(), "[a-z0-9-]{0,40}", proptest::collection::vec(any::<u8>(), 0..600), any::<i64>()),
+                (
+                    any::<[u8; 16]>(),
+                    "[a-z0-9-]{0,40}",
+                    proptest::collection::vec(any::<u8>(), 0..600),
+                    any::<i64>(),
+                    proptest::option::of(proptest::collection::vec(any::<u8>(), 0..100)),
+                ),
             ),
             1..300,
         )

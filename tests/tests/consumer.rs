@@ -331,6 +331,54 @@ async fn graceful_shutdown_finishes_the_current_message_and_releases_the_rest() 
     assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![2, 3], "released at once");
 }
 
+/// A W3C trace context travels from producer to consumer in the message's headers: a
+/// handler sees the producer's `traceparent`; a message without headers, or with a
+/// malformed traceparent, gives none.
+#[tokio::test]
+async fn the_producers_traceparent_reaches_the_handler() {
+    let queue = unique("trace");
+    let c = client().await;
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    c.execute(
+        "SELECT count(*) FROM queen.push($1, '{\"n\": 1}', headers => $2)",
+        &[&queue, &queen_consumer::trace_headers(trace)],
+    )
+    .await
+    .unwrap();
+    c.execute("SELECT count(*) FROM queen.push($1, '{\"n\": 2}')", &[&queue]).await.unwrap();
+    let bad = json!({"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "k": "v"});
+    c.execute("SELECT count(*) FROM queen.push($1, '{\"n\": 3}', headers => $2)", &[&queue, &bad]).await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let consumer = Builder::new(&queue, "g")
+        .batch(3)
+        .wait(Duration::from_millis(0))
+        .handler_timeout(Duration::from_secs(2))
+        .queue_margin(Duration::from_secs(10))
+        .build(client().await)
+        .await
+        .unwrap();
+    let s = seen.clone();
+    let n = consumer
+        .run_once(
+            move |m, _c| {
+                s.lock().unwrap().push((
+                    m.payload["n"].as_i64().unwrap(),
+                    m.traceparent().map(str::to_string),
+                    m.headers,
+                ));
+                async { Ok(Outcome::Completed) }
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(1, Some(trace.to_string()), Some(json!({"traceparent": trace}))), (2, None, None), (3, None, Some(bad)),]
+    );
+}
+
 /// A per-message timeout override applies, capped at the group's ceiling.
 #[tokio::test]
 async fn per_message_timeout_override_is_capped_at_the_ceiling() {

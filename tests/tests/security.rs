@@ -22,7 +22,7 @@ fn connect_as(role: &str) -> Client {
 /// The GRANTs the README documents for an application role.
 const APP_GRANTS: &str = "
     GRANT USAGE ON SCHEMA queen TO {role};
-    GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text), queen.push_batch(jsonb),
+    GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb), queen.push_batch(jsonb),
         queen.pop(text, text, int, text, int, bool, int, int, text, bigint),
         queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text),
         queen.extend_lease(uuid, int), queen.may_start(uuid, interval),

@@ -4,13 +4,17 @@
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
--- queen.pop was replaced (max_bytes): who could pop still can.
+-- queen.pop was replaced (max_bytes) and queen.push too (headers): who could pop or push
+-- still can.
 SELECT has_function_privilege('queen_upgrade_app',
          'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS app_can_pop,
        has_function_privilege('Queen Upgrade-Ops',
          'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE WITH GRANT OPTION') AS ops_can_grant;
+SELECT has_function_privilege('queen_upgrade_app', 'queen.push(text, jsonb, text, text, jsonb)', 'EXECUTE')
+         AS app_can_push;
 REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint)
   FROM queen_upgrade_app, "Queen Upgrade-Ops" CASCADE;
+REVOKE EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb) FROM queen_upgrade_app;
 DROP ROLE queen_upgrade_app;
 DROP ROLE "Queen Upgrade-Ops";
 -- New in 0.3.0: explicit consumer groups.
@@ -22,14 +26,16 @@ SELECT queen.ack(lease_id) -> 'lanes' -> 0 -> 'committed' AS committed FROM held
 DROP TABLE held;
 SELECT partition, msg_offset, payload FROM queen.pop('up', partition => 'a', auto_ack => true);
 -- audit's cursor on b survived (nothing again there); a is still all unread.
-SELECT partition, msg_offset FROM queen.pop('up', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
-SELECT partition, consumer_group, data, error_message FROM queen.dlq('up');
+-- (segments in format 1, written by 0.2.0: no headers)
+SELECT partition, msg_offset, headers FROM queen.pop('up', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
+-- The dead letter filed by 0.2.0 has no headers.
+SELECT partition, consumer_group, data, error_message, headers FROM queen.dlq('up');
 -- New offsets continue after the ones 0.2.0 handed out; a rolled-back push is a gap now.
 SELECT msg_offset FROM queen.push('up', '4', 'a');
 BEGIN;
 SELECT msg_offset FROM queen.push('up', '"rolled back"', 'a');
 ROLLBACK;
-SELECT msg_offset FROM queen.push('up', '6', 'a');
+SELECT msg_offset FROM queen.push('up', '6', 'a', headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}');
 SELECT * FROM queen.totals('up');
 SELECT queen.retain('up') - 'bytesDeleted' AS pass;
 -- New in 0.3.0: compaction over the fresh tier (the two single pushes after the upgrade:
@@ -38,7 +44,8 @@ SELECT queen.compact('up') AS compacted;
 -- Retention over segments 0.2.0 wrote: once both groups have read everything and the
 -- window has passed, every segment goes, and the partitions remember how far.
 SELECT count(*) FROM queen.pop('up', batch => 10, partition => 'a', auto_ack => true);
-SELECT count(*) FROM queen.pop('up', 'audit', batch => 10, partition => 'a', auto_ack => true);
+-- Pushed after the upgrade: headers where they were given.
+SELECT msg_offset, payload, headers FROM queen.pop('up', 'audit', batch => 10, partition => 'a', auto_ack => true);
 SELECT queen.configure('up', retention => 1) ->> 'retention' AS retention;
 SELECT pg_sleep(1.1);
 SELECT queen.retain('up') - 'bytesDeleted' AS pass;

@@ -18,8 +18,10 @@ SELECT count(*) FROM queen.pop('up', 'audit', batch => 1, partition => 'b', auto
 SELECT queen.ack(lease_id, partition_id, msg_offset, 'dlq', 'old') -> 'items' -> 0 -> 'dlq' AS dlq
   FROM queen.pop('up', batch => 1, partition => 'b');
 
--- A role that may pop: the upgrade replaces queen.pop (it gains max_bytes) and keeps the grant.
+-- A role that may pop and push: the upgrade replaces queen.pop (it gains max_bytes) and
+-- queen.push (it gains headers) and keeps the grants.
 CREATE ROLE queen_upgrade_app;
 CREATE ROLE "Queen Upgrade-Ops";
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) TO queen_upgrade_app;
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) TO "Queen Upgrade-Ops" WITH GRANT OPTION;
+GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text) TO queen_upgrade_app;
