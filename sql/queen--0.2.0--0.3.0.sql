@@ -213,6 +213,7 @@ COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: save a lane jo
 CREATE OR REPLACE FUNCTION queen.status(queue text DEFAULT NULL) RETURNS SETOF queen.lane_status
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 BEGIN
   -- Only a live lease is shown; an expired one is as good as none.
@@ -237,6 +238,7 @@ END $$;
 CREATE OR REPLACE FUNCTION queen.totals(queue text DEFAULT NULL) RETURNS SETOF queen.queue_totals
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 BEGIN
   RETURN QUERY
@@ -580,6 +582,7 @@ CREATE TYPE queen.metric AS (
 CREATE FUNCTION queen.metrics(kind text DEFAULT NULL) RETURNS SETOF queen.metric
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
 BEGIN
   IF kind IS NOT NULL AND kind NOT IN ('queue', 'group', 'dead_letters', 'retention') THEN
@@ -629,24 +632,27 @@ BEGIN
                sum(l.retry_count) AS retries
           FROM l
           LEFT JOIN LATERAL (
-            SELECT min(t.created_at) AS written FROM (
-              (SELECT s.created_at FROM queen.segments s
-                WHERE s.partition_id = l.partition_id AND s.first_offset <= l.committed + 1
-                  AND s.last_offset > l.committed
-                ORDER BY s.first_offset DESC LIMIT 1)
-              UNION ALL
-              (SELECT s.created_at FROM queen.segments s
-                WHERE s.partition_id = l.partition_id AND s.first_offset > l.committed
-                ORDER BY s.first_offset LIMIT 1)
-              UNION ALL
-              (SELECT f.created_at FROM queen.fresh_segments f
-                WHERE f.partition_id = l.partition_id AND f.first_offset <= l.committed + 1
-                  AND f.last_offset > l.committed
-                ORDER BY f.first_offset DESC LIMIT 1)
-              UNION ALL
-              (SELECT f.created_at FROM queen.fresh_segments f
-                WHERE f.partition_id = l.partition_id AND f.first_offset > l.committed
-                ORDER BY f.first_offset LIMIT 1)) t
+            -- The segment that holds the next offset (durable tier, then fresh), else the
+            -- first one after it (the next offset is a gap): one probe in the common case.
+            -- The segment found is checked outside its probe, so that a probe never walks
+            -- back over the segments before the cursor.
+            SELECT coalesce(
+              (SELECT CASE WHEN s.last_offset > l.committed THEN s.created_at END FROM (
+                 SELECT s.created_at, s.last_offset FROM queen.segments s
+                  WHERE s.partition_id = l.partition_id AND s.first_offset <= l.committed + 1
+                  ORDER BY s.first_offset DESC LIMIT 1) s),
+              (SELECT CASE WHEN f.last_offset > l.committed THEN f.created_at END FROM (
+                 SELECT f.created_at, f.last_offset FROM queen.fresh_segments f
+                  WHERE f.partition_id = l.partition_id AND f.first_offset <= l.committed + 1
+                  ORDER BY f.first_offset DESC LIMIT 1) f),
+              (SELECT min(t.created_at) FROM (
+                 (SELECT s.created_at FROM queen.segments s
+                   WHERE s.partition_id = l.partition_id AND s.first_offset > l.committed
+                   ORDER BY s.first_offset LIMIT 1)
+                 UNION ALL
+                 (SELECT f.created_at FROM queen.fresh_segments f
+                   WHERE f.partition_id = l.partition_id AND f.first_offset > l.committed
+                   ORDER BY f.first_offset LIMIT 1)) t)) AS written
           ) o ON l.readable > l.committed
          GROUP BY l.queue_id, l.consumer_group
       )
