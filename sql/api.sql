@@ -112,7 +112,7 @@ REVOKE ALL ON FUNCTION queen.dlq(text, text, int, int) FROM PUBLIC;
 -- The same for the API functions that pgrx defines (see the comment at the top).
 ALTER FUNCTION queen.ack(uuid) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
 ALTER FUNCTION queen.ack(uuid, jsonb) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
-ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
+ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
 ALTER FUNCTION queen.extend_lease(uuid, int) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
 
 -- jit = off on status, totals and metrics: over many lanes their plans cost enough for
@@ -134,7 +134,8 @@ CREATE TYPE queen.lane_status AS (
     batch_end        bigint,
     retry_count      int,
     attempt_count    int,
-    dead_letters     bigint
+    dead_letters     bigint,
+    retry_at         timestamptz
 );
 
 CREATE FUNCTION queen.status(queue text DEFAULT NULL) RETURNS SETOF queen.lane_status
@@ -143,7 +144,8 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-  -- Only a live lease is shown; an expired one is as good as none.
+  -- Only a live lease is shown; an expired one is as good as none. retry_at: a failed
+  -- batch's retry backoff, while it runs (the lane is not claimed before it).
   RETURN QUERY
     SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, v.committed,
            r.head - v.committed,
@@ -151,7 +153,8 @@ BEGIN
            CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_expires_at END,
            v.batch_end, v.retry_count, v.attempt_count,
            (SELECT count(*) FROM queen.log_dlq d
-             WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group)
+             WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group),
+           CASE WHEN v.retry_at > clock_timestamp() THEN v.retry_at END
       FROM queen.lanes l
       JOIN queen.partitions p ON p.partition_id = l.partition_id
       JOIN queen.queues q ON q.queue_id = l.queue_id

@@ -48,10 +48,10 @@ COMMENT ON TABLE queen.lane_journal_1 IS 'queen: cursors and retry counts acks c
 REVOKE ALL ON queen.lane_journal_0, queen.lane_journal_1 FROM PUBLIC;
 
 -- push and push_batch become the C functions themselves (no SET clause: they pin their
--- search path in the library). push gains headers (issue 16): the old function is
--- replaced, and the roles that could execute it can execute the new one.
+-- search path in the library). push gains headers and deliver_at (issue 16): the old
+-- function is replaced, and the roles that could execute it can execute the new one.
 SELECT set_config('queen_upgrade.push_grants', coalesce(string_agg(format(
-         'GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb) TO %s%s',
+         'GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) TO %s%s',
          CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
          CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''), true)
   FROM pg_proc p, aclexplode(p.proacl) a
@@ -63,13 +63,14 @@ CREATE FUNCTION queen.push(
     payload jsonb,
     partition text DEFAULT 'Default',
     transaction_id text DEFAULT NULL,
-    headers jsonb DEFAULT NULL
+    headers jsonb DEFAULT NULL,
+    deliver_at timestamptz DEFAULT NULL
 ) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_one_wrapper';
-REVOKE ALL ON FUNCTION queen.push(text, jsonb, text, text, jsonb) FROM PUBLIC;
-COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb) IS
-  'queen: push one message (with optional headers); returns queen.push_result (status queued or duplicate)';
+REVOKE ALL ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) IS
+  'queen: push one message (with optional headers and delivery time); returns queen.push_result (status queued or duplicate)';
 DO $$
 BEGIN
   IF current_setting('queen_upgrade.push_grants') <> '' THEN
@@ -80,7 +81,7 @@ CREATE OR REPLACE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.pus
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_wrapper';
 COMMENT ON FUNCTION queen.push_batch(jsonb) IS
-  'queen: push a JSON array of {queue, partition?, payload, transactionId?, headers?} atomically';
+  'queen: push a JSON array of {queue, partition?, payload, transactionId?, headers?, deliverAt?} atomically';
 DROP FUNCTION queen._push(text, jsonb, text, text);
 DROP FUNCTION queen._push_batch(jsonb);
 
@@ -129,7 +130,8 @@ CREATE FUNCTION queen."_lane"(
 	"lease_expires_at" timestamp with time zone,  /* Option < pgrx :: datum :: TimestampWithTimeZone > */
 	"batch_end" bigint,  /* Option < i64 > */
 	"retry_count" INT,  /* i32 */
-	"attempt_count" INT  /* i32 */
+	"attempt_count" INT,  /* i32 */
+	"retry_at" timestamp with time zone  /* Option < pgrx :: datum :: TimestampWithTimeZone > */
 )
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
@@ -210,13 +212,16 @@ COMMENT ON FUNCTION queen._empty_journal(int) IS 'queen internal: save a lane jo
 
 -- status, totals and delete_queue read the readable end, the live lane state and both
 -- tiers (CREATE OR REPLACE keeps their privileges and comments).
+-- status shows a running retry backoff (issue 16).
+ALTER TYPE queen.lane_status ADD ATTRIBUTE retry_at timestamptz;
 CREATE OR REPLACE FUNCTION queen.status(queue text DEFAULT NULL) RETURNS SETOF queen.lane_status
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-  -- Only a live lease is shown; an expired one is as good as none.
+  -- Only a live lease is shown; an expired one is as good as none. retry_at: a failed
+  -- batch's retry backoff, while it runs (the lane is not claimed before it).
   RETURN QUERY
     SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, v.committed,
            r.head - v.committed,
@@ -224,7 +229,8 @@ BEGIN
            CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_expires_at END,
            v.batch_end, v.retry_count, v.attempt_count,
            (SELECT count(*) FROM queen.log_dlq d
-             WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group)
+             WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group),
+           CASE WHEN v.retry_at > clock_timestamp() THEN v.retry_at END
       FROM queen.lanes l
       JOIN queen.partitions p ON p.partition_id = l.partition_id
       JOIN queen.queues q ON q.queue_id = l.queue_id
@@ -415,8 +421,27 @@ BEGIN
 END $$;
 
 -- configure: encryption defaults to NULL (keep); an encrypted queue is not turned off
--- unless encryption => false is given (issue 14).
-CREATE OR REPLACE FUNCTION queen."configure"(
+-- unless encryption => false is given (issue 14). Retry backoff and delayed queues (issue
+-- 16): configure gains retry_backoff, retry_backoff_max and delay, and the ack of one
+-- offset gains retry_after.
+-- The old functions are replaced; the roles that could execute them can execute the new.
+ALTER TABLE queen.queues ADD COLUMN retry_backoff interval NOT NULL DEFAULT '0s',
+                         ADD COLUMN retry_backoff_max interval NOT NULL DEFAULT '600s',
+                         ADD COLUMN delay interval NOT NULL DEFAULT '0s';
+SELECT set_config('queen_upgrade.replaced_grants', coalesce(string_agg(format(
+         'GRANT EXECUTE ON FUNCTION %s TO %s%s',
+         CASE WHEN p.proname = 'configure'
+              THEN 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'
+              ELSE 'queen.ack(uuid, uuid, bigint, text, text, interval)' END,
+         CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
+         CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''), true)
+  FROM pg_proc p, aclexplode(p.proacl) a
+ WHERE p.oid IN ('queen.configure(text, int, int, bool, bool, int, bool, int)'::regprocedure,
+                 'queen.ack(uuid, uuid, bigint, text, text)'::regprocedure)
+   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner;
+DROP FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int);
+DROP FUNCTION queen.ack(uuid, uuid, bigint, text, text);
+CREATE FUNCTION queen."configure"(
 	"queue" TEXT, /* Option < & str > */
 	"lease_time" INT DEFAULT 300, /* Option < i32 > */
 	"retry_limit" INT DEFAULT 3, /* Option < i32 > */
@@ -424,12 +449,43 @@ CREATE OR REPLACE FUNCTION queen."configure"(
 	"dlq_after_max_retries" bool DEFAULT true, /* Option < bool > */
 	"dedup_window" INT DEFAULT 3600, /* Option < i32 > */
 	"encryption" bool DEFAULT NULL, /* Option < bool > */
-	"retention" INT DEFAULT 0 /* Option < i32 > */
+	"retention" INT DEFAULT 0, /* Option < i32 > */
+	"retry_backoff" interval DEFAULT '0s', /* Option < pgrx :: datum :: Interval > */
+	"retry_backoff_max" interval DEFAULT '600s', /* Option < pgrx :: datum :: Interval > */
+	"delay" interval DEFAULT '0s' /* Option < pgrx :: datum :: Interval > */
 ) RETURNS jsonb /* pgrx :: JsonB */
+SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'configure_wrapper';
-ALTER FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) SECURITY DEFINER;
+REVOKE ALL ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval) FROM PUBLIC;
+COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval) IS
+  'queen: create or update a queue; returns its options in camelCase';
+CREATE FUNCTION queen."ack"(
+	"lease_id" uuid, /* Option < pgrx :: Uuid > */
+	"partition_id" uuid, /* Option < pgrx :: Uuid > */
+	"msg_offset" bigint, /* Option < i64 > */
+	"status" TEXT DEFAULT 'completed', /* Option < & str > */
+	"error" TEXT DEFAULT NULL, /* Option < & str > */
+	"retry_after" interval DEFAULT NULL /* Option < pgrx :: datum :: Interval > */
+) RETURNS jsonb /* JsonB */
+SECURITY DEFINER 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ack_one_wrapper';
+ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval)
+  SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
+REVOKE ALL ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) FROM PUBLIC;
+COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) IS
+  'queen: ack one offset under a lease (completed, failed, retry, dlq; retry_after delays a redelivery)';
+COMMENT ON FUNCTION queen.ack(uuid, jsonb) IS
+  'queen: ack [{partitionId, offset, status?, error?, retryAfter?}] under a lease (completed, failed, retry, dlq)';
+DO $$
+BEGIN
+  IF current_setting('queen_upgrade.replaced_grants') <> '' THEN
+    EXECUTE current_setting('queen_upgrade.replaced_grants');
+  END IF;
+END $$;
 
 -- Removing and moving consumer groups (issue 14).
 CREATE FUNCTION queen."drop_group"(
@@ -541,12 +597,12 @@ BEGIN
   END IF;
 END $roles$;
 GRANT USAGE ON SCHEMA queen TO queen_producer, queen_consumer, queen_admin;
-GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb), queen.push_batch(jsonb) TO queen_producer;
+GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz), queen.push_batch(jsonb) TO queen_producer;
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint),
-    queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text),
+    queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text, interval),
     queen.extend_lease(uuid, int), queen.may_start(uuid, interval), queen.dlq(text, text, int, int)
   TO queen_consumer;
-GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int),
+GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval),
     queen.configure_group(text, text, interval, interval, interval, interval),
     queen.create_group(text, text, text), queen.drop_group(text, text, bool),
     queen.seek(text, text, text, bigint, timestamptz, bool), queen.status(text), queen.totals(text),

@@ -53,6 +53,12 @@ CREATE TABLE queen.queues (
     dedup_window          int  NOT NULL DEFAULT 3600,
     encryption            bool NOT NULL DEFAULT false,
     retention             int  NOT NULL DEFAULT 0,
+    -- the pause before a failed batch is delivered again: retry_backoff, doubled for each
+    -- earlier failed ack of the batch, at most retry_backoff_max (0: at once)
+    retry_backoff         interval NOT NULL DEFAULT '0s',
+    retry_backoff_max     interval NOT NULL DEFAULT '600s',
+    -- how long a message waits after its push before it may be delivered (0: at once)
+    delay                 interval NOT NULL DEFAULT '0s',
     created_at            timestamptz NOT NULL DEFAULT now(),
     updated_at            timestamptz NOT NULL DEFAULT now()
 );

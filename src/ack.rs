@@ -19,6 +19,20 @@ use crate::ids::{from_pg_uuid, to_pg_uuid};
 use crate::segments;
 use crate::spi::run;
 
+/// The queue's retry backoff (`retry_backoff`, `retry_backoff_max`) in microseconds, as
+/// two columns of a statement over `queen.queues` aliased `$q`.
+macro_rules! retry_backoff_micros_sql {
+    ($q:literal) => {
+        concat!(
+            "(extract(epoch FROM ",
+            $q,
+            ".retry_backoff) * 1000000)::int8, (extract(epoch FROM ",
+            $q,
+            ".retry_backoff_max) * 1000000)::int8"
+        )
+    };
+}
+
 /// An ack item addressed to a partition, in input order.
 struct Addressed {
     partition_id: pgrx::Uuid,
@@ -38,6 +52,18 @@ struct LockedLane {
     registry: Option<queen_core::lanes::State>,
 }
 
+/// A `retry_after` (microseconds) with the status it comes with: only `failed` and
+/// `retry` redeliver, and the pause has its limits (`policy::check_retry_after`).
+fn check_retry_after(argument: &str, status: AckStatus, micros: i64) -> i64 {
+    if !matches!(status, AckStatus::Failed | AckStatus::Retry) {
+        errors::invalid(argument, format_args!("applies to status failed or retry, not {status}"));
+    }
+    if let Err(v) = queen_core::policy::check_retry_after(micros) {
+        errors::invalid(argument, v.detail);
+    }
+    micros
+}
+
 fn parse_status(s: &str) -> AckStatus {
     s.parse()
         .unwrap_or_else(|_| errors::invalid("status", format_args!("{s:?} (must be completed, failed, retry or dlq)")))
@@ -45,9 +71,9 @@ fn parse_status(s: &str) -> AckStatus {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text) IS
-  'queen: ack one offset under a lease (completed, failed, retry, dlq)';
-GRANT EXECUTE ON FUNCTION queen.ack(uuid, uuid, bigint, text, text) TO queen_consumer;
+COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) IS
+  'queen: ack one offset under a lease (completed, failed, retry, dlq; retry_after delays a redelivery)';
+GRANT EXECUTE ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) TO queen_consumer;
 "#,
     name = "ack_one_home",
     requires = [ack_one]
@@ -61,22 +87,25 @@ fn ack_one(
     msg_offset: Option<i64>,
     status: default!(Option<&str>, "'completed'"),
     error: default!(Option<&str>, "NULL"),
+    retry_after: default!(Option<pgrx::datum::Interval>, "NULL"),
 ) -> JsonB {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
     let offset = msg_offset.unwrap_or_else(|| errors::null_arg("msg_offset"));
     let status = parse_status(status.unwrap_or("completed"));
-    let item = AckItem { offset, status, error: error.map(str::to_string) };
+    let retry_after =
+        retry_after.map(|v| check_retry_after("retry_after", status, crate::clock::interval_micros("retry_after", v)));
+    let item = AckItem { offset, status, error: error.map(str::to_string), retry_after };
     JsonB(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
 }
 
 /// The keys an ack item may have.
-const ACK_KEYS: [&str; 4] = ["partitionId", "offset", "status", "error"];
+const ACK_KEYS: [&str; 5] = ["partitionId", "offset", "status", "error", "retryAfter"];
 
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.ack(uuid, jsonb) IS
-  'queen: ack [{partitionId, offset, status?, error?}] under a lease (completed, failed, retry, dlq)';
+  'queen: ack [{partitionId, offset, status?, error?, retryAfter?}] under a lease (completed, failed, retry, dlq)';
 GRANT EXECUTE ON FUNCTION queen.ack(uuid, jsonb) TO queen_consumer;
 "#,
     name = "ack_many_home",
@@ -90,9 +119,9 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
     let acks = acks.unwrap_or_else(|| errors::null_arg("acks"));
     // Read in jsonb's binary form: no text round trip, and numbers of any size are text
     // here (pgrx's JsonB would go through serde's f64 and fail on 1e309).
-    let n = acks
-        .array_len()
-        .unwrap_or_else(|| errors::invalid("acks", "must be a JSON array of {partitionId, offset, status?, error?}"));
+    let n = acks.array_len().unwrap_or_else(|| {
+        errors::invalid("acks", "must be a JSON array of {partitionId, offset, status?, error?, retryAfter?}")
+    });
     if n == 0 {
         errors::invalid("acks", "must hold at least one item");
     }
@@ -105,12 +134,12 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
             let obj = acks.object_at(i).unwrap_or_else(|text| {
                 errors::invalid(
                     &format!("acks[{i}]"),
-                    format_args!("must be an object {{partitionId, offset, status?, error?}}, got {text}"),
+                    format_args!("must be an object {{partitionId, offset, status?, error?, retryAfter?}}, got {text}"),
                 )
             });
-            let (pid, offset, status, error) =
-                (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"));
-            let present = [&pid, &offset, &status, &error].iter().filter(|v| v.is_some()).count();
+            let (pid, offset, status, error, retry_after) =
+                (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"), obj.get("retryAfter"));
+            let present = [&pid, &offset, &status, &error, &retry_after].iter().filter(|v| v.is_some()).count();
             obj.reject_unknown_keys(&ACK_KEYS, present, &format!("acks[{i}]"));
             let partition_id = match pid {
                 Some(Found::Str(s)) => uuid::Uuid::parse_str(&s)
@@ -136,7 +165,22 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
                 None | Some(Found::Null) => None,
                 Some(Found::Str(s)) | Some(Found::Other(s)) => Some(s),
             };
-            Addressed { partition_id, item: AckItem { offset, status, error } }
+            // retryAfter: seconds (a JSON number, fractions allowed).
+            let retry_after = match retry_after {
+                None | Some(Found::Null) => None,
+                Some(Found::Other(t)) => {
+                    let secs = t.parse::<f64>().ok().filter(|v| v.is_finite()).unwrap_or_else(|| {
+                        errors::invalid(&at("retryAfter"), format_args!("{t} is not a number of seconds"))
+                    });
+                    // Out of i64's range saturates, and the limit check refuses it.
+                    let micros = (secs * queen_core::lease::MICROS as f64).round() as i64;
+                    Some(check_retry_after(&at("retryAfter"), status, micros))
+                }
+                Some(Found::Str(s)) => {
+                    errors::invalid(&at("retryAfter"), format_args!("{s:?} is not a number of seconds"))
+                }
+            };
+            Addressed { partition_id, item: AckItem { offset, status, error, retry_after } }
         })
         .collect();
     JsonB(ack(lease_id, Some(items)))
@@ -194,7 +238,9 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
                     l.batch_retry_count, ",
                 queen_core::lease_live_sql!("l", "$3"),
                 ", q.retry_limit,
-                    q.dead_letter_queue, q.dlq_after_max_retries, q.name
+                    q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
+                retry_backoff_micros_sql!("q"),
+                "
                FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
               WHERE l.partition_id = ANY(coalesce($2::uuid[],
                       (SELECT le.partition_ids FROM queen.leases le WHERE le.lease_id = $1)))
@@ -217,6 +263,8 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
             policy: RetryPolicy {
                 retry_limit: row.get(8).or_raise().unwrap(),
                 dead_lettering: dead_lettering(row.get(9).or_raise().unwrap(), row.get(10).or_raise().unwrap()),
+                retry_backoff: row.get(12).or_raise().unwrap(),
+                retry_backoff_max: row.get(13).or_raise().unwrap(),
             },
             queue: row.get(11).or_raise().unwrap(),
             registry: None,
@@ -245,8 +293,8 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         .map(|a| item_report(a, false, "no live lane of this lease on that partition (expired, superseded or unknown)"))
         .collect();
     let mut lane_json = Vec::new();
-    let (mut u_pid, mut u_committed, mut u_release, mut u_retry, mut u_reset) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut u_pid, mut u_committed, mut u_release, mut u_retry, mut u_reset, mut u_retry_at) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut group = String::new();
     for lane in lanes.iter().filter(|l| l.live) {
         let Some(idxs) = by_lane.get(lane.partition_id.as_bytes()) else { continue };
@@ -262,11 +310,14 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         for (&i, outcome) in idxs.iter().zip(&plan.items) {
             item_json[i] = outcome_report(&items[i], outcome, dead_letter.as_ref());
         }
+        let retry_at = queen_core::lane::retry_at(&plan, now);
         lane_json.push(json!({
             "partitionId": from_pg_uuid(&lane.partition_id).to_string(),
             "committed": plan.committed,
             "leaseReleased": plan.release,
             "retryCount": plan.retry_count,
+            // Seconds before the lane's messages are delivered again (null: at once).
+            "retryAfter": retry_at.and(plan.retry_after).map(|d| d as f64 / queen_core::lease::MICROS as f64),
         }));
         group = lane.consumer_group.clone();
         u_pid.push(lane.partition_id);
@@ -274,13 +325,15 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         u_release.push(plan.release);
         u_retry.push(plan.retry_count);
         u_reset.push(plan.reset_attempts);
-        if plan.release {
-            // Released lanes are claimable at once: wake waiting pops when we commit.
+        u_retry_at.push(retry_at.map(timestamptz));
+        if plan.release && retry_at.is_none() {
+            // Released lanes are claimable at once: wake waiting pops when we commit. (A
+            // lane in backoff is not: a waiting pop sleeps until its end, see `pop`.)
             crate::wake::notify_on_commit(&lane.queue);
         }
     }
     if registry {
-        apply_registry(client, &lanes, &u_pid, &u_committed, &u_release, &u_retry, &u_reset);
+        apply_registry(client, &lanes, &u_pid, &u_committed, &u_release, &u_retry, &u_reset, &u_retry_at);
     } else if !u_pid.is_empty() {
         let plans = crate::lane_rows::AckPlans {
             partition_ids: u_pid,
@@ -288,6 +341,7 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
             release: u_release,
             retry: u_retry,
             reset: u_reset,
+            retry_at: u_retry_at,
         };
         crate::lane_rows::apply_acks(client, lease_id, &group, plans);
     }
@@ -314,13 +368,19 @@ fn lock_registry(
     }
     let policy = run(
         client,
-        "SELECT retry_limit, dead_letter_queue, dlq_after_max_retries, name FROM queen.queues WHERE queue_id = $1",
+        concat!(
+            "SELECT q.retry_limit, q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
+            retry_backoff_micros_sql!("q"),
+            " FROM queen.queues q WHERE q.queue_id = $1"
+        ),
         &[info.queue_id.into()],
     );
     let Some(q) = policy.into_iter().next() else { return Vec::new() };
     let policy = RetryPolicy {
         retry_limit: q.get(1).or_raise().unwrap(),
         dead_lettering: dead_lettering(q.get(2).or_raise().unwrap(), q.get(3).or_raise().unwrap()),
+        retry_backoff: q.get(5).or_raise().unwrap(),
+        retry_backoff_max: q.get(6).or_raise().unwrap(),
     };
     let queue: String = q.get(4).or_raise().unwrap();
     let mut pids: Vec<pgrx::Uuid> = info
@@ -356,6 +416,7 @@ fn lock_registry(
 
 /// With the lane registry: the plans take effect there, and every changed cursor or retry
 /// count is journaled in this transaction.
+#[allow(clippy::too_many_arguments)]
 fn apply_registry(
     client: &mut SpiClient<'_>,
     lanes: &[LockedLane],
@@ -364,6 +425,7 @@ fn apply_registry(
     release: &[bool],
     retry: &[i32],
     reset: &[bool],
+    retry_at: &[Option<pgrx::datum::TimestampWithTimeZone>],
 ) {
     let mut journal = Vec::new();
     let mut group = "";
@@ -372,7 +434,8 @@ fn apply_registry(
         let old = lane.registry.expect("locked in the registry");
         group = &lane.consumer_group;
         let state = queen_core::lane::Lane::from_registry(&old);
-        let next = queen_core::lane::apply_ack_effect(&state, committed[k], release[k], retry[k], reset[k]);
+        let until = retry_at[k].map(i64::from);
+        let next = queen_core::lane::apply_ack_effect(&state, committed[k], release[k], retry[k], reset[k], until);
         let new = next.to_registry(&old);
         let changed = new.journal_seq != old.journal_seq;
         crate::lanes::set(*pid, &lane.consumer_group, new, None);

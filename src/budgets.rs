@@ -14,17 +14,9 @@ use crate::names::{check_lane_name, check_queue_name};
 use crate::queues;
 use crate::spi::run;
 
-/// Microseconds in an interval, refusing months (their length is not fixed).
+/// Microseconds in an interval argument (`clock::interval_micros`); NULL is an error.
 fn micros(argument: &str, v: Option<Interval>) -> i64 {
-    let v = v.unwrap_or_else(|| errors::null_arg(argument));
-    if v.months() != 0 {
-        errors::invalid(argument, format_args!("{v} (months have no fixed length; use days or less)"));
-    }
-    let m = i64::from(v.days()) * 86_400 * MICROS + v.micros();
-    if m < 0 {
-        errors::invalid(argument, format_args!("{v} (must not be negative)"));
-    }
-    m
+    crate::clock::interval_micros(argument, v.unwrap_or_else(|| errors::null_arg(argument)))
 }
 
 fn secs(m: i64) -> f64 {

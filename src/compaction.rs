@@ -118,6 +118,7 @@ struct Owned {
     payload: Vec<u8>,
     created_at: i64,
     headers: Option<Vec<u8>>,
+    deliver_at: Option<i64>,
 }
 
 /// Most fresh segments a pass reads from one partition.
@@ -218,6 +219,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
                         payload: f.payload.to_vec(),
                         created_at,
                         headers: f.headers.map(<[u8]>::to_vec),
+                        deliver_at: f.deliver_at,
                     });
                 }
             }
@@ -232,6 +234,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
             payload: &m.payload,
             created_at: Some(m.created_at),
             headers: m.headers.as_deref(),
+            deliver_at: m.deliver_at,
         }),
         None => Entry::Gap,
     }));

@@ -94,7 +94,10 @@ fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) ->
         let (id, queue, partition) = lock_row(client, partition_id, transaction_id);
         (id, queue, partition, payload(client, id))
     });
-    let pushed = push_items(vec![PushItem { queue, partition, payload, transaction_id: None, headers }]);
+    // A replayed message is due at once (after the queue's delay), whatever its first
+    // push asked for.
+    let pushed =
+        push_items(vec![PushItem { queue, partition, payload, transaction_id: None, headers, deliver_at: None }]);
     let row = &pushed[0];
     let removed = Spi::connect_mut(|client| {
         !run(client, "DELETE FROM queen.log_dlq WHERE id = $1 RETURNING 1", &[id.into()]).is_empty()

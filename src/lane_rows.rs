@@ -147,6 +147,9 @@ pub struct AckPlans {
     pub release: Vec<bool>,
     pub retry: Vec<i32>,
     pub reset: Vec<bool>,
+    /// The end of a released lane's retry backoff (`queen_core::lane::retry_at`), kept in
+    /// its lease expiry while it has no lease.
+    pub retry_at: Vec<Option<pgrx::datum::TimestampWithTimeZone>>,
 }
 
 /// Applies an ack's plans, and drops the lease row once no lane holds the lease any more,
@@ -159,13 +162,13 @@ pub fn apply_acks(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, group: &str,
            UPDATE queen.lanes l
               SET committed = v.committed,
                   lease_id = CASE WHEN v.release THEN NULL ELSE l.lease_id END,
-                  lease_expires_at = CASE WHEN v.release THEN NULL ELSE l.lease_expires_at END,
+                  lease_expires_at = CASE WHEN v.release THEN v.retry_at ELSE l.lease_expires_at END,
                   batch_end = CASE WHEN v.release THEN NULL ELSE l.batch_end END,
                   batch_retry_count = v.retry,
                   attempt_count = CASE WHEN v.reset THEN 0 ELSE l.attempt_count END,
                   claim_start = CASE WHEN v.reset THEN NULL ELSE l.claim_start END
-             FROM unnest($1::uuid[], $2::int8[], $3::bool[], $4::int4[], $5::bool[])
-                  AS v(partition_id, committed, release, retry, reset)
+             FROM unnest($1::uuid[], $2::int8[], $3::bool[], $4::int4[], $5::bool[], $8::timestamptz[])
+                  AS v(partition_id, committed, release, retry, reset, retry_at)
             WHERE l.partition_id = v.partition_id AND l.consumer_group = $6
            RETURNING l.partition_id, v.release
          )
@@ -185,6 +188,7 @@ pub fn apply_acks(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, group: &str,
             p.reset.into(),
             group.into(),
             lease_id.into(),
+            p.retry_at.into(),
         ],
     );
 }

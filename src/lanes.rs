@@ -635,8 +635,9 @@ COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, i
     requires = [lane_sql]
 );
 
-/// `queen._lane(...)`: a lane's live state, for `status` and `totals`. With the registry
-/// its state; without, the row's own columns (passed in).
+/// `queen._lane(...)`: a lane's live state, for `status`, `totals` and `metrics`. With
+/// the registry its state; without, the row's own columns (passed in). A lease expiry
+/// without a lease is a retry backoff (`queen_core::lane`): returned as `retry_at`.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 #[pg_extern(name = "_lane", volatile, parallel_unsafe)]
 fn lane_sql(
@@ -657,20 +658,24 @@ fn lane_sql(
         name!(batch_end, Option<i64>),
         name!(retry_count, i32),
         name!(attempt_count, i32),
+        name!(retry_at, Option<pgrx::datum::TimestampWithTimeZone>),
     ),
 > {
     if !enabled() {
-        return TableIterator::once((committed, lease_id, lease_expires_at, batch_end, retry_count, attempt_count));
+        let (expires, retry_at) = if lease_id.is_some() { (lease_expires_at, None) } else { (None, lease_expires_at) };
+        return TableIterator::once((committed, lease_id, expires, batch_end, retry_count, attempt_count, retry_at));
     }
     let (s, _) = view(partition_id, consumer_group);
-    let lease = s.has_lease().then(|| pgrx::Uuid::from_bytes(s.lease_id));
+    let lane = queen_core::lane::Lane::from_registry(&s);
+    let lease = lane.lease.map(|_| pgrx::Uuid::from_bytes(s.lease_id));
     TableIterator::once((
         s.committed,
         lease,
-        lease.map(|_| crate::clock::timestamptz(s.lease_expires)),
+        lane.lease.map(|(_, expires)| crate::clock::timestamptz(expires)),
         lease.map(|_| s.batch_end),
         s.retry_count,
         s.attempt_count,
+        lane.retry_at.map(crate::clock::timestamptz),
     ))
 }
 
@@ -723,16 +728,26 @@ COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS
 );
 
 /// `queen._claimable(partition_id, consumer_group, head)`: for a pop's scan of its lanes,
-/// the partition's readable end when the lane can be claimed now (no live lease, no other
-/// transaction holding it, messages past its cursor), else NULL.
+/// the partition's readable end when the lane can be claimed now (no live lease, no retry
+/// backoff running, no other transaction holding it, messages past its cursor), else NULL.
+/// A backoff's end is noted for a waiting pop (`wake::due_at`).
 #[pg_extern(name = "_claimable", volatile, parallel_unsafe)]
 fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
     let (s, held) = view(partition_id, consumer_group);
-    if held || s.live_lease(crate::clock::clock_now()) {
+    let now = crate::clock::clock_now();
+    if held || s.live_lease(now) {
         return None;
     }
     let readable = crate::offsets::readable(partition_id, head);
-    (s.committed < readable).then_some(readable)
+    let lane = queen_core::lane::Lane::from_registry(&s);
+    match lane.claimability(readable, now) {
+        c if c.claimable() => Some(readable),
+        queen_core::lane::Claimability::Backoff => {
+            crate::wake::due_at(lane.retry_at.unwrap_or(now));
+            None
+        }
+        _ => None,
+    }
 }
 
 extension_sql!(

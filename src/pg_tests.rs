@@ -99,7 +99,7 @@ fn arg_default<T: pgrx::IntoDatum + pgrx::FromDatum>(func: &str, n: i32, cast: &
 #[pg_test]
 fn entry_point_defaults_are_the_policy() {
     use queen_core::policy::{QueueOptions, Subscription, DEFAULT_BUDGET, DEFAULT_EXTEND_SECONDS};
-    let configure = "queen.configure(text, int, int, bool, bool, int, bool, int)";
+    let configure = "queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)";
     let o = QueueOptions::CONFIGURED;
     assert_eq!(arg_default::<i32>(configure, 2, ""), o.lease_time);
     assert_eq!(arg_default::<i32>(configure, 3, ""), o.retry_limit);
@@ -112,16 +112,21 @@ fn entry_point_defaults_are_the_policy() {
         Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{configure}'::regprocedure, 7)"));
     assert!(enc.unwrap().unwrap().starts_with("NULL"));
 
-    let group = "queen.configure_group(text, text, interval, interval, interval, interval)";
-    let us = |n: i32| -> i64 {
+    let us_of = |function: &str, n: i32| -> i64 {
         let expr =
-            Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{group}'::regprocedure, {n})"))
+            Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{function}'::regprocedure, {n})"))
                 .unwrap()
                 .unwrap();
         Spi::get_one::<i64>(&format!("SELECT (extract(epoch FROM ({expr})::interval) * 1000000)::int8"))
             .unwrap()
             .unwrap()
     };
+    assert_eq!(us_of(configure, 9), o.retry_backoff);
+    assert_eq!(us_of(configure, 10), o.retry_backoff_max);
+    assert_eq!(us_of(configure, 11), o.delay);
+
+    let group = "queen.configure_group(text, text, interval, interval, interval, interval)";
+    let us = |n: i32| us_of(group, n);
     assert_eq!(us(3), DEFAULT_BUDGET.handler_timeout);
     assert_eq!(us(4), DEFAULT_BUDGET.queue_margin);
     assert_eq!(us(5), DEFAULT_BUDGET.timeout_grace);

@@ -160,7 +160,8 @@ fn validate(a: &PopArgs) {
 }
 
 /// Long-poll: retries the claim whenever a push commits or a lane is released on this
-/// queue (see `wake`), until messages come or `wait_ms` passes.
+/// queue (see `wake`), or a retry backoff it met ends, until messages come or `wait_ms`
+/// passes.
 fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
     // SAFETY: a plain read of the transaction's isolation level.
     if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
@@ -174,19 +175,42 @@ fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
     let deadline = clock_now().saturating_add(i64::from(a.wait_ms) * 1000);
     loop {
         wake::prepare(a.queue);
+        wake::take_due();
         let rows = pop(a);
-        let left_ms = (deadline - clock_now()) / 1000;
+        let now = clock_now();
+        let left_ms = (deadline - now) / 1000;
         if !rows.is_empty() || left_ms <= 0 {
             wake::cancel();
             return rows;
         }
-        wake::sleep(a.queue, left_ms);
+        // A retry backoff that ends before the deadline: nobody signals it, so wake then.
+        let due_ms = wake::take_due().map_or(left_ms, |t| ((t - now) / 1000).max(1));
+        wake::sleep(a.queue, left_ms.min(due_ms));
     }
 }
 
+thread_local! {
+    /// Set when `read_span` stopped at a message that is not due yet.
+    static NOT_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Most claim rounds of one pop whose lanes held only messages not due yet: each round
+/// scans the next lanes of the group (round-robin), so that due messages behind them are
+/// found without waiting.
+const DUE_ROUNDS: usize = 8;
+
 /// One claim attempt: returns the delivered messages, possibly none.
 pub fn pop(a: &PopArgs) -> Vec<Delivered> {
-    Spi::connect_mut(|client| pop_in(client, a))
+    Spi::connect_mut(|client| {
+        for _ in 0..if a.partition.is_some() { 1 } else { DUE_ROUNDS } {
+            NOT_DUE.with(|n| n.set(false));
+            let rows = pop_in(client, a);
+            if !rows.is_empty() || !NOT_DUE.with(|n| n.get()) {
+                return rows;
+            }
+        }
+        Vec::new()
+    })
 }
 
 fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
@@ -194,7 +218,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         client,
         "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
                 (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
-                                    + g.record_margin) * 1000000)::int8
+                                    + g.record_margin) * 1000000)::int8,
+                (extract(epoch FROM q.delay) * 1000000)::int8
            FROM queen.queues q
            LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
           WHERE q.name = $1",
@@ -207,6 +232,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let lease_time: Option<i32> = row.get(2).or_raise();
     let has_group: bool = row.get(3).or_raise().unwrap();
     let budget_micros: Option<i64> = row.get(4).or_raise();
+    let delay: i64 = row.get(5).or_raise().unwrap_or(0);
     // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
     if !crate::locks::share_queue(queue_id) {
         return Vec::new(); // deleted while this pop waited: an unknown queue
@@ -248,6 +274,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut attempts = Vec::new();
     let mut old_leases = Vec::new();
     let mut budget = Budget { left: a.max_bytes, any: false };
+    let due = Due { delay, now };
     let mut poison = Vec::new();
     let mut passed = Vec::new();
     for (c, &take) in candidates.iter().zip(&takes) {
@@ -258,7 +285,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let attempt = queen_core::lane::redelivery(c.claim_start, c.attempt_count, start);
         let before = out.len();
         let poisoned = poison.len();
-        let span = read_span(client, c, take, &mut budget, &mut poison, |mut d| {
+        let span = read_span(client, c, take, &due, &mut budget, &mut poison, |mut d| {
             d.lease_id = lease_id;
             d.lease_expires_at = expires;
             d.attempt = attempt;
@@ -632,10 +659,19 @@ fn file_poison(
     crate::lanes::journal(client, a.group, &journal);
 }
 
+/// What decides whether a message is due (`queen_core::policy::due_at`): the queue's
+/// delay, and the pop's clock.
+struct Due {
+    delay: i64,
+    now: i64,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn read_span(
     client: &mut SpiClient<'_>,
     c: &Candidate,
     take: i64,
+    due: &Due,
     budget: &mut Budget,
     poison: &mut Vec<Poison>,
     mut emit: impl FnMut(Delivered),
@@ -661,6 +697,15 @@ fn read_span(
                     stop = fixed_snapshot;
                     return !stop;
                 };
+                // A message not due yet (the queue's delay, or its own delivery time)
+                // holds back the rest of its lane: offsets are delivered in order.
+                let due_at = queen_core::policy::due_at(i64::from(created_at), due.delay, f.deliver_at);
+                if due_at > due.now {
+                    crate::wake::due_at(due_at);
+                    NOT_DUE.with(|n| n.set(true));
+                    stop = true;
+                    return false;
+                }
                 let opened = crate::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
                     let headers =
                         f.headers.map(|h| crate::encryption::try_open_headers(&f.message_id, h)).transpose()?;

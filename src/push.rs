@@ -32,6 +32,8 @@ pub struct PushItem {
     pub transaction_id: Option<String>,
     /// The headers object as jsonb bytes; None: no headers.
     pub headers: Option<Vec<u8>>,
+    /// Not delivered before this time (microseconds since 2000-01-01); None: no such time.
+    pub deliver_at: Option<i64>,
 }
 
 /// One result row: `queen.push_result`.
@@ -99,6 +101,13 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
             );
         }
     }
+    if let Some(deliver_at) = item.deliver_at {
+        // SAFETY: a plain read of the current transaction's start time.
+        let now = unsafe { pgrx::pg_sys::GetCurrentTransactionStartTimestamp() };
+        if let Err(v) = queen_core::policy::check_deliver_at(deliver_at, now) {
+            errors::invalid(&format!("{}deliver_at", at()), v.detail);
+        }
+    }
     if let Some(tx) = &item.transaction_id {
         if tx.is_empty() || tx.len() > MAX_TRANSACTION_ID {
             errors::invalid(
@@ -118,13 +127,14 @@ CREATE FUNCTION queen.push(
     payload jsonb,
     partition text DEFAULT 'Default',
     transaction_id text DEFAULT NULL,
-    headers jsonb DEFAULT NULL
+    headers jsonb DEFAULT NULL,
+    deliver_at timestamptz DEFAULT NULL
 ) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_one_wrapper';
-COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb) IS
-  'queen: push one message (with optional headers); returns queen.push_result (status queued or duplicate)';
-GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb) TO queen_producer;
+COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) IS
+  'queen: push one message (with optional headers and delivery time); returns queen.push_result (status queued or duplicate)';
+GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) TO queen_producer;
 "#)]
 fn push_one(
     p_queue: Option<&str>,
@@ -132,6 +142,7 @@ fn push_one(
     p_partition: Option<&str>,
     p_transaction_id: Option<&str>,
     p_headers: Option<RawJsonb>,
+    p_deliver_at: Option<TimestampWithTimeZone>,
 ) -> TableIterator<
     'static,
     (
@@ -151,6 +162,7 @@ fn push_one(
         payload: payload.0,
         transaction_id: p_transaction_id.map(str::to_string),
         headers: p_headers.map(|h| h.0),
+        deliver_at: p_deliver_at.map(i64::from),
     };
     check_item(&item, &String::new);
     into_table(crate::spi::with_pinned_search_path(|| push_items(vec![item])))
@@ -158,7 +170,7 @@ fn push_one(
 
 /// The keys a push_batch item may have; anything else is refused (a typo such as
 /// "partiton" must not silently send a message to the default partition).
-const BATCH_KEYS: [&str; 5] = ["queue", "partition", "payload", "transactionId", "headers"];
+const BATCH_KEYS: [&str; 6] = ["queue", "partition", "payload", "transactionId", "headers", "deliverAt"];
 
 /// A string field of a batch item: absent or null is None; anything else but a string
 /// is an error naming the item and the key.
@@ -170,7 +182,7 @@ fn string_field(found: Option<Found>, at: &dyn Fn() -> String, key: &str) -> Opt
     }
 }
 
-/// `queen.push_batch`: a JSON array of `{queue, partition?, payload, transactionId?, headers?}`,
+/// `queen.push_batch`: a JSON array of `{queue, partition?, payload, transactionId?, headers?, deliverAt?}`,
 /// atomically; one result row per item in input order. The items are read in jsonb's
 /// binary form; payloads are copied out as jsonb bytes. Pins its search path as `push`.
 #[pg_extern(sql = r#"
@@ -178,7 +190,7 @@ CREATE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_wrapper';
 COMMENT ON FUNCTION queen.push_batch(jsonb) IS
-  'queen: push a JSON array of {queue, partition?, payload, transactionId?, headers?} atomically';
+  'queen: push a JSON array of {queue, partition?, payload, transactionId?, headers?, deliverAt?} atomically';
 GRANT EXECUTE ON FUNCTION queen.push_batch(jsonb) TO queen_producer;
 "#)]
 fn push_batch(
@@ -212,7 +224,9 @@ fn push_batch(
         let obj = items_arg.object_at(i).unwrap_or_else(|text| {
             errors::invalid(
                 &format!("items[{i}]"),
-                format_args!("must be an object {{queue, partition?, payload, transactionId?, headers?}}, got {text}"),
+                format_args!(
+                    "must be an object {{queue, partition?, payload, transactionId?, headers?, deliverAt?}}, got {text}"
+                ),
             )
         });
         let (queue, partition, transaction_id) = (obj.get("queue"), obj.get("partition"), obj.get("transactionId"));
@@ -220,11 +234,18 @@ fn push_batch(
         // are no headers.
         let payload = obj.get_jsonb("payload");
         let headers = obj.get("headers");
-        let present =
-            [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some(), headers.is_some()]
-                .iter()
-                .filter(|&&b| b)
-                .count();
+        let deliver_at = obj.get("deliverAt");
+        let present = [
+            queue.is_some(),
+            partition.is_some(),
+            transaction_id.is_some(),
+            payload.is_some(),
+            headers.is_some(),
+            deliver_at.is_some(),
+        ]
+        .iter()
+        .filter(|&&b| b)
+        .count();
         obj.reject_unknown_keys(&BATCH_KEYS, present, &format!("items[{i}]"));
         let item = PushItem {
             queue: string_field(queue, &at, "queue")
@@ -236,6 +257,9 @@ fn push_batch(
                 None | Some(Found::Null) => None,
                 Some(_) => obj.get_jsonb("headers"),
             },
+            // deliverAt: a timestamp as PostgreSQL reads timestamptz text (ISO 8601).
+            deliver_at: string_field(deliver_at, &at, "deliverAt")
+                .map(|t| parse_timestamptz(&format!("{}deliverAt", at()), &t)),
         };
         check_item(&item, &at);
         total += item.payload.len() + item.headers.as_ref().map_or(0, Vec::len);
@@ -248,6 +272,29 @@ fn push_batch(
         );
     }
     into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
+}
+
+/// A timestamp given as text (`timestamptz` input: ISO 8601, with or without a zone), in
+/// microseconds; 22023 naming `argument` when it is not one.
+fn parse_timestamptz(argument: &str, text: &str) -> i64 {
+    let parsed = PgTryBuilder::new(|| {
+        let c = std::ffi::CString::new(text).ok()?;
+        // SAFETY: timestamptz_in on a NUL-terminated string; errors are caught below.
+        let d = unsafe {
+            pgrx::direct_function_call::<TimestampWithTimeZone>(
+                pgrx::pg_sys::timestamptz_in,
+                &[
+                    Some(pgrx::pg_sys::Datum::from(c.as_ptr())),
+                    Some(pgrx::pg_sys::Datum::from(0u32)),
+                    Some(pgrx::pg_sys::Datum::from(-1i32)),
+                ],
+            )
+        };
+        d.map(i64::from)
+    })
+    .catch_others(|_| None)
+    .execute();
+    parsed.unwrap_or_else(|| errors::invalid(argument, format_args!("{text:?} is not a timestamp")))
 }
 
 /// Whether a push of `n` offsets to a partition writes to the fresh tier (decided when
@@ -568,6 +615,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                         Some(s) => s[k].as_deref(),
                         None => items[i].headers.as_deref(),
                     },
+                    deliver_at: items[i].deliver_at,
                 })
             });
             // A small push goes to the fresh tier uncompressed: compaction compresses it

@@ -318,9 +318,9 @@ fn queues_changed() {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) IS
+COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval) IS
   'queen: create or update a queue; returns its options in camelCase';
-GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) TO queen_admin;
+GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval) TO queen_admin;
 "#,
     name = "configure_home",
     requires = [configure]
@@ -341,6 +341,9 @@ fn configure(
     dedup_window: pgrx::default!(Option<i32>, 3600),
     encryption: pgrx::default!(Option<bool>, "NULL"),
     retention: pgrx::default!(Option<i32>, 0),
+    retry_backoff: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
+    retry_backoff_max: pgrx::default!(Option<pgrx::datum::Interval>, "'600s'"),
+    delay: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
 ) -> pgrx::JsonB {
     use crate::errors::null_arg;
     use crate::names::check_queue_name;
@@ -352,6 +355,9 @@ fn configure(
     let dlq_after_max_retries = dlq_after_max_retries.unwrap_or_else(|| null_arg("dlq_after_max_retries"));
     let dedup_window = dedup_window.unwrap_or_else(|| null_arg("dedup_window"));
     let retention = retention.unwrap_or_else(|| null_arg("retention"));
+    let retry_backoff = retry_backoff.unwrap_or_else(|| null_arg("retry_backoff"));
+    let retry_backoff_max = retry_backoff_max.unwrap_or_else(|| null_arg("retry_backoff_max"));
+    let delay = delay.unwrap_or_else(|| null_arg("delay"));
     let options = QueueOptions {
         lease_time,
         retry_limit,
@@ -360,6 +366,9 @@ fn configure(
         dedup_window,
         encryption: encryption.unwrap_or(false),
         retention,
+        retry_backoff: crate::clock::interval_micros("retry_backoff", retry_backoff),
+        retry_backoff_max: crate::clock::interval_micros("retry_backoff_max", retry_backoff_max),
+        delay: crate::clock::interval_micros("delay", delay),
     };
     if let Err(v) = options.validate() {
         crate::errors::violation(v);
@@ -397,14 +406,17 @@ fn configure(
         run(
             client,
             "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
-                                           dlq_after_max_retries, dedup_window, encryption, retention)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                           dlq_after_max_retries, dedup_window, encryption, retention,
+                                           retry_backoff, retry_backoff_max, delay)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
              ON CONFLICT (name) DO UPDATE SET
                lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
                dead_letter_queue = EXCLUDED.dead_letter_queue,
                dlq_after_max_retries = EXCLUDED.dlq_after_max_retries,
                dedup_window = EXCLUDED.dedup_window, encryption = EXCLUDED.encryption,
-               retention = EXCLUDED.retention, updated_at = now()",
+               retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
+               retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
+               updated_at = now()",
             &[
                 queue.into(),
                 lease_time.into(),
@@ -414,10 +426,14 @@ fn configure(
                 dedup_window.into(),
                 encryption.into(),
                 retention.into(),
+                retry_backoff.into(),
+                retry_backoff_max.into(),
+                delay.into(),
             ],
         );
         encryption
     });
+    let secs = |m: i64| m as f64 / queen_core::lease::MICROS as f64;
     pgrx::JsonB(serde_json::json!({
         "leaseTime": lease_time,
         "retryLimit": retry_limit,
@@ -426,5 +442,8 @@ fn configure(
         "dedupWindow": dedup_window,
         "encryption": encryption,
         "retention": retention,
+        "retryBackoff": secs(options.retry_backoff),
+        "retryBackoffMax": secs(options.retry_backoff_max),
+        "delay": secs(options.delay),
     }))
 }

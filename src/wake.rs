@@ -32,6 +32,20 @@ static mut WAKE: *mut WakeShmem = ptr::null_mut();
 thread_local! {
     /// Slots to broadcast when the current transaction commits (a bit per slot).
     static PENDING: Cell<u64> = const { Cell::new(0) };
+    /// The earliest time a lane this backend's pop passed over becomes claimable without
+    /// anybody signalling it (a retry backoff ending): a waiting pop sleeps no longer.
+    static DUE: Cell<Option<i64>> = const { Cell::new(None) };
+}
+
+/// Notes that a lane the current pop could not claim becomes claimable at `at`
+/// (microseconds, `clock::clock_now`'s clock).
+pub fn due_at(at: i64) {
+    DUE.with(|d| d.set(Some(d.get().map_or(at, |t| t.min(at)))));
+}
+
+/// Takes the earliest time noted by `due_at` since the last call.
+pub fn take_due() -> Option<i64> {
+    DUE.with(|d| d.take())
 }
 
 /// Bytes of shared memory the wake-up slots take (see `shmem`).
@@ -104,7 +118,8 @@ pub fn prepare(queue: &str) {
 }
 
 /// Sleeps until a wake-up of `queue`, `timeout_ms`, or an interrupt (query cancel and
-/// statement_timeout raise their ERROR here, as anywhere in PostgreSQL).
+/// statement_timeout raise their ERROR here, as anywhere in PostgreSQL). The caller
+/// shortens `timeout_ms` to the next `due_at` time.
 pub fn sleep(queue: &str, timeout_ms: i64) {
     // SAFETY: with preloading WAKE points at the initialised slots; MyLatch is this
     // backend's own latch.

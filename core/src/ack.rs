@@ -56,6 +56,9 @@ pub struct AckItem {
     pub offset: i64,
     pub status: AckStatus,
     pub error: Option<String>,
+    /// With `failed` or `retry`: how long (microseconds) the lane waits before the
+    /// message is delivered again, instead of the queue's backoff.
+    pub retry_after: Option<i64>,
 }
 
 /// The leased state of a lane, as read under its row lock.
@@ -72,6 +75,9 @@ pub struct RetryPolicy {
     pub retry_limit: i32,
     /// True when `dead_letter_queue` or `dlq_after_max_retries` is set.
     pub dead_lettering: bool,
+    /// The queue's `retry_backoff` and `retry_backoff_max` (microseconds; 0: none).
+    pub retry_backoff: i64,
+    pub retry_backoff_max: i64,
 }
 
 /// What happened to one item.
@@ -111,6 +117,10 @@ pub struct LanePlan {
     pub retry_count: i32,
     /// True when the redelivery counter resets (clean completion or a disposal).
     pub reset_attempts: bool,
+    /// When the plan releases the lane for a redelivery (`failed` within its budget, or
+    /// `retry`): the pause before it, in microseconds. The item's `retry_after` if it has
+    /// one, else for `failed` the queue's backoff; None for an immediate redelivery.
+    pub retry_after: Option<i64>,
     pub disposal: Disposal,
     /// One outcome per input item, same order.
     pub items: Vec<ItemOutcome>,
@@ -148,6 +158,7 @@ pub fn plan_lane(lane: LaneState, items: &[AckItem], policy: RetryPolicy, call_e
             release: complete,
             retry_count: if complete { 0 } else { lane.retry_count },
             reset_attempts: complete,
+            retry_after: None,
             disposal: Disposal::None,
             items: outcomes,
         };
@@ -160,13 +171,19 @@ pub fn plan_lane(lane: LaneState, items: &[AckItem], policy: RetryPolicy, call_e
         release: true,
         retry_count: lane.retry_count,
         reset_attempts: false,
+        retry_after: None,
         disposal: Disposal::None,
         items: Vec::new(),
     };
     let exhausted = e.status == AckStatus::Failed && lane.retry_count >= policy.retry_limit;
     match e.status {
-        AckStatus::Retry => {}
-        AckStatus::Failed if !exhausted => plan.retry_count = lane.retry_count + 1,
+        AckStatus::Retry => plan.retry_after = e.retry_after.filter(|&d| d > 0),
+        AckStatus::Failed if !exhausted => {
+            plan.retry_count = lane.retry_count + 1;
+            let backoff =
+                crate::policy::backoff_delay(policy.retry_backoff, policy.retry_backoff_max, plan.retry_count);
+            plan.retry_after = e.retry_after.or(Some(backoff)).filter(|&d| d > 0);
+        }
         _ => {
             // dlq, or failed with no budget left
             plan.committed = e.offset;
@@ -198,10 +215,39 @@ mod tests {
     use AckStatus::*;
 
     fn item(offset: i64, status: AckStatus) -> AckItem {
-        AckItem { offset, status, error: None }
+        AckItem { offset, status, error: None, retry_after: None }
     }
-    const POLICY: RetryPolicy = RetryPolicy { retry_limit: 3, dead_lettering: true };
+    const POLICY: RetryPolicy =
+        RetryPolicy { retry_limit: 3, dead_lettering: true, retry_backoff: 0, retry_backoff_max: 0 };
     const LANE: LaneState = LaneState { committed: 10, batch_end: 16, retry_count: 0 };
+
+    #[test]
+    fn a_redelivery_waits_for_retry_after_or_the_queue_backoff() {
+        let backoff = RetryPolicy { retry_backoff: 1_000_000, retry_backoff_max: 3_000_000, ..POLICY };
+        let after = |d| AckItem { retry_after: Some(d), ..item(12, Failed) };
+        // No backoff and no retry_after: redelivered at once, as before.
+        assert_eq!(plan_lane(LANE, &[item(12, Failed)], POLICY, None).retry_after, None);
+        // The queue's backoff grows with the batch's failed acks, up to its cap.
+        let delays: Vec<Option<i64>> = (0..4)
+            .map(|r| plan_lane(LaneState { retry_count: r, ..LANE }, &[item(12, Failed)], backoff, None).retry_after)
+            .collect();
+        // (The 4th failure exhausts the budget of 3: dead-lettered, nothing to redeliver.)
+        assert_eq!(delays, vec![Some(1_000_000), Some(2_000_000), Some(3_000_000), None]);
+        // retry_after wins over the backoff, and applies to `retry` too (which has no backoff).
+        assert_eq!(plan_lane(LANE, &[after(5)], backoff, None).retry_after, Some(5));
+        assert_eq!(
+            plan_lane(LANE, &[AckItem { retry_after: Some(7), ..item(12, Retry) }], POLICY, None).retry_after,
+            Some(7)
+        );
+        assert_eq!(plan_lane(LANE, &[item(12, Retry)], backoff, None).retry_after, None);
+        assert_eq!(plan_lane(LANE, &[after(0)], backoff, None).retry_after, None, "0: at once");
+        // A completion or a disposal releases nothing to wait for.
+        assert_eq!(plan_lane(LANE, &[item(16, Completed)], backoff, None).retry_after, None);
+        assert_eq!(
+            plan_lane(LANE, &[AckItem { retry_after: Some(9), ..item(12, Dlq) }], backoff, None).retry_after,
+            None
+        );
+    }
 
     #[test]
     fn cumulative_commit_and_completion() {
@@ -266,7 +312,7 @@ mod tests {
     fn dlq_ignores_budget_and_switches_off_drop() {
         let p = plan_lane(LANE, &[item(11, Dlq)], POLICY, None);
         assert!(matches!(p.disposal, Disposal::DeadLetter { offset: 11, retry_count: 0, .. }));
-        let off = RetryPolicy { retry_limit: 3, dead_lettering: false };
+        let off = RetryPolicy { dead_lettering: false, ..POLICY };
         let p = plan_lane(LANE, &[item(11, Dlq)], off, None);
         assert_eq!(p.disposal, Disposal::Drop { offset: 11 });
         assert_eq!((p.committed, p.items[0].clone()), (11, ItemOutcome::Dropped));

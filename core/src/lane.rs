@@ -16,16 +16,22 @@ pub fn lease_live(lease_expires: Option<i64>, now: i64) -> bool {
     lease_expires.is_some_and(|e| e > now)
 }
 
+// Storage of a retry backoff (`Lane::retry_at`): a lane row (and a registry slot) keeps it
+// in its lease expiry while it has no lease: `lease_id` NULL (all zero in the registry)
+// with `lease_expires_at` in the future is a lane that waits out a backoff. So "no live
+// lease and no backoff" is one test of one column, as before backoffs existed.
+
 /// The SQL form of `lease_live` over a lane row aliased `$lane`, with `$now` the clock
 /// (a placeholder such as `"$3"`): a string literal, for `concat!` into kept statements.
 #[macro_export]
 macro_rules! lease_live_sql {
     ($lane:literal, $now:literal) => {
-        concat!("(", $lane, ".lease_expires_at > ", $now, ")")
+        concat!("(", $lane, ".lease_id IS NOT NULL AND ", $lane, ".lease_expires_at > ", $now, ")")
     };
 }
 
-/// The SQL form of "no live lease" (the negation of `lease_live_sql!`, NULL-safe).
+/// The SQL form of "neither a live lease nor a running backoff" (NULL-safe): the lane
+/// may be claimed (when it has messages).
 #[macro_export]
 macro_rules! lease_free_sql {
     ($lane:literal, $now:literal) => {
@@ -44,6 +50,9 @@ pub enum Claimability {
     Expired,
     /// Under a live lease: not claimable.
     Live,
+    /// Messages wait, but a failed batch's retry backoff runs until `retry_at`: not
+    /// claimable before.
+    Backoff,
 }
 
 impl Claimability {
@@ -67,12 +76,22 @@ pub struct Lane {
     pub attempt_count: i32,
     /// Failed acks of the batch at the cursor (the retry budget spent).
     pub retry_count: i32,
+    /// Without a lease: the lane is not claimed before this time (a retry backoff).
+    pub retry_at: Option<i64>,
 }
 
 impl Lane {
     /// A lane as it is created: nothing consumed up to `committed`, nothing leased.
     pub fn new(committed: i64) -> Lane {
-        Lane { committed, lease: None, batch_end: 0, claim_start: None, attempt_count: 0, retry_count: 0 }
+        Lane {
+            committed,
+            lease: None,
+            batch_end: 0,
+            claim_start: None,
+            attempt_count: 0,
+            retry_count: 0,
+            retry_at: None,
+        }
     }
 
     /// Whether a pop at `now` may claim this lane, given the partition's readable end.
@@ -81,6 +100,7 @@ impl Lane {
             Some((_, expires)) if lease_live(Some(expires), now) => Claimability::Live,
             _ if self.committed >= readable => Claimability::Empty,
             Some(_) => Claimability::Expired,
+            None if self.retry_at.is_some_and(|t| t > now) => Claimability::Backoff,
             None => Claimability::Free,
         }
     }
@@ -129,6 +149,7 @@ impl Lane {
             batch_end: claim.end,
             claim_start: Some(claim.start),
             attempt_count: claim.attempt,
+            retry_at: None,
             ..*self
         }
     }
@@ -162,22 +183,36 @@ pub fn auto_ack(lane: &Lane, end: i64) -> Lane {
         claim_start: None,
         attempt_count: 0,
         retry_count: 0,
+        retry_at: None,
     }
 }
 
-/// Applies an ack plan (`ack::plan_lane`) to the lane it was made for.
-pub fn apply_ack(lane: &Lane, plan: &LanePlan) -> Lane {
-    apply_ack_effect(lane, plan.committed, plan.release, plan.retry_count, plan.reset_attempts)
+/// Applies an ack plan (`ack::plan_lane`), made at `now`, to the lane it was made for.
+pub fn apply_ack(lane: &Lane, plan: &LanePlan, now: i64) -> Lane {
+    apply_ack_effect(lane, plan.committed, plan.release, plan.retry_count, plan.reset_attempts, retry_at(plan, now))
+}
+
+/// When a lane that `plan` releases may be claimed again: after its `retry_after`.
+pub fn retry_at(plan: &LanePlan, now: i64) -> Option<i64> {
+    plan.retry_after.filter(|_| plan.release).map(|d| now.saturating_add(d))
 }
 
 /// `apply_ack` from the parts of a plan that change the lane: the new cursor (never below
-/// the old one), whether the lease ends, the retry count, and whether the redelivery
-/// counter resets.
-pub fn apply_ack_effect(lane: &Lane, committed: i64, release: bool, retry_count: i32, reset: bool) -> Lane {
+/// the old one), whether the lease ends, the retry count, whether the redelivery counter
+/// resets, and the end of a retry backoff (`retry_at`).
+pub fn apply_ack_effect(
+    lane: &Lane,
+    committed: i64,
+    release: bool,
+    retry_count: i32,
+    reset: bool,
+    retry_at: Option<i64>,
+) -> Lane {
     let mut next = Lane { committed: committed.max(lane.committed), retry_count, ..*lane };
     if release {
         next.lease = None;
         next.batch_end = 0;
+        next.retry_at = retry_at;
     }
     if reset {
         next.claim_start = None;
@@ -200,13 +235,13 @@ pub fn ack(
         return None;
     }
     let plan = plan_lane(lane.ack_state(), items, policy, call_error);
-    Some((apply_ack(lane, &plan), plan))
+    Some((apply_ack(lane, &plan, now), plan))
 }
 
 /// The item of an ack that names only its lease, for one lane: `completed` at the end of
 /// the leased span when the lease still holds the lane (`live`), else none.
 pub fn whole_lease_item(batch_end: i64, live: bool) -> Option<AckItem> {
-    live.then_some(AckItem { offset: batch_end, status: AckStatus::Completed, error: None })
+    live.then_some(AckItem { offset: batch_end, status: AckStatus::Completed, error: None, retry_after: None })
 }
 
 /// `whole_lease_item` for a lane and the lease that acks it.
@@ -245,6 +280,8 @@ impl Lane {
             claim_start: (s.claim_start != 0).then_some(s.claim_start),
             attempt_count: s.attempt_count,
             retry_count: s.retry_count,
+            // Without a lease, the expiry field holds a backoff's end (see above).
+            retry_at: (!s.has_lease() && s.lease_expires != 0).then_some(s.lease_expires),
         }
     }
 
@@ -253,7 +290,7 @@ impl Lane {
     pub fn to_registry(&self, old: &crate::lanes::State) -> crate::lanes::State {
         let (lease_id, lease_expires) = match self.lease {
             Some((id, expires)) => (id.to_be_bytes(), expires),
-            None => ([0; 16], 0),
+            None => ([0; 16], self.retry_at.unwrap_or(0)),
         };
         let journaled = self.committed != old.committed || self.retry_count != old.retry_count;
         crate::lanes::State {
@@ -273,7 +310,7 @@ impl Lane {
 /// Releases the lease without committing anything (a lease given back, or one whose
 /// partition a `seek` moved): its span is redelivered to the next pop.
 pub fn release(lane: &Lane) -> Lane {
-    Lane { lease: None, batch_end: 0, ..*lane }
+    Lane { lease: None, batch_end: 0, retry_at: None, ..*lane }
 }
 
 #[cfg(test)]
@@ -281,7 +318,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const POLICY: RetryPolicy = RetryPolicy { retry_limit: 2, dead_lettering: true };
+    const POLICY: RetryPolicy =
+        RetryPolicy { retry_limit: 2, dead_lettering: true, retry_backoff: 5, retry_backoff_max: 20 };
+
+    fn done(offset: i64) -> AckItem {
+        AckItem { offset, status: AckStatus::Completed, error: None, retry_after: None }
+    }
 
     #[test]
     fn claimability() {
@@ -294,11 +336,42 @@ mod tests {
         assert_eq!(leased.claimability(5, 100), Claimability::Empty);
         assert!(!leased.claimability(6, 99).claimable());
         assert!(lease_live(Some(101), 100) && !lease_live(Some(100), 100) && !lease_live(None, 0));
+        // A backoff: no lease, not claimable before retry_at, claimable from it on.
+        let waiting = Lane { retry_at: Some(200), ..l };
+        assert_eq!(waiting.claimability(6, 199), Claimability::Backoff);
+        assert!(!waiting.claimability(6, 199).claimable());
+        assert_eq!(waiting.claimability(6, 200), Claimability::Free);
+        assert_eq!(waiting.claimability(5, 100), Claimability::Empty);
+    }
+
+    #[test]
+    fn a_failed_ack_with_a_backoff_holds_the_lane_back() {
+        let (l, _) = claim(&Lane::new(0), 5, 5, Some((7, 100)), 0).unwrap();
+        let failed = AckItem { status: AckStatus::Failed, ..done(3) };
+        let (after, plan) = ack(&l, 7, &[failed.clone()], POLICY, None, 10).unwrap();
+        assert_eq!((after.committed, after.lease, after.retry_at, plan.retry_after), (2, None, Some(15), Some(5)));
+        assert!(claim(&after, 5, 5, Some((8, 200)), 14).is_none(), "backoff running");
+        let (again, c) = claim(&after, 5, 5, Some((8, 200)), 15).unwrap();
+        assert_eq!((c.start, c.attempt, again.retry_at), (3, 0, None), "a new span: offset 3 is its first");
+        // The second failure waits twice as long; an explicit retry_after wins.
+        let (after2, _) = ack(&again, 8, &[failed.clone()], POLICY, None, 20).unwrap();
+        assert_eq!(after2.retry_at, Some(30));
+        let explicit = AckItem { retry_after: Some(2), status: AckStatus::Retry, ..done(3) };
+        let (after3, _) = ack(&again, 8, &[explicit], POLICY, None, 20).unwrap();
+        assert_eq!(after3.retry_at, Some(22));
+        // A registry slot keeps the backoff in its expiry while it has no lease.
+        let old = crate::lanes::State::default();
+        let stored = after2.to_registry(&old);
+        assert_eq!((stored.lease_id, stored.lease_expires), ([0; 16], 30));
+        assert_eq!(Lane::from_registry(&stored), after2);
+        // A release or a seek ends it.
+        assert_eq!(release(&after2).retry_at, None);
+        assert_eq!(seek(&after2, 0).retry_at, None);
     }
 
     #[test]
     fn sql_forms() {
-        assert_eq!(lease_live_sql!("l", "$3"), "(l.lease_expires_at > $3)");
+        assert_eq!(lease_live_sql!("l", "$3"), "(l.lease_id IS NOT NULL AND l.lease_expires_at > $3)");
         assert_eq!(lease_free_sql!("l", "$4"), "(l.lease_expires_at IS NULL OR l.lease_expires_at <= $4)");
     }
 
@@ -312,7 +385,7 @@ mod tests {
         assert_eq!(c2.attempt, 1);
         assert!(claim(&l2, 10, 4, Some((9, 500)), 250).is_none(), "live lease");
         // The old lease is fenced; the new one commits.
-        let done = [AckItem { offset: 4, status: AckStatus::Completed, error: None }];
+        let done = [done(4)];
         assert!(ack(&l2, 7, &done, POLICY, None, 250).is_none());
         let (l3, _) = ack(&l2, 8, &done, POLICY, None, 250).unwrap();
         assert_eq!((l3.committed, l3.lease, l3.attempt_count), (4, None, 0));
@@ -357,7 +430,7 @@ mod tests {
         // An extend changes no journaled field; an ack that commits does.
         let ext = extend(&lane, u128::from_be_bytes([9; 16]), 2000, 10).unwrap().to_registry(&old);
         assert_eq!((ext.lease_expires, ext.journal_seq), (2000, 3));
-        let acked = apply_ack_effect(&lane, 8, true, 0, true).to_registry(&old);
+        let acked = apply_ack_effect(&lane, 8, true, 0, true, None).to_registry(&old);
         assert_eq!((acked.committed, acked.lease_id, acked.batch_end, acked.claim_start), (8, [0; 16], 0, 0));
         assert_eq!((acked.journal_seq, acked.last_claimed), (4, 77));
         let none = Lane::from_registry(&crate::lanes::State::default());
@@ -376,10 +449,10 @@ mod tests {
         // Seek may move back, and frees the lane.
         assert_eq!(seek(&l, 1), Lane::new(1));
         // A partial ack keeps the lease and the redelivery counter.
-        let part = apply_ack_effect(&l, 4, false, 2, false);
-        assert_eq!((part.committed, part.lease, part.claim_start), (4, l.lease, l.claim_start));
+        let part = apply_ack_effect(&l, 4, false, 2, false, Some(9));
+        assert_eq!((part.committed, part.lease, part.claim_start, part.retry_at), (4, l.lease, l.claim_start, None));
         // A plan never lowers the cursor.
-        assert_eq!(apply_ack_effect(&l, 1, true, 0, true).committed, 3);
+        assert_eq!(apply_ack_effect(&l, 1, true, 0, true, None).committed, 3);
     }
 
     #[derive(Debug, Clone)]
@@ -387,7 +460,7 @@ mod tests {
         Push(i64),
         Tick(i64),
         Pop { take: i64, auto: bool, lease_for: i64 },
-        Ack { stale: bool, offset_back: i64, status: AckStatus },
+        Ack { stale: bool, offset_back: i64, status: AckStatus, retry_after: Option<i64> },
         AckWhole { stale: bool },
         Extend { stale: bool, by: i64 },
         Release,
@@ -404,11 +477,9 @@ mod tests {
             (1i64..5).prop_map(Op::Push),
             (1i64..60).prop_map(Op::Tick),
             (1i64..6, any::<bool>(), 10i64..50).prop_map(|(take, auto, lease_for)| Op::Pop { take, auto, lease_for }),
-            (any::<bool>(), 0i64..4, status).prop_map(|(stale, offset_back, status)| Op::Ack {
-                stale,
-                offset_back,
-                status
-            }),
+            (any::<bool>(), 0i64..4, status, proptest::option::of(0i64..30)).prop_map(
+                |(stale, offset_back, status, retry_after)| Op::Ack { stale, offset_back, status, retry_after }
+            ),
             any::<bool>().prop_map(|stale| Op::AckWhole { stale }),
             (any::<bool>(), 1i64..40).prop_map(|(stale, by)| Op::Extend { stale, by }),
             Just(Op::Release),
@@ -443,6 +514,9 @@ mod tests {
                         match claim(&lane, readable, end, lease, now) {
                             Some((next, c)) => {
                                 prop_assert!(before.claimability(readable, now).claimable());
+                                prop_assert!(before.lease.is_some() || before.retry_at.is_none_or(|t| t <= now),
+                                              "claimed during a backoff: {:?} at {}", before, now);
+                                prop_assert_eq!(next.retry_at, None);
                                 prop_assert_eq!(c.start, before.committed + 1);
                                 delivered_through = delivered_through.max(c.end);
                                 if let Some((id, _)) = lease { last_id = id; }
@@ -451,10 +525,10 @@ mod tests {
                             None => prop_assert!(!before.claimability(readable, now).claimable() || end <= before.committed),
                         }
                     }
-                    Op::Ack { stale, offset_back, status } => {
+                    Op::Ack { stale, offset_back, status, retry_after } => {
                         let id = if stale { last_id.wrapping_add(1000) } else { last_id };
                         let offset = lane.batch_end - offset_back;
-                        let item = AckItem { offset, status, error: None };
+                        let item = AckItem { offset, status, error: None, retry_after };
                         match ack(&lane, id, &[item], POLICY, None, now) {
                             Some((next, plan)) => {
                                 prop_assert!(!stale);
@@ -472,6 +546,8 @@ mod tests {
                                     crate::ack::Disposal::Drop { .. } => prop_assert!(false, "dead-lettering is on"),
                                     crate::ack::Disposal::None => {}
                                 }
+                                // A released redelivery waits exactly its pause; nothing else waits.
+                                prop_assert_eq!(next.retry_at, plan.retry_after.filter(|_| plan.release).map(|d| now + d));
                                 lane = next;
                             }
                             None => prop_assert!(stale || !before.held_by(last_id, now)),

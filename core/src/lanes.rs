@@ -583,7 +583,13 @@ impl<'a> Registry<'a> {
         for k in 0..n {
             let i = (self.h.hand as usize + k) % n;
             let s = &self.lanes[i];
-            if s.status == READY && s.holder.owner == NIL && s.dirty == 0 && s.changed == 0 && !s.state.live_lease(now)
+            // Not a lane under a live lease, nor one waiting out a retry backoff: both end
+            // at `lease_expires`, which lives only here.
+            if s.status == READY
+                && s.holder.owner == NIL
+                && s.dirty == 0
+                && s.changed == 0
+                && s.state.lease_expires <= now
             {
                 self.h.hand = ((i + 1) % n) as u32;
                 self.unchain(i);
@@ -664,6 +670,7 @@ impl<'a> Registry<'a> {
         if !self.set_state(i, saved, lease, now) {
             let mut bare = saved;
             bare.lease_id = [0; 16];
+            bare.lease_expires = 0; // (with no lease, a nonzero expiry would be a backoff)
             let done = self.set_state(i, bare, None, now);
             debug_assert!(done, "a state without a lease always fits");
         }
@@ -787,6 +794,7 @@ impl<'a> Registry<'a> {
             let s = &self.lanes[i];
             if s.status == READY && s.lease != NIL && s.holder.owner == NIL && s.state.lease_expires <= now {
                 self.unchain(i);
+                // (its expiry is past: with no lease it reads as no backoff)
                 self.lanes[i].state.lease_id = [0; 16];
             }
         }
@@ -1029,7 +1037,7 @@ mod tests {
         m.reg().lock(&a, holder(1)).unwrap();
         assert!(m.reg().set(&a, 1, acked, None, 0));
         m.reg().unlock_restoring(&a, 1, found, None, 50);
-        assert_eq!(m.state(&a), State { lease_id: [0; 16], ..claimed });
+        assert_eq!(m.state(&a), State { lease_id: [0; 16], lease_expires: 0, ..claimed });
         m.reg().check().unwrap();
     }
 
@@ -1183,7 +1191,10 @@ mod tests {
                                 m.reg().unlock(&k, owner, Some(found));
                                 let mut back = found;
                                 // A lease whose slot went meanwhile is lost on restore.
-                                if let Seen::Ready(s, _) = m.reg().view().lane(&k) { back.lease_id = s.lease_id; }
+                                // (Lost, it leaves no expiry behind: that would read as a backoff.)
+                                if let Seen::Ready(s, _) = m.reg().view().lane(&k) {
+                                    if !s.has_lease() && back.has_lease() { back.lease_id = [0; 16]; back.lease_expires = 0; }
+                                }
                                 model.insert(lane, back);
                             }
                         }

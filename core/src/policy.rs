@@ -61,6 +61,14 @@ pub struct QueueOptions {
     /// Seconds a fully consumed segment is kept; 0 keeps segments until retention runs
     /// with every group past them.
     pub retention: i32,
+    /// The first pause, in microseconds, before a batch that failed is delivered again
+    /// (`retry_delay`); 0 (the default) redelivers at once.
+    pub retry_backoff: i64,
+    /// The longest pause the backoff grows to, in microseconds.
+    pub retry_backoff_max: i64,
+    /// Microseconds a message waits after it was pushed before it may be delivered
+    /// (`due_at`); 0 (the default): at once.
+    pub delay: i64,
 }
 
 impl QueueOptions {
@@ -73,6 +81,9 @@ impl QueueOptions {
         dedup_window: 3600,
         encryption: false,
         retention: 0,
+        retry_backoff: 0,
+        retry_backoff_max: 600 * MICROS,
+        delay: 0,
     };
 
     /// What a queue created implicitly (by its first push, pop or group) stores: the
@@ -91,7 +102,37 @@ impl QueueOptions {
                 return Err(Violation::invalid(name, format!("{v} (must be >= 0)")));
             }
         }
+        let secs = |v: i64| v as f64 / MICROS as f64;
+        if self.retry_backoff < 0 || self.retry_backoff > limits::RETRY_DELAY {
+            return Err(Violation::invalid(
+                "retry_backoff",
+                format!("{} s (must be 0 to {} s)", secs(self.retry_backoff), secs(limits::RETRY_DELAY)),
+            ));
+        }
+        if self.retry_backoff_max < self.retry_backoff.max(1) || self.retry_backoff_max > limits::RETRY_DELAY {
+            return Err(Violation::invalid(
+                "retry_backoff_max",
+                format!(
+                    "{} s (must be > 0, at least retry_backoff and at most {} s)",
+                    secs(self.retry_backoff_max),
+                    secs(limits::RETRY_DELAY)
+                ),
+            ));
+        }
+        if !(0..=limits::DELAY).contains(&self.delay) {
+            return Err(Violation::invalid(
+                "delay",
+                format!("{} s (must be 0 to {} s)", secs(self.delay), secs(limits::DELAY)),
+            ));
+        }
         Ok(())
+    }
+
+    /// The pause before a batch whose failed acks number `retry_count` (counting the one
+    /// just made) is delivered again: `retry_backoff`, doubled for each earlier failure,
+    /// at most `retry_backoff_max`; 0 when the queue has no backoff.
+    pub fn retry_delay(&self, retry_count: i32) -> i64 {
+        backoff_delay(self.retry_backoff, self.retry_backoff_max, retry_count)
     }
 
     /// Whether this queue files the messages of a batch whose retries are exhausted (and
@@ -174,8 +215,53 @@ pub fn dedup_prune_due(first: i64, n: i64) -> bool {
     first.rem_euclid(DEDUP_PRUNE_EVERY) < n
 }
 
+/// `QueueOptions::retry_delay` from the two stored options.
+pub fn backoff_delay(retry_backoff: i64, retry_backoff_max: i64, retry_count: i32) -> i64 {
+    if retry_backoff <= 0 {
+        return 0;
+    }
+    let doublings = retry_count.saturating_sub(1).clamp(0, 62) as u32;
+    retry_backoff.checked_mul(1i64 << doublings).unwrap_or(i64::MAX).min(retry_backoff_max)
+}
+
+/// When a message may be delivered: `delay` (the queue's) after it was pushed, and not
+/// before its own `deliver_at`, if the producer gave one. All in microseconds.
+pub fn due_at(created_at: i64, delay: i64, deliver_at: Option<i64>) -> i64 {
+    let after_delay = created_at.saturating_add(delay);
+    deliver_at.map_or(after_delay, |d| d.max(after_delay))
+}
+
+/// Checks a push's `deliver_at` against the time of the push: at most `limits::DELAY`
+/// ahead (a time in the past is allowed: no wait).
+pub fn check_deliver_at(deliver_at: i64, now: i64) -> Result<(), Violation> {
+    if deliver_at.saturating_sub(now) <= limits::DELAY {
+        return Ok(());
+    }
+    Err(Violation::invalid(
+        "deliver_at",
+        format!("{} s ahead (at most {} s)", (deliver_at - now) / MICROS, limits::DELAY / MICROS),
+    ))
+}
+
+/// Checks a `retry_after` given with an ack (microseconds): 0 to `limits::RETRY_DELAY`.
+pub fn check_retry_after(micros: i64) -> Result<(), Violation> {
+    if (0..=limits::RETRY_DELAY).contains(&micros) {
+        return Ok(());
+    }
+    Err(Violation::invalid(
+        "retry_after",
+        format!("{} s (must be 0 to {} s)", micros as f64 / MICROS as f64, limits::RETRY_DELAY / MICROS),
+    ))
+}
+
 /// Limits of single calls.
 pub mod limits {
+    /// The longest retry pause (`retry_after`, `retry_backoff_max`): 7 days, in
+    /// microseconds.
+    pub const RETRY_DELAY: i64 = 7 * 24 * 3600 * crate::lease::MICROS;
+    /// The longest a message may be held back: a queue's `delay`, or a push's
+    /// `deliver_at` ahead of the push: 365 days, in microseconds.
+    pub const DELAY: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
     /// Most messages one pop may ask for (`batch`).
     pub const POP_BATCH: i32 = 100_000;
     /// Most lanes one pop may claim (`max_partitions`).
@@ -292,6 +378,44 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_is_due_after_the_delay_and_its_own_time() {
+        assert_eq!(due_at(100, 0, None), 100, "no delay: at once");
+        assert_eq!(due_at(100, 50, None), 150);
+        assert_eq!(due_at(100, 50, Some(120)), 150, "the later of the two");
+        assert_eq!(due_at(100, 50, Some(900)), 900);
+        assert_eq!(due_at(100, 0, Some(10)), 100, "a time in the past: at once");
+        assert_eq!(due_at(i64::MAX - 1, 50, None), i64::MAX);
+        assert!(check_deliver_at(limits::DELAY, 0).is_ok() && check_deliver_at(-5, 0).is_ok());
+        assert_eq!(check_deliver_at(limits::DELAY + 1, 0).unwrap_err().argument, "deliver_at");
+        let q = QueueOptions::CONFIGURED;
+        assert!(QueueOptions { delay: limits::DELAY, ..q }.validate().is_ok());
+        for bad in [-1, limits::DELAY + 1] {
+            assert_eq!(QueueOptions { delay: bad, ..q }.validate().unwrap_err().argument, "delay");
+        }
+    }
+
+    #[test]
+    fn retry_backoff_doubles_up_to_its_cap() {
+        let q = QueueOptions { retry_backoff: 2 * MICROS, retry_backoff_max: 10 * MICROS, ..QueueOptions::CONFIGURED };
+        let delays: Vec<i64> = (1..=6).map(|r| q.retry_delay(r) / MICROS).collect();
+        assert_eq!(delays, vec![2, 4, 8, 10, 10, 10]);
+        assert_eq!(q.retry_delay(i32::MAX), 10 * MICROS, "no overflow");
+        assert_eq!(QueueOptions::CONFIGURED.retry_delay(3), 0, "off by default: redelivered at once");
+        assert!(q.validate().is_ok());
+        for (bad, name) in [
+            (QueueOptions { retry_backoff: -1, ..q }, "retry_backoff"),
+            (QueueOptions { retry_backoff: limits::RETRY_DELAY + 1, ..q }, "retry_backoff"),
+            (QueueOptions { retry_backoff_max: MICROS, ..q }, "retry_backoff_max"),
+            (QueueOptions { retry_backoff: 0, retry_backoff_max: 0, ..q }, "retry_backoff_max"),
+            (QueueOptions { retry_backoff_max: limits::RETRY_DELAY + 1, ..q }, "retry_backoff_max"),
+        ] {
+            assert_eq!(bad.validate().unwrap_err().argument, name, "{bad:?}");
+        }
+        assert!(check_retry_after(0).is_ok() && check_retry_after(limits::RETRY_DELAY).is_ok());
+        assert!(check_retry_after(-1).is_err() && check_retry_after(limits::RETRY_DELAY + 1).is_err());
+    }
 
     #[test]
     fn configured_and_implicit_differ_only_in_the_lease() {
@@ -456,6 +580,9 @@ mod tests {
             assert_eq!(column_default("queues", "dedup_window"), o.dedup_window.to_string());
             assert_eq!(column_default("queues", "encryption"), o.encryption.to_string());
             assert_eq!(column_default("queues", "retention"), o.retention.to_string());
+            assert_eq!(column_default("queues", "retry_backoff"), format!("'{}s'", o.retry_backoff / MICROS));
+            assert_eq!(column_default("queues", "retry_backoff_max"), format!("'{}s'", o.retry_backoff_max / MICROS));
+            assert_eq!(column_default("queues", "delay"), format!("'{}s'", o.delay / MICROS));
         }
 
         #[test]

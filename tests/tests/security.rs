@@ -22,9 +22,9 @@ fn connect_as(role: &str) -> Client {
 /// The GRANTs the README documents for an application role.
 const APP_GRANTS: &str = "
     GRANT USAGE ON SCHEMA queen TO {role};
-    GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb), queen.push_batch(jsonb),
+    GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz), queen.push_batch(jsonb),
         queen.pop(text, text, int, text, int, bool, int, int, text, bigint),
-        queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text),
+        queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text, interval),
         queen.extend_lease(uuid, int), queen.may_start(uuid, interval),
         queen.dlq(text, text, int, int), queen.dlq_replay(uuid, text), queen.dlq_delete(uuid, text)
       TO {role};";

@@ -10,11 +10,11 @@ SELECT has_function_privilege('queen_upgrade_app',
          'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS app_can_pop,
        has_function_privilege('Queen Upgrade-Ops',
          'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE WITH GRANT OPTION') AS ops_can_grant;
-SELECT has_function_privilege('queen_upgrade_app', 'queen.push(text, jsonb, text, text, jsonb)', 'EXECUTE')
+SELECT has_function_privilege('queen_upgrade_app', 'queen.push(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE')
          AS app_can_push;
 REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint)
   FROM queen_upgrade_app, "Queen Upgrade-Ops" CASCADE;
-REVOKE EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb) FROM queen_upgrade_app;
+REVOKE EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) FROM queen_upgrade_app;
 DROP ROLE queen_upgrade_app;
 DROP ROLE "Queen Upgrade-Ops";
 -- New in 0.3.0: explicit consumer groups.
