@@ -274,27 +274,27 @@ fn push_batch(
     into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
 }
 
-/// A timestamp given as text (`timestamptz` input: ISO 8601, with or without a zone), in
-/// microseconds; 22023 naming `argument` when it is not one.
+/// A `deliverAt` timestamp (RFC 3339, `queen_core::policy::rfc3339`), in microseconds;
+/// 22023 naming `argument` for any other text. PostgreSQL reads the checked text, so only
+/// a time it cannot represent can still fail there (22008).
 fn parse_timestamptz(argument: &str, text: &str) -> i64 {
-    let parsed = PgTryBuilder::new(|| {
-        let c = std::ffi::CString::new(text).ok()?;
-        // SAFETY: timestamptz_in on a NUL-terminated string; errors are caught below.
-        let d = unsafe {
-            pgrx::direct_function_call::<TimestampWithTimeZone>(
-                pgrx::pg_sys::timestamptz_in,
-                &[
-                    Some(pgrx::pg_sys::Datum::from(c.as_ptr())),
-                    Some(pgrx::pg_sys::Datum::from(0u32)),
-                    Some(pgrx::pg_sys::Datum::from(-1i32)),
-                ],
-            )
-        };
-        d.map(i64::from)
-    })
-    .catch_others(|_| None)
-    .execute();
-    parsed.unwrap_or_else(|| errors::invalid(argument, format_args!("{text:?} is not a timestamp")))
+    if !queen_core::policy::rfc3339(text) {
+        errors::invalid(argument, format_args!("{text:?} is not an RFC 3339 timestamp (such as 2026-12-01T10:00:00Z)"));
+    }
+    let c = std::ffi::CString::new(text).expect("an RFC 3339 timestamp has no NUL");
+    // SAFETY: timestamptz_in on a NUL-terminated string (typmod -1); an ERROR it raises
+    // propagates as any ERROR does.
+    let d = unsafe {
+        pgrx::direct_function_call::<TimestampWithTimeZone>(
+            pgrx::pg_sys::timestamptz_in,
+            &[
+                Some(pgrx::pg_sys::Datum::from(c.as_ptr())),
+                Some(pgrx::pg_sys::Datum::from(0u32)),
+                Some(pgrx::pg_sys::Datum::from(-1i32)),
+            ],
+        )
+    };
+    i64::from(d.unwrap_or_else(|| errors::internal("timestamptz_in returned NULL")))
 }
 
 /// Whether a push of `n` offsets to a partition writes to the fresh tier (decided when

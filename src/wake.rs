@@ -33,11 +33,12 @@ thread_local! {
     /// Slots to broadcast when the current transaction commits (a bit per slot).
     static PENDING: Cell<u64> = const { Cell::new(0) };
     /// The earliest time a lane this backend's pop passed over becomes claimable without
-    /// anybody signalling it (a retry backoff ending): a waiting pop sleeps no longer.
+    /// anybody signalling it (a retry backoff ending, or a delayed message becoming due):
+    /// a waiting pop sleeps no longer.
     static DUE: Cell<Option<i64>> = const { Cell::new(None) };
 }
 
-/// Notes that a lane the current pop could not claim becomes claimable at `at`
+/// Notes that a lane the current pop could not claim (or read past) becomes claimable at `at`
 /// (microseconds, `clock::clock_now`'s clock).
 pub fn due_at(at: i64) {
     DUE.with(|d| d.set(Some(d.get().map_or(at, |t| t.min(at)))));

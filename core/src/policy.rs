@@ -231,6 +231,40 @@ pub fn due_at(created_at: i64, delay: i64, deliver_at: Option<i64>) -> i64 {
     deliver_at.map_or(after_delay, |d| d.max(after_delay))
 }
 
+/// Whether `text` is an RFC 3339 timestamp with its offset: `YYYY-MM-DDTHH:MM:SS`, an
+/// optional fraction, then `Z` or `±HH:MM` (a space may stand for the `T`). The form a
+/// `push_batch` item's `deliverAt` takes: what JSON encoders write for a time, and what
+/// `to_jsonb(timestamptz)` gives. Checked before PostgreSQL reads it, so that every other
+/// text is refused with a clear error naming the item.
+pub fn rfc3339(text: &str) -> bool {
+    let b = text.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    if b.len() < 20 || !(digits(0..4) && b[4] == b'-' && digits(5..7) && b[7] == b'-' && digits(8..10)) {
+        return false;
+    }
+    if !(matches!(b[10], b'T' | b't' | b' ') && digits(11..13) && b[13] == b':' && digits(14..16) && b[16] == b':')
+        || !digits(17..19)
+    {
+        return false;
+    }
+    let mut i = 19;
+    if b[i] == b'.' {
+        let start = i + 1;
+        i = start;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start {
+            return false;
+        }
+    }
+    match &b[i..] {
+        [b'Z' | b'z'] => true,
+        [b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()),
+        _ => false,
+    }
+}
+
 /// Checks a push's `deliver_at` against the time of the push: at most `limits::DELAY`
 /// ahead (a time in the past is allowed: no wait).
 pub fn check_deliver_at(deliver_at: i64, now: i64) -> Result<(), Violation> {
@@ -378,6 +412,34 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deliver_at_text_is_rfc_3339() {
+        for ok in [
+            "2026-12-01T10:50:00Z",
+            "2026-12-01T10:50:00.123456+00:00",
+            "2026-12-01 10:50:00.5-07:30",
+            "2000-01-01t00:00:00z",
+        ] {
+            assert!(rfc3339(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "soon",
+            "tomorrow",
+            "infinity",
+            "2026-12-01",
+            "2026-12-01T10:50:00",
+            "2026-12-01T10:50:00.Z",
+            "2026-12-01T10:50:00+0000",
+            "2026-12-01T10:50Z",
+            "12026-12-01T10:50:00Z",
+            "2026-12-01T10:50:00Z ",
+            "2026-1x-01T10:50:00Z",
+        ] {
+            assert!(!rfc3339(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn a_message_is_due_after_the_delay_and_its_own_time() {

@@ -39,7 +39,7 @@ SELECT partition, payload FROM queen.pop('timed', auto_ack => true);
 SELECT count(*) AS still_waiting FROM queen.pop('timed', batch => 10, max_partitions => 10, auto_ack => true);
 SELECT pg_sleep(0.9);
 SELECT partition, payload FROM queen.pop('timed', batch => 10, max_partitions => 10, auto_ack => true);
--- A time in the past is no wait; "deliverAt" in a batch is a timestamp (ISO 8601).
+-- A time in the past is no wait; "deliverAt" in a batch is an RFC 3339 timestamp.
 SELECT count(*) FROM queen.push_batch(jsonb_build_array(
   jsonb_build_object('queue', 'timed', 'payload', 'past', 'deliverAt', '2000-01-01T00:00:00Z'),
   jsonb_build_object('queue', 'timed', 'payload', 'soon', 'deliverAt', clock_timestamp() + interval '500 ms')));
@@ -61,6 +61,8 @@ SELECT count(*), min(payload::int), max(payload::int) FROM queen.pop('bulk', bat
 -- Bad input: 22023, nothing stored.
 SELECT pg_temp.err($$SELECT queen.push('timed', '1', deliver_at => now() + interval '366 days')$$);
 SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "timed", "payload": 1, "deliverAt": "soon"}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "timed", "payload": 1, "deliverAt": "tomorrow"}]')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "timed", "payload": 1, "deliverAt": "2026-12-01T10:00:00"}]')$$);
 SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "timed", "payload": 1, "deliverAt": 5}]')$$);
 SELECT pg_temp.err($$SELECT queen.configure('timed', delay => '-1 s')$$);
 SELECT pg_temp.err($$SELECT queen.configure('timed', delay => '400 days')$$);
