@@ -242,9 +242,13 @@ pub fn rfc3339(text: &str) -> bool {
     if b.len() < 20 || !(digits(0..4) && b[4] == b'-' && digits(5..7) && b[7] == b'-' && digits(8..10)) {
         return false;
     }
-    if !(matches!(b[10], b'T' | b't' | b' ') && digits(11..13) && b[13] == b':' && digits(14..16) && b[16] == b':')
-        || !digits(17..19)
-    {
+    let time = matches!(b[10], b'T' | b't' | b' ')
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !time {
         return false;
     }
     let mut i = 19;
