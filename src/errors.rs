@@ -34,6 +34,15 @@ pub fn internal(detail: impl std::fmt::Display) -> ! {
     raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("queen: internal error: {detail}"))
 }
 
+/// At most the first 100 characters of a value quoted in an error message (a bad value
+/// may be megabytes long), with `…` when cut.
+pub fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(100) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
 pub fn raise(code: PgSqlErrorCode, message: String) -> ! {
     ErrorReport::new(code, message, "queen").report(PgLogLevel::ERROR);
     unreachable!()

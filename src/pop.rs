@@ -277,7 +277,11 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let due = Due { delay, now };
     let mut poison = Vec::new();
     let mut passed = Vec::new();
-    for (c, &take) in candidates.iter().zip(&takes) {
+    // The shares of the lanes read so far minus what they delivered (`take_with_carry`).
+    let mut carry = 0i64;
+    for (c, &share) in candidates.iter().zip(&takes) {
+        let take = queen_core::claim::take_with_carry(share, carry, c.available);
+        carry += share;
         if take == 0 {
             continue; // locked but not claimed: the lock ends with this transaction
         }
@@ -291,6 +295,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             d.attempt = attempt;
             out.push(d);
         });
+        carry -= (out.len() - before) as i64;
         let Some(end) = span.delivered else {
             debug_assert_eq!(out.len(), before);
             // Nothing to deliver after all (see read_span): not claimed. Messages that
@@ -310,6 +315,10 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     }
 
     file_poison(client, a, queue_id, &candidates, poison, &passed);
+    if pids.is_empty() {
+        // Nothing claimed (every lane held back, or only poison passed): no lease to write.
+        return Vec::new();
+    }
     if registry {
         apply_registry(client, a, queue_id, &candidates, &pids, &ends, &starts, &attempts, lease_id, expires, now);
     } else {

@@ -87,7 +87,7 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
         if !crate::jsonb::is_object(headers) {
             errors::invalid(
                 &format!("{}headers", at()),
-                format_args!("must be a JSON object, got {}", crate::jsonb::to_text(headers)),
+                format_args!("must be a JSON object, got {}", crate::errors::excerpt(&crate::jsonb::to_text(headers))),
             );
         }
         if headers.len() > MAX_HEADERS_BYTES {

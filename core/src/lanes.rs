@@ -580,21 +580,21 @@ impl<'a> Registry<'a> {
     /// Evicts a ready lane nobody holds, with no live lease at `now` and nothing unsaved.
     fn evict_one(&mut self, now: i64) -> bool {
         let n = self.lanes.len();
-        for k in 0..n {
-            let i = (self.h.hand as usize + k) % n;
-            let s = &self.lanes[i];
-            // Not a lane under a live lease, nor one waiting out a retry backoff: both end
-            // at `lease_expires`, which lives only here.
-            if s.status == READY
-                && s.holder.owner == NIL
-                && s.dirty == 0
-                && s.changed == 0
-                && s.state.lease_expires <= now
-            {
-                self.h.hand = ((i + 1) % n) as u32;
-                self.unchain(i);
-                self.remove_lane(i);
-                return true;
+        // A lane waiting out a retry backoff (whose end lives only here) goes only when no
+        // other lane can: evicted, it comes back without its backoff, as after a restart,
+        // and its message is delivered again at once.
+        for spare_backoffs in [true, false] {
+            for k in 0..n {
+                let i = (self.h.hand as usize + k) % n;
+                let s = &self.lanes[i];
+                let idle = s.status == READY && s.holder.owner == NIL && s.dirty == 0 && s.changed == 0;
+                let pinned = if spare_backoffs { s.state.lease_expires > now } else { s.state.live_lease(now) };
+                if idle && !pinned {
+                    self.h.hand = ((i + 1) % n) as u32;
+                    self.unchain(i);
+                    self.remove_lane(i);
+                    return true;
+                }
             }
         }
         false

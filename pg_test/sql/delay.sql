@@ -32,11 +32,19 @@ SELECT clock_timestamp() - :'t0'::timestamptz BETWEEN interval '0.4 s' AND inter
 SELECT count(*) FROM queen.push('timed', '"later"', deliver_at => clock_timestamp() + interval '800 ms');
 SELECT count(*) FROM queen.push('timed', '"after it"');
 SELECT count(*) FROM queen.push_batch('[{"queue": "timed", "partition": "p2", "payload": "p2 a"},
-                                        {"queue": "timed", "partition": "p2", "payload": "p2 b"}]');
+                                        {"queue": "timed", "partition": "p2", "payload": "p2 b"},
+                                        {"queue": "timed", "partition": "p2", "payload": "p2 c"}]');
 -- One lane per pop: a pop that meets the waiting lane first goes on to the next one.
 SELECT partition, payload FROM queen.pop('timed', auto_ack => true);
 SELECT partition, payload FROM queen.pop('timed', auto_ack => true);
+-- A batch shared over both lanes: the share of the lane that holds back goes to the other.
+CREATE TEMP TABLE shared AS SELECT * FROM queen.pop('timed', batch => 1, max_partitions => 10);
+SELECT partition, payload FROM shared;
+SELECT queen.ack(lease_id) -> 'lanes' -> 0 -> 'committed' AS committed FROM shared;
 SELECT count(*) AS still_waiting FROM queen.pop('timed', batch => 10, max_partitions => 10, auto_ack => true);
+-- A leasing pop that finds only held-back lanes claims nothing and leaves no lease behind.
+SELECT count(*) AS still_waiting FROM queen.pop('timed', batch => 10, max_partitions => 10);
+SELECT count(*) AS empty_leases FROM queen.leases WHERE cardinality(partition_ids) = 0;
 SELECT pg_sleep(0.9);
 SELECT partition, payload FROM queen.pop('timed', batch => 10, max_partitions => 10, auto_ack => true);
 -- A time in the past is no wait; "deliverAt" in a batch is an RFC 3339 timestamp.

@@ -64,6 +64,8 @@ SELECT msg_offset, payload, headers FROM queen.pop('traced', 'c', batch => 100, 
 -- Bad input: headers must be a JSON object of at most 64 KiB; nothing is stored.
 SELECT pg_temp.err($$SELECT queen.push('traced', '{}', headers => '[1, 2]')$$);
 SELECT pg_temp.err($$SELECT queen.push('traced', '{}', headers => '"traceparent"')$$);
+-- (a long bad value is quoted in part)
+SELECT pg_temp.err($$SELECT queen.push('traced', '{}', headers => (SELECT jsonb_agg(i) FROM generate_series(1, 1000) i))$$);
 SELECT pg_temp.err($$SELECT queen.push('traced', '{}', headers => jsonb_build_object('big', repeat('x', 70000)))$$);
 SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "traced", "payload": {}, "headers": "x"}]')$$);
 SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "traced", "payload": {}, "header": {}}]')$$);

@@ -11,10 +11,18 @@ SELECT has_function_privilege('queen_upgrade_app',
        has_function_privilege('Queen Upgrade-Ops',
          'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE WITH GRANT OPTION') AS ops_can_grant;
 SELECT has_function_privilege('queen_upgrade_app', 'queen.push(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE')
-         AS app_can_push;
+         AS app_can_push,
+       has_function_privilege('queen_upgrade_app', 'queen.ack(uuid, uuid, bigint, text, text, interval)', 'EXECUTE')
+         AS app_can_ack,
+       has_function_privilege('Queen Upgrade-Ops',
+         'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)', 'EXECUTE')
+         AS ops_can_configure;
 REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint)
   FROM queen_upgrade_app, "Queen Upgrade-Ops" CASCADE;
 REVOKE EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) FROM queen_upgrade_app;
+REVOKE EXECUTE ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) FROM queen_upgrade_app;
+REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)
+  FROM "Queen Upgrade-Ops";
 DROP ROLE queen_upgrade_app;
 DROP ROLE "Queen Upgrade-Ops";
 -- New in 0.3.0: explicit consumer groups.

@@ -25,3 +25,5 @@ CREATE ROLE "Queen Upgrade-Ops";
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) TO queen_upgrade_app;
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text) TO "Queen Upgrade-Ops" WITH GRANT OPTION;
 GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text) TO queen_upgrade_app;
+GRANT EXECUTE ON FUNCTION queen.ack(uuid, uuid, bigint, text, text) TO queen_upgrade_app;
+GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int) TO "Queen Upgrade-Ops";
