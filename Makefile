@@ -35,7 +35,7 @@ EXPORTER_PORT ?= 9491
 RUN_EXPORTER_PORT ?= 9488
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
+.PHONY: citus-test upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -84,6 +84,15 @@ test: deps lint unit pgrx-test install-debug regress integration upgrade-test
 lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
+
+# queen next to Citus 13.2.2 on a coordinator and two workers of this machine
+# (scripts/citus_test.sh); the first run builds Citus from its vendored source archive
+# (scripts/citus.sh). Not part of `make test` yet: queen's tables are not distributed.
+CITUS_DIR  ?= /tmp/queen-citus
+CITUS_PORT ?= 5492
+citus-test: install-debug
+	bash scripts/citus.sh
+	bash scripts/citus_test.sh $(CITUS_DIR) $(CITUS_PORT)
 
 # Previous release's library writes data, the current one upgrades it (scripts/upgrade_test.sh).
 upgrade-test:
