@@ -697,9 +697,12 @@ BEGIN
                  SELECT s.created_at, s.last_offset FROM queen.segments s
                   WHERE s.partition_id = l.partition_id AND s.first_offset <= l.committed + 1
                   ORDER BY s.first_offset DESC LIMIT 1) s),
+              -- (A fresh segment holds fewer than 64 offsets, compaction's FRESH_MAX: the
+              -- floor keeps the probe off the entries of segments compaction replaced.)
               (SELECT CASE WHEN f.last_offset > l.committed THEN f.created_at END FROM (
                  SELECT f.created_at, f.last_offset FROM queen.fresh_segments f
                   WHERE f.partition_id = l.partition_id AND f.first_offset <= l.committed + 1
+                    AND f.first_offset > l.committed + 1 - 64
                   ORDER BY f.first_offset DESC LIMIT 1) f),
               (SELECT min(t.created_at) FROM (
                  (SELECT s.created_at FROM queen.segments s

@@ -652,6 +652,12 @@ mod tests {
         }
 
         #[test]
+        fn the_metrics_fresh_probe_floor_is_compactions_limit() {
+            let floor = format!("f.first_offset > l.committed + 1 - {}", crate::compaction::FRESH_MAX);
+            assert_eq!(API.matches(&floor).count(), 1, "sql/api.sql: {floor}");
+        }
+
+        #[test]
         fn groups_subscribe_to_all_by_default() {
             assert_eq!(column_default("groups", "subscription"), format!("'{}'", Subscription::DEFAULT.as_str()));
         }
