@@ -47,16 +47,30 @@ CREATE TABLE queen.lane_journal_1 (LIKE queen.lane_journal_0 INCLUDING ALL);
 COMMENT ON TABLE queen.lane_journal_1 IS 'queen: cursors and retry counts acks committed (one of two tables used in turn)';
 REVOKE ALL ON queen.lane_journal_0, queen.lane_journal_1 FROM PUBLIC;
 
--- push and push_batch become the C functions themselves (no SET clause: they pin their
--- search path in the library). push gains headers and deliver_at (issue 16): the old
--- function is replaced, and the roles that could execute it can execute the new one.
-SELECT set_config('queen_upgrade.push_grants', coalesce(string_agg(format(
-         'GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) TO %s%s',
+-- Functions whose signature changes are replaced below (push, pop, configure, and the ack
+-- of one offset); the roles that could execute the old ones can execute the new ones. Their
+-- grants are read here, before any is dropped, and given again after the last one.
+SELECT set_config('queen_upgrade.replaced_grants', coalesce(string_agg(format(
+         'GRANT EXECUTE ON FUNCTION %s TO %s%s',
+         CASE p.oid
+           WHEN 'queen.push(text, jsonb, text, text)'::regprocedure
+             THEN 'queen.push(text, jsonb, text, text, jsonb, timestamptz)'
+           WHEN 'queen.pop(text, text, int, text, int, bool, int, int, text)'::regprocedure
+             THEN 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)'
+           WHEN 'queen.configure(text, int, int, bool, bool, int, bool, int)'::regprocedure
+             THEN 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'
+           ELSE 'queen.ack(uuid, uuid, bigint, text, text, interval)' END,
          CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
          CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''), true)
   FROM pg_proc p, aclexplode(p.proacl) a
- WHERE p.oid = 'queen.push(text, jsonb, text, text)'::regprocedure
+ WHERE p.oid IN ('queen.push(text, jsonb, text, text)'::regprocedure,
+                 'queen.pop(text, text, int, text, int, bool, int, int, text)'::regprocedure,
+                 'queen.configure(text, int, int, bool, bool, int, bool, int)'::regprocedure,
+                 'queen.ack(uuid, uuid, bigint, text, text)'::regprocedure)
    AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner;
+
+-- push and push_batch become the C functions themselves (no SET clause: they pin their
+-- search path in the library). push gains headers and deliver_at (issue 16).
 DROP FUNCTION queen.push(text, jsonb, text, text);
 CREATE FUNCTION queen.push(
     queue text,
@@ -71,12 +85,6 @@ AS 'MODULE_PATHNAME', 'push_one_wrapper';
 REVOKE ALL ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) IS
   'queen: push one message (with optional headers and delivery time); returns queen.push_result (status queued or duplicate)';
-DO $$
-BEGIN
-  IF current_setting('queen_upgrade.push_grants') <> '' THEN
-    EXECUTE current_setting('queen_upgrade.push_grants');
-  END IF;
-END $$;
 CREATE OR REPLACE FUNCTION queen.push_batch(items jsonb) RETURNS SETOF queen.push_result
 LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_wrapper';
@@ -344,15 +352,8 @@ REVOKE ALL ON FUNCTION queen.create_group(text, text, text) FROM PUBLIC;
 COMMENT ON FUNCTION queen.create_group(text, text, text) IS
   'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
 
--- queen.pop gains max_bytes (issue 14: a byte budget per pop). The old function is
--- replaced; the roles that could execute it can execute the new one.
-SELECT set_config('queen_upgrade.pop_grants', coalesce(string_agg(format(
-         'GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO %s%s',
-         CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
-         CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''), true)
-  FROM pg_proc p, aclexplode(p.proacl) a
- WHERE p.oid = 'queen.pop(text, text, int, text, int, bool, int, int, text)'::regprocedure
-   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner;
+-- queen.pop gains max_bytes (issue 14: a byte budget per pop); its grants are given again
+-- below.
 DROP FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text);
 DROP FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text);
 -- Messages carry headers (issue 16): pop returns them as a last column.
@@ -413,32 +414,15 @@ END $$;
 REVOKE ALL ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
   'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
-DO $$
-BEGIN
-  IF current_setting('queen_upgrade.pop_grants') <> '' THEN
-    EXECUTE current_setting('queen_upgrade.pop_grants');
-  END IF;
-END $$;
 
 -- configure: encryption defaults to NULL (keep); an encrypted queue is not turned off
 -- unless encryption => false is given (issue 14). Retry backoff and delayed queues (issue
 -- 16): configure gains retry_backoff, retry_backoff_max and delay, and the ack of one
 -- offset gains retry_after.
--- The old functions are replaced; the roles that could execute them can execute the new.
+-- The grants of the old functions, read at the top, are given to the new ones here.
 ALTER TABLE queen.queues ADD COLUMN retry_backoff interval NOT NULL DEFAULT '0s',
                          ADD COLUMN retry_backoff_max interval NOT NULL DEFAULT '600s',
                          ADD COLUMN delay interval NOT NULL DEFAULT '0s';
-SELECT set_config('queen_upgrade.replaced_grants', coalesce(string_agg(format(
-         'GRANT EXECUTE ON FUNCTION %s TO %s%s',
-         CASE WHEN p.proname = 'configure'
-              THEN 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'
-              ELSE 'queen.ack(uuid, uuid, bigint, text, text, interval)' END,
-         CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
-         CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '), ''), true)
-  FROM pg_proc p, aclexplode(p.proacl) a
- WHERE p.oid IN ('queen.configure(text, int, int, bool, bool, int, bool, int)'::regprocedure,
-                 'queen.ack(uuid, uuid, bigint, text, text)'::regprocedure)
-   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner;
 DROP FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int);
 DROP FUNCTION queen.ack(uuid, uuid, bigint, text, text);
 CREATE FUNCTION queen."configure"(

@@ -182,12 +182,16 @@ impl JsonbObject {
     /// holds more keys than that is there one to name (the iterator is not free, so it
     /// stays off the common path).
     pub fn reject_unknown_keys(&self, allowed: &[&str], present: usize, argument: &str) {
-        // SAFETY: self.0 points into a valid jsonb container (object_at).
-        let count = unsafe { (*self.0).header & pg_sys::JB_CMASK } as usize;
-        if count > present {
+        if self.key_count() > present {
             let k = self.unknown_key(allowed).unwrap_or_default();
             errors::invalid(argument, format_args!("unknown key {k:?} (allowed: {})", allowed.join(", ")));
         }
+    }
+
+    /// How many keys the object has.
+    pub fn key_count(&self) -> usize {
+        // SAFETY: self.0 points into a valid jsonb container (object_at).
+        (unsafe { (*self.0).header } & pg_sys::JB_CMASK) as usize
     }
 
     fn get_value(&self, key: &str) -> Option<pg_sys::JsonbValue> {

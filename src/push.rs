@@ -233,19 +233,14 @@ fn push_batch(
         // A JSON null payload is a payload; only a missing key is an error. Null headers
         // are no headers.
         let payload = obj.get_jsonb("payload");
-        let headers = obj.get("headers");
-        let deliver_at = obj.get("deliverAt");
-        let present = [
-            queue.is_some(),
-            partition.is_some(),
-            transaction_id.is_some(),
-            payload.is_some(),
-            headers.is_some(),
-            deliver_at.is_some(),
-        ]
-        .iter()
-        .filter(|&&b| b)
-        .count();
+        let mut present = [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some()]
+            .iter()
+            .filter(|&&b| b)
+            .count();
+        // The rarer keys are looked up only when the object has more keys than these.
+        let (headers, deliver_at) =
+            if obj.key_count() > present { (obj.get("headers"), obj.get("deliverAt")) } else { (None, None) };
+        present += usize::from(headers.is_some()) + usize::from(deliver_at.is_some());
         obj.reject_unknown_keys(&BATCH_KEYS, present, &format!("items[{i}]"));
         let item = PushItem {
             queue: string_field(queue, &at, "queue")
