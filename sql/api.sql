@@ -409,6 +409,42 @@ GRANT EXECUTE ON FUNCTION queen.metrics(text) TO queen_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
+-- A rotation of the segment generations (src/generations.rs): the rows still in
+-- generation `oldest` are copied into generation `current`, `oldest` is emptied with
+-- TRUNCATE and becomes current. Returns the rows copied, or -1 when the oldest
+-- generation's tables stayed busy for the whole lock wait (nothing is done then). The
+-- caller holds the queen.generations row.
+CREATE FUNCTION queen._rotate_segments(oldest int, current int) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '200ms'
+AS $$
+DECLARE
+  seg text := format('queen.segments_%s', oldest);
+  fresh text := format('queen.fresh_segments_%s', oldest);
+  copied bigint;
+  copied_fresh bigint;
+BEGIN
+  IF oldest IS NULL OR current IS NULL OR oldest NOT IN (0, 1) OR current NOT IN (0, 1) OR oldest = current THEN
+    RAISE EXCEPTION 'queen: no rotation from generation % into %', oldest, current USING ERRCODE = '22023';
+  END IF;
+  EXECUTE format('LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE', seg, fresh);
+  EXECUTE format('INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+                  SELECT partition_id, first_offset, last_offset, created_at, data, %s FROM %s', current, seg);
+  GET DIAGNOSTICS copied = ROW_COUNT;
+  EXECUTE format('INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data, generation)
+                  SELECT partition_id, first_offset, last_offset, created_at, data, %s FROM %s', current, fresh);
+  GET DIAGNOSTICS copied_fresh = ROW_COUNT;
+  EXECUTE format('TRUNCATE %s, %s', seg, fresh);
+  UPDATE queen.generations
+     SET current_generation = oldest, rotations = rotations + 1, rotated_at = clock_timestamp();
+  RETURN copied + copied_fresh;
+EXCEPTION WHEN lock_not_available THEN
+  RETURN -1;
+END $$;
+REVOKE ALL ON FUNCTION queen._rotate_segments(int, int) FROM PUBLIC;
+COMMENT ON FUNCTION queen._rotate_segments(int, int) IS 'queen internal: copy a segment generation''s live rows forward and empty it (background worker, retain); not granted';
+
 -- The lane journal's table `t` saved into queen.lanes and emptied, if nothing holds it
 -- (src/lanes.rs, rotate_journal: the worker calls it once no ack writes to it).
 CREATE FUNCTION queen._empty_journal(t int) RETURNS bool

@@ -8,6 +8,48 @@
 -- compaction merges, push / push_batch are C functions with no SET clause, and a lane's
 -- live state (cursor, lease) is kept in shared memory, with a journal of acks.
 
+-- Both segment tiers are split by generation (queen-core::generations): writes go to the
+-- current generation, and a rotation copies what is still live in the oldest one into the
+-- current one and empties it with TRUNCATE (src/generations.rs), which frees its space even
+-- while a snapshot holds the xmin horizon back. queen.generations names the current one.
+CREATE TABLE queen.generations (
+    one                bool     PRIMARY KEY DEFAULT true CHECK (one),
+    current_generation smallint NOT NULL DEFAULT 0 CHECK (current_generation IN (0, 1)),
+    rotations          bigint   NOT NULL DEFAULT 0,
+    rotated_at         timestamptz
+);
+INSERT INTO queen.generations DEFAULT VALUES;
+COMMENT ON TABLE queen.generations IS 'queen: the segment tables'' current generation (one row)';
+REVOKE ALL ON queen.generations FROM PUBLIC;
+
+-- 0.2.0's segments move, unchanged, into generation 0 of the partitioned table: the
+-- upgrade rewrites them once (a copy of the table's size, under the upgrade's lock).
+ALTER TABLE queen.segments RENAME TO segments_0_2_0;
+ALTER INDEX queen.segments_pkey RENAME TO segments_0_2_0_pkey;
+CREATE TABLE queen.segments (
+    partition_id uuid   NOT NULL,
+    first_offset bigint NOT NULL,
+    last_offset  bigint NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    -- queen segment codec (queen-core::segment): blocks of frames, zstd-compressed
+    data         bytea  NOT NULL,
+    -- the table the row is in (queen.segments_0 or _1): where its space comes back, never
+    -- what it holds
+    generation   smallint NOT NULL,
+    PRIMARY KEY (partition_id, first_offset, generation)
+) PARTITION BY LIST (generation);
+-- Segments are compressed already: keep TOAST from trying pglz on them again.
+ALTER TABLE queen.segments ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE queen.segments_0 PARTITION OF queen.segments FOR VALUES IN (0);
+CREATE TABLE queen.segments_1 PARTITION OF queen.segments FOR VALUES IN (1);
+INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+SELECT partition_id, first_offset, last_offset, created_at, data, 0 FROM queen.segments_0_2_0;
+DROP TABLE queen.segments_0_2_0;
+COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages: large pushes and compacted runs';
+COMMENT ON TABLE queen.segments_0 IS 'queen: segments of generation 0';
+COMMENT ON TABLE queen.segments_1 IS 'queen: segments of generation 1';
+REVOKE ALL ON queen.segments, queen.segments_0, queen.segments_1 FROM PUBLIC;
+
 -- The fresh tier: the segment of each push of fewer than 64 messages to a partition, until
 -- compaction (src/compaction.rs) merges a run of them into one row of queen.segments. Its
 -- offsets never overlap those of queen.segments. Emptied by compaction, it gives its pages
@@ -18,12 +60,16 @@ CREATE TABLE queen.fresh_segments (
     last_offset  bigint NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     data         bytea  NOT NULL,
-    PRIMARY KEY (partition_id, first_offset)
-);
+    generation   smallint NOT NULL,
+    PRIMARY KEY (partition_id, first_offset, generation)
+) PARTITION BY LIST (generation);
 ALTER TABLE queen.fresh_segments ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE queen.fresh_segments_0 PARTITION OF queen.fresh_segments FOR VALUES IN (0);
+CREATE TABLE queen.fresh_segments_1 PARTITION OF queen.fresh_segments FOR VALUES IN (1);
 COMMENT ON TABLE queen.fresh_segments IS 'queen: segments of small pushes, until compaction merges them into queen.segments';
-REVOKE ALL ON queen.fresh_segments FROM PUBLIC;
-COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages: large pushes and compacted runs';
+COMMENT ON TABLE queen.fresh_segments_0 IS 'queen: fresh segments of generation 0';
+COMMENT ON TABLE queen.fresh_segments_1 IS 'queen: fresh segments of generation 1';
+REVOKE ALL ON queen.fresh_segments, queen.fresh_segments_0, queen.fresh_segments_1 FROM PUBLIC;
 
 -- The lane journal, and the journal number of the cursor saved in each lane row.
 ALTER TABLE queen.lanes ADD COLUMN journal_seq bigint NOT NULL DEFAULT 0;
@@ -201,6 +247,42 @@ BEGIN
 EXCEPTION WHEN lock_not_available THEN
   RETURN false;
 END $$;
+-- A rotation of the segment generations (src/generations.rs): the rows still in
+-- generation `oldest` are copied into generation `current`, `oldest` is emptied with
+-- TRUNCATE and becomes current. Returns the rows copied, or -1 when the oldest
+-- generation's tables stayed busy for the whole lock wait (nothing is done then). The
+-- caller holds the queen.generations row.
+CREATE FUNCTION queen._rotate_segments(oldest int, current int) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '200ms'
+AS $$
+DECLARE
+  seg text := format('queen.segments_%s', oldest);
+  fresh text := format('queen.fresh_segments_%s', oldest);
+  copied bigint;
+  copied_fresh bigint;
+BEGIN
+  IF oldest IS NULL OR current IS NULL OR oldest NOT IN (0, 1) OR current NOT IN (0, 1) OR oldest = current THEN
+    RAISE EXCEPTION 'queen: no rotation from generation % into %', oldest, current USING ERRCODE = '22023';
+  END IF;
+  EXECUTE format('LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE', seg, fresh);
+  EXECUTE format('INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+                  SELECT partition_id, first_offset, last_offset, created_at, data, %s FROM %s', current, seg);
+  GET DIAGNOSTICS copied = ROW_COUNT;
+  EXECUTE format('INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data, generation)
+                  SELECT partition_id, first_offset, last_offset, created_at, data, %s FROM %s', current, fresh);
+  GET DIAGNOSTICS copied_fresh = ROW_COUNT;
+  EXECUTE format('TRUNCATE %s, %s', seg, fresh);
+  UPDATE queen.generations
+     SET current_generation = oldest, rotations = rotations + 1, rotated_at = clock_timestamp();
+  RETURN copied + copied_fresh;
+EXCEPTION WHEN lock_not_available THEN
+  RETURN -1;
+END $$;
+REVOKE ALL ON FUNCTION queen._rotate_segments(int, int) FROM PUBLIC;
+COMMENT ON FUNCTION queen._rotate_segments(int, int) IS 'queen internal: copy a segment generation''s live rows forward and empty it (background worker, retain); not granted';
+
 REVOKE ALL ON FUNCTION queen._readable(uuid, bigint), queen._queues_changed(), queen.compact(text), queen._group_hash(text), queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int), queen._delete_lanes(bigint), queen._save_journal(int), queen._expire_lease(uuid), queen._claimable(uuid, text, bigint), queen._committed(uuid, text, bigint), queen._empty_journal(int), queen._own_queue(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION queen._readable(uuid, bigint) IS 'queen internal: a partition''s readable end (offsets below it are decided); not granted';
 COMMENT ON FUNCTION queen._own_queue(bigint) IS 'queen internal: the queue lock in exclusive mode (delete_queue); not granted';

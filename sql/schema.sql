@@ -78,6 +78,19 @@ CREATE TABLE queen.partitions (
 ) WITH (fillfactor = 70);
 COMMENT ON TABLE queen.partitions IS 'queen: ordered lanes of a queue, each with its own offsets';
 
+-- Both segment tiers are split by generation (queen-core::generations): writes go to the
+-- current generation, and a rotation copies what is still live in the oldest one into the
+-- current one and empties it with TRUNCATE (src/generations.rs), which frees its space even
+-- while a snapshot holds the xmin horizon back. queen.generations names the current one.
+CREATE TABLE queen.generations (
+    one                bool     PRIMARY KEY DEFAULT true CHECK (one),
+    current_generation smallint NOT NULL DEFAULT 0 CHECK (current_generation IN (0, 1)),
+    rotations          bigint   NOT NULL DEFAULT 0,
+    rotated_at         timestamptz
+);
+INSERT INTO queen.generations DEFAULT VALUES;
+COMMENT ON TABLE queen.generations IS 'queen: the segment tables'' current generation (one row)';
+
 CREATE TABLE queen.segments (
     partition_id uuid   NOT NULL,
     first_offset bigint NOT NULL,
@@ -85,11 +98,18 @@ CREATE TABLE queen.segments (
     created_at   timestamptz NOT NULL DEFAULT now(),
     -- queen segment codec (queen-core::segment): blocks of frames, zstd-compressed
     data         bytea  NOT NULL,
-    PRIMARY KEY (partition_id, first_offset)
-);
+    -- the table the row is in (queen.segments_0 or _1): where its space comes back, never
+    -- what it holds
+    generation   smallint NOT NULL,
+    PRIMARY KEY (partition_id, first_offset, generation)
+) PARTITION BY LIST (generation);
 -- Segments are compressed already: keep TOAST from trying pglz on them again.
 ALTER TABLE queen.segments ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE queen.segments_0 PARTITION OF queen.segments FOR VALUES IN (0);
+CREATE TABLE queen.segments_1 PARTITION OF queen.segments FOR VALUES IN (1);
 COMMENT ON TABLE queen.segments IS 'queen: immutable compressed runs of messages: large pushes and compacted runs';
+COMMENT ON TABLE queen.segments_0 IS 'queen: segments of generation 0';
+COMMENT ON TABLE queen.segments_1 IS 'queen: segments of generation 1';
 
 -- The fresh tier: the segment of each push of fewer than 64 messages to a partition, until
 -- compaction (src/compaction.rs) merges a run of them into one row of queen.segments. Its
@@ -101,10 +121,15 @@ CREATE TABLE queen.fresh_segments (
     last_offset  bigint NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     data         bytea  NOT NULL,
-    PRIMARY KEY (partition_id, first_offset)
-);
+    generation   smallint NOT NULL,
+    PRIMARY KEY (partition_id, first_offset, generation)
+) PARTITION BY LIST (generation);
 ALTER TABLE queen.fresh_segments ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE TABLE queen.fresh_segments_0 PARTITION OF queen.fresh_segments FOR VALUES IN (0);
+CREATE TABLE queen.fresh_segments_1 PARTITION OF queen.fresh_segments FOR VALUES IN (1);
 COMMENT ON TABLE queen.fresh_segments IS 'queen: segments of small pushes, until compaction merges them into queen.segments';
+COMMENT ON TABLE queen.fresh_segments_0 IS 'queen: fresh segments of generation 0';
+COMMENT ON TABLE queen.fresh_segments_1 IS 'queen: fresh segments of generation 1';
 
 CREATE TABLE queen.groups (
     queue_id        bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,

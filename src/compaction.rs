@@ -75,6 +75,18 @@ fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
         crate::names::check_queue_name("queue", q);
     }
+    // A merge must see every fresh segment of its run. A fixed snapshot may miss one
+    // committed since it was taken (or copied forward by a rotation of the segment
+    // generations), and the merged segment would then hold a gap at its offsets.
+    // SAFETY: a plain read of the transaction's isolation level.
+    if unsafe { pgrx::pg_sys::XactIsoLevel } >= pgrx::pg_sys::XACT_REPEATABLE_READ as i32 {
+        crate::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "queen: compact needs READ COMMITTED: under REPEATABLE READ or SERIALIZABLE the transaction's \
+             snapshot may miss segments committed since it was taken"
+                .to_string(),
+        );
+    }
     let mut done = Done::default();
     Spi::connect_mut(|client| {
         for pid in partitions_to_compact(client, queue) {
@@ -227,6 +239,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
         .unwrap_or_else(|e| errors::corrupted(e));
     }
     let messages = slots.iter().flatten().count() as i64;
+    let generation = crate::generations::current(client);
     let data = segment::encode(slots.iter().map(|s| match s {
         Some(m) => Entry::Message(Frame {
             message_id: m.message_id,
@@ -243,9 +256,16 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
         "WITH gone AS (
            DELETE FROM queen.fresh_segments WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3
          )
-         INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data)
-         VALUES ($1, $2, $3, $4, $5)",
-        &[pid.into(), first.into(), last.into(), crate::clock::timestamptz(newest).into(), data.into()],
+         INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        &[
+            pid.into(),
+            first.into(),
+            last.into(),
+            crate::clock::timestamptz(newest).into(),
+            data.into(),
+            generation.into(),
+        ],
     );
     Done { partitions: 0, merged: rows, written: 1, messages }
 }

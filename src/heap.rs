@@ -1,5 +1,6 @@
 //! A direct row insert for the hottest write queen has: the segment of a single-message
-//! push into `queen.fresh_segments`.
+//! push into `queen.fresh_segments`, in the table of its generation (`fresh_segments_0` or
+//! `_1`, a partition: the row goes straight to it, as tuple routing would send it).
 //!
 //! An INSERT through SPI starts and ends a whole executor for one row, which profiles
 //! showed to be a large share of a one-message push. This inserts the heap tuple and its
@@ -7,16 +8,23 @@
 //! `heap_insert` (which WAL-logs, TOASTs and counts the row), then `index_insert` into
 //! every index with the uniqueness check. Nothing the executor would add applies to this
 //! internal table: it has no triggers, constraints beyond NOT NULL (never violated here),
-//! expression or partial indexes, partitions or row security. If an index ever has
+//! expression or partial indexes, partitions of its own or row security. If an index ever has
 //! expressions or a predicate, `insert_fresh_segment` reports that it did nothing and the
 //! caller uses SQL.
 
 use pgrx::pg_sys;
 use pgrx::IntoDatum;
 
-/// Inserts one row into `queen.fresh_segments`. Returns false (having done nothing) when
-/// the table is not one this code can write directly.
-pub fn insert_fresh_segment(pid: pgrx::Uuid, first: i64, last: i64, created_at: i64, data: &[u8]) -> bool {
+/// Inserts one row into `queen.fresh_segments`, generation `generation`. Returns false
+/// (having done nothing) when the table is not one this code can write directly.
+pub fn insert_fresh_segment(
+    pid: pgrx::Uuid,
+    first: i64,
+    last: i64,
+    created_at: i64,
+    data: &[u8],
+    generation: i16,
+) -> bool {
     // SAFETY: called inside a transaction from a queen function. Every pointer comes from
     // PostgreSQL and is used while the relation is open and locked (RowExclusiveLock, held
     // to the end of the transaction as an INSERT would); the tuple and slot are freed here;
@@ -24,7 +32,12 @@ pub fn insert_fresh_segment(pid: pgrx::Uuid, first: i64, last: i64, created_at: 
     // resource owner closes what is open.
     unsafe {
         let ns = pg_sys::get_namespace_oid(c"queen".as_ptr(), false);
-        let relid = pg_sys::get_relname_relid(c"fresh_segments".as_ptr(), ns);
+        let table = match generation {
+            0 => c"fresh_segments_0",
+            1 => c"fresh_segments_1",
+            _ => return false,
+        };
+        let relid = pg_sys::get_relname_relid(table.as_ptr(), ns);
         if relid == pg_sys::InvalidOid {
             return false;
         }
@@ -51,15 +64,16 @@ pub fn insert_fresh_segment(pid: pgrx::Uuid, first: i64, last: i64, created_at: 
             pg_sys::table_close(rel, lock);
             return false;
         }
-        // Columns: partition_id, first_offset, last_offset, created_at, data.
+        // Columns: partition_id, first_offset, last_offset, created_at, data, generation.
         let mut values = [
             pid.into_datum().unwrap(),
             pg_sys::Datum::from(first),
             pg_sys::Datum::from(last),
             pg_sys::Datum::from(created_at),
             data.into_datum().unwrap(),
+            generation.into_datum().unwrap(),
         ];
-        let mut nulls = [false; 5];
+        let mut nulls = [false; 6];
         if (*desc).natts as usize != values.len() {
             for &(irel, _) in &opened {
                 pg_sys::index_close(irel, lock);

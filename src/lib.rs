@@ -15,6 +15,7 @@ mod durability;
 mod encryption;
 mod errors;
 mod extend;
+mod generations;
 mod groups;
 mod heap;
 mod ids;
@@ -50,6 +51,7 @@ pub extern "C-unwind" fn _PG_init() {
     queues::init();
     compaction::init();
     retention::init();
+    generations::init();
     worker::init();
     shmem::init();
 }

@@ -442,12 +442,23 @@ struct Writes {
 impl Writes {
     fn insert(self, client: &mut SpiClient<'_>, fresh: bool, now: i64) {
         let Writes { mut pids, mut firsts, mut lasts, mut data } = self;
+        if pids.is_empty() {
+            return;
+        }
+        let generation = crate::generations::current(client);
         // The fresh tier's rows go in directly (one row per small push: see `heap`); SQL
         // takes whatever that cannot do.
         let mut direct = 0;
         while fresh
             && direct < pids.len()
-            && crate::heap::insert_fresh_segment(pids[direct], firsts[direct], lasts[direct], now, &data[direct])
+            && crate::heap::insert_fresh_segment(
+                pids[direct],
+                firsts[direct],
+                lasts[direct],
+                now,
+                &data[direct],
+                generation,
+            )
         {
             direct += 1;
         }
@@ -462,17 +473,17 @@ impl Writes {
             (_, true) => {
                 run(
                     client,
-                    "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data)
-                     SELECT u.p, u.f, u.l, $5, u.d FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
-                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into()],
+                    "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data, generation)
+                     SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
+                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into(), generation.into()],
                 );
             }
             (_, false) => {
                 run(
                     client,
-                    "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data)
-                     SELECT u.p, u.f, u.l, $5, u.d FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
-                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into()],
+                    "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+                     SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
+                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into(), generation.into()],
                 );
             }
         }

@@ -16,6 +16,7 @@
 //! next pass rather than waited for, and so is a partition whose row is locked (a
 //! compaction pass, or a push without the offset registry).
 
+use crate::generations::Rotated;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -73,8 +74,17 @@ fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
         crate::names::check_queue_name("queue", q);
     }
-    let (queues, segments, bytes) = Spi::connect_mut(|client| retain_in(client, queue));
-    JsonB(json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes}))
+    let (queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
+        let (queues, segments, bytes) = retain_in(client, queue);
+        // A pass over every queue also rotates the segment generations when that is due.
+        let rotated = queue.is_none() && matches!(crate::generations::rotate(client), Rotated::Yes { .. });
+        (queues, segments, bytes, rotated)
+    });
+    let mut out = json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes});
+    if queue.is_none() {
+        out["generationRotated"] = rotated.into();
+    }
+    JsonB(out)
 }
 
 pub fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64, i64, i64) {

@@ -115,6 +115,15 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
                     }
                 })
             });
+            // In a transaction of its own: a rotation that waited in vain for its lock
+            // leaves the pass's deletions committed.
+            BackgroundWorker::transaction(|| {
+                Spi::connect_mut(|client| {
+                    if installed(client) {
+                        crate::generations::rotate(client);
+                    }
+                })
+            });
             next_retention = Instant::now() + p;
         }
     }

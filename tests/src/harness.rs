@@ -53,6 +53,13 @@ pub struct Config {
     /// A REPEATABLE READ transaction, opened before the sessions start, stays open until
     /// the checks are done: the xmin horizon stands still for the whole run.
     pub held_snapshot: bool,
+    /// The queue's `retention` in seconds (0: keeps everything).
+    pub retention: i32,
+    /// A session runs `queen.retain()` over and over with `queen.rotation_min_size = 0`,
+    /// so the segment generations rotate whenever the oldest one is mostly dead. Counts
+    /// only in a database of the test's own (`own_database`): elsewhere other tests' data
+    /// decides when a rotation is due. The chaos thread kills it too.
+    pub rotator: bool,
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -76,6 +83,8 @@ impl Config {
             seed: env_or("QUEEN_HARNESS_SEED", 0x51ee) as u64,
             deadline: Duration::from_secs(env_or("QUEEN_HARNESS_DEADLINE_S", 900) as u64),
             held_snapshot: false,
+            retention: 0,
+            rotator: false,
         }
     }
 }
@@ -95,6 +104,8 @@ pub struct Report {
     /// of them are still in the journal tables at the end.
     pub journal_written: i64,
     pub journal_left: i64,
+    /// Rotations of the segment generations by the rotator session.
+    pub rotations: usize,
 }
 
 type Addr = (uuid::Uuid, i64); // (partition_id, offset)
@@ -169,8 +180,9 @@ pub fn run(cfg: &Config) -> Report {
     let mut admin = connect_retrying(deadline);
     admin
         .execute(
-            "SELECT queen.configure($1, lease_time => 30, retry_limit => $2, dead_letter_queue => true)",
-            &[&queue, &cfg.retry_limit],
+            "SELECT queen.configure($1, lease_time => 30, retry_limit => $2, dead_letter_queue => true,
+                                    retention => $3)",
+            &[&queue, &cfg.retry_limit, &cfg.retention],
         )
         .unwrap();
     let journal_written = |c: &mut Client| -> i64 {
@@ -221,8 +233,9 @@ pub fn run(cfg: &Config) -> Report {
         }
     }
     let chaos = (cfg.kills > 0).then(|| {
-        let (stop, kills, seed, compactor) = (stop_chaos.clone(), cfg.kills, cfg.seed, cfg.compactor);
-        thread::spawn(move || chaos(kills, seed, compactor, &stop, deadline))
+        let (stop, kills, seed, compactor, rotator) =
+            (stop_chaos.clone(), cfg.kills, cfg.seed, cfg.compactor, cfg.rotator);
+        thread::spawn(move || chaos(kills, seed, compactor, rotator, &stop, deadline))
     });
     let compactor = cfg.compactor.then(|| {
         let (stop, queue) = (stop_chaos.clone(), queue.clone());
@@ -239,6 +252,26 @@ pub fn run(cfg: &Config) -> Report {
             passes
         })
     });
+    let rotator = cfg.rotator.then(|| {
+        let stop = stop_chaos.clone();
+        thread::spawn(move || {
+            let session = || {
+                let mut c = connect_retrying(deadline);
+                c.batch_execute("SET queen.rotation_min_size = 0").unwrap();
+                c
+            };
+            let mut c = session();
+            let mut rotations = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                match c.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]) {
+                    Ok(row) => rotations += usize::from(row.get::<_, bool>(0)),
+                    Err(_) => c = session(), // killed by the chaos thread
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            rotations
+        })
+    });
     for h in handles {
         h.join().expect("a harness session panicked");
     }
@@ -246,10 +279,12 @@ pub fn run(cfg: &Config) -> Report {
     if let Some(h) = compactor {
         assert!(h.join().expect("compactor thread") > 0, "the compactor never finished a pass");
     }
+    let rotations = rotator.map(|h| h.join().expect("rotator thread")).unwrap_or(0);
     let kills = chaos.map(|h| h.join().expect("chaos thread")).unwrap_or_default();
 
     let mut admin = connect_retrying(deadline);
     let mut report = check(cfg, &queue, &mut admin, &shared.lock().unwrap());
+    report.rotations = rotations;
     if let Some((mut h, pid, held_at)) = holder {
         report.journal_written = journal_written(&mut admin) - written_before;
         report.journal_left = admin
@@ -535,6 +570,7 @@ fn chaos(
     kills: usize,
     seed: u64,
     compactor: bool,
+    rotator: bool,
     stop: &AtomicBool,
     deadline: Instant,
 ) -> BTreeMap<&'static str, usize> {
@@ -547,6 +583,9 @@ fn chaos(
     ];
     if compactor {
         targets.push(("compaction", "%queen.compact(%"));
+    }
+    if rotator {
+        targets.push(("retention and rotation", "%queen.retain()%"));
     }
     let mut r = StdRng::seed_from_u64(seed);
     let mut done: BTreeMap<&'static str, usize> = BTreeMap::new();

@@ -7,8 +7,37 @@ pub mod harness;
 
 use postgres::{Client, NoTls};
 
+/// Set by `use_database`: every later `dsn()` of this process names that database.
+static OWN_DSN: std::sync::RwLock<Option<String>> = std::sync::RwLock::new(None);
+
 pub fn dsn() -> String {
+    if let Some(own) = OWN_DSN.read().unwrap().clone() {
+        return own;
+    }
     std::env::var("QUEEN_TEST_DSN").expect("QUEEN_TEST_DSN is not set: run these tests with `make integration`")
+}
+
+/// Creates a database of its own for a test, with queen installed, and returns its DSN.
+/// For tests that need what is per database to themselves: the segment generations, which
+/// other tests' data would otherwise decide (the background worker maintains only the
+/// integration tests' shared database).
+pub fn own_database() -> String {
+    let name = format!("queen_own_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = connect();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database of the test's own");
+    // In a conninfo string a later keyword wins.
+    let own = format!("{} dbname={name}", dsn());
+    Client::connect(&own, NoTls)
+        .expect("connect to the test's own database")
+        .batch_execute("CREATE EXTENSION queen")
+        .expect("install queen in the test's own database");
+    own
+}
+
+/// Makes every later `dsn()` of this process (and so `connect()` and the harness) name
+/// `own`. For a binary whose tests all use that database.
+pub fn use_database(own: String) {
+    *OWN_DSN.write().unwrap() = Some(own);
 }
 
 pub fn connect() -> Client {

@@ -1,0 +1,126 @@
+//! Segment generations (queen-core::generations): which generation a new segment row goes
+//! to, and the rotation that empties the oldest one with `TRUNCATE`.
+//!
+//! Writers read the current generation from `queen.generations` at most once a second per
+//! backend. A stale answer is harmless: a row in a generation that is no longer current is
+//! read like any other, and the next rotation of that generation copies it forward if it
+//! is still live.
+//!
+//! The rotation runs after a retention pass (the background worker's, or `queen.retain()`
+//! over every queue), so the oldest generation holds only what retention kept. It needs the
+//! oldest generation's tables exclusively; it waits for them at most `ROTATE_LOCK_WAIT` and
+//! otherwise tries again on the next pass. Readers cannot see a half-done rotation: a
+//! statement takes its locks before its snapshot, so one that waited for the rotation sees
+//! its copies, and one that began before it holds the tables the rotation waits for.
+//! Under REPEATABLE READ or SERIALIZABLE a transaction's snapshot may predate a rotation
+//! (see `docs/concepts.md`, "Segment generations").
+
+use std::cell::Cell;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::spi::SpiClient;
+use queen_core::generations::{live_bytes, next, rotation_due, Sizes, MIN_ROTATE_BYTES};
+
+use crate::errors::SpiExt;
+use crate::spi::{first_value, run};
+
+/// `queen.rotation_min_size` (kB): how large the current generation must be before a
+/// rotation; -1 turns rotation off.
+pub static ROTATION_MIN_SIZE: GucSetting<i32> = GucSetting::<i32>::new((MIN_ROTATE_BYTES / 1024) as i32);
+
+/// Called from `_PG_init`.
+pub fn init() {
+    GucRegistry::define_int_guc(
+        c"queen.rotation_min_size",
+        c"Size the current segment generation must reach before a retention pass rotates the generations (-1: never).",
+        c"A rotation copies what is still live in the oldest generation forward and empties it with TRUNCATE, \
+          which frees its space even while a snapshot holds the xmin horizon back.",
+        &ROTATION_MIN_SIZE,
+        -1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_KB,
+    );
+}
+
+/// How long a backend trusts the current generation it read.
+const CACHE_MICROS: i64 = 1_000_000;
+
+thread_local! {
+    /// (generation, when it was read)
+    static CURRENT: Cell<Option<(i16, i64)>> = const { Cell::new(None) };
+}
+
+/// The generation new segment rows go to.
+pub fn current(client: &mut SpiClient<'_>) -> i16 {
+    let now = crate::clock::clock_now();
+    if let Some((g, at)) = CURRENT.with(Cell::get) {
+        if now.saturating_sub(at) < CACHE_MICROS && now >= at {
+            return g;
+        }
+    }
+    let g = first_value::<i16>(run(client, "SELECT current_generation FROM queen.generations", &[])).unwrap_or(0);
+    CURRENT.with(|c| c.set(Some((g, now))));
+    g
+}
+
+/// What a rotation attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotated {
+    /// Not attempted: not due, another rotation holds `queen.generations`, or the
+    /// transaction's snapshot is fixed (REPEATABLE READ or SERIALIZABLE).
+    No,
+    /// The oldest generation's tables were busy for longer than the wait.
+    Busy,
+    /// Rotated: the generation emptied (now current), and the rows copied out of it.
+    Yes { emptied: i16, copied: i64 },
+}
+
+/// One rotation attempt (see the module comment). Runs in the caller's transaction.
+pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
+    // A fixed snapshot would copy only the rows it sees, and drop the others with the
+    // TRUNCATE.
+    // SAFETY: a plain read of the transaction's isolation level.
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 || ROTATION_MIN_SIZE.get() < 0 {
+        return Rotated::No;
+    }
+    let Some(current) =
+        first_value::<i16>(run(client, "SELECT current_generation FROM queen.generations FOR UPDATE SKIP LOCKED", &[]))
+    else {
+        return Rotated::No;
+    };
+    let oldest = next(current);
+    let row = run(
+        client,
+        "SELECT pg_catalog.pg_total_relation_size(('queen.segments_' || $1)::regclass)
+                + pg_catalog.pg_total_relation_size(('queen.fresh_segments_' || $1)::regclass),
+                pg_catalog.pg_total_relation_size(('queen.segments_' || $2)::regclass)
+                + pg_catalog.pg_total_relation_size(('queen.fresh_segments_' || $2)::regclass),
+                l.rows, l.bytes
+           FROM (SELECT count(*)::int8 AS rows, coalesce(sum(octet_length(x.data)), 0)::int8 AS bytes
+                   FROM (SELECT data FROM queen.segments WHERE generation = $2
+                         UNION ALL SELECT data FROM queen.fresh_segments WHERE generation = $2) x) l",
+        &[current.into(), oldest.into()],
+    );
+    let row = row.first();
+    let sizes = Sizes {
+        current: row.get::<i64>(1).or_raise().unwrap_or(0),
+        oldest: row.get::<i64>(2).or_raise().unwrap_or(0),
+        oldest_live: live_bytes(row.get::<i64>(3).or_raise().unwrap_or(0), row.get::<i64>(4).or_raise().unwrap_or(0)),
+    };
+    if !rotation_due(sizes, i64::from(ROTATION_MIN_SIZE.get()).saturating_mul(1024)) {
+        return Rotated::No;
+    }
+    let copied = first_value::<i64>(run(
+        client,
+        "SELECT queen._rotate_segments($1, $2)",
+        &[i32::from(oldest).into(), i32::from(current).into()],
+    ))
+    .unwrap_or(-1);
+    if copied < 0 {
+        return Rotated::Busy;
+    }
+    CURRENT.with(|c| c.set(Some((oldest, crate::clock::clock_now()))));
+    Rotated::Yes { emptied: oldest, copied }
+}
