@@ -76,7 +76,7 @@ stop:
 	@bash scripts/exporter.sh stop $(RUN_DIR)-exporter $(RUN_EXPORTER_PORT)
 	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
 
-test: deps lint unit pgrx-test install-debug regress integration upgrade-test
+test: deps lint unit pgrx-test install-debug regress integration upgrade-test citus-test
 	@echo "make test: all layers passed"
 
 # The habits, enforced: rustfmt (rustfmt.toml), and clippy with every warning an error and
@@ -85,9 +85,9 @@ lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
 
-# queen next to Citus 13.2.2 on a coordinator and two workers of this machine
-# (scripts/citus_test.sh); the first run builds Citus from its vendored source archive
-# (scripts/citus.sh). Not part of `make test` yet: queen's tables are not distributed.
+# queen on Citus 13.2.2: a coordinator and two workers of this machine, queues routed to
+# their workers by queen.distribute() (scripts/citus_test.sh, docs/citus.md); the first
+# run builds Citus from its vendored source archive (scripts/citus.sh).
 CITUS_DIR  ?= /tmp/queen-citus
 CITUS_PORT ?= 5492
 citus-test: install-debug

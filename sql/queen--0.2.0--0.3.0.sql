@@ -247,6 +247,70 @@ BEGIN
 EXCEPTION WHEN lock_not_available THEN
   RETURN false;
 END $$;
+-- push_batch for one queue, named first (routable on Citus: src/citus.rs).
+CREATE FUNCTION queen.push_batch(queue text, items jsonb) RETURNS SETOF queen.push_result
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'push_batch_to_wrapper';
+COMMENT ON FUNCTION queen.push_batch(text, jsonb) IS
+  'queen: push a JSON array of {partition?, payload, transactionId?, headers?, deliverAt?} to one queue atomically';
+
+-- queen.distribute(): queen on a Citus coordinator (docs/citus.md). Distributes the
+-- routing table queen_citus.queue_homes by queue name and makes every queen function whose
+-- first argument is a queue (without a default) a distributed function colocated with it,
+-- so that the coordinator delegates each call to the worker that holds the queue. queen's
+-- own tables stay local on every node. Idempotent. Returns what it distributed.
+-- Parameters: none. Returns: jsonb {functions, shards, workers}.
+-- Tables: creates queen_citus.queue_homes (empty; only its shard placement is used).
+CREATE FUNCTION queen.distribute() RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  f regprocedure;
+  n int := 0;
+  shards bigint;
+  workers bigint;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+    RAISE EXCEPTION 'queen: distribute needs the citus extension in this database'
+      USING ERRCODE = '55000';
+  END IF;
+  IF (SELECT groupid FROM pg_dist_local_group) <> 0 THEN
+    RAISE EXCEPTION 'queen: distribute runs on the Citus coordinator'
+      USING ERRCODE = '55000';
+  END IF;
+  SELECT count(*) INTO workers FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary' AND isactive;
+  IF workers = 0 THEN
+    RAISE EXCEPTION 'queen: distribute needs at least one active Citus worker (citus_add_node)'
+      USING ERRCODE = '55000';
+  END IF;
+  CREATE SCHEMA IF NOT EXISTS queen_citus;
+  CREATE TABLE IF NOT EXISTS queen_citus.queue_homes (queue text PRIMARY KEY);
+  COMMENT ON TABLE queen_citus.queue_homes IS
+    'queen: routing only (queen.distribute): the worker holding a queue''s shard is the queue''s home';
+  IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'queen_citus.queue_homes'::regclass) THEN
+    PERFORM create_distributed_table('queen_citus.queue_homes', 'queue');
+  END IF;
+  FOR f IN
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'queen'::regnamespace AND p.proname !~ '^_'
+       AND p.proargnames[1] = 'queue' AND p.proargtypes[0] = 'text'::regtype
+       AND p.pronargdefaults < p.pronargs
+     ORDER BY p.oid::regprocedure::text
+  LOOP
+    -- '$1' and not the name: Citus counts OUT columns when it looks an argument up by name.
+    -- force_delegation: delegated inside BEGIN ... COMMIT too (the worker then runs the
+    -- call in a transaction that commits with the coordinator's).
+    PERFORM create_distributed_function(f, '$1', colocate_with => 'queen_citus.queue_homes',
+                                        force_delegation => true);
+    n := n + 1;
+  END LOOP;
+  SELECT count(*) INTO shards FROM pg_dist_shard WHERE logicalrelid = 'queen_citus.queue_homes'::regclass;
+  RETURN jsonb_build_object('functions', n, 'shards', shards, 'workers', workers);
+END $$;
+REVOKE ALL ON FUNCTION queen.distribute() FROM PUBLIC;
+COMMENT ON FUNCTION queen.distribute() IS 'queen: on a Citus coordinator, route every call that names a queue to the worker that holds it';
+
 -- A rotation of the segment generations (src/generations.rs): the rows still in
 -- generation `oldest` are copied into generation `current`, `oldest` is emptied with
 -- TRUNCATE and becomes current. Returns the rows copied, or -1 when the oldest
@@ -811,3 +875,7 @@ COMMENT ON FUNCTION queen.metrics(text) IS
   'queen: one row per metric and label set (queue, consumer group) for monitoring: sizes, lag, leases, retries, dead letters, retention; kind picks one part';
 GRANT EXECUTE ON FUNCTION queen.metrics(text) TO queen_admin;
 REVOKE ALL ON FUNCTION queen.metrics(text) FROM PUBLIC;
+
+-- push_batch for one queue (created above) goes to producers, like push_batch(items).
+REVOKE ALL ON FUNCTION queen.push_batch(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION queen.push_batch(text, jsonb) TO queen_producer;

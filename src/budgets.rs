@@ -46,6 +46,7 @@ fn configure_group(
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
     check_queue_name("queue", queue);
+    crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
     let b = Budget {
         handler_timeout: micros("handler_timeout", handler_timeout),

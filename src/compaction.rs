@@ -74,6 +74,7 @@ GRANT EXECUTE ON FUNCTION queen.compact(text) TO queen_admin;
 fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
         crate::names::check_queue_name("queue", q);
+        crate::citus::ensure_home(q);
     }
     // A merge must see every fresh segment of its run. A fixed snapshot may miss one
     // committed since it was taken (or copied forward by a rotation of the segment

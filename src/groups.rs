@@ -197,6 +197,7 @@ fn seek(
     let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
     let force = force.unwrap_or_else(|| errors::null_arg("force"));
     check_queue_name("queue", queue);
+    crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
     if let Some(p) = partition {
         check_lane_name("partition", p);
@@ -279,6 +280,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
     let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
     let force = force.unwrap_or_else(|| errors::null_arg("force"));
     check_queue_name("queue", queue);
+    crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
     let lanes = Spi::connect_mut(|client| {
         let queue_id = queue_id(client, queue)?;

@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod ack;
 mod budgets;
+mod citus;
 mod clock;
 mod compaction;
 mod dlq;

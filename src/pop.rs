@@ -143,6 +143,7 @@ fn pop_sql(
 
 fn validate(a: &PopArgs) {
     check_queue_name("queue", a.queue);
+    crate::citus::ensure_home(a.queue);
     check_lane_name("consumer_group", a.group);
     if let Some(p) = a.partition {
         check_lane_name("partition", p);

@@ -206,7 +206,14 @@ fn push_batch(
         name!(msg_offset, i64),
     ),
 > {
-    let items_arg = p_items.unwrap_or_else(|| errors::null_arg("items"));
+    let items = read_batch(p_items.unwrap_or_else(|| errors::null_arg("items")), None);
+    into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
+}
+
+/// The items of a `push_batch` call, read and checked. With `call_queue` (the form that
+/// names its queue, for Citus routing) an item may leave `queue` out, and may not name
+/// another queue.
+fn read_batch(items_arg: JsonbArg, call_queue: Option<&str>) -> Vec<PushItem> {
     let n = items_arg.array_len().unwrap_or_else(|| errors::invalid("items", "must be a JSON array of objects"));
     if n == 0 {
         errors::invalid("items", "must hold at least one item");
@@ -243,8 +250,15 @@ fn push_batch(
         present += usize::from(headers.is_some()) + usize::from(deliver_at.is_some());
         obj.reject_unknown_keys(&BATCH_KEYS, present, &format!("items[{i}]"));
         let item = PushItem {
-            queue: string_field(queue, &at, "queue")
-                .unwrap_or_else(|| errors::invalid(&format!("{}queue", at()), "is missing")),
+            queue: match (string_field(queue, &at, "queue"), call_queue) {
+                (Some(q), Some(c)) if q != c => errors::invalid(
+                    &format!("{}queue", at()),
+                    format_args!("is {q:?}, but this call pushes to {c:?} only (leave the key out)"),
+                ),
+                (Some(q), _) => q,
+                (None, Some(c)) => c.to_string(),
+                (None, None) => errors::invalid(&format!("{}queue", at()), "is missing"),
+            },
             partition: string_field(partition, &at, "partition").unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
             payload: payload.unwrap_or_else(|| errors::invalid(&format!("{}payload", at()), "is missing")),
             transaction_id: string_field(transaction_id, &at, "transactionId"),
@@ -266,6 +280,37 @@ fn push_batch(
             format!("queen: items carry {total} payload and header bytes; at most {MAX_CALL_BYTES} per call"),
         );
     }
+    items
+}
+
+/// `queen.push_batch(queue, items)`: `push_batch` for one queue, which the call names
+/// first. On Citus the coordinator routes it by that argument, as it routes `push`
+/// (src/citus.rs); anywhere else it is `push_batch` with every item's queue set.
+#[pg_extern(sql = r#"
+CREATE FUNCTION queen.push_batch(queue text, items jsonb) RETURNS SETOF queen.push_result
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'push_batch_to_wrapper';
+COMMENT ON FUNCTION queen.push_batch(text, jsonb) IS
+  'queen: push a JSON array of {partition?, payload, transactionId?, headers?, deliverAt?} to one queue atomically';
+GRANT EXECUTE ON FUNCTION queen.push_batch(text, jsonb) TO queen_producer;
+"#, requires = [push_batch])]
+fn push_batch_to(
+    p_queue: Option<&str>,
+    p_items: Option<JsonbArg>,
+) -> TableIterator<
+    'static,
+    (
+        name!(idx, i32),
+        name!(status, String),
+        name!(message_id, pgrx::Uuid),
+        name!(transaction_id, String),
+        name!(partition_id, pgrx::Uuid),
+        name!(msg_offset, i64),
+    ),
+> {
+    let queue = p_queue.unwrap_or_else(|| errors::null_arg("queue"));
+    check_queue_name("queue", queue);
+    let items = read_batch(p_items.unwrap_or_else(|| errors::null_arg("items")), Some(queue));
     into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
 }
 
@@ -499,6 +544,14 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
         groups.entry((item.queue.as_str(), item.partition.as_str())).or_default().push(i);
+    }
+    // On Citus, every queue of the call must live on this node (src/citus.rs).
+    let mut last_queue = None;
+    for &(queue, _) in groups.keys() {
+        if last_queue != Some(queue) {
+            crate::citus::ensure_home(queue);
+            last_queue = Some(queue);
+        }
     }
     let message_ids: Vec<uuid::Uuid> = new_ids(items.len());
     let minted = new_ids(items.iter().filter(|it| it.transaction_id.is_none()).count());

@@ -240,6 +240,7 @@ fn create_group(
     let group = consumer_group.unwrap_or_else(|| null_arg("consumer_group"));
     let subscription = subscription.unwrap_or_else(|| null_arg("subscription"));
     check_queue_name("queue", queue);
+    crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
     let subscription = Subscription::parse(subscription).unwrap_or_else(|v| crate::errors::violation(v)).as_str();
     pgrx::Spi::connect_mut(|client| {
@@ -349,6 +350,7 @@ fn configure(
     use crate::names::check_queue_name;
     let queue = queue.unwrap_or_else(|| null_arg("queue"));
     check_queue_name("queue", queue);
+    crate::citus::ensure_home(queue);
     let lease_time = lease_time.unwrap_or_else(|| null_arg("lease_time"));
     let retry_limit = retry_limit.unwrap_or_else(|| null_arg("retry_limit"));
     let dead_letter_queue = dead_letter_queue.unwrap_or_else(|| null_arg("dead_letter_queue"));

@@ -73,6 +73,7 @@ GRANT EXECUTE ON FUNCTION queen.retain(text) TO queen_admin;
 fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
         crate::names::check_queue_name("queue", q);
+        crate::citus::ensure_home(q);
     }
     let (queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
         let (queues, segments, bytes) = retain_in(client, queue);

@@ -1,0 +1,93 @@
+//! queen on Citus: the routing guard.
+//!
+//! `queen.distribute()` (sql/api.sql), run on a Citus coordinator, distributes one small
+//! table, `queen_citus.queue_homes`, by queue name, and makes every queen function whose
+//! first argument is a queue a distributed function colocated with it. Citus then sends a
+//! call such as `SELECT * FROM queen.pop('orders', 'g')` to the worker that holds the
+//! shard for `'orders'`: that worker is the queue's home. queen's own tables stay local on
+//! every node, so a queue lives whole on its home, with that node's shared memory, long-poll
+//! wake-ups and background worker (see `docs/citus.md`).
+//!
+//! A call Citus does not delegate (a shape it does not push down, a volatile argument, a
+//! call made straight to the wrong node) would run against the receiving node's tables and
+//! shared memory: another queue of the same name. `ensure_home` refuses it.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::clock::clock_now;
+use crate::errors;
+use crate::spi::{first_row_now, with_pinned_search_path};
+
+/// How long a backend trusts what it found out about a queue's home (microseconds). A
+/// queue's home changes only when its shard moves, which needs queen stopped for that queue
+/// (docs/citus.md).
+const CACHE_MICROS: i64 = 5_000_000;
+
+thread_local! {
+    /// queue name -> (home group, this node's group, when looked up)
+    static HOMES: RefCell<HashMap<String, (i32, i32, i64)>> = RefCell::new(HashMap::new());
+}
+
+/// Whether `queen.distribute()` ran in this database: the routing schema exists (one
+/// syscache lookup; nothing else is asked of a database that is not distributed).
+fn distributed() -> bool {
+    // SAFETY: a catalog lookup by name, with missing_ok.
+    unsafe { pg_sys::get_namespace_oid(c"queen_citus".as_ptr(), true) != pg_sys::InvalidOid }
+}
+
+/// Refuses (55000) a call about `queue` on a node that is not the queue's home, once the
+/// database is distributed. A no-op anywhere else.
+pub fn ensure_home(queue: &str) {
+    if !distributed() {
+        return;
+    }
+    let now = clock_now();
+    let cached =
+        HOMES.with(|h| h.borrow().get(queue).copied()).filter(|&(_, _, at)| (0..CACHE_MICROS).contains(&(now - at)));
+    let (home, here) = match cached {
+        Some((home, here, _)) => (home, here),
+        None => {
+            let found = with_pinned_search_path(|| {
+                Spi::connect_mut(|client| {
+                    first_row_now(
+                        client,
+                        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                                                  WHERE logicalrelid = pg_catalog.to_regclass('queen_citus.queue_homes'))
+                                     THEN (SELECT pl.groupid FROM pg_catalog.pg_dist_placement pl
+                                            WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
+                                                                 'queen_citus.queue_homes', $1::text))
+                                END,
+                                (SELECT groupid FROM pg_catalog.pg_dist_local_group)",
+                        &[queue.into()],
+                        |row| (row.get::<i32>(1), row.get::<i32>(2)),
+                    )
+                })
+            });
+            let (Some(home), Some(here)) = found.unwrap_or((None, None)) else {
+                return; // the routing table is not distributed (yet): nothing to guard
+            };
+            HOMES.with(|h| {
+                let mut h = h.borrow_mut();
+                if h.len() >= 4096 {
+                    h.clear();
+                }
+                h.insert(queue.to_string(), (home, here, now));
+            });
+            (home, here)
+        }
+    };
+    if home != here {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "queen: queue {queue:?} lives on Citus node group {home}, not on this node (group {here}): the call \
+                 was not routed to it. Call queen through the coordinator as SELECT queen.f('{queue}', ...) or \
+                 SELECT ... FROM queen.f('{queue}', ...), with the queue as a constant (docs/citus.md)"
+            ),
+        );
+    }
+}
