@@ -255,10 +255,12 @@ pub fn run(cfg: &Config) -> Report {
     let rotator = cfg.rotator.then(|| {
         let stop = stop_chaos.clone();
         thread::spawn(move || {
-            let session = || {
+            let session = || loop {
+                // (The chaos thread may kill the server between the two.)
                 let mut c = connect_retrying(deadline);
-                c.batch_execute("SET queen.rotation_min_size = 0").unwrap();
-                c
+                if c.batch_execute("SET queen.rotation_min_size = 0").is_ok() {
+                    return c;
+                }
             };
             let mut c = session();
             let mut rotations = 0usize;
