@@ -468,13 +468,17 @@ COMMENT ON FUNCTION queen.distribute() IS 'queen: on a Citus coordinator, route 
 
 -- A rotation of the segment generations (src/generations.rs): the rows still in
 -- generation `oldest` are copied into generation `current`, `oldest` is emptied with
--- TRUNCATE and becomes current. Returns the rows copied, or -1 when the oldest
--- generation's tables stayed busy for the whole lock wait (nothing is done then). The
--- caller holds the queen.generations row.
+-- TRUNCATE and becomes current. Returns the rows copied, or -1 when a lock it needs stayed
+-- busy for the whole wait (each lock waits at most lock_timeout) or its wait would close a
+-- cycle (nothing is done then). The caller holds the queen.generations row.
 CREATE FUNCTION queen._rotate_segments(oldest int, current int) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '200ms'
+-- An autovacuum holding a table (TOAST included, which TRUNCATE locks later) is cancelled
+-- after deadlock_timeout; below lock_timeout, so that it is, and a cycle with another
+-- waiter is found before the wait gives up (this call is then the one that backs off).
+SET deadlock_timeout = '50ms'
 AS $$
 DECLARE
   seg text := format('queen.segments_%s', oldest);
@@ -496,7 +500,7 @@ BEGIN
   UPDATE queen.generations
      SET current_generation = oldest, rotations = rotations + 1, rotated_at = clock_timestamp();
   RETURN copied + copied_fresh;
-EXCEPTION WHEN lock_not_available THEN
+EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
   RETURN -1;
 END $$;
 REVOKE ALL ON FUNCTION queen._rotate_segments(int, int) FROM PUBLIC;

@@ -491,6 +491,9 @@ const NO_MESSAGE: &str = "no message at this offset (a push that did not commit)
 /// false when the offset is a gap (nothing to file).
 fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, error: &str, retry_count: i32) -> bool {
     type Stored = (pgrx::Uuid, String, Vec<u8>, Option<Vec<u8>>);
+    // A missing message must mean a push that did not commit, not rows a rotation moved
+    // after this transaction's snapshot.
+    crate::generations::check_snapshot(client);
     let mut frame: Option<Stored> = None;
     segments::read(client, lane.partition_id, offset, offset, |_, message| {
         if let Some((f, _)) = message {

@@ -57,9 +57,15 @@ pub fn ensure_home(queue: &str) {
                         client,
                         "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
                                                   WHERE logicalrelid = pg_catalog.to_regclass('queen_citus.queue_homes'))
-                                     THEN (SELECT pl.groupid FROM pg_catalog.pg_dist_placement pl
-                                            WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
-                                                                 'queen_citus.queue_homes', $1::text))
+                                     THEN coalesce(
+                                            -- here, if a placement is here (more than one with replication)
+                                            (SELECT pl.groupid FROM pg_catalog.pg_dist_placement pl
+                                              WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
+                                                                   'queen_citus.queue_homes', $1::text)
+                                                AND pl.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)),
+                                            (SELECT min(pl.groupid) FROM pg_catalog.pg_dist_placement pl
+                                              WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
+                                                                   'queen_citus.queue_homes', $1::text)))
                                 END,
                                 (SELECT groupid FROM pg_catalog.pg_dist_local_group)",
                         &[queue.into()],

@@ -65,6 +65,29 @@ pub fn current(client: &mut SpiClient<'_>) -> i16 {
     g
 }
 
+/// Under REPEATABLE READ or SERIALIZABLE, refuses (40001) a read of segments that must
+/// find what it looks for (a message to dead-letter, the first message at a time) when a
+/// rotation committed after the transaction's snapshot: the rows it moved are then neither
+/// where the snapshot saw them nor visible where they went. A pop needs no such check: it
+/// stops at any offset its snapshot cannot see.
+pub fn check_snapshot(client: &mut SpiClient<'_>) {
+    // SAFETY: a plain read of the transaction's isolation level.
+    if unsafe { pg_sys::XactIsoLevel } < pg_sys::XACT_REPEATABLE_READ as i32 {
+        return;
+    }
+    let seen = first_value::<i64>(run(client, "SELECT rotations FROM queen.generations", &[]));
+    let latest = crate::spi::first_row_now(client, "SELECT rotations FROM queen.generations", &[], |r| r.get::<i64>(1))
+        .flatten();
+    if seen != latest {
+        crate::errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            "queen: could not serialize access: the segment generations were rotated after this transaction's \
+             snapshot was taken; retry the transaction"
+                .to_string(),
+        );
+    }
+}
+
 /// What a rotation attempt did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rotated {
@@ -91,25 +114,37 @@ pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
         return Rotated::No;
     };
     let oldest = next(current);
+    let min_bytes = i64::from(ROTATION_MIN_SIZE.get()).saturating_mul(1024);
+    // The sizes first: the live rows of the oldest generation are counted (a scan of its
+    // heap, dead rows included) only when the current one is large enough.
     let row = run(
         client,
         "SELECT pg_catalog.pg_total_relation_size(('queen.segments_' || $1)::regclass)
                 + pg_catalog.pg_total_relation_size(('queen.fresh_segments_' || $1)::regclass),
                 pg_catalog.pg_total_relation_size(('queen.segments_' || $2)::regclass)
-                + pg_catalog.pg_total_relation_size(('queen.fresh_segments_' || $2)::regclass),
-                l.rows, l.bytes
-           FROM (SELECT count(*)::int8 AS rows, coalesce(sum(octet_length(x.data)), 0)::int8 AS bytes
-                   FROM (SELECT data FROM queen.segments WHERE generation = $2
-                         UNION ALL SELECT data FROM queen.fresh_segments WHERE generation = $2) x) l",
+                + pg_catalog.pg_total_relation_size(('queen.fresh_segments_' || $2)::regclass)",
         &[current.into(), oldest.into()],
     );
     let row = row.first();
-    let sizes = Sizes {
+    let mut sizes = Sizes {
         current: row.get::<i64>(1).or_raise().unwrap_or(0),
         oldest: row.get::<i64>(2).or_raise().unwrap_or(0),
-        oldest_live: live_bytes(row.get::<i64>(3).or_raise().unwrap_or(0), row.get::<i64>(4).or_raise().unwrap_or(0)),
+        oldest_live: 0,
     };
-    if !rotation_due(sizes, i64::from(ROTATION_MIN_SIZE.get()).saturating_mul(1024)) {
+    if !rotation_due(sizes, min_bytes) {
+        return Rotated::No;
+    }
+    let row = run(
+        client,
+        "SELECT count(*)::int8, coalesce(sum(octet_length(x.data)), 0)::int8
+           FROM (SELECT data FROM queen.segments WHERE generation = $1
+                 UNION ALL SELECT data FROM queen.fresh_segments WHERE generation = $1) x",
+        &[oldest.into()],
+    );
+    let row = row.first();
+    sizes.oldest_live =
+        live_bytes(row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<i64>(2).or_raise().unwrap_or(0));
+    if !rotation_due(sizes, min_bytes) {
         return Rotated::No;
     }
     let copied = first_value::<i64>(run(

@@ -143,6 +143,7 @@ fn no_group(queue: &str, group: &str) -> ! {
 /// or None when every message is older. A segment's `created_at` is its newest message's
 /// time, so the first segment at or after `at` holds the answer.
 fn first_offset_at(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, at: i64) -> Option<i64> {
+    crate::generations::check_snapshot(client);
     let seg = run(
         client,
         "SELECT first_offset, last_offset FROM (

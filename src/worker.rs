@@ -63,6 +63,14 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
             pg_sys::GucContext::PGC_USERSET,
             pg_sys::GucSource::PGC_S_SESSION,
         );
+        // Compaction and rotation need statement snapshots: a database or role default
+        // of REPEATABLE READ or SERIALIZABLE must not reach the worker.
+        pg_sys::SetConfigOption(
+            c"default_transaction_isolation".as_ptr(),
+            c"read committed".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+        );
         pg_sys::SetConfigOption(
             c"search_path".as_ptr(),
             c"pg_catalog, pg_temp".as_ptr(),

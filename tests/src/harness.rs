@@ -267,7 +267,9 @@ pub fn run(cfg: &Config) -> Report {
             while !stop.load(Ordering::SeqCst) {
                 match c.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]) {
                     Ok(row) => rotations += usize::from(row.get::<_, bool>(0)),
-                    Err(_) => c = session(), // killed by the chaos thread
+                    // Killed by the chaos thread: a new session. Any other error is a failure.
+                    Err(e) if c.is_closed() || e.code().is_none() => c = session(),
+                    Err(e) => panic!("queen.retain() failed: {e}"),
                 }
                 thread::sleep(Duration::from_millis(50));
             }
