@@ -78,7 +78,9 @@ done
 # ---- distributed ----
 distributed=$(psql_on 0 -c "SELECT queen.distribute()")
 echo "citus-test: distribute() = $distributed"
-case "$distributed" in *'"functions": 9'*) ;; *) echo "citus-test: distribute() did not distribute 9 functions" >&2; exit 1 ;; esac
+# 9 functions routed by queue, 7 by lease or partition id (ack in three forms, extend_lease,
+# may_start, dlq_replay, dlq_delete).
+case "$distributed" in *'"functions": 16'*) ;; *) echo "citus-test: distribute() did not distribute 16 functions" >&2; exit 1 ;; esac
 case "$distributed" in *'"workers": 2'*) ;; *) echo "citus-test: distribute() did not see 2 workers" >&2; exit 1 ;; esac
 fail() { echo "citus-test: $*" >&2; exit 1; }
 # The worker port that holds queue $1's shard.
@@ -149,6 +151,59 @@ done
 # On the home worker itself the same shape runs (it is local there).
 psql_on 1 -c "WITH x AS (SELECT * FROM queen.push('$qa', '{\"n\": 105}')) SELECT count(*) FROM x" >/dev/null
 [ "$(stored 1 "$qa")" = 105 ] || fail "a push on the home worker was not stored"
+# Calls by lease id and by partition id go to the node that issued the id: a pop through the
+# coordinator leases on the home worker, which minted the lease id (and the partition id)
+# to route back to it.
+id_port() { # the worker port holding id_routes' shard for uuid $1
+  psql_on 0 -c "SELECT n.nodeport FROM pg_dist_placement pl JOIN pg_dist_node n USING (groupid)
+                 WHERE pl.shardid = get_shard_id_for_distribution_column('queen_citus.id_routes', '$1'::uuid)"
+}
+for q in "$qa" "$qb"; do
+  home=$(node_of "$q") port=$(home_port "$q")
+  # The partition is qa's or qb's default one; its messages 1..3 are leased.
+  read -r lease pid <<< "$(psql_on 0 -F ' ' -c "SELECT lease_id, partition_id FROM queen.pop('$q', 'ids', batch => 3) LIMIT 1")"
+  [ -n "$lease" ] || fail "$q: the pop through the coordinator leased nothing"
+  [ "$(id_port "$lease")" = "$port" ] || fail "$q: lease $lease routes to port $(id_port "$lease"), not its home $port"
+  [ "$(id_port "$pid")" = "$port" ] || fail "$q: partition $pid routes to port $(id_port "$pid"), not its home $port"
+  for call in "queen.ack('$lease'::uuid)" "queen.extend_lease('$lease'::uuid, 30)" "queen.dlq_delete('$pid'::uuid, 'x')"; do
+    plan=$(psql_on 0 -c "EXPLAIN (COSTS OFF) SELECT $call")
+    echo "$plan" | grep -q "Task Count: 1" || fail "$call is not one task: $plan"
+    echo "$plan" | grep -q "port=$port" || fail "$call does not go to its home: $plan"
+  done
+  # Through the coordinator (SELECT r ->> 'k' FROM queen.f(...) r is delegated; an
+  # expression around the call, SELECT queen.f(...) ->> 'k', is not): extend_lease and
+  # may_start; the three forms of ack: a dead letter by offset (which ends the lease), a
+  # dead letter in a JSON list on the next lease, then a whole lease.
+  [ "$(psql_on 0 -c "SELECT r ->> 'renewed' FROM queen.extend_lease('$lease'::uuid, 30) r")" = 1 ] || fail "$q: extend_lease renewed nothing"
+  [ "$(psql_on 0 -c "SELECT queen.may_start('$lease'::uuid)")" = t ] || fail "$q: may_start is not true"
+  ok=$(psql_on 0 -c "SELECT r -> 'items' -> 0 ->> 'success' FROM queen.ack('$lease'::uuid, '$pid'::uuid, 1, 'dlq', 'bad 1') r")
+  [ "$ok" = true ] || fail "$q: ack of offset 1 through the coordinator: $ok"
+  lease=$(psql_on 0 -c "SELECT lease_id FROM queen.pop('$q', 'ids', batch => 1)")
+  ok=$(psql_on 0 -c "SELECT r -> 'items' -> 0 ->> 'success'
+                       FROM queen.ack('$lease'::uuid, '[{\"partitionId\": \"$pid\", \"offset\": 2, \"status\": \"dlq\", \"error\": \"bad 2\"}]') r")
+  [ "$ok" = true ] || fail "$q: ack of offset 2 through the coordinator: $ok"
+  lease=$(psql_on 0 -c "SELECT lease_id FROM queen.pop('$q', 'ids', batch => 1)")
+  ok=$(psql_on 0 -c "SELECT r -> 'lanes' -> 0 ->> 'committed' FROM queen.ack('$lease'::uuid) r")
+  [ "$ok" = 3 ] || fail "$q: the whole-lease ack through the coordinator left the lane at $ok"
+  [ "$(psql_on "$home" -c "SELECT count(*) FROM queen.dlq('$q')")" = 2 ] || fail "$q: no 2 dead letters on its home"
+  tx1=$(psql_on "$home" -c "SELECT transaction_id FROM queen.dlq('$q') WHERE error_message = 'bad 1'")
+  tx2=$(psql_on "$home" -c "SELECT transaction_id FROM queen.dlq('$q') WHERE error_message = 'bad 2'")
+  before=$(stored "$home" "$q")
+  [ "$(psql_on 0 -c "SELECT r ->> 'replayed' FROM queen.dlq_replay('$pid'::uuid, '$tx1') r")" = true ] || fail "$q: dlq_replay failed"
+  [ "$(psql_on 0 -c "SELECT r ->> 'deleted' FROM queen.dlq_delete('$pid'::uuid, '$tx2') r")" = true ] || fail "$q: dlq_delete failed"
+  [ "$(stored "$home" "$q")" = "$((before + 1))" ] || fail "$q: the replayed message is not on its home"
+  [ "$(psql_on "$home" -c "SELECT count(*) FROM queen.dlq('$q')")" = 0 ] || fail "$q: dead letters left on its home"
+  # The guard: an undelegated call (inside a CTE) by id on a node that did not issue it.
+  lease=$(psql_on 0 -c "SELECT lease_id FROM queen.pop('$q', 'ids2', batch => 1)")
+  for node in 0 $((3 - home)); do
+    out=$(psql_on "$node" -c "WITH x AS (SELECT queen.ack('$lease'::uuid) AS a) SELECT a FROM x" 2>&1) \
+      && fail "an undelegated ack on ${names[$node]} was accepted"
+    echo "$out" | grep -q "was issued by another Citus node" || fail "undelegated ack on ${names[$node]}: $out"
+  done
+  ok=$(psql_on "$home" -c "WITH x AS (SELECT queen.ack('$lease'::uuid) AS a) SELECT a -> 'lanes' -> 0 ->> 'committed' FROM x")
+  [ "$ok" = 1 ] || fail "$q: the same ack on the home worker committed $ok"
+done
+echo "citus-test: leases and partitions route to their home: ack, extend_lease, may_start, dlq_replay, dlq_delete"
 # One transaction, both workers: all or nothing (Citus commits it with two-phase commit,
 # which queen refuses after a push: the transaction fails and nothing is stored).
 before_a=$(stored 1 "$qa") before_b=$(stored 2 "$qb")

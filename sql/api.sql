@@ -412,10 +412,13 @@ REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 -- queen.distribute(): queen on a Citus coordinator (docs/citus.md). Distributes the
 -- routing table queen_citus.queue_homes by queue name and makes every queen function whose
 -- first argument is a queue (without a default) a distributed function colocated with it,
--- so that the coordinator delegates each call to the worker that holds the queue. queen's
--- own tables stay local on every node. Idempotent. Returns what it distributed.
+-- so that the coordinator delegates each call to the worker that holds the queue. Likewise
+-- queen_citus.id_routes by uuid, for the functions whose first argument is a lease id or a
+-- partition id: a worker mints those ids so that they route back to it (src/citus.rs).
+-- queen's own tables stay local on every node. Idempotent. Returns what it distributed.
 -- Parameters: none. Returns: jsonb {functions, shards, workers}.
--- Tables: creates queen_citus.queue_homes (empty; only its shard placement is used).
+-- Tables: creates queen_citus.queue_homes and queen_citus.id_routes (empty; only their
+-- shard placements are used).
 CREATE FUNCTION queen.distribute() RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -457,6 +460,23 @@ BEGIN
     -- force_delegation: delegated inside BEGIN ... COMMIT too (the worker then runs the
     -- call in a transaction that commits with the coordinator's).
     PERFORM create_distributed_function(f, '$1', colocate_with => 'queen_citus.queue_homes',
+                                        force_delegation => true);
+    n := n + 1;
+  END LOOP;
+  CREATE TABLE IF NOT EXISTS queen_citus.id_routes (id uuid PRIMARY KEY);
+  COMMENT ON TABLE queen_citus.id_routes IS
+    'queen: routing only (queen.distribute): lease and partition ids are minted to hash into a shard their home holds';
+  IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'queen_citus.id_routes'::regclass) THEN
+    PERFORM create_distributed_table('queen_citus.id_routes', 'id');
+  END IF;
+  FOR f IN
+    SELECT p.oid::regprocedure FROM pg_proc p
+     WHERE p.pronamespace = 'queen'::regnamespace AND p.proname !~ '^_'
+       AND p.proargnames[1] IN ('lease_id', 'partition_id') AND p.proargtypes[0] = 'uuid'::regtype
+       AND p.pronargdefaults < p.pronargs
+     ORDER BY p.oid::regprocedure::text
+  LOOP
+    PERFORM create_distributed_function(f, '$1', colocate_with => 'queen_citus.id_routes',
                                         force_delegation => true);
     n := n + 1;
   END LOOP;

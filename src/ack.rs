@@ -205,6 +205,7 @@ fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonB {
 
 /// Applies `items` (or, with None, completes every lane of the lease) and reports.
 fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
+    crate::citus::ensure_id_home("lease", &lease_id);
     Spi::connect_mut(|client| ack_in(client, lease_id, items))
 }
 

@@ -110,6 +110,7 @@ GRANT EXECUTE ON FUNCTION queen.may_start(uuid, interval) TO queen_consumer;
 #[search_path(pg_catalog, pg_temp)]
 fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Interval>, "NULL")) -> bool {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    crate::citus::ensure_id_home("lease", &lease_id);
     let asked = handler_timeout.map(|v| micros("handler_timeout", Some(v)));
     let now = clock_now();
     let found = if crate::lanes::enabled() {

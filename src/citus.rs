@@ -11,9 +11,16 @@
 //! A call Citus does not delegate (a shape it does not push down, a volatile argument, a
 //! call made straight to the wrong node) would run against the receiving node's tables and
 //! shared memory: another queue of the same name. `ensure_home` refuses it.
+//!
+//! Calls that name no queue (`ack`, `extend_lease`, `may_start` by lease id; `dlq_replay`,
+//! `dlq_delete` by partition id) are routed by that id through a second routing table,
+//! `queen_citus.id_routes`, distributed by uuid. A worker mints lease and partition ids that
+//! hash into a shard it holds (`routed_id`, rule in `queen_core::routing`), so Citus sends
+//! their calls back to it; `ensure_id_home` refuses one that arrives elsewhere.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -27,9 +34,15 @@ use crate::spi::{first_row_now, with_pinned_search_path};
 /// (docs/citus.md).
 const CACHE_MICROS: i64 = 5_000_000;
 
+/// Inclusive hash ranges of the id-routing shards a node holds.
+type Ranges = Rc<Vec<(i32, i32)>>;
+
 thread_local! {
     /// queue name -> (home group, this node's group, when looked up)
     static HOMES: RefCell<HashMap<String, (i32, i32, i64)>> = RefCell::new(HashMap::new());
+    /// The hash ranges of the id-routing shards this node holds (None: ids are not routed
+    /// here), and when they were looked up.
+    static ID_RANGES: RefCell<Option<(Option<Ranges>, i64)>> = const { RefCell::new(None) };
 }
 
 /// Whether `queen.distribute()` ran in this database: the routing schema exists (one
@@ -93,6 +106,84 @@ pub fn ensure_home(queue: &str) {
                 "queen: queue {queue:?} lives on Citus node group {home}, not on this node (group {here}): the call \
                  was not routed to it. Call queen through the coordinator as SELECT queen.f('{queue}', ...) or \
                  SELECT ... FROM queen.f('{queue}', ...), with the queue as a constant (docs/citus.md)"
+            ),
+        );
+    }
+}
+
+/// The hash ranges of the `queen_citus.id_routes` shards placed on this node, once the
+/// database is distributed with id routes; None otherwise (ids are then not routed).
+fn id_ranges() -> Option<Ranges> {
+    if !distributed() {
+        return None;
+    }
+    let now = clock_now();
+    if let Some((ranges, _)) =
+        ID_RANGES.with(|r| r.borrow().clone()).filter(|&(_, at)| (0..CACHE_MICROS).contains(&(now - at)))
+    {
+        return ranges;
+    }
+    let found = with_pinned_search_path(|| {
+        Spi::connect_mut(|client| {
+            first_row_now(
+                client,
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                                 WHERE logicalrelid = pg_catalog.to_regclass('queen_citus.id_routes')),
+                        array_agg(s.shardminvalue::int4 ORDER BY s.shardid),
+                        array_agg(s.shardmaxvalue::int4 ORDER BY s.shardid)
+                   FROM pg_catalog.pg_dist_shard s
+                  WHERE s.logicalrelid = pg_catalog.to_regclass('queen_citus.id_routes')
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement pl
+                                 WHERE pl.shardid = s.shardid
+                                   AND pl.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group))",
+                &[],
+                |row| (row.get::<bool>(1), row.get::<Vec<i32>>(2), row.get::<Vec<i32>>(3)),
+            )
+        })
+    });
+    let ranges = match found {
+        Some((Some(true), mins, maxs)) => {
+            let (mins, maxs) = (mins.unwrap_or_default(), maxs.unwrap_or_default());
+            Some(Rc::new(mins.into_iter().zip(maxs).collect::<Vec<_>>()))
+        }
+        _ => None,
+    };
+    ID_RANGES.with(|r| *r.borrow_mut() = Some((ranges.clone(), now)));
+    ranges
+}
+
+/// PostgreSQL's hash of a uuid, which Citus uses to place a uuid distribution column.
+fn id_hash(id: &[u8; 16]) -> i32 {
+    // SAFETY: uuid_hash reads its one non-null uuid argument and returns an int4 datum.
+    unsafe {
+        pgrx::direct_function_call::<i32>(pg_sys::uuid_hash, &[pgrx::Uuid::from_bytes(*id).into_datum()])
+            .expect("uuid_hash returns a value")
+    }
+}
+
+/// An id for a lease or a partition made on this node: `draw` itself where ids are not
+/// routed, else the first draw whose hash routes to this node (`queen_core::routing`).
+pub fn routed_id(mut draw: impl FnMut() -> uuid::Uuid) -> uuid::Uuid {
+    match id_ranges() {
+        None => draw(),
+        Some(ranges) => {
+            let (id, _) = queen_core::routing::mint(&ranges, || *draw().as_bytes(), id_hash);
+            uuid::Uuid::from_bytes(id)
+        }
+    }
+}
+
+/// Refuses (55000) a call about a lease or partition `id` on a node its route does not
+/// lead to, once ids are routed. A no-op anywhere else.
+pub fn ensure_id_home(what: &str, id: &pgrx::Uuid) {
+    let Some(ranges) = id_ranges() else { return };
+    if !queen_core::routing::routes_here(&ranges, id_hash(id.as_bytes())) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "queen: {what} {id} was issued by another Citus node: the call was not routed to it. Call queen \
+                 through the coordinator as SELECT queen.f('{id}', ...), with the id as a constant or a parameter \
+                 (docs/citus.md)"
             ),
         );
     }

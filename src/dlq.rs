@@ -67,11 +67,13 @@ fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> (Vec<u8>, Option<Vec<u
     (payload, headers)
 }
 
+/// The arguments of `dlq_replay` and `dlq_delete`, checked; on Citus the call must have
+/// been routed to the partition's home (`citus::ensure_id_home`).
 fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx::Uuid, &str) {
-    (
-        partition_id.unwrap_or_else(|| errors::null_arg("partition_id")),
-        transaction_id.unwrap_or_else(|| errors::null_arg("transaction_id")),
-    )
+    let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
+    let transaction_id = transaction_id.unwrap_or_else(|| errors::null_arg("transaction_id"));
+    crate::citus::ensure_id_home("partition", &partition_id);
+    (partition_id, transaction_id)
 }
 
 extension_sql!(

@@ -25,6 +25,7 @@ GRANT EXECUTE ON FUNCTION queen.extend_lease(uuid, int) TO queen_consumer;
 #[search_path(pg_catalog, pg_temp)]
 fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonB {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    crate::citus::ensure_id_home("lease", &lease_id);
     let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
     if seconds <= 0 {
         errors::invalid("seconds", format_args!("{seconds} (must be > 0)"));

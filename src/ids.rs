@@ -21,10 +21,13 @@ thread_local! {
 
 /// A fresh lease id: a UUIDv7 whose random bits come from the OS CSPRNG. Lease ids are
 /// the credential `ack` and `extend_lease` check, so they must not be predictable.
+/// On Citus it also routes back to this node (`citus::routed_id`).
 pub fn new_lease_id() -> uuid::Uuid {
     let ms =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    uuid::Uuid::from_bytes(SECURE.with(|p| queen_core::ids::secure_v7(ms, p.borrow_mut().take())))
+    crate::citus::routed_id(|| {
+        uuid::Uuid::from_bytes(SECURE.with(|p| queen_core::ids::secure_v7(ms, p.borrow_mut().take())))
+    })
 }
 
 /// A fresh UUIDv7, minted without a syscall (see `queen_core::ids`).

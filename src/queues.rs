@@ -158,7 +158,8 @@ pub fn ensure_queue_locked(client: &mut SpiClient<'_>, name: &str) -> (i64, i32,
 /// everything in a partition newer than a group is new to it. Returns None when another
 /// session created the partition first; the caller then looks it up.
 pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -> Option<pgrx::Uuid> {
-    let pid = to_pg_uuid(crate::ids::new_id());
+    // On Citus the id routes back to this node, the queue's home (`citus::routed_id`).
+    let pid = to_pg_uuid(crate::citus::routed_id(crate::ids::new_id));
     let inserted = run(
         client,
         "INSERT INTO queen.partitions (partition_id, queue_id, name) VALUES ($1, $2, $3)

@@ -16,4 +16,5 @@ pub mod lock_order;
 pub mod names;
 pub mod offsets;
 pub mod policy;
+pub mod routing;
 pub mod segment;
