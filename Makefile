@@ -35,7 +35,7 @@ EXPORTER_PORT ?= 9491
 RUN_EXPORTER_PORT ?= 9488
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: citus-test upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
+.PHONY: citus-test bench-citus upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -93,6 +93,15 @@ CITUS_PORT ?= 5492
 citus-test: install-debug
 	bash scripts/citus.sh
 	bash scripts/citus_test.sh $(CITUS_DIR) $(CITUS_PORT)
+
+# One node against a Citus coordinator and two workers of this machine: push and pop + ack
+# over 16 queues, and the coordinator's delegation overhead per call (scripts/bench_citus.sh,
+# about 5 minutes). Writes BENCHMARKS-citus.md.
+BENCH_CITUS_DIR  ?= /tmp/queen-bench-citus
+BENCH_CITUS_PORT ?= 5496
+bench-citus: install
+	bash scripts/citus.sh
+	bash scripts/bench_citus.sh $(BENCH_CITUS_DIR) $(BENCH_CITUS_PORT) BENCHMARKS-citus.md
 
 # Previous release's library writes data, the current one upgrades it (scripts/upgrade_test.sh).
 upgrade-test:
