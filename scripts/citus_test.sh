@@ -8,9 +8,10 @@
 # Then queen.distribute() routes queues to the workers (docs/citus.md), and the test checks
 # through the coordinator: each call runs on its queue's home worker (EXPLAIN shows one
 # task, the rows are there and nowhere else), single pushes, batches and pops, inside and
-# outside BEGIN; a call that reaches a node that is not the queue's home is refused; a
-# transaction that writes queues on both workers commits all or nothing; a long-poll on
-# the coordinator is woken by a push through the coordinator.
+# outside BEGIN; a call that reaches a node that is not the queue's home is refused; calls
+# by lease or partition id go to the node that issued the id; a transaction that pushes to
+# queues on both workers commits on both (two-phase) or on neither; a long-poll on the
+# coordinator is woken by a push through the coordinator.
 #
 # Usage: citus_test.sh DIR BASE_PORT   (nodes on BASE_PORT, +1, +2; stopped at the end)
 set -euo pipefail
@@ -204,22 +205,29 @@ for q in "$qa" "$qb"; do
   [ "$ok" = 1 ] || fail "$q: the same ack on the home worker committed $ok"
 done
 echo "citus-test: leases and partitions route to their home: ack, extend_lease, may_start, dlq_replay, dlq_delete"
-# One transaction, both workers: all or nothing (Citus commits it with two-phase commit,
-# which queen refuses after a push: the transaction fails and nothing is stored).
+# One transaction, both workers: all or nothing. Citus commits it with two-phase commit
+# (PREPARE TRANSACTION on each worker, then COMMIT PREPARED); queen hands a push's offsets to
+# the prepared transaction. Batches for both queues, rolled back, then committed.
+two_worker_tx() { # two_worker_tx COMMIT|ROLLBACK
+  psql_on 0 -c "BEGIN" -c "SELECT count(*) FROM queen.push_batch('$qa', '[{\"payload\": {\"n\": 901}}, {\"payload\": {\"n\": 902}}]')" \
+            -c "SELECT count(*) FROM queen.push_batch('$qb', '[{\"payload\": {\"n\": 901}}, {\"payload\": {\"n\": 902}}]')" \
+            -c "$1" 2>&1
+}
 before_a=$(stored 1 "$qa") before_b=$(stored 2 "$qb")
-out=$(psql_on 0 -c "BEGIN" -c "SELECT * FROM queen.push('$qa', '1')" -c "SELECT * FROM queen.push('$qb', '1')" -c "ROLLBACK" 2>&1) \
-  || fail "a rolled-back two-worker transaction failed: $out"
+out=$(two_worker_tx ROLLBACK) || fail "a rolled-back two-worker transaction failed: $out"
 [ "$(stored 1 "$qa")" = "$before_a" ] && [ "$(stored 2 "$qb")" = "$before_b" ] || fail "a rolled-back push was stored"
-out=$(psql_on 0 -c "BEGIN" -c "SELECT * FROM queen.push('$qa', '1')" -c "SELECT * FROM queen.push('$qb', '1')" -c "COMMIT" 2>&1) || true
+out=$(two_worker_tx COMMIT) || fail "a two-worker transaction failed to commit: $out"
 a=$(stored 1 "$qa") b=$(stored 2 "$qb")
-if [ "$a" = "$before_a" ] && [ "$b" = "$before_b" ]; then
-  echo "citus-test: a transaction pushing to both workers failed at commit, nothing stored: $(echo "$out" | grep -m1 ERROR)"
-elif [ "$a" = "$((before_a + 1))" ] && [ "$b" = "$((before_b + 1))" ]; then
-  # All or nothing still, but not what docs/citus.md says today: update the docs with it.
-  fail "a transaction pushing to both workers committed on both: docs/citus.md says it fails"
-else
-  fail "a two-worker transaction was half stored: $qa $before_a -> $a, $qb $before_b -> $b ($out)"
-fi
+[ "$a" = "$((before_a + 2))" ] && [ "$b" = "$((before_b + 2))" ] \
+  || fail "a committed two-worker transaction stored $qa $before_a -> $a, $qb $before_b -> $b ($out)"
+[ "$(psql_on 1 -c "SELECT count(*) FROM pg_prepared_xacts")" = 0 ] && [ "$(psql_on 2 -c "SELECT count(*) FROM pg_prepared_xacts")" = 0 ] \
+  || fail "prepared transactions left on a worker"
+# Both are delivered, after the messages before them.
+for q in "$qa" "$qb"; do
+  got=$(psql_on 0 -c "SELECT payload->>'n' FROM queen.pop('$q', 'tx', batch => 1000, auto_ack => true)" | tail -2 | paste -sd,)
+  [ "$got" = "901,902" ] || fail "$q: the two-worker transaction's messages came out as '$got'"
+done
+echo "citus-test: a transaction pushing to both workers: rolled back, nothing stored; committed (two-phase), both stored and delivered"
 # A long-poll through the coordinator, woken by a push through the coordinator.
 psql_on 0 -c "SELECT msg_offset FROM queen.pop('$qb', 'w', batch => 1000, auto_ack => true)" >/dev/null
 start=$(date +%s%N)

@@ -8,8 +8,15 @@
 //! push leaves a gap. The registry learns how a transaction ended from the transaction
 //! callbacks below, which PostgreSQL runs after the transaction's rows became visible.
 //!
-//! A transaction that reserved offsets cannot be prepared (`PREPARE TRANSACTION`): its
-//! reservation would outlive the session that holds it. Such a transaction gets an error.
+//! A transaction that reserved offsets can be prepared (`PREPARE TRANSACTION`, as Citus
+//! does to commit a transaction that wrote on two workers): its reservations then pass to
+//! the prepared transaction (`Registry::prepare`) and stay in flight until `COMMIT
+//! PREPARED` or `ROLLBACK PREPARED` ends them (`process_utility`), so readers stop before
+//! them meanwhile. Should that hook miss one, the background worker ends it once its xid
+//! is no longer in progress (`sweep_prepared`). A prepared transaction outlives a restart,
+//! the registry does not: a partition loaded while a prepared transaction holds a lock on
+//! queen's segment tables waits for that transaction first (`wait_for_prepared`), so that its
+//! offsets are neither passed by readers nor reserved again.
 //!
 //! Without preloading there is no registry: a push reserves offsets by updating its
 //! partition row and holds that row until it commits (pushes to one partition then commit
@@ -46,7 +53,12 @@ thread_local! {
     static HOLDS: Cell<bool> = const { Cell::new(false) };
     /// The partition this backend is loading into the registry, if a load is under way.
     static LOADING: Cell<Option<[u8; 16]>> = const { Cell::new(None) };
+    /// The xid whose reservations passed to a prepared-transaction owner at PRE_PREPARE,
+    /// until the prepare is done (or fails, and they end as aborted).
+    static PREPARING: Cell<Option<u32>> = const { Cell::new(None) };
 }
+
+static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
 /// Called from `_PG_init`: the settings, and the transaction callbacks (always: they are
 /// also what announces wake-ups at commit).
@@ -61,6 +73,12 @@ pub fn init() {
     // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return;
+    }
+    // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it preloads
+    // libraries; chaining the hook there is what PostgreSQL expects.
+    unsafe {
+        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(process_utility);
     }
     GucRegistry::define_int_guc(
         c"queen.tracked_partitions",
@@ -87,8 +105,17 @@ pub fn init() {
 fn layout() -> Layout {
     // SAFETY: MaxBackends is set before shared memory is sized (PostgreSQL 15's shmem
     // request hook exists for exactly that).
-    let owners = unsafe { pg_sys::MaxBackends } as usize;
-    Layout::new(TRACKED_PARTITIONS.get() as usize, RESERVATIONS.get() as usize, owners)
+    let backends = unsafe { pg_sys::MaxBackends } as usize;
+    Layout::new(TRACKED_PARTITIONS.get() as usize, RESERVATIONS.get() as usize, backends + prepared_owners())
+}
+
+/// Owners for prepared transactions' reservations: one per prepared transaction the
+/// server allows (`max_prepared_transactions`, fixed at server start).
+fn prepared_owners() -> usize {
+    // SAFETY: a lookup of a built-in setting by name; the string lives in the GUC system.
+    let v = unsafe { pg_sys::GetConfigOption(c"max_prepared_transactions".as_ptr(), false, false) };
+    // SAFETY: GetConfigOption returns a valid C string for a built-in setting.
+    unsafe { CStr::from_ptr(v) }.to_str().ok().and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// Bytes of shared memory the registry takes.
@@ -107,7 +134,7 @@ pub fn shmem_init((base, found): (*mut u8, bool)) {
         SHARED = Some(Shared { lock, base, layout });
         if !found {
             let (h, slots, recs, owners) = parts(base, layout);
-            Registry::format(h, slots, recs, owners, TRACKED_PARTITIONS.get() as usize);
+            Registry::format(h, slots, recs, owners, TRACKED_PARTITIONS.get() as usize, prepared_owners());
         }
     }
 }
@@ -266,9 +293,49 @@ fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) {
         Load::Full => full("every tracked partition has pushes in flight (queen.tracked_partitions)"),
         Load::Mine => {
             LOADING.with(|l| l.set(Some(key)));
+            wait_for_prepared(client);
             let e = stored_ends(client, partition_id);
             with_registry(|r| r.finish_load(&key, me, e.head, e.readable, e.fresh_max));
             LOADING.with(|l| l.set(None));
+        }
+    }
+}
+
+/// Waits for the prepared transactions of this database that hold a lock on one of queen's
+/// segment tables (they pushed): after a restart the registry no longer knows their
+/// reservations, and their rows are invisible until they commit. The database's view of a
+/// partition is complete once they are over. Cheap when nothing is prepared.
+fn wait_for_prepared(client: &mut SpiClient<'_>) {
+    loop {
+        let xids: Vec<i64> = crate::spi::run(
+            client,
+            "SELECT DISTINCT x.transaction::text::int8
+               FROM pg_catalog.pg_prepared_xacts x
+              WHERE x.database = pg_catalog.current_database()
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                             JOIN pg_catalog.pg_class c ON c.oid = l.relation
+                            WHERE l.locktype = 'relation' AND l.pid IS NULL
+                              AND l.virtualtransaction = '-1/' || x.transaction::text
+                              AND c.relnamespace = 'queen'::regnamespace
+                              AND c.relname ~ '^(fresh_)?segments')",
+            &[],
+        )
+        .filter_map(|row| row.get::<i64>(1).ok().flatten())
+        .collect();
+        if xids.is_empty() {
+            return;
+        }
+        for xid in xids {
+            // SAFETY: waits on the transaction lock that a prepared transaction holds until
+            // it is committed or rolled back; interrupts are served while waiting.
+            unsafe {
+                pg_sys::XactLockTableWait(
+                    pg_sys::TransactionId::from_inner(xid as u32),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    pg_sys::XLTW_Oper::XLTW_None,
+                )
+            };
         }
     }
 }
@@ -328,6 +395,117 @@ fn readable_sql(partition_id: pgrx::Uuid, head: i64) -> i64 {
     readable(partition_id, head)
 }
 
+/// PRE_PREPARE of a transaction that reserved offsets: they pass to a prepared-transaction
+/// owner under the transaction's xid (`Registry::prepare`).
+fn prepare() {
+    // SAFETY: a plain read of the current transaction's xid; a push assigned it.
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
+    let me = owner();
+    if !with_registry(|r| r.prepare(me, xid)) {
+        full("every slot for a prepared transaction's offsets is in use (max_prepared_transactions)");
+    }
+    HOLDS.with(|h| h.set(false));
+    PREPARING.with(|p| p.set(Some(xid)));
+}
+
+/// A prepared transaction ended (`COMMIT PREPARED`, `ROLLBACK PREPARED`, or a prepare that
+/// failed): its reservations end; waiting pops look again.
+fn finish_prepared(xid: u32, committed: bool) {
+    if with_registry(|r| r.finish_prepared(xid, committed)) && committed {
+        crate::wake::broadcast_all();
+    }
+}
+
+/// Ends the reservations of prepared transactions that are over, should `process_utility`
+/// have missed one (the background worker calls this). Returns how many it ended.
+pub fn sweep_prepared() -> usize {
+    if !enabled() {
+        return 0;
+    }
+    let mut ended = 0;
+    for xid in with_registry(|r| r.prepared()) {
+        // SAFETY: plain reads of the transaction status; `xid` is a normal xid that a
+        // prepared transaction of this server held.
+        let (running, committed) = unsafe {
+            let x = pg_sys::TransactionId::from_inner(xid);
+            (pg_sys::TransactionIdIsInProgress(x), pg_sys::TransactionIdDidCommit(x))
+        };
+        if !running {
+            finish_prepared(xid, committed);
+            ended += 1;
+        }
+    }
+    ended
+}
+
+/// The xid of the prepared transaction that a `COMMIT PREPARED` / `ROLLBACK PREPARED` names,
+/// when it holds reservations; with whether it commits.
+fn resolving(pstmt: *mut pg_sys::PlannedStmt) -> Option<(u32, bool)> {
+    // SAFETY: `pstmt` is the statement being run; its utility node is a valid Node.
+    let stmt = unsafe { (*pstmt).utilityStmt };
+    // SAFETY: as above; a TransactionStmt is read only after its tag says so.
+    unsafe {
+        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_TransactionStmt {
+            return None;
+        }
+        let t = stmt as *mut pg_sys::TransactionStmt;
+        let commit = match (*t).kind {
+            pg_sys::TransactionStmtKind::TRANS_STMT_COMMIT_PREPARED => true,
+            pg_sys::TransactionStmtKind::TRANS_STMT_ROLLBACK_PREPARED => false,
+            _ => return None,
+        };
+        if (*t).gid.is_null() || with_registry(|r| r.prepared().is_empty()) {
+            return None;
+        }
+        let gid = CStr::from_ptr((*t).gid).to_string_lossy().into_owned();
+        let xid = Spi::connect_mut(|client| {
+            crate::spi::first_value::<i64>(crate::spi::run(
+                client,
+                "SELECT transaction::text::int8 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1",
+                &[gid.into()],
+            ))
+        })?;
+        Some((xid as u32, commit))
+    }
+}
+
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    let resolving = if enabled() { resolving(pstmt) } else { None };
+    // SAFETY: the previous hook (or the standard function) with the arguments PostgreSQL
+    // passed to this one.
+    unsafe {
+        match PREV_PROCESS_UTILITY {
+            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
+            None => pg_sys::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+    }
+    // The prepared transaction is over: committed (its rows visible to every new snapshot)
+    // or rolled back.
+    if let Some((xid, committed)) = resolving {
+        finish_prepared(xid, committed);
+    }
+}
+
 /// Ends this backend's part in the registry for the current transaction.
 fn end(committed: bool) {
     let holds = HOLDS.with(|h| h.replace(false));
@@ -357,6 +535,9 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         }
         XACT_EVENT_ABORT => {
             end(false);
+            if let Some(xid) = PREPARING.with(|p| p.take()) {
+                finish_prepared(xid, false); // the prepare failed after PRE_PREPARE
+            }
             crate::lanes::end(false);
             crate::wake::on_abort();
             crate::queues::on_abort();
@@ -367,12 +548,13 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
              the lanes it holds live in this session's shared memory and would stay locked"
                 .to_string(),
         ),
-        XACT_EVENT_PRE_PREPARE if HOLDS.with(|h| h.get()) => errors::raise(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "queen: a transaction that pushed messages cannot be prepared (PREPARE TRANSACTION): \
-             readers would wait for its offsets until it is committed or rolled back by hand"
-                .to_string(),
-        ),
+        XACT_EVENT_PRE_PREPARE if HOLDS.with(|h| h.get()) && enabled() => prepare(),
+        // Prepared: the reservations belong to the prepared transaction now; its commit
+        // will wake waiting pops (`finish_prepared`).
+        XACT_EVENT_PREPARE => {
+            PREPARING.with(|p| p.set(None));
+            crate::wake::on_abort();
+        }
         _ => {}
     }
 }

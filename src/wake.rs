@@ -104,6 +104,18 @@ pub fn on_commit() {
     }
 }
 
+/// Wakes every waiting pop, whatever its queue (a prepared transaction's commit, whose
+/// queues this backend does not know).
+pub fn broadcast_all() {
+    if !preloaded() {
+        return;
+    }
+    for i in 0..SLOTS {
+        // SAFETY: preloaded(), so WAKE points at the initialised slots.
+        unsafe { pg_sys::ConditionVariableBroadcast(&raw mut (*WAKE).slots[i]) };
+    }
+}
+
 /// At abort: nothing to announce.
 pub fn on_abort() {
     PENDING.with(|p| p.set(0));

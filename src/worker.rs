@@ -112,6 +112,8 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
                 })
             });
             crate::lanes::rotated(done);
+            // Reservations of prepared transactions that ended unseen (`offsets::sweep_prepared`).
+            BackgroundWorker::transaction(crate::offsets::sweep_prepared);
             next_journal = Instant::now() + JOURNAL_ROUND;
         }
         if let Some(p) = retention.filter(|_| now >= next_retention) {

@@ -18,8 +18,8 @@
 //! The registry lives in one fixed block of memory (PostgreSQL shared memory in the
 //! extension) with no pointers in it: a hash table of partitions (open addressing, linear
 //! probing, backward-shift deletion), a pool of reservation records, and one list head per
-//! owner (a backend). The caller serialises access (one lock) and gives a reader a shared
-//! view. A partition's slot is created on first use from what the database holds (`begin_load`
+//! owner (a backend, or a prepared transaction: `prepare`). The caller serialises access
+//! (one lock) and gives a reader a shared view. A partition's slot is created on first use from what the database holds (`begin_load`
 //! / `finish_load`), and an idle slot is evicted when the table is full: with nothing in
 //! flight, the database alone says where the partition stands.
 
@@ -46,7 +46,8 @@ pub struct Header {
     live: u32,
     free: u32,
     hand: u32,
-    _pad: u32,
+    /// Owners below this are backends; the rest hold prepared transactions' reservations.
+    backends: u32,
     evictions: u64,
 }
 
@@ -82,6 +83,9 @@ pub struct Record {
     prev: u32,
     next: u32,
     owner_next: u32,
+    /// The prepared transaction that holds the record (0 while its backend holds it).
+    xid: u32,
+    _pad: u32,
 }
 
 /// Sizes of the registry's parts, in bytes, laid out one after another.
@@ -255,21 +259,25 @@ impl<'a> Registry<'a> {
         Registry { h, slots, recs, owners }
     }
 
-    /// Initialises fresh memory: every slot empty, every record free.
+    /// Initialises fresh memory: every slot empty, every record free. The last `prepared`
+    /// owners are for prepared transactions (`prepare`), the others for backends.
     pub fn format(
         h: &'a mut Header,
         slots: &'a mut [Slot],
         recs: &'a mut [Record],
         owners: &'a mut [u32],
         max_live: usize,
+        prepared: usize,
     ) -> Self {
         assert!(slots.len().is_power_of_two() && slots.len() >= 2 * max_live.max(1));
+        assert!(prepared < owners.len());
         *h = Header {
             slots: slots.len() as u32,
             max_live: max_live.max(1) as u32,
             records: recs.len() as u32,
             owners: owners.len() as u32,
             free: 0,
+            backends: (owners.len() - prepared) as u32,
             ..Header::default()
         };
         slots.fill(Slot::default());
@@ -349,6 +357,7 @@ impl<'a> Registry<'a> {
             prev: tail,
             next: NIL,
             owner_next: self.owners[owner as usize],
+            ..Record::default()
         };
         self.owners[owner as usize] = r;
         if tail == NIL {
@@ -388,6 +397,49 @@ impl<'a> Registry<'a> {
             self.end_record(r, committed);
             r = next;
         }
+    }
+
+    /// `PREPARE TRANSACTION` of `owner`'s transaction, whose id is `xid` (not 0): its
+    /// reservations pass to a free prepared-transaction owner, stay in flight (readers stop
+    /// before them) and end with `finish_prepared(xid, ..)`; `owner` is free for its next
+    /// transaction. False when every prepared owner is taken (nothing changes then).
+    pub fn prepare(&mut self, owner: u32, xid: u32) -> bool {
+        assert!(xid != 0 && owner < self.h.backends);
+        let Some(p) = (self.h.backends as usize..self.owners.len()).find(|&p| self.owners[p] == NIL) else {
+            return false;
+        };
+        let mut r = std::mem::replace(&mut self.owners[owner as usize], NIL);
+        self.owners[p] = r;
+        while r != NIL {
+            let rec = &mut self.recs[r as usize];
+            rec.owner = p as u32;
+            rec.xid = xid;
+            r = rec.owner_next;
+        }
+        true
+    }
+
+    /// `COMMIT PREPARED` or `ROLLBACK PREPARED` of `xid` took effect (its rows are visible,
+    /// or gone): its reservations end as `finish` ends a backend's. False when `xid` holds
+    /// none.
+    pub fn finish_prepared(&mut self, xid: u32, committed: bool) -> bool {
+        let found = (self.h.backends as usize..self.owners.len())
+            .find(|&p| self.owners[p] != NIL && self.recs[self.owners[p] as usize].xid == xid);
+        match found {
+            Some(p) => {
+                self.finish(p as u32, committed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The prepared transactions that hold reservations.
+    pub fn prepared(&self) -> Vec<u32> {
+        (self.h.backends as usize..self.owners.len())
+            .filter(|&p| self.owners[p] != NIL)
+            .map(|p| self.recs[self.owners[p] as usize].xid)
+            .collect()
     }
 
     /// Subtransaction `subxact` (and any inside it) aborted: its reservations abort.
@@ -595,15 +647,16 @@ mod tests {
     }
 
     impl Mem {
+        /// `owners` backends, and two prepared-transaction owners after them.
         fn new(max_live: usize, records: usize, owners: usize) -> Mem {
-            let l = Layout::new(max_live, records, owners);
+            let l = Layout::new(max_live, records, owners + 2);
             let mut m = Mem {
                 h: Header::default(),
                 slots: vec![Slot::default(); l.slots],
                 recs: vec![Record::default(); l.records],
                 owners: vec![0; l.owners],
             };
-            Registry::format(&mut m.h, &mut m.slots, &mut m.recs, &mut m.owners, max_live);
+            Registry::format(&mut m.h, &mut m.slots, &mut m.recs, &mut m.owners, max_live, 2);
             m
         }
         fn reg(&mut self) -> Registry<'_> {
@@ -676,6 +729,58 @@ mod tests {
         assert_eq!(m.readable(1), Seen::Readable(1));
         assert_eq!(m.reg().view().head(&key(1)), Some(3), "offsets are never reused");
         assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false), Ok(4));
+    }
+
+    #[test]
+    fn a_prepared_transaction_holds_readers_back_until_it_is_finished() {
+        let mut m = Mem::new(4, 8, 2);
+        m.load(1, 10);
+        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, true, false), Ok(11)); // owner 0: 11..12
+        assert!(m.reg().prepare(0, 700));
+        assert!(!m.reg().holds(0), "the backend is free for its next transaction");
+        assert_eq!(m.reg().prepared(), vec![700]);
+        // The same backend pushes again, and commits: 13 waits for the prepared 11..12.
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false), Ok(13));
+        m.reg().finish(0, true);
+        assert_eq!(m.readable(1), Seen::Readable(10));
+        assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(10), "not its own any more");
+        assert!(!m.reg().finish_prepared(701, true), "another xid holds nothing");
+        assert!(m.reg().finish_prepared(700, true));
+        assert_eq!(m.readable(1), Seen::Readable(13));
+        assert!(m.reg().prepared().is_empty());
+    }
+
+    #[test]
+    fn a_rolled_back_prepared_transaction_leaves_a_gap() {
+        let mut m = Mem::new(4, 8, 2);
+        m.load(1, 0);
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Ok(1));
+        assert!(m.reg().prepare(1, 9));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false), Ok(2));
+        m.reg().finish(0, true);
+        assert_eq!(m.readable(1), Seen::Readable(0));
+        assert!(m.reg().finish_prepared(9, false));
+        assert_eq!(m.readable(1), Seen::Readable(2), "offset 1 is a gap");
+        // A later reservation never reuses the gap.
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Ok(3));
+    }
+
+    #[test]
+    fn prepared_owners_run_out_cleanly() {
+        let mut m = Mem::new(4, 8, 3);
+        m.load(1, 0);
+        for (owner, xid) in [(0, 5), (1, 6)] {
+            m.reg().reserve(&key(1), 1, owner, 1, true, false).unwrap();
+            assert!(m.reg().prepare(owner, xid));
+        }
+        m.reg().reserve(&key(1), 1, 2, 1, true, false).unwrap();
+        assert!(!m.reg().prepare(2, 7), "both prepared owners are taken");
+        assert!(m.reg().holds(2), "a refused prepare changes nothing");
+        assert!(m.reg().finish_prepared(5, true));
+        assert!(m.reg().prepare(2, 7), "a finished one is free again");
+        let mut xids = m.reg().prepared();
+        xids.sort();
+        assert_eq!(xids, vec![6, 7]);
     }
 
     #[test]

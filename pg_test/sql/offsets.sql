@@ -1,6 +1,6 @@
 -- Offsets without a commit-long lock (with shared_preload_libraries = 'queen'): what a
 -- push's msg_offset means, gaps, a transaction that reads its own pushes, savepoints, and
--- PREPARE TRANSACTION.
+-- PREPARE TRANSACTION (COMMIT PREPARED, ROLLBACK PREPARED).
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
 CREATE EXTENSION queen;
@@ -46,17 +46,29 @@ END $$;
 SELECT msg_offset FROM queen.push('o', '"after the block"');
 SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
 
--- A transaction that pushed cannot be prepared (0A000), and nothing of it stays.
+-- A transaction that pushed can be prepared (as Citus prepares a transaction that wrote on
+-- two workers). Until COMMIT PREPARED its offset may still commit: a pop stops before it,
+-- even after a later push has committed.
 BEGIN;
-SELECT msg_offset FROM queen.push('o', '"prepared?"');
-\set VERBOSITY sqlstate
+SELECT msg_offset FROM queen.push('o', '"prepared"');
 PREPARE TRANSACTION 'queen-offsets';
-\set VERBOSITY default
-SELECT count(*) AS prepared FROM pg_prepared_xacts;
 SELECT msg_offset FROM queen.push('o', '"after prepare"');
 SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+COMMIT PREPARED 'queen-offsets';
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+-- Rolled back, its offset is a gap that is never handed out again.
+BEGIN;
+SELECT msg_offset FROM queen.push('o', '"prepared, then rolled back"');
+PREPARE TRANSACTION 'queen-offsets';
+SELECT msg_offset FROM queen.push('o', '"after the second prepare"');
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+ROLLBACK PREPARED 'queen-offsets';
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+SELECT msg_offset FROM queen.push('o', '"after the rollback"');
+SELECT count(*) AS prepared FROM pg_prepared_xacts;
 
--- Nor one that holds a lane (a pop that leased it, an ack): the lane stays as it was.
+-- A transaction that holds a lane (a pop that leased it, an ack) cannot be prepared (0A000):
+-- the lane stays as it was.
 SELECT msg_offset FROM queen.push('o', '"leased, then prepared?"');
 BEGIN;
 SELECT msg_offset, attempt FROM queen.pop('o', batch => 1);

@@ -1,0 +1,90 @@
+//! Prepared transactions that pushed, across an immediate stop (docs/offsets.md, "Prepared
+//! transactions"). A prepared transaction survives a restart; the registry of offset
+//! reservations does not. After the restart the partition must not be read past the
+//! prepared transaction's offsets, nor its offsets reserved again, until it is committed
+//! or rolled back: a push and a pop of that partition wait for it.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use queen_it::harness::cluster_immediate_restart;
+use queen_it::{dsn, unique};
+
+fn connect_retrying() -> Client {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(c) = Client::connect(&dsn(), NoTls) {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "the server did not come back");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn prepare_push(queue: &str, payload: &str, gid: &str) {
+    let mut c = connect_retrying();
+    c.batch_execute("BEGIN").unwrap();
+    c.execute("SELECT msg_offset FROM queen.push($1, to_jsonb($2::text))", &[&queue, &payload]).unwrap();
+    c.batch_execute(&format!("PREPARE TRANSACTION '{gid}'")).unwrap();
+}
+
+#[test]
+fn prepared_pushes_hold_their_partition_across_a_restart() {
+    let queue = unique("prepared");
+    let (p1, p2) = (unique("p1"), unique("p2"));
+    let mut c = connect_retrying();
+    c.execute("SELECT msg_offset FROM queen.push($1, '\"one\"')", &[&queue]).unwrap();
+    prepare_push(&queue, "two", &p1);
+    prepare_push(&queue, "three", &p2);
+    drop(c);
+    cluster_immediate_restart();
+    let mut c = connect_retrying();
+    let prepared: i64 =
+        c.query_one("SELECT count(*) FROM pg_prepared_xacts WHERE gid IN ($1, $2)", &[&p1, &p2]).unwrap().get(0);
+    assert_eq!(prepared, 2, "both prepared transactions survive the restart");
+
+    // A push and a pop of the partition, each in its own session: both wait.
+    let (done_tx, done) = mpsc::channel();
+    let (q, tx) = (queue.clone(), done_tx.clone());
+    let pusher = thread::spawn(move || {
+        let mut c = connect_retrying();
+        let offset: i64 = c.query_one("SELECT msg_offset FROM queen.push($1, '\"four\"')", &[&q]).unwrap().get(0);
+        tx.send("push").unwrap();
+        offset
+    });
+    let q = queue.clone();
+    let popper = thread::spawn(move || {
+        let mut c = connect_retrying();
+        let rows =
+            c.query("SELECT msg_offset, payload #>> '{}' FROM queen.pop($1, 'early', batch => 10)", &[&q]).unwrap();
+        done_tx.send("pop").unwrap();
+        rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1))).collect::<Vec<_>>()
+    });
+    assert!(done.recv_timeout(Duration::from_secs(2)).is_err(), "a push or a pop passed a prepared transaction");
+    c.batch_execute(&format!("COMMIT PREPARED '{p1}'")).unwrap();
+    assert!(
+        done.recv_timeout(Duration::from_millis(700)).is_err(),
+        "a push or a pop passed the prepared transaction still pending"
+    );
+    c.batch_execute(&format!("ROLLBACK PREPARED '{p2}'")).unwrap();
+    let four = pusher.join().unwrap();
+    let early = popper.join().unwrap();
+    assert!(four > 2, "the push after the restart took offset {four}, which \"two\" holds or precedes");
+    // The pop saw the partition once both were over: "one" and "two", and "four" only if it
+    // committed first, never "three".
+    assert!(early.len() >= 2 && early[0] == (1, "one".into()) && early[1] == (2, "two".into()), "{early:?}");
+    assert!(early.iter().all(|(_, p)| p != "three"), "{early:?}");
+
+    let all: Vec<(i64, String)> = c
+        .query(
+            "SELECT msg_offset, payload #>> '{}' FROM queen.pop($1, 'all', batch => 10, auto_ack => true)",
+            &[&queue],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(all, vec![(1, "one".to_string()), (2, "two".to_string()), (four, "four".to_string())]);
+}
