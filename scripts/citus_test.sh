@@ -11,7 +11,8 @@
 # outside BEGIN; a call that reaches a node that is not the queue's home is refused; calls
 # by lease or partition id go to the node that issued the id; a transaction that pushes to
 # queues on both workers commits on both (two-phase) or on neither; a long-poll on the
-# coordinator is woken by a push through the coordinator.
+# coordinator is woken by a push through the coordinator; the invariants harness runs
+# through the coordinator with a queue on each worker.
 #
 # Usage: citus_test.sh DIR BASE_PORT   (nodes on BASE_PORT, +1, +2; stopped at the end)
 set -euo pipefail
@@ -228,6 +229,24 @@ for q in "$qa" "$qb"; do
   [ "$got" = "901,902" ] || fail "$q: the two-worker transaction's messages came out as '$got'"
 done
 echo "citus-test: a transaction pushing to both workers: rolled back, nothing stored; committed (two-phase), both stored and delivered"
+# The invariants harness through the coordinator, with a fresh queue on each worker
+# (tests/tests/citus_harness.rs): pushes, rollbacks, pops in two groups, every ack outcome.
+ha="" hb=""
+for k in $(seq 0 50); do
+  port=$(home_port "harness$k")
+  if [ "$port" = "${ports[1]}" ] && [ -z "$ha" ]; then ha="harness$k"; fi
+  if [ "$port" = "${ports[2]}" ] && [ -z "$hb" ]; then hb="harness$k"; fi
+done
+dsn_of() { echo "host=$dir/${names[$1]}/sock port=${ports[$1]} user=postgres dbname=queen_citus"; }
+(cd "$root/tests" && QUEEN_TEST_DSN="$(dsn_of 0)" QUEEN_CITUS_QUEUE_A="$ha" QUEEN_CITUS_QUEUE_B="$hb" \
+   QUEEN_CITUS_HOME_A_DSN="$(dsn_of 1)" QUEEN_CITUS_HOME_B_DSN="$(dsn_of 2)" \
+   cargo test -q -p queen-it --test citus_harness -- --ignored --nocapture > "$dir/harness.log" 2>&1) \
+  || { tail -40 "$dir/harness.log"; fail "the invariants harness failed through the coordinator"; }
+for q in "$ha" "$hb"; do
+  [ "$(stored 0 "$q")" = 0 ] || fail "harness queue $q has messages on the coordinator"
+done
+[ "$(stored 2 "$ha")" = 0 ] && [ "$(stored 1 "$hb")" = 0 ] || fail "a harness queue has messages on the other worker"
+echo "citus-test: invariants harness through the coordinator passed ($ha on worker1, $hb on worker2; $(grep -c 'pushed:' "$dir/harness.log") runs)"
 # A long-poll through the coordinator, woken by a push through the coordinator.
 psql_on 0 -c "SELECT msg_offset FROM queen.pop('$qb', 'w', batch => 1000, auto_ack => true)" >/dev/null
 start=$(date +%s%N)

@@ -60,6 +60,14 @@ pub struct Config {
     /// only in a database of the test's own (`own_database`): elsewhere other tests' data
     /// decides when a rotation is due. The chaos thread kills it too.
     pub rotator: bool,
+    /// The queue to use (None: a fresh one). It must hold nothing the harness did not push.
+    pub queue: Option<String>,
+    /// Where the checks read the queue's state, when not where the sessions connect: on
+    /// Citus, the queue's home worker (`queen.status` runs on the node that receives it).
+    pub check_dsn: Option<String>,
+    /// Batches go through `push_batch(queue, items)`, the form Citus routes, instead of
+    /// `push_batch(items)`.
+    pub routed: bool,
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -85,6 +93,9 @@ impl Config {
             held_snapshot: false,
             retention: 0,
             rotator: false,
+            queue: None,
+            check_dsn: None,
+            routed: false,
         }
     }
 }
@@ -143,8 +154,12 @@ fn lost_connection(crashes: bool, e: &postgres::Error, what: &str) {
 }
 
 fn connect_retrying(deadline: Instant) -> Client {
+    connect_to_retrying(&dsn(), deadline)
+}
+
+fn connect_to_retrying(dsn: &str, deadline: Instant) -> Client {
     loop {
-        match Client::connect(&dsn(), NoTls) {
+        match Client::connect(dsn, NoTls) {
             Ok(c) => return c,
             Err(e) => {
                 assert!(Instant::now() < deadline, "cannot reconnect: {e}");
@@ -176,7 +191,7 @@ fn pick_outcome(r: &mut StdRng) -> Outcome {
 pub fn run(cfg: &Config) -> Report {
     let t0 = Instant::now();
     let deadline = t0 + cfg.deadline;
-    let queue = unique("harness");
+    let queue = cfg.queue.clone().unwrap_or_else(|| unique("harness"));
     let mut admin = connect_retrying(deadline);
     admin
         .execute(
@@ -215,9 +230,9 @@ pub fn run(cfg: &Config) -> Report {
         let share = cfg.messages / cfg.pushers + usize::from(p < cfg.messages % cfg.pushers);
         let (shared, queue, left) = (shared.clone(), queue.clone(), pushers_left.clone());
         let (seed, parts, crashes) = (cfg.seed ^ ((p as u64 + 1) * 0x9e37), cfg.partitions, cfg.kills > 0);
-        let batch_max = cfg.batch_max;
+        let (batch_max, routed) = (cfg.batch_max, cfg.routed);
         handles.push(thread::spawn(move || {
-            pusher(p, share, parts, batch_max, &queue, seed, &shared, crashes, deadline);
+            pusher(p, share, parts, batch_max, routed, &queue, seed, &shared, crashes, deadline);
             left.fetch_sub(1, Ordering::SeqCst);
         }));
     }
@@ -226,9 +241,9 @@ pub fn run(cfg: &Config) -> Report {
             let (shared, queue, seq, left, group) =
                 (shared.clone(), queue.clone(), seq.clone(), pushers_left.clone(), g.clone());
             let seed = cfg.seed ^ ((k as u64 + 7) << 20) ^ group.len() as u64 ^ g.as_bytes()[1] as u64;
-            let (lease, crashes) = (cfg.lease_seconds, cfg.kills > 0);
+            let (lease, crashes, check_dsn) = (cfg.lease_seconds, cfg.kills > 0, cfg.check_dsn.clone());
             handles.push(thread::spawn(move || {
-                consumer(&queue, &group, lease, seed, &shared, &seq, &left, crashes, deadline)
+                consumer(&queue, &group, lease, seed, &shared, &seq, &left, crashes, check_dsn.as_deref(), deadline)
             }));
         }
     }
@@ -286,7 +301,7 @@ pub fn run(cfg: &Config) -> Report {
     let rotations = rotator.map(|h| h.join().expect("rotator thread")).unwrap_or(0);
     let kills = chaos.map(|h| h.join().expect("chaos thread")).unwrap_or_default();
 
-    let mut admin = connect_retrying(deadline);
+    let mut admin = connect_to_retrying(cfg.check_dsn.as_deref().unwrap_or(&dsn()), deadline);
     let mut report = check(cfg, &queue, &mut admin, &shared.lock().unwrap());
     report.rotations = rotations;
     if let Some((mut h, pid, held_at)) = holder {
@@ -316,13 +331,18 @@ pub fn run(cfg: &Config) -> Report {
     report
 }
 
-/// One push call: single messages through `queen.push`, more through `queen.push_batch`.
-/// Rows: (idx, partition_id, msg_offset).
+/// One push call: single messages through `queen.push`, more through `queen.push_batch`
+/// (with `routed`, the form that names the queue). Rows: (idx, partition_id, msg_offset).
 fn push_call(
     c: &mut impl postgres::GenericClient,
     single: bool,
+    routed: bool,
     items: &Value,
 ) -> Result<Vec<postgres::Row>, postgres::Error> {
+    if routed && !single {
+        let queue = items[0]["queue"].as_str().unwrap();
+        return c.query("SELECT idx, partition_id, msg_offset FROM queen.push_batch($1::text, $2)", &[&queue, items]);
+    }
     if single {
         let it = &items[0];
         let (queue, partition) = (it["queue"].as_str().unwrap(), it["partition"].as_str().unwrap());
@@ -341,6 +361,7 @@ fn pusher(
     share: usize,
     partitions: usize,
     batch_max: usize,
+    routed: bool,
     queue: &str,
     seed: u64,
     shared: &Mutex<Shared>,
@@ -363,7 +384,7 @@ fn pusher(
         if r.gen_bool(0.2) {
             // Pushed, then rolled back: none of these may ever be delivered.
             let res = c.transaction().and_then(|mut tx| {
-                push_call(&mut tx, batch_max == 1, &items)?;
+                push_call(&mut tx, batch_max == 1, routed, &items)?;
                 tx.rollback()
             });
             let mut s = shared.lock().unwrap();
@@ -378,7 +399,7 @@ fn pusher(
             }
             continue;
         }
-        match push_call(&mut c, batch_max == 1, &items) {
+        match push_call(&mut c, batch_max == 1, routed, &items) {
             Ok(rows) => {
                 let mut s = shared.lock().unwrap();
                 for row in rows {
@@ -406,10 +427,13 @@ fn consumer(
     seq: &AtomicU64,
     pushers_left: &AtomicUsize,
     crashes: bool,
+    check_dsn: Option<&str>,
     deadline: Instant,
 ) {
     let mut r = StdRng::seed_from_u64(seed);
     let mut c = connect_retrying(deadline);
+    // Where `drained` reads the queue's state: the sessions' server, or `check_dsn`.
+    let mut checker = check_dsn.map(|d| connect_to_retrying(d, deadline));
     loop {
         assert!(Instant::now() < deadline, "consumer in {group}: deadline passed before the queue drained");
         let batch = r.gen_range(1..=20i32);
@@ -428,7 +452,7 @@ fn consumer(
             }
         };
         if rows.is_empty() {
-            if pushers_left.load(Ordering::SeqCst) == 0 && drained(&mut c, queue, group) {
+            if pushers_left.load(Ordering::SeqCst) == 0 && drained(checker.as_mut().unwrap_or(&mut c), queue, group) {
                 return;
             }
             if wait_ms == 0 {
