@@ -31,7 +31,8 @@ CONF
 stop_all() {
   for i in 0 1 2; do bash "$root/scripts/cluster.sh" stop "$dir/${names[$i]}" "${ports[$i]}" || true; done
 }
-trap 'stop_all; rm -f "$conf"' EXIT
+# CITUS_KEEP=1 leaves the cluster running after the checks (for experiments by hand).
+trap '[ -n "${CITUS_KEEP:-}" ] || stop_all; rm -f "$conf"' EXIT
 stop_all
 rm -rf "$dir"
 for i in 0 1 2; do
@@ -112,9 +113,11 @@ for q in "$qa" "$qb"; do
   plan=$(psql_on 0 -c "EXPLAIN (COSTS OFF) SELECT * FROM queen.pop('$q', 'g', batch => 10)")
   echo "$plan" | grep -q "Task Count: 1" || fail "pop($q) is not one task: $plan"
   echo "$plan" | grep -q "port=$(home_port "$q")" || fail "pop($q) does not go to its home: $plan"
-  plan=$(psql_on 0 -c "EXPLAIN (COSTS OFF) SELECT * FROM queen.push('$q', '1')")
-  echo "$plan" | grep -q "Task Count: 1" || fail "push($q) is not one task: $plan"
-  echo "$plan" | grep -q "port=$(home_port "$q")" || fail "push($q) does not go to its home: $plan"
+  for call in "queen.push('$q', '1')" "queen.push_batch('$q', '[{\"payload\": 1}]')" "queen.configure('$q')"; do
+    plan=$(psql_on 0 -c "EXPLAIN (COSTS OFF) SELECT * FROM $call")
+    echo "$plan" | grep -q "Task Count: 1" || fail "$call is not one task: $plan"
+    echo "$plan" | grep -q "port=$(home_port "$q")" || fail "$call does not go to its home: $plan"
+  done
 done
 # Pushes (single, batch with the queue named, inside BEGIN) and pops through the coordinator.
 for q in "$qa" "$qb"; do
@@ -167,7 +170,9 @@ for q in "$qa" "$qb"; do
   [ -n "$lease" ] || fail "$q: the pop through the coordinator leased nothing"
   [ "$(id_port "$lease")" = "$port" ] || fail "$q: lease $lease routes to port $(id_port "$lease"), not its home $port"
   [ "$(id_port "$pid")" = "$port" ] || fail "$q: partition $pid routes to port $(id_port "$pid"), not its home $port"
-  for call in "queen.ack('$lease'::uuid)" "queen.extend_lease('$lease'::uuid, 30)" "queen.dlq_delete('$pid'::uuid, 'x')"; do
+  for call in "queen.ack('$lease'::uuid)" "queen.ack('$lease'::uuid, '$pid'::uuid, 1)" "queen.ack('$lease'::uuid, '[]')" \
+             "queen.extend_lease('$lease'::uuid, 30)" "queen.may_start('$lease'::uuid)" "queen.dlq_replay('$pid'::uuid, 'x')" \
+             "queen.dlq_delete('$pid'::uuid, 'x')"; do
     plan=$(psql_on 0 -c "EXPLAIN (COSTS OFF) SELECT $call")
     echo "$plan" | grep -q "Task Count: 1" || fail "$call is not one task: $plan"
     echo "$plan" | grep -q "port=$port" || fail "$call does not go to its home: $plan"
@@ -208,27 +213,46 @@ done
 echo "citus-test: leases and partitions route to their home: ack, extend_lease, may_start, dlq_replay, dlq_delete"
 # One transaction, both workers: all or nothing. Citus commits it with two-phase commit
 # (PREPARE TRANSACTION on each worker, then COMMIT PREPARED); queen hands a push's offsets to
-# the prepared transaction. Batches for both queues, rolled back, then committed.
-two_worker_tx() { # two_worker_tx COMMIT|ROLLBACK
-  psql_on 0 -c "BEGIN" -c "SELECT count(*) FROM queen.push_batch('$qa', '[{\"payload\": {\"n\": 901}}, {\"payload\": {\"n\": 902}}]')" \
-            -c "SELECT count(*) FROM queen.push_batch('$qb', '[{\"payload\": {\"n\": 901}}, {\"payload\": {\"n\": 902}}]')" \
-            -c "$1" 2>&1
+# the prepared transaction. Two shapes, each rolled back, then committed: one push_batch(items)
+# whose items name a queue on each worker (split by queue on the coordinator), and a
+# push_batch(queue, items) per queue inside BEGIN ... COMMIT.
+two_worker_tx() { # two_worker_tx one|two COMMIT|ROLLBACK N: pushes {"n": N} and {"n": N+1} to each queue
+  local n=$3 m=$(($3 + 1))
+  if [ "$1" = one ]; then
+    psql_on 0 -c "BEGIN" -c "SELECT idx, status FROM queen.push_batch('[{\"queue\": \"$qa\", \"payload\": {\"n\": $n}},
+                                 {\"queue\": \"$qb\", \"payload\": {\"n\": $n}}, {\"queue\": \"$qa\", \"payload\": {\"n\": $m}},
+                                 {\"queue\": \"$qb\", \"payload\": {\"n\": $m}}]')" -c "$2" 2>&1
+  else
+    psql_on 0 -c "BEGIN" -c "SELECT count(*) FROM queen.push_batch('$qa', '[{\"payload\": {\"n\": $n}}, {\"payload\": {\"n\": $m}}]')" \
+              -c "SELECT count(*) FROM queen.push_batch('$qb', '[{\"payload\": {\"n\": $n}}, {\"payload\": {\"n\": $m}}]')" \
+              -c "$2" 2>&1
+  fi
 }
-before_a=$(stored 1 "$qa") before_b=$(stored 2 "$qb")
-out=$(two_worker_tx ROLLBACK) || fail "a rolled-back two-worker transaction failed: $out"
-[ "$(stored 1 "$qa")" = "$before_a" ] && [ "$(stored 2 "$qb")" = "$before_b" ] || fail "a rolled-back push was stored"
-out=$(two_worker_tx COMMIT) || fail "a two-worker transaction failed to commit: $out"
-a=$(stored 1 "$qa") b=$(stored 2 "$qb")
-[ "$a" = "$((before_a + 2))" ] && [ "$b" = "$((before_b + 2))" ] \
-  || fail "a committed two-worker transaction stored $qa $before_a -> $a, $qb $before_b -> $b ($out)"
-[ "$(psql_on 1 -c "SELECT count(*) FROM pg_prepared_xacts")" = 0 ] && [ "$(psql_on 2 -c "SELECT count(*) FROM pg_prepared_xacts")" = 0 ] \
-  || fail "prepared transactions left on a worker"
-# Both are delivered, after the messages before them.
-for q in "$qa" "$qb"; do
-  got=$(psql_on 0 -c "SELECT payload->>'n' FROM queen.pop('$q', 'tx', batch => 1000, auto_ack => true)" | tail -2 | paste -sd,)
-  [ "$got" = "901,902" ] || fail "$q: the two-worker transaction's messages came out as '$got'"
+n=900
+for shape in one two; do
+  before_a=$(stored 1 "$qa") before_b=$(stored 2 "$qb")
+  out=$(two_worker_tx "$shape" ROLLBACK "$n") || fail "a rolled-back two-worker transaction ($shape) failed: $out"
+  [ "$(stored 1 "$qa")" = "$before_a" ] && [ "$(stored 2 "$qb")" = "$before_b" ] || fail "a rolled-back push ($shape) was stored"
+  out=$(two_worker_tx "$shape" COMMIT "$n") || fail "a two-worker transaction ($shape) failed to commit: $out"
+  if [ "$shape" = one ]; then
+    # One result row per item, in input order.
+    [ "$(echo "$out" | grep -c '|queued$')" = 4 ] && [ "$(echo "$out" | grep '|queued$' | cut -d'|' -f1 | paste -sd,)" = "0,1,2,3" ] \
+      || fail "push_batch(items) across both workers returned: $out"
+  fi
+  a=$(stored 1 "$qa") b=$(stored 2 "$qb")
+  [ "$a" = "$((before_a + 2))" ] && [ "$b" = "$((before_b + 2))" ] \
+    || fail "a committed two-worker transaction ($shape) stored $qa $before_a -> $a, $qb $before_b -> $b ($out)"
+  [ "$(stored 0 "$qa")" = 0 ] && [ "$(stored 0 "$qb")" = 0 ] || fail "a two-worker transaction ($shape) stored on the coordinator"
+  [ "$(psql_on 1 -c "SELECT count(*) FROM pg_prepared_xacts")" = 0 ] && [ "$(psql_on 2 -c "SELECT count(*) FROM pg_prepared_xacts")" = 0 ] \
+    || fail "prepared transactions left on a worker"
+  # Both are delivered, after the messages before them.
+  for q in "$qa" "$qb"; do
+    got=$(psql_on 0 -c "SELECT payload->>'n' FROM queen.pop('$q', 'tx', batch => 1000, auto_ack => true)" | tail -2 | paste -sd,)
+    [ "$got" = "$n,$((n + 1))" ] || fail "$q: the two-worker transaction's ($shape) messages came out as '$got'"
+  done
+  n=$((n + 10))
 done
-echo "citus-test: a transaction pushing to both workers: rolled back, nothing stored; committed (two-phase), both stored and delivered"
+echo "citus-test: a transaction pushing to both workers (one push_batch(items), or push_batch(queue, items) per queue): rolled back, nothing stored; committed (two-phase), both stored and delivered"
 # The invariants harness through the coordinator, with a fresh queue on each worker
 # (tests/tests/citus_harness.rs): pushes, rollbacks, pops in two groups, every ack outcome.
 ha="" hb=""

@@ -19,7 +19,7 @@
 //! their calls back to it; `ensure_id_home` refuses one that arrives elsewhere.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use pgrx::pg_sys;
@@ -27,7 +27,11 @@ use pgrx::prelude::*;
 
 use crate::clock::clock_now;
 use crate::errors;
-use crate::spi::{first_row_now, with_pinned_search_path};
+use crate::errors::SpiExt;
+use crate::jsonb::JsonbArg;
+use crate::push::PushRow;
+use crate::spi::{first_row_now, first_value, run, with_pinned_search_path};
+use pgrx::datum::DatumWithOid;
 
 /// How long a backend trusts what it found out about a queue's home (microseconds). A
 /// queue's home changes only when its shard moves, which needs queen stopped for that queue
@@ -52,53 +56,56 @@ fn distributed() -> bool {
     unsafe { pg_sys::get_namespace_oid(c"queen_citus".as_ptr(), true) != pg_sys::InvalidOid }
 }
 
-/// Refuses (55000) a call about `queue` on a node that is not the queue's home, once the
-/// database is distributed. A no-op anywhere else.
-pub fn ensure_home(queue: &str) {
+/// The Citus node group that is `queue`'s home, and this node's group, once the database is
+/// distributed (None otherwise). Cached per backend for `CACHE_MICROS`.
+fn home_of(queue: &str) -> Option<(i32, i32)> {
     if !distributed() {
-        return;
+        return None;
     }
     let now = clock_now();
     let cached =
         HOMES.with(|h| h.borrow().get(queue).copied()).filter(|&(_, _, at)| (0..CACHE_MICROS).contains(&(now - at)));
-    let (home, here) = match cached {
-        Some((home, here, _)) => (home, here),
-        None => {
-            let found = with_pinned_search_path(|| {
-                Spi::connect_mut(|client| {
-                    first_row_now(
-                        client,
-                        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
-                                                  WHERE logicalrelid = pg_catalog.to_regclass('queen_citus.queue_homes'))
-                                     THEN coalesce(
-                                            -- here, if a placement is here (more than one with replication)
-                                            (SELECT pl.groupid FROM pg_catalog.pg_dist_placement pl
-                                              WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
-                                                                   'queen_citus.queue_homes', $1::text)
-                                                AND pl.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)),
-                                            (SELECT min(pl.groupid) FROM pg_catalog.pg_dist_placement pl
-                                              WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
-                                                                   'queen_citus.queue_homes', $1::text)))
-                                END,
-                                (SELECT groupid FROM pg_catalog.pg_dist_local_group)",
-                        &[queue.into()],
-                        |row| (row.get::<i32>(1), row.get::<i32>(2)),
-                    )
-                })
-            });
-            let (Some(home), Some(here)) = found.unwrap_or((None, None)) else {
-                return; // the routing table is not distributed (yet): nothing to guard
-            };
-            HOMES.with(|h| {
-                let mut h = h.borrow_mut();
-                if h.len() >= 4096 {
-                    h.clear();
-                }
-                h.insert(queue.to_string(), (home, here, now));
-            });
-            (home, here)
+    if let Some((home, here, _)) = cached {
+        return Some((home, here));
+    }
+    let found = with_pinned_search_path(|| {
+        Spi::connect_mut(|client| {
+            first_row_now(
+                client,
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                                          WHERE logicalrelid = pg_catalog.to_regclass('queen_citus.queue_homes'))
+                             THEN coalesce(
+                                    -- here, if a placement is here (more than one with replication)
+                                    (SELECT pl.groupid FROM pg_catalog.pg_dist_placement pl
+                                      WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
+                                                           'queen_citus.queue_homes', $1::text)
+                                        AND pl.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)),
+                                    (SELECT min(pl.groupid) FROM pg_catalog.pg_dist_placement pl
+                                      WHERE pl.shardid = pg_catalog.get_shard_id_for_distribution_column(
+                                                           'queen_citus.queue_homes', $1::text)))
+                        END,
+                        (SELECT groupid FROM pg_catalog.pg_dist_local_group)",
+                &[queue.into()],
+                |row| (row.get::<i32>(1), row.get::<i32>(2)),
+            )
+        })
+    });
+    // The routing table is not distributed (yet): nothing to route or guard.
+    let (Some(home), Some(here)) = found.unwrap_or((None, None)) else { return None };
+    HOMES.with(|h| {
+        let mut h = h.borrow_mut();
+        if h.len() >= 4096 {
+            h.clear();
         }
-    };
+        h.insert(queue.to_string(), (home, here, now));
+    });
+    Some((home, here))
+}
+
+/// Refuses (55000) a call about `queue` on a node that is not the queue's home, once the
+/// database is distributed. A no-op anywhere else.
+pub fn ensure_home(queue: &str) {
+    let Some((home, here)) = home_of(queue) else { return };
     if home != here {
         errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -187,4 +194,57 @@ pub fn ensure_id_home(what: &str, id: &pgrx::Uuid) {
             ),
         );
     }
+}
+
+/// `push_batch(items)` on a distributed database, when some item's queue lives on another
+/// node: the items are split by queue and each part is pushed with `push_batch(queue,
+/// items)`, which Citus sends to the queue's home. All in the caller's transaction: parts
+/// on two workers commit together (two-phase commit) or not at all. Returns the rows in
+/// input order, or None when every queue lives here (or the database is not distributed):
+/// the caller then pushes locally.
+pub fn route_batch(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
+    let mut by_queue: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (i, q) in queues.iter().enumerate() {
+        by_queue.entry(q).or_default().push(i as i32);
+    }
+    if by_queue.keys().all(|q| home_of(q).is_none_or(|(home, here)| home == here)) {
+        return None;
+    }
+    let mut rows: Vec<Option<PushRow>> = (0..queues.len()).map(|_| None).collect();
+    with_pinned_search_path(|| {
+        Spi::connect_mut(|client| {
+            for (queue, idxs) in &by_queue {
+                // SAFETY: `items` is the call's jsonb argument, valid for the whole call.
+                let items_arg = unsafe { DatumWithOid::new(items, pg_sys::JSONBOID) };
+                let part: String = first_value(run(
+                    client,
+                    "SELECT pg_catalog.jsonb_agg($1 OPERATOR(pg_catalog.->) u.i ORDER BY u.k)::text
+                       FROM pg_catalog.unnest($2::int4[]) WITH ORDINALITY AS u(i, k)",
+                    &[items_arg, idxs.clone().into()],
+                ))
+                .unwrap_or_else(|| errors::internal("an empty part of a batch"));
+                // Literals, not parameters: Citus delegates a call whose queue it sees.
+                let sql = format!(
+                    "SELECT idx, status, message_id, transaction_id, partition_id, msg_offset
+                       FROM queen.push_batch({}, {}::jsonb)",
+                    pgrx::spi::quote_literal(queue),
+                    pgrx::spi::quote_literal(&part)
+                );
+                for row in client.update(&sql, None, &[]).or_raise() {
+                    let k: i32 = row.get(1).or_raise().unwrap_or_default();
+                    let i = idxs[k as usize] as usize;
+                    let status: String = row.get(2).or_raise().unwrap_or_default();
+                    rows[i] = Some(PushRow {
+                        idx: i as i32,
+                        status: if status == "duplicate" { "duplicate" } else { "queued" },
+                        message_id: crate::ids::from_pg_uuid(&row.get::<pgrx::Uuid>(3).or_raise().unwrap()),
+                        transaction_id: row.get(4).or_raise().unwrap_or_default(),
+                        partition_id: row.get(5).or_raise().unwrap(),
+                        msg_offset: row.get(6).or_raise().unwrap_or_default(),
+                    });
+                }
+            }
+        })
+    });
+    Some(rows.into_iter().map(|r| r.expect("every item has a result")).collect())
 }

@@ -95,6 +95,7 @@ pub fn jsonb_datum(container: &[u8]) -> pg_sys::Datum {
 }
 
 /// A detoasted jsonb argument, read in place (for `push_batch`'s items).
+#[derive(Clone, Copy)]
 pub struct JsonbArg(*mut pg_sys::Jsonb);
 
 impl FromDatum for JsonbArg {

@@ -206,7 +206,13 @@ fn push_batch(
         name!(msg_offset, i64),
     ),
 > {
-    let items = read_batch(p_items.unwrap_or_else(|| errors::null_arg("items")), None);
+    let items_arg = p_items.unwrap_or_else(|| errors::null_arg("items"));
+    let items = read_batch(items_arg, None);
+    // On Citus, items for queues that live on other nodes go there (src/citus.rs).
+    let queues: Vec<&str> = items.iter().map(|it| it.queue.as_str()).collect();
+    if let Some(rows) = crate::citus::route_batch(items_arg, &queues) {
+        return into_table(rows);
+    }
     into_table(crate::spi::with_pinned_search_path(|| push_items(items)))
 }
 
