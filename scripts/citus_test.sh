@@ -153,6 +153,16 @@ for node in 0 2; do
 done
 [ "$(stored 1 "$qa")" = 104 ] && [ "$(stored 0 "$qa")" = 0 ] && [ "$(stored 2 "$qa")" = 0 ] \
   || fail "a refused push stored something"
+# The monitoring calls that name a queue are not routed (their queue argument has a
+# default, which Citus cannot route by): on a node that is not the home they refuse, on the
+# home they answer.
+for call in "SELECT count(*) FROM queen.status('$qa')" "SELECT count(*) FROM queen.totals('$qa')" \
+            "SELECT count(*) FROM queen.dlq('$qa')"; do
+  out=$(psql_on 0 -c "$call" 2>&1) && fail "$call on the coordinator was accepted: $out"
+  echo "$out" | grep -q "lives on Citus node group" || fail "$call on the coordinator: $out"
+  [ "$(psql_on 1 -c "$call")" -ge 0 ] 2>/dev/null || fail "$call on the home worker failed"
+done
+[ "$(psql_on 0 -c "SELECT count(*) FROM queen.status()")" = 0 ] || fail "status() on the coordinator lists queues"
 # On the home worker itself the same shape runs (it is local there).
 psql_on 1 -c "WITH x AS (SELECT * FROM queen.push('$qa', '{\"n\": 105}')) SELECT count(*) FROM x" >/dev/null
 [ "$(stored 1 "$qa")" = 105 ] || fail "a push on the home worker was not stored"

@@ -75,6 +75,10 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+  -- On Citus, a named queue is read on its home only (src/citus.rs).
+  IF dlq.queue IS NOT NULL THEN
+    PERFORM queen._ensure_home(dlq.queue);
+  END IF;
   IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
     RAISE EXCEPTION 'queen: invalid page_size: % (must be 1 to 10000)', page_size
       USING ERRCODE = '22023';
@@ -144,6 +148,10 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
+  -- On Citus, a named queue is read on its home only (src/citus.rs).
+  IF status.queue IS NOT NULL THEN
+    PERFORM queen._ensure_home(status.queue);
+  END IF;
   -- Only a live lease is shown; an expired one is as good as none. retry_at: a failed
   -- batch's retry backoff, while it runs (the lane is not claimed before it).
   RETURN QUERY
@@ -187,6 +195,10 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
+  -- On Citus, a named queue is read on its home only (src/citus.rs).
+  IF totals.queue IS NOT NULL THEN
+    PERFORM queen._ensure_home(totals.queue);
+  END IF;
   RETURN QUERY
     WITH q AS (
       SELECT q.queue_id, q.name, p.partitions, p.messages
@@ -238,6 +250,8 @@ BEGIN
   IF queue IS NULL THEN
     RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
   END IF;
+  -- On Citus, only the queue's home deletes it (src/citus.rs).
+  PERFORM queen._ensure_home(delete_queue.queue);
   -- The queue lock in exclusive mode before anything else: every call that touched the
   -- queue holds it in share mode until it ends, so this waits for them and none of them
   -- waits for this while holding a row of the queue (src/locks.rs). Then the queue row,

@@ -248,3 +248,20 @@ pub fn route_batch(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
     });
     Some(rows.into_iter().map(|r| r.expect("every item has a result")).collect())
 }
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._ensure_home(text) IS
+  'queen internal: on Citus, refuse (55000) a call about a queue on a node that is not its home (status, totals, dlq, delete_queue); not granted';
+"#,
+    name = "ensure_home_sql_home",
+    requires = [ensure_home_sql]
+);
+
+/// `queen._ensure_home(queue)`: the routing guard (`ensure_home`) for queen's SQL functions
+/// that name a queue but that Citus does not route (their queue argument has a default, or
+/// they are not distributed): `status`, `totals`, `dlq` and `delete_queue`. Not granted.
+#[pg_extern(name = "_ensure_home", volatile, parallel_unsafe)]
+fn ensure_home_sql(queue: &str) {
+    ensure_home(queue)
+}
