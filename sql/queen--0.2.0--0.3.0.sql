@@ -255,6 +255,16 @@ COMMENT ON FUNCTION queen.push_batch(text, jsonb) IS
   'queen: push a JSON array of {partition?, payload, transactionId?, headers?, deliverAt?} to one queue atomically';
 
 -- The Citus routing guard for queen's SQL functions (src/citus.rs); not granted.
+CREATE FUNCTION queen."_lives_elsewhere"(
+	"queue" TEXT /* & str */
+) RETURNS bool
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'lives_elsewhere_sql_wrapper';
+REVOKE ALL ON FUNCTION queen._lives_elsewhere(text) FROM PUBLIC;
+COMMENT ON FUNCTION queen._lives_elsewhere(text) IS
+  'queen internal: on Citus, whether a queue''s home is another node (status, totals, dlq forward there); not granted';
+
 CREATE FUNCTION queen."_ensure_home"(
 	"queue" TEXT /* & str */
 ) RETURNS void
@@ -265,10 +275,50 @@ REVOKE ALL ON FUNCTION queen._ensure_home(text) FROM PUBLIC;
 COMMENT ON FUNCTION queen._ensure_home(text) IS
   'queen internal: on Citus, refuse (55000) a call about a queue on a node that is not its home (status, totals, dlq, delete_queue); not granted';
 
+-- On Citus (docs/citus.md, src/citus.rs): status, totals and dlq for a queue whose home is
+-- another node forward the call there through these forms, which queen.distribute() makes
+-- distributed functions on their queue (they have no defaults, which Citus needs to route).
+-- Each first refuses (55000) a call that reached a node that is not the queue's home, so a
+-- call Citus did not delegate cannot forward itself for ever. Not granted.
+-- Parameters: as status, totals, dlq. Returns: their rows. Tables: theirs.
+CREATE FUNCTION queen._status_at_home(queue text) RETURNS SETOF queen.lane_status
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  PERFORM queen._ensure_home(_status_at_home.queue);
+  RETURN QUERY SELECT * FROM queen.status(_status_at_home.queue);
+END $$;
+CREATE FUNCTION queen._totals_at_home(queue text) RETURNS SETOF queen.queue_totals
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  PERFORM queen._ensure_home(_totals_at_home.queue);
+  RETURN QUERY SELECT * FROM queen.totals(_totals_at_home.queue);
+END $$;
+CREATE FUNCTION queen._dlq_at_home(queue text, consumer_group text, page_size int, page_offset int)
+RETURNS SETOF queen.dead_letter
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  PERFORM queen._ensure_home(_dlq_at_home.queue);
+  RETURN QUERY SELECT * FROM queen.dlq(_dlq_at_home.queue, _dlq_at_home.consumer_group,
+                                       _dlq_at_home.page_size, _dlq_at_home.page_offset);
+END $$;
+REVOKE ALL ON FUNCTION queen._status_at_home(text), queen._totals_at_home(text),
+  queen._dlq_at_home(text, text, int, int) FROM PUBLIC;
+COMMENT ON FUNCTION queen._status_at_home(text) IS 'queen internal: status of a queue, on its Citus home (distributed by queue); not granted';
+COMMENT ON FUNCTION queen._totals_at_home(text) IS 'queen internal: totals of a queue, on its Citus home (distributed by queue); not granted';
+COMMENT ON FUNCTION queen._dlq_at_home(text, text, int, int) IS 'queen internal: dead letters of a queue, on its Citus home (distributed by queue); not granted';
+
 -- queen.distribute(): queen on a Citus coordinator (docs/citus.md). Distributes the
 -- routing table queen_citus.queue_homes by queue name and makes every queen function whose
--- first argument is a queue (without a default) a distributed function colocated with it,
--- so that the coordinator delegates each call to the worker that holds the queue. Likewise
+-- first argument is a queue (without a default) a distributed function colocated with it
+-- (with the internal _status_at_home, _totals_at_home and _dlq_at_home, which status,
+-- totals and dlq forward to), so that the coordinator delegates each call to the worker
+-- that holds the queue. Likewise
 -- queen_citus.id_routes by uuid, for the functions whose first argument is a lease id or a
 -- partition id: a worker mints those ids so that they route back to it (src/citus.rs).
 -- queen's own tables stay local on every node. Idempotent. Returns what it distributed.
@@ -307,7 +357,8 @@ BEGIN
   END IF;
   FOR f IN
     SELECT p.oid::regprocedure FROM pg_proc p
-     WHERE p.pronamespace = 'queen'::regnamespace AND p.proname !~ '^_'
+     WHERE p.pronamespace = 'queen'::regnamespace
+       AND (p.proname !~ '^_' OR p.proname IN ('_status_at_home', '_totals_at_home', '_dlq_at_home'))
        AND p.proargnames[1] = 'queue' AND p.proargtypes[0] = 'text'::regtype
        AND p.pronargdefaults < p.pronargs
      ORDER BY p.oid::regprocedure::text
@@ -409,9 +460,11 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-  -- On Citus, a named queue is read on its home only (src/citus.rs).
-  IF status.queue IS NOT NULL THEN
-    PERFORM queen._ensure_home(status.queue);
+  -- On Citus, a named queue is read on its home: a call that reached another node is
+  -- forwarded there through the distributed form (docs/citus.md).
+  IF status.queue IS NOT NULL AND queen._lives_elsewhere(status.queue) THEN
+    RETURN QUERY EXECUTE format('SELECT * FROM queen._status_at_home(%L)', status.queue);
+    RETURN;
   END IF;
   -- Only a live lease is shown; an expired one is as good as none. retry_at: a failed
   -- batch's retry backoff, while it runs (the lane is not claimed before it).
@@ -440,9 +493,11 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-  -- On Citus, a named queue is read on its home only (src/citus.rs).
-  IF totals.queue IS NOT NULL THEN
-    PERFORM queen._ensure_home(totals.queue);
+  -- On Citus, a named queue is read on its home: a call that reached another node is
+  -- forwarded there through the distributed form (docs/citus.md).
+  IF totals.queue IS NOT NULL AND queen._lives_elsewhere(totals.queue) THEN
+    RETURN QUERY EXECUTE format('SELECT * FROM queen._totals_at_home(%L)', totals.queue);
+    RETURN;
   END IF;
   RETURN QUERY
     WITH q AS (
@@ -725,9 +780,11 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-  -- On Citus, a named queue is read on its home only (src/citus.rs).
-  IF dlq.queue IS NOT NULL THEN
-    PERFORM queen._ensure_home(dlq.queue);
+  -- On Citus, a named queue is read on its home: a call that reached another node is
+  -- forwarded there through the distributed form (docs/citus.md).
+  IF dlq.queue IS NOT NULL AND queen._lives_elsewhere(dlq.queue) THEN
+    RETURN QUERY EXECUTE format('SELECT * FROM queen._dlq_at_home(%L, %L, %L, %L)', dlq.queue, dlq.consumer_group, dlq.page_size, dlq.page_offset);
+    RETURN;
   END IF;
   IF page_size IS NULL OR page_size < 1 OR page_size > 10000 THEN
     RAISE EXCEPTION 'queen: invalid page_size: % (must be 1 to 10000)', page_size

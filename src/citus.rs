@@ -265,3 +265,20 @@ COMMENT ON FUNCTION queen._ensure_home(text) IS
 fn ensure_home_sql(queue: &str) {
     ensure_home(queue)
 }
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._lives_elsewhere(text) IS
+  'queen internal: on Citus, whether a queue''s home is another node (status, totals, dlq forward there); not granted';
+"#,
+    name = "lives_elsewhere_sql_home",
+    requires = [lives_elsewhere_sql]
+);
+
+/// `queen._lives_elsewhere(queue)`: true on a distributed database when the queue's home is
+/// another node. `status`, `totals` and `dlq` then forward the call to the home through
+/// their distributed `_…_at_home` forms (sql/api.sql). Not granted.
+#[pg_extern(name = "_lives_elsewhere", volatile, parallel_unsafe)]
+fn lives_elsewhere_sql(queue: &str) -> bool {
+    home_of(queue).is_some_and(|(home, here)| home != here)
+}
