@@ -400,9 +400,17 @@ fn readable_sql(partition_id: pgrx::Uuid, head: i64) -> i64 {
 fn prepare() {
     // SAFETY: a plain read of the current transaction's xid; a push assigned it.
     let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
+    if prepared_owners() == 0 {
+        return; // PostgreSQL refuses the prepare itself: prepared transactions are disabled
+    }
     let me = owner();
     if !with_registry(|r| r.prepare(me, xid)) {
-        full("every slot for a prepared transaction's offsets is in use (max_prepared_transactions)");
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            "queen: every slot for a prepared transaction's offsets is in use (one per max_prepared_transactions); \
+             commit or roll back prepared transactions first"
+                .to_string(),
+        );
     }
     HOLDS.with(|h| h.set(false));
     PREPARING.with(|p| p.set(Some(xid)));
