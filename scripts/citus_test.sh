@@ -26,6 +26,7 @@ cat > "$conf" <<CONF
 shared_preload_libraries = 'citus,queen'
 max_prepared_transactions = 50
 queen.retention_database = 'queen_citus'
+queen.retention_interval = 1
 CONF
 
 stop_all() {
@@ -233,7 +234,7 @@ done
 two_worker_tx() { # two_worker_tx one|two COMMIT|ROLLBACK N: pushes {"n": N} and {"n": N+1} to each queue
   local n=$3 m=$(($3 + 1))
   if [ "$1" = one ]; then
-    psql_on 0 -c "BEGIN" -c "SELECT idx, status FROM queen.push_batch('[{\"queue\": \"$qa\", \"payload\": {\"n\": $n}},
+    psql_on 0 -c "BEGIN" -c "SELECT idx, status, partition_id, msg_offset FROM queen.push_batch('[{\"queue\": \"$qa\", \"payload\": {\"n\": $n}},
                                  {\"queue\": \"$qb\", \"payload\": {\"n\": $n}}, {\"queue\": \"$qa\", \"payload\": {\"n\": $m}},
                                  {\"queue\": \"$qb\", \"payload\": {\"n\": $m}}]')" -c "$2" 2>&1
   else
@@ -249,9 +250,21 @@ for shape in one two; do
   [ "$(stored 1 "$qa")" = "$before_a" ] && [ "$(stored 2 "$qb")" = "$before_b" ] || fail "a rolled-back push ($shape) was stored"
   out=$(two_worker_tx "$shape" COMMIT "$n") || fail "a two-worker transaction ($shape) failed to commit: $out"
   if [ "$shape" = one ]; then
-    # One result row per item, in input order.
-    [ "$(echo "$out" | grep -c '|queued$')" = 4 ] && [ "$(echo "$out" | grep '|queued$' | cut -d'|' -f1 | paste -sd,)" = "0,1,2,3" ] \
+    # One result row per item, in input order: items 0 and 2 (qa) in one partition at
+    # consecutive offsets, items 1 and 3 (qb) in another; each at the offset it was stored at
+    # on its home (checked below: the pop returns n, then n + 1).
+    rows=$(echo "$out" | grep '|queued|')
+    idx=$(echo "$rows" | cut -d'|' -f1 | paste -sd,)
+    p0=$(echo "$rows" | sed -n 1p | cut -d'|' -f3) p1=$(echo "$rows" | sed -n 2p | cut -d'|' -f3)
+    p2=$(echo "$rows" | sed -n 3p | cut -d'|' -f3) p3=$(echo "$rows" | sed -n 4p | cut -d'|' -f3)
+    o0=$(echo "$rows" | sed -n 1p | cut -d'|' -f4) o1=$(echo "$rows" | sed -n 2p | cut -d'|' -f4)
+    o2=$(echo "$rows" | sed -n 3p | cut -d'|' -f4) o3=$(echo "$rows" | sed -n 4p | cut -d'|' -f4)
+    [ "$idx" = "0,1,2,3" ] && [ "$p0" = "$p2" ] && [ "$p1" = "$p3" ] && [ "$p0" != "$p1" ] \
+      && [ "$o2" = "$((o0 + 1))" ] && [ "$o3" = "$((o1 + 1))" ] \
       || fail "push_batch(items) across both workers returned: $out"
+    qa_pid=$(psql_on 1 -c "SELECT p.partition_id FROM queen.partitions p JOIN queen.queues q USING (queue_id)
+                            WHERE q.name = '$qa' AND p.name = 'Default'")
+    [ "$p0" = "$qa_pid" ] || fail "push_batch(items): item 0 reported partition $p0, $qa's is $qa_pid"
   fi
   a=$(stored 1 "$qa") b=$(stored 2 "$qb")
   [ "$a" = "$((before_a + 2))" ] && [ "$b" = "$((before_b + 2))" ] \
@@ -285,6 +298,24 @@ for q in "$ha" "$hb"; do
 done
 [ "$(stored 2 "$ha")" = 0 ] && [ "$(stored 1 "$hb")" = 0 ] || fail "a harness queue has messages on the other worker"
 echo "citus-test: invariants harness through the coordinator passed ($ha on worker1, $hb on worker2; $(grep -c 'pushed:' "$dir/harness.log") runs)"
+# Each worker's background worker maintains the queues that live there: a queue on each
+# worker with retention => 1 (s), pushes and an auto-acking pop through the coordinator; the
+# home's worker deletes the consumed segments (the coordinator's has nothing to do).
+for w in 1 2; do
+  rq=""
+  for k in $(seq 0 50); do
+    if [ "$(home_port "kept$k")" = "${ports[$w]}" ]; then rq="kept$k"; break; fi
+  done
+  psql_on 0 -c "SELECT queen.configure('$rq', retention => 1)" >/dev/null
+  for i in 1 2 3; do psql_on 0 -c "SELECT msg_offset FROM queen.push('$rq', '{\"n\": $i}')" >/dev/null; done
+  # (Nothing is deleted before the group has consumed it.)
+  [ "$(stored "$w" "$rq")" = 3 ] || fail "$rq: not stored on its home"
+  [ "$(psql_on 0 -c "SELECT count(*) FROM queen.pop('$rq', 'r', batch => 10, auto_ack => true)")" = 3 ] \
+    || fail "$rq: the pop did not return its 3 messages"
+  for _ in $(seq 1 100); do [ "$(stored "$w" "$rq")" = 0 ] && break; sleep 0.2; done
+  [ "$(stored "$w" "$rq")" = 0 ] || fail "$rq: retention on ${names[$w]} did not delete its consumed segments in 20 s"
+done
+echo "citus-test: each worker's background worker applies retention to its own queues"
 # A long-poll through the coordinator, woken by a push through the coordinator.
 psql_on 0 -c "SELECT msg_offset FROM queen.pop('$qb', 'w', batch => 1000, auto_ack => true)" >/dev/null
 start=$(date +%s%N)

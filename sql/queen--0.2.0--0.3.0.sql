@@ -353,7 +353,9 @@ BEGIN
   COMMENT ON TABLE queen_citus.queue_homes IS
     'queen: routing only (queen.distribute): the worker holding a queue''s shard is the queue''s home';
   IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'queen_citus.queue_homes'::regclass) THEN
-    PERFORM create_distributed_table('queen_citus.queue_homes', 'queue');
+    -- A colocation group of its own: a user table distributed by text must not drag
+    -- these shards along when it is rebalanced (a queue's home must not move without it).
+    PERFORM create_distributed_table('queen_citus.queue_homes', 'queue', colocate_with => 'none');
   END IF;
   FOR f IN
     SELECT p.oid::regprocedure FROM pg_proc p
@@ -374,7 +376,7 @@ BEGIN
   COMMENT ON TABLE queen_citus.id_routes IS
     'queen: routing only (queen.distribute): lease and partition ids are minted to hash into a shard their home holds';
   IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'queen_citus.id_routes'::regclass) THEN
-    PERFORM create_distributed_table('queen_citus.id_routes', 'id');
+    PERFORM create_distributed_table('queen_citus.id_routes', 'id', colocate_with => 'none');
   END IF;
   FOR f IN
     SELECT p.oid::regprocedure FROM pg_proc p

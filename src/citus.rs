@@ -234,9 +234,14 @@ pub fn route_batch(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
                     let k: i32 = row.get(1).or_raise().unwrap_or_default();
                     let i = idxs[k as usize] as usize;
                     let status: String = row.get(2).or_raise().unwrap_or_default();
+                    let status = match status.as_str() {
+                        "queued" => "queued",
+                        "duplicate" => "duplicate",
+                        other => errors::internal(format_args!("push_batch on {queue:?} answered status {other:?}")),
+                    };
                     rows[i] = Some(PushRow {
                         idx: i as i32,
-                        status: if status == "duplicate" { "duplicate" } else { "queued" },
+                        status,
                         message_id: crate::ids::from_pg_uuid(&row.get::<pgrx::Uuid>(3).or_raise().unwrap()),
                         transaction_id: row.get(4).or_raise().unwrap_or_default(),
                         partition_id: row.get(5).or_raise().unwrap(),

@@ -301,31 +301,45 @@ fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) {
     }
 }
 
-/// Waits for the prepared transactions of this database that hold a lock on one of queen's
-/// segment tables (they pushed): after a restart the registry no longer knows their
-/// reservations, and their rows are invisible until they commit. The database's view of a
-/// partition is complete once they are over. Cheap when nothing is prepared.
+/// Waits for the prepared transactions of this database that the registry does not know
+/// (they were prepared before the server last started) and that wrote to queen's segment
+/// tables (they pushed): their reservations are lost with the registry, and their rows
+/// are invisible until they commit. The database's view of a partition is complete once
+/// they are over. Prepared transactions the registry holds need no wait: their partitions
+/// stay tracked until they end, and are never loaded meanwhile. Cheap when nothing is
+/// prepared (one look at the prepared transactions; the lock table only when there are).
 fn wait_for_prepared(client: &mut SpiClient<'_>) {
     loop {
-        let xids: Vec<i64> = crate::spi::run(
+        let known = with_registry(|r| r.prepared());
+        let prepared: Vec<i64> = crate::spi::run(
             client,
-            "SELECT DISTINCT x.transaction::text::int8
-               FROM pg_catalog.pg_prepared_xacts x
-              WHERE x.database = pg_catalog.current_database()
-                AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-                             JOIN pg_catalog.pg_class c ON c.oid = l.relation
-                            WHERE l.locktype = 'relation' AND l.pid IS NULL
-                              AND l.virtualtransaction = '-1/' || x.transaction::text
-                              AND c.relnamespace = 'queen'::regnamespace
-                              AND c.relname ~ '^(fresh_)?segments')",
+            "SELECT x.transaction::text::int8 FROM pg_catalog.pg_prepared_xacts x
+              WHERE x.database = pg_catalog.current_database()",
             &[],
         )
         .filter_map(|row| row.get::<i64>(1).ok().flatten())
+        .filter(|&x| !known.contains(&(x as u32)))
         .collect();
-        if xids.is_empty() {
+        if prepared.is_empty() {
             return;
         }
-        for xid in xids {
+        let wrote: Vec<i64> = crate::spi::run(
+            client,
+            "SELECT DISTINCT x FROM pg_catalog.unnest($1::int8[]) AS u(x)
+              WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                             JOIN pg_catalog.pg_class c ON c.oid = l.relation
+                            WHERE l.locktype = 'relation' AND l.pid IS NULL AND l.mode = 'RowExclusiveLock'
+                              AND l.virtualtransaction = '-1/' || u.x::text
+                              AND c.relnamespace = 'queen'::regnamespace
+                              AND c.relname ~ '^(fresh_)?segments')",
+            &[prepared.into()],
+        )
+        .filter_map(|row| row.get::<i64>(1).ok().flatten())
+        .collect();
+        if wrote.is_empty() {
+            return;
+        }
+        for xid in wrote {
             // SAFETY: waits on the transaction lock that a prepared transaction holds until
             // it is committed or rolled back; interrupts are served while waiting.
             unsafe {
@@ -417,11 +431,15 @@ fn prepare() {
 }
 
 /// A prepared transaction ended (`COMMIT PREPARED`, `ROLLBACK PREPARED`, or a prepare that
-/// failed): its reservations end; waiting pops look again.
-fn finish_prepared(xid: u32, committed: bool) {
-    if with_registry(|r| r.finish_prepared(xid, committed)) && committed {
+/// failed): its reservations end. Waiting pops look again: its messages, or those that
+/// committed after it (a rollback frees them too), may be readable now. Returns whether
+/// it held reservations.
+fn finish_prepared(xid: u32, committed: bool) -> bool {
+    let ended = with_registry(|r| r.finish_prepared(xid, committed));
+    if ended {
         crate::wake::broadcast_all();
     }
+    ended
 }
 
 /// Ends the reservations of prepared transactions that are over, should `process_utility`
@@ -438,8 +456,7 @@ pub fn sweep_prepared() -> usize {
             let x = pg_sys::TransactionId::from_inner(xid);
             (pg_sys::TransactionIdIsInProgress(x), pg_sys::TransactionIdDidCommit(x))
         };
-        if !running {
-            finish_prepared(xid, committed);
+        if !running && finish_prepared(xid, committed) {
             ended += 1;
         }
     }
@@ -494,7 +511,9 @@ unsafe extern "C-unwind" fn process_utility(
     // passed to this one.
     unsafe {
         match PREV_PROCESS_UTILITY {
-            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
+            Some(prev) => pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)
+            }),
             None => pg_sys::standard_ProcessUtility(
                 pstmt,
                 query_string,
@@ -559,9 +578,12 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         XACT_EVENT_PRE_PREPARE if HOLDS.with(|h| h.get()) && enabled() => prepare(),
         // Prepared: the reservations belong to the prepared transaction now; its commit
         // will wake waiting pops (`finish_prepared`).
+        // What this session cached of queues and partitions the prepared transaction
+        // created is gone too: they exist only if it commits.
         XACT_EVENT_PREPARE => {
             PREPARING.with(|p| p.set(None));
             crate::wake::on_abort();
+            crate::queues::on_abort();
         }
         _ => {}
     }

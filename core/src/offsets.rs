@@ -316,7 +316,7 @@ impl<'a> Registry<'a> {
         writes_all: bool,
         fresh: bool,
     ) -> Result<i64, Refusal> {
-        assert!(n > 0 && (owner as usize) < self.owners.len());
+        assert!(n > 0 && owner < self.h.backends, "a backend reserves, never a prepared transaction");
         let s = match find(self.h, self.slots, key) {
             Ok(s) if self.slots[s].state == READY => s,
             Ok(_) => return Err(Refusal::Loading),

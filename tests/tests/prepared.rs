@@ -23,6 +23,25 @@ fn connect_retrying() -> Client {
     }
 }
 
+/// Rolls back the test's prepared transactions still pending when it ends (a failed
+/// assertion): left behind, they would hold partition loads back in later tests.
+struct RollBackLeftovers(Vec<String>);
+
+impl Drop for RollBackLeftovers {
+    fn drop(&mut self) {
+        let Ok(mut c) = Client::connect(&dsn(), NoTls) else { return };
+        for gid in &self.0 {
+            let pending = c
+                .query_one("SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1", &[gid])
+                .map(|r| r.get::<_, i64>(0) > 0)
+                .unwrap_or(false);
+            if pending {
+                let _ = c.batch_execute(&format!("ROLLBACK PREPARED '{gid}'"));
+            }
+        }
+    }
+}
+
 fn prepare_push(queue: &str, payload: &str, gid: &str) {
     let mut c = connect_retrying();
     c.batch_execute("BEGIN").unwrap();
@@ -34,6 +53,7 @@ fn prepare_push(queue: &str, payload: &str, gid: &str) {
 fn prepared_pushes_hold_their_partition_across_a_restart() {
     let queue = unique("prepared");
     let (p1, p2) = (unique("p1"), unique("p2"));
+    let _leftovers = RollBackLeftovers(vec![p1.clone(), p2.clone()]);
     let mut c = connect_retrying();
     c.execute("SELECT msg_offset FROM queen.push($1, '\"one\"')", &[&queue]).unwrap();
     prepare_push(&queue, "two", &p1);
