@@ -108,3 +108,33 @@ fn prepared_pushes_hold_their_partition_across_a_restart() {
         .collect();
     assert_eq!(all, vec![(1, "one".to_string()), (2, "two".to_string()), (four, "four".to_string())]);
 }
+
+/// A session prepares a push that created its queue, then pushes to that queue again. The
+/// second push must not use the partition that exists only in the prepared transaction: it
+/// waits for it (the queue's name is taken until it ends) and, once that is rolled back,
+/// creates the queue anew. Its message is delivered.
+#[test]
+fn a_push_after_a_prepare_that_rolls_back_is_not_lost() {
+    let queue = unique("prepared-new");
+    let gid = unique("p");
+    let _leftovers = RollBackLeftovers(vec![gid.clone()]);
+    let mut a = connect_retrying();
+    a.batch_execute("BEGIN").unwrap();
+    a.execute("SELECT msg_offset FROM queen.push($1, '\"prepared\"')", &[&queue]).unwrap();
+    a.batch_execute(&format!("PREPARE TRANSACTION '{gid}'")).unwrap();
+    let q = queue.clone();
+    let second = thread::spawn(move || {
+        a.query_one("SELECT msg_offset FROM queen.push($1, '\"after\"')", &[&q]).unwrap().get::<_, i64>(0)
+    });
+    thread::sleep(Duration::from_millis(500));
+    let mut b = connect_retrying();
+    b.batch_execute(&format!("ROLLBACK PREPARED '{gid}'")).unwrap();
+    second.join().unwrap();
+    let got: Vec<String> = b
+        .query("SELECT payload #>> '{}' FROM queen.pop($1, batch => 10, auto_ack => true)", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(got, vec!["after".to_string()], "the push after the prepare was lost or the rolled-back one kept");
+}
