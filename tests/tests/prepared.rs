@@ -4,7 +4,7 @@
 //! prepared transaction's offsets, nor its offsets reserved again, until it is committed
 //! or rolled back: a push and a pop of that partition wait for it.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,9 @@ fn connect_retrying() -> Client {
         thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The tests of this file run one at a time: one of them restarts the server.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Rolls back the test's prepared transactions still pending when it ends (a failed
 /// assertion): left behind, they would hold partition loads back in later tests.
@@ -51,6 +54,7 @@ fn prepare_push(queue: &str, payload: &str, gid: &str) {
 
 #[test]
 fn prepared_pushes_hold_their_partition_across_a_restart() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let queue = unique("prepared");
     let (p1, p2) = (unique("p1"), unique("p2"));
     let _leftovers = RollBackLeftovers(vec![p1.clone(), p2.clone()]);
@@ -115,6 +119,7 @@ fn prepared_pushes_hold_their_partition_across_a_restart() {
 /// creates the queue anew. Its message is delivered.
 #[test]
 fn a_push_after_a_prepare_that_rolls_back_is_not_lost() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let queue = unique("prepared-new");
     let gid = unique("p");
     let _leftovers = RollBackLeftovers(vec![gid.clone()]);
