@@ -93,14 +93,18 @@ home_port() {
   psql_on 0 -c "SELECT n.nodeport FROM pg_dist_placement pl JOIN pg_dist_node n USING (groupid)
                  WHERE pl.shardid = get_shard_id_for_distribution_column('queen_citus.queue_homes', '$1')"
 }
+# queue_on PREFIX NODE: the first of PREFIX0, PREFIX1, ... whose home is node NODE.
+queue_on() {
+  local k
+  for k in $(seq 0 50); do
+    if [ "$(home_port "$1$k")" = "${ports[$2]}" ]; then echo "$1$k"; return; fi
+  done
+  echo "citus-test: no queue name $1<k> lands on ${names[$2]}" >&2
+  return 1
+}
 # Two queues, one on each worker.
-qa="" qb=""
-for k in $(seq 0 50); do
-  port=$(home_port "orders$k")
-  if [ "$port" = "${ports[1]}" ] && [ -z "$qa" ]; then qa="orders$k"; fi
-  if [ "$port" = "${ports[2]}" ] && [ -z "$qb" ]; then qb="orders$k"; fi
-done
-[ -n "$qa" ] && [ -n "$qb" ] || fail "no queue name lands on each worker"
+qa=$(queue_on orders 1)
+qb=$(queue_on orders 2)
 echo "citus-test: $qa lives on worker1, $qb on worker2"
 node_of() { case "$1" in "$qa") echo 1 ;; "$qb") echo 2 ;; esac; }
 stored() { # stored NODE QUEUE: messages pushed to QUEUE stored on NODE
@@ -282,12 +286,8 @@ done
 echo "citus-test: a transaction pushing to both workers (one push_batch(items), or push_batch(queue, items) per queue): rolled back, nothing stored; committed (two-phase), both stored and delivered"
 # The invariants harness through the coordinator, with a fresh queue on each worker
 # (tests/tests/citus_harness.rs): pushes, rollbacks, pops in two groups, every ack outcome.
-ha="" hb=""
-for k in $(seq 0 50); do
-  port=$(home_port "harness$k")
-  if [ "$port" = "${ports[1]}" ] && [ -z "$ha" ]; then ha="harness$k"; fi
-  if [ "$port" = "${ports[2]}" ] && [ -z "$hb" ]; then hb="harness$k"; fi
-done
+ha=$(queue_on harness 1)
+hb=$(queue_on harness 2)
 dsn_of() { echo "host=$dir/${names[$1]}/sock port=${ports[$1]} user=postgres dbname=queen_citus"; }
 (cd "$root/tests" && QUEEN_TEST_DSN="$(dsn_of 0)" QUEEN_CITUS_QUEUE_A="$ha" QUEEN_CITUS_QUEUE_B="$hb" \
    QUEEN_CITUS_HOME_A_DSN="$(dsn_of 1)" QUEEN_CITUS_HOME_B_DSN="$(dsn_of 2)" \
@@ -302,12 +302,8 @@ echo "citus-test: invariants harness through the coordinator passed ($ha on work
 # through the coordinator: every transaction pushes one number to a queue on each worker;
 # each queue must deliver every committed number once. A pop that passed a prepared
 # transaction's offset before it committed would lose that message.
-xa="" xb=""
-for k in $(seq 0 50); do
-  port=$(home_port "cross$k")
-  if [ "$port" = "${ports[1]}" ] && [ -z "$xa" ]; then xa="cross$k"; fi
-  if [ "$port" = "${ports[2]}" ] && [ -z "$xb" ]; then xb="cross$k"; fi
-done
+xa=$(queue_on cross 1)
+xb=$(queue_on cross 2)
 cat > "$dir/cross.sql" <<SQL
 \set n :client_id * 100000000 + random(1, 99999999)
 SELECT count(*) FROM queen.push_batch('[{"queue": "$xa", "payload": :n}, {"queue": "$xb", "payload": :n}]');
@@ -340,10 +336,7 @@ echo "citus-test: $txs concurrent two-worker transactions while popping: every m
 # worker with retention => 1 (s), pushes and an auto-acking pop through the coordinator; the
 # home's worker deletes the consumed segments (the coordinator's has nothing to do).
 for w in 1 2; do
-  rq=""
-  for k in $(seq 0 50); do
-    if [ "$(home_port "kept$k")" = "${ports[$w]}" ]; then rq="kept$k"; break; fi
-  done
+  rq=$(queue_on kept "$w")
   psql_on 0 -c "SELECT queen.configure('$rq', retention => 1)" >/dev/null
   for i in 1 2 3; do psql_on 0 -c "SELECT msg_offset FROM queen.push('$rq', '{\"n\": $i}')" >/dev/null; done
   # (Nothing is deleted before the group has consumed it.)

@@ -26,12 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use postgres::{Client, NoTls};
+use postgres::Client;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::{dsn, unique};
+use crate::{connect_to_retrying, dsn, unique};
 
 pub struct Config {
     pub messages: usize,
@@ -155,18 +155,6 @@ fn lost_connection(crashes: bool, e: &postgres::Error, what: &str) {
 
 fn connect_retrying(deadline: Instant) -> Client {
     connect_to_retrying(&dsn(), deadline)
-}
-
-fn connect_to_retrying(dsn: &str, deadline: Instant) -> Client {
-    loop {
-        match Client::connect(dsn, NoTls) {
-            Ok(c) => return c,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "cannot reconnect: {e}");
-                thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -40,6 +40,25 @@ pub fn use_database(own: String) {
     *OWN_DSN.write().unwrap() = Some(own);
 }
 
+/// Connects to `dsn`, retrying every 50 ms until `deadline` (a server restarting after a
+/// crash or an immediate stop refuses connections meanwhile).
+pub fn connect_to_retrying(dsn: &str, deadline: std::time::Instant) -> Client {
+    loop {
+        match Client::connect(dsn, NoTls) {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "cannot connect (the server did not come back?): {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// `connect_to_retrying` the test cluster, for up to a minute.
+pub fn connect_retrying() -> Client {
+    connect_to_retrying(&dsn(), std::time::Instant::now() + std::time::Duration::from_secs(60))
+}
+
 pub fn connect() -> Client {
     Client::connect(&dsn(), NoTls).expect("connect to the test cluster")
 }

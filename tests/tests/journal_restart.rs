@@ -8,20 +8,9 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use postgres::{Client, NoTls};
+use postgres::Client;
 use queen_it::harness::cluster_immediate_restart;
-use queen_it::{dsn, unique};
-
-fn connect_retrying() -> Client {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(c) = Client::connect(&dsn(), NoTls) {
-            return c;
-        }
-        assert!(Instant::now() < deadline, "the server did not come back");
-        thread::sleep(Duration::from_millis(50));
-    }
-}
+use queen_it::{connect_retrying, unique};
 
 fn committed(c: &mut Client, queue: &str) -> i64 {
     c.query_one("SELECT committed FROM queen.status($1)", &[&queue]).unwrap().get(0)

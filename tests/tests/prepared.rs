@@ -6,22 +6,11 @@
 
 use std::sync::{mpsc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use postgres::{Client, NoTls};
 use queen_it::harness::cluster_immediate_restart;
-use queen_it::{dsn, unique};
-
-fn connect_retrying() -> Client {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(c) = Client::connect(&dsn(), NoTls) {
-            return c;
-        }
-        assert!(Instant::now() < deadline, "the server did not come back");
-        thread::sleep(Duration::from_millis(50));
-    }
-}
+use queen_it::{connect_retrying, dsn, unique};
 
 /// The tests of this file run one at a time: one of them restarts the server.
 static SERIAL: Mutex<()> = Mutex::new(());
