@@ -52,8 +52,7 @@ thread_local! {
 /// Whether `queen.distribute()` ran in this database: the routing schema exists (one
 /// syscache lookup; nothing else is asked of a database that is not distributed).
 fn distributed() -> bool {
-    // SAFETY: a catalog lookup by name, with missing_ok.
-    unsafe { pg_sys::get_namespace_oid(c"queen_citus".as_ptr(), true) != pg_sys::InvalidOid }
+    crate::catalog::schema_exists(c"queen_citus")
 }
 
 /// The Citus node group that is `queue`'s home, and this node's group, once the database is

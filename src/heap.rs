@@ -31,13 +31,12 @@ pub fn insert_fresh_segment(
     // an ERROR (a unique violation, say) unwinds through pgrx and the transaction's
     // resource owner closes what is open.
     unsafe {
-        let ns = pg_sys::get_namespace_oid(c"queen".as_ptr(), false);
         let table = match generation {
             0 => c"fresh_segments_0",
             1 => c"fresh_segments_1",
             _ => return false,
         };
-        let relid = pg_sys::get_relname_relid(table.as_ptr(), ns);
+        let relid = crate::catalog::queen_table(table);
         if relid == pg_sys::InvalidOid {
             return false;
         }

@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod ack;
 mod budgets;
+mod catalog;
 mod citus;
 mod clock;
 mod compaction;
@@ -50,6 +51,7 @@ pub extern "C-unwind" fn _PG_init() {
     offsets::init();
     lanes::init();
     queues::init();
+    catalog::init();
     compaction::init();
     retention::init();
     generations::init();

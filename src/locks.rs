@@ -8,17 +8,6 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use queen_core::lock_order::{group_key, queue_key};
 
-fn table_oid(name: &std::ffi::CStr) -> pg_sys::Oid {
-    // SAFETY: plain catalog lookups by name (missing_ok), valid inside a transaction.
-    unsafe {
-        let ns = pg_sys::get_namespace_oid(c"queen".as_ptr(), true);
-        if ns == pg_sys::InvalidOid {
-            return pg_sys::InvalidOid;
-        }
-        pg_sys::get_relname_relid(name.as_ptr(), ns)
-    }
-}
-
 fn object_tag(class: pg_sys::Oid, objid: u32, sub: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         // SAFETY: a plain read of this backend's database.
@@ -66,7 +55,7 @@ fn acquire(tag: &pg_sys::LOCKTAG, mode: u32, wait: bool) -> Took {
 }
 
 fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
-    object_tag(table_oid(c"queues"), queue_key(queue_id), 0)
+    object_tag(crate::catalog::queen_table(c"queues"), queue_key(queue_id), 0)
 }
 
 /// The queue lock in share mode, for the rest of the transaction: every call that
@@ -123,7 +112,7 @@ fn still_there(queue_id: i64) -> bool {
 /// false when another transaction is creating the same group right now.
 pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
     let (objid, sub) = group_key(queue_id, group);
-    taken(acquire(&object_tag(table_oid(c"groups"), objid, sub), pg_sys::AccessExclusiveLock, wait))
+    taken(acquire(&object_tag(crate::catalog::queen_table(c"groups"), objid, sub), pg_sys::AccessExclusiveLock, wait))
 }
 
 extension_sql!(

@@ -82,14 +82,7 @@ pub fn invalidate() {
 }
 
 fn queues_oid() -> pg_sys::Oid {
-    // SAFETY: plain catalog lookups by name (missing_ok), valid inside a transaction.
-    unsafe {
-        let ns = pg_sys::get_namespace_oid(c"queen".as_ptr(), true);
-        if ns == pg_sys::InvalidOid {
-            return pg_sys::InvalidOid;
-        }
-        pg_sys::get_relname_relid(c"queues".as_ptr(), ns)
-    }
+    crate::catalog::queen_table(c"queues")
 }
 
 /// The target of (queue, partition): from this backend's cache, or `locate`d and cached.

@@ -247,6 +247,29 @@ const HELD_MARK: &str = "<!-- held snapshot: written by make bench-held -->\n";
 /// Drains per system in the pop + ack scenario (the median counts).
 const POP_REPEATS: usize = 3;
 
+/// Rounds of the single-push scenario (the median of each system counts). Single pushes
+/// wait for the WAL flush, whose speed drifts by tens of percent within a minute here, so
+/// they get more rounds than the drains.
+const PUSH1_REPEATS: usize = 5;
+
+/// Between two measured runs: waits (at most 30 s) until queen's background worker has
+/// compacted the fresh tier, then takes a CHECKPOINT, so that no run pays for the work the
+/// one before it left (compaction done while a run lasts counts against queen).
+/// Returns how long it waited (seconds).
+fn settle(c: &mut Client) -> f64 {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let left: i64 = c.query_one("SELECT count(*) FROM queen.fresh_segments", &[]).unwrap().get(0);
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let waited = start.elapsed().as_secs_f64();
+    c.batch_execute("CHECKPOINT").unwrap();
+    waited
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v[v.len() / 2]
@@ -394,7 +417,7 @@ fn main() {
         // enqueue. The shape a newcomer starts with: every push to the queue's default
         // partition; then the same over 16 partitions. The baselines have no partitions: PgQ's
         // insert_event and a plain INSERT into an indexed bigserial + jsonb table. The four
-        // take turns, `POP_REPEATS` rounds, and the median of each counts: single pushes are
+        // take turns, `PUSH1_REPEATS` rounds, and the median of each counts: single pushes are
         // bound by the WAL flush, whose speed drifts over a run.
         reset(&mut c);
         type Step = Box<dyn Fn(&mut Client, usize, u64) -> usize + Send + Sync>;
@@ -430,8 +453,10 @@ fn main() {
         ];
         let mut runs: [Vec<f64>; 4] = Default::default();
         let mut cpus: [Vec<f64>; 4] = Default::default();
-        for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
+        let mut settled: Vec<f64> = Vec::new();
+        for _ in 0..if opts.smoke { 1 } else { PUSH1_REPEATS } {
             for (k, system) in systems.iter().enumerate() {
+                settled.push(settle(&mut c));
                 let step = system();
                 runs[k].push(run_clients(&dsn, 8, s.secs, move |c, n, i| step(c, n, i)));
                 cpus[k].push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
@@ -443,6 +468,10 @@ fn main() {
             runs[1].iter().map(|v| *v as i64).collect::<Vec<_>>(),
             runs[2].iter().map(|v| *v as i64).collect::<Vec<_>>(),
             runs[3].iter().map(|v| *v as i64).collect::<Vec<_>>()
+        );
+        println!(
+            "  (waits for the fresh tier to be compacted before each run, s: {:?})",
+            settled.iter().map(|v| (v * 10.0).round() / 10.0).collect::<Vec<_>>()
         );
         let mut result = |k: usize, scenario, system| {
             *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut cpus[k]));
@@ -841,7 +870,7 @@ fn main() {
         let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions (each system drains it {POP_REPEATS} times, alternating; the median is shown, every run is in the bench's output); big backlog {} messages; many partitions = {}.", s.pop_prefill, s.big_backlog, s.partitions_many);
         let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread, every statement prepared once per connection as a driver's statement cache does, for every system alike) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
         let _ = writeln!(md, "A pop commits without waiting for its WAL flush when its writes are its transaction's only ones (README, \"Durability\"); pushes and acks, like every baseline's commits, wait for it (`synchronous_commit = on`).\n");
-        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen.\n");
+        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds; the median of each counts.\n");
         let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());

@@ -249,6 +249,10 @@ where
                 if flags != 0 {
                     version = VERSION_3;
                 }
+                // One allocation per frame at most (five varints of up to 10 bytes each).
+                current.raw.reserve(
+                    18 + 50 + frame.transaction_id.len() + frame.payload.len() + frame.headers.map_or(0, <[u8]>::len),
+                );
                 current.raw.push(if flags != 0 { KIND_EXTENDED } else { KIND_MESSAGE });
                 current.raw.extend_from_slice(&frame.message_id);
                 put_varint(&mut current.raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
