@@ -280,7 +280,24 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut passed = Vec::new();
     // The shares of the lanes read so far minus what they delivered (`take_with_carry`).
     let mut carry = 0i64;
-    for (c, &share) in candidates.iter().zip(&takes) {
+    // The segment rows of every lane's share, fetched together when there are several
+    // (`segments::fetch_many`); a lane that takes more than its share (`carry`) or meets
+    // a gap reads the rest on its own.
+    let shared: Vec<usize> = (0..candidates.len()).filter(|&i| takes[i] > 0).collect();
+    let mut prefetched: Vec<Option<segments::Rows<'_>>> = (0..candidates.len()).map(|_| None).collect();
+    if shared.len() > 1 {
+        let spans: Vec<(pgrx::Uuid, i64, i64)> = shared
+            .iter()
+            .map(|&i| {
+                let c = &candidates[i];
+                (c.partition_id, c.committed + 1, (c.committed + takes[i]).min(c.readable))
+            })
+            .collect();
+        for (&i, rows) in shared.iter().zip(segments::fetch_many(client, &spans)) {
+            prefetched[i] = Some(rows);
+        }
+    }
+    for ((c, &share), rows) in candidates.iter().zip(&takes).zip(prefetched) {
         let take = queen_core::claim::take_with_carry(share, carry, c.available);
         carry += share;
         if take == 0 {
@@ -290,7 +307,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let attempt = queen_core::lane::redelivery(c.claim_start, c.attempt_count, start);
         let before = out.len();
         let poisoned = poison.len();
-        let span = read_span(client, c, take, &due, &mut budget, &mut poison, |mut d| {
+        let span = read_span(client, c, take, rows, &due, &mut budget, &mut poison, |mut d| {
             d.lease_id = lease_id;
             d.lease_expires_at = expires;
             d.attempt = attempt;
@@ -677,10 +694,11 @@ struct Due {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn read_span(
-    client: &mut SpiClient<'_>,
+fn read_span<'conn>(
+    client: &mut SpiClient<'conn>,
     c: &Candidate,
     take: i64,
+    mut prefetched: Option<segments::Rows<'conn>>,
     due: &Due,
     budget: &mut Budget,
     poison: &mut Vec<Poison>,
@@ -691,14 +709,21 @@ fn read_span(
     let (mut next, mut delivered, mut last, mut seen) = (c.committed + 1, 0i64, None, None);
     while delivered < take && next <= c.readable {
         // Assume no gaps; a gap costs one more (short) read.
-        let end = (next + (take - delivered) - 1).min(c.readable);
+        let mut end = (next + (take - delivered) - 1).min(c.readable);
+        let rows = match prefetched.take() {
+            Some(rows) if rows.lo == next && rows.hi >= next => {
+                end = end.min(rows.hi);
+                rows
+            }
+            _ => segments::fetch(client, c.partition_id, next, end),
+        };
         let mut stop = false;
         // A corrupt segment is filed whole, as one dead letter (its bytes, and the
         // offsets it held), and passed over like a message that cannot be opened.
         let mut corrupts: Vec<segments::Corrupt> = Vec::new();
         let mut corrupt = |k: segments::Corrupt| corrupts.push(k);
-        segments::read_or_skip(
-            client,
+        segments::read_rows(
+            rows,
             c.partition_id,
             next,
             end,
