@@ -14,7 +14,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 use pgrx::spi::{SpiClient, SpiHeapTupleData};
 use queen_core::compaction::FRESH_MAX;
-use queen_core::segment::{CodecError, Directory, Entry, Frame};
+use queen_core::segment::{CodecError, Directory, Entry, Frame, Place};
 
 use crate::errors::{self, SpiExt};
 use crate::spi::run;
@@ -262,7 +262,10 @@ pub fn read_rows(
         // The header fetch may already hold the span (a small segment: all of it).
         let body = if e <= head.len() { &head[s..e] } else { slice(&row, datum, s, e - s) };
         let mut go_on = true;
-        let decoded = dir.for_each_in(body, s, from, to, |i, entry| {
+        // Decompressed blocks are kept per backend by place (`segment::Place`): the next
+        // pop of a lane usually reads on in the same block.
+        let place = Place { partition: *partition_id.as_bytes(), first, last };
+        let decoded = dir.for_each_in_at(Some(place), body, s, from, to, |i, entry| {
             if !go_on {
                 return;
             }

@@ -66,6 +66,61 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
     static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         const { std::cell::RefCell::new(None) };
+    static BLOCKS: std::cell::RefCell<BlockCache> = const { std::cell::RefCell::new(BlockCache::new()) };
+}
+
+/// Where a stored segment sits: its partition and its offsets. What an offset of a
+/// partition holds never changes (compaction and rotation move it, never alter it), so a
+/// block of a segment at a place, with a given checksum, always decodes to the same frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub partition: [u8; 16],
+    pub first: i64,
+    pub last: i64,
+}
+
+/// Decompressed blocks a backend read last, by place, block and checksum: a consumer that
+/// takes a few messages of a block per pop (a batch shared by many partitions) would
+/// otherwise decompress the whole block again each time. Bounded in entries and bytes;
+/// the oldest goes first.
+struct BlockCache {
+    entries: std::collections::VecDeque<(BlockKey, std::rc::Rc<Vec<u8>>)>,
+    bytes: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct BlockKey {
+    place: Place,
+    version: u8,
+    first_index: usize,
+    crc: u32,
+    raw_len: usize,
+}
+
+/// Most blocks, and most decompressed bytes, a backend keeps.
+const CACHE_BLOCKS: usize = 64;
+const CACHE_BYTES: usize = 2 << 20;
+
+impl BlockCache {
+    const fn new() -> Self {
+        BlockCache { entries: std::collections::VecDeque::new(), bytes: 0 }
+    }
+
+    fn get(&self, key: &BlockKey) -> Option<std::rc::Rc<Vec<u8>>> {
+        self.entries.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    fn put(&mut self, key: BlockKey, raw: std::rc::Rc<Vec<u8>>) {
+        if raw.len() > CACHE_BYTES / 4 {
+            return; // a block of one huge message: not worth the room
+        }
+        self.bytes += raw.len();
+        self.entries.push_back((key, raw));
+        while self.entries.len() > CACHE_BLOCKS || self.bytes > CACHE_BYTES {
+            let (_, old) = self.entries.pop_front().expect("not empty");
+            self.bytes -= old.len();
+        }
+    }
 }
 
 /// One message as written by push.
@@ -428,6 +483,23 @@ impl Directory {
         bytes_start: usize,
         from: usize,
         to: usize,
+        f: F,
+    ) -> Result<(), CodecError>
+    where
+        F: FnMut(usize, Entry<'_>),
+    {
+        self.for_each_in_at(None, bytes, bytes_start, from, to, f)
+    }
+
+    /// `for_each_in` for a segment stored at `place`: its decompressed blocks are kept in
+    /// this thread's cache (see `BlockCache`) and taken from it.
+    pub fn for_each_in_at<F>(
+        &self,
+        place: Option<Place>,
+        bytes: &[u8],
+        bytes_start: usize,
+        from: usize,
+        to: usize,
         mut f: F,
     ) -> Result<(), CodecError>
     where
@@ -437,7 +509,7 @@ impl Directory {
         if from >= to {
             return Ok(());
         }
-        let mut scratch: Vec<u8>;
+        let mut scratch: std::rc::Rc<Vec<u8>>;
         for block in &self.blocks {
             let block_end = block.first_index + block.frames;
             if block_end <= from || block.first_index >= to {
@@ -448,23 +520,46 @@ impl Directory {
                 .checked_sub(bytes_start)
                 .and_then(|s| bytes.get(s..s + block.stored_len))
                 .ok_or(CodecError::Truncated("block body"))?;
-            let raw: &[u8] = match block.codec {
-                CODEC_RAW => body,
-                _ => {
-                    scratch = DECOMPRESSOR
+            let key = place.map(|place| BlockKey {
+                place,
+                version: self.version,
+                first_index: block.first_index,
+                crc: block.crc,
+                raw_len: block.raw_len,
+            });
+            let cached = match (block.codec, key) {
+                (CODEC_RAW, _) | (_, None) => None,
+                (_, Some(key)) => BLOCKS.with(|c| c.borrow().get(&key)),
+            };
+            let raw: &[u8] = match (block.codec, cached) {
+                (CODEC_RAW, _) => body,
+                // Checked when it was put there.
+                (_, Some(hit)) => {
+                    scratch = hit;
+                    &scratch
+                }
+                (_, None) => {
+                    let out = DECOMPRESSOR
                         .with(|d| {
                             let mut d = d.borrow_mut();
                             let d = d.get_or_insert_with(|| zstd::bulk::Decompressor::new().expect("zstd context"));
                             d.decompress(body, block.raw_len)
                         })
                         .map_err(|e| CodecError::Decompress(e.to_string()))?;
-                    if scratch.len() != block.raw_len {
-                        return Err(CodecError::LengthMismatch { expected: block.raw_len, got: scratch.len() });
+                    if out.len() != block.raw_len {
+                        return Err(CodecError::LengthMismatch { expected: block.raw_len, got: out.len() });
+                    }
+                    if block_crc(self.version, self.base_time, &out) != block.crc {
+                        return Err(CodecError::Checksum);
+                    }
+                    scratch = std::rc::Rc::new(out);
+                    if let Some(key) = key {
+                        BLOCKS.with(|c| c.borrow_mut().put(key, scratch.clone()));
                     }
                     &scratch
                 }
             };
-            if block_crc(self.version, self.base_time, raw) != block.crc {
+            if block.codec == CODEC_RAW && block_crc(self.version, self.base_time, raw) != block.crc {
                 return Err(CodecError::Checksum);
             }
             let mut r = Reader::new(raw);
@@ -634,6 +729,60 @@ mod tests {
         out.extend_from_slice(&crc32fast::hash(&raw).to_le_bytes());
         out.extend_from_slice(&raw);
         out
+    }
+
+    /// Reads every entry of `bytes` through its directory, at `place`.
+    fn read_at(bytes: &[u8], place: Option<Place>) -> Result<Vec<Option<Owned>>, CodecError> {
+        let dir = Directory::parse(bytes, bytes.len())?;
+        let mut out = Vec::new();
+        dir.for_each_in_at(place, bytes, 0, 0, usize::MAX, |_, e| out.push(own(e)))?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_block_read_at_a_place_is_decompressed_once() {
+        let data = owned(100, 80);
+        let mut bytes = encode(entries(&data));
+        let place = Place { partition: [7; 16], first: 1_000, last: 1_099 };
+        assert_eq!(read_at(&bytes, Some(place)).unwrap(), data);
+        // Damage every compressed body byte after the header: a read at the same place
+        // comes from the cache; a read anywhere else (or at no place) finds the damage.
+        let dir = Directory::parse(&bytes, bytes.len()).unwrap();
+        assert!(dir.blocks.iter().all(|b| b.codec == CODEC_ZSTD), "the test needs compressed blocks");
+        let body_start = dir.blocks[0].body_start;
+        for b in &mut bytes[body_start..] {
+            *b ^= 0x5a;
+        }
+        assert_eq!(read_at(&bytes, Some(place)).unwrap(), data);
+        assert!(read_at(&bytes, None).is_err());
+        assert!(read_at(&bytes, Some(Place { first: 2_000, last: 2_099, ..place })).is_err());
+        assert!(read_at(&bytes, Some(Place { partition: [8; 16], ..place })).is_err());
+    }
+
+    #[test]
+    fn the_block_cache_stays_bounded() {
+        let mut cache = BlockCache::new();
+        for i in 0..(CACHE_BLOCKS as i64 * 3) {
+            let key = BlockKey {
+                place: Place { partition: [1; 16], first: i, last: i },
+                version: VERSION,
+                first_index: 0,
+                crc: 0,
+                raw_len: 40_000,
+            };
+            cache.put(key, std::rc::Rc::new(vec![0; 40_000]));
+            assert!(cache.entries.len() <= CACHE_BLOCKS && cache.bytes <= CACHE_BYTES);
+            assert!(cache.get(&key).is_some(), "the newest block is kept");
+        }
+        let huge = BlockKey {
+            place: Place { partition: [2; 16], first: 0, last: 0 },
+            version: VERSION,
+            first_index: 0,
+            crc: 0,
+            raw_len: CACHE_BYTES,
+        };
+        cache.put(huge, std::rc::Rc::new(vec![0; CACHE_BYTES]));
+        assert!(cache.get(&huge).is_none() && cache.bytes <= CACHE_BYTES);
     }
 
     #[test]
