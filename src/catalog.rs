@@ -4,9 +4,9 @@
 //! times (the queue lock's tag, the fresh-segment insert, the Citus check): a syscache probe
 //! each, a measurable share of the call. The answers (including "no such schema") are kept
 //! per backend until `pg_namespace` or `pg_class` changes: a syscache callback on those
-//! catalogs (any row, in any database: creating, dropping or renaming a schema or a
-//! table, and also the statistics updates VACUUM makes) forgets them all, and the next use
-//! looks them up again. PostgreSQL runs the callback when it processes invalidations,
+//! catalogs (any row of this database: creating, dropping or renaming a schema or a
+//! table, and also the statistics updates VACUUM makes; and any full cache reset) forgets
+//! them all, and the next use looks them up again. PostgreSQL runs the callback when it processes invalidations,
 //! before a lookup could see the change, and also for this backend's own changes, at the
 //! command that makes them and when a transaction rolls them back.
 
@@ -37,6 +37,8 @@ pub fn init() {
     }
 }
 
+/// # Safety
+/// Called by PostgreSQL only, as a syscache callback.
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
     CHANGES.with(|c| c.set(c.get() + 1));

@@ -568,6 +568,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             crate::lanes::end(false);
             crate::wake::on_abort();
             crate::queues::on_abort();
+            queen_core::segment::forget_blocks();
         }
         XACT_EVENT_PRE_PREPARE if crate::lanes::in_use() => errors::raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
@@ -584,6 +585,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             PREPARING.with(|p| p.set(None));
             crate::wake::on_abort();
             crate::queues::on_abort();
+            queen_core::segment::forget_blocks();
         }
         _ => {}
     }
@@ -599,6 +601,7 @@ unsafe extern "C-unwind" fn subxact_callback(
     use pg_sys::SubXactEvent::*;
     if event == SUBXACT_EVENT_ABORT_SUB {
         crate::queues::on_abort();
+        queen_core::segment::forget_blocks();
         crate::lanes::end_subxact(my_subid, parent_subid, false);
     }
     if event == SUBXACT_EVENT_COMMIT_SUB {

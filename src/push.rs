@@ -69,28 +69,50 @@ unsafe fn arg<T: FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Optio
     unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
 }
 
-/// Returns a push's rows as `SETOF queen.push_result`, all at once (a tuplestore:
-/// PostgreSQL's materialize mode). The three push functions are plain C functions rather
-/// than pgrx set-returning ones: pgrx returns one row per call, and for the single row of a
-/// one-message push its per-call protocol (a second call, a memory context, the row type
-/// looked up again) cost about 5 % of the push.
-///
-/// # Safety
-/// `fcinfo` is the current call's, of a function declared `RETURNS SETOF queen.push_result`.
-unsafe fn return_rows(fcinfo: pg_sys::FunctionCallInfo, rows: Vec<PushRow>) -> pg_sys::Datum {
-    // SAFETY: InitMaterializedSRF checks that the caller takes a tuplestore (and raises
-    // 0A000 otherwise), creates it in the query's memory and sets the descriptor, taken
-    // from the caller's expected row type when there is one (FROM and the select list
-    // both give one for a composite result), else from the function's declared type.
-    // Every value is a datum of its column's type, copied into the store.
-    unsafe {
-        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
-        let expected = !rsinfo.is_null()
-            && (*rsinfo).type_ == pg_sys::NodeTag::T_ReturnSetInfo
-            && !(*rsinfo).expectedDesc.is_null();
-        let flags = if expected { pg_sys::MAT_SRF_USE_EXPECTED_DESC } else { 0 };
-        pg_sys::InitMaterializedSRF(fcinfo, flags);
-        let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
+/// Where a push function's rows go: `SETOF queen.push_result`, returned all at once in a
+/// tuplestore (PostgreSQL's materialize mode). The three push functions are plain C
+/// functions rather than pgrx set-returning ones: pgrx returns one row per call, and for
+/// the single row of a one-message push its per-call protocol (a second call, a memory
+/// context, the row type looked up again) cost about 5 % of the push.
+struct ResultRows {
+    fcinfo: pg_sys::FunctionCallInfo,
+    store: *mut pg_sys::Tuplestorestate,
+    desc: pg_sys::TupleDesc,
+}
+
+impl ResultRows {
+    /// Sets up the result, before the push does anything: a caller that cannot take a set
+    /// is refused (0A000) first.
+    ///
+    /// # Safety
+    /// `fcinfo` is the current call's, of a function declared `RETURNS SETOF
+    /// queen.push_result`.
+    unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo) -> ResultRows {
+        // SAFETY: InitMaterializedSRF checks that the caller takes a tuplestore (and raises
+        // 0A000 otherwise), creates it in the query's memory and sets the descriptor, taken
+        // from the caller's expected row type when there is one (FROM and the select list
+        // both give one for a composite result), else from the function's declared type.
+        // After it, `rsinfo` is a valid ReturnSetInfo whose descriptor has `natts`
+        // attributes.
+        unsafe {
+            let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+            let expected = !rsinfo.is_null()
+                && (*rsinfo).type_ == pg_sys::NodeTag::T_ReturnSetInfo
+                && !(*rsinfo).expectedDesc.is_null();
+            let flags = if expected { pg_sys::MAT_SRF_USE_EXPECTED_DESC } else { 0 };
+            pg_sys::InitMaterializedSRF(fcinfo, flags);
+            let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
+            // The six columns below, none dropped: anything else is not queen.push_result.
+            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+            if attrs.len() != 6 || attrs.iter().any(|a| a.attisdropped) {
+                errors::internal("queen.push_result does not have the six columns push returns");
+            }
+            ResultRows { fcinfo, store, desc }
+        }
+    }
+
+    /// Stores the rows and returns from the call.
+    fn finish(self, rows: Vec<PushRow>) -> pg_sys::Datum {
         for r in rows {
             let mut values = [
                 pg_sys::Datum::from(r.idx),
@@ -101,9 +123,12 @@ unsafe fn return_rows(fcinfo: pg_sys::FunctionCallInfo, rows: Vec<PushRow>) -> p
                 pg_sys::Datum::from(r.msg_offset),
             ];
             let mut nulls = [false; 6];
-            pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+            // SAFETY: the store and its six-column descriptor (checked in `begin`); every
+            // value is a datum of its column's type, copied into the store.
+            unsafe { pg_sys::tuplestore_putvalues(self.store, self.desc, values.as_mut_ptr(), nulls.as_mut_ptr()) };
         }
-        (*fcinfo).isnull = true;
+        // SAFETY: the current call's fcinfo; a materialize-mode function returns NULL.
+        unsafe { (*self.fcinfo).isnull = true };
         pg_sys::Datum::from(0)
     }
 }
@@ -192,6 +217,8 @@ function_info_v1!(pg_finfo_push_one_wrapper);
 #[no_mangle]
 #[pg_guard]
 pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
+    let out = unsafe { ResultRows::begin(fcinfo) };
     // SAFETY: the arguments' SQL types are those of the declaration above.
     let (queue, payload, partition, transaction_id, headers, deliver_at) = unsafe {
         (
@@ -213,8 +240,7 @@ pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInf
     };
     check_item(&item, &String::new);
     let rows = crate::spi::with_pinned_search_path(|| push_items(vec![item]));
-    // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
-    unsafe { return_rows(fcinfo, rows) }
+    out.finish(rows)
 }
 
 /// The keys a push_batch item may have; anything else is refused (a typo such as
@@ -256,6 +282,8 @@ function_info_v1!(pg_finfo_push_batch_wrapper);
 #[no_mangle]
 #[pg_guard]
 pub unsafe extern "C-unwind" fn push_batch_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
+    let out = unsafe { ResultRows::begin(fcinfo) };
     // SAFETY: the argument is jsonb, as declared above.
     let items_arg = unsafe { arg::<JsonbArg>(fcinfo, 0) }.unwrap_or_else(|| errors::null_arg("items"));
     let items = read_batch(items_arg, None);
@@ -265,8 +293,7 @@ pub unsafe extern "C-unwind" fn push_batch_wrapper(fcinfo: pg_sys::FunctionCallI
         Some(rows) => rows,
         None => crate::spi::with_pinned_search_path(|| push_items(items)),
     };
-    // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
-    unsafe { return_rows(fcinfo, rows) }
+    out.finish(rows)
 }
 
 /// The items of a `push_batch` call, read and checked. With `call_queue` (the form that
@@ -366,14 +393,15 @@ function_info_v1!(pg_finfo_push_batch_to_wrapper);
 #[no_mangle]
 #[pg_guard]
 pub unsafe extern "C-unwind" fn push_batch_to_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
+    let out = unsafe { ResultRows::begin(fcinfo) };
     // SAFETY: the arguments are text and jsonb, as declared above.
     let (queue, items_arg) = unsafe { (arg::<&str>(fcinfo, 0), arg::<JsonbArg>(fcinfo, 1)) };
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     check_queue_name("queue", queue);
     let items = read_batch(items_arg.unwrap_or_else(|| errors::null_arg("items")), Some(queue));
     let rows = crate::spi::with_pinned_search_path(|| push_items(items));
-    // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
-    unsafe { return_rows(fcinfo, rows) }
+    out.finish(rows)
 }
 
 /// A `deliverAt` timestamp (RFC 3339, `queen_core::policy::rfc3339`), in microseconds;

@@ -69,9 +69,12 @@ thread_local! {
     static BLOCKS: std::cell::RefCell<BlockCache> = const { std::cell::RefCell::new(BlockCache::new()) };
 }
 
-/// Where a stored segment sits: its partition and its offsets. What an offset of a
-/// partition holds never changes (compaction and rotation move it, never alter it), so a
+/// Where a stored segment sits: its partition and its offsets. What a committed offset of
+/// a partition holds never changes (compaction and rotation move it, never alter it), so a
 /// block of a segment at a place, with a given checksum, always decodes to the same frames.
+/// Only a transaction's own uncommitted pushes can be read before they commit, and their
+/// offsets may hold something else after a rollback: the session forgets every cached
+/// block when a transaction or subtransaction aborts (`forget_blocks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Place {
     pub partition: [u8; 16],
@@ -95,6 +98,16 @@ struct BlockKey {
     first_index: usize,
     crc: u32,
     raw_len: usize,
+}
+
+/// Forgets every block this thread keeps (a transaction or subtransaction aborted: see
+/// `Place`).
+pub fn forget_blocks() {
+    BLOCKS.with(|c| {
+        let mut c = c.borrow_mut();
+        c.entries.clear();
+        c.bytes = 0;
+    });
 }
 
 /// Most blocks, and most decompressed bytes, a backend keeps.
@@ -757,6 +770,9 @@ mod tests {
         assert!(read_at(&bytes, None).is_err());
         assert!(read_at(&bytes, Some(Place { first: 2_000, last: 2_099, ..place })).is_err());
         assert!(read_at(&bytes, Some(Place { partition: [8; 16], ..place })).is_err());
+        // After an abort nothing is served from the cache.
+        forget_blocks();
+        assert!(read_at(&bytes, Some(place)).is_err());
     }
 
     #[test]
