@@ -120,7 +120,11 @@ fn immediate_stop_loses_nothing_that_returned() {
         .query("SELECT msg_offset, payload FROM queen.pop($1, 'verify', batch => 100000, auto_ack => true)", &[&queue])
         .unwrap();
     let offsets: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(offsets, (1..=offsets.len() as i64).collect::<Vec<_>>(), "no gaps, no repeats");
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "offsets in order, no repeats");
+    // A push the crash killed after it reserved its offset leaves a gap there for ever
+    // (docs/offsets.md): at most one per pusher, each of which has one push in flight.
+    let gaps = offsets.last().copied().unwrap_or(0) - offsets.len() as i64;
+    assert!(gaps <= 2, "{gaps} offsets missing: more than the pushes the crash could kill");
     let present: HashSet<(u64, u64)> = rows
         .iter()
         .map(|r| {
