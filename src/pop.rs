@@ -4,7 +4,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::{pg_sys, PgSqlErrorCode};
-use queen_core::claim::allocate;
+use queen_core::claim::{covered, fill};
 use queen_core::lane::Lane;
 use queen_core::lanes::State as LaneState;
 use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
@@ -259,7 +259,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     if candidates.is_empty() {
         return Vec::new();
     }
-    let takes = allocate(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
+    let takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
 
     let lease_micros = effective_lease_micros(a.lease_seconds, budget_micros, lease_time);
     let (lease_id, expires) = if a.auto_ack {
@@ -337,6 +337,11 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         // Nothing claimed (every lane held back, or only poison passed): no lease to write.
         return Vec::new();
     }
+    if a.partition.is_none() {
+        // The next pop of this backend starts just after the last lane this one claimed.
+        let last = *pids.last().expect("claimed").as_bytes();
+        CURSORS.with(|c| c.borrow_mut().insert((queue_id, a.group.to_string()), last));
+    }
     if registry {
         apply_registry(client, a, queue_id, &candidates, &pids, &ends, &starts, &attempts, lease_id, expires, now);
     } else {
@@ -366,9 +371,10 @@ thread_local! {
 /// Lanes are scanned in partition-id order from this backend's cursor, wrapping around,
 /// so consecutive pops serve consecutive partitions (a deep partition cannot starve the
 /// others) and each scan stops at the first lanes it can claim: the cost grows with the
-/// lanes skipped, not with the partitions a queue has. Every backend starts its cursor at a
-/// random place, which spreads concurrent consumers. SKIP LOCKED: a lane another pop is
-/// claiming right now is not ours to wait on.
+/// lanes skipped, not with the partitions a queue has. A backend's cursor starts as a fresh
+/// UUIDv7, after every existing partition, so its first pop wraps to the oldest one.
+/// SKIP LOCKED: a lane another pop is claiming right now is not ours to wait on. Without
+/// the registry every lane found is locked; `claim::fill` then claims those it needs.
 fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
     let now = timestamptz(now);
     if let Some(p) = a.partition {
@@ -461,8 +467,7 @@ fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: 
         .collect()
     } else {
         let key = (queue_id, a.group.to_string());
-        let cursor =
-            CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::ids::new_id().as_bytes()));
+        let cursor = CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(|| *crate::ids::new_id().as_bytes()));
         let cursor_id = pgrx::Uuid::from_bytes(cursor);
         let scan = |client: &mut SpiClient<'_>, after: bool, limit: i64| -> Vec<(pgrx::Uuid, String, i64)> {
             let args = [queue_id.into(), a.group.into(), limit.into(), cursor_id.into()];
@@ -502,28 +507,42 @@ fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: 
         if (rows.len() as i64) < want {
             rows.extend(scan(client, false, want - rows.len() as i64));
         }
-        if let Some(last) = rows.last() {
-            let last = *last.0.as_bytes();
-            CURSORS.with(|c| c.borrow_mut().insert(key, last));
-        }
         rows
     };
-    rows.into_iter()
-        .filter_map(|(partition_id, partition, readable)| {
-            let s = crate::lanes::lock(partition_id, a.group, false)?;
-            Lane::from_registry(&s).claimability(readable, now).claimable().then(|| Candidate {
-                partition_id,
-                partition,
-                committed: s.committed,
-                readable,
-                available: readable - s.committed,
-                claim_start: (s.claim_start != 0).then_some(s.claim_start),
-                attempt_count: s.attempt_count,
-                old_lease: None,
-                registry: Some(s),
-            })
-        })
-        .collect()
+    // Lanes are locked in scan order until they cover the batch (`claim::fill` gives the
+    // rest nothing), so a pop leaves the lanes it does not need to other consumers.
+    let mut found = Vec::new();
+    let mut covering = 0i64;
+    let mut last_seen = None;
+    for (partition_id, partition, readable) in rows {
+        if covered(i64::from(a.batch), covering) {
+            break;
+        }
+        last_seen = Some(partition_id);
+        let Some(s) = crate::lanes::lock(partition_id, a.group, false) else {
+            continue;
+        };
+        if !Lane::from_registry(&s).claimability(readable, now).claimable() {
+            continue;
+        }
+        covering += readable - s.committed;
+        found.push(Candidate {
+            partition_id,
+            partition,
+            committed: s.committed,
+            readable,
+            available: readable - s.committed,
+            claim_start: (s.claim_start != 0).then_some(s.claim_start),
+            attempt_count: s.attempt_count,
+            old_lease: None,
+            registry: Some(s),
+        });
+    }
+    if let (None, Some(last)) = (a.partition, last_seen) {
+        // Until a claim moves it (`pop_in`): the next round scans the lanes after these.
+        CURSORS.with(|c| c.borrow_mut().insert((queue_id, a.group.to_string()), *last.as_bytes()));
+    }
+    found
 }
 
 /// With the lane registry: the claims take effect there (the lanes stay locked until the

@@ -81,12 +81,17 @@ SELECT count(*) FROM queen.queues WHERE name = 'nope';
 SELECT count(*) AS pushed FROM queen.push_batch(
   (SELECT jsonb_agg(jsonb_build_object('queue', 'q3', 'partition', 'p' || (i % 3), 'payload', i)) FROM generate_series(1, 9) i));
 SELECT partition, msg_offset, payload FROM queen.pop('q3', partition => 'p2', batch => 2, auto_ack => true);
+-- A batch fills from the lanes in turn: p0 and p1 hold three each, so p2 is not claimed
+-- and stays free for another consumer.
 CREATE TEMP TABLE m AS SELECT * FROM queen.pop('q3', batch => 6, max_partitions => 3);
 SELECT count(DISTINCT lease_id) AS leases, count(DISTINCT partition) AS partitions, count(*) AS messages FROM m;
 SELECT partition, msg_offset, payload FROM m;
+CREATE TEMP TABLE m2 AS SELECT * FROM queen.pop('q3', batch => 10, max_partitions => 3);
+SELECT partition, msg_offset, payload, lease_id <> (SELECT lease_id FROM m LIMIT 1) AS own_lease FROM m2;
 SELECT count(*) AS all_leased FROM queen.pop('q3', max_partitions => 3);
 SELECT jsonb_array_length(queen.ack(lease_id) -> 'lanes') AS lanes_completed FROM m LIMIT 1;
-SELECT partition, msg_offset, payload FROM queen.pop('q3', batch => 10, max_partitions => 3, auto_ack => true);
+SELECT jsonb_array_length(queen.ack(lease_id) -> 'lanes') AS lanes_completed FROM m2;
+SELECT count(*) AS nothing_left FROM queen.pop('q3', batch => 10, max_partitions => 3, auto_ack => true);
 -- Queue names take letters, digits and . _ : - (an underscore is a common name part).
 SELECT status FROM queen.push('order_events.v1', '{"n": 1}');
 SELECT payload FROM queen.pop('order_events.v1', auto_ack => true);

@@ -87,3 +87,14 @@ DO $$ BEGIN
   END LOOP;
 END $$;
 SELECT count(DISTINCT partition) >= 5 AS fair, count(*) AS messages FROM served;
+
+-- max_partitions 4 and batch 10 over four lanes of 20: a pop fills its batch from one
+-- lane, and the next pop goes on with the next lane, wrapping around.
+SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'rr', 'partition', 'r' || (i % 4), 'payload', i)) FROM generate_series(1, 80) i));
+CREATE TEMP TABLE rr (pop int, partition text, msg_offset bigint);
+DO $$ BEGIN
+  FOR i IN 1..6 LOOP
+    INSERT INTO rr SELECT i, partition, msg_offset FROM queen.pop('rr', batch => 10, max_partitions => 4, auto_ack => true);
+  END LOOP;
+END $$;
+SELECT pop, string_agg(DISTINCT partition, ',') AS lanes, min(msg_offset), max(msg_offset) FROM rr GROUP BY pop ORDER BY pop;
