@@ -1,49 +1,9 @@
 -- queen's SQL API: thin SQL wrappers that give the Rust entry points their documented names,
 -- defaults and named result types. Every function has a fixed search_path.
 
--- queen.pop is PL/pgSQL with RETURN QUERY: it materializes its rows, so the fixed
--- search_path is set once per call. (A SQL or C function with a SET clause runs its GUC
--- save and restore once per returned row: that cost showed in profiles.) The internal
--- _pop carries no SET clause of its own: only this wrapper calls it, and every name in it
--- is schema-qualified. queen.push and queen.push_batch are C functions that pin their
--- search path themselves, with no SET clause at all (src/push.rs).
---
--- plan_cache_mode = force_generic_plan: queen's statements are kept plans over indexes
--- whose best plan does not depend on the parameter values; without it PostgreSQL
--- re-plans them for every call (custom plans), which cost about a sixth of a pop.
--- enable_seqscan = off: a generic plan is made once per session, from the statistics of
--- that moment; on a young queue's tiny tables they favour sequential scans and hash
--- joins, which the kept plan then repeats as the tables grow. Every hot statement of
--- queen has an index made for it.
-
-CREATE FUNCTION queen.pop(
-    queue text,
-    consumer_group text DEFAULT '__QUEUE_MODE__',
-    batch int DEFAULT 1,
-    partition text DEFAULT NULL,
-    lease_seconds int DEFAULT 0,
-    auto_ack bool DEFAULT false,
-    wait_ms int DEFAULT 0,
-    max_partitions int DEFAULT 1,
-    subscription text DEFAULT 'all',
-    max_bytes bigint DEFAULT 33554432
-) RETURNS SETOF queen.message
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-AS $$
-#variable_conflict use_column
-BEGIN
-  RETURN QUERY SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
-                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt,
-                      r.headers
-                 FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) r;
-END $$;
-
-COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
-  'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
-GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO queen_consumer;
+-- queen.push, queen.push_batch and queen.pop are C functions that return their rows all at
+-- once and pin their search path themselves (src/push.rs, src/pop.rs); pop also sets two
+-- planner settings for its own statements (see there).
 
 -- Privileges: the API is granted to queen's roles, function by function; internals are not.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
@@ -461,7 +421,7 @@ GRANT EXECUTE ON FUNCTION queen.metrics(text) TO queen_admin;
 -- Privileges (docs/functions.md, "Privileges"). Every API function runs as the extension's
 -- owner (SECURITY DEFINER, with a fixed search_path), so an application role needs only
 -- USAGE on the schema and EXECUTE on the functions it calls; the tables and the internal
--- functions (_pop, _readable, ...) stay closed to it. Nothing is granted to PUBLIC: each
+-- functions (_readable, _claimable, ...) stay closed to it. Nothing is granted to PUBLIC: each
 -- API function grants EXECUTE to queen_producer, queen_consumer or queen_admin where it is
 -- defined (roles: sql/schema.sql).
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;

@@ -606,35 +606,6 @@ DROP FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text);
 DROP FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text);
 -- Messages carry headers (issue 16): pop returns them as a last column.
 ALTER TYPE queen.message ADD ATTRIBUTE headers jsonb;
-CREATE FUNCTION queen."_pop"(
-	"p_queue" TEXT, /* Option < & str > */
-	"p_consumer_group" TEXT, /* Option < & str > */
-	"p_batch" INT, /* Option < i32 > */
-	"p_partition" TEXT, /* Option < & str > */
-	"p_lease_seconds" INT, /* Option < i32 > */
-	"p_auto_ack" bool, /* Option < bool > */
-	"p_wait_ms" INT, /* Option < i32 > */
-	"p_max_partitions" INT, /* Option < i32 > */
-	"p_subscription" TEXT, /* Option < & str > */
-	"p_max_bytes" bigint /* Option < i64 > */
-) RETURNS TABLE (
-	"lease_id" uuid,  /* Option < pgrx :: Uuid > */
-	"lease_expires_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
-	"partition_id" uuid,  /* pgrx :: Uuid */
-	"partition" TEXT,  /* String */
-	"consumer_group" TEXT,  /* String */
-	"msg_offset" bigint,  /* i64 */
-	"message_id" uuid,  /* pgrx :: Uuid */
-	"transaction_id" TEXT,  /* String */
-	"payload" jsonb,  /* RawJsonb */
-	"created_at" timestamp with time zone,  /* TimestampWithTimeZone */
-	"attempt" INT,  /* i32 */
-	"headers" jsonb  /* Option < RawJsonb > */
-)
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'pop_sql_wrapper';
-REVOKE ALL ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS 'queen internal: the body of queen.pop; not granted';
 CREATE FUNCTION queen.pop(
     queue text,
     consumer_group text DEFAULT '__QUEUE_MODE__',
@@ -647,18 +618,10 @@ CREATE FUNCTION queen.pop(
     subscription text DEFAULT 'all',
     max_bytes bigint DEFAULT 33554432
 ) RETURNS SETOF queen.message
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+LANGUAGE c VOLATILE SECURITY DEFINER
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
-AS $$
-#variable_conflict use_column
-BEGIN
-  RETURN QUERY SELECT r.lease_id, r.lease_expires_at, r.partition_id, r.partition, r.consumer_group,
-                      r.msg_offset, r.message_id, r.transaction_id, r.payload, r.created_at, r.attempt,
-                      r.headers
-                 FROM queen._pop($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) r;
-END $$;
+AS 'MODULE_PATHNAME', 'pop_wrapper';
 REVOKE ALL ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
   'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';

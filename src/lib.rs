@@ -34,6 +34,7 @@ mod retention;
 mod segments;
 mod shmem;
 mod spi;
+mod srf;
 mod stats;
 mod wake;
 mod worker;

@@ -12,9 +12,9 @@ use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
 use crate::clock::{clock_now, timestamptz};
 use crate::errors::{self, SpiExt};
 use crate::ids::to_pg_uuid;
-use crate::jsonb::RawJsonb;
 use crate::names::{check_lane_name, check_queue_name};
 use crate::spi::run;
+use crate::srf::{arg, function_info_v1, ResultRows};
 use crate::{durability, queues, segments, wake};
 
 /// Validated arguments of one pop.
@@ -66,79 +66,112 @@ pub struct Delivered {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen._pop(text, text, int, text, int, bool, int, int, text, bigint) IS
-  'queen internal: the body of queen.pop; not granted';
+CREATE FUNCTION queen.pop(
+    queue text,
+    consumer_group text DEFAULT '__QUEUE_MODE__',
+    batch int DEFAULT 1,
+    partition text DEFAULT NULL,
+    lease_seconds int DEFAULT 0,
+    auto_ack bool DEFAULT false,
+    wait_ms int DEFAULT 0,
+    max_partitions int DEFAULT 1,
+    subscription text DEFAULT 'all',
+    max_bytes bigint DEFAULT 33554432
+) RETURNS SETOF queen.message
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS 'MODULE_PATHNAME', 'pop_wrapper';
+COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
+  'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO queen_consumer;
 "#,
-    name = "pop_sql_home",
-    requires = [pop_sql]
+    name = "pop"
 );
 
-/// Internal: called only by `queen.pop` (sql/api.sql), which fixes the search_path.
-#[pg_extern(name = "_pop")]
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
-fn pop_sql(
-    p_queue: Option<&str>,
-    p_consumer_group: Option<&str>,
-    p_batch: Option<i32>,
-    p_partition: Option<&str>,
-    p_lease_seconds: Option<i32>,
-    p_auto_ack: Option<bool>,
-    p_wait_ms: Option<i32>,
-    p_max_partitions: Option<i32>,
-    p_subscription: Option<&str>,
-    p_max_bytes: Option<i64>,
-) -> TableIterator<
-    'static,
-    (
-        name!(lease_id, Option<pgrx::Uuid>),
-        name!(lease_expires_at, Option<TimestampWithTimeZone>),
-        name!(partition_id, pgrx::Uuid),
-        name!(partition, String),
-        name!(consumer_group, String),
-        name!(msg_offset, i64),
-        name!(message_id, pgrx::Uuid),
-        name!(transaction_id, String),
-        name!(payload, RawJsonb),
-        name!(created_at, TimestampWithTimeZone),
-        name!(attempt, i32),
-        name!(headers, Option<RawJsonb>),
-    ),
-> {
-    let args = PopArgs {
-        queue: p_queue.unwrap_or_else(|| errors::null_arg("queue")),
-        group: p_consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group")),
-        batch: p_batch.unwrap_or_else(|| errors::null_arg("batch")),
-        partition: p_partition,
-        lease_seconds: p_lease_seconds.unwrap_or(0),
-        auto_ack: p_auto_ack.unwrap_or(false),
-        wait_ms: p_wait_ms.unwrap_or(0),
-        max_partitions: p_max_partitions.unwrap_or(1),
-        subscription: p_subscription.unwrap_or(policy::Subscription::DEFAULT.as_str()),
-        max_bytes: p_max_bytes.unwrap_or_else(|| errors::null_arg("max_bytes")),
+function_info_v1!(pg_finfo_pop_wrapper);
+
+/// `queen.pop(...)`: its rows, `queen.message`, all at once (`srf`). It pins its search
+/// path itself, as push does (`spi::with_pinned_search_path`). Its two SET clauses run
+/// once per call, since the function returns once:
+/// - `plan_cache_mode = force_generic_plan`: queen's statements are kept plans over
+///   indexes whose best plan does not depend on the parameter values; without it
+///   PostgreSQL re-plans them for every call (custom plans), which cost about a sixth of a
+///   pop;
+/// - `enable_seqscan = off`: a generic plan is made once per session, from the statistics
+///   of that moment; on a young queue's tiny tables they favour sequential scans and hash
+///   joins, which the kept plan then repeats as the tables grow. Every hot statement of
+///   queen has an index made for it.
+///
+/// # Safety
+/// Called by PostgreSQL only, as the function declared above.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: this call's fcinfo, of a function returning SETOF queen.message.
+    let mut out = unsafe { ResultRows::<12>::begin(fcinfo, "queen.message") };
+    // SAFETY: the arguments' SQL types are those of the declaration above.
+    let args = unsafe {
+        PopArgs {
+            queue: arg::<&str>(fcinfo, 0).unwrap_or_else(|| errors::null_arg("queue")),
+            group: arg::<&str>(fcinfo, 1).unwrap_or_else(|| errors::null_arg("consumer_group")),
+            batch: arg::<i32>(fcinfo, 2).unwrap_or_else(|| errors::null_arg("batch")),
+            partition: arg::<&str>(fcinfo, 3),
+            lease_seconds: arg::<i32>(fcinfo, 4).unwrap_or(0),
+            auto_ack: arg::<bool>(fcinfo, 5).unwrap_or(false),
+            wait_ms: arg::<i32>(fcinfo, 6).unwrap_or(0),
+            max_partitions: arg::<i32>(fcinfo, 7).unwrap_or(1),
+            subscription: arg::<&str>(fcinfo, 8).unwrap_or(policy::Subscription::DEFAULT.as_str()),
+            max_bytes: arg::<i64>(fcinfo, 9).unwrap_or_else(|| errors::null_arg("max_bytes")),
+        }
     };
-    validate(&args);
-    let group = args.group.to_string();
-    queues::CREATED_HERE.with(|c| c.set(false));
-    let first_writer = durability::pop_start(args.auto_ack);
-    let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
-    durability::pop_done(first_writer, queues::CREATED_HERE.with(|c| c.get()));
-    queues::CREATED_HERE.with(|c| c.set(false));
-    TableIterator::new(rows.into_iter().map(move |d| {
-        (
-            d.lease_id,
-            d.lease_expires_at.map(timestamptz),
-            d.partition_id,
-            d.partition,
-            group.clone(),
-            d.msg_offset,
-            d.message_id,
-            d.transaction_id,
-            RawJsonb(d.payload),
-            d.created_at,
-            d.attempt,
-            d.headers.map(RawJsonb),
-        )
-    }))
+    let rows = crate::spi::with_pinned_search_path(|| {
+        validate(&args);
+        queues::CREATED_HERE.with(|c| c.set(false));
+        let first_writer = durability::pop_start(args.auto_ack);
+        let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
+        durability::pop_done(first_writer, queues::CREATED_HERE.with(|c| c.get()));
+        queues::CREATED_HERE.with(|c| c.set(false));
+        rows
+    });
+    let group = args.group;
+    for d in rows {
+        out.put(|| {
+            let nulls = [
+                d.lease_id.is_none(),
+                d.lease_expires_at.is_none(),
+                false,
+                false,
+                false,
+                false,
+                false,
+                false,
+                false,
+                false,
+                false,
+                d.headers.is_none(),
+            ];
+            let zero = pg_sys::Datum::from(0);
+            (
+                [
+                    d.lease_id.and_then(IntoDatum::into_datum).unwrap_or(zero),
+                    d.lease_expires_at.map_or(zero, pg_sys::Datum::from),
+                    d.partition_id.into_datum().unwrap(),
+                    d.partition.into_datum().unwrap(),
+                    group.into_datum().unwrap(),
+                    pg_sys::Datum::from(d.msg_offset),
+                    d.message_id.into_datum().unwrap(),
+                    d.transaction_id.into_datum().unwrap(),
+                    crate::jsonb::jsonb_datum(&d.payload),
+                    d.created_at.into_datum().unwrap(),
+                    pg_sys::Datum::from(d.attempt),
+                    d.headers.as_deref().map_or(zero, crate::jsonb::jsonb_datum),
+                ],
+                nulls,
+            )
+        });
+    }
+    out.finish()
 }
 
 fn validate(a: &PopArgs) {
@@ -452,9 +485,35 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
 /// reads lane rows that no pop or ack updates, and asks the registry about each
 /// (`queen._claimable`); a lane another pop takes meanwhile is skipped, never waited for.
 fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
-    let want = i64::from(a.max_partitions);
-    let rows: Vec<(pgrx::Uuid, String, i64)> = if let Some(p) = a.partition {
-        run(
+    let batch = i64::from(a.batch);
+    let mut found = Vec::new();
+    // What the lanes locked so far hold between them (`claim::covered`).
+    let mut covering = 0i64;
+    // Locks one scanned lane when it is still claimable; false once the batch is covered.
+    let mut take = |partition_id: pgrx::Uuid, partition: String, readable: i64| -> bool {
+        if covered(batch, covering) {
+            return false;
+        }
+        if let Some(s) = crate::lanes::lock(partition_id, a.group, false) {
+            if Lane::from_registry(&s).claimability(readable, now).claimable() {
+                covering += readable - s.committed;
+                found.push(Candidate {
+                    partition_id,
+                    partition,
+                    committed: s.committed,
+                    readable,
+                    available: readable - s.committed,
+                    claim_start: (s.claim_start != 0).then_some(s.claim_start),
+                    attempt_count: s.attempt_count,
+                    old_lease: None,
+                    registry: Some(s),
+                });
+            }
+        }
+        true
+    };
+    if let Some(p) = a.partition {
+        let rows = run(
             client,
             "SELECT l.partition_id, p.name, r.readable
                FROM queen.partitions p
@@ -462,88 +521,68 @@ fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: 
               CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
               WHERE p.queue_id = $1 AND p.name = $3 AND r.readable IS NOT NULL",
             &[queue_id.into(), a.group.into(), p.into()],
-        )
-        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
-        .collect()
-    } else {
-        let key = (queue_id, a.group.to_string());
-        let cursor = CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(|| *crate::ids::new_id().as_bytes()));
-        let cursor_id = pgrx::Uuid::from_bytes(cursor);
-        let scan = |client: &mut SpiClient<'_>, after: bool, limit: i64| -> Vec<(pgrx::Uuid, String, i64)> {
-            let args = [queue_id.into(), a.group.into(), limit.into(), cursor_id.into()];
-            let table = if after {
-                run(
-                    client,
-                    "SELECT l.partition_id, p.name, r.readable
-                       FROM queen.lanes l
-                       JOIN queen.partitions p ON p.partition_id = l.partition_id
-                      CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
-                      WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id > $4
-                        AND r.readable IS NOT NULL
-                      ORDER BY l.partition_id
-                      LIMIT $3",
-                    &args,
-                )
-            } else {
-                run(
-                    client,
-                    "SELECT l.partition_id, p.name, r.readable
-                       FROM queen.lanes l
-                       JOIN queen.partitions p ON p.partition_id = l.partition_id
-                      CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
-                      WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id <= $4
-                        AND r.readable IS NOT NULL
-                      ORDER BY l.partition_id
-                      LIMIT $3",
-                    &args,
-                )
-            };
-            table
-                .into_iter()
-                .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
-                .collect()
-        };
-        let mut rows = scan(client, true, want);
-        if (rows.len() as i64) < want {
-            rows.extend(scan(client, false, want - rows.len() as i64));
+        );
+        for r in rows {
+            take(r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap());
         }
-        rows
-    };
-    // Lanes are locked in scan order until they cover the batch (`claim::fill` gives the
-    // rest nothing), so a pop leaves the lanes it does not need to other consumers.
-    let mut found = Vec::new();
-    let mut covering = 0i64;
-    let mut last_seen = None;
-    for (partition_id, partition, readable) in rows {
-        if covered(i64::from(a.batch), covering) {
-            break;
-        }
-        last_seen = Some(partition_id);
-        let Some(s) = crate::lanes::lock(partition_id, a.group, false) else {
-            continue;
-        };
-        if !Lane::from_registry(&s).claimability(readable, now).claimable() {
-            continue;
-        }
-        covering += readable - s.committed;
-        found.push(Candidate {
-            partition_id,
-            partition,
-            committed: s.committed,
-            readable,
-            available: readable - s.committed,
-            claim_start: (s.claim_start != 0).then_some(s.claim_start),
-            attempt_count: s.attempt_count,
-            old_lease: None,
-            registry: Some(s),
-        });
+        return found;
     }
-    if let (None, Some(last)) = (a.partition, last_seen) {
+    let key = (queue_id, a.group.to_string());
+    let cursor =
+        CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::ids::new_id().as_bytes()));
+    let cursor = pgrx::Uuid::from_bytes(cursor);
+    // The lanes after the cursor, then (wrapping) those up to it: partition ids in
+    // (lower, upper], read a few at a time, so that a pop whose first lanes fill its batch
+    // reads no more of them. A partition id is never the nil UUID.
+    let spans = [(cursor, pgrx::Uuid::from_bytes([0xff; 16])), (pgrx::Uuid::from_bytes([0; 16]), cursor)];
+    let mut left = i64::from(a.max_partitions);
+    let mut chunk = SCAN_CHUNK;
+    let mut last_seen = None;
+    'spans: for (mut lower, upper) in spans {
+        loop {
+            let limit = chunk.min(left);
+            if limit == 0 {
+                break 'spans;
+            }
+            let rows = run(
+                client,
+                "SELECT l.partition_id, p.name, r.readable
+                   FROM queen.lanes l
+                   JOIN queen.partitions p ON p.partition_id = l.partition_id
+                  CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
+                  WHERE l.queue_id = $1 AND l.consumer_group = $2
+                    AND l.partition_id > $4 AND l.partition_id <= $5
+                    AND r.readable IS NOT NULL
+                  ORDER BY l.partition_id
+                  LIMIT $3",
+                &[queue_id.into(), a.group.into(), limit.into(), lower.into(), upper.into()],
+            );
+            let n = rows.len() as i64;
+            for r in rows {
+                let partition_id: pgrx::Uuid = r.get(1).or_raise().unwrap();
+                if !take(partition_id, r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()) {
+                    break 'spans;
+                }
+                last_seen = Some(partition_id);
+                lower = partition_id;
+                left -= 1;
+            }
+            if n < limit {
+                break; // this span has no more claimable lanes
+            }
+            chunk = chunk.saturating_mul(2);
+        }
+    }
+    if let Some(last) = last_seen {
         // Until a claim moves it (`pop_in`): the next round scans the lanes after these.
-        CURSORS.with(|c| c.borrow_mut().insert((queue_id, a.group.to_string()), *last.as_bytes()));
+        CURSORS.with(|c| c.borrow_mut().insert(key, *last.as_bytes()));
     }
     found
 }
+
+/// Lanes a pop's first scan query reads (at most `max_partitions`); each further query of
+/// the same scan reads twice as many as the one before.
+const SCAN_CHUNK: i64 = 4;
 
 /// With the lane registry: the claims take effect there (the lanes stay locked until the
 /// transaction ends); an auto-ack journals its cursors.

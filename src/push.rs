@@ -16,6 +16,7 @@ use crate::jsonb::{Found, JsonbArg, RawJsonb};
 use crate::names::{check_lane_name, check_queue_name};
 use crate::queues::{self, Target};
 use crate::spi::run;
+use crate::srf::{arg, function_info_v1, ResultRows};
 
 // Limits of a push (a segment must stay well below bytea's 1 GB): the policy's.
 use queen_core::policy::limits::{
@@ -47,90 +48,27 @@ pub struct PushRow {
     pub msg_offset: i64,
 }
 
-/// Declares a version-1 C function to PostgreSQL (what `PG_FUNCTION_INFO_V1` does in C).
-macro_rules! function_info_v1 {
-    ($finfo:ident) => {
-        #[no_mangle]
-        #[doc(hidden)]
-        pub extern "C" fn $finfo() -> &'static pg_sys::Pg_finfo_record {
-            const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
-            &V1
-        }
-    };
-}
+/// A push's rows: `queen.push_result`, six columns.
+type PushRows = ResultRows<6>;
 
-/// Argument `n` of the call, None when NULL.
-///
-/// # Safety
-/// `fcinfo` is the current call's, with at least `n + 1` arguments, and argument `n` has a
-/// SQL type whose datums `T` reads.
-unsafe fn arg<T: FromDatum>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<T> {
-    // SAFETY: as the caller promises.
-    unsafe { pgrx::fcinfo::pg_getarg::<T>(fcinfo, n) }
-}
-
-/// Where a push function's rows go: `SETOF queen.push_result`, returned all at once in a
-/// tuplestore (PostgreSQL's materialize mode). The three push functions are plain C
-/// functions rather than pgrx set-returning ones: pgrx returns one row per call, and for
-/// the single row of a one-message push its per-call protocol (a second call, a memory
-/// context, the row type looked up again) cost about 5 % of the push.
-struct ResultRows {
-    fcinfo: pg_sys::FunctionCallInfo,
-    store: *mut pg_sys::Tuplestorestate,
-    desc: pg_sys::TupleDesc,
-}
-
-impl ResultRows {
-    /// Sets up the result, before the push does anything: a caller that cannot take a set
-    /// is refused (0A000) first.
-    ///
-    /// # Safety
-    /// `fcinfo` is the current call's, of a function declared `RETURNS SETOF
-    /// queen.push_result`.
-    unsafe fn begin(fcinfo: pg_sys::FunctionCallInfo) -> ResultRows {
-        // SAFETY: InitMaterializedSRF checks that the caller takes a tuplestore (and raises
-        // 0A000 otherwise), creates it in the query's memory and sets the descriptor, taken
-        // from the caller's expected row type when there is one (FROM and the select list
-        // both give one for a composite result), else from the function's declared type.
-        // After it, `rsinfo` is a valid ReturnSetInfo whose descriptor has `natts`
-        // attributes.
-        unsafe {
-            let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
-            let expected = !rsinfo.is_null()
-                && (*rsinfo).type_ == pg_sys::NodeTag::T_ReturnSetInfo
-                && !(*rsinfo).expectedDesc.is_null();
-            let flags = if expected { pg_sys::MAT_SRF_USE_EXPECTED_DESC } else { 0 };
-            pg_sys::InitMaterializedSRF(fcinfo, flags);
-            let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
-            // The six columns below, none dropped: anything else is not queen.push_result.
-            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-            if attrs.len() != 6 || attrs.iter().any(|a| a.attisdropped) {
-                errors::internal("queen.push_result does not have the six columns push returns");
-            }
-            ResultRows { fcinfo, store, desc }
-        }
+/// Stores the rows and returns from the call.
+fn finish(mut out: PushRows, rows: Vec<PushRow>) -> pg_sys::Datum {
+    for r in rows {
+        out.put(|| {
+            (
+                [
+                    pg_sys::Datum::from(r.idx),
+                    r.status.into_datum().unwrap(),
+                    to_pg_uuid(r.message_id).into_datum().unwrap(),
+                    r.transaction_id.into_datum().unwrap(),
+                    r.partition_id.into_datum().unwrap(),
+                    pg_sys::Datum::from(r.msg_offset),
+                ],
+                [false; 6],
+            )
+        });
     }
-
-    /// Stores the rows and returns from the call.
-    fn finish(self, rows: Vec<PushRow>) -> pg_sys::Datum {
-        for r in rows {
-            let mut values = [
-                pg_sys::Datum::from(r.idx),
-                r.status.into_datum().unwrap(),
-                to_pg_uuid(r.message_id).into_datum().unwrap(),
-                r.transaction_id.into_datum().unwrap(),
-                r.partition_id.into_datum().unwrap(),
-                pg_sys::Datum::from(r.msg_offset),
-            ];
-            let mut nulls = [false; 6];
-            // SAFETY: the store and its six-column descriptor (checked in `begin`); every
-            // value is a datum of its column's type, copied into the store.
-            unsafe { pg_sys::tuplestore_putvalues(self.store, self.desc, values.as_mut_ptr(), nulls.as_mut_ptr()) };
-        }
-        // SAFETY: the current call's fcinfo; a materialize-mode function returns NULL.
-        unsafe { (*self.fcinfo).isnull = true };
-        pg_sys::Datum::from(0)
-    }
+    out.finish()
 }
 
 /// Checks one item; `at` names it in error messages ("" for push, "items[i]." for a batch)
@@ -218,7 +156,7 @@ function_info_v1!(pg_finfo_push_one_wrapper);
 #[pg_guard]
 pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
-    let out = unsafe { ResultRows::begin(fcinfo) };
+    let out = unsafe { PushRows::begin(fcinfo, "queen.push_result") };
     // SAFETY: the arguments' SQL types are those of the declaration above.
     let (queue, payload, partition, transaction_id, headers, deliver_at) = unsafe {
         (
@@ -240,7 +178,7 @@ pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInf
     };
     check_item(&item, &String::new);
     let rows = crate::spi::with_pinned_search_path(|| push_items(vec![item]));
-    out.finish(rows)
+    finish(out, rows)
 }
 
 /// The keys a push_batch item may have; anything else is refused (a typo such as
@@ -283,7 +221,7 @@ function_info_v1!(pg_finfo_push_batch_wrapper);
 #[pg_guard]
 pub unsafe extern "C-unwind" fn push_batch_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
-    let out = unsafe { ResultRows::begin(fcinfo) };
+    let out = unsafe { PushRows::begin(fcinfo, "queen.push_result") };
     // SAFETY: the argument is jsonb, as declared above.
     let items_arg = unsafe { arg::<JsonbArg>(fcinfo, 0) }.unwrap_or_else(|| errors::null_arg("items"));
     let items = read_batch(items_arg, None);
@@ -293,7 +231,7 @@ pub unsafe extern "C-unwind" fn push_batch_wrapper(fcinfo: pg_sys::FunctionCallI
         Some(rows) => rows,
         None => crate::spi::with_pinned_search_path(|| push_items(items)),
     };
-    out.finish(rows)
+    finish(out, rows)
 }
 
 /// The items of a `push_batch` call, read and checked. With `call_queue` (the form that
@@ -394,14 +332,14 @@ function_info_v1!(pg_finfo_push_batch_to_wrapper);
 #[pg_guard]
 pub unsafe extern "C-unwind" fn push_batch_to_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
-    let out = unsafe { ResultRows::begin(fcinfo) };
+    let out = unsafe { PushRows::begin(fcinfo, "queen.push_result") };
     // SAFETY: the arguments are text and jsonb, as declared above.
     let (queue, items_arg) = unsafe { (arg::<&str>(fcinfo, 0), arg::<JsonbArg>(fcinfo, 1)) };
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     check_queue_name("queue", queue);
     let items = read_batch(items_arg.unwrap_or_else(|| errors::null_arg("items")), Some(queue));
     let rows = crate::spi::with_pinned_search_path(|| push_items(items));
-    out.finish(rows)
+    finish(out, rows)
 }
 
 /// A `deliverAt` timestamp (RFC 3339, `queen_core::policy::rfc3339`), in microseconds;
