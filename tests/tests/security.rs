@@ -63,7 +63,7 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
     for sql in [
         "SELECT count(*) FROM queen.segments",
         "DELETE FROM queen.lanes",
-        "SELECT * FROM queen._pop('x', 'g', 1, NULL, 0, false, 0, 1, 'all', 1000)",
+        "SELECT queen._claimable(gen_random_uuid(), 'g', 0)",
     ] {
         let err = c.batch_execute(sql).expect_err(sql);
         assert_eq!(err.code(), Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{sql}: {err}");
