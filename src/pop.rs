@@ -174,6 +174,25 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
     out.finish()
 }
 
+function_info_v1!(pg_finfo_pop_sql_wrapper);
+
+/// The C symbol of `queen._pop`, the body of `queen.pop` up to 0.2.0. A database whose SQL
+/// is still that of 0.2.0 when this library is loaded (after an upgrade's restart, before
+/// `ALTER EXTENSION queen UPDATE`) gets this error from a pop instead of "could not find
+/// function", and `CREATE EXTENSION queen VERSION '0.2.0'` still finds the symbol.
+///
+/// # Safety
+/// Called by PostgreSQL only.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn pop_sql_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    errors::raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "queen: this database has the SQL of an older queen than the library installed; run ALTER EXTENSION queen UPDATE"
+            .to_string(),
+    )
+}
+
 fn validate(a: &PopArgs) {
     check_queue_name("queue", a.queue);
     crate::citus::ensure_home(a.queue);
@@ -277,22 +296,19 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
 
     let now = clock_now();
     let registry = crate::lanes::enabled();
-    let find = |client: &mut SpiClient<'_>| {
-        if registry {
-            claim_candidates_registry(client, a, queue_id, now)
-        } else {
-            claim_candidates(client, a, queue_id, now)
-        }
-    };
+    let mut scan = registry.then(|| LaneScan::new(a, queue_id, now));
     // Lanes a concurrent partition and group creation both missed are added here, at most
     // once a second per backend and group, busy or not: a missed partition waits at most
     // about a second after both creations committed, never for the group to go idle.
     queues::repair_lanes(client, queue_id, a.group);
-    let candidates = find(client);
+    let mut candidates = match &mut scan {
+        Some(scan) => scan.lock_lanes(client, i64::from(a.batch)),
+        None => claim_candidates(client, a, queue_id, now),
+    };
     if candidates.is_empty() {
         return Vec::new();
     }
-    let takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
+    let mut takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
 
     let lease_micros = effective_lease_micros(a.lease_seconds, budget_micros, lease_time);
     let (lease_id, expires) = if a.auto_ack {
@@ -307,7 +323,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut starts = Vec::new();
     let mut attempts = Vec::new();
     let mut old_leases = Vec::new();
-    let mut budget = Budget { left: a.max_bytes, any: false };
+    let mut budget = Budget { left: a.max_bytes, any: false, full: false };
     let due = Due { delay, now };
     let mut poison = Vec::new();
     let mut passed = Vec::new();
@@ -330,7 +346,26 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             prefetched[i] = Some(rows);
         }
     }
-    for ((c, &share), rows) in candidates.iter().zip(&takes).zip(prefetched) {
+    let mut prefetched = prefetched.into_iter();
+    let mut next = 0;
+    loop {
+        if next == candidates.len() {
+            // Lanes that held messages back (not due yet, gaps, poison) left part of the
+            // batch undelivered: with the registry the scan goes on to the next lanes, up
+            // to `max_partitions` in all, unless the byte budget is what stopped them.
+            let Some(scan) = scan.as_mut().filter(|_| carry > 0 && !budget.full) else {
+                break;
+            };
+            let more = scan.lock_lanes(client, carry);
+            if more.is_empty() {
+                break;
+            }
+            takes.extend(fill(carry, &more.iter().map(|c| c.available).collect::<Vec<_>>()));
+            candidates.extend(more);
+            carry = 0; // now the new lanes' shares
+        }
+        let (c, share, rows) = (&candidates[next], takes[next], prefetched.next().flatten());
+        next += 1;
         let take = queen_core::claim::take_with_carry(share, carry, c.available);
         carry += share;
         if take == 0 {
@@ -393,8 +428,9 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
 }
 
 thread_local! {
-    /// Per (queue, group): the partition this backend claimed last. The next pop scans
-    /// lanes from just after it, wrapping around: round-robin over partitions.
+    /// Per (queue, group): the partition this backend claimed last (or, when a pop claimed
+    /// nothing, the last one it examined). The next pop scans lanes from just after it,
+    /// wrapping around: round-robin over partitions.
     static CURSORS: std::cell::RefCell<std::collections::HashMap<(i64, String), [u8; 16]>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
@@ -480,69 +516,123 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
     found
 }
 
-/// With the lane registry: the claimable lanes, in the same order as `claim_candidates`
-/// (from this backend's cursor, wrapping), each locked for this transaction. The scan
-/// reads lane rows that no pop or ack updates, and asks the registry about each
+/// With the lane registry: a scan of the group's claimable lanes, in the same order as
+/// `claim_candidates` (from this backend's cursor, wrapping), that locks them for this
+/// transaction a few at a time, only as far as a pop needs (`lock_lanes`). It reads lane
+/// rows that no pop or ack updates, and asks the registry about each
 /// (`queen._claimable`); a lane another pop takes meanwhile is skipped, never waited for.
-fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
-    let batch = i64::from(a.batch);
-    let mut found = Vec::new();
-    // What the lanes locked so far hold between them (`claim::covered`).
-    let mut covering = 0i64;
-    // Locks one scanned lane when it is still claimable; false once the batch is covered.
-    let mut take = |partition_id: pgrx::Uuid, partition: String, readable: i64| -> bool {
-        if covered(batch, covering) {
-            return false;
+struct LaneScan<'a> {
+    a: &'a PopArgs<'a>,
+    queue_id: i64,
+    now: i64,
+    /// The (lower, upper] ranges of partition ids still to read: after the cursor, then
+    /// up to it. A partition id is never the nil UUID.
+    spans: Vec<(pgrx::Uuid, pgrx::Uuid)>,
+    /// Lanes the scan may still read (`max_partitions` in all).
+    left: i64,
+    /// Rows the next query reads at most: `SCAN_CHUNK`, then twice as many each time.
+    chunk: i64,
+    /// Rows read but not examined yet (the last query's rest).
+    pending: std::collections::VecDeque<(pgrx::Uuid, String, i64)>,
+    /// The last lane examined: where the cursor goes when the pop claims nothing.
+    last_seen: Option<pgrx::Uuid>,
+    /// With a `partition`: its lane was read (the scan has nothing else).
+    pinned_read: bool,
+}
+
+/// Lanes a pop's first scan query reads (at most `max_partitions`); each further query of
+/// the same scan reads twice as many as the one before.
+const SCAN_CHUNK: i64 = 4;
+
+impl<'a> LaneScan<'a> {
+    fn new(a: &'a PopArgs<'a>, queue_id: i64, now: i64) -> Self {
+        let spans = if a.partition.is_some() {
+            Vec::new() // one lane, read by name
+        } else {
+            let key = (queue_id, a.group.to_string());
+            let cursor =
+                CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(|| *crate::ids::new_id().as_bytes()));
+            let cursor = pgrx::Uuid::from_bytes(cursor);
+            vec![(cursor, pgrx::Uuid::from_bytes([0xff; 16])), (pgrx::Uuid::from_bytes([0; 16]), cursor)]
+        };
+        LaneScan {
+            a,
+            queue_id,
+            now,
+            spans,
+            left: i64::from(a.max_partitions),
+            chunk: SCAN_CHUNK,
+            pending: Default::default(),
+            last_seen: None,
+            pinned_read: false,
         }
-        if let Some(s) = crate::lanes::lock(partition_id, a.group, false) {
-            if Lane::from_registry(&s).claimability(readable, now).claimable() {
-                covering += readable - s.committed;
-                found.push(Candidate {
-                    partition_id,
-                    partition,
-                    committed: s.committed,
-                    readable,
-                    available: readable - s.committed,
-                    claim_start: (s.claim_start != 0).then_some(s.claim_start),
-                    attempt_count: s.attempt_count,
-                    old_lease: None,
-                    registry: Some(s),
-                });
+    }
+
+    /// Locks the next claimable lanes until they hold `need` offsets between them
+    /// (`claim::covered`) or the scan ends; returns them in scan order. The cursor moves
+    /// to the last lane examined (a claim moves it again, in `pop_in`).
+    fn lock_lanes(&mut self, client: &mut SpiClient<'_>, need: i64) -> Vec<Candidate> {
+        let mut found = Vec::new();
+        let mut covering = 0i64;
+        if let Some(p) = self.a.partition.filter(|_| !self.pinned_read) {
+            self.pinned_read = true;
+            let rows = run(
+                client,
+                "SELECT l.partition_id, p.name, r.readable
+                   FROM queen.partitions p
+                   JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
+                  CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
+                  WHERE p.queue_id = $1 AND p.name = $3 AND r.readable IS NOT NULL",
+                &[self.queue_id.into(), self.a.group.into(), p.into()],
+            );
+            for r in rows {
+                self.pending.push_back((
+                    r.get(1).or_raise().unwrap(),
+                    r.get(2).or_raise().unwrap(),
+                    r.get(3).or_raise().unwrap(),
+                ));
             }
         }
-        true
-    };
-    if let Some(p) = a.partition {
-        let rows = run(
-            client,
-            "SELECT l.partition_id, p.name, r.readable
-               FROM queen.partitions p
-               JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
-              CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
-              WHERE p.queue_id = $1 AND p.name = $3 AND r.readable IS NOT NULL",
-            &[queue_id.into(), a.group.into(), p.into()],
-        );
-        for r in rows {
-            take(r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap());
+        while !covered(need, covering) {
+            let Some((partition_id, partition, readable)) = self.next_row(client) else {
+                break;
+            };
+            self.last_seen = Some(partition_id);
+            let Some(s) = crate::lanes::lock(partition_id, self.a.group, false) else {
+                continue; // another pop took it since the scan read it
+            };
+            if !Lane::from_registry(&s).claimability(readable, self.now).claimable() {
+                continue;
+            }
+            covering += readable - s.committed;
+            found.push(Candidate {
+                partition_id,
+                partition,
+                committed: s.committed,
+                readable,
+                available: readable - s.committed,
+                claim_start: (s.claim_start != 0).then_some(s.claim_start),
+                attempt_count: s.attempt_count,
+                old_lease: None,
+                registry: Some(s),
+            });
         }
-        return found;
+        if let (None, Some(last)) = (self.a.partition, self.last_seen) {
+            CURSORS.with(|c| c.borrow_mut().insert((self.queue_id, self.a.group.to_string()), *last.as_bytes()));
+        }
+        found
     }
-    let key = (queue_id, a.group.to_string());
-    let cursor =
-        CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::ids::new_id().as_bytes()));
-    let cursor = pgrx::Uuid::from_bytes(cursor);
-    // The lanes after the cursor, then (wrapping) those up to it: partition ids in
-    // (lower, upper], read a few at a time, so that a pop whose first lanes fill its batch
-    // reads no more of them. A partition id is never the nil UUID.
-    let spans = [(cursor, pgrx::Uuid::from_bytes([0xff; 16])), (pgrx::Uuid::from_bytes([0; 16]), cursor)];
-    let mut left = i64::from(a.max_partitions);
-    let mut chunk = SCAN_CHUNK;
-    let mut last_seen = None;
-    'spans: for (mut lower, upper) in spans {
+
+    /// The next claimable lane the scan reads, querying a chunk when none is pending.
+    fn next_row(&mut self, client: &mut SpiClient<'_>) -> Option<(pgrx::Uuid, String, i64)> {
         loop {
-            let limit = chunk.min(left);
-            if limit == 0 {
-                break 'spans;
+            if let Some(row) = self.pending.pop_front() {
+                return Some(row);
+            }
+            let &(lower, upper) = self.spans.first()?;
+            let limit = self.chunk.min(self.left);
+            if limit <= 0 {
+                return None;
             }
             let rows = run(
                 client,
@@ -555,34 +645,22 @@ fn claim_candidates_registry(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: 
                     AND r.readable IS NOT NULL
                   ORDER BY l.partition_id
                   LIMIT $3",
-                &[queue_id.into(), a.group.into(), limit.into(), lower.into(), upper.into()],
+                &[self.queue_id.into(), self.a.group.into(), limit.into(), lower.into(), upper.into()],
             );
             let n = rows.len() as i64;
             for r in rows {
                 let partition_id: pgrx::Uuid = r.get(1).or_raise().unwrap();
-                if !take(partition_id, r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()) {
-                    break 'spans;
-                }
-                last_seen = Some(partition_id);
-                lower = partition_id;
-                left -= 1;
+                self.spans[0].0 = partition_id; // the next query reads after it
+                self.pending.push_back((partition_id, r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()));
             }
+            self.left -= n;
             if n < limit {
-                break; // this span has no more claimable lanes
+                self.spans.remove(0); // this range has no more claimable lanes
             }
-            chunk = chunk.saturating_mul(2);
+            self.chunk = self.chunk.saturating_mul(2);
         }
     }
-    if let Some(last) = last_seen {
-        // Until a claim moves it (`pop_in`): the next round scans the lanes after these.
-        CURSORS.with(|c| c.borrow_mut().insert(key, *last.as_bytes()));
-    }
-    found
 }
-
-/// Lanes a pop's first scan query reads (at most `max_partitions`); each further query of
-/// the same scan reads twice as many as the one before.
-const SCAN_CHUNK: i64 = 4;
 
 /// With the lane registry: the claims take effect there (the lanes stay locked until the
 /// transaction ends); an auto-ack journals its cursors.
@@ -655,6 +733,8 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
 struct Budget {
     left: i64,
     any: bool,
+    /// A payload did not fit: the pop is done.
+    full: bool,
 }
 
 impl Budget {
@@ -662,6 +742,7 @@ impl Budget {
     fn take(&mut self, n: usize) -> bool {
         let n = n as i64;
         if self.any && n > self.left {
+            self.full = true;
             return false;
         }
         self.left -= n;

@@ -24,7 +24,7 @@ pub fn covered(batch: i64, available: i64) -> bool {
 }
 
 /// What a lane may deliver in a pop, in the order the pop reads its lanes: its share
-/// (`allocate`) plus what the lanes read before it left of theirs (`carry`: their shares
+/// (`fill`) plus what the lanes read before it left of theirs (`carry`: their shares
 /// minus what they delivered; a lane whose first message is not due leaves all of it),
 /// up to what it has. So a pop still fills its batch when some lanes hold back.
 pub fn take_with_carry(share: i64, carry: i64, available: i64) -> i64 {

@@ -37,7 +37,7 @@ SELECT count(*) FROM queen.push_batch('[{"queue": "timed", "partition": "p2", "p
 -- One lane per pop: a pop that meets the waiting lane first goes on to the next one.
 SELECT partition, payload FROM queen.pop('timed', auto_ack => true);
 SELECT partition, payload FROM queen.pop('timed', auto_ack => true);
--- A batch shared over both lanes: the share of the lane that holds back goes to the other.
+-- A batch of one over both lanes: the lane that holds back passes its share to the next.
 CREATE TEMP TABLE shared AS SELECT * FROM queen.pop('timed', batch => 1, max_partitions => 10);
 SELECT partition, payload FROM shared;
 SELECT queen.ack(lease_id) -> 'lanes' -> 0 -> 'committed' AS committed FROM shared;
@@ -53,6 +53,13 @@ SELECT count(*) FROM queen.push_batch(jsonb_build_array(
   jsonb_build_object('queue', 'timed', 'payload', 'soon', 'deliverAt', clock_timestamp() + interval '500 ms')));
 SELECT payload FROM queen.pop('timed', batch => 10, auto_ack => true);
 SELECT payload FROM queen.pop('timed', batch => 10, wait_ms => 20000, auto_ack => true);
+
+-- Twelve lanes whose first message waits, then one with a due message (created last, so
+-- scanned last): a pop of one with max_partitions 4 goes on past the waiting lanes, four
+-- lanes a round, and returns the due message in the same call.
+SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'many_wait', 'partition', 'w' || lpad(i::text, 2, '0'), 'payload', i, 'deliverAt', clock_timestamp() + interval '1 hour')) FROM generate_series(1, 12) i));
+SELECT count(*) FROM queen.push('many_wait', '"due"', partition => 'z');
+SELECT partition, payload FROM queen.pop('many_wait', batch => 1, max_partitions => 4, auto_ack => true);
 
 -- A leasing pop: a delayed message is leased like any other once due.
 SELECT count(*) FROM queen.push('timed', '"leased"', deliver_at => clock_timestamp() + interval '300 ms');

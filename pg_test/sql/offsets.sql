@@ -17,6 +17,19 @@ SELECT msg_offset FROM queen.push('o', '"three"');
 SELECT messages FROM queen.totals('o');
 SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
 
+-- Gaps count as offsets but deliver nothing: a pop of 6 that meets a lane of 3 messages
+-- and 3 gaps fills the rest of its batch from the next lane.
+SELECT msg_offset FROM queen.push('og', '1', partition => 'a');
+BEGIN;
+SELECT count(*) FROM queen.push_batch('[{"queue": "og", "partition": "a", "payload": "x"},
+                                        {"queue": "og", "partition": "a", "payload": "x"},
+                                        {"queue": "og", "partition": "a", "payload": "x"}]');
+ROLLBACK;
+SELECT count(*) FROM queen.push_batch('[{"queue": "og", "partition": "a", "payload": 5},
+                                        {"queue": "og", "partition": "a", "payload": 6}]');
+SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'og', 'partition', 'b', 'payload', i)) FROM generate_series(1, 6) i));
+SELECT partition, msg_offset, payload FROM queen.pop('og', batch => 6, max_partitions => 2, auto_ack => true);
+
 -- A transaction reads its own pushes, even before it commits.
 BEGIN;
 SELECT msg_offset FROM queen.push('o', '"mine"');

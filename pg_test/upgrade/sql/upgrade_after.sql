@@ -2,6 +2,10 @@
 -- library over the data 0.2.0 wrote. ALTER EXTENSION queen UPDATE, then the data and
 -- behaviour are intact, and the upgraded catalog is exactly a fresh install's.
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
+-- Before the update, 0.2.0's pop reaches a C symbol this library keeps only to say so.
+\set VERBOSITY sqlstate
+SELECT count(*) FROM queen.pop('up');
+\set VERBOSITY default
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 -- queen.pop was replaced (max_bytes) and queen.push too (headers): who could pop or push
