@@ -245,6 +245,9 @@ fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
 thread_local! {
     /// Set when `read_span` stopped at a message that is not due yet.
     static NOT_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set when a claim round read every claimable lane of the group (fewer than
+    /// `max_partitions`): a further round would read the same ones.
+    static SCANNED_ALL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Most claim rounds of one pop whose lanes held only messages not due yet: each round
@@ -257,8 +260,10 @@ pub fn pop(a: &PopArgs) -> Vec<Delivered> {
     Spi::connect_mut(|client| {
         for _ in 0..if a.partition.is_some() { 1 } else { DUE_ROUNDS } {
             NOT_DUE.with(|n| n.set(false));
+            SCANNED_ALL.with(|n| n.set(false));
             let rows = pop_in(client, a);
-            if !rows.is_empty() || !NOT_DUE.with(|n| n.get()) {
+            // Another round scans the next lanes; none when this one read all there are.
+            if !rows.is_empty() || !NOT_DUE.with(|n| n.get()) || SCANNED_ALL.with(|n| n.get()) {
                 return rows;
             }
         }
@@ -352,8 +357,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         if next == candidates.len() {
             // Lanes that held messages back (not due yet, gaps, poison) left part of the
             // batch undelivered: with the registry the scan goes on to the next lanes, up
-            // to `max_partitions` in all, unless the byte budget is what stopped them.
-            let Some(scan) = scan.as_mut().filter(|_| carry > 0 && !budget.full) else {
+            // to `max_partitions` in all.
+            let Some(scan) = scan.as_mut().filter(|_| carry > 0) else {
                 break;
             };
             let more = scan.lock_lanes(client, carry);
@@ -363,6 +368,9 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             takes.extend(fill(carry, &more.iter().map(|c| c.available).collect::<Vec<_>>()));
             candidates.extend(more);
             carry = 0; // now the new lanes' shares
+        }
+        if budget.full() {
+            break; // the byte budget is spent: the rest waits for the next pop
         }
         let (c, share, rows) = (&candidates[next], takes[next], prefetched.next().flatten());
         next += 1;
@@ -508,6 +516,9 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
             ),
             &[queue_id.into(), a.group.into(), (want - found.len() as i64).into(), now.into(), cursor_id.into()],
         )));
+    }
+    if (found.len() as i64) < want {
+        SCANNED_ALL.with(|f| f.set(true));
     }
     if let Some(last) = found.last() {
         let last = *last.partition_id.as_bytes();
@@ -656,8 +667,13 @@ impl<'a> LaneScan<'a> {
             self.left -= n;
             if n < limit {
                 self.spans.remove(0); // this range has no more claimable lanes
+                if self.spans.is_empty() {
+                    SCANNED_ALL.with(|f| f.set(true));
+                }
             }
-            self.chunk = self.chunk.saturating_mul(2);
+            if n > 0 {
+                self.chunk = self.chunk.saturating_mul(2);
+            }
         }
     }
 }
@@ -738,6 +754,11 @@ struct Budget {
 }
 
 impl Budget {
+    /// Whether the pop may read no further: a payload did not fit, or the budget is spent.
+    fn full(&self) -> bool {
+        self.full || (self.any && self.left <= 0)
+    }
+
     /// Whether a payload of `n` bytes fits; the first message of a pop always does.
     fn take(&mut self, n: usize) -> bool {
         let n = n as i64;

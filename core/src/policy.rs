@@ -609,6 +609,8 @@ mod tests {
 
         const SCHEMA: &str = include_str!("../../sql/schema.sql");
         const API: &str = include_str!("../../sql/api.sql");
+        /// `queen.pop` is declared beside its C function.
+        const POP: &str = include_str!("../../src/pop.rs");
 
         /// The DEFAULT of `column` inside the `CREATE TABLE queen.<table>` statement.
         fn column_default(table: &str, column: &str) -> String {
@@ -625,9 +627,12 @@ mod tests {
 
         /// The DEFAULT of argument `arg` of `CREATE FUNCTION queen.<func>(`.
         fn argument_default(func: &str, arg: &str) -> String {
-            let start =
-                API.find(&format!("CREATE FUNCTION queen.{func}(")).unwrap_or_else(|| panic!("no function {func}"));
-            let sig = &API[start..start + API[start..].find(") RETURNS").unwrap()];
+            let head = format!("CREATE FUNCTION queen.{func}(");
+            let (text, start) = [API, POP]
+                .into_iter()
+                .find_map(|t| t.find(&head).map(|at| (t, at)))
+                .unwrap_or_else(|| panic!("no function {func}"));
+            let sig = &text[start..start + text[start..].find(") RETURNS").unwrap()];
             let line = sig
                 .lines()
                 .find(|l| l.split_whitespace().next() == Some(arg))
