@@ -328,7 +328,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut starts = Vec::new();
     let mut attempts = Vec::new();
     let mut old_leases = Vec::new();
-    let mut budget = Budget { left: a.max_bytes, any: false, full: false };
+    let mut budget = Budget { left: a.max_bytes, any: false };
     let due = Due { delay, now };
     let mut poison = Vec::new();
     let mut passed = Vec::new();
@@ -415,8 +415,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     }
     if a.partition.is_none() {
         // The next pop of this backend starts just after the last lane this one claimed.
-        let last = *pids.last().expect("claimed").as_bytes();
-        CURSORS.with(|c| c.borrow_mut().insert((queue_id, a.group.to_string()), last));
+        move_cursor(queue_id, a.group, *pids.last().expect("claimed"));
     }
     if registry {
         apply_registry(client, a, queue_id, &candidates, &pids, &ends, &starts, &attempts, lease_id, expires, now);
@@ -441,6 +440,20 @@ thread_local! {
     /// wrapping around: round-robin over partitions.
     static CURSORS: std::cell::RefCell<std::collections::HashMap<(i64, String), [u8; 16]>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// This backend's cursor for (queue, group): a fresh UUIDv7 at first, after every existing
+/// partition, so a session's first pop wraps to the oldest one.
+fn cursor(queue_id: i64, group: &str) -> pgrx::Uuid {
+    let key = (queue_id, group.to_string());
+    pgrx::Uuid::from_bytes(
+        CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(|| *crate::ids::new_id().as_bytes())),
+    )
+}
+
+/// Moves this backend's cursor for (queue, group) to `partition_id`.
+fn move_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
+    CURSORS.with(|c| c.borrow_mut().insert((queue_id, group.to_string()), *partition_id.as_bytes()));
 }
 
 /// Locks up to `max_partitions` claimable lanes: no live lease, messages past the cursor.
@@ -473,10 +486,7 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
         );
         return to_candidates(table);
     }
-    let key = (queue_id, a.group.to_string());
-    let cursor =
-        CURSORS.with(|c| *c.borrow_mut().entry(key.clone()).or_insert_with(|| *crate::ids::new_id().as_bytes()));
-    let cursor_id = pgrx::Uuid::from_bytes(cursor);
+    let cursor_id = cursor(queue_id, a.group);
     let want = i64::from(a.max_partitions);
     let mut found = to_candidates(run(
         client,
@@ -521,8 +531,7 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
         SCANNED_ALL.with(|f| f.set(true));
     }
     if let Some(last) = found.last() {
-        let last = *last.partition_id.as_bytes();
-        CURSORS.with(|c| c.borrow_mut().insert(key, last));
+        move_cursor(queue_id, a.group, last.partition_id);
     }
     found
 }
@@ -560,10 +569,7 @@ impl<'a> LaneScan<'a> {
         let spans = if a.partition.is_some() {
             Vec::new() // one lane, read by name
         } else {
-            let key = (queue_id, a.group.to_string());
-            let cursor =
-                CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(|| *crate::ids::new_id().as_bytes()));
-            let cursor = pgrx::Uuid::from_bytes(cursor);
+            let cursor = cursor(queue_id, a.group);
             vec![(cursor, pgrx::Uuid::from_bytes([0xff; 16])), (pgrx::Uuid::from_bytes([0; 16]), cursor)]
         };
         LaneScan {
@@ -629,7 +635,7 @@ impl<'a> LaneScan<'a> {
             });
         }
         if let (None, Some(last)) = (self.a.partition, self.last_seen) {
-            CURSORS.with(|c| c.borrow_mut().insert((self.queue_id, self.a.group.to_string()), *last.as_bytes()));
+            move_cursor(self.queue_id, self.a.group, last);
         }
         found
     }
@@ -749,21 +755,19 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
 struct Budget {
     left: i64,
     any: bool,
-    /// A payload did not fit: the pop is done.
-    full: bool,
 }
 
 impl Budget {
-    /// Whether the pop may read no further: a payload did not fit, or the budget is spent.
+    /// Whether the pop may read no further: the budget is spent, or a payload did not fit.
     fn full(&self) -> bool {
-        self.full || (self.any && self.left <= 0)
+        self.any && self.left <= 0
     }
 
     /// Whether a payload of `n` bytes fits; the first message of a pop always does.
     fn take(&mut self, n: usize) -> bool {
         let n = n as i64;
         if self.any && n > self.left {
-            self.full = true;
+            self.left = 0; // nothing more fits in this pop
             return false;
         }
         self.left -= n;
