@@ -247,10 +247,11 @@ const HELD_MARK: &str = "<!-- held snapshot: written by make bench-held -->\n";
 /// Drains per system in the pop + ack scenario (the median counts).
 const POP_REPEATS: usize = 3;
 
-/// Rounds of the single-push scenario (the median of each system counts). Single pushes
-/// wait for the WAL flush, whose speed drifts by tens of percent within a minute here, so
-/// they get more rounds than the drains.
-const PUSH1_REPEATS: usize = 5;
+/// Rounds of the single-push scenario. Single pushes wait for the WAL flush, whose speed
+/// drifts by tens of percent within a minute here, so they get more rounds than the
+/// drains, and their ratios are paired: each round gives one ratio per pair of systems
+/// (measured minutes apart at most), and the median of those counts.
+const PUSH1_REPEATS: usize = 9;
 
 /// Between two measured runs: waits (at most 30 s) until queen's background worker has
 /// compacted the fresh tier, then takes a CHECKPOINT, so that no run pays for the work the
@@ -400,6 +401,8 @@ fn main() {
     let mut jsonb_floor = f64::NAN;
     let (mut queen_push1_one, mut queen_push1_16, mut insert1, mut pgq1, mut single_bytes) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+    // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (paired).
+    let mut push1_paired = [f64::NAN; 4];
     let (mut queen_push1000, mut raw_insert, mut queen_pop, mut skip_pop, mut fan_rate, mut push_rate) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
     let (mut queen_bytes, mut raw_bytes, mut small_backlog, mut big_backlog, mut few, mut many) =
@@ -456,14 +459,30 @@ fn main() {
         let mut runs: [Vec<f64>; 4] = Default::default();
         let mut cpus: [Vec<f64>; 4] = Default::default();
         let mut settled: Vec<f64> = Vec::new();
-        for _ in 0..if opts.smoke { 1 } else { PUSH1_REPEATS } {
-            for (k, system) in systems.iter().enumerate() {
+        for round in 0..if opts.smoke { 1 } else { PUSH1_REPEATS } {
+            // The order turns each round, so no system always runs first or after another.
+            for j in 0..systems.len() {
+                let k = (j + round) % systems.len();
                 settled.push(settle(&mut c));
-                let step = system();
+                let step = systems[k]();
                 runs[k].push(run_clients(&dsn, 8, s.secs, move |c, n, i| step(c, n, i)));
                 cpus[k].push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
             }
         }
+        // Paired ratios: queen's rate over a baseline's in the same round, the median of the
+        // rounds. The flush speed both waited for cancels out within a round.
+        let paired = |a: usize, b: usize| {
+            let mut r: Vec<f64> = runs[a].iter().zip(&runs[b]).map(|(x, y)| x / y).collect();
+            let shown: Vec<f64> = r.iter().map(|v| (v * 100.0).round() / 100.0).collect();
+            (median(&mut r), shown)
+        };
+        let pairs = [(0, 2), (0, 1), (3, 2), (3, 1)];
+        let labels = ["one partition / PgQ", "one partition / INSERT", "16 partitions / PgQ", "16 partitions / INSERT"];
+        for (&(a, b), label) in pairs.iter().zip(labels) {
+            let (m, shown) = paired(a, b);
+            println!("  (push 1 paired ratios, {label}: {shown:?}, median {m:.2})");
+        }
+        push1_paired = pairs.map(|(a, b)| paired(a, b).0);
         println!(
             "  (push 1 runs: queen one partition {:?}, plain INSERT {:?}, PgQ {:?}, queen 16 partitions {:?})",
             runs[0].iter().map(|v| *v as i64).collect::<Vec<_>>(),
@@ -805,10 +824,14 @@ fn main() {
     };
     let pgq_ack = find("pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)");
     let targets = [
-        ("push 1, one partition / PgQ insert_event", queen_push1_one / pgq1, ">= 1.0"),
-        ("push 1, one partition / plain INSERT", queen_push1_one / insert1, ">= 0.8"),
-        ("push 1, 16 partitions / PgQ insert_event", queen_push1_16 / pgq1, ">= 1.0"),
-        ("push 1, 16 partitions / plain INSERT", queen_push1_16 / insert1, ">= 0.8"),
+        ("push 1, one partition / PgQ insert_event (paired)", push1_paired[0], ">= 1.0"),
+        ("  ratio of the medians", queen_push1_one / pgq1, "(unpaired)"),
+        ("push 1, one partition / plain INSERT (paired)", push1_paired[1], ">= 0.8"),
+        ("  ratio of the medians", queen_push1_one / insert1, "(unpaired)"),
+        ("push 1, 16 partitions / PgQ insert_event (paired)", push1_paired[2], ">= 1.0"),
+        ("  ratio of the medians", queen_push1_16 / pgq1, "(unpaired)"),
+        ("push 1, 16 partitions / plain INSERT (paired)", push1_paired[3], ">= 0.8"),
+        ("  ratio of the medians", queen_push1_16 / insert1, "(unpaired)"),
         ("push batch 1000, one partition / raw insert limit", queen_push1000 / raw_insert, ">= 0.9"),
         ("  jsonb receive floor / raw insert limit", jsonb_floor / raw_insert, "(ceiling of the above)"),
         ("  push batch 1000 / jsonb receive floor", queen_push1000 / jsonb_floor, "(share of the ceiling)"),
@@ -872,7 +895,7 @@ fn main() {
         let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions (each system drains it {POP_REPEATS} times, alternating; the median is shown, every run is in the bench's output); big backlog {} messages; many partitions = {}.", s.pop_prefill, s.big_backlog, s.partitions_many);
         let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread, every statement prepared once per connection as a driver's statement cache does, for every system alike) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
         let _ = writeln!(md, "A pop commits without waiting for its WAL flush when its writes are its transaction's only ones (README, \"Durability\"); pushes and acks, like every baseline's commits, wait for it (`synchronous_commit = on`).\n");
-        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds; the median of each counts.\n");
+        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds (the order turns each round); the table shows each system's median, and a ratio against a target is paired: the median over the rounds of queen's rate divided by the baseline's in the same round (every round's ratio is in the bench's output). The flush speed drifts by tens of percent within a minute here, and a paired ratio cancels what two systems of one round share; the ratio of the medians is shown under it.\n");
         let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());
