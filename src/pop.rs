@@ -548,7 +548,8 @@ struct LaneScan<'a> {
     /// The (lower, upper] ranges of partition ids still to read: after the cursor, then
     /// up to it. A partition id is never the nil UUID.
     spans: Vec<(pgrx::Uuid, pgrx::Uuid)>,
-    /// Lanes the scan may still read (`max_partitions` in all).
+    /// Lanes the scan may still read (`max_partitions` in all, not counting lanes another
+    /// pop took between the read and the lock).
     left: i64,
     /// Rows the next query reads at most: `SCAN_CHUNK`, then twice as many each time.
     chunk: i64,
@@ -615,10 +616,15 @@ impl<'a> LaneScan<'a> {
                 break;
             };
             self.last_seen = Some(partition_id);
+            // A lane another pop took since the scan read it (its claim may still be
+            // uncommitted) is not one this pop examined: it does not count against
+            // `max_partitions`, so the scan reads the next lane instead of ending empty.
             let Some(s) = crate::lanes::lock(partition_id, self.a.group, false) else {
-                continue; // another pop took it since the scan read it
+                self.left += 1;
+                continue;
             };
             if !Lane::from_registry(&s).claimability(readable, self.now).claimable() {
+                self.left += 1;
                 continue;
             }
             covering += readable - s.committed;
