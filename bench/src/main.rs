@@ -244,7 +244,8 @@ fn pgq_consume_one(c: &mut Client) -> usize {
 /// Where the held-snapshot section of the output file starts.
 const HELD_MARK: &str = "<!-- held snapshot: written by make bench-held -->\n";
 
-/// Drains per system in the pop + ack scenario (the median counts).
+/// Drains per system in the pop + ack scenario (the median counts), and drains of each
+/// kind in the 10 vs many partitions scaling scenario (the paired ratio counts).
 const POP_REPEATS: usize = 3;
 
 /// Rounds of the single-push scenario. Single pushes wait for the WAL flush, whose speed
@@ -462,7 +463,7 @@ fn main() {
         let mut cpus: [Vec<f64>; 4] = Default::default();
         let mut settled: Vec<f64> = Vec::new();
         for round in 0..if opts.smoke { 1 } else { PUSH1_REPEATS } {
-            // The order turns each round, so no system always runs first or after another.
+            // The order turns each round, so that no system always runs first.
             for j in 0..systems.len() {
                 let k = (j + round) % systems.len();
                 settled.push(settle(&mut c));
@@ -782,15 +783,20 @@ fn main() {
         // They alternate `POP_REPEATS` times; the medians are shown and the ratio is paired
         // (the median of each round's ratio).
         let (mut few_runs, mut many_runs, mut few_cpu, mut many_cpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
-            reset(&mut c);
-            prefill_queen(&mut c, s.partitions_many * 100, 10);
-            few_runs.push(queen_consume(&dsn, s.secs));
-            few_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-            reset(&mut c);
-            prefill_queen(&mut c, s.partitions_many * 100, s.partitions_many);
-            many_runs.push(queen_consume(&dsn, s.secs));
-            many_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+        for round in 0..if opts.smoke { 1 } else { POP_REPEATS } {
+            // Each drain after a CHECKPOINT (`settle`), the order swapped every other round.
+            for many_first in [round % 2 == 1, round % 2 == 0] {
+                reset(&mut c);
+                let parts = if many_first { s.partitions_many } else { 10 };
+                prefill_queen(&mut c, s.partitions_many * 100, parts);
+                settle(&mut c);
+                let v = queen_consume(&dsn, s.secs);
+                let cpu = LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN);
+                let (runs, cpus) =
+                    if many_first { (&mut many_runs, &mut many_cpu) } else { (&mut few_runs, &mut few_cpu) };
+                runs.push(v);
+                cpus.push(cpu);
+            }
         }
         let mut paired: Vec<f64> = many_runs.iter().zip(&few_runs).map(|(m, f)| m / f).collect();
         println!(
@@ -918,7 +924,7 @@ fn main() {
         let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions (each system drains it {POP_REPEATS} times, alternating; the median is shown, every run is in the bench's output); big backlog {} messages; many partitions = {} (the pop + ack drains over 10 and over many partitions hold {} messages each and alternate {POP_REPEATS} times; their ratio is paired, like the single pushes' below).", s.pop_prefill, s.big_backlog, s.partitions_many, s.partitions_many * 100);
         let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread, every statement prepared once per connection as a driver's statement cache does, for every system alike) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
         let _ = writeln!(md, "A pop commits without waiting for its WAL flush when its writes are its transaction's only ones (README, \"Durability\"); pushes and acks, like every baseline's commits, wait for it (`synchronous_commit = on`).\n");
-        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds (the order turns each round); the table shows each system's median, and a ratio against a target is paired: the median over the rounds of queen's rate divided by the baseline's in the same round (every round's ratio is in the bench's output). The flush speed drifts by tens of percent within a minute here, and a paired ratio cancels what two systems of one round share; the ratio of the medians is shown under it.\n");
+        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds (the order turns each round); the table shows each system's median, and their ratios against the targets are paired: the median over the rounds of queen's rate divided by the baseline's in the same round (every round's ratio is in the bench's output). The flush speed drifts by tens of percent within a minute here, and a paired ratio cancels what two systems of one round share; the ratio of the medians is shown under it.\n");
         let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());
