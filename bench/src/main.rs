@@ -254,6 +254,9 @@ const POP_REPEATS: usize = 3;
 /// (measured minutes apart at most), and the median of those counts.
 const PUSH1_REPEATS: usize = 9;
 
+/// Runs of each head-to-head pair of the single-push scenario (the median counts).
+const HEAD_TO_HEAD_REPEATS: usize = 3;
+
 /// Between two measured runs: waits (at most 30 s) until queen's background worker has
 /// compacted the fresh tier, then takes a CHECKPOINT, so that no run pays for the work the
 /// one before it left (compaction done while a run lasts counts against queen).
@@ -404,6 +407,8 @@ fn main() {
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
     // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (paired).
     let mut push1_paired = [f64::NAN; 4];
+    // The same four ratios head to head (both systems at once, 4 clients each).
+    let mut head_to_head: Vec<f64> = Vec::new();
     // pop + ack, many partitions over 10 partitions (paired).
     let mut many_over_few = f64::NAN;
     let (mut queen_push1000, mut raw_insert, mut queen_pop, mut skip_pop, mut fan_rate, mut push_rate) =
@@ -486,6 +491,31 @@ fn main() {
             println!("  (push 1 paired ratios, {label}: {shown:?}, median {m:.2})");
         }
         push1_paired = pairs.map(|(a, b)| paired(a, b).0);
+        // Head to head: queen and a baseline at the same time, 4 clients each, so that every
+        // WAL flush carries commits of both and the flush speed's drift cancels out. Not the
+        // scenario of the targets (each system alone with 8 clients); shown beside it.
+        for (pair, label) in pairs.iter().zip(labels) {
+            let mut ratios = Vec::new();
+            for _ in 0..if opts.smoke { 1 } else { HEAD_TO_HEAD_REPEATS } {
+                settled.push(settle(&mut c));
+                let (a, b) = (systems[pair.0], systems[pair.1]);
+                let (da, db) = (dsn.clone(), dsn.clone());
+                let secs = s.secs;
+                let ta = thread::spawn(move || {
+                    let step = a();
+                    run_clients(&da, 4, secs, move |c, n, i| step(c, n, i))
+                });
+                let step = b();
+                let vb = run_clients(&db, 4, secs, move |c, n, i| step(c, n, i));
+                let va = ta.join().unwrap();
+                LAST_CLIENT_CORES.lock().unwrap().take();
+                ratios.push(va / vb);
+            }
+            let shown: Vec<f64> = ratios.iter().map(|v| (v * 1000.0).round() / 1000.0).collect();
+            let m = median(&mut ratios);
+            println!("  (push 1 head to head, {label}: {shown:?}, median {m:.3})");
+            head_to_head.push(m);
+        }
         println!(
             "  (push 1 runs: queen one partition {:?}, plain INSERT {:?}, PgQ {:?}, queen 16 partitions {:?})",
             runs[0].iter().map(|v| *v as i64).collect::<Vec<_>>(),
@@ -851,6 +881,7 @@ fn main() {
         rows.iter().find(|r| r.scenario == sc && r.system == sys).map(|r| r.value).unwrap_or(f64::NAN)
     };
     let pgq_ack = find("pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)");
+    let h2h = |k: usize| head_to_head.get(k).copied().unwrap_or(f64::NAN);
     let targets = [
         ("push 1, one partition / PgQ insert_event (paired)", push1_paired[0], ">= 1.0"),
         ("  ratio of the medians", queen_push1_one / pgq1, "(unpaired)"),
@@ -860,6 +891,10 @@ fn main() {
         ("  ratio of the medians", queen_push1_16 / pgq1, "(unpaired)"),
         ("push 1, 16 partitions / plain INSERT (paired)", push1_paired[3], ">= 0.8"),
         ("  ratio of the medians", queen_push1_16 / insert1, "(unpaired)"),
+        ("  head to head, one partition / PgQ", h2h(0), "(sharing every flush)"),
+        ("  head to head, one partition / plain INSERT", h2h(1), "(sharing every flush)"),
+        ("  head to head, 16 partitions / PgQ", h2h(2), "(sharing every flush)"),
+        ("  head to head, 16 partitions / plain INSERT", h2h(3), "(sharing every flush)"),
         ("push batch 1000, one partition / raw insert limit", queen_push1000 / raw_insert, ">= 0.9"),
         ("  jsonb receive floor / raw insert limit", jsonb_floor / raw_insert, "(ceiling of the above)"),
         ("  push batch 1000 / jsonb receive floor", queen_push1000 / jsonb_floor, "(share of the ceiling)"),
@@ -924,7 +959,7 @@ fn main() {
         let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions (each system drains it {POP_REPEATS} times, alternating; the median is shown, every run is in the bench's output); big backlog {} messages; many partitions = {} (the pop + ack drains over 10 and over many partitions hold {} messages each and alternate {POP_REPEATS} times; their ratio is paired, like the single pushes' below).", s.pop_prefill, s.big_backlog, s.partitions_many, s.partitions_many * 100);
         let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread, every statement prepared once per connection as a driver's statement cache does, for every system alike) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
         let _ = writeln!(md, "A pop commits without waiting for its WAL flush when its writes are its transaction's only ones (README, \"Durability\"); pushes and acks, like every baseline's commits, wait for it (`synchronous_commit = on`).\n");
-        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds (the order turns each round); the table shows each system's median, and their ratios against the targets are paired: the median over the rounds of queen's rate divided by the baseline's in the same round (every round's ratio is in the bench's output). The flush speed drifts by tens of percent within a minute here, and a paired ratio cancels what two systems of one round share; the ratio of the medians is shown under it.\n");
+        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds (the order turns each round); the table shows each system's median, and their ratios against the targets are paired: the median over the rounds of queen's rate divided by the baseline's in the same round (every round's ratio is in the bench's output). The flush speed drifts by tens of percent within a minute here, and a paired ratio cancels what two systems of one round share; the ratio of the medians is shown under it. Under those, the same pairs head to head: queen and the baseline at the same time, 4 clients each, so that every WAL flush carries commits of both ({HEAD_TO_HEAD_REPEATS} runs of each pair, the median): the flush speed's drift cancels out, though it is not the scenario of the targets.\n");
         let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());
