@@ -204,6 +204,16 @@ fn queen_pop_ack(c: &mut Client) -> usize {
     rows.len()
 }
 
+/// One message: `queen.pop` with its default batch of 1, then an ack of its lease.
+fn queen_pop1_ack(c: &mut Client) -> usize {
+    let pop = prepared(c, "SELECT lease_id FROM queen.pop('bq')");
+    let Some(row) = c.query_opt(&pop, &[]).unwrap() else { return 0 };
+    let lease: uuid::Uuid = row.get(0);
+    let ack = prepared(c, "SELECT queen.ack($1)");
+    c.execute(&ack, &[&lease]).unwrap();
+    1
+}
+
 /// pop + ack rate with 4 consumers over whatever backlog `bq` holds.
 fn queen_consume(dsn: &str, secs: f64) -> f64 {
     // Create the consumer group first (one message): a group's first pops race to create
@@ -401,7 +411,8 @@ fn main() {
     let dsn = opts.dsn.clone();
     let want = |g: &str| (opts.only.is_empty() && g != "held") || opts.only.iter().any(|o| o == g);
     let held_on = want("held") || (opts.smoke && opts.only.is_empty());
-    let others_on = ["push1", "push1000", "pop", "fanout", "wake", "disk", "disk1", "scaling"].iter().any(|g| want(g));
+    let others_on =
+        ["push1", "push1000", "pop", "pop1", "fanout", "wake", "disk", "disk1", "scaling"].iter().any(|g| want(g));
     let mut jsonb_floor = f64::NAN;
     let (mut queen_push1_one, mut queen_push1_16, mut insert1, mut pgq1, mut single_bytes) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
@@ -411,6 +422,8 @@ fn main() {
     let mut head_to_head: Vec<f64> = Vec::new();
     // pop + ack, many partitions over 10 partitions (paired).
     let mut many_over_few = f64::NAN;
+    // pop + ack one message per call: queen, the SKIP LOCKED table.
+    let (mut queen_pop1, mut skip_pop1) = (f64::NAN, f64::NAN);
     let (mut queen_push1000, mut raw_insert, mut queen_pop, mut skip_pop, mut fan_rate, mut push_rate) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
     let (mut queen_bytes, mut raw_bytes, mut small_backlog, mut big_backlog, mut few, mut many) =
@@ -631,6 +644,54 @@ fn main() {
         // PgQ has one cursor per consumer: its consumers do not share a queue's events.
         let pgq_pop = run_clients(&dsn, 1, s.secs, |c, _, _| pgq_consume_one(c));
         say(&mut rows, "pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)", pgq_pop, "msg/s");
+    }
+    if want("pop1") {
+        // ---- pop + ack, batch 1, 4 consumers, 16 partitions: one message per call, as a
+        // consumer written the obvious way takes them (`queen.pop('q')` pops one by default,
+        // then acks it). Against the SKIP LOCKED table claiming one row and deleting it.
+        // Alternating drains, `POP_REPEATS` each; the medians count.
+        let prefill = if opts.smoke { 800 } else { 100_000 };
+        let (mut queen_runs, mut skip_runs) = (Vec::new(), Vec::new());
+        let (mut queen_cpu, mut skip_cpu) = (Vec::new(), Vec::new());
+        for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
+            reset(&mut c);
+            prefill_queen(&mut c, prefill, 16);
+            let dsn2 = dsn.clone();
+            thread::spawn(move || queen_pop1_ack(&mut connect(&dsn2))).join().unwrap();
+            queen_runs.push(run_clients(&dsn, 4, s.secs, |c, _, _| queen_pop1_ack(c)));
+            queen_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+            c.execute(
+                "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
+                   'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
+                   'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
+                &[&(prefill as i32)],
+            )
+            .unwrap();
+            c.batch_execute("VACUUM ANALYZE").unwrap();
+            skip_runs.push(run_clients(&dsn, 4, s.secs, |c, _, _| {
+                let claim =
+                    prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED");
+                let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = $1");
+                let mut tx = c.transaction().unwrap();
+                let Some(row) = tx.query_opt(&claim, &[]).unwrap() else { return 0 };
+                let id: i64 = row.get(0);
+                tx.execute(&delete, &[&id]).unwrap();
+                tx.commit().unwrap();
+                1
+            }));
+            skip_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+        }
+        println!(
+            "  (pop + ack batch 1 runs: queen {:?}, skip-locked {:?})",
+            queen_runs.iter().map(|v| *v as i64).collect::<Vec<_>>(),
+            skip_runs.iter().map(|v| *v as i64).collect::<Vec<_>>()
+        );
+        queen_pop1 = median(&mut queen_runs);
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut queen_cpu));
+        say(&mut rows, "pop + ack, batch 1, 4 consumers", "queen", queen_pop1, "msg/s");
+        skip_pop1 = median(&mut skip_runs);
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut skip_cpu));
+        say(&mut rows, "pop + ack, batch 1, 4 consumers", "skip-locked table", skip_pop1, "msg/s");
     }
     if want("fanout") {
         // ---- fan-out: 10 groups read one stream while it is pushed ----
@@ -900,6 +961,7 @@ fn main() {
         ("  push batch 1000 / jsonb receive floor", queen_push1000 / jsonb_floor, "(share of the ceiling)"),
         ("pop+ack / SKIP LOCKED table", queen_pop / skip_pop, ">= 2"),
         ("pop+ack / PgQ", queen_pop / pgq_ack, ">= 1"),
+        ("pop+ack batch 1 / SKIP LOCKED table", queen_pop1 / skip_pop1, "(no target yet)"),
         ("fan-out deliveries / push rate", fan_rate / push_rate, ">= 8"),
         ("wake p50 (ms)", pct(0.5), "<= 1"),
         ("wake p99 (ms)", pct(0.99), "<= 5"),
