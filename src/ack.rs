@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::JsonB;
+
 use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, LaneState, RetryPolicy};
 use queen_core::policy::dead_lettering;
 use serde_json::{json, Value};
 
-use crate::jsonb::{Found, JsonbArg};
+use crate::jsonb::{Found, JsonOut, JsonbArg};
 
 use crate::clock::{clock_now, timestamptz};
 use crate::errors::{self, SpiExt};
@@ -88,7 +88,7 @@ fn ack_one(
     status: default!(Option<&str>, "'completed'"),
     error: default!(Option<&str>, "NULL"),
     retry_after: default!(Option<pgrx::datum::Interval>, "NULL"),
-) -> JsonB {
+) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
     let offset = msg_offset.unwrap_or_else(|| errors::null_arg("msg_offset"));
@@ -96,7 +96,7 @@ fn ack_one(
     let retry_after =
         retry_after.map(|v| check_retry_after("retry_after", status, crate::clock::interval_micros("retry_after", v)));
     let item = AckItem { offset, status, error: error.map(str::to_string), retry_after };
-    JsonB(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
+    JsonOut(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
 }
 
 /// The keys an ack item may have.
@@ -114,7 +114,7 @@ GRANT EXECUTE ON FUNCTION queen.ack(uuid, jsonb) TO queen_consumer;
 
 #[pg_extern(name = "ack", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
+fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     let acks = acks.unwrap_or_else(|| errors::null_arg("acks"));
     // Read in jsonb's binary form: no text round trip, and numbers of any size are text
@@ -183,7 +183,7 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonB {
             Addressed { partition_id, item: AckItem { offset, status, error, retry_after } }
         })
         .collect();
-    JsonB(ack(lease_id, Some(items)))
+    JsonOut(ack(lease_id, Some(items)))
 }
 
 extension_sql!(
@@ -198,9 +198,9 @@ GRANT EXECUTE ON FUNCTION queen.ack(uuid) TO queen_consumer;
 
 #[pg_extern(name = "ack", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonB {
+fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-    JsonB(ack(lease_id, None))
+    JsonOut(ack(lease_id, None))
 }
 
 /// Applies `items` (or, with None, completes every lane of the lease) and reports.

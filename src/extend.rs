@@ -1,8 +1,8 @@
 //! `queen.extend_lease` (docs/functions.md#extend_lease). Expiry needs no code: a pop treats an expired lease as
 //! absent and reclaims the lane (see `pop`).
 
+use crate::jsonb::JsonOut;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 use serde_json::{json, Value};
 
 use crate::clock::{clock_now, timestamptz};
@@ -23,7 +23,7 @@ GRANT EXECUTE ON FUNCTION queen.extend_lease(uuid, int) TO queen_consumer;
 
 #[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonB {
+fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     crate::citus::ensure_id_home("lease", &lease_id);
     let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
@@ -40,7 +40,7 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
         extend_table(lease_id, target, now)
     };
     let ts = earliest.map(Value::from).unwrap_or(Value::Null);
-    JsonB(json!({
+    JsonOut(json!({
         "leaseId": from_pg_uuid(&lease_id).to_string(),
         "success": renewed > 0,
         "renewed": renewed,

@@ -39,10 +39,128 @@ impl IntoDatum for RawJsonb {
     }
 }
 
-// pgrx's SQL mapping and calling convention for our two jsonb types: they are `jsonb` in
-// SQL; arguments unbox through FromDatum and returns box through IntoDatum, as pgrx does
-// for its own JsonB.
-macro_rules! callconv {
+/// A JSON value returned as jsonb, built in place with PostgreSQL's jsonb builder: no text
+/// for `jsonb_in` to parse again (the way pgrx's `JsonB` returns a value, which cost a
+/// quarter of an ack of one message).
+pub struct JsonOut(pub serde_json::Value);
+
+impl IntoDatum for JsonOut {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(from_value(&self.0))
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+/// `v` as a jsonb datum (palloc'd in the current memory context). Its keys, numbers and
+/// strings come out as `jsonb_in` would read `v`'s JSON text.
+pub fn from_value(v: &serde_json::Value) -> pg_sys::Datum {
+    use pg_sys::JsonbIteratorToken::{WJB_BEGIN_ARRAY, WJB_ELEM, WJB_END_ARRAY};
+    let mut state: *mut pg_sys::JsonbParseState = std::ptr::null_mut();
+    // SAFETY: the builder's state lives in the current memory context until
+    // JsonbValueToJsonb copies the result into a new jsonb; every string it points into
+    // is borrowed from `v`, which outlives the call. A scalar at the top is a one-element
+    // raw-scalar array, as jsonb_in builds it.
+    unsafe {
+        let top = if v.is_object() || v.is_array() {
+            push(&mut state, v, None)
+        } else {
+            let mut begin = pg_sys::JsonbValue { type_: pg_sys::jbvType::jbvArray, ..std::mem::zeroed() };
+            begin.val.array.rawScalar = true;
+            pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_ARRAY, &mut begin);
+            push(&mut state, v, Some(WJB_ELEM));
+            pg_sys::pushJsonbValue(&mut state, WJB_END_ARRAY, std::ptr::null_mut())
+        };
+        pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(top))
+    }
+}
+
+/// Pushes `v` to the builder: a scalar as `token` (WJB_VALUE or WJB_ELEM), a container as
+/// its begin token, its members and its end token (whose result is returned).
+///
+/// # Safety
+/// `state` is a builder state (or null, to start one) in the current memory context, and
+/// `v` outlives its use.
+unsafe fn push(
+    state: &mut *mut pg_sys::JsonbParseState,
+    v: &serde_json::Value,
+    token: Option<pg_sys::JsonbIteratorToken::Type>,
+) -> *mut pg_sys::JsonbValue {
+    use pg_sys::JsonbIteratorToken::*;
+    use serde_json::Value;
+    // SAFETY: as the caller promises; each JsonbValue is copied by pushJsonbValue.
+    unsafe {
+        match v {
+            Value::Object(m) => {
+                pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
+                for (k, x) in m {
+                    let mut key = string(k);
+                    pg_sys::pushJsonbValue(state, WJB_KEY, &mut key);
+                    push(state, x, Some(WJB_VALUE));
+                }
+                pg_sys::pushJsonbValue(state, WJB_END_OBJECT, std::ptr::null_mut())
+            }
+            Value::Array(a) => {
+                pg_sys::pushJsonbValue(state, WJB_BEGIN_ARRAY, std::ptr::null_mut());
+                for x in a {
+                    push(state, x, Some(WJB_ELEM));
+                }
+                pg_sys::pushJsonbValue(state, WJB_END_ARRAY, std::ptr::null_mut())
+            }
+            scalar => {
+                let mut jv: pg_sys::JsonbValue = std::mem::zeroed();
+                match scalar {
+                    Value::Null => jv.type_ = pg_sys::jbvType::jbvNull,
+                    Value::Bool(b) => {
+                        jv.type_ = pg_sys::jbvType::jbvBool;
+                        jv.val.boolean = *b;
+                    }
+                    Value::Number(n) => {
+                        jv.type_ = pg_sys::jbvType::jbvNumeric;
+                        jv.val.numeric = match n.as_i64() {
+                            Some(i) => pg_sys::int64_to_numeric(i),
+                            // What jsonb_in would read: numeric_in of the number's text.
+                            None => {
+                                let text = std::ffi::CString::new(n.to_string()).expect("a number has no NUL");
+                                let d = pgrx::direct_function_call_as_datum(
+                                    pg_sys::numeric_in,
+                                    &[
+                                        Some(pg_sys::Datum::from(text.as_ptr())),
+                                        Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
+                                        Some(pg_sys::Datum::from(-1i32)),
+                                    ],
+                                )
+                                .expect("numeric_in returns a value");
+                                d.cast_mut_ptr()
+                            }
+                        };
+                    }
+                    Value::String(s) => jv = string(s),
+                    Value::Object(_) | Value::Array(_) => unreachable!("containers are handled above"),
+                }
+                pg_sys::pushJsonbValue(state, token.expect("a scalar is a value or an element"), &mut jv)
+            }
+        }
+    }
+}
+
+/// A jsonb string value pointing into `s` (which must outlive the builder's use of it).
+fn string(s: &str) -> pg_sys::JsonbValue {
+    // SAFETY: a zeroed JsonbValue is a valid plain-data value; the string fields are set.
+    let mut jv: pg_sys::JsonbValue = unsafe { std::mem::zeroed() };
+    jv.type_ = pg_sys::jbvType::jbvString;
+    jv.val.string = pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_1 {
+        len: i32::try_from(s.len()).expect("a report string is far below 1 GB"),
+        val: s.as_ptr() as *mut std::ffi::c_char,
+    };
+    jv
+}
+
+// pgrx's SQL mapping and calling convention for our jsonb types: they are `jsonb` in SQL;
+// arguments unbox through FromDatum and returns box through IntoDatum, as pgrx does for
+// its own JsonB.
+macro_rules! sql_jsonb {
     ($($t:ident),*) => {$(
         // SAFETY: the type is jsonb in SQL, and its datums are jsonb (FromDatum/IntoDatum).
         unsafe impl SqlTranslatable for $t {
@@ -53,6 +171,23 @@ macro_rules! callconv {
             const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
                 Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
         }
+        // SAFETY: returns are boxed with this type's IntoDatum, as pgrx's own JsonB is.
+        unsafe impl pgrx::callconv::BoxRet for $t {
+            unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+                match self.into_datum() {
+                    // SAFETY: a jsonb datum palloc'd in the call's memory context.
+                    Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+                    None => fcinfo.return_null(),
+                }
+            }
+        }
+    )*};
+}
+sql_jsonb!(RawJsonb, JsonbArg, JsonOut);
+
+// Arguments of the two jsonb types that take them.
+macro_rules! arg_jsonb {
+    ($($t:ident),*) => {$(
         // SAFETY: arguments are unboxed with this type's FromDatum, as pgrx's own JsonB is.
         unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for $t {
             unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
@@ -68,19 +203,9 @@ macro_rules! callconv {
                 unsafe { arg.unbox_arg_using_from_datum().into() }
             }
         }
-        // SAFETY: returns are boxed with this type's IntoDatum, as pgrx's own JsonB is.
-        unsafe impl pgrx::callconv::BoxRet for $t {
-            unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
-                match self.into_datum() {
-                    // SAFETY: a jsonb datum palloc'd in the call's memory context.
-                    Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
-                    None => fcinfo.return_null(),
-                }
-            }
-        }
     )*};
 }
-callconv!(RawJsonb, JsonbArg);
+arg_jsonb!(RawJsonb, JsonbArg);
 
 /// A jsonb datum (palloc'd in the current memory context) holding `container` bytes.
 pub fn jsonb_datum(container: &[u8]) -> pg_sys::Datum {

@@ -430,12 +430,28 @@ pub fn journal(client: &mut SpiClient<'_>, group: &str, rows: &[(pgrx::Uuid, Sta
     if rows.is_empty() {
         return;
     }
+    let table = journal_table();
+    // Directly (`heap`): an INSERT through SPI cost a fifth of an ack of one message.
+    let group_datum = group.into_datum().expect("text is never NULL");
+    let direct = rows.iter().map(|(pid, s)| {
+        [
+            pid.into_datum().expect("a uuid is never NULL"),
+            group_datum,
+            pg_sys::Datum::from(s.journal_seq),
+            pg_sys::Datum::from(s.committed),
+            pg_sys::Datum::from(s.retry_count),
+        ]
+    });
+    let relid = crate::catalog::queen_table(if table == 0 { c"lane_journal_0" } else { c"lane_journal_1" });
+    if crate::heap::insert_rows(relid, direct) {
+        return;
+    }
     let pids: Vec<pgrx::Uuid> = rows.iter().map(|r| r.0).collect();
     let seqs: Vec<i64> = rows.iter().map(|r| r.1.journal_seq).collect();
     let committed: Vec<i64> = rows.iter().map(|r| r.1.committed).collect();
     let retries: Vec<i32> = rows.iter().map(|r| r.1.retry_count).collect();
     let args = [pids.into(), group.into(), seqs.into(), committed.into(), retries.into()];
-    if journal_table() == 0 {
+    if table == 0 {
         run(
             client,
             "INSERT INTO queen.lane_journal_0 (partition_id, consumer_group, seq, committed, retry_count)
