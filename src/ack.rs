@@ -353,6 +353,53 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     })
 }
 
+thread_local! {
+    /// Per backend: queue id -> (the `queues::generation` it was read under, its retry
+    /// policy, its name). Acks of one message read no queue row while no queue changed.
+    static POLICIES: std::cell::RefCell<std::collections::HashMap<i64, (u64, RetryPolicy, String)>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Most queues whose policy a backend remembers; past it, it starts again.
+const MAX_POLICIES: usize = 10_000;
+
+/// A queue's retry policy and name; None when the queue no longer exists.
+fn queue_policy(client: &mut SpiClient<'_>, queue_id: i64) -> Option<(RetryPolicy, String)> {
+    let generation = crate::queues::generation();
+    let hit = POLICIES.with(|p| p.borrow().get(&queue_id).filter(|e| e.0 == generation).map(|e| (e.1, e.2.clone())));
+    if hit.is_some() {
+        return hit;
+    }
+    let row = run(
+        client,
+        concat!(
+            "SELECT q.retry_limit, q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
+            retry_backoff_micros_sql!("q"),
+            " FROM queen.queues q WHERE q.queue_id = $1"
+        ),
+        &[queue_id.into()],
+    );
+    let q = row.into_iter().next()?;
+    let policy = RetryPolicy {
+        retry_limit: q.get(1).or_raise().unwrap(),
+        dead_lettering: dead_lettering(q.get(2).or_raise().unwrap(), q.get(3).or_raise().unwrap()),
+        retry_backoff: q.get(5).or_raise().unwrap(),
+        retry_backoff_max: q.get(6).or_raise().unwrap(),
+    };
+    let queue: String = q.get(4).or_raise().unwrap();
+    // Kept only when no change arrived while it was read (the next call reads again).
+    if crate::queues::generation() == generation {
+        POLICIES.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() >= MAX_POLICIES {
+                p.clear();
+            }
+            p.insert(queue_id, (generation, policy, queue.clone()));
+        });
+    }
+    Some((policy, queue))
+}
+
 /// With the lane registry: the lanes of a live or expired lease, locked in partition
 /// order (an ack waits for another transaction that holds one, as for a row lock). Only
 /// lanes that still carry this lease; `wanted` limits them to the items' partitions.
@@ -367,23 +414,7 @@ fn lock_registry(
     if !crate::locks::share_queue(info.queue_id) {
         return Vec::new();
     }
-    let policy = run(
-        client,
-        concat!(
-            "SELECT q.retry_limit, q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
-            retry_backoff_micros_sql!("q"),
-            " FROM queen.queues q WHERE q.queue_id = $1"
-        ),
-        &[info.queue_id.into()],
-    );
-    let Some(q) = policy.into_iter().next() else { return Vec::new() };
-    let policy = RetryPolicy {
-        retry_limit: q.get(1).or_raise().unwrap(),
-        dead_lettering: dead_lettering(q.get(2).or_raise().unwrap(), q.get(3).or_raise().unwrap()),
-        retry_backoff: q.get(5).or_raise().unwrap(),
-        retry_backoff_max: q.get(6).or_raise().unwrap(),
-    };
-    let queue: String = q.get(4).or_raise().unwrap();
+    let Some((policy, queue)) = queue_policy(client, info.queue_id) else { return Vec::new() };
     let mut pids: Vec<pgrx::Uuid> = info
         .lanes
         .iter()

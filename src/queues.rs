@@ -30,6 +30,23 @@ thread_local! {
     static STALE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Set by the same callback, for `locks::share_queue` (see `changed_since`).
     static CHANGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Counts the callback's calls, for caches of queue options (see `generation`).
+    static GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A number that changes whenever `queen.queues` may have changed (options set by
+/// `configure`, a queue deleted) since it was last read: a cache of queue options filled
+/// under one generation is good while `generation` still returns it. Processes the
+/// invalidations other transactions committed first.
+pub fn generation() -> u64 {
+    if QUEUES_OID.with(|o| o.get()) == pg_sys::InvalidOid {
+        let oid = queues_oid();
+        QUEUES_OID.with(|o| o.set(oid));
+        GENERATION.with(|g| g.set(g.get() + 1));
+    }
+    // SAFETY: processing pending invalidations is allowed at any point in a transaction.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    GENERATION.with(|g| g.get())
 }
 
 /// Whether `queen.queues` may have changed (a queue deleted, say) since the last call:
@@ -60,6 +77,7 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
     if relid == pg_sys::InvalidOid || relid == QUEUES_OID.with(|o| o.get()) {
         STALE.with(|s| s.set(true));
         CHANGED.with(|c| c.set(true));
+        GENERATION.with(|g| g.set(g.get() + 1));
     }
 }
 
