@@ -283,6 +283,9 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
     check_queue_name("queue", queue);
     crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
+    // Pops cache whether a group exists (`pop::group_info`): they look again once this
+    // commits.
+    crate::queues::invalidate();
     let lanes = Spi::connect_mut(|client| {
         let queue_id = queue_id(client, queue)?;
         if !group_exists(client, queue_id, group) {

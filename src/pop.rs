@@ -271,8 +271,37 @@ pub fn pop(a: &PopArgs) -> Vec<Delivered> {
     })
 }
 
-fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
-    let info = run(
+/// What a pop needs of its queue and group.
+#[derive(Clone, Copy)]
+struct GroupInfo {
+    queue_id: i64,
+    lease_time: Option<i32>,
+    has_group: bool,
+    /// The group's lease budget (microseconds), when it has one.
+    budget_micros: Option<i64>,
+    delay: i64,
+}
+
+thread_local! {
+    /// Per backend: (queue, group) -> (the `queues::generation` it was read under, its
+    /// info), for groups that exist: a pop of one message reads no settings row while no
+    /// queue or group changed.
+    static GROUPS: std::cell::RefCell<std::collections::HashMap<(String, String), (u64, GroupInfo)>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Most (queue, group) pairs a backend remembers; past it, it starts again.
+const MAX_GROUPS: usize = 10_000;
+
+/// The queue's and group's settings; None for an unknown queue.
+fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<GroupInfo> {
+    let generation = crate::queues::generation();
+    let hit = GROUPS
+        .with(|g| g.borrow().get(&(queue.to_string(), group.to_string())).filter(|e| e.0 == generation).map(|e| e.1));
+    if hit.is_some() {
+        return hit;
+    }
+    let row = run(
         client,
         "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
                 (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
@@ -281,16 +310,36 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
            FROM queen.queues q
            LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
           WHERE q.name = $1",
-        &[a.queue.into(), a.group.into()],
-    );
-    let Some(row) = info.into_iter().next() else {
+        &[queue.into(), group.into()],
+    )
+    .next()?;
+    let info = GroupInfo {
+        queue_id: row.get(1).or_raise().unwrap(),
+        lease_time: row.get(2).or_raise(),
+        has_group: row.get(3).or_raise().unwrap(),
+        budget_micros: row.get(4).or_raise(),
+        delay: row.get(5).or_raise().unwrap_or(0),
+    };
+    // Kept once the group exists, and only when no change arrived while it was read (the
+    // next call reads again).
+    if info.has_group && crate::queues::generation() == generation {
+        GROUPS.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.len() >= MAX_GROUPS {
+                g.clear();
+            }
+            g.insert((queue.to_string(), group.to_string()), (generation, info));
+        });
+    }
+    Some(info)
+}
+
+fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
+    let Some(GroupInfo { queue_id, lease_time, has_group, budget_micros, delay }) =
+        group_info(client, a.queue, a.group)
+    else {
         return Vec::new(); // unknown queue: zero rows
     };
-    let queue_id: i64 = row.get(1).or_raise().unwrap();
-    let lease_time: Option<i32> = row.get(2).or_raise();
-    let has_group: bool = row.get(3).or_raise().unwrap();
-    let budget_micros: Option<i64> = row.get(4).or_raise();
-    let delay: i64 = row.get(5).or_raise().unwrap_or(0);
     // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
     if !crate::locks::share_queue(queue_id) {
         return Vec::new(); // deleted while this pop waited: an unknown queue

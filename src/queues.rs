@@ -35,9 +35,11 @@ thread_local! {
 }
 
 /// A number that changes whenever `queen.queues` may have changed (options set by
-/// `configure`, a queue deleted) since it was last read: a cache of queue options filled
-/// under one generation is good while `generation` still returns it. Processes the
-/// invalidations other transactions committed first.
+/// `configure`, a queue deleted; `configure_group` and `drop_group` send the same
+/// invalidation) since it was last read, and when a transaction of this backend aborts:
+/// a cache of queue or group settings filled under one generation is good while
+/// `generation` still returns it. Processes the invalidations other transactions
+/// committed first.
 pub fn generation() -> u64 {
     if QUEUES_OID.with(|o| o.get()) == pg_sys::InvalidOid {
         let oid = queues_oid();
@@ -81,9 +83,11 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
     }
 }
 
-/// A transaction or subtransaction aborted: forget targets it may have created.
+/// A transaction or subtransaction aborted: forget targets it may have created, and
+/// what caches of queue and group settings read while it ran (`generation`).
 pub fn on_abort() {
     STALE.with(|s| s.set(true));
+    GENERATION.with(|g| g.set(g.get() + 1));
 }
 
 /// Tells every backend that queues changed (options, or a queue deleted): each drops its
