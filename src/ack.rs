@@ -387,8 +387,9 @@ fn queue_policy(client: &mut SpiClient<'_>, queue_id: i64) -> Option<(RetryPolic
         retry_backoff_max: q.get(6).or_raise().unwrap(),
     };
     let queue: String = q.get(4).or_raise().unwrap();
-    // Kept only when no change arrived while it was read (the next call reads again).
-    if crate::queues::generation() == generation {
+    // Kept only when no change arrived while it was read (the next call reads again) and
+    // the read saw the latest committed row (`queues::cacheable`).
+    if crate::queues::cacheable() && crate::queues::generation() == generation {
         POLICIES.with(|p| {
             let mut p = p.borrow_mut();
             if p.len() >= MAX_POLICIES {

@@ -32,6 +32,8 @@ pub fn insert_fresh_segment(
         _ => return false,
     };
     // Columns: partition_id, first_offset, last_offset, created_at, data, generation.
+    let types =
+        [pg_sys::UUIDOID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::BYTEAOID, pg_sys::INT2OID];
     let row = [
         pid.into_datum().unwrap(),
         pg_sys::Datum::from(first),
@@ -40,15 +42,21 @@ pub fn insert_fresh_segment(
         data.into_datum().unwrap(),
         generation.into_datum().unwrap(),
     ];
-    insert_rows(crate::catalog::queen_table(table), std::iter::once(row))
+    insert_rows(crate::catalog::queen_table(table), types, std::iter::once(row))
 }
 
-/// Inserts rows of `N` non-null columns (datums of the columns' types, in order) into the
-/// plain table `relid`, with their index entries, in one pass: the table and its indexes
-/// are opened once. Returns false, having done nothing, when `relid` is invalid, has not
-/// `N` columns, or has an index with expressions or a predicate. Later statements of the
-/// transaction see the rows.
-pub fn insert_rows<const N: usize>(relid: pg_sys::Oid, rows: impl IntoIterator<Item = [pg_sys::Datum; N]>) -> bool {
+/// Inserts rows of `N` non-null columns of types `types` (datums of those types, in
+/// order) into the plain table `relid`, with their index entries, in one pass: the table
+/// and its indexes are opened once. Returns false, having done nothing, when `relid` is
+/// invalid, its columns are not `types`, or it has more than `MAX_INDEXES` indexes or one
+/// with expressions or a predicate. An index not ready for inserts (one that CREATE INDEX
+/// CONCURRENTLY is building) is left to its build, as the executor leaves it. Later
+/// statements of the transaction see the rows.
+pub fn insert_rows<const N: usize>(
+    relid: pg_sys::Oid,
+    types: [pg_sys::Oid; N],
+    rows: impl IntoIterator<Item = [pg_sys::Datum; N]>,
+) -> bool {
     if relid == pg_sys::InvalidOid {
         return false;
     }
@@ -68,12 +76,18 @@ pub fn insert_rows<const N: usize>(relid: pg_sys::Oid, rows: impl IntoIterator<I
         let count = if indexes.is_null() { 0 } else { (*indexes).length as usize };
         let mut opened: [(pg_sys::Relation, *mut pg_sys::IndexInfo); MAX_INDEXES] =
             [(std::ptr::null_mut(), std::ptr::null_mut()); MAX_INDEXES];
-        let fits = count <= MAX_INDEXES && (*desc).natts as usize == N;
+        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        let fits = count <= MAX_INDEXES
+            && attrs.len() == N
+            && attrs.iter().zip(types).all(|(a, t)| !a.attisdropped && a.atttypid == t);
         if fits {
             for (i, slot) in opened.iter_mut().enumerate().take(count) {
                 let irel = pg_sys::index_open((*(*indexes).elements.add(i)).oid_value, lock);
                 *slot = (irel, pg_sys::BuildIndexInfo(irel));
             }
+        }
+        if !indexes.is_null() {
+            pg_sys::list_free(indexes);
         }
         let opened = &opened[..if fits { count } else { 0 }];
         if !fits || opened.iter().any(|&(_, info)| !(*info).ii_Expressions.is_null() || !(*info).ii_Predicate.is_null())
@@ -91,7 +105,7 @@ pub fn insert_rows<const N: usize>(relid: pg_sys::Oid, rows: impl IntoIterator<I
             let tup = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::heap_insert(rel, tup, cid, 0, std::ptr::null_mut());
             pg_sys::ExecStoreHeapTuple(tup, slot, false);
-            for &(irel, info) in opened {
+            for &(irel, info) in opened.iter().filter(|&&(_, info)| (*info).ii_ReadyForInserts) {
                 let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
                 let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
                 pg_sys::FormIndexDatum(info, slot, std::ptr::null_mut(), ivalues.as_mut_ptr(), inulls.as_mut_ptr());

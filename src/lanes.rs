@@ -425,7 +425,8 @@ pub fn journal_table() -> usize {
     t
 }
 
-/// Appends lanes' new cursors and retry counts to the journal (one statement).
+/// Appends lanes' new cursors and retry counts to the journal (directly, or in one
+/// statement when the table is not one `heap::insert_rows` can write).
 pub fn journal(client: &mut SpiClient<'_>, group: &str, rows: &[(pgrx::Uuid, State)]) {
     if rows.is_empty() {
         return;
@@ -443,7 +444,8 @@ pub fn journal(client: &mut SpiClient<'_>, group: &str, rows: &[(pgrx::Uuid, Sta
         ]
     });
     let relid = crate::catalog::queen_table(if table == 0 { c"lane_journal_0" } else { c"lane_journal_1" });
-    if crate::heap::insert_rows(relid, direct) {
+    let types = [pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID];
+    if crate::heap::insert_rows(relid, types, direct) {
         return;
     }
     let pids: Vec<pgrx::Uuid> = rows.iter().map(|r| r.0).collect();

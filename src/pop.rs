@@ -321,8 +321,8 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
         delay: row.get(5).or_raise().unwrap_or(0),
     };
     // Kept once the group exists, and only when no change arrived while it was read (the
-    // next call reads again).
-    if info.has_group && crate::queues::generation() == generation {
+    // next call reads again) and the read saw the latest committed rows (`cacheable`).
+    if info.has_group && crate::queues::cacheable() && crate::queues::generation() == generation {
         GROUPS.with(|g| {
             let mut g = g.borrow_mut();
             if g.len() >= MAX_GROUPS {

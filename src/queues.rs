@@ -41,26 +41,39 @@ thread_local! {
 /// `generation` still returns it. Processes the invalidations other transactions
 /// committed first.
 pub fn generation() -> u64 {
-    if QUEUES_OID.with(|o| o.get()) == pg_sys::InvalidOid {
-        let oid = queues_oid();
-        QUEUES_OID.with(|o| o.set(oid));
-        GENERATION.with(|g| g.set(g.get() + 1));
-    }
     // SAFETY: processing pending invalidations is allowed at any point in a transaction.
     unsafe { pg_sys::AcceptInvalidationMessages() };
+    track_queues_oid();
     GENERATION.with(|g| g.get())
+}
+
+/// Whether settings read now may be cached (`generation`): not in a REPEATABLE READ or
+/// SERIALIZABLE transaction, whose snapshot may predate a change whose invalidation this
+/// backend has already taken in (the row read would be the old one, kept as current).
+pub fn cacheable() -> bool {
+    // SAFETY: a plain read of the current transaction's isolation level.
+    unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// Follows `queen.queues` to its current OID (the extension dropped and created again
+/// gives it a new one): the invalidation callback compares against it. A new OID counts
+/// as a change.
+fn track_queues_oid() {
+    let oid = queues_oid();
+    if QUEUES_OID.with(|o| o.replace(oid)) != oid {
+        STALE.with(|s| s.set(true));
+        CHANGED.with(|c| c.set(true));
+        GENERATION.with(|g| g.set(g.get() + 1));
+    }
 }
 
 /// Whether `queen.queues` may have changed (a queue deleted, say) since the last call:
 /// processes the invalidations other transactions committed, then reads and clears the
 /// flag they set.
 pub fn changed_since() -> bool {
-    if QUEUES_OID.with(|o| o.get()) == pg_sys::InvalidOid {
-        let oid = queues_oid();
-        QUEUES_OID.with(|o| o.set(oid));
-    }
     // SAFETY: processing pending invalidations is allowed at any point in a transaction.
     unsafe { pg_sys::AcceptInvalidationMessages() };
+    track_queues_oid();
     CHANGED.with(|c| c.replace(false))
 }
 
@@ -90,8 +103,9 @@ pub fn on_abort() {
     GENERATION.with(|g| g.set(g.get() + 1));
 }
 
-/// Tells every backend that queues changed (options, or a queue deleted): each drops its
-/// cached targets when it next starts a transaction or pushes, once this one commits.
+/// Tells every backend that queues or groups changed (options, a queue deleted, a group's
+/// budget set or the group dropped): each drops its cached targets and settings
+/// (`generation`) when it next pushes, pops or acks, once this one commits.
 pub fn invalidate() {
     // SAFETY: the relation exists (queen's own table) and the invalidation is
     // transactional: it is sent if, and when, the current transaction commits.
@@ -112,6 +126,7 @@ pub fn target(queue: &str, partition: &str, locate: impl FnOnce() -> Target) -> 
     // Invalidations other transactions committed (a queue deleted, say) apply first.
     // SAFETY: processing pending invalidations is allowed at any point in a transaction.
     unsafe { pg_sys::AcceptInvalidationMessages() };
+    track_queues_oid();
     if STALE.with(|s| s.replace(false)) {
         TARGETS.with(|c| c.borrow_mut().clear());
     }
@@ -120,9 +135,7 @@ pub fn target(queue: &str, partition: &str, locate: impl FnOnce() -> Target) -> 
         return t;
     }
     let t = locate();
-    if TARGETS.with(|c| c.borrow().is_empty() || c.borrow().len() >= MAX_TARGETS) {
-        let oid = queues_oid();
-        QUEUES_OID.with(|o| o.set(oid));
+    if TARGETS.with(|c| c.borrow().len() >= MAX_TARGETS) {
         TARGETS.with(|c| c.borrow_mut().clear());
     }
     // An invalidation that arrived while locating: the target may be stale already.
