@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-
 use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, LaneState, RetryPolicy};
 use queen_core::policy::dead_lettering;
 use serde_json::{json, Value};
@@ -354,51 +353,37 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
 }
 
 thread_local! {
-    /// Per backend: queue id -> (the `queues::generation` it was read under, its retry
-    /// policy, its name). Acks of one message read no queue row while no queue changed.
-    static POLICIES: std::cell::RefCell<std::collections::HashMap<i64, (u64, RetryPolicy, String)>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// Per backend: queue id -> its retry policy and name (`queues::cached`). Acks of one
+    /// message read no queue row while no queue changed.
+    static POLICIES: crate::queues::Settings<i64, (RetryPolicy, String)> = Default::default();
 }
-
-/// Most queues whose policy a backend remembers; past it, it starts again.
-const MAX_POLICIES: usize = 10_000;
 
 /// A queue's retry policy and name; None when the queue no longer exists.
 fn queue_policy(client: &mut SpiClient<'_>, queue_id: i64) -> Option<(RetryPolicy, String)> {
-    let generation = crate::queues::generation();
-    let hit = POLICIES.with(|p| p.borrow().get(&queue_id).filter(|e| e.0 == generation).map(|e| (e.1, e.2.clone())));
-    if hit.is_some() {
-        return hit;
-    }
-    let row = run(
-        client,
-        concat!(
-            "SELECT q.retry_limit, q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
-            retry_backoff_micros_sql!("q"),
-            " FROM queen.queues q WHERE q.queue_id = $1"
-        ),
-        &[queue_id.into()],
-    );
-    let q = row.into_iter().next()?;
-    let policy = RetryPolicy {
-        retry_limit: q.get(1).or_raise().unwrap(),
-        dead_lettering: dead_lettering(q.get(2).or_raise().unwrap(), q.get(3).or_raise().unwrap()),
-        retry_backoff: q.get(5).or_raise().unwrap(),
-        retry_backoff_max: q.get(6).or_raise().unwrap(),
-    };
-    let queue: String = q.get(4).or_raise().unwrap();
-    // Kept only when no change arrived while it was read (the next call reads again) and
-    // the read saw the latest committed row (`queues::cacheable`).
-    if crate::queues::cacheable() && crate::queues::generation() == generation {
-        POLICIES.with(|p| {
-            let mut p = p.borrow_mut();
-            if p.len() >= MAX_POLICIES {
-                p.clear();
-            }
-            p.insert(queue_id, (generation, policy, queue.clone()));
-        });
-    }
-    Some((policy, queue))
+    crate::queues::cached(
+        &POLICIES,
+        queue_id,
+        || {
+            let q = run(
+                client,
+                concat!(
+                    "SELECT q.retry_limit, q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
+                    retry_backoff_micros_sql!("q"),
+                    " FROM queen.queues q WHERE q.queue_id = $1"
+                ),
+                &[queue_id.into()],
+            )
+            .next()?;
+            let policy = RetryPolicy {
+                retry_limit: q.get(1).or_raise().unwrap(),
+                dead_lettering: dead_lettering(q.get(2).or_raise().unwrap(), q.get(3).or_raise().unwrap()),
+                retry_backoff: q.get(5).or_raise().unwrap(),
+                retry_backoff_max: q.get(6).or_raise().unwrap(),
+            };
+            Some((policy, q.get::<String>(4).or_raise().unwrap()))
+        },
+        |_| true,
+    )
 }
 
 /// With the lane registry: the lanes of a live or expired lease, locked in partition

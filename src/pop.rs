@@ -283,55 +283,36 @@ struct GroupInfo {
 }
 
 thread_local! {
-    /// Per backend: (queue, group) -> (the `queues::generation` it was read under, its
-    /// info), for groups that exist: a pop of one message reads no settings row while no
-    /// queue or group changed.
-    static GROUPS: std::cell::RefCell<std::collections::HashMap<(String, String), (u64, GroupInfo)>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// Per backend: (queue, group) -> its info (`queues::cached`), for groups that exist:
+    /// a pop of one message reads no settings row while no queue or group changed.
+    static GROUPS: crate::queues::Settings<(String, String), GroupInfo> = Default::default();
 }
-
-/// Most (queue, group) pairs a backend remembers; past it, it starts again.
-const MAX_GROUPS: usize = 10_000;
 
 /// The queue's and group's settings; None for an unknown queue.
 fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<GroupInfo> {
-    let generation = crate::queues::generation();
-    let hit = GROUPS
-        .with(|g| g.borrow().get(&(queue.to_string(), group.to_string())).filter(|e| e.0 == generation).map(|e| e.1));
-    if hit.is_some() {
-        return hit;
-    }
-    let row = run(
-        client,
-        "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
-                (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
-                                    + g.record_margin) * 1000000)::int8,
-                (extract(epoch FROM q.delay) * 1000000)::int8
-           FROM queen.queues q
-           LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
-          WHERE q.name = $1",
-        &[queue.into(), group.into()],
-    )
-    .next()?;
-    let info = GroupInfo {
-        queue_id: row.get(1).or_raise().unwrap(),
-        lease_time: row.get(2).or_raise(),
-        has_group: row.get(3).or_raise().unwrap(),
-        budget_micros: row.get(4).or_raise(),
-        delay: row.get(5).or_raise().unwrap_or(0),
+    let read = || {
+        let row = run(
+            client,
+            "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
+                    (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
+                                        + g.record_margin) * 1000000)::int8,
+                    (extract(epoch FROM q.delay) * 1000000)::int8
+               FROM queen.queues q
+               LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
+              WHERE q.name = $1",
+            &[queue.into(), group.into()],
+        )
+        .next()?;
+        Some(GroupInfo {
+            queue_id: row.get(1).or_raise().unwrap(),
+            lease_time: row.get(2).or_raise(),
+            has_group: row.get(3).or_raise().unwrap(),
+            budget_micros: row.get(4).or_raise(),
+            delay: row.get(5).or_raise().unwrap_or(0),
+        })
     };
-    // Kept once the group exists, and only when no change arrived while it was read (the
-    // next call reads again) and the read saw the latest committed rows (`cacheable`).
-    if info.has_group && crate::queues::cacheable() && crate::queues::generation() == generation {
-        GROUPS.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.len() >= MAX_GROUPS {
-                g.clear();
-            }
-            g.insert((queue.to_string(), group.to_string()), (generation, info));
-        });
-    }
-    Some(info)
+    // Kept once the group exists (a pop that finds none creates it, then reads again).
+    crate::queues::cached(&GROUPS, (queue.to_string(), group.to_string()), read, |i| i.has_group)
 }
 
 fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {

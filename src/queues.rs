@@ -47,10 +47,44 @@ pub fn generation() -> u64 {
     GENERATION.with(|g| g.get())
 }
 
+/// Settings a backend keeps per key: each entry with the `generation` it was read under.
+pub type Settings<K, V> = std::cell::RefCell<std::collections::HashMap<K, (u64, V)>>;
+
+/// Most entries a `Settings` cache holds; past it, it starts again.
+const MAX_SETTINGS: usize = 10_000;
+
+/// `key`'s settings from `cache` while no queue or group changed since they were read
+/// (`generation`), else from `read` (None: nothing to read, such as a deleted queue). What
+/// `read` returns is kept when `keep` accepts it, no change arrived while it ran, and its
+/// read saw the latest committed rows (`cacheable`).
+pub fn cached<K: std::hash::Hash + Eq, V: Clone>(
+    cache: &'static std::thread::LocalKey<Settings<K, V>>,
+    key: K,
+    read: impl FnOnce() -> Option<V>,
+    keep: impl FnOnce(&V) -> bool,
+) -> Option<V> {
+    let seen = generation();
+    let hit = cache.with(|c| c.borrow().get(&key).filter(|e| e.0 == seen).map(|e| e.1.clone()));
+    if hit.is_some() {
+        return hit;
+    }
+    let value = read()?;
+    if keep(&value) && cacheable() && generation() == seen {
+        cache.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() >= MAX_SETTINGS {
+                c.clear();
+            }
+            c.insert(key, (seen, value.clone()));
+        });
+    }
+    Some(value)
+}
+
 /// Whether settings read now may be cached (`generation`): not in a REPEATABLE READ or
 /// SERIALIZABLE transaction, whose snapshot may predate a change whose invalidation this
 /// backend has already taken in (the row read would be the old one, kept as current).
-pub fn cacheable() -> bool {
+fn cacheable() -> bool {
     // SAFETY: a plain read of the current transaction's isolation level.
     unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 }
 }

@@ -214,14 +214,81 @@ fn queen_pop1_ack(c: &mut Client) -> usize {
     1
 }
 
-/// pop + ack rate with 4 consumers over whatever backlog `bq` holds.
-fn queen_consume(dsn: &str, secs: f64) -> f64 {
+/// pop + ack rate with 4 consumers, each call `step` (`queen_pop_ack`, `queen_pop1_ack`),
+/// over whatever backlog `bq` holds.
+fn queen_consume(dsn: &str, secs: f64, step: fn(&mut Client) -> usize) -> f64 {
     // Create the consumer group first (one message): a group's first pops race to create
     // it, and a pop that loses that race returns no rows, which would end a client early.
     // (On a thread of its own: prepared statements belong to one connection.)
     let dsn2 = dsn.to_string();
-    thread::spawn(move || queen_pop_ack(&mut connect(&dsn2))).join().unwrap();
-    run_clients(dsn, 4, secs, |c, _, _| queen_pop_ack(c))
+    thread::spawn(move || step(&mut connect(&dsn2))).join().unwrap();
+    run_clients(dsn, 4, secs, move |c, _, _| step(c))
+}
+
+/// The SKIP LOCKED table's pop + ack: claims up to 100 rows and deletes them.
+fn skip_claim_100(c: &mut Client) -> usize {
+    let claim = prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED");
+    let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = ANY($1)");
+    let mut tx = c.transaction().unwrap();
+    let ids: Vec<i64> = tx.query(&claim, &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    if ids.is_empty() {
+        return 0;
+    }
+    tx.execute(&delete, &[&ids]).unwrap();
+    tx.commit().unwrap();
+    ids.len()
+}
+
+/// The SKIP LOCKED table's pop + ack of one message: claims one row and deletes it.
+fn skip_claim_1(c: &mut Client) -> usize {
+    let claim = prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED");
+    let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = $1");
+    let mut tx = c.transaction().unwrap();
+    let Some(row) = tx.query_opt(&claim, &[]).unwrap() else { return 0 };
+    let id: i64 = row.get(0);
+    tx.execute(&delete, &[&id]).unwrap();
+    tx.commit().unwrap();
+    1
+}
+
+/// queen's and the SKIP LOCKED table's pop + ack (`steps`, queen's first), 4 consumers
+/// each, in alternating drains of `prefill` messages (queen's over 16 partitions),
+/// `repeats` each: every run is printed under `label`; returns each system's median rate
+/// and its median client CPU, queen's first.
+fn alternate_drains(
+    c: &mut Client,
+    dsn: &str,
+    secs: f64,
+    repeats: usize,
+    prefill: usize,
+    label: &str,
+    steps: [fn(&mut Client) -> usize; 2],
+) -> [(f64, f64); 2] {
+    let [queen, skip] = steps;
+    let (mut queen_runs, mut skip_runs) = (Vec::new(), Vec::new());
+    let (mut queen_cpu, mut skip_cpu) = (Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        reset(c);
+        prefill_queen(c, prefill, 16);
+        queen_runs.push(queen_consume(dsn, secs, queen));
+        queen_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+        c.execute(
+            "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
+               'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
+               'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
+            &[&(prefill as i32)],
+        )
+        .unwrap();
+        c.batch_execute("VACUUM ANALYZE").unwrap();
+        skip_runs.push(run_clients(dsn, 4, secs, move |c, _, _| skip(c)));
+        skip_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
+    }
+    println!(
+        "  ({label} runs: queen {:?}, skip-locked {:?})",
+        queen_runs.iter().map(|v| *v as i64).collect::<Vec<_>>(),
+        skip_runs.iter().map(|v| *v as i64).collect::<Vec<_>>()
+    );
+    [(median(&mut queen_runs), median(&mut queen_cpu)), (median(&mut skip_runs), median(&mut skip_cpu))]
 }
 
 fn pgq_prefill(c: &mut Client, n: usize) {
@@ -598,46 +665,21 @@ fn main() {
         // ---- pop + ack, batch 100, 4 consumers, 16 partitions, prefilled ----
         // 500k messages drain in a few seconds, so one drain is a short sample: each system
         // drains `POP_REPEATS` times, alternating, and the median counts.
-        let (mut queen_runs, mut skip_runs) = (Vec::new(), Vec::new());
-        let (mut queen_cpu, mut skip_cpu) = (Vec::new(), Vec::new());
-        for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
-            reset(&mut c);
-            prefill_queen(&mut c, s.pop_prefill, 16);
-            queen_runs.push(queen_consume(&dsn, s.secs));
-            queen_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-            c.execute(
-            "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
-               'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
-               'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
-            &[&(s.pop_prefill as i32)],
-        )
-        .unwrap();
-            c.batch_execute("VACUUM ANALYZE").unwrap();
-            skip_runs.push(run_clients(&dsn, 4, s.secs, |c, _, _| {
-                let claim =
-                    prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED");
-                let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = ANY($1)");
-                let mut tx = c.transaction().unwrap();
-                let ids: Vec<i64> = tx.query(&claim, &[]).unwrap().iter().map(|r| r.get(0)).collect();
-                if ids.is_empty() {
-                    return 0;
-                }
-                tx.execute(&delete, &[&ids]).unwrap();
-                tx.commit().unwrap();
-                ids.len()
-            }));
-            skip_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-        }
-        println!(
-            "  (pop + ack runs: queen {:?}, skip-locked {:?})",
-            queen_runs.iter().map(|v| *v as i64).collect::<Vec<_>>(),
-            skip_runs.iter().map(|v| *v as i64).collect::<Vec<_>>()
+        let repeats = if opts.smoke { 1 } else { POP_REPEATS };
+        let [(q, q_cpu), (k, k_cpu)] = alternate_drains(
+            &mut c,
+            &dsn,
+            s.secs,
+            repeats,
+            s.pop_prefill,
+            "pop + ack",
+            [queen_pop_ack, skip_claim_100],
         );
-        queen_pop = median(&mut queen_runs);
-        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut queen_cpu));
+        queen_pop = q;
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(q_cpu);
         say(&mut rows, "pop + ack, batch 100, 4 consumers", "queen", queen_pop, "msg/s");
-        skip_pop = median(&mut skip_runs);
-        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut skip_cpu));
+        skip_pop = k;
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(k_cpu);
         say(&mut rows, "pop + ack, batch 100, 4 consumers", "skip-locked table", skip_pop, "msg/s");
         pgq_prefill(&mut c, s.pop_prefill.min(if opts.smoke { 3_200 } else { 200_000 }));
         c.batch_execute("VACUUM ANALYZE").unwrap();
@@ -650,47 +692,21 @@ fn main() {
         // consumer written the obvious way takes them (`queen.pop('q')` pops one by default,
         // then acks it). Against the SKIP LOCKED table claiming one row and deleting it.
         // Alternating drains, `POP_REPEATS` each; the medians count.
-        let prefill = if opts.smoke { 800 } else { 100_000 };
-        let (mut queen_runs, mut skip_runs) = (Vec::new(), Vec::new());
-        let (mut queen_cpu, mut skip_cpu) = (Vec::new(), Vec::new());
-        for _ in 0..if opts.smoke { 1 } else { POP_REPEATS } {
-            reset(&mut c);
-            prefill_queen(&mut c, prefill, 16);
-            let dsn2 = dsn.clone();
-            thread::spawn(move || queen_pop1_ack(&mut connect(&dsn2))).join().unwrap();
-            queen_runs.push(run_clients(&dsn, 4, s.secs, |c, _, _| queen_pop1_ack(c)));
-            queen_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-            c.execute(
-                "INSERT INTO bench_jobs (payload) SELECT jsonb_build_object('orderId', i, 'customer', 'customer-' || lpad(i::text, 8, '0'),
-                   'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-12345', 'qty', 2, 'price', 19.99)),
-                   'currency', 'EUR', 'note', 'deliver to the back door, ring twice') FROM generate_series(1, $1::int) i",
-                &[&(prefill as i32)],
-            )
-            .unwrap();
-            c.batch_execute("VACUUM ANALYZE").unwrap();
-            skip_runs.push(run_clients(&dsn, 4, s.secs, |c, _, _| {
-                let claim =
-                    prepared(c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED");
-                let delete = prepared(c, "DELETE FROM bench_jobs WHERE id = $1");
-                let mut tx = c.transaction().unwrap();
-                let Some(row) = tx.query_opt(&claim, &[]).unwrap() else { return 0 };
-                let id: i64 = row.get(0);
-                tx.execute(&delete, &[&id]).unwrap();
-                tx.commit().unwrap();
-                1
-            }));
-            skip_cpu.push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-        }
-        println!(
-            "  (pop + ack batch 1 runs: queen {:?}, skip-locked {:?})",
-            queen_runs.iter().map(|v| *v as i64).collect::<Vec<_>>(),
-            skip_runs.iter().map(|v| *v as i64).collect::<Vec<_>>()
+        let (prefill, repeats) = if opts.smoke { (800, 1) } else { (100_000, POP_REPEATS) };
+        let [(q, q_cpu), (k, k_cpu)] = alternate_drains(
+            &mut c,
+            &dsn,
+            s.secs,
+            repeats,
+            prefill,
+            "pop + ack batch 1",
+            [queen_pop1_ack, skip_claim_1],
         );
-        queen_pop1 = median(&mut queen_runs);
-        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut queen_cpu));
+        queen_pop1 = q;
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(q_cpu);
         say(&mut rows, "pop + ack, batch 1, 4 consumers", "queen", queen_pop1, "msg/s");
-        skip_pop1 = median(&mut skip_runs);
-        *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut skip_cpu));
+        skip_pop1 = k;
+        *LAST_CLIENT_CORES.lock().unwrap() = Some(k_cpu);
         say(&mut rows, "pop + ack, batch 1, 4 consumers", "skip-locked table", skip_pop1, "msg/s");
     }
     if want("fanout") {
@@ -881,7 +897,7 @@ fn main() {
                 let parts = if many_first { s.partitions_many } else { 10 };
                 prefill_queen(&mut c, s.partitions_many * 100, parts);
                 settle(&mut c);
-                let v = queen_consume(&dsn, s.secs);
+                let v = queen_consume(&dsn, s.secs, queen_pop_ack);
                 let cpu = LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN);
                 let (runs, cpus) =
                     if many_first { (&mut many_runs, &mut many_cpu) } else { (&mut few_runs, &mut few_cpu) };
