@@ -494,7 +494,34 @@ fn resolving(pstmt: *mut pg_sys::PlannedStmt) -> Option<(u32, bool)> {
     }
 }
 
-#[pg_guard]
+unsafe extern "C-unwind" {
+    /// PostgreSQL's `standard_ProcessUtility`, declared here so that `process_utility` can
+    /// call it without pgrx's FFI guard (pgrx's binding of it has one).
+    #[link_name = "standard_ProcessUtility"]
+    fn standard_process_utility_unguarded(
+        pstmt: *mut pg_sys::PlannedStmt,
+        query_string: *const std::ffi::c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        query_env: *mut pg_sys::QueryEnvironment,
+        dest: *mut pg_sys::DestReceiver,
+        qc: *mut pg_sys::QueryCompletion,
+    );
+}
+
+/// The `ProcessUtility` hook: runs the statement, and when it is a `COMMIT PREPARED` or
+/// `ROLLBACK PREPARED` of a transaction that holds reservations, ends them afterwards.
+///
+/// Every utility statement of the database passes here (DO, CALL, COPY, EXECUTE, DDL), so
+/// an ERROR the statement raises must reach PostgreSQL untouched. pgrx's guards catch an
+/// ERROR and raise a copy of it, which loses its CONTEXT and its schema, table, column and
+/// constraint names, and appends a Rust backtrace to its DETAIL when `RUST_BACKTRACE` is
+/// set. So this function has no guard of its own, and calls the statement without one:
+/// the ERROR unwinds (longjmp) over this frame straight to PostgreSQL's handler. The frame
+/// holds nothing to drop (a plain frame, in the terms of Rust's `C-unwind` ABI). queen's
+/// own work before and after runs in guarded functions, which turn a Rust panic into an
+/// ERROR of their own.
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C-unwind" fn process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
@@ -506,15 +533,13 @@ unsafe extern "C-unwind" fn process_utility(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
-    let resolving = if enabled() { resolving(pstmt) } else { None };
+    let resolving = resolving_guarded(pstmt);
     // SAFETY: the previous hook (or the standard function) with the arguments PostgreSQL
-    // passed to this one.
+    // passed to this one. Nothing in this frame needs dropping if it raises an ERROR.
     unsafe {
         match PREV_PROCESS_UTILITY {
-            Some(prev) => pg_sys::ffi::pg_guard_ffi_boundary(|| {
-                prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)
-            }),
-            None => pg_sys::standard_ProcessUtility(
+            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
+            None => standard_process_utility_unguarded(
                 pstmt,
                 query_string,
                 read_only_tree,
@@ -528,9 +553,25 @@ unsafe extern "C-unwind" fn process_utility(
     }
     // The prepared transaction is over: committed (its rows visible to every new snapshot)
     // or rolled back.
-    if let Some((xid, committed)) = resolving {
-        finish_prepared(xid, committed);
+    if resolving >= 0 {
+        finish_prepared_guarded(resolving as u32, resolving & (1 << 32) != 0);
     }
+}
+
+/// `resolving` for `process_utility`, guarded: -1 when the statement ends no prepared
+/// transaction of the registry's, else the xid, plus 2^32 when it commits.
+#[pg_guard]
+extern "C-unwind" fn resolving_guarded(pstmt: *mut pg_sys::PlannedStmt) -> i64 {
+    if !enabled() {
+        return -1;
+    }
+    resolving(pstmt).map_or(-1, |(xid, commit)| i64::from(xid) | (i64::from(commit) << 32))
+}
+
+/// `finish_prepared` for `process_utility`, guarded.
+#[pg_guard]
+extern "C-unwind" fn finish_prepared_guarded(xid: u32, committed: bool) {
+    finish_prepared(xid, committed);
 }
 
 /// Ends this backend's part in the registry for the current transaction.
