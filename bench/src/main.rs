@@ -18,6 +18,7 @@ use postgres::{Client, NoTls};
 use serde_json::{json, Value};
 
 mod held;
+mod interleave;
 
 struct Opts {
     dsn: String,
@@ -325,11 +326,10 @@ const HELD_MARK: &str = "<!-- held snapshot: written by make bench-held -->\n";
 /// kind in the 10 vs many partitions scaling scenario (the paired ratio counts).
 const POP_REPEATS: usize = 3;
 
-/// Rounds of the single-push scenario. Single pushes wait for the WAL flush, whose speed
-/// drifts by tens of percent within a minute here, so they get more rounds than the
-/// drains, and their ratios are paired: each round gives one ratio per pair of systems
-/// (measured minutes apart at most), and the median of those counts.
-const PUSH1_REPEATS: usize = 9;
+/// Slices of the single-push scenario, alone (`interleave`): each system's slice lasts
+/// `PUSH1_SLICE` s, and there are `PUSH1_ROUNDS` rounds of one slice per system.
+const PUSH1_SLICE: f64 = 1.0;
+const PUSH1_ROUNDS: usize = 40;
 
 /// Runs of each head-to-head pair of the single-push scenario (the median counts).
 const HEAD_TO_HEAD_REPEATS: usize = 3;
@@ -481,10 +481,12 @@ fn main() {
     let others_on =
         ["push1", "push1000", "pop", "pop1", "fanout", "wake", "disk", "disk1", "scaling"].iter().any(|g| want(g));
     let mut jsonb_floor = f64::NAN;
-    let (mut queen_push1_one, mut queen_push1_16, mut insert1, mut pgq1, mut single_bytes) =
-        (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
-    // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (paired).
-    let mut push1_paired = [f64::NAN; 4];
+    let mut single_bytes = f64::NAN;
+    // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (alone,
+    // interleaved: the rates over every slice).
+    let mut push1_ratio = [f64::NAN; 4];
+    // Their 90 % intervals (`interleave::Tally::ratio_to`).
+    let mut push1_interval = [(f64::NAN, f64::NAN); 4];
     // The same four ratios head to head (both systems at once, 4 clients each).
     let mut head_to_head: Vec<f64> = Vec::new();
     // pop + ack, many partitions over 10 partitions (paired).
@@ -509,8 +511,8 @@ fn main() {
         // ---- push, batch 1, 8 clients: one message per transaction, as most applications
         // enqueue. The shape a newcomer starts with: every push to the queue's default
         // partition; then the same over 16 partitions. The baselines have no partitions: PgQ's
-        // insert_event and a plain INSERT into an indexed bigserial + jsonb table. The four
-        // take turns, `PUSH1_REPEATS` rounds, and the median of each counts: single pushes are
+        // insert_event and a plain INSERT into an indexed bigserial + jsonb table. Each is
+        // measured alone, the four interleaved in slices (`interleave`): single pushes are
         // bound by the WAL flush, whose speed drifts over a run.
         reset(&mut c);
         type Step = Box<dyn Fn(&mut Client, usize, u64) -> usize + Send + Sync>;
@@ -544,36 +546,76 @@ fn main() {
                 })
             },
         ];
-        let mut runs: [Vec<f64>; 4] = Default::default();
-        let mut cpus: [Vec<f64>; 4] = Default::default();
-        let mut settled: Vec<f64> = Vec::new();
-        for round in 0..if opts.smoke { 1 } else { PUSH1_REPEATS } {
-            // The order turns each round, so that no system always runs first.
-            for j in 0..systems.len() {
-                let k = (j + round) % systems.len();
-                settled.push(settle(&mut c));
-                let step = systems[k]();
-                runs[k].push(run_clients(&dsn, 8, s.secs, move |c, n, i| step(c, n, i)));
-                cpus[k].push(LAST_CLIENT_CORES.lock().unwrap().take().unwrap_or(f64::NAN));
-            }
+        // Alone, interleaved (`interleave`): each system keeps 8 clients connected and the
+        // four take turns in slices of `PUSH1_SLICE` s. The worker's compaction is paused
+        // meanwhile: after each queen slice the bench compacts what it pushed, with
+        // `queen.compact`, and adds the time that takes to queen's slice.
+        let tiered: bool = c
+            .query_one(
+                "SELECT to_regclass('queen.fresh_segments') IS NOT NULL
+                    AND current_setting('queen.compaction_interval', true) IS NOT NULL",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if tiered {
+            c.batch_execute("ALTER SYSTEM SET queen.compaction_interval = 0").unwrap();
+            c.batch_execute("SELECT pg_reload_conf()").unwrap();
+            settle(&mut c);
         }
-        // Paired ratios: queen's rate over a baseline's in the same round, the median of the
-        // rounds. The flush speed both waited for cancels out within a round.
-        let paired = |a: usize, b: usize| {
-            let mut r: Vec<f64> = runs[a].iter().zip(&runs[b]).map(|(x, y)| x / y).collect();
-            let shown: Vec<f64> = r.iter().map(|v| (v * 100.0).round() / 100.0).collect();
-            (median(&mut r), shown)
+        let compact = |c: &mut Client| {
+            let start = Instant::now();
+            if tiered {
+                c.batch_execute("SELECT queen.compact('bq')").unwrap();
+            }
+            start.elapsed().as_secs_f64()
         };
+        let steps: Vec<interleave::Step> = systems.iter().map(|mk| interleave::Step::from(mk())).collect();
+        let (slice, rounds) = if opts.smoke { (0.3, 1) } else { (PUSH1_SLICE, PUSH1_ROUNDS) };
+        let cc = std::cell::RefCell::new(&mut c);
+        let tallies = interleave::run(
+            &dsn,
+            8,
+            steps,
+            slice,
+            rounds,
+            || {
+                let c = &mut **cc.borrow_mut();
+                compact(c);
+                c.batch_execute("CHECKPOINT").unwrap();
+            },
+            |k| if k == 0 || k == 3 { compact(&mut cc.borrow_mut()) } else { 0.0 },
+        );
+        if tiered {
+            c.batch_execute("ALTER SYSTEM RESET queen.compaction_interval").unwrap();
+            c.batch_execute("SELECT pg_reload_conf()").unwrap();
+        }
         let pairs = [(0, 2), (0, 1), (3, 2), (3, 1)];
         let labels = ["one partition / PgQ", "one partition / INSERT", "16 partitions / PgQ", "16 partitions / INSERT"];
         for (&(a, b), label) in pairs.iter().zip(labels) {
-            let (m, shown) = paired(a, b);
-            println!("  (push 1 paired ratios, {label}: {shown:?}, median {m:.2})");
+            let mut r: Vec<f64> =
+                tallies[a].round_rates().iter().zip(tallies[b].round_rates()).map(|(x, y)| x / y).collect();
+            r.sort_by(|x, y| x.partial_cmp(y).unwrap_or(std::cmp::Ordering::Equal));
+            let q = |p: f64| r[((r.len() - 1) as f64 * p).round() as usize];
+            let (whole, lo, hi) = tallies[a].ratio_to(&tallies[b]);
+            println!(
+                "  (push 1 alone, {label}: {whole:.3} over every slice, 90 % interval {lo:.3} .. {hi:.3} (rounds resampled); per round: median {:.3}, quartiles {:.3} .. {:.3}, range {:.3} .. {:.3})",
+                q(0.5),
+                q(0.25),
+                q(0.75),
+                q(0.0),
+                q(1.0)
+            );
         }
-        push1_paired = pairs.map(|(a, b)| paired(a, b).0);
+        push1_ratio = pairs.map(|(a, b)| tallies[a].ratio_to(&tallies[b]).0);
+        push1_interval = pairs.map(|(a, b)| {
+            let (_, lo, hi) = tallies[a].ratio_to(&tallies[b]);
+            (lo, hi)
+        });
         // Head to head: queen and a baseline at the same time, 4 clients each, so that every
         // WAL flush carries commits of both and the flush speed's drift cancels out. Not the
         // scenario of the targets (each system alone with 8 clients); shown beside it.
+        let mut settled: Vec<f64> = Vec::new();
         for (pair, label) in pairs.iter().zip(labels) {
             let mut ratios = Vec::new();
             for _ in 0..if opts.smoke { 1 } else { HEAD_TO_HEAD_REPEATS } {
@@ -596,27 +638,24 @@ fn main() {
             println!("  (push 1 head to head, {label}: {shown:?}, median {m:.3})");
             head_to_head.push(m);
         }
+        for (t, name) in tallies.iter().zip(["queen one partition", "plain INSERT", "PgQ", "queen 16 partitions"]) {
+            let rates: Vec<i64> = t.round_rates().iter().map(|v| *v as i64).collect();
+            println!("  (push 1 alone, {name}, each round's msg/s: {rates:?})");
+        }
         println!(
-            "  (push 1 runs: queen one partition {:?}, plain INSERT {:?}, PgQ {:?}, queen 16 partitions {:?})",
-            runs[0].iter().map(|v| *v as i64).collect::<Vec<_>>(),
-            runs[1].iter().map(|v| *v as i64).collect::<Vec<_>>(),
-            runs[2].iter().map(|v| *v as i64).collect::<Vec<_>>(),
-            runs[3].iter().map(|v| *v as i64).collect::<Vec<_>>()
-        );
-        println!(
-            "  (waits for the fresh tier to be compacted before each run, s: {:?})",
+            "  (head to head: waits for the fresh tier to be compacted before each run, s: {:?})",
             settled.iter().map(|v| (v * 10.0).round() / 10.0).collect::<Vec<_>>()
         );
-        let mut result = |k: usize, scenario, system| {
-            *LAST_CLIENT_CORES.lock().unwrap() = Some(median(&mut cpus[k]));
-            let v = median(&mut runs[k]);
-            say(&mut rows, scenario, system, v, "msg/s");
-            v
-        };
-        queen_push1_one = result(0, "push, batch 1, 8 clients, one partition", "queen");
-        insert1 = result(1, "push, batch 1, 8 clients, one partition", "plain INSERT (bigserial + jsonb)");
-        pgq1 = result(2, "push, batch 1, 8 clients, one partition", "PgQ insert_event");
-        queen_push1_16 = result(3, "push, batch 1, 8 clients, 16 partitions", "queen");
+        let shown = [
+            ("push, batch 1, 8 clients, one partition", "queen"),
+            ("push, batch 1, 8 clients, one partition", "plain INSERT (bigserial + jsonb)"),
+            ("push, batch 1, 8 clients, one partition", "PgQ insert_event"),
+            ("push, batch 1, 8 clients, 16 partitions", "queen"),
+        ];
+        for (t, (scenario, system)) in tallies.iter().zip(shown) {
+            *LAST_CLIENT_CORES.lock().unwrap() = Some(t.client_cores());
+            say(&mut rows, scenario, system, t.rate(), "msg/s");
+        }
     }
     if want("push1000") {
         // ---- push, batch 1,000, 4 clients, all to one partition ----
@@ -960,14 +999,14 @@ fn main() {
     let pgq_ack = find("pop + ack, batch 100, 4 consumers", "PgQ (1 consumer)");
     let h2h = |k: usize| head_to_head.get(k).copied().unwrap_or(f64::NAN);
     let targets = [
-        ("push 1, one partition / PgQ insert_event (paired)", push1_paired[0], ">= 1.0"),
-        ("  ratio of the medians", queen_push1_one / pgq1, "(unpaired)"),
-        ("push 1, one partition / plain INSERT (paired)", push1_paired[1], ">= 0.8"),
-        ("  ratio of the medians", queen_push1_one / insert1, "(unpaired)"),
-        ("push 1, 16 partitions / PgQ insert_event (paired)", push1_paired[2], ">= 1.0"),
-        ("  ratio of the medians", queen_push1_16 / pgq1, "(unpaired)"),
-        ("push 1, 16 partitions / plain INSERT (paired)", push1_paired[3], ">= 0.8"),
-        ("  ratio of the medians", queen_push1_16 / insert1, "(unpaired)"),
+        ("push 1, one partition / PgQ insert_event", push1_ratio[0], ">= 1.0"),
+        ("  90 % interval, low end", push1_interval[0].0, "(rounds resampled)"),
+        ("push 1, one partition / plain INSERT", push1_ratio[1], ">= 0.8"),
+        ("  90 % interval, low end", push1_interval[1].0, "(rounds resampled)"),
+        ("push 1, 16 partitions / PgQ insert_event", push1_ratio[2], ">= 1.0"),
+        ("  90 % interval, low end", push1_interval[2].0, "(rounds resampled)"),
+        ("push 1, 16 partitions / plain INSERT", push1_ratio[3], ">= 0.8"),
+        ("  90 % interval, low end", push1_interval[3].0, "(rounds resampled)"),
         ("  head to head, one partition / PgQ", h2h(0), "(sharing every flush)"),
         ("  head to head, one partition / plain INSERT", h2h(1), "(sharing every flush)"),
         ("  head to head, 16 partitions / PgQ", h2h(2), "(sharing every flush)"),
@@ -1037,7 +1076,7 @@ fn main() {
         let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions (each system drains it {POP_REPEATS} times, alternating; the median is shown, every run is in the bench's output); big backlog {} messages; many partitions = {} (the pop + ack drains over 10 and over many partitions hold {} messages each and alternate {POP_REPEATS} times; their ratio is paired, like the single pushes' below); pop + ack batch 1 prefill 100000 messages over 16 partitions (3 drains per system, alternating, the median shown).", s.pop_prefill, s.big_backlog, s.partitions_many, s.partitions_many * 100);
         let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread, every statement prepared once per connection as a driver's statement cache does, for every system alike) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
         let _ = writeln!(md, "A pop commits without waiting for its WAL flush when its writes are its transaction's only ones (README, \"Durability\"); pushes and acks, like every baseline's commits, wait for it (`synchronous_commit = on`).\n");
-        let _ = writeln!(md, "queen's background worker runs in the bench database (`queen.retention_database` in `scripts/bench.conf`): it compacts the fresh tier every second while the single-push scenarios run, and its CPU counts against queen. Before each single-push run the bench waits until the fresh tier is compacted and takes a CHECKPOINT, so that no run pays for the work the one before it left. The single-push systems take turns over {PUSH1_REPEATS} rounds (the order turns each round); the table shows each system's median, and their ratios against the targets are paired: the median over the rounds of queen's rate divided by the baseline's in the same round (every round's ratio is in the bench's output). The flush speed drifts by tens of percent within a minute here, and a paired ratio cancels what two systems of one round share; the ratio of the medians is shown under it. Under those, the same pairs head to head: queen and the baseline at the same time, 4 clients each, so that every WAL flush carries commits of both ({HEAD_TO_HEAD_REPEATS} runs of each pair, the median): the flush speed's drift cancels out, though it is not the scenario of the targets.\n");
+        let _ = writeln!(md, "Single pushes (batch 1, 8 clients) are measured with each system alone, interleaved: every system keeps its 8 clients connected, and the four take turns in slices of {PUSH1_SLICE} s, {PUSH1_ROUNDS} rounds, the order turning each round; a rate is the messages over the seconds of every slice, and under each ratio is the low end of its 90 % interval (the ratio over 2,000 resamplings of the rounds; that treats rounds as independent, while the disk's drift makes neighbouring rounds alike, so the true interval is somewhat wider). A single push waits for its WAL flush, and this machine's flush speed drifts by a factor of two within ten seconds, so runs of 10 s one after another (this bench's design before) gave per-round ratios from 0.5 to 1.5; slices this short sample the same minutes of the disk for every system. queen's background worker (`queen.retention_database` in `scripts/bench.conf`) pauses its compaction for these slices; after each queen slice the bench compacts what it pushed (`queen.compact`) and adds the time that takes to the slice's, so compaction costs queen its full time, not overlapped with anything. Every round's rate is in the bench's output. Under the ratios, the same pairs head to head: queen and the baseline at the same time, 4 clients each, so that every WAL flush carries commits of both ({HEAD_TO_HEAD_REPEATS} runs of {} s of each pair, the median; the worker compacts during those, and the bench waits for the fresh tier to empty and takes a CHECKPOINT before each).\n", s.secs);
         let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());
