@@ -88,6 +88,8 @@ pub struct Tally {
     pub client_cpu: f64,
     /// The slices' wall time alone (for the client's CPU share).
     pub slice_secs: f64,
+    /// The seconds `after` added.
+    pub charged_secs: f64,
 }
 
 impl Tally {
@@ -167,6 +169,7 @@ pub fn run(
             tallies[k].client_cpu += client_cpu_seconds() - cpu0;
             tallies[k].slice_secs += wall;
             let charged = after(k);
+            tallies[k].charged_secs += charged;
             tallies[k].rounds.push((n, wall + charged));
         }
     }

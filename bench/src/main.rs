@@ -640,7 +640,10 @@ fn main() {
         }
         for (t, name) in tallies.iter().zip(["queen one partition", "plain INSERT", "PgQ", "queen 16 partitions"]) {
             let rates: Vec<i64> = t.round_rates().iter().map(|v| *v as i64).collect();
-            println!("  (push 1 alone, {name}, each round's msg/s: {rates:?})");
+            println!(
+                "  (push 1 alone, {name}, each round's msg/s: {rates:?}; slices {:.1} s, compaction charged {:.1} s)",
+                t.slice_secs, t.charged_secs
+            );
         }
         println!(
             "  (head to head: waits for the fresh tier to be compacted before each run, s: {:?})",
