@@ -156,7 +156,7 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid, from: i64)
     let readable = crate::offsets::readable(pid, head);
     let fresh: Vec<Seg> = run(
         client,
-        "SELECT first_offset, last_offset, (extract(epoch FROM created_at - '2000-01-01 UTC') * 1000000)::int8
+        "SELECT first_offset, last_offset, created_at
            FROM queen.fresh_segments
           WHERE partition_id = $1 AND first_offset >= $3 AND first_offset <= $2
           ORDER BY first_offset LIMIT $4",
@@ -166,7 +166,7 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid, from: i64)
         fresh: true,
         first: r.get(1).or_raise().unwrap(),
         last: r.get(2).or_raise().unwrap(),
-        created_at: r.get(3).or_raise().unwrap(),
+        created_at: r.get::<TimestampWithTimeZone>(3).or_raise().unwrap().into(),
     })
     .collect();
     let complete = fresh.len() < READ_MAX;
@@ -204,22 +204,24 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid, from: i64)
 
 /// Replaces the fresh segments in `first..=last` by one durable segment with the same
 /// entries: their messages at their offsets, and a gap at every offset none of them holds.
+/// The small segments are deleted and read in one pass (`DELETE ... RETURNING`), and the
+/// merged one inserted in the same transaction: readers see one or the other.
 fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> Done {
     let mut slots: Vec<Option<Owned>> = (first..=last).map(|_| None).collect();
     let mut rows = 0i64;
     let mut newest = i64::MIN;
+    let generation = crate::generations::current(client);
     for row in run(
         client,
-        "SELECT first_offset, created_at, data FROM queen.fresh_segments
-          WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3
-          ORDER BY first_offset",
+        "DELETE FROM queen.fresh_segments WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3
+         RETURNING first_offset, created_at, data",
         &[pid.into(), first.into(), last.into()],
     ) {
         rows += 1;
         let seg_first: i64 = row.get(1).or_raise().unwrap();
         let row_time: i64 = row.get::<TimestampWithTimeZone>(2).or_raise().unwrap().into();
-        let data: Vec<u8> = row.get(3).or_raise().unwrap();
-        let seg = Segment::parse(&data).unwrap_or_else(|e| errors::corrupted(e));
+        let data: &[u8] = row.get(3).or_raise().unwrap();
+        let seg = Segment::parse(data).unwrap_or_else(|e| errors::corrupted(e));
         seg.for_each_in(0, usize::MAX, |i, entry| {
             if let Entry::Message(f) = entry {
                 let offset = seg_first + i as i64;
@@ -240,7 +242,6 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
         .unwrap_or_else(|e| errors::corrupted(e));
     }
     let messages = slots.iter().flatten().count() as i64;
-    let generation = crate::generations::current(client);
     let data = segment::encode(slots.iter().map(|s| match s {
         Some(m) => Entry::Message(Frame {
             message_id: m.message_id,
@@ -254,10 +255,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
     }));
     run(
         client,
-        "WITH gone AS (
-           DELETE FROM queen.fresh_segments WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3
-         )
-         INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+        "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
          VALUES ($1, $2, $3, $4, $5, $6)",
         &[
             pid.into(),
