@@ -220,8 +220,10 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
         rows += 1;
         let seg_first: i64 = row.get(1).or_raise().unwrap();
         let row_time: i64 = row.get::<TimestampWithTimeZone>(2).or_raise().unwrap().into();
-        let data: &[u8] = row.get(3).or_raise().unwrap();
-        let seg = Segment::parse(data).unwrap_or_else(|e| errors::corrupted(e));
+        // Copied out per row (pgrx would copy a borrowed `&[u8]` into the transaction's
+        // memory, where every run's bytes would stay until commit).
+        let data: Vec<u8> = row.get(3).or_raise().unwrap();
+        let seg = Segment::parse(&data).unwrap_or_else(|e| errors::corrupted(e));
         seg.for_each_in(0, usize::MAX, |i, entry| {
             if let Entry::Message(f) = entry {
                 let offset = seg_first + i as i64;

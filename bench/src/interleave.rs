@@ -5,8 +5,9 @@
 //! second and 8,800 a few seconds later. Runs of 10 s one after the other then compare
 //! different disks: their per-round ratios spread from 0.5 to 1.5. Here each system keeps
 //! its own clients connected, and the systems take turns in slices of about a second, the
-//! order turning each round, so every system samples the same minutes of the disk. Only one
-//! system runs at any moment: each is measured alone, with all of its clients.
+//! order changing each round (`orders`), so every system samples the same minutes of the
+//! disk. Only one system runs at any moment: each is measured alone, with all of its
+//! clients.
 
 use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
@@ -25,8 +26,8 @@ pub type Step = Arc<dyn Fn(&mut Client, usize, u64) -> usize + Send + Sync>;
 struct Crew {
     /// Each client's next slice: its deadline (None: end).
     slices: Vec<mpsc::Sender<Option<Instant>>>,
-    /// Messages each client moved in the slice.
-    done: mpsc::Receiver<u64>,
+    /// Messages each client moved in the slice, or why it stopped.
+    done: mpsc::Receiver<Result<u64, String>>,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -39,15 +40,43 @@ impl Crew {
             let (tx, rx) = mpsc::channel::<Option<Instant>>();
             let (dsn, step, done_tx) = (dsn.to_string(), step.clone(), done_tx.clone());
             handles.push(thread::spawn(move || {
-                let mut c = connect(&dsn);
-                let mut i = 0u64;
-                while let Ok(Some(deadline)) = rx.recv() {
-                    let mut n = 0u64;
-                    while Instant::now() < deadline {
-                        n += step(&mut c, k, i) as u64;
-                        i += 1;
+                // A client that fails (cannot connect, or a statement errs) says so, so
+                // that the coordinator stops instead of waiting for it for ever.
+                let failed = |e: Box<dyn std::any::Any + Send>| {
+                    e.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "a client panicked".to_string())
+                };
+                let mut c = match std::panic::catch_unwind(|| connect(&dsn)) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        let why = failed(e);
+                        while let Ok(Some(_)) = rx.recv() {
+                            let _ = done_tx.send(Err(why.clone()));
+                        }
+                        None
                     }
-                    done_tx.send(n).unwrap();
+                };
+                let mut i = 0u64;
+                while let (Some(client), Ok(Some(deadline))) = (c.as_mut(), rx.recv()) {
+                    let run = std::panic::AssertUnwindSafe(|| {
+                        let mut n = 0u64;
+                        while Instant::now() < deadline {
+                            n += step(client, k, i) as u64;
+                            i += 1;
+                        }
+                        n
+                    });
+                    let result = std::panic::catch_unwind(run).map_err(failed);
+                    let stop = result.is_err();
+                    let _ = done_tx.send(result);
+                    if stop {
+                        c = None;
+                        while let Ok(Some(_)) = rx.recv() {
+                            let _ = done_tx.send(Err("this client failed in an earlier slice".to_string()));
+                        }
+                    }
                 }
             }));
             slices.push(tx);
@@ -63,7 +92,14 @@ impl Crew {
         for s in &self.slices {
             s.send(Some(deadline)).unwrap();
         }
-        let n = (0..self.slices.len()).map(|_| self.done.recv().unwrap()).sum();
+        let mut n = 0;
+        for _ in 0..self.slices.len() {
+            match self.done.recv() {
+                Ok(Ok(moved)) => n += moved,
+                Ok(Err(why)) => panic!("a bench client failed: {why}"),
+                Err(_) => panic!("a bench client thread ended"),
+            }
+        }
         (n, start.elapsed().as_secs_f64())
     }
 }
@@ -142,8 +178,33 @@ impl Tally {
     }
 }
 
+/// The orders of a round, balanced for what runs just before what (a Williams design):
+/// over `n` rounds (`2n` when `n` is odd) every system is in every position equally often
+/// and follows every other system equally often. A slice may inherit work the slice before
+/// it left (WAL still to write, say), so no system should always follow the same one.
+fn orders(n: usize) -> Vec<Vec<usize>> {
+    // The first row: 0, 1, n-1, 2, n-2, ...; row r adds r to each (mod n).
+    let mut first = Vec::with_capacity(n);
+    let (mut lo, mut hi) = (0usize, n);
+    for j in 0..n {
+        if j % 2 == 0 {
+            first.push(lo);
+            lo += 1;
+        } else {
+            hi -= 1;
+            first.push(hi % n);
+        }
+    }
+    let mut rows: Vec<Vec<usize>> = (0..n).map(|r| first.iter().map(|&x| (x + r) % n).collect()).collect();
+    if n % 2 == 1 {
+        let mirrored: Vec<Vec<usize>> = rows.iter().map(|row| row.iter().rev().copied().collect()).collect();
+        rows.extend(mirrored);
+    }
+    rows
+}
+
 /// Runs `systems` alone in turns: one warm-up slice each (not counted), `warmed()`, then
-/// `rounds` rounds of one slice of `secs` per system, the order turning each round. After
+/// `rounds` rounds of one slice of `secs` per system, in the orders of `orders`. After
 /// each counted slice, `after(k)` runs and returns seconds to add to system `k`'s time (the
 /// work a slice leaves behind that belongs to it).
 pub fn run(
@@ -161,9 +222,9 @@ pub fn run(
     }
     warmed();
     let mut tallies = vec![Tally::default(); crews.len()];
+    let orders = orders(crews.len());
     for round in 0..rounds {
-        for j in 0..crews.len() {
-            let k = (j + round) % crews.len();
+        for &k in &orders[round % orders.len()] {
             let cpu0 = client_cpu_seconds();
             let (n, wall) = crews[k].slice(secs);
             tallies[k].client_cpu += client_cpu_seconds() - cpu0;
@@ -174,4 +235,41 @@ pub fn run(
         }
     }
     tallies
+}
+
+#[cfg(test)]
+mod tests {
+    use super::orders;
+
+    /// Every system in every position equally often, and every ordered pair of
+    /// neighbours equally often.
+    #[test]
+    fn orders_are_balanced() {
+        for n in 2..=7 {
+            let rows = orders(n);
+            let mut position = vec![vec![0; n]; n];
+            let mut follows = vec![vec![0; n]; n];
+            for row in &rows {
+                let mut sorted = row.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n = {n}: {row:?} is not a permutation");
+                for (j, &k) in row.iter().enumerate() {
+                    position[k][j] += 1;
+                }
+                for w in row.windows(2) {
+                    follows[w[0]][w[1]] += 1;
+                }
+            }
+            let per = rows.len() / n;
+            assert!(position.iter().flatten().all(|&c| c == per), "n = {n}: positions {position:?}");
+            // rows * (n - 1) neighbour pairs over n * (n - 1) ordered pairs.
+            for (a, row) in follows.iter().enumerate() {
+                for (b, &c) in row.iter().enumerate() {
+                    if a != b {
+                        assert_eq!(c, per, "n = {n}: {a} -> {b}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -559,8 +559,22 @@ fn main() {
             )
             .unwrap()
             .get(0);
+        // Whatever happens (a panic included), the worker's compaction is turned on again.
+        struct Paused(Option<String>);
+        impl Drop for Paused {
+            fn drop(&mut self) {
+                if let Some(dsn) = self.0.take() {
+                    if let Ok(mut c) = Client::connect(&dsn, NoTls) {
+                        let _ = c.batch_execute("ALTER SYSTEM RESET queen.compaction_interval");
+                        let _ = c.batch_execute("SELECT pg_reload_conf()");
+                    }
+                }
+            }
+        }
+        let mut paused = Paused(None);
         if tiered {
             c.batch_execute("ALTER SYSTEM SET queen.compaction_interval = 0").unwrap();
+            paused.0 = Some(dsn.clone());
             c.batch_execute("SELECT pg_reload_conf()").unwrap();
             settle(&mut c);
         }
@@ -569,6 +583,9 @@ fn main() {
             if tiered {
                 c.batch_execute("SELECT queen.compact('bq')").unwrap();
                 c.batch_execute("VACUUM (INDEX_CLEANUP ON, TRUNCATE OFF, SKIP_LOCKED) queen.fresh_segments").unwrap();
+                // VACUUM's WAL is written in the background; a commit with an xid flushes
+                // it now, inside queen's time, not in the next system's slice.
+                c.batch_execute("SELECT txid_current()").unwrap();
             }
             start.elapsed().as_secs_f64()
         };
@@ -588,10 +605,7 @@ fn main() {
             },
             |k| if k == 0 || k == 3 { compact(&mut cc.borrow_mut()) } else { 0.0 },
         );
-        if tiered {
-            c.batch_execute("ALTER SYSTEM RESET queen.compaction_interval").unwrap();
-            c.batch_execute("SELECT pg_reload_conf()").unwrap();
-        }
+        drop(paused);
         let pairs = [(0, 2), (0, 1), (3, 2), (3, 1)];
         let labels = ["one partition / PgQ", "one partition / INSERT", "16 partitions / PgQ", "16 partitions / INSERT"];
         for (&(a, b), label) in pairs.iter().zip(labels) {
@@ -1081,7 +1095,7 @@ fn main() {
         let _ = writeln!(md, "Sizes: pop + ack prefill {} messages over 16 partitions (each system drains it {POP_REPEATS} times, alternating; the median is shown, every run is in the bench's output); big backlog {} messages; many partitions = {} (the pop + ack drains over 10 and over many partitions hold {} messages each and alternate {POP_REPEATS} times; their ratio is paired, like the single pushes' below); pop + ack batch 1 prefill 100000 messages over 16 partitions (3 drains per system, alternating, the median shown).", s.pop_prefill, s.big_backlog, s.partitions_many, s.partitions_many * 100);
         let _ = writeln!(md, "The client (Rust, postgres crate, one connection per client thread, every statement prepared once per connection as a driver's statement cache does, for every system alike) runs on the same 2 cores; its own CPU use is in the last column, so a reader can see how much of the machine it took.\n");
         let _ = writeln!(md, "A pop commits without waiting for its WAL flush when its writes are its transaction's only ones (README, \"Durability\"); pushes and acks, like every baseline's commits, wait for it (`synchronous_commit = on`).\n");
-        let _ = writeln!(md, "Single pushes (batch 1, 8 clients) are measured with each system alone, interleaved: every system keeps its 8 clients connected, and the four take turns in slices of {PUSH1_SLICE} s, {PUSH1_ROUNDS} rounds, the order turning each round; a rate is the messages over the seconds of every slice, and under each ratio is the low end of its 90 % interval (the ratio over 2,000 resamplings of the rounds; that treats rounds as independent, while the disk's drift makes neighbouring rounds alike, so the true interval is somewhat wider). A single push waits for its WAL flush, and this machine's flush speed drifts by a factor of two within ten seconds, so runs of 10 s one after another (this bench's design before) gave per-round ratios from 0.5 to 1.5; slices this short sample the same minutes of the disk for every system. queen's background worker (`queen.retention_database` in `scripts/bench.conf`) pauses its compaction for these slices; after each queen slice the bench compacts what it pushed (`queen.compact`), vacuums the fresh tier as the worker does after a pass that merged something (`VACUUM (INDEX_CLEANUP ON, TRUNCATE OFF, SKIP_LOCKED) queen.fresh_segments`) and adds the time those take to the slice's, so compaction costs queen its full time, not overlapped with anything. Every round's rate is in the bench's output. Under the ratios, the same pairs head to head: queen and the baseline at the same time, 4 clients each, so that every WAL flush carries commits of both ({HEAD_TO_HEAD_REPEATS} runs of {} s of each pair, the median; the worker compacts during those, and the bench waits for the fresh tier to empty and takes a CHECKPOINT before each).\n", s.secs);
+        let _ = writeln!(md, "Single pushes (batch 1, 8 clients) are measured with each system alone, interleaved: every system keeps its 8 clients connected, and the four take turns in slices of {PUSH1_SLICE} s, {PUSH1_ROUNDS} rounds, in orders balanced so that every system runs in every position, and right after every other system, equally often; a rate is the messages over the seconds of every slice, and under each ratio is the low end of its 90 % interval (the ratio over 2,000 resamplings of the rounds; that treats rounds as independent, while the disk's drift makes neighbouring rounds alike, so the true interval is somewhat wider). A single push waits for its WAL flush, and this machine's flush speed drifts by a factor of two within ten seconds, so runs of 10 s one after another (this bench's design before) gave per-round ratios from 0.5 to 1.5; slices this short sample the same minutes of the disk for every system. queen's background worker (`queen.retention_database` in `scripts/bench.conf`) pauses its compaction for these slices; after each queen slice the bench compacts what it pushed (`queen.compact`), vacuums the fresh tier as the worker does after a pass that merged something (`VACUUM (INDEX_CLEANUP ON, TRUNCATE OFF, SKIP_LOCKED) queen.fresh_segments`) and adds the time those take (and a commit's, which flushes the VACUUM's WAL) to the slice's, so compaction costs queen its full time, not overlapped with anything. Every round's rate is in the bench's output. Under the ratios, the same pairs head to head: queen and the baseline at the same time, 4 clients each, so that every WAL flush carries commits of both ({HEAD_TO_HEAD_REPEATS} runs of {} s of each pair, the median; the worker compacts during those, and the bench waits for the fresh tier to empty and takes a CHECKPOINT before each).\n", s.secs);
         let _ = writeln!(md, "| scenario | system | value | client CPU (cores) |\n|---|---|---|---|");
         for r in &rows {
             let cpu = r.client_cores.map(|c| format!("{c:.2}")).unwrap_or_else(|| "-".into());

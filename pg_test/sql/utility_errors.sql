@@ -9,7 +9,8 @@ DROP TABLE IF EXISTS ue_items;
 DROP PROCEDURE IF EXISTS ue_insert(int);
 RESET client_min_messages;
 
--- The library is loaded and its hook in place.
+-- The library is loaded (with shared_preload_libraries its hook was in place already; this
+-- test also runs on a cluster without it, where these statements never pass through queen).
 SELECT count(*) FROM queen.push('ue', '{"a": 1}');
 
 -- A DO block's error: its detail and hint as raised, and its context line.
