@@ -48,34 +48,26 @@ impl Crew {
                         .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                         .unwrap_or_else(|| "a client panicked".to_string())
                 };
-                let mut c = match std::panic::catch_unwind(|| connect(&dsn)) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        let why = failed(e);
-                        while let Ok(Some(_)) = rx.recv() {
-                            let _ = done_tx.send(Err(why.clone()));
-                        }
-                        None
-                    }
-                };
+                let mut c = std::panic::catch_unwind(|| connect(&dsn)).map_err(failed);
                 let mut i = 0u64;
-                while let (Some(client), Ok(Some(deadline))) = (c.as_mut(), rx.recv()) {
-                    let run = std::panic::AssertUnwindSafe(|| {
-                        let mut n = 0u64;
-                        while Instant::now() < deadline {
-                            n += step(client, k, i) as u64;
-                            i += 1;
-                        }
-                        n
-                    });
-                    let result = std::panic::catch_unwind(run).map_err(failed);
-                    let stop = result.is_err();
+                while let Ok(Some(deadline)) = rx.recv() {
+                    let result = match c.as_mut() {
+                        Ok(client) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            let mut n = 0u64;
+                            while Instant::now() < deadline {
+                                n += step(client, k, i) as u64;
+                                i += 1;
+                            }
+                            n
+                        }))
+                        .map_err(failed),
+                        Err(why) => Err(why.clone()),
+                    };
+                    // After a failure the coordinator stops at this slice: nothing more to do.
+                    let failed = result.is_err();
                     let _ = done_tx.send(result);
-                    if stop {
-                        c = None;
-                        while let Ok(Some(_)) = rx.recv() {
-                            let _ = done_tx.send(Err("this client failed in an earlier slice".to_string()));
-                        }
+                    if failed {
+                        return;
                     }
                 }
             }));
