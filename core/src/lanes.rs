@@ -1,9 +1,10 @@
 //! The lane registry: each lane's cursor and lease, kept where no row version is written.
 //!
-//! A lane is one (partition, consumer group). Every pop and every ack changes its state,
-//! and a table row updated that often grows a chain of versions that every lookup walks
-//! whenever a long transaction holds the xmin horizon back. So the live state of a lane
-//! lives here, in one fixed block of memory (PostgreSQL shared memory in the extension):
+//! A lane is one (partition, consumer group) of one database. Every pop and every ack
+//! changes its state, and a table row updated that often grows a chain of versions that
+//! every lookup walks whenever a long transaction holds the xmin horizon back. So the live
+//! state of a lane lives here, in one fixed block of memory (PostgreSQL shared memory in
+//! the extension):
 //!
 //! - the cursor (`committed`), the retry budget used, the attempt counter;
 //! - the lease: its id, expiry and the end of its span (`batch_end`).
@@ -19,13 +20,35 @@
 //! a pop skips it, an ack or an extension waits for the holder (the caller waits on the
 //! holder's transaction and tries again). The holder itself sees its own changes.
 //!
-//! **Leases.** A lease id names the lanes one pop claimed; the registry keeps a lease
-//! table (lease id -> its lanes, its queue and group) for the calls that only name the
-//! lease (`ack(lease_id)`, `extend_lease`, `may_start`).
+//! **Committed state.** While a transaction holds a lane, the slot also keeps the state
+//! the holder found (`base`): the lane's last committed state. A reader that acts on what
+//! it reads without locking the lane (retention's floor, `status`, the worker's save)
+//! reads that one (`View::committed`), so it never acts on a change that may still roll
+//! back. The holder itself reads its own changes, as with a row.
 //!
-//! Lanes and leases live in two open-addressing hash tables whose slots never move
-//! (deletion leaves a tombstone, reused by later inserts), so a lane's slot index is a
-//! stable handle: leases chain their lanes through them.
+//! **Leases.** A lease id names the lanes one pop claimed; the registry keeps a lease
+//! table (lease id and database -> its lanes, its queue and group) for the calls that
+//! only name the lease (`ack(lease_id)`, `extend_lease`, `may_start`).
+//!
+//! **Round-robin cursors.** Per (database, queue, group), the partition a pop claimed
+//! last: the next pop of any backend starts after it (`View::cursor`). A small
+//! direct-mapped table: an entry another key takes over is only a hint lost.
+//!
+//! **Keys.** A lane is found by its database, its partition id and the SHA-256 digest of
+//! its group's name: two names never share a lane.
+//!
+//! Lanes and leases live in two open-addressing hash tables that delete by moving the
+//! following entries back (no tombstones). A lane's slot index is a handle that lease
+//! chains use; a move relinks the chain.
+//!
+//! **Updates are whole or not at all.** Every change goes through `Registry`, which
+//! keeps the old value of each slot it writes (an undo log). If an update panics half way
+//! (a bug, or a fail point: `fail`), dropping the `Registry` while unwinding puts every
+//! slot and the header back, so no other process ever sees half an update.
+
+use sha2::{Digest, Sha256};
+
+use crate::fail;
 
 /// No slot / end of a list.
 pub const NIL: u32 = u32::MAX;
@@ -33,32 +56,29 @@ pub const NIL: u32 = u32::MAX;
 const EMPTY: u32 = 0;
 const LOADING: u32 = 1;
 const READY: u32 = 2;
-const TOMB: u32 = 3;
 
 /// Longest consumer-group name a lease records (queen's names are at most 200 bytes).
 pub const GROUP_MAX: usize = 200;
 
-/// A lane's identity: the partition id and a 128-bit hash of the consumer group's name.
+/// A lane's identity: its database, its partition id and the SHA-256 digest of its
+/// consumer group's name (collision-resistant: no name can be crafted to share a lane).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LaneKey {
+    pub database: u32,
     pub partition: [u8; 16],
-    pub group: [u8; 16],
+    pub group: [u8; 32],
 }
 
-/// The 128-bit hash of a group name that `LaneKey` uses (two independent 64-bit FNV-1a
-/// variants; a collision would need 2^64 names).
-pub fn group_hash(name: &str) -> [u8; 16] {
-    let mut a: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut b: u64 = 0x84222325_cbf29ce4;
-    for &c in name.as_bytes() {
-        a = (a ^ u64::from(c)).wrapping_mul(0x0000_0100_0000_01b3);
-        b = (b ^ u64::from(c).wrapping_add(0x9e)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(17);
+impl LaneKey {
+    pub fn new(database: u32, partition: [u8; 16], group: &str) -> LaneKey {
+        LaneKey { database, partition, group: group_digest(group) }
     }
-    let mut out = [0u8; 16];
-    out[..8].copy_from_slice(&a.to_le_bytes());
-    out[8..].copy_from_slice(&b.to_le_bytes());
-    out
+}
+
+/// The digest of a group name that `LaneKey` uses.
+pub fn group_digest(name: &str) -> [u8; 32] {
+    Sha256::digest(name.as_bytes()).into()
 }
 
 /// Who holds a lane's lock: a backend, and its virtual transaction (to wait on).
@@ -71,18 +91,16 @@ pub struct Holder {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Header {
     pub lane_slots: u32,
     pub max_lanes: u32,
     pub lease_slots: u32,
     pub max_leases: u32,
+    pub cursor_slots: u32,
     lanes_live: u32,
-    lanes_used: u32,
     leases_live: u32,
-    leases_used: u32,
     hand: u32,
-    _pad: u32,
 }
 
 /// A lane's state, as it is seen and as it is saved for an abort.
@@ -119,12 +137,14 @@ impl State {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LaneSlot {
     key: LaneKey,
     status: u32,
     loader: u32,
     state: State,
+    /// While the lane is held: the state its holder found, i.e. its last committed state.
+    base: State,
     /// The lease slot the lane is chained into (NIL: none), and its neighbours there.
     lease: u32,
     lease_prev: u32,
@@ -135,14 +155,14 @@ pub struct LaneSlot {
     changed: u32,
     /// A committed change not yet saved to the lanes table.
     dirty: u32,
-    /// The database the lane belongs to (its lanes table and journal are there).
-    database: u32,
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseSlot {
     id: [u8; 16],
+    /// The database whose lanes the lease holds: a lease is found only from there.
+    database: u32,
     status: u32,
     first: u32,
     count: u32,
@@ -153,15 +173,36 @@ pub struct LeaseSlot {
 
 impl Default for LeaseSlot {
     fn default() -> Self {
-        LeaseSlot { id: [0; 16], status: EMPTY, first: NIL, count: 0, group_len: 0, queue_id: 0, group: [0; GROUP_MAX] }
+        LeaseSlot {
+            id: [0; 16],
+            database: 0,
+            status: EMPTY,
+            first: NIL,
+            count: 0,
+            group_len: 0,
+            queue_id: 0,
+            group: [0; GROUP_MAX],
+        }
     }
 }
 
-/// Sizes of the registry's parts, laid out one after another.
+/// A round-robin cursor: the partition a pop of (database, queue, group) claimed last.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CursorSlot {
+    database: u32,
+    used: u32,
+    queue_id: i64,
+    group: [u8; 32],
+    partition: [u8; 16],
+}
+
+/// Sizes of the registry's parts (in slots), laid out one after another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub lanes: usize,
     pub leases: usize,
+    pub cursors: usize,
 }
 
 impl Layout {
@@ -169,16 +210,20 @@ impl Layout {
         Layout {
             lanes: (max_lanes.max(1) * 2).next_power_of_two(),
             leases: (max_leases.max(1) * 2).next_power_of_two(),
+            cursors: (max_lanes / 4).max(64).next_power_of_two(),
         }
     }
     pub fn lanes_at(&self) -> usize {
         std::mem::size_of::<Header>().next_multiple_of(8)
     }
     pub fn leases_at(&self) -> usize {
-        self.lanes_at() + self.lanes * std::mem::size_of::<LaneSlot>()
+        (self.lanes_at() + self.lanes * std::mem::size_of::<LaneSlot>()).next_multiple_of(8)
+    }
+    pub fn cursors_at(&self) -> usize {
+        (self.leases_at() + self.leases * std::mem::size_of::<LeaseSlot>()).next_multiple_of(8)
     }
     pub fn size(&self) -> usize {
-        self.leases_at() + self.leases * std::mem::size_of::<LeaseSlot>()
+        self.cursors_at() + self.cursors * std::mem::size_of::<CursorSlot>()
     }
 }
 
@@ -231,14 +276,21 @@ fn hash_bytes(bytes: &[u8]) -> u64 {
 }
 
 fn key_hash(k: &LaneKey) -> u64 {
-    let mut b = [0u8; 32];
-    b[..16].copy_from_slice(&k.partition);
-    b[16..].copy_from_slice(&k.group);
+    let mut b = [0u8; 52];
+    b[..4].copy_from_slice(&k.database.to_le_bytes());
+    b[4..20].copy_from_slice(&k.partition);
+    b[20..].copy_from_slice(&k.group);
     hash_bytes(&b)
 }
 
-/// Finds a key: Ok(slot) when present; Err(slot to insert at) when absent (the first
-/// tombstone on the probe path, else the empty slot that ended it).
+fn cursor_index(n: usize, database: u32, queue_id: i64, group: &[u8; 32]) -> usize {
+    let mut b = [0u8; 44];
+    b[..4].copy_from_slice(&database.to_le_bytes());
+    b[4..12].copy_from_slice(&queue_id.to_le_bytes());
+    b[12..].copy_from_slice(group);
+    hash_bytes(&b) as usize & (n - 1)
+}
+
 /// Where a backward-shift deletion may move the entry at `j` of a table with `mask`: to
 /// the hole at `hole` when its home `home` is not cyclically between the hole and `j`
 /// (its probe passes the hole).
@@ -246,55 +298,60 @@ fn may_fill(hole: usize, j: usize, home: usize, mask: usize) -> bool {
     (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask)
 }
 
+/// Finds a key: Ok(slot) when present; Err(the empty slot that ended the probe).
 fn find_lane(slots: &[LaneSlot], key: &LaneKey) -> Result<usize, usize> {
     let mask = slots.len() - 1;
     let mut i = key_hash(key) as usize & mask;
-    let mut tomb = None;
-    for _ in 0..slots.len() {
+    loop {
         let s = &slots[i];
-        match s.status {
-            EMPTY => return Err(tomb.unwrap_or(i)),
-            TOMB => {
-                tomb.get_or_insert(i);
-            }
-            _ if s.key == *key => return Ok(i),
-            _ => {}
+        if s.status == EMPTY {
+            return Err(i);
+        }
+        if s.key == *key {
+            return Ok(i);
         }
         i = (i + 1) & mask;
     }
-    Err(tomb.expect("a table with no empty slot has tombstones"))
 }
 
 fn find_lease(slots: &[LeaseSlot], id: &[u8; 16]) -> Result<usize, usize> {
     let mask = slots.len() - 1;
     let mut i = hash_bytes(id) as usize & mask;
-    let mut tomb = None;
-    for _ in 0..slots.len() {
+    loop {
         let s = &slots[i];
-        match s.status {
-            EMPTY => return Err(tomb.unwrap_or(i)),
-            TOMB => {
-                tomb.get_or_insert(i);
-            }
-            _ if s.id == *id => return Ok(i),
-            _ => {}
+        if s.status == EMPTY {
+            return Err(i);
+        }
+        if s.id == *id {
+            return Ok(i);
         }
         i = (i + 1) & mask;
     }
-    Err(tomb.expect("a table with no empty slot has tombstones"))
+}
+
+/// The state a reader that acts without locking sees: the holder sees its own changes,
+/// anyone else the lane's last committed state.
+fn committed_view(s: &LaneSlot, reader: u32) -> State {
+    if s.holder.owner == NIL || s.holder.owner == reader {
+        s.state
+    } else {
+        s.base
+    }
 }
 
 /// A read-only view, for readers holding the lock in shared mode.
 pub struct View<'a> {
     lanes: &'a [LaneSlot],
     leases: &'a [LeaseSlot],
+    cursors: &'a [CursorSlot],
 }
 
 impl<'a> View<'a> {
-    pub fn new(_h: &'a Header, lanes: &'a [LaneSlot], leases: &'a [LeaseSlot]) -> Self {
-        View { lanes, leases }
+    pub fn new(_h: &'a Header, lanes: &'a [LaneSlot], leases: &'a [LeaseSlot], cursors: &'a [CursorSlot]) -> Self {
+        View { lanes, leases, cursors }
     }
 
+    /// The lane's live state (in-flight changes of its holder included), and its holder.
     pub fn lane(&self, key: &LaneKey) -> Seen {
         match find_lane(self.lanes, key) {
             Ok(i) if self.lanes[i].status == READY => {
@@ -306,9 +363,27 @@ impl<'a> View<'a> {
         }
     }
 
-    /// A lease's queue, group and lanes (None: unknown, or no lane holds it any more).
-    pub fn lease(&self, id: &[u8; 16]) -> Option<LeaseInfo> {
+    /// The lane's state as `reader` may act on it without locking the lane: its own
+    /// changes, or else the last committed state (not another transaction's changes in
+    /// flight). The holder is reported as in `lane`.
+    pub fn committed(&self, key: &LaneKey, reader: u32) -> Seen {
+        match find_lane(self.lanes, key) {
+            Ok(i) if self.lanes[i].status == READY => {
+                let s = &self.lanes[i];
+                Seen::Ready(committed_view(s, reader), (s.holder.owner != NIL).then_some(s.holder))
+            }
+            Ok(_) => Seen::Loading,
+            Err(_) => Seen::Unknown,
+        }
+    }
+
+    /// A lease of `database`: its queue, group and lanes (None: unknown there, or no lane
+    /// holds it any more).
+    pub fn lease(&self, id: &[u8; 16], database: u32) -> Option<LeaseInfo> {
         let l = &self.leases[find_lease(self.leases, id).ok()?];
+        if l.database != database {
+            return None;
+        }
         let mut lanes = Vec::with_capacity(l.count as usize);
         let mut i = l.first;
         while i != NIL {
@@ -321,18 +396,60 @@ impl<'a> View<'a> {
             lanes,
         })
     }
+
+    /// The partition the last pop of (database, queue, group) claimed, if remembered.
+    pub fn cursor(&self, database: u32, queue_id: i64, group: &[u8; 32]) -> Option<[u8; 16]> {
+        let c = &self.cursors[cursor_index(self.cursors.len(), database, queue_id, group)];
+        (c.used == 1 && c.database == database && c.queue_id == queue_id && c.group == *group).then_some(c.partition)
+    }
 }
 
-/// The registry, for a writer holding the lock exclusively.
+/// The old values of the slots an update wrote, to put back if it panics.
+#[derive(Default)]
+struct Undo {
+    lanes: Vec<(usize, LaneSlot)>,
+    leases: Vec<(usize, LeaseSlot)>,
+    cursors: Vec<(usize, CursorSlot)>,
+}
+
+/// The registry, for a writer holding the lock exclusively. Dropped while a panic
+/// unwinds, it puts back everything written through it (see the module docs).
 pub struct Registry<'a> {
     h: &'a mut Header,
     lanes: &'a mut [LaneSlot],
     leases: &'a mut [LeaseSlot],
+    cursors: &'a mut [CursorSlot],
+    header: Header,
+    undo: Undo,
+}
+
+impl Drop for Registry<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (i, s) in self.undo.lanes.drain(..).rev() {
+            self.lanes[i] = s;
+        }
+        for (i, s) in self.undo.leases.drain(..).rev() {
+            self.leases[i] = s;
+        }
+        for (i, s) in self.undo.cursors.drain(..).rev() {
+            self.cursors[i] = s;
+        }
+        *self.h = self.header;
+    }
 }
 
 impl<'a> Registry<'a> {
-    pub fn new(h: &'a mut Header, lanes: &'a mut [LaneSlot], leases: &'a mut [LeaseSlot]) -> Self {
-        Registry { h, lanes, leases }
+    pub fn new(
+        h: &'a mut Header,
+        lanes: &'a mut [LaneSlot],
+        leases: &'a mut [LeaseSlot],
+        cursors: &'a mut [CursorSlot],
+    ) -> Self {
+        let header = *h;
+        Registry { h, lanes, leases, cursors, header, undo: Undo::default() }
     }
 
     /// Initialises fresh memory.
@@ -340,25 +457,40 @@ impl<'a> Registry<'a> {
         h: &'a mut Header,
         lanes: &'a mut [LaneSlot],
         leases: &'a mut [LeaseSlot],
+        cursors: &'a mut [CursorSlot],
         max_lanes: usize,
         max_leases: usize,
     ) -> Self {
         assert!(lanes.len().is_power_of_two() && lanes.len() >= 2 * max_lanes.max(1));
         assert!(leases.len().is_power_of_two() && leases.len() >= 2 * max_leases.max(1));
+        assert!(cursors.len().is_power_of_two());
         *h = Header {
             lane_slots: lanes.len() as u32,
             max_lanes: max_lanes.max(1) as u32,
             lease_slots: leases.len() as u32,
             max_leases: max_leases.max(1) as u32,
+            cursor_slots: cursors.len() as u32,
             ..Header::default()
         };
         lanes.fill(LaneSlot::default());
         leases.fill(LeaseSlot::default());
-        Registry { h, lanes, leases }
+        cursors.fill(CursorSlot::default());
+        Registry::new(h, lanes, leases, cursors)
+    }
+
+    /// Lane slot `i`, for writing: its old value goes to the undo log first.
+    fn lane_mut(&mut self, i: usize) -> &mut LaneSlot {
+        self.undo.lanes.push((i, self.lanes[i]));
+        &mut self.lanes[i]
+    }
+
+    fn lease_mut(&mut self, l: usize) -> &mut LeaseSlot {
+        self.undo.leases.push((l, self.leases[l]));
+        &mut self.leases[l]
     }
 
     pub fn view(&self) -> View<'_> {
-        View { lanes: self.lanes, leases: self.leases }
+        View { lanes: self.lanes, leases: self.leases, cursors: self.cursors }
     }
 
     pub fn lanes_live(&self) -> usize {
@@ -374,24 +506,17 @@ impl<'a> Registry<'a> {
     /// Starts loading a lane for `owner`; a full table evicts an idle lane first (one
     /// nobody holds, with no live lease at `now` and nothing unsaved).
     pub fn begin_load(&mut self, key: &LaneKey, owner: u32, now: i64) -> Load {
-        let i = match find_lane(self.lanes, key) {
+        match find_lane(self.lanes, key) {
             Ok(i) if self.lanes[i].status == READY => return Load::Ready,
             Ok(_) => return Load::Loading,
-            Err(i) => i,
-        };
+            Err(_) => {}
+        }
         if self.h.lanes_live >= self.h.max_lanes && !self.evict_one(now) {
             return Load::Full;
         }
         // (An eviction may have moved the free slot.)
-        let i = if self.h.lanes_live < self.h.max_lanes { find_lane(self.lanes, key).expect_err("absent") } else { i };
-        // Too many tombstones make misses slow: keep at least a quarter of the slots empty.
-        if self.h.lanes_used >= self.h.lane_slots - self.h.lane_slots / 4 && self.lanes[i].status == EMPTY {
-            return Load::Full;
-        }
-        if self.lanes[i].status == EMPTY {
-            self.h.lanes_used += 1;
-        }
-        self.lanes[i] = LaneSlot {
+        let i = find_lane(self.lanes, key).expect_err("absent");
+        *self.lane_mut(i) = LaneSlot {
             key: *key,
             status: LOADING,
             loader: owner,
@@ -401,30 +526,23 @@ impl<'a> Registry<'a> {
             holder: Holder { owner: NIL, ..Holder::default() },
             ..LaneSlot::default()
         };
+        fail::point("lanes.begin_load");
         self.h.lanes_live += 1;
         Load::Mine
     }
 
-    /// Ends a load with the lane's durable state, read in `database`: its cursor and retry
-    /// count as of the journal entry `state.journal_seq` (or the lanes table when the
-    /// journal has none). A stored lease (the lanes table of a version that kept leases
-    /// there) is taken over when it is live at `now` and covers a span past the cursor,
-    /// under `lease` (queue id, group); otherwise the lane starts with no lease.
-    pub fn finish_load(
-        &mut self,
-        key: &LaneKey,
-        owner: u32,
-        state: State,
-        lease: Option<(i64, &str)>,
-        database: u32,
-        now: i64,
-    ) {
+    /// Ends a load with the lane's durable state: its cursor and retry count as of the
+    /// journal entry `state.journal_seq` (or the lanes table when the journal has none). A
+    /// stored lease (the lanes table of a version that kept leases there) is taken over
+    /// when it is live at `now` and covers a span past the cursor, under `lease` (queue
+    /// id, group); otherwise the lane starts with no lease.
+    pub fn finish_load(&mut self, key: &LaneKey, owner: u32, state: State, lease: Option<(i64, &str)>, now: i64) {
         let Ok(i) = find_lane(self.lanes, key) else { return };
         if self.lanes[i].status != LOADING || self.lanes[i].loader != owner {
             return;
         }
-        self.lanes[i].status = READY;
-        self.lanes[i].database = database;
+        self.lane_mut(i).status = READY;
+        fail::point("lanes.finish_load");
         let bare = State {
             committed: state.committed,
             retry_count: state.retry_count,
@@ -433,7 +551,7 @@ impl<'a> Registry<'a> {
         };
         let keep = state.live_lease(now) && state.batch_end > state.committed && lease.is_some();
         if !(keep && self.set_state(i, state, lease, now)) {
-            self.lanes[i].state = bare;
+            self.lane_mut(i).state = bare;
         }
     }
 
@@ -446,22 +564,41 @@ impl<'a> Registry<'a> {
         }
     }
 
-    /// Forgets lanes (their queue was deleted).
+    /// Forgets lanes (their queue, group or partition was deleted).
     pub fn forget(&mut self, keys: &[LaneKey]) {
         for k in keys {
             if let Ok(i) = find_lane(self.lanes, k) {
                 if self.lanes[i].status == READY {
                     self.unchain(i);
+                    fail::point("lanes.forget");
                     self.remove_lane(i);
                 }
             }
         }
     }
 
+    /// Forgets every lane and lease of a database that no longer exists (nobody can be
+    /// connected to it, so none is held). Returns how many lanes went.
+    pub fn forget_database(&mut self, database: u32) -> usize {
+        let keys: Vec<LaneKey> = self
+            .lanes
+            .iter()
+            .filter(|s| s.status != EMPTY && s.key.database == database && s.holder.owner == NIL)
+            .map(|s| s.key)
+            .collect();
+        for k in &keys {
+            if let Ok(i) = find_lane(self.lanes, k) {
+                self.unchain(i);
+                self.remove_lane(i);
+            }
+        }
+        keys.len()
+    }
+
     /// Empties lane slot `i` (unchained from any lease) by backward-shift deletion: the
-    /// entries after it in its cluster move up when their probe passes the hole, so no
-    /// tombstone is left and lanes coming and going never fill the table. A moved lane's
-    /// lease chain is pointed at its new slot.
+    /// entries after it in its cluster move up when their probe passes the hole, so lanes
+    /// coming and going never fill the table. A moved lane's lease chain is pointed at its
+    /// new slot.
     fn remove_lane(&mut self, i: usize) {
         debug_assert_eq!(self.lanes[i].lease, NIL);
         let mask = self.lanes.len() - 1;
@@ -473,32 +610,32 @@ impl<'a> Registry<'a> {
                 break;
             }
             let home = key_hash(&self.lanes[j].key) as usize & mask;
-            if self.lanes[j].status != TOMB && may_fill(hole, j, home, mask) {
-                self.lanes[hole] = self.lanes[j];
-                self.relink_lane(j, hole);
+            if may_fill(hole, j, home, mask) {
+                let moved = self.lanes[j];
+                *self.lane_mut(hole) = moved;
+                self.relink_lane(hole);
+                fail::point("lanes.remove");
                 hole = j;
             }
         }
-        self.lanes[hole] = LaneSlot::default();
+        *self.lane_mut(hole) = LaneSlot::default();
         self.h.lanes_live -= 1;
-        self.h.lanes_used -= 1;
     }
 
-    /// The lane that was in slot `from` is in slot `to` now: its lease chain says so.
-    fn relink_lane(&mut self, from: usize, to: usize) {
+    /// The lane now in slot `to` moved there: its lease chain says so.
+    fn relink_lane(&mut self, to: usize) {
         let s = self.lanes[to];
         if s.lease == NIL {
             return;
         }
         if s.lease_prev == NIL {
-            self.leases[s.lease as usize].first = to as u32;
+            self.lease_mut(s.lease as usize).first = to as u32;
         } else {
-            self.lanes[s.lease_prev as usize].lease_next = to as u32;
+            self.lane_mut(s.lease_prev as usize).lease_next = to as u32;
         }
         if s.lease_next != NIL {
-            self.lanes[s.lease_next as usize].lease_prev = to as u32;
+            self.lane_mut(s.lease_next as usize).lease_prev = to as u32;
         }
-        let _ = from;
     }
 
     /// (Tests) The tables' structure: every entry found where it is, the counters right,
@@ -515,8 +652,8 @@ impl<'a> Registry<'a> {
                 return Err(format!("lane slot {i} is not where a lookup finds it"));
             }
         }
-        if live != self.h.lanes_live || live != self.h.lanes_used {
-            return Err(format!("{live} lanes, counted {} / {}", self.h.lanes_live, self.h.lanes_used));
+        if live != self.h.lanes_live {
+            return Err(format!("{live} lanes, counted {}", self.h.lanes_live));
         }
         let (mut leases, mut chained) = (0, 0);
         for (l, s) in self.leases.iter().enumerate() {
@@ -533,6 +670,9 @@ impl<'a> Registry<'a> {
                 if lane.lease != l as u32 || lane.lease_prev != prev {
                     return Err(format!("lease slot {l}: lane slot {k} is linked wrong"));
                 }
+                if lane.key.database != s.database {
+                    return Err(format!("lease slot {l}: lane slot {k} is of another database"));
+                }
                 (prev, k, n) = (k, lane.lease_next, n + 1);
             }
             if n != s.count || n == 0 {
@@ -541,11 +681,8 @@ impl<'a> Registry<'a> {
             chained += n;
         }
         let on_leases = self.lanes.iter().filter(|s| s.status != EMPTY && s.lease != NIL).count() as u32;
-        if leases != self.h.leases_live || leases != self.h.leases_used || chained != on_leases {
-            return Err(format!(
-                "{leases} leases ({} / {}); {chained} chained of {on_leases}",
-                self.h.leases_live, self.h.leases_used
-            ));
+        if leases != self.h.leases_live || chained != on_leases {
+            return Err(format!("{leases} leases ({}); {chained} chained of {on_leases}", self.h.leases_live));
         }
         Ok(())
     }
@@ -561,20 +698,20 @@ impl<'a> Registry<'a> {
                 break;
             }
             let home = hash_bytes(&self.leases[j].id) as usize & mask;
-            if self.leases[j].status != TOMB && may_fill(hole, j, home, mask) {
-                self.leases[hole] = self.leases[j];
+            if may_fill(hole, j, home, mask) {
+                let moved = self.leases[j];
+                *self.lease_mut(hole) = moved;
                 // Every lane on the moved lease's chain points at its new slot.
-                let mut k = self.leases[hole].first;
+                let mut k = moved.first;
                 while k != NIL {
-                    self.lanes[k as usize].lease = hole as u32;
+                    self.lane_mut(k as usize).lease = hole as u32;
                     k = self.lanes[k as usize].lease_next;
                 }
                 hole = j;
             }
         }
-        self.leases[hole] = LeaseSlot::default();
+        *self.lease_mut(hole) = LeaseSlot::default();
         self.h.leases_live -= 1;
-        self.h.leases_used -= 1;
     }
 
     /// Evicts a ready lane nobody holds, with no live lease at `now` and nothing unsaved.
@@ -592,6 +729,7 @@ impl<'a> Registry<'a> {
                 if idle && !pinned {
                     self.h.hand = ((i + 1) % n) as u32;
                     self.unchain(i);
+                    fail::point("lanes.evict");
                     self.remove_lane(i);
                     return true;
                 }
@@ -611,9 +749,12 @@ impl<'a> Registry<'a> {
             Ok(_) => return Err(Busy::Loading),
             Err(_) => return Err(Busy::Unknown),
         };
-        let s = &mut self.lanes[i];
+        let s = self.lanes[i];
         if s.holder.owner == NIL {
-            s.holder = holder;
+            let slot = self.lane_mut(i);
+            slot.holder = holder;
+            fail::point("lanes.lock");
+            slot.base = s.state;
             return Ok((s.state, true));
         }
         if s.holder.owner == holder.owner {
@@ -632,11 +773,13 @@ impl<'a> Registry<'a> {
         if self.lanes[i].status != READY || self.lanes[i].holder.owner != owner {
             return;
         }
-        if self.lanes[i].changed == 1 {
-            self.lanes[i].dirty = 1;
+        let slot = self.lane_mut(i);
+        if slot.changed == 1 {
+            slot.dirty = 1;
         }
-        self.lanes[i].changed = 0;
-        self.lanes[i].holder = Holder { owner: NIL, ..Holder::default() };
+        fail::point("lanes.unlock");
+        slot.changed = 0;
+        slot.holder = Holder { owner: NIL, ..Holder::default() };
     }
 
     /// An abort: puts back `saved`, the state `owner` found when it locked the lane, and
@@ -648,8 +791,9 @@ impl<'a> Registry<'a> {
             return;
         }
         self.put_back(i, saved, lease, now);
-        self.lanes[i].changed = 0;
-        self.lanes[i].holder = Holder { owner: NIL, ..Holder::default() };
+        let slot = self.lane_mut(i);
+        slot.changed = 0;
+        slot.holder = Holder { owner: NIL, ..Holder::default() };
     }
 
     /// A subtransaction's abort: puts back `saved`, what the lane held when the
@@ -668,6 +812,7 @@ impl<'a> Registry<'a> {
     /// loses it, as if it had expired: the cursor and retry count are put back anyway.
     fn put_back(&mut self, i: usize, saved: State, lease: Option<(i64, &str)>, now: i64) {
         if !self.set_state(i, saved, lease, now) {
+            fail::point("lanes.put_back");
             let mut bare = saved;
             bare.lease_id = [0; 16];
             bare.lease_expires = 0; // (with no lease, a nonzero expiry would be a backoff)
@@ -702,7 +847,7 @@ impl<'a> Registry<'a> {
             return false;
         }
         if changed {
-            self.lanes[i].changed = 1;
+            self.lane_mut(i).changed = 1;
         }
         true
     }
@@ -711,6 +856,7 @@ impl<'a> Registry<'a> {
         let old = self.lanes[i].state;
         if old.lease_id != state.lease_id || (state.has_lease() && self.lanes[i].lease == NIL) {
             self.unchain(i);
+            fail::point("lanes.set");
             if state.has_lease() && !self.chain(i, &state.lease_id, lease, now) {
                 // No room for the lease: the lane keeps its old state.
                 if old.has_lease() {
@@ -719,45 +865,54 @@ impl<'a> Registry<'a> {
                 return false;
             }
         }
-        self.lanes[i].state = state;
+        self.lane_mut(i).state = state;
         true
     }
 
-    /// Puts lane `i` on the chain of lease `id` (creating the lease with `info`).
+    /// Puts lane `i` on the chain of lease `id` (creating the lease with `info`, in the
+    /// lane's database).
     fn chain(&mut self, i: usize, id: &[u8; 16], info: Option<(i64, &str)>, now: i64) -> bool {
+        let database = self.lanes[i].key.database;
         let l = match find_lease(self.leases, id) {
+            // A lease id of another database (ids are random: only a crafted or copied one)
+            // is not this lane's to join.
+            Ok(l) if self.leases[l].database != database => return false,
             Ok(l) => l,
             Err(_) => {
                 let Some((queue_id, group)) = info else { return false };
                 if self.h.leases_live >= self.h.max_leases && !self.sweep_leases(now) {
                     return false;
                 }
-                // Keep a quarter of the slots empty, or misses get slow.
-                if self.h.leases_used >= self.h.lease_slots - self.h.lease_slots / 4 {
-                    return false;
-                }
                 let l = find_lease(self.leases, id).expect_err("absent");
-                if self.leases[l].status == EMPTY {
-                    self.h.leases_used += 1;
-                }
                 let mut g = [0u8; GROUP_MAX];
                 let n = group.len().min(GROUP_MAX);
                 g[..n].copy_from_slice(&group.as_bytes()[..n]);
-                self.leases[l] =
-                    LeaseSlot { id: *id, status: READY, first: NIL, count: 0, group_len: n as u32, queue_id, group: g };
+                *self.lease_mut(l) = LeaseSlot {
+                    id: *id,
+                    database,
+                    status: READY,
+                    first: NIL,
+                    count: 0,
+                    group_len: n as u32,
+                    queue_id,
+                    group: g,
+                };
+                fail::point("lanes.chain");
                 self.h.leases_live += 1;
                 l
             }
         };
         let first = self.leases[l].first;
-        self.lanes[i].lease = l as u32;
-        self.lanes[i].lease_prev = NIL;
-        self.lanes[i].lease_next = first;
+        let lane = self.lane_mut(i);
+        lane.lease = l as u32;
+        lane.lease_prev = NIL;
+        lane.lease_next = first;
         if first != NIL {
-            self.lanes[first as usize].lease_prev = i as u32;
+            self.lane_mut(first as usize).lease_prev = i as u32;
         }
-        self.leases[l].first = i as u32;
-        self.leases[l].count += 1;
+        let lease = self.lease_mut(l);
+        lease.first = i as u32;
+        lease.count += 1;
         true
     }
 
@@ -769,18 +924,20 @@ impl<'a> Registry<'a> {
         }
         let (prev, next) = (self.lanes[i].lease_prev, self.lanes[i].lease_next);
         if prev == NIL {
-            self.leases[l as usize].first = next;
+            self.lease_mut(l as usize).first = next;
         } else {
-            self.lanes[prev as usize].lease_next = next;
+            self.lane_mut(prev as usize).lease_next = next;
         }
         if next != NIL {
-            self.lanes[next as usize].lease_prev = prev;
+            self.lane_mut(next as usize).lease_prev = prev;
         }
-        self.lanes[i].lease = NIL;
-        self.lanes[i].lease_prev = NIL;
-        self.lanes[i].lease_next = NIL;
-        self.leases[l as usize].count -= 1;
-        if self.leases[l as usize].count == 0 {
+        let lane = self.lane_mut(i);
+        lane.lease = NIL;
+        lane.lease_prev = NIL;
+        lane.lease_next = NIL;
+        let lease = self.lease_mut(l as usize);
+        lease.count -= 1;
+        if lease.count == 0 {
             self.remove_lease(l as usize);
         }
     }
@@ -794,35 +951,49 @@ impl<'a> Registry<'a> {
             let s = &self.lanes[i];
             if s.status == READY && s.lease != NIL && s.holder.owner == NIL && s.state.lease_expires <= now {
                 self.unchain(i);
+                fail::point("lanes.sweep");
                 // (its expiry is past: with no lease it reads as no backoff)
-                self.lanes[i].state.lease_id = [0; 16];
+                self.lane_mut(i).state.lease_id = [0; 16];
             }
         }
         self.h.leases_live < before
     }
 
+    // ---- round-robin cursors ----
+
+    /// Remembers the partition a pop of (database, queue, group) claimed last.
+    pub fn set_cursor(&mut self, database: u32, queue_id: i64, group: &[u8; 32], partition: [u8; 16]) {
+        let c = cursor_index(self.cursors.len(), database, queue_id, group);
+        self.undo.cursors.push((c, self.cursors[c]));
+        fail::point("lanes.cursor");
+        self.cursors[c] = CursorSlot { database, used: 1, queue_id, group: *group, partition };
+    }
+
     // ---- saving cursors ----
 
-    /// Lanes of `database` whose cursor or retry count changed since they were last saved.
+    /// Lanes of `database` whose committed cursor or retry count changed since they were
+    /// last saved, with their committed state (not a holder's change in flight).
     pub fn dirty(&self, database: u32) -> Vec<(LaneKey, State)> {
         self.lanes
             .iter()
-            .filter(|s| s.status == READY && s.dirty == 1 && s.database == database)
-            .map(|s| (s.key, s.state))
+            .filter(|s| s.status == READY && s.dirty == 1 && s.key.database == database)
+            .map(|s| (s.key, committed_view(s, NIL)))
             .collect()
     }
 
     /// The lanes table now holds `saved` for this lane: clean unless it changed since.
     pub fn saved(&mut self, key: &LaneKey, saved: &State) {
         if let Ok(i) = find_lane(self.lanes, key) {
-            let s = &mut self.lanes[i];
+            let s = &self.lanes[i];
+            let c = committed_view(s, NIL);
             if s.status == READY
                 && s.dirty == 1
-                && s.state.journal_seq == saved.journal_seq
-                && s.state.committed == saved.committed
-                && s.state.retry_count == saved.retry_count
+                && c.journal_seq == saved.journal_seq
+                && c.committed == saved.committed
+                && c.retry_count == saved.retry_count
             {
-                s.dirty = 0;
+                fail::point("lanes.saved");
+                self.lane_mut(i).dirty = 0;
             }
         }
     }
@@ -843,6 +1014,7 @@ mod tests {
         h: Header,
         lanes: Vec<LaneSlot>,
         leases: Vec<LeaseSlot>,
+        cursors: Vec<CursorSlot>,
     }
 
     impl Mem {
@@ -852,16 +1024,17 @@ mod tests {
                 h: Header::default(),
                 lanes: vec![LaneSlot::default(); l.lanes],
                 leases: vec![LeaseSlot::default(); l.leases],
+                cursors: vec![CursorSlot::default(); l.cursors],
             };
-            Registry::format(&mut m.h, &mut m.lanes, &mut m.leases, max_lanes, max_leases);
+            Registry::format(&mut m.h, &mut m.lanes, &mut m.leases, &mut m.cursors, max_lanes, max_leases);
             m
         }
         fn reg(&mut self) -> Registry<'_> {
-            Registry::new(&mut self.h, &mut self.lanes, &mut self.leases)
+            Registry::new(&mut self.h, &mut self.lanes, &mut self.leases, &mut self.cursors)
         }
         fn load(&mut self, k: &LaneKey, committed: i64) {
             assert_eq!(self.reg().begin_load(k, 99, 0), Load::Mine);
-            self.reg().finish_load(k, 99, State { committed, ..State::default() }, None, 1, 0);
+            self.reg().finish_load(k, 99, State { committed, ..State::default() }, None, 0);
         }
         fn state(&mut self, k: &LaneKey) -> State {
             match self.reg().view().lane(k) {
@@ -875,7 +1048,7 @@ mod tests {
         let mut partition = [0u8; 16];
         partition[0] = p;
         partition[9] = p.wrapping_mul(31);
-        LaneKey { partition, group: group_hash(g) }
+        LaneKey::new(1, partition, g)
     }
     fn lease(n: u8) -> [u8; 16] {
         [n; 16]
@@ -885,10 +1058,10 @@ mod tests {
     }
 
     #[test]
-    fn group_hashes_differ() {
-        assert_ne!(group_hash("a"), group_hash("b"));
-        assert_ne!(group_hash("ab"), group_hash("ba"));
-        assert_eq!(group_hash("__QUEUE_MODE__"), group_hash("__QUEUE_MODE__"));
+    fn group_digests_differ() {
+        assert_ne!(group_digest("a"), group_digest("b"));
+        assert_ne!(group_digest("ab"), group_digest("ba"));
+        assert_eq!(group_digest("__QUEUE_MODE__"), group_digest("__QUEUE_MODE__"));
     }
 
     #[test]
@@ -912,13 +1085,13 @@ mod tests {
             Some((42, "g")),
             0
         ));
-        let info = m.reg().view().lease(&lease(1)).unwrap();
+        let info = m.reg().view().lease(&lease(1), 1).unwrap();
         assert_eq!((info.queue_id, info.group.as_str(), info.lanes.len()), (42, "g", 2));
         // b's claim rolls back: its old state returns, the lease keeps a alone.
         m.reg().unlock(&b, 0, Some(sb));
         m.reg().unlock(&a, 0, None);
         assert_eq!(m.state(&b), sb);
-        assert_eq!(m.reg().view().lease(&lease(1)).unwrap().lanes, vec![a]);
+        assert_eq!(m.reg().view().lease(&lease(1), 1).unwrap().lanes, vec![a]);
         assert!(m.reg().holds(&a, &lease(1), 50));
         assert!(!m.reg().holds(&a, &lease(1), 100), "expired at 100");
         assert_eq!(m.reg().view().lane(&a), Seen::Ready(claimed, None));
@@ -937,12 +1110,12 @@ mod tests {
             ..State::default()
         };
         m.reg().begin_load(&a, 0, 50);
-        m.reg().finish_load(&a, 0, stored, Some((7, "g")), 1, 50);
+        m.reg().finish_load(&a, 0, stored, Some((7, "g")), 50);
         assert_eq!(m.state(&a), stored);
-        assert_eq!(m.reg().view().lease(&lease(5)).map(|l| (l.queue_id, l.lanes)), Some((7, vec![a])));
+        assert_eq!(m.reg().view().lease(&lease(5), 1).map(|l| (l.queue_id, l.lanes)), Some((7, vec![a])));
         // Expired, or over a span the cursor has passed: not taken over.
         m.reg().begin_load(&b, 0, 150);
-        m.reg().finish_load(&b, 0, stored, Some((7, "g")), 1, 150);
+        m.reg().finish_load(&b, 0, stored, Some((7, "g")), 150);
         assert!(!m.state(&b).has_lease());
     }
 
@@ -961,7 +1134,7 @@ mod tests {
         assert!(m.reg().set(&a, 1, acked, None, 0));
         m.reg().unlock(&a, 1, None);
         assert_eq!(m.reg().leases_live(), 0);
-        assert_eq!(m.reg().view().lease(&lease(3)), None);
+        assert_eq!(m.reg().view().lease(&lease(3), 1), None);
         // The committed change is waiting to be saved; saving it cleans the lane.
         assert_eq!(m.reg().dirty(1), vec![(a, acked)]);
         m.reg().saved(&a, &acked);
@@ -993,8 +1166,9 @@ mod tests {
             m.reg().saved(&a, &acked);
             // A lane of another partition comes and goes.
             let other = key(3 + (n % 200) as u8, "h");
-            match m.reg().begin_load(&other, 9, 0) {
-                Load::Mine => m.reg().finish_load(&other, 9, State::default(), None, 1, 0),
+            let loaded = m.reg().begin_load(&other, 9, 0);
+            match loaded {
+                Load::Mine => m.reg().finish_load(&other, 9, State::default(), None, 0),
                 other => panic!("load {n}: {other:?}"),
             }
             m.reg().forget(&[other]);
@@ -1021,10 +1195,10 @@ mod tests {
         assert_eq!(m.reg().lease_queue(&lease(4)), Some(42));
         let acked = State { committed: 8, journal_seq: 1, ..State::default() };
         assert!(m.reg().set(&a, 1, acked, None, 0));
-        assert_eq!(m.reg().view().lease(&lease(4)), None);
+        assert_eq!(m.reg().view().lease(&lease(4), 1), None);
         m.reg().restore(&a, 1, found, Some((42, "g")), 50);
         assert_eq!(m.state(&a), claimed);
-        assert_eq!(m.reg().view().lease(&lease(4)).map(|l| l.lanes), Some(vec![a]));
+        assert_eq!(m.reg().view().lease(&lease(4), 1).map(|l| l.lanes), Some(vec![a]));
         m.reg().check().unwrap();
         // The same again at the top level: the lock is released too.
         assert!(m.reg().set(&a, 1, acked, None, 0));
@@ -1102,6 +1276,94 @@ mod tests {
         assert!(matches!(m.reg().view().lane(&a), Seen::Ready(_, Some(_))));
     }
 
+    #[test]
+    fn a_change_in_flight_is_not_committed_for_other_readers() {
+        let mut m = Mem::new(8, 8);
+        let a = key(1, "g");
+        m.load(&a, 5);
+        let (found, took) = m.reg().lock(&a, holder(0)).unwrap();
+        assert!(took);
+        let acked = State { committed: 100, journal_seq: 1, ..found };
+        assert!(m.reg().set(&a, 0, acked, None, 0));
+        // Others (retention, status, the worker's save) read the last committed state; the
+        // holder reads its own change.
+        assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(found, Some(holder(0))));
+        assert_eq!(m.reg().view().committed(&a, 0), Seen::Ready(acked, Some(holder(0))));
+        assert!(m.reg().dirty(1).is_empty(), "nothing committed to save yet");
+        // Rolled back: as before, for everyone.
+        m.reg().unlock(&a, 0, Some(found));
+        assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(found, None));
+        // Committed: the new state is everyone's, and listed for saving.
+        m.reg().lock(&a, holder(1)).unwrap();
+        assert!(m.reg().set(&a, 1, acked, None, 0));
+        m.reg().unlock(&a, 1, None);
+        assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(acked, None));
+        assert_eq!(m.reg().dirty(1), vec![(a, acked)]);
+        // A later holder's change in flight does not reach the save either.
+        m.reg().lock(&a, holder(2)).unwrap();
+        let later = State { committed: 200, journal_seq: 2, ..acked };
+        assert!(m.reg().set(&a, 2, later, None, 0));
+        assert_eq!(m.reg().dirty(1), vec![(a, acked)]);
+        m.reg().saved(&a, &acked);
+        assert!(m.reg().dirty(1).is_empty(), "the committed state is saved");
+        m.reg().unlock(&a, 2, None);
+        assert_eq!(m.reg().dirty(1), vec![(a, later)]);
+        m.reg().check().unwrap();
+    }
+
+    #[test]
+    fn lanes_and_leases_belong_to_their_database() {
+        let mut m = Mem::new(8, 8);
+        let mut p = [0u8; 16];
+        p[0] = 9;
+        // A database created from another as a template has the same partition ids.
+        let (a1, a2) = (LaneKey::new(1, p, "g"), LaneKey::new(2, p, "g"));
+        assert_ne!(a1, a2);
+        for k in [&a1, &a2] {
+            assert_eq!(m.reg().begin_load(k, 3, 0), Load::Mine);
+            m.reg().finish_load(k, 3, State::default(), None, 0);
+        }
+        m.reg().lock(&a1, holder(0)).unwrap();
+        let claimed = State { lease_id: lease(7), lease_expires: 100, batch_end: 3, ..State::default() };
+        assert!(m.reg().set(&a1, 0, claimed, Some((1, "g")), 0));
+        m.reg().unlock(&a1, 0, None);
+        assert_eq!(m.reg().view().lease(&lease(7), 1).map(|l| l.lanes), Some(vec![a1]));
+        assert_eq!(m.reg().view().lease(&lease(7), 2), None, "not found from another database");
+        // The same lease id cannot take a lane of another database.
+        m.reg().lock(&a2, holder(0)).unwrap();
+        assert!(!m.reg().set(&a2, 0, claimed, Some((1, "g")), 0));
+        m.reg().unlock(&a2, 0, None);
+        assert_eq!(m.state(&a2), State::default());
+        // A dropped database's lanes and leases go.
+        assert_eq!(m.reg().forget_database(1), 1);
+        assert_eq!(m.reg().view().lane(&a1), Seen::Unknown);
+        assert_eq!(m.reg().leases_live(), 0);
+        assert!(matches!(m.reg().view().lane(&a2), Seen::Ready(..)));
+        m.reg().check().unwrap();
+    }
+
+    #[test]
+    fn round_robin_cursors_are_shared_and_only_a_hint() {
+        let mut m = Mem::new(8, 8);
+        let g = group_digest("g");
+        assert_eq!(m.reg().view().cursor(1, 5, &g), None);
+        m.reg().set_cursor(1, 5, &g, [3; 16]);
+        assert_eq!(m.reg().view().cursor(1, 5, &g), Some([3; 16]));
+        assert_eq!(m.reg().view().cursor(2, 5, &g), None, "another database");
+        assert_eq!(m.reg().view().cursor(1, 6, &g), None, "another queue");
+        assert_eq!(m.reg().view().cursor(1, 5, &group_digest("h")), None, "another group");
+        // Many keys through a small table: each reads its own or nothing, never another's.
+        for q in 0..1000i64 {
+            m.reg().set_cursor(1, q, &g, [(q % 250) as u8; 16]);
+        }
+        for q in 0..1000i64 {
+            if let Some(p) = m.reg().view().cursor(1, q, &g) {
+                assert_eq!(p, [(q % 250) as u8; 16]);
+            }
+        }
+        assert_eq!(m.reg().view().cursor(1, 999, &g), Some([(999 % 250) as u8; 16]));
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Claim { owner: u32, lane: u8, lease: u8, until: i64 },
@@ -1140,13 +1402,15 @@ mod tests {
                     Op::Claim { owner, lane, lease: l, until } => {
                         let k = keys[lane as usize];
                         if !model.contains_key(&lane) {
-                            match m.reg().begin_load(&k, owner, now) {
-                                Load::Mine => { m.reg().finish_load(&k, owner, State::default(), None, 1, now); model.insert(lane, State::default()); }
+                            let loaded = m.reg().begin_load(&k, owner, now);
+                            match loaded {
+                                Load::Mine => { m.reg().finish_load(&k, owner, State::default(), None, now); model.insert(lane, State::default()); }
                                 Load::Full => continue,
                                 other => prop_assert!(false, "{:?}", other),
                             }
                         }
-                        match m.reg().lock(&k, holder(owner)) {
+                        let locked = m.reg().lock(&k, holder(owner));
+                        match locked {
                             Ok((s, took)) => {
                                 prop_assert_eq!(s, model[&lane]);
                                 if took { held.insert(lane, (owner, s)); }
@@ -1162,7 +1426,8 @@ mod tests {
                     Op::Ack { owner, lane, to } => {
                         let Some(&cur) = model.get(&lane) else { continue };
                         let k = keys[lane as usize];
-                        match m.reg().lock(&k, holder(owner)) {
+                        let locked = m.reg().lock(&k, holder(owner));
+                        match locked {
                             Ok((s, took)) => {
                                 prop_assert_eq!(s, cur);
                                 if took { held.insert(lane, (owner, s)); }
@@ -1200,7 +1465,8 @@ mod tests {
                         }
                     }
                     Op::Save => {
-                        for (k, st) in m.reg().dirty(1) {
+                        let dirty = m.reg().dirty(1);
+                        for (k, st) in dirty {
                             m.reg().saved(&k, &st);
                             if let Some(l) = keys.iter().position(|x| *x == k) { unsaved.remove(&(l as u8)); }
                         }
@@ -1238,7 +1504,7 @@ mod tests {
                     }
                 }
                 for (id, mut lanes) in chains {
-                    let mut got = m.reg().view().lease(&id).map(|i| i.lanes).unwrap_or_default();
+                    let mut got = m.reg().view().lease(&id, 1).map(|i| i.lanes).unwrap_or_default();
                     lanes.sort_by_key(|k| k.partition);
                     got.sort_by_key(|k| k.partition);
                     prop_assert_eq!(got, lanes);
@@ -1246,6 +1512,122 @@ mod tests {
                 let dirty: std::collections::HashSet<LaneKey> = m.reg().dirty(1).into_iter().map(|(k, _)| k).collect();
                 for lane in &unsaved {
                     prop_assert!(dirty.contains(&keys[*lane as usize]), "lane {} changed and committed but is not listed", lane);
+                }
+            }
+        }
+    }
+    /// A panic half way through any update (every fail point of the lane registry, at
+    /// any of its hits) leaves the registry exactly as it was before that update.
+    #[cfg(feature = "failpoints")]
+    mod failpoints {
+        use super::*;
+
+        #[derive(Debug, Clone)]
+        enum FOp {
+            Load { lane: u8 },
+            Claim { owner: u32, lane: u8, lease: u8, until: i64 },
+            Ack { owner: u32, lane: u8 },
+            End { owner: u32, commit: bool },
+            Forget { lane: u8 },
+            Save,
+            Cursor { queue: i64, lane: u8 },
+        }
+
+        fn fop() -> impl Strategy<Value = FOp> {
+            prop_oneof![
+                2 => (0u8..6).prop_map(|lane| FOp::Load { lane }),
+                3 => (0u32..3, 0u8..6, 1u8..4, 0i64..200).prop_map(|(owner, lane, lease, until)| FOp::Claim { owner, lane, lease, until }),
+                2 => (0u32..3, 0u8..6).prop_map(|(owner, lane)| FOp::Ack { owner, lane }),
+                2 => (0u32..3, any::<bool>()).prop_map(|(owner, commit)| FOp::End { owner, commit }),
+                1 => (0u8..6).prop_map(|lane| FOp::Forget { lane }),
+                1 => Just(FOp::Save),
+                1 => (0i64..4, 0u8..6).prop_map(|(queue, lane)| FOp::Cursor { queue, lane }),
+            ]
+        }
+
+        fn quiet_fail_points() {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                let prev = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    let msg = info.payload().downcast_ref::<String>().map(String::as_str).unwrap_or("");
+                    if !msg.starts_with("queen fail point") {
+                        prev(info);
+                    }
+                }));
+            });
+        }
+
+        proptest! {
+            #[test]
+            fn prop_a_panic_mid_update_changes_nothing(
+                ops in proptest::collection::vec((fop(), proptest::option::of((0usize..13, 0u32..3))), 1..80)
+            ) {
+                quiet_fail_points();
+                let mut m = Mem::new(4, 3);
+                let keys: Vec<LaneKey> = (0..6).map(|p| key(p, "grp")).collect();
+                let mut held: Vec<(u32, LaneKey, State)> = Vec::new();
+                let now = 100;
+                for (op, arm) in ops {
+                    let lane_points = &crate::fail::POINTS[..13];
+                    if let Some((p, skip)) = arm {
+                        crate::fail::testing::arm(lane_points[p], skip);
+                    }
+                    let before = (m.h, m.lanes.clone(), m.leases.clone(), m.cursors.clone());
+                    let mut next_held = held.clone();
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut r = m.reg();
+                        match op {
+                            FOp::Load { lane } => {
+                                if r.begin_load(&keys[lane as usize], 9, now) == Load::Mine {
+                                    r.finish_load(&keys[lane as usize], 9, State { committed: 1, ..State::default() }, None, now);
+                                }
+                            }
+                            FOp::Claim { owner, lane, lease: l, until } => {
+                                let k = keys[lane as usize];
+                                if let Ok((s, took)) = r.lock(&k, holder(owner)) {
+                                    if took { next_held.push((owner, k, s)); }
+                                    let new = State { lease_id: lease(l), lease_expires: until, batch_end: s.committed + 1, ..s };
+                                    r.set(&k, owner, new, Some((1, "grp")), now);
+                                }
+                            }
+                            FOp::Ack { owner, lane } => {
+                                let k = keys[lane as usize];
+                                if let Ok((s, took)) = r.lock(&k, holder(owner)) {
+                                    if took { next_held.push((owner, k, s)); }
+                                    let new = State { committed: s.committed + 1, journal_seq: s.journal_seq + 1, ..State::default() };
+                                    r.set(&k, owner, new, None, now);
+                                }
+                            }
+                            FOp::End { owner, commit } => {
+                                for (o, k, found) in next_held.iter().rev().filter(|e| e.0 == owner) {
+                                    if commit { r.unlock(k, *o, None) } else { r.unlock_restoring(k, *o, *found, Some((1, "grp")), now) }
+                                }
+                                next_held.retain(|e| e.0 != owner);
+                            }
+                            FOp::Forget { lane } => {
+                                let k = keys[lane as usize];
+                                if !next_held.iter().any(|e| e.1 == k) { r.forget(&[k]); }
+                            }
+                            FOp::Save => {
+                                for (k, st) in r.dirty(1) { r.saved(&k, &st); }
+                            }
+                            FOp::Cursor { queue, lane } => r.set_cursor(1, queue, &group_digest("grp"), keys[lane as usize].partition),
+                        }
+                    }));
+                    let fired = arm.is_some() && crate::fail::testing::fired();
+                    crate::fail::testing::disarm();
+                    match result {
+                        Ok(()) => held = next_held,
+                        Err(_) => {
+                            prop_assert!(fired, "only an armed fail point panics");
+                            prop_assert!(m.h == before.0 && m.lanes == before.1 && m.leases == before.2 && m.cursors == before.3,
+                                "a panic in {:?} left the registry changed", op);
+                        }
+                    }
+                    if let Err(e) = m.reg().check() {
+                        prop_assert!(false, "{}", e);
+                    }
                 }
             }
         }

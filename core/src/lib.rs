@@ -7,6 +7,7 @@ pub mod claim;
 pub mod compaction;
 pub mod dedup;
 pub mod envelope;
+pub mod fail;
 pub mod generations;
 pub mod ids;
 pub mod lane;
