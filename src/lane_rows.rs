@@ -284,8 +284,9 @@ COMMENT ON FUNCTION queen._delete_lanes(bigint) IS
     requires = [delete_lanes]
 );
 
-/// `queen._delete_lanes(queue_id)`: `delete_queue` removes the queue's lanes, rows and
-/// registry slots. The caller holds the queue lock exclusively. Returns how many.
+/// `queen._delete_lanes(queue_id)`: `delete_queue` removes the queue's lanes: their rows
+/// now, their registry slots when the transaction commits. The caller holds the queue lock
+/// exclusively. Returns how many.
 #[pg_extern(name = "_delete_lanes", volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn delete_lanes(queue_id: i64) -> i64 {
@@ -297,8 +298,9 @@ fn delete_lanes(queue_id: i64) -> i64 {
         )
         .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
         .collect();
-        let keys: Vec<_> = gone.iter().map(|(p, g)| crate::lanes::key(*p, g)).collect();
-        crate::lanes::forget_now(&keys);
+        // The registry forgets them when, and if, this commits (a rolled-back
+        // delete_queue leaves every lane and live lease as it was).
+        crate::lanes::forget_on_commit(gone.iter().map(|(p, g)| crate::lanes::key(*p, g)).collect());
         gone.len() as i64
     })
 }

@@ -36,9 +36,11 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
 use queen_core::lanes::{
-    group_hash, Busy, Header, Holder, LaneKey, LaneSlot, Layout, LeaseInfo, LeaseSlot, Load, Registry, Seen, State,
-    View,
+    group_digest, Busy, CursorSlot, Header, Holder, LaneKey, LaneSlot, Layout, LeaseInfo, LeaseSlot, Load, Registry,
+    Seen, State, View,
 };
+
+use queen_core::fail;
 
 use crate::errors::{self, SpiExt};
 use crate::shmem::{owner, subxact};
@@ -48,18 +50,6 @@ pub const TRANCHE: &CStr = c"queen lanes";
 
 static TRACKED_LANES: GucSetting<i32> = GucSetting::<i32>::new(16_384);
 static MAX_LEASES: GucSetting<i32> = GucSetting::<i32>::new(8_192);
-
-/// The journal's state in shared memory, beside the registry.
-#[repr(C)]
-#[derive(Default)]
-struct Journal {
-    /// Acks append to `queen.lane_journal_{current % 2}`.
-    current: u64,
-    /// Acks in flight (not yet ended) per journal table.
-    writers: [u32; 2],
-    /// The table not written to has been emptied since it was retired.
-    other_empty: u32,
-}
 
 struct Shared {
     lock: *mut pg_sys::LWLock,
@@ -136,13 +126,9 @@ fn layout() -> Layout {
     Layout::new(TRACKED_LANES.get() as usize, MAX_LEASES.get() as usize)
 }
 
-fn journal_at(l: Layout) -> usize {
-    l.size().next_multiple_of(8)
-}
-
-/// Bytes of shared memory the registry and the journal's state take.
+/// Bytes of shared memory the registry takes.
 pub fn shmem_size() -> usize {
-    journal_at(layout()) + std::mem::size_of::<Journal>()
+    layout().size()
 }
 
 /// Formats the registry (or attaches to it): `shmem` calls this once per process.
@@ -154,29 +140,45 @@ pub fn shmem_init((base, found): (*mut u8, bool)) {
         let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
         SHARED = Some(Shared { lock, base, layout });
         if !found {
-            let (h, lanes, leases, journal) = parts(base, layout);
-            Registry::format(h, lanes, leases, TRACKED_LANES.get() as usize, MAX_LEASES.get() as usize);
-            *journal = Journal { other_empty: 1, ..Journal::default() };
+            let (h, lanes, leases, cursors) = parts(base, layout);
+            Registry::format(h, lanes, leases, cursors, TRACKED_LANES.get() as usize, MAX_LEASES.get() as usize);
         }
     }
 }
 
-/// The registry's parts inside its block.
+/// The registry's parts inside its block, for a writer.
 ///
 /// SAFETY (for callers): `base` is the block laid out by `l`, and the caller holds the
-/// lock in a mode that fits what it does with the parts.
+/// lock exclusively for as long as it uses the parts.
 #[allow(clippy::type_complexity)]
 unsafe fn parts<'a>(
     base: *mut u8,
     l: Layout,
-) -> (&'a mut Header, &'a mut [LaneSlot], &'a mut [LeaseSlot], &'a mut Journal) {
+) -> (&'a mut Header, &'a mut [LaneSlot], &'a mut [LeaseSlot], &'a mut [CursorSlot]) {
     // SAFETY: every part lies inside the block Layout sized, 8-byte aligned, disjoint.
     unsafe {
         (
             &mut *(base as *mut Header),
             std::slice::from_raw_parts_mut(base.add(l.lanes_at()) as *mut LaneSlot, l.lanes),
             std::slice::from_raw_parts_mut(base.add(l.leases_at()) as *mut LeaseSlot, l.leases),
-            &mut *(base.add(journal_at(l)) as *mut Journal),
+            std::slice::from_raw_parts_mut(base.add(l.cursors_at()) as *mut CursorSlot, l.cursors),
+        )
+    }
+}
+
+/// The registry's parts, for a reader: shared references only.
+///
+/// SAFETY (for callers): `base` is the block laid out by `l`, and the caller holds the
+/// lock (in shared mode at least) for as long as it uses the parts.
+#[allow(clippy::type_complexity)]
+unsafe fn parts_ref<'a>(base: *const u8, l: Layout) -> (&'a Header, &'a [LaneSlot], &'a [LeaseSlot], &'a [CursorSlot]) {
+    // SAFETY: as `parts`; nothing here writes.
+    unsafe {
+        (
+            &*(base as *const Header),
+            std::slice::from_raw_parts(base.add(l.lanes_at()) as *const LaneSlot, l.lanes),
+            std::slice::from_raw_parts(base.add(l.leases_at()) as *const LeaseSlot, l.leases),
+            std::slice::from_raw_parts(base.add(l.cursors_at()) as *const CursorSlot, l.cursors),
         )
     }
 }
@@ -192,25 +194,34 @@ fn shared() -> &'static Shared {
     unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen lanes: shared memory not set up") }
 }
 
-fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>, &mut Journal) -> R) -> R {
+/// Runs `f` on the registry under its lock, held exclusively. A panic in `f` leaves the
+/// registry as it was (`Registry` puts back what it wrote) and releases the lock. What an
+/// earlier transaction end of this backend could not do is done first (`settle`).
+fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
+    settle();
+    registry_op(f)
+}
+
+fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
     let s = shared();
     // SAFETY: our tranche's lock, held exclusively; the parts lie in the block it guards,
-    // and `f` is pure Rust that raises no ERROR.
+    // and `f` is pure Rust that raises no ERROR (a panic unwinds, and the lock goes).
     unsafe {
         crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
-            let (h, lanes, leases, journal) = parts(s.base, s.layout);
-            f(&mut Registry::new(h, lanes, leases), journal)
+            let (h, lanes, leases, cursors) = parts(s.base, s.layout);
+            f(&mut Registry::new(h, lanes, leases, cursors))
         })
     }
 }
 
 fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
+    settle();
     let s = shared();
-    // SAFETY: as `with_registry`; readers only read, under the lock in shared mode.
+    // SAFETY: as `registry_op`, in shared mode: the view holds shared references only.
     unsafe {
         crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_SHARED, || {
-            let (h, lanes, leases, _) = parts(s.base, s.layout);
-            f(&View::new(h, lanes, leases))
+            let (h, lanes, leases, cursors) = parts_ref(s.base, s.layout);
+            f(&View::new(h, lanes, leases, cursors))
         })
     }
 }
@@ -228,9 +239,9 @@ fn full(what: &str) -> ! {
     )
 }
 
-/// The key of a lane.
+/// The key of a lane of the current database.
 pub fn key(partition_id: pgrx::Uuid, group: &str) -> LaneKey {
-    LaneKey { partition: *partition_id.as_bytes(), group: group_hash(group) }
+    LaneKey::new(crate::dbs::my_database(), *partition_id.as_bytes(), group)
 }
 
 /// A lane's state as this transaction sees it (loading it first if needed), and whether
@@ -252,9 +263,30 @@ pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
     }
 }
 
-/// A lease's queue, group and lanes, if some lane still holds it.
+/// A lane's last committed state (or this transaction's own change), for a reader that
+/// acts on it without locking the lane: retention's floor, `status`, `totals`, `metrics`.
+/// A change another transaction has not committed is not seen (it may roll back). A lane
+/// that does not exist reads as the default state.
+pub fn committed(partition_id: pgrx::Uuid, group: &str) -> State {
+    let k = key(partition_id, group);
+    let mine = owner();
+    loop {
+        match with_view(|v| v.committed(&k, mine)) {
+            Seen::Ready(s, _) => return s,
+            Seen::Loading => wait_a_moment(),
+            Seen::Unknown => {
+                if !load(partition_id, group) {
+                    return State::default();
+                }
+            }
+        }
+    }
+}
+
+/// A lease of the current database: its queue, group and lanes, if some lane still holds it.
 pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
-    if let Some(info) = with_view(|v| v.lease(lease_id.as_bytes())) {
+    let db = crate::dbs::my_database();
+    if let Some(info) = with_view(|v| v.lease(lease_id.as_bytes(), db)) {
         return Some(info);
     }
     // A lease taken by a version without the registry (before an upgrade) is in
@@ -273,7 +305,7 @@ pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
     for pid in pids {
         view(pid, &group);
     }
-    with_view(|v| v.lease(lease_id.as_bytes()))
+    with_view(|v| v.lease(lease_id.as_bytes(), db))
 }
 
 fn wait_a_moment() {
@@ -288,21 +320,19 @@ fn wait_a_moment() {
 fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
     let k = key(partition_id, group);
     let me = owner();
-    match with_registry(|r, _| r.begin_load(&k, me, crate::clock::clock_now())) {
+    match with_registry(|r| r.begin_load(&k, me, crate::clock::clock_now())) {
         Load::Ready => {}
         Load::Loading => wait_a_moment(),
         Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
         Load::Mine => {
             LOADING.with(|l| l.set(Some(k)));
             let Some((state, queue_id)) = Spi::connect_mut(|client| stored(client, partition_id, group)) else {
-                with_registry(|r, _| r.abandon_load(&k, me));
+                with_registry(|r| r.abandon_load(&k, me));
                 LOADING.with(|l| l.set(None));
                 return false;
             };
-            // SAFETY: a plain read of the current database's id.
-            let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
             let now = crate::clock::clock_now();
-            with_registry(|r, _| r.finish_load(&k, me, state, Some((queue_id, group)), db, now));
+            with_registry(|r| r.finish_load(&k, me, state, Some((queue_id, group)), now));
             LOADING.with(|l| l.set(None));
         }
     }
@@ -358,7 +388,7 @@ pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> 
     let holder = me();
     let sub = subxact();
     loop {
-        let locked = with_registry(|r, _| {
+        let locked = with_registry(|r| {
             r.lock(&k, holder).map(|(s, took)| (s, took, s.has_lease().then(|| r.lease_queue(&s.lease_id)).flatten()))
         });
         match locked {
@@ -405,7 +435,7 @@ impl Held {
 pub fn set(partition_id: pgrx::Uuid, group: &str, state: State, lease: Option<(i64, &str)>) {
     let k = key(partition_id, group);
     let (mine, now) = (owner(), crate::clock::clock_now());
-    if !with_registry(|r, _| r.set(&k, mine, state, lease, now)) {
+    if !with_registry(|r| r.set(&k, mine, state, lease, now)) {
         full("every lease slot holds a live lease (queen.max_leases)");
     }
 }
@@ -416,9 +446,9 @@ pub fn journal_table() -> usize {
     if let Some(t) = WROTE.with(|w| w.get()) {
         return t;
     }
-    let t = with_registry(|_, j| {
-        let t = (j.current % 2) as usize;
-        j.writers[t] += 1;
+    let t = crate::dbs::mine(|d| {
+        let t = (d.journal.current % 2) as usize;
+        d.journal.writers[t] += 1;
         t
     });
     WROTE.with(|w| w.set(Some(t)));
@@ -478,48 +508,145 @@ pub fn in_use() -> bool {
     HELD.with(|h| !h.borrow().is_empty()) || WROTE.with(|w| w.get().is_some())
 }
 
+/// Work a transaction's end, or a subtransaction's abort, leaves to the registry.
+enum Deferred {
+    /// A transaction ended: its lanes are released (commit) or put back (abort), a load it
+    /// did not finish is dropped, and lanes it deleted are forgotten (commit).
+    End { committed: bool, held: Vec<Held>, loading: Option<LaneKey>, forget: Vec<LaneKey> },
+    /// A subtransaction aborted: what it changed is put back, and the locks it took go.
+    SubAbort { undo: Vec<Held>, loading: Option<LaneKey> },
+}
+
+thread_local! {
+    /// Ends the registry could not take when they happened (see `finish`), oldest first.
+    static PENDING: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn apply(d: &Deferred) {
+    let (mine, now) = (owner(), crate::clock::clock_now());
+    registry_op(|r| match d {
+        Deferred::End { committed, held, loading, forget } => {
+            fail::point(if *committed { "xact.commit.lanes" } else { "xact.abort.lanes" });
+            // Newest first, so that an older save of the same lane is restored last.
+            for e in held.iter().rev().filter(|e| e.locked) {
+                if *committed {
+                    r.unlock(&e.key, mine, None);
+                } else {
+                    r.unlock_restoring(&e.key, mine, e.found, e.lease(), now);
+                }
+            }
+            if let Some(k) = loading {
+                r.abandon_load(k, mine);
+            }
+            if *committed {
+                r.forget(forget);
+            }
+        }
+        Deferred::SubAbort { undo, loading } => {
+            fail::point("xact.subabort.lanes");
+            if let Some(k) = loading {
+                r.abandon_load(k, mine);
+            }
+            for e in undo.iter().rev() {
+                if e.locked {
+                    r.unlock_restoring(&e.key, mine, e.found, e.lease(), now);
+                } else {
+                    // Locked by the parent: put back what this subtransaction found, keep the lock.
+                    r.restore(&e.key, mine, e.found, e.lease(), now);
+                }
+            }
+        }
+    });
+}
+
+/// Applies `d` now; raises nothing (it runs in transaction callbacks, where an ERROR
+/// would be a PANIC after a commit). An update that panics changes nothing (the registry
+/// puts it back), and is tried once more; if that fails too, it is kept and done before
+/// this backend next reads or changes the registry (`settle`), or when the backend exits.
+/// Until then the lanes stay locked by this backend: other transactions skip them or wait,
+/// and readers see their last committed state, so nothing is lost, skipped or delivered
+/// twice meanwhile.
+fn finish(d: Deferred) {
+    if PENDING.with(|p| !p.borrow().is_empty()) {
+        // Keep the order: an older end comes first.
+        PENDING.with(|p| p.borrow_mut().push(d));
+        let _ = std::panic::catch_unwind(settle);
+        return;
+    }
+    for _ in 0..2 {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))).is_ok() {
+            return;
+        }
+    }
+    PENDING.with(|p| p.borrow_mut().push(d));
+    hook_exit();
+    pgrx::warning!("queen: the lane registry could not take a transaction's end; it is retried before this session's next queen call");
+}
+
+/// Does what earlier ends left (`finish`), in order. A failure is an ERROR of the current
+/// call; the end stays pending (nothing is lost).
+fn settle() {
+    if PENDING.with(|p| p.borrow().is_empty()) {
+        return;
+    }
+    loop {
+        let Some(d) = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            (!p.is_empty()).then(|| p.remove(0))
+        }) else {
+            return;
+        };
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))) {
+            PENDING.with(|p| p.borrow_mut().insert(0, d));
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+/// Settles pending ends when the backend exits (once registered).
+fn hook_exit() {
+    if EXIT_HOOKED.with(|h| h.replace(true)) {
+        return;
+    }
+    // SAFETY: registering a process-exit callback is allowed at any time in a backend.
+    unsafe { pg_sys::before_shmem_exit(Some(settle_at_exit), pg_sys::Datum::from(0)) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn settle_at_exit(_code: i32, _arg: pg_sys::Datum) {
+    if std::panic::catch_unwind(settle).is_err() {
+        pgrx::log!("queen: lanes this session held stay locked until the server restarts");
+    }
+}
+
 /// Commit: releases every lane this transaction holds. Abort: puts back what it found.
+/// Raises nothing (see `finish`).
 pub fn end(committed: bool) {
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     let wrote = WROTE.with(|w| w.take());
     let loading = LOADING.with(|l| l.take());
     let forget: Vec<LaneKey> = FORGET.with(|f| std::mem::take(&mut *f.borrow_mut())).into_iter().map(|e| e.1).collect();
-    if (held.is_empty() && wrote.is_none() && loading.is_none() && forget.is_empty()) || !enabled() {
+    if !enabled() {
         return;
     }
-    let (mine, now) = (owner(), crate::clock::clock_now());
-    with_registry(|r, j| {
-        // Newest first, so that an older save of the same lane is restored last.
-        for e in held.iter().rev() {
-            if committed {
-                if e.locked {
-                    r.unlock(&e.key, mine, None);
-                }
-            } else if e.locked {
-                r.unlock_restoring(&e.key, mine, e.found, e.lease(), now);
-            }
-        }
-        if let Some(t) = wrote {
-            j.writers[t] = j.writers[t].saturating_sub(1);
-        }
-        if let Some(k) = loading {
-            r.abandon_load(&k, mine);
-        }
-        if committed {
-            r.forget(&forget);
-        }
-    });
+    if let Some(t) = wrote {
+        let db = crate::dbs::my_database();
+        crate::dbs::with(db, false, |d| d.journal.writers[t] = d.journal.writers[t].saturating_sub(1));
+    }
+    if held.is_empty() && loading.is_none() && forget.is_empty() {
+        return;
+    }
+    finish(Deferred::End { committed, held, loading, forget });
 }
 
-/// A subtransaction aborted: its changes are put back, and the locks it took released.
+/// A subtransaction ended: a commit hands what it holds to its parent; an abort puts back
+/// what it changed and releases the locks it took. Raises nothing (see `finish`).
 pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     if !enabled() {
         return;
     }
-    if let Some(k) = LOADING.with(|l| l.take()).filter(|_| !committed) {
-        let mine = owner();
-        with_registry(|r, _| r.abandon_load(&k, mine));
-    }
+    let loading = if committed { None } else { LOADING.with(|l| l.take()) };
     FORGET.with(|f| {
         let mut f = f.borrow_mut();
         if committed {
@@ -542,20 +669,10 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
             undo
         }
     });
-    if undo.is_empty() {
+    if undo.is_empty() && loading.is_none() {
         return;
     }
-    let (mine, now) = (owner(), crate::clock::clock_now());
-    with_registry(|r, _| {
-        for e in undo.iter().rev() {
-            if e.locked {
-                r.unlock_restoring(&e.key, mine, e.found, e.lease(), now);
-            } else {
-                // Locked by the parent: put back what this subtransaction found, keep the lock.
-                r.restore(&e.key, mine, e.found, e.lease(), now);
-            }
-        }
-    });
+    finish(Deferred::SubAbort { undo, loading });
 }
 
 // ---- emptying the journal (the background worker; a clean stop saves it whole with
@@ -590,24 +707,26 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) -> Rotation {
         );
         OLD_LEASES_GONE.with(|g| g.set(crate::spi::first_value::<i64>(left) == Some(0)));
     }
-    let (retired, writers, other_empty) = with_registry(|_, j| {
-        let retired = ((j.current + 1) % 2) as usize;
-        (retired, j.writers[retired], j.other_empty)
+    // This database's journal: a fresh slot starts with table 0 current and 1 not emptied
+    // (it may hold entries from before a restart), so the first round empties table 1.
+    let (retired, writers, other_empty) = crate::dbs::mine(|d| {
+        let retired = ((d.journal.current + 1) % 2) as usize;
+        (retired, d.journal.writers[retired], d.journal.other_empty)
     });
     if other_empty == 1 {
-        with_registry(|_, j| {
-            j.current += 1;
-            j.other_empty = 0;
+        crate::dbs::mine(|d| {
+            d.journal.current += 1;
+            d.journal.other_empty = 0;
         });
         return Rotation::default(); // the table just retired may still have writers: next round
     }
     if writers > 0 {
         return Rotation::default();
     }
-    // SAFETY: a plain read of the current database's id.
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    // Taken before the copy: every state listed has committed, so its entry is copied.
-    let saved = with_registry(|r, _| r.dirty(db));
+    let db = crate::dbs::my_database();
+    // Taken before the copy: every state listed has committed (the registry lists committed
+    // states only), so its entry is in the journal and is copied.
+    let saved = with_registry(|r| r.dirty(db));
     let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
     let emptied = crate::spi::first_value::<bool>(emptied).unwrap_or(false);
     Rotation { emptied, saved: if emptied { saved } else { Vec::new() } }
@@ -619,27 +738,12 @@ pub fn rotated(done: Rotation) {
     if !done.emptied {
         return;
     }
-    with_registry(|r, j| {
+    with_registry(|r| {
         for (k, s) in &done.saved {
             r.saved(k, s);
         }
-        j.other_empty = 1;
     });
-}
-
-extension_sql!(
-    r#"
-COMMENT ON FUNCTION queen._group_hash(text) IS
-  'queen internal: the lane registry''s hash of a group name; not granted';
-"#,
-    name = "group_hash_sql_home",
-    requires = [group_hash_sql]
-);
-
-/// `queen._group_hash(name)`: the lane registry's hash of a consumer group's name.
-#[pg_extern(name = "_group_hash", immutable, parallel_safe)]
-fn group_hash_sql(name: &str) -> Vec<u8> {
-    group_hash(name).to_vec()
+    crate::dbs::mine(|d| d.journal.other_empty = 1);
 }
 
 // ---- SQL helpers (internal, not granted) ----
@@ -647,15 +751,17 @@ fn group_hash_sql(name: &str) -> Vec<u8> {
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS
-  'queen internal: a lane''s live state (status, totals); not granted';
+  'queen internal: a lane''s last committed state (status, totals, metrics); not granted';
 "#,
     name = "lane_sql_home",
     requires = [lane_sql]
 );
 
-/// `queen._lane(...)`: a lane's live state, for `status`, `totals` and `metrics`. With
-/// the registry its state; without, the row's own columns (passed in). A lease expiry
-/// without a lease is a retry backoff (`queen_core::lane`): returned as `retry_at`.
+/// `queen._lane(...)`: a lane's state for `status`, `totals` and `metrics`: with the
+/// registry its last committed state (a change another transaction has in flight is not
+/// shown: it may roll back), or this transaction's own; without, the row's own columns
+/// (passed in). A lease expiry without a lease is a retry backoff (`queen_core::lane`):
+/// returned as `retry_at`.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 #[pg_extern(name = "_lane", volatile, parallel_unsafe)]
 fn lane_sql(
@@ -683,7 +789,7 @@ fn lane_sql(
         let (expires, retry_at) = if lease_id.is_some() { (lease_expires_at, None) } else { (None, lease_expires_at) };
         return TableIterator::once((committed, lease_id, expires, batch_end, retry_count, attempt_count, retry_at));
     }
-    let (s, _) = view(partition_id, consumer_group);
+    let s = committed(partition_id, consumer_group);
     let lane = queen_core::lane::Lane::from_registry(&s);
     let lease = lane.lease.map(|_| pgrx::Uuid::from_bytes(s.lease_id));
     TableIterator::once((
@@ -697,11 +803,63 @@ fn lane_sql(
     ))
 }
 
-/// The registry forgets these lanes now (`delete_queue`, which holds its queue exclusively).
-pub fn forget_now(keys: &[LaneKey]) {
-    if enabled() {
-        with_registry(|r, _| r.forget(keys));
+// ---- round-robin cursors, shared by every backend ----
+
+/// The partition the last pop of (queue, group) in this database claimed, whichever
+/// backend it ran in (None: not remembered, or no registry).
+pub fn shared_cursor(queue_id: i64, group: &str) -> Option<pgrx::Uuid> {
+    if !enabled() {
+        return None;
     }
+    let (db, g) = (crate::dbs::my_database(), group_digest(group));
+    with_view(|v| v.cursor(db, queue_id, &g)).map(pgrx::Uuid::from_bytes)
+}
+
+/// Remembers the partition a pop of (queue, group) claimed last, for every backend's
+/// next pop. A hint: taken when the pop runs, whether or not it commits.
+pub fn set_shared_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
+    if enabled() {
+        let (db, g) = (crate::dbs::my_database(), group_digest(group));
+        with_registry(|r| r.set_cursor(db, queue_id, &g, *partition_id.as_bytes()));
+    }
+}
+
+/// Forgets every lane of a database that no longer exists (the launcher).
+pub fn forget_database(database: u32) -> usize {
+    if enabled() {
+        registry_op(|r| r.forget_database(database))
+    } else {
+        0
+    }
+}
+
+/// Ends a lease for good, on each lane it holds: the lane is locked by this transaction
+/// (waiting for another that holds it, as an ack does), keeps its cursor and claim counters
+/// and is claimable again, as after an expiry; with `expire_only` the lease stays and only
+/// its expiry moves to the past (tests). Returns how many lanes it held.
+pub fn revoke(lease_id: pgrx::Uuid, expire_only: bool) -> i64 {
+    let now = crate::clock::clock_now();
+    let Some(info) = lease(lease_id) else { return 0 };
+    if !crate::locks::share_queue(info.queue_id) {
+        return 0;
+    }
+    let mut pids: Vec<pgrx::Uuid> = info.lanes.iter().map(|k| pgrx::Uuid::from_bytes(k.partition)).collect();
+    pids.sort_by_key(|p| *p.as_bytes());
+    let mut n = 0;
+    for pid in pids {
+        let Some(s) = lock(pid, &info.group, true) else { continue };
+        if !s.held_by(lease_id.as_bytes(), now) {
+            continue;
+        }
+        let next = if expire_only {
+            State { lease_expires: now - 1, ..s }
+        } else {
+            queen_core::lane::release(&queen_core::lane::Lane::from_registry(&s)).to_registry(&s)
+        };
+        set(pid, &info.group, next, None);
+        n += 1;
+    }
+    n
 }
 
 extension_sql!(
@@ -722,18 +880,7 @@ fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
     if !enabled() {
         return Spi::connect_mut(|client| crate::lane_rows::expire_lease(client, lease_id, now));
     }
-    let Some(info) = lease(lease_id) else { return 0 };
-    let mut n = 0;
-    for k in info.lanes {
-        let pid = pgrx::Uuid::from_bytes(k.partition);
-        if let Some(s) = lock(pid, &info.group, true) {
-            if s.held_by(lease_id.as_bytes(), now) {
-                set(pid, &info.group, State { lease_expires: now - 1, ..s }, None);
-                n += 1;
-            }
-        }
-    }
-    n
+    revoke(lease_id, true)
 }
 
 extension_sql!(
@@ -771,18 +918,19 @@ fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> O
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS
-  'queen internal: a lane''s live cursor (retention); not granted';
+  'queen internal: a lane''s last committed cursor (retention); not granted';
 "#,
     name = "committed_sql_home",
     requires = [committed_sql]
 );
 
-/// `queen._committed(partition_id, consumer_group, committed)`: a lane's live cursor (with
-/// the registry; else the row's, passed in). For retention's floor.
+/// `queen._committed(partition_id, consumer_group, committed)`: a lane's last committed
+/// cursor (with the registry; else the row's, passed in). For retention's floor: an ack
+/// that has not committed (it may roll back) never lets retention delete what it covers.
 #[pg_extern(name = "_committed", volatile, parallel_unsafe)]
 fn committed_sql(partition_id: pgrx::Uuid, consumer_group: &str, committed: i64) -> i64 {
     if !enabled() {
         return committed;
     }
-    view(partition_id, consumer_group).0.committed
+    self::committed(partition_id, consumer_group).committed
 }

@@ -22,7 +22,7 @@
 //! partition row and holds that row until it commits (pushes to one partition then commit
 //! one at a time), and the readable end is the highest offset any committed segment holds.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -30,7 +30,10 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
-use queen_core::offsets::{Header, Layout, Load, Record, Refusal, Registry, Seen, Slot, View};
+use queen_core::fail;
+use queen_core::offsets::{
+    part_key, DropRefusal, Header, Layout, Load, PartKey, Record, Refusal, Registry, Seen, Slot, View,
+};
 
 use crate::errors;
 use crate::shmem::{owner, subxact};
@@ -52,33 +55,23 @@ thread_local! {
     /// This backend holds reservations in the current transaction.
     static HOLDS: Cell<bool> = const { Cell::new(false) };
     /// The partition this backend is loading into the registry, if a load is under way.
-    static LOADING: Cell<Option<[u8; 16]>> = const { Cell::new(None) };
+    static LOADING: Cell<Option<PartKey>> = const { Cell::new(None) };
     /// The xid whose reservations passed to a prepared-transaction owner at PRE_PREPARE,
     /// until the prepare is done (or fails, and they end as aborted).
     static PREPARING: Cell<Option<u32>> = const { Cell::new(None) };
+    /// Partitions this transaction is dropping, with the subtransaction that began each.
+    static DROPS: RefCell<Vec<(u32, PartKey)>> = const { RefCell::new(Vec::new()) };
+    /// Ends the registry could not take when they happened (`finish`), oldest first.
+    static PENDING: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
 }
 
-static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
-
-/// Called from `_PG_init`: the settings, and the transaction callbacks (always: they are
-/// also what announces wake-ups at commit).
+/// Called from `_PG_init` while preloading: the sizes of shared memory, which matter, and
+/// can only be defined, at server start.
 pub fn init() {
-    // SAFETY: registering callbacks is allowed at any time in a backend; these stay for the
-    // life of the process, as PostgreSQL's own modules' do.
-    unsafe {
-        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
-        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
-    }
-    // The sizes of shared memory matter, and can only be defined, at server start.
     // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return;
-    }
-    // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it preloads
-    // libraries; chaining the hook there is what PostgreSQL expects.
-    unsafe {
-        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(process_utility);
     }
     GucRegistry::define_int_guc(
         c"queen.tracked_partitions",
@@ -139,25 +132,35 @@ pub fn shmem_init((base, found): (*mut u8, bool)) {
     }
 }
 
-/// The registry's parts inside its block of shared memory.
+/// The registry's parts inside its block of shared memory, for a writer.
 ///
 /// SAFETY (for callers): `base` is the registry's block laid out by `layout`, and the
-/// caller holds the registry lock in a mode that fits what it does with the parts.
+/// caller holds the registry lock exclusively while it uses the parts.
 #[allow(clippy::type_complexity)]
 unsafe fn parts<'a>(base: *mut u8, l: Layout) -> (&'a mut Header, &'a mut [Slot], &'a mut [Record], &'a mut [u32]) {
-    let at = |k: usize| {
-        // SAFETY: offsets within the block computed by Layout, which sized it.
-        unsafe { base.add(k) }
-    };
-    let (slots_at, recs_at, owners_at) = (l.slots_at(), l.records_at(), l.owners_at());
-    // SAFETY: each part starts 8-byte aligned (the block is MAXALIGNed and every size above
-    // is a multiple of 8) and the parts do not overlap.
+    // SAFETY: each part starts 8-byte aligned (the block is MAXALIGNed and every size
+    // Layout computes is a multiple of 8), lies inside the block, and the parts do not
+    // overlap.
     unsafe {
         (
-            &mut *(at(0) as *mut Header),
-            std::slice::from_raw_parts_mut(at(slots_at) as *mut Slot, l.slots),
-            std::slice::from_raw_parts_mut(at(recs_at) as *mut Record, l.records),
-            std::slice::from_raw_parts_mut(at(owners_at) as *mut u32, l.owners),
+            &mut *(base as *mut Header),
+            std::slice::from_raw_parts_mut(base.add(l.slots_at()) as *mut Slot, l.slots),
+            std::slice::from_raw_parts_mut(base.add(l.records_at()) as *mut Record, l.records),
+            std::slice::from_raw_parts_mut(base.add(l.owners_at()) as *mut u32, l.owners),
+        )
+    }
+}
+
+/// The registry's parts, for a reader: shared references only.
+///
+/// SAFETY (for callers): as `parts`, with the lock held in shared mode at least.
+unsafe fn parts_ref<'a>(base: *const u8, l: Layout) -> (&'a Header, &'a [Slot], &'a [Record]) {
+    // SAFETY: as `parts`; nothing here writes.
+    unsafe {
+        (
+            &*(base as *const Header),
+            std::slice::from_raw_parts(base.add(l.slots_at()) as *const Slot, l.slots),
+            std::slice::from_raw_parts(base.add(l.records_at()) as *const Record, l.records),
         )
     }
 }
@@ -173,11 +176,18 @@ fn shared() -> &'static Shared {
     unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen offsets: shared memory not set up") }
 }
 
-/// Runs `f` on the registry under its lock, exclusively.
+/// Runs `f` on the registry under its lock, exclusively. A panic in `f` leaves the
+/// registry as it was (`Registry` puts back what it wrote) and releases the lock. What an
+/// earlier transaction end of this backend could not do is done first (`settle`).
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
+    settle();
+    registry_op(f)
+}
+
+fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
     let s = shared();
     // SAFETY: our tranche's lock, held exclusively; the parts lie in the block it guards,
-    // and `f` is pure Rust that cannot raise an ERROR.
+    // and `f` is pure Rust that cannot raise an ERROR (a panic unwinds; the lock goes).
     unsafe {
         crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
             let (h, slots, recs, owners) = parts(s.base, s.layout);
@@ -188,20 +198,35 @@ fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
 
 /// Runs `f` on a read-only view under the lock in shared mode.
 fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
+    settle();
     let s = shared();
-    // SAFETY: as `with_registry`; readers only read, and writers hold the lock exclusively.
+    // SAFETY: as `registry_op`, in shared mode: the view holds shared references only.
     unsafe {
         crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_SHARED, || {
-            let (h, slots, recs, _) = parts(s.base, s.layout);
+            let (h, slots, recs) = parts_ref(s.base, s.layout);
             f(&View::new(h, slots, recs))
         })
     }
+}
+
+/// The registry's key of a partition of the current database.
+fn key(partition_id: pgrx::Uuid) -> PartKey {
+    part_key(crate::dbs::my_database(), *partition_id.as_bytes())
 }
 
 /// Another backend is loading a partition: give it a moment.
 fn wait_for_load() {
     // SAFETY: a plain sleep; interrupts are checked right after.
     unsafe { pg_sys::pg_usleep(100) };
+    pgrx::check_for_interrupts!();
+}
+
+/// Waits, in the lock manager (so that deadlocks are detected), for a virtual
+/// transaction to end.
+fn wait_for(vxid: (i32, u32)) {
+    let v = pg_sys::VirtualTransactionId { backendId: vxid.0, localTransactionId: vxid.1 };
+    // SAFETY: waits for that virtual transaction to end; returns at once if it has.
+    unsafe { pg_sys::VirtualXactLock(v, true) };
     pgrx::check_for_interrupts!();
 }
 
@@ -214,20 +239,32 @@ fn full(what: &str) -> ! {
     )
 }
 
-/// Reserves `n` offsets of a partition for the current transaction; returns the first.
-/// `writes_all`: every reserved offset will be written (else report them with `wrote`);
-/// `fresh`: they go to the fresh tier.
-pub fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool, fresh: bool) -> i64 {
-    let key = *partition_id.as_bytes();
+/// Reserves `n` offsets of a partition for the current transaction; returns the first, or
+/// None when the partition is gone (`drop_partition`: the caller looks its target up
+/// again). `writes_all`: every reserved offset will be written (else report them with
+/// `wrote`); `fresh`: they go to the fresh tier.
+pub fn reserve(
+    client: &mut SpiClient<'_>,
+    partition_id: pgrx::Uuid,
+    n: i64,
+    writes_all: bool,
+    fresh: bool,
+) -> Option<i64> {
+    let key = key(partition_id);
     let (me, sub) = (owner(), subxact());
     loop {
         match with_registry(|r| r.reserve(&key, n, me, sub, writes_all, fresh)) {
             Ok(first) => {
                 HOLDS.with(|h| h.set(true));
-                return first;
+                return Some(first);
             }
-            Err(Refusal::Unknown) => load(client, partition_id),
+            Err(Refusal::Unknown) => {
+                if !load(client, partition_id) {
+                    return None;
+                }
+            }
             Err(Refusal::Loading) => wait_for_load(),
+            Err(Refusal::Dropping(vxid)) => wait_for(vxid),
             Err(Refusal::Full) => full("every offset reservation is in use (queen.max_reservations)"),
         }
     }
@@ -239,22 +276,31 @@ pub fn may_be_fresh(partition_id: pgrx::Uuid, start: i64) -> bool {
     if !enabled() {
         return true;
     }
-    let key = *partition_id.as_bytes();
+    let key = key(partition_id);
     with_view(|v| v.fresh_max(&key)).is_none_or(|max| start <= max)
 }
 
-/// The partitions the registry tracks that a push wrote to the fresh tier of, each with
-/// the highest offset that may be there (empty without the registry).
-pub fn fresh_partitions() -> Vec<(pgrx::Uuid, i64)> {
+/// The partitions of `database` the registry tracks that a push wrote to the fresh tier
+/// of, each with the highest offset that may be there (empty without the registry).
+pub fn fresh_partitions(database: u32) -> Vec<(pgrx::Uuid, i64)> {
     if !enabled() {
         return Vec::new();
     }
-    with_view(|v| v.fresh_partitions()).into_iter().map(|(k, max)| (pgrx::Uuid::from_bytes(k), max)).collect()
+    with_view(|v| v.fresh_partitions(database)).into_iter().map(|(p, max)| (pgrx::Uuid::from_bytes(p), max)).collect()
+}
+
+/// Forgets every partition of a database that no longer exists (the launcher).
+pub fn forget_database(database: u32) -> usize {
+    if enabled() {
+        registry_op(|r| r.forget_database(database))
+    } else {
+        0
+    }
 }
 
 /// Records that the current transaction wrote offsets of a partition up to `last`.
 pub fn wrote(partition_id: pgrx::Uuid, last: i64) {
-    let key = *partition_id.as_bytes();
+    let key = key(partition_id);
     let me = owner();
     with_registry(|r| r.wrote(&key, me, last));
 }
@@ -264,18 +310,23 @@ pub fn wrote(partition_id: pgrx::Uuid, last: i64) {
 /// highest offset a committed segment holds (pushes then commit in offset order, under
 /// their partition row lock, so nothing below it is in flight). `head` is the partition
 /// row's head, which only the registry's absence keeps current; it is not needed here.
+/// A partition that no longer exists reads as what the database still holds (nothing).
 pub fn readable(partition_id: pgrx::Uuid, head: i64) -> i64 {
     if !enabled() {
         let _ = head; // a reserved head may end in a gap; only stored segments count
         return Spi::connect_mut(|client| stored_ends(client, partition_id).readable);
     }
-    let key = *partition_id.as_bytes();
+    let key = key(partition_id);
     let me = owner();
     loop {
         match with_view(|v| v.readable_for(&key, me)) {
             Seen::Readable(end) => return end,
             Seen::Loading => wait_for_load(),
-            Seen::Unknown => Spi::connect_mut(|client| load(client, partition_id)),
+            Seen::Unknown => {
+                if !Spi::connect_mut(|client| load(client, partition_id)) {
+                    return Spi::connect_mut(|client| stored_ends(client, partition_id).readable);
+                }
+            }
         }
     }
 }
@@ -283,9 +334,10 @@ pub fn readable(partition_id: pgrx::Uuid, head: i64) -> i64 {
 /// Brings a partition into the registry: its head and readable end are the highest
 /// offset the database holds for it, read with a snapshot taken after the slot was
 /// claimed (nothing was in flight for it before: it had no slot), whatever the
-/// transaction's isolation level (`spi::first_row_now`).
-fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) {
-    let key = *partition_id.as_bytes();
+/// transaction's isolation level (`spi::first_row_now`). False when the partition does
+/// not exist (any more): nothing is loaded.
+fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> bool {
+    let key = key(partition_id);
     let me = owner();
     match with_registry(|r| r.begin_load(&key, me)) {
         Load::Ready => {}
@@ -295,10 +347,16 @@ fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) {
             LOADING.with(|l| l.set(Some(key)));
             wait_for_prepared(client);
             let e = stored_ends(client, partition_id);
-            with_registry(|r| r.finish_load(&key, me, e.head, e.readable, e.fresh_max));
+            if e.exists {
+                with_registry(|r| r.finish_load(&key, me, e.head, e.readable, e.fresh_max));
+            } else {
+                with_registry(|r| r.abandon_load(&key, me));
+            }
             LOADING.with(|l| l.set(None));
+            return e.exists;
         }
     }
+    true
 }
 
 /// Waits for the prepared transactions of this database that the registry does not know
@@ -356,6 +414,8 @@ fn wait_for_prepared(client: &mut SpiClient<'_>) {
 
 /// What the database says of a partition.
 struct Stored {
+    /// The partition row exists.
+    exists: bool,
     /// At least `readable`, and anything else that names an offset: the partition row's
     /// head (kept by pushes without the registry) and every lane's cursor.
     head: i64,
@@ -376,21 +436,24 @@ fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Stored {
                     ORDER BY f.first_offset DESC LIMIT 1) AS fresh,
                   (SELECT p.retained_through FROM queen.partitions p WHERE p.partition_id = $1) AS retained
          ), r AS (
-           SELECT greatest(t.durable, t.fresh, t.retained, 0) AS readable, coalesce(t.fresh, 0) AS fresh FROM t
+           SELECT greatest(t.durable, t.fresh, t.retained, 0) AS readable, coalesce(t.fresh, 0) AS fresh,
+                  t.retained IS NOT NULL AS exists
+             FROM t
          )
          SELECT greatest(r.readable,
                          (SELECT p.head FROM queen.partitions p WHERE p.partition_id = $1),
                          (SELECT max(l.committed) FROM queen.lanes l WHERE l.partition_id = $1)),
-                r.readable, r.fresh
+                r.readable, r.fresh, r.exists
            FROM r",
         &[partition_id.into()],
         |row| Stored {
             head: row.get::<i64>(1).unwrap_or(0),
             readable: row.get::<i64>(2).unwrap_or(0),
             fresh_max: row.get::<i64>(3).unwrap_or(0),
+            exists: row.get::<bool>(4).unwrap_or(false),
         },
     );
-    row.unwrap_or(Stored { head: 0, readable: 0, fresh_max: 0 })
+    row.unwrap_or(Stored { exists: false, head: 0, readable: 0, fresh_max: 0 })
 }
 
 extension_sql!(
@@ -409,9 +472,61 @@ fn readable_sql(partition_id: pgrx::Uuid, head: i64) -> i64 {
     readable(partition_id, head)
 }
 
-/// PRE_PREPARE of a transaction that reserved offsets: they pass to a prepared-transaction
-/// owner under the transaction's xid (`Registry::prepare`).
-fn prepare() {
+// ---- dropping a partition (`churn::drop_partition`) ----
+
+/// Why a partition cannot be dropped now.
+pub enum DropBusy {
+    /// Pushes to it are in flight (or committed but not readable yet).
+    InFlight,
+}
+
+/// Keeps every push out of a partition until this transaction ends: it is being dropped.
+/// With the registry, a push that comes meanwhile waits for this transaction, and then,
+/// if it committed, finds the partition gone and creates a new one. Refused while pushes
+/// to it are in flight. Without the registry pushes hold the partition row, which the
+/// caller locks.
+pub fn begin_drop(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Result<(), DropBusy> {
+    if !enabled() {
+        return Ok(());
+    }
+    let key = key(partition_id);
+    let me = owner();
+    // SAFETY: MyProc is this backend's PGPROC, set for every backend.
+    let vxid = unsafe { ((*pg_sys::MyProc).backendId, (*pg_sys::MyProc).lxid) };
+    loop {
+        match with_registry(|r| r.begin_drop(&key, me, vxid)) {
+            Ok(()) => {
+                let sub = subxact();
+                DROPS.with(|d| d.borrow_mut().push((sub, key)));
+                return Ok(());
+            }
+            Err(DropRefusal::Unknown) => {
+                if !load(client, partition_id) {
+                    return Ok(()); // gone already
+                }
+            }
+            Err(DropRefusal::Loading) => wait_for_load(),
+            Err(DropRefusal::Dropping(other)) => wait_for(other),
+            Err(DropRefusal::InFlight) => return Err(DropBusy::InFlight),
+        }
+    }
+}
+
+// ---- two-phase commit ----
+
+/// PRE_PREPARE: a transaction that reserved offsets hands them to a prepared-transaction
+/// owner under its xid (`Registry::prepare`). May raise (before the prepare, an ERROR
+/// aborts the transaction cleanly).
+pub fn prepare() {
+    if DROPS.with(|d| !d.borrow().is_empty()) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "queen: a transaction that dropped a partition cannot be prepared (PREPARE TRANSACTION)".to_string(),
+        );
+    }
+    if !HOLDS.with(|h| h.get()) || !enabled() {
+        return;
+    }
     // SAFETY: a plain read of the current transaction's xid; a push assigned it.
     let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
     if prepared_owners() == 0 {
@@ -430,11 +545,27 @@ fn prepare() {
     PREPARING.with(|p| p.set(Some(xid)));
 }
 
+/// PREPARE: done; the reservations belong to the prepared transaction now.
+pub fn prepared() {
+    PREPARING.with(|p| p.set(None));
+}
+
+/// An abort after PRE_PREPARE handed the reservations over: the prepare failed, so they
+/// end as aborted. Raises nothing.
+pub fn prepare_failed() {
+    if let Some(xid) = PREPARING.with(|p| p.take()) {
+        finish_prepared(xid, false);
+    }
+}
+
 /// A prepared transaction ended (`COMMIT PREPARED`, `ROLLBACK PREPARED`, or a prepare that
 /// failed): its reservations end. Waiting pops look again: its messages, or those that
 /// committed after it (a rollback frees them too), may be readable now. Returns whether
 /// it held reservations.
-fn finish_prepared(xid: u32, committed: bool) -> bool {
+pub fn finish_prepared(xid: u32, committed: bool) -> bool {
+    if !enabled() {
+        return false;
+    }
     let ended = with_registry(|r| r.finish_prepared(xid, committed));
     if ended {
         crate::wake::broadcast_all();
@@ -442,8 +573,9 @@ fn finish_prepared(xid: u32, committed: bool) -> bool {
     ended
 }
 
-/// Ends the reservations of prepared transactions that are over, should `process_utility`
-/// have missed one (the background worker calls this). Returns how many it ended.
+/// Ends the reservations of prepared transactions that are over, should the
+/// `ProcessUtility` hook have missed one (the background worker calls this). Returns how
+/// many it ended.
 pub fn sweep_prepared() -> usize {
     if !enabled() {
         return 0;
@@ -464,13 +596,17 @@ pub fn sweep_prepared() -> usize {
 }
 
 /// The xid of the prepared transaction that a `COMMIT PREPARED` / `ROLLBACK PREPARED` names,
-/// when it holds reservations; with whether it commits.
-fn resolving(pstmt: *mut pg_sys::PlannedStmt) -> Option<(u32, bool)> {
-    // SAFETY: `pstmt` is the statement being run; its utility node is a valid Node.
-    let stmt = unsafe { (*pstmt).utilityStmt };
-    // SAFETY: as above; a TransactionStmt is read only after its tag says so.
+/// when it holds reservations; with whether it commits. The lookup runs with queen's
+/// search path (pg_catalog, pg_temp), not the caller's: this runs inside any session's
+/// statement, and a schema on its path must not put an operator in the way.
+pub fn resolving(stmt: *mut pg_sys::Node) -> Option<(u32, bool)> {
+    if !enabled() {
+        return None;
+    }
+    // SAFETY: `stmt` is the statement's utility node; a TransactionStmt is read only after
+    // its tag says so.
     unsafe {
-        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_TransactionStmt {
+        if (*stmt).type_ != pg_sys::NodeTag::T_TransactionStmt {
             return None;
         }
         let t = stmt as *mut pg_sys::TransactionStmt;
@@ -483,188 +619,151 @@ fn resolving(pstmt: *mut pg_sys::PlannedStmt) -> Option<(u32, bool)> {
             return None;
         }
         let gid = CStr::from_ptr((*t).gid).to_string_lossy().into_owned();
-        let xid = Spi::connect_mut(|client| {
-            crate::spi::first_value::<i64>(crate::spi::run(
-                client,
-                "SELECT transaction::text::int8 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1",
-                &[gid.into()],
-            ))
+        let xid = crate::spi::with_pinned_search_path(|| {
+            Spi::connect_mut(|client| {
+                crate::spi::first_value::<i64>(crate::spi::run(
+                    client,
+                    "SELECT transaction::text::int8 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1",
+                    &[gid.into()],
+                ))
+            })
         })?;
         Some((xid as u32, commit))
     }
 }
 
-unsafe extern "C-unwind" {
-    /// PostgreSQL's `standard_ProcessUtility`, declared here so that `process_utility` can
-    /// call it without pgrx's FFI guard (pgrx's binding of it has one).
-    #[link_name = "standard_ProcessUtility"]
-    fn standard_process_utility_unguarded(
-        pstmt: *mut pg_sys::PlannedStmt,
-        query_string: *const std::ffi::c_char,
-        read_only_tree: bool,
-        context: pg_sys::ProcessUtilityContext::Type,
-        params: pg_sys::ParamListInfo,
-        query_env: *mut pg_sys::QueryEnvironment,
-        dest: *mut pg_sys::DestReceiver,
-        qc: *mut pg_sys::QueryCompletion,
-    );
+// ---- the end of a transaction ----
+
+/// Work a transaction's end, or a subtransaction's abort, leaves to the registry.
+enum Deferred {
+    /// A transaction ended: its reservations commit or leave gaps, a load it did not
+    /// finish is dropped, and the partitions it dropped go (commit) or come back (abort).
+    End { committed: bool, holds: bool, loading: Option<PartKey>, drops: Vec<PartKey> },
+    /// A subtransaction aborted: its reservations and drops end, its load is dropped.
+    SubAbort { sub: u32, holds: bool, loading: Option<PartKey>, drops: Vec<PartKey> },
 }
 
-/// The `ProcessUtility` hook: runs the statement, and when it is a `COMMIT PREPARED` or
-/// `ROLLBACK PREPARED` of a transaction that holds reservations, ends them afterwards.
-///
-/// Every utility statement of the database passes here (DO, CALL, COPY, EXECUTE, DDL), so
-/// an ERROR the statement raises must reach PostgreSQL untouched. pgrx's guards catch an
-/// ERROR and raise a copy of it, which loses its CONTEXT and its schema, table, column and
-/// constraint names, and appends a Rust backtrace to its DETAIL when `RUST_BACKTRACE` is
-/// set. So this function has no guard of its own, and calls the statement without one:
-/// the ERROR unwinds (longjmp) over this frame straight to PostgreSQL's handler. The frame
-/// holds nothing to drop (a plain frame, in the terms of Rust's `C-unwind` ABI). queen's
-/// own work before and after runs in guarded functions, which turn a Rust panic into an
-/// ERROR of their own.
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn process_utility(
-    pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
-    read_only_tree: bool,
-    context: pg_sys::ProcessUtilityContext::Type,
-    params: pg_sys::ParamListInfo,
-    query_env: *mut pg_sys::QueryEnvironment,
-    dest: *mut pg_sys::DestReceiver,
-    qc: *mut pg_sys::QueryCompletion,
-) {
-    let resolving = resolving_guarded(pstmt);
-    // SAFETY: the previous hook (or the standard function) with the arguments PostgreSQL
-    // passed to this one. Nothing in this frame needs dropping if it raises an ERROR.
-    unsafe {
-        match PREV_PROCESS_UTILITY {
-            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
-            None => standard_process_utility_unguarded(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-        }
-    }
-    // The prepared transaction is over: committed (its rows visible to every new snapshot)
-    // or rolled back.
-    if resolving >= 0 {
-        finish_prepared_guarded(resolving as u32, resolving & (1 << 32) != 0);
-    }
-}
-
-/// `resolving` for `process_utility`, guarded: -1 when the statement ends no prepared
-/// transaction of the registry's, else the xid, plus 2^32 when it commits.
-#[pg_guard]
-extern "C-unwind" fn resolving_guarded(pstmt: *mut pg_sys::PlannedStmt) -> i64 {
-    if !enabled() {
-        return -1;
-    }
-    resolving(pstmt).map_or(-1, |(xid, commit)| i64::from(xid) | (i64::from(commit) << 32))
-}
-
-/// `finish_prepared` for `process_utility`, guarded.
-#[pg_guard]
-extern "C-unwind" fn finish_prepared_guarded(xid: u32, committed: bool) {
-    finish_prepared(xid, committed);
-}
-
-/// Ends this backend's part in the registry for the current transaction.
-fn end(committed: bool) {
-    let holds = HOLDS.with(|h| h.replace(false));
-    let loading = LOADING.with(|l| l.take());
-    if !(holds || loading.is_some()) || !enabled() {
-        return;
-    }
+fn apply(d: &Deferred) {
     let me = owner();
-    with_registry(|r| {
-        r.finish(me, committed);
-        if let Some(key) = loading {
-            r.abandon_load(&key, me);
+    registry_op(|r| match d {
+        Deferred::End { committed, holds, loading, drops } => {
+            fail::point(if *committed { "xact.commit.offsets" } else { "xact.abort.offsets" });
+            if *holds {
+                r.finish(me, *committed);
+            }
+            if let Some(key) = loading {
+                r.abandon_load(key, me);
+            }
+            for key in drops {
+                r.end_drop(key, me, *committed);
+            }
+        }
+        Deferred::SubAbort { sub, holds, loading, drops } => {
+            fail::point("xact.subabort.offsets");
+            if let Some(key) = loading {
+                r.abandon_load(key, me);
+            }
+            if *holds {
+                r.abort_subxact(me, *sub);
+            }
+            for key in drops {
+                r.end_drop(key, me, false);
+            }
         }
     });
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
-    use pg_sys::XactEvent::*;
-    match event {
-        // Post-commit: the transaction's rows are visible to every new snapshot. Publish
-        // its offsets first, then wake waiting pops, which will find them readable.
-        XACT_EVENT_COMMIT => {
-            end(true);
-            crate::lanes::end(true);
-            crate::wake::on_commit();
+/// Applies `d` now; raises nothing (it runs in transaction callbacks). An update that
+/// panics changes nothing (the registry puts it back) and is tried once more; if that
+/// fails too, it is kept and done before this backend next uses the registry (`settle`),
+/// or when it exits. Until then its reservations stay in flight: readers stop before
+/// them (nothing is skipped) and the partition's readable end waits.
+fn finish(d: Deferred) {
+    if PENDING.with(|p| !p.borrow().is_empty()) {
+        PENDING.with(|p| p.borrow_mut().push(d));
+        let _ = std::panic::catch_unwind(settle);
+        return;
+    }
+    for _ in 0..2 {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))).is_ok() {
+            return;
         }
-        XACT_EVENT_ABORT => {
-            end(false);
-            if let Some(xid) = PREPARING.with(|p| p.take()) {
-                finish_prepared(xid, false); // the prepare failed after PRE_PREPARE
-            }
-            crate::lanes::end(false);
-            crate::wake::on_abort();
-            crate::queues::on_abort();
-            queen_core::segment::forget_blocks();
+    }
+    PENDING.with(|p| p.borrow_mut().push(d));
+    hook_exit();
+    pgrx::warning!("queen: the offset registry could not take a transaction's end; it is retried before this session's next queen call");
+}
+
+/// Does what earlier ends left (`finish`), in order, before anything else of this backend
+/// reads or changes the registry. A failure is an ERROR of the current call; the end stays
+/// pending.
+fn settle() {
+    if PENDING.with(|p| p.borrow().is_empty()) {
+        return;
+    }
+    loop {
+        let Some(d) = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            (!p.is_empty()).then(|| p.remove(0))
+        }) else {
+            return;
+        };
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))) {
+            PENDING.with(|p| p.borrow_mut().insert(0, d));
+            std::panic::resume_unwind(e);
         }
-        XACT_EVENT_PRE_PREPARE if crate::lanes::in_use() => errors::raise(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "queen: a transaction that popped, acked or extended a lease cannot be prepared (PREPARE TRANSACTION): \
-             the lanes it holds live in this session's shared memory and would stay locked"
-                .to_string(),
-        ),
-        XACT_EVENT_PRE_PREPARE if HOLDS.with(|h| h.get()) && enabled() => prepare(),
-        // Prepared: the reservations belong to the prepared transaction now; its commit
-        // will wake waiting pops (`finish_prepared`).
-        // What this session cached of queues and partitions the prepared transaction
-        // created is gone too: they exist only if it commits.
-        XACT_EVENT_PREPARE => {
-            PREPARING.with(|p| p.set(None));
-            crate::wake::on_abort();
-            crate::queues::on_abort();
-            queen_core::segment::forget_blocks();
-        }
-        _ => {}
     }
 }
 
+fn hook_exit() {
+    if EXIT_HOOKED.with(|h| h.replace(true)) {
+        return;
+    }
+    // SAFETY: registering a process-exit callback is allowed at any time in a backend.
+    unsafe { pg_sys::before_shmem_exit(Some(settle_at_exit), pg_sys::Datum::from(0)) };
+}
+
 #[pg_guard]
-unsafe extern "C-unwind" fn subxact_callback(
-    event: pg_sys::SubXactEvent::Type,
-    my_subid: pg_sys::SubTransactionId,
-    parent_subid: pg_sys::SubTransactionId,
-    _arg: *mut std::ffi::c_void,
-) {
-    use pg_sys::SubXactEvent::*;
-    if event == SUBXACT_EVENT_ABORT_SUB {
-        crate::queues::on_abort();
-        queen_core::segment::forget_blocks();
-        crate::lanes::end_subxact(my_subid, parent_subid, false);
+unsafe extern "C-unwind" fn settle_at_exit(_code: i32, _arg: pg_sys::Datum) {
+    if std::panic::catch_unwind(settle).is_err() {
+        pgrx::log!("queen: offsets this session reserved stay in flight until the server restarts");
     }
-    if event == SUBXACT_EVENT_COMMIT_SUB {
-        crate::lanes::end_subxact(my_subid, parent_subid, true);
+}
+
+/// Ends this backend's part in the registry for the current transaction. Raises nothing.
+pub fn end(committed: bool) {
+    let holds = HOLDS.with(|h| h.replace(false));
+    let loading = LOADING.with(|l| l.take());
+    let drops: Vec<PartKey> = DROPS.with(|d| std::mem::take(&mut *d.borrow_mut())).into_iter().map(|e| e.1).collect();
+    if !(holds || loading.is_some() || !drops.is_empty()) || !enabled() {
+        return;
     }
+    finish(Deferred::End { committed, holds, loading, drops });
+}
+
+/// A subtransaction ended: an abort ends what it reserved, loaded or dropped; a commit
+/// hands it to the parent. Raises nothing on abort.
+pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     if !enabled() {
         return;
     }
     let me = owner();
-    match event {
-        SUBXACT_EVENT_ABORT_SUB => {
-            // A load cut short by an error in a subtransaction: let others load it.
-            if let Some(key) = LOADING.with(|l| l.take()) {
-                with_registry(|r| r.abandon_load(&key, me));
-            }
-            if HOLDS.with(|h| h.get()) {
-                with_registry(|r| r.abort_subxact(me, my_subid));
-            }
+    if committed {
+        DROPS.with(|d| d.borrow_mut().iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent));
+        if HOLDS.with(|h| h.get()) {
+            with_registry(|r| r.commit_subxact(me, sub, parent));
         }
-        SUBXACT_EVENT_COMMIT_SUB if HOLDS.with(|h| h.get()) => {
-            with_registry(|r| r.commit_subxact(me, my_subid, parent_subid));
-        }
-        _ => {}
+        return;
+    }
+    let loading = LOADING.with(|l| l.take());
+    let drops: Vec<PartKey> = DROPS.with(|d| {
+        let mut d = d.borrow_mut();
+        let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut *d).into_iter().partition(|e| e.0 >= sub);
+        *d = keep;
+        gone.into_iter().map(|e| e.1).collect()
+    });
+    let holds = HOLDS.with(|h| h.get());
+    if holds || loading.is_some() || !drops.is_empty() {
+        finish(Deferred::SubAbort { sub, holds, loading, drops });
     }
 }

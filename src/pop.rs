@@ -444,7 +444,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         return Vec::new();
     }
     if a.partition.is_none() {
-        // The next pop of this backend starts just after the last lane this one claimed.
+        // The next pop starts just after the last lane this one claimed (`cursor`).
         move_cursor(queue_id, a.group, *pids.last().expect("claimed"));
     }
     if registry {
@@ -465,34 +465,54 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
 }
 
 thread_local! {
-    /// Per (queue, group): the partition this backend claimed last (or, when a pop claimed
-    /// nothing, the last one it examined). The next pop scans lanes from just after it,
-    /// wrapping around: round-robin over partitions.
+    /// Without the lane registry: per (queue, group), the partition this backend claimed
+    /// last (or, when a pop claimed nothing, the last one it examined).
     static CURSORS: std::cell::RefCell<std::collections::HashMap<(i64, String), [u8; 16]>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
-/// This backend's cursor for (queue, group): a fresh UUIDv7 at first, after every existing
-/// partition, so a session's first pop wraps to the oldest one.
+/// Where a pop of (queue, group) starts its scan of the group's lanes: just after the
+/// partition the last pop claimed (or examined last, when it claimed nothing), wrapping
+/// around: round-robin over partitions. With the lane registry that cursor is shared by
+/// every backend (`lanes::shared_cursor`), so pops from new connections (one per pop, or
+/// through a pooler) take their turns as one session's would. Without it each backend
+/// keeps its own, and starts at a random partition id: a first pop does not always begin
+/// at the oldest partition.
 fn cursor(queue_id: i64, group: &str) -> pgrx::Uuid {
+    if let Some(shared) = crate::lanes::shared_cursor(queue_id, group) {
+        return shared;
+    }
     let key = (queue_id, group.to_string());
-    pgrx::Uuid::from_bytes(
-        CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(|| *crate::ids::new_id().as_bytes())),
-    )
+    let random = || {
+        let mut b = [0u8; 16];
+        getrandom_bytes(&mut b);
+        b
+    };
+    pgrx::Uuid::from_bytes(CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(random)))
 }
 
-/// Moves this backend's cursor for (queue, group) to `partition_id`.
+/// Random bytes from PostgreSQL's strong random source (a fixed value if it has none).
+fn getrandom_bytes(b: &mut [u8]) {
+    // SAFETY: fills the buffer with `len` bytes; returns false when no source works.
+    let _ = unsafe { pg_sys::pg_strong_random(b.as_mut_ptr().cast(), b.len()) };
+}
+
+/// Moves the cursor for (queue, group) to `partition_id`: the shared one with the lane
+/// registry, else this backend's.
 fn move_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
-    CURSORS.with(|c| c.borrow_mut().insert((queue_id, group.to_string()), *partition_id.as_bytes()));
+    if crate::lanes::enabled() {
+        crate::lanes::set_shared_cursor(queue_id, group, partition_id);
+    } else {
+        CURSORS.with(|c| c.borrow_mut().insert((queue_id, group.to_string()), *partition_id.as_bytes()));
+    }
 }
 
 /// Locks up to `max_partitions` claimable lanes: no live lease, messages past the cursor.
 ///
-/// Lanes are scanned in partition-id order from this backend's cursor, wrapping around,
+/// Lanes are scanned in partition-id order from the cursor (`cursor`), wrapping around,
 /// so consecutive pops serve consecutive partitions (a deep partition cannot starve the
 /// others) and each scan stops at the first lanes it can claim: the cost grows with the
-/// lanes skipped, not with the partitions a queue has. A backend's cursor starts as a fresh
-/// UUIDv7, after every existing partition, so its first pop wraps to the oldest one.
+/// lanes skipped, not with the partitions a queue has.
 /// SKIP LOCKED: a lane another pop is claiming right now is not ours to wait on. Without
 /// the registry every lane found is locked; `claim::fill` then claims those it needs.
 fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
@@ -567,7 +587,7 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
 }
 
 /// With the lane registry: a scan of the group's claimable lanes, in the same order as
-/// `claim_candidates` (from this backend's cursor, wrapping), that locks them for this
+/// `claim_candidates` (from the shared cursor, wrapping), that locks them for this
 /// transaction a few at a time, only as far as a pop needs (`lock_lanes`). It reads lane
 /// rows that no pop or ack updates, and asks the registry about each
 /// (`queen._claimable`); a lane another pop takes meanwhile is skipped, never waited for.

@@ -407,11 +407,13 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
     }
 }
 
-/// Reserves `n` offsets of a partition for this transaction; returns the first. With the
-/// registry (`offsets`) nothing is locked. Without it the partition row is updated and
-/// stays locked until commit, so pushes to one partition commit in offset order; its head
-/// starts past anything stored (the registry does not keep that column current).
-fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool) -> i64 {
+/// Reserves `n` offsets of a partition for this transaction; returns the first, or None
+/// when the partition is gone (`drop_partition`): the caller looks its target up again.
+/// With the registry (`offsets`) nothing is locked. Without it the partition row is
+/// updated and stays locked until commit, so pushes to one partition commit in offset
+/// order; its head starts past anything stored (the registry does not keep that column
+/// current).
+fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool) -> Option<i64> {
     if crate::offsets::enabled() {
         return crate::offsets::reserve(client, partition_id, n, writes_all, goes_fresh(n as usize));
     }
@@ -426,9 +428,8 @@ fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_
           WHERE p.partition_id = $1
          RETURNING p.head",
         &[partition_id.into(), n.into()],
-    ))
-    .unwrap_or_else(|| crate::errors::internal("partition vanished while pushing"));
-    head - n + 1
+    ))?;
+    Some(head - n + 1)
 }
 
 /// The in-window duplicates of a partition's items, found before any offset is reserved:
@@ -609,6 +610,9 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         // (queue, partition) name order: the order partition rows are locked in without
         // the registry, so that two batches cannot deadlock.
         for (&(queue, partition), idxs) in &groups {
+          // Once more when the partition was dropped under this push (`reserve`): the
+          // target is looked up again, and the partition created anew.
+          'target: loop {
             // The queue lock first (`queen_core::lock_order`). A push that waited for a
             // `delete_queue` finds its target again: the queue is created anew.
             let t = loop {
@@ -641,11 +645,14 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             let fresh: Vec<usize> = class.store.iter().map(|&k| idxs[k]).collect();
             let repeats: Vec<(usize, usize)> = class.repeats.iter().map(|&(k, pos)| (idxs[k], pos)).collect();
             if fresh.is_empty() {
-                continue; // every item was a duplicate: no offsets, no segment
+                break 'target; // every item was a duplicate: no offsets, no segment
             }
             let n = fresh.len() as i64;
             // Without dedup every reserved offset is written (or the call fails).
-            let first = reserve(client, t.partition_id, n, !dedup);
+            let Some(first) = reserve(client, t.partition_id, n, !dedup) else {
+                queues::on_abort(); // forget the dropped partition's target
+                continue 'target;
+            };
             let lost = if dedup {
                 let ids = fresh
                     .iter()
@@ -676,7 +683,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                 rows[i] = Some(duplicate(i, t.partition_id, (to_pg_uuid(original.message_id), original.msg_offset)));
             }
             // The segment ends on its last stored message: a gap at the end is no entry.
-            let Some(last_k) = stored.iter().rposition(|&s| s) else { continue };
+            let Some(last_k) = stored.iter().rposition(|&s| s) else { break 'target };
             let kept = &fresh[..=last_k];
             // An encrypted queue stores envelopes (see `encryption`), sealed per message.
             let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
@@ -718,6 +725,8 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             if dedup && crate::offsets::enabled() {
                 crate::offsets::wrote(t.partition_id, last);
             }
+            break 'target;
+          }
         }
         fresh_tier.insert(client, true, now);
         durable_tier.insert(client, false, now);

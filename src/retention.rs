@@ -3,18 +3,20 @@
 //! are deleted whole — one row per segment, never one per message. Dead letters are
 //! never touched; a queue without consumer groups keeps everything.
 //!
-//! `queen.retain(queue)` does one pass; with `shared_preload_libraries = 'queen'` the
-//! background worker (`worker`) runs one every `queen.retention_interval` seconds in the
-//! database `queen.retention_database`.
+//! `queen.retain(queue)` does one pass; with `shared_preload_libraries = 'queen'` each
+//! database's maintenance worker (`worker`) runs one every `queen.retention_interval`
+//! seconds, each queue in a transaction of its own.
 //!
 //! A partition remembers the highest offset deleted (`partitions.retained_through`), and
 //! lanes created later (a new group subscribing to 'all', a repaired lane) start there:
-//! they never ask for a segment that is gone. Retention locks the queue row FOR UPDATE
-//! and lane creation FOR KEY SHARE, so a group being created is either seen by the pass
+//! they never ask for a segment that is gone. Retention locks the queue row FOR NO KEY
+//! UPDATE and lane creation FOR SHARE, so a group being created is either seen by the pass
 //! (its cursor holds segments back) or sees the pass's `retained_through`. A queue whose
-//! row is locked (a group or partition being created, a configure) is skipped until the
-//! next pass rather than waited for, and so is a partition whose row is locked (a
-//! compaction pass, or a push without the offset registry).
+//! row is locked (a group being created, a configure, a seek) is skipped until the next
+//! pass rather than waited for, and so is a partition whose row is locked (a compaction
+//! pass, a rotation's move, or a push without the offset registry). Retention reads each
+//! lane's last committed cursor: an ack that has not committed never lets it delete what
+//! the ack covered.
 
 use crate::generations::Rotated;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
@@ -22,38 +24,24 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::json;
 
+use pgrx::spi::SpiClient;
+
 use crate::errors::SpiExt;
 use crate::spi::run;
 
 pub static RETENTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
-pub static RETENTION_DATABASE: GucSetting<Option<std::ffi::CString>> =
-    GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
 
 /// Called from `_PG_init`: the settings, and the worker when preloading.
 pub fn init() {
     GucRegistry::define_int_guc(
         c"queen.retention_interval",
         c"Seconds between retention passes of queen's background worker (0: none).",
-        c"The worker runs queen.retain() in queen.retention_database. Needs shared_preload_libraries = 'queen'.",
+        c"Each database's maintenance worker runs a retention pass over its queues. Needs shared_preload_libraries = 'queen'.",
         &RETENTION_INTERVAL,
         0,
         86_400,
         GucContext::Sighup,
         GucFlags::UNIT_S,
-    );
-    // Only the background worker reads it, and it only exists with preloading; a
-    // server-start setting cannot be defined later anyway.
-    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
-    if !unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
-    GucRegistry::define_string_guc(
-        c"queen.retention_database",
-        c"The database whose queen queues the background worker maintains (retention, compaction).",
-        c"One database per cluster; other databases run queen.retain() and queen.compact() themselves (cron, pg_cron).",
-        &RETENTION_DATABASE,
-        GucContext::Postmaster,
-        GucFlags::default(),
     );
 }
 
@@ -88,66 +76,106 @@ fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
     JsonB(out)
 }
 
-pub fn retain_in(client: &mut pgrx::spi::SpiClient<'_>, queue: Option<&str>) -> (i64, i64, i64) {
-    let queues: Vec<(i64, i32)> = run(
+/// The queues a retention pass looks at: those with `retention > 0` (of one queue, by
+/// name, when given).
+pub fn queues_due(client: &mut SpiClient<'_>) -> Vec<(i64, i32)> {
+    queues_named(client, None)
+}
+
+fn queues_named(client: &mut SpiClient<'_>, queue: Option<&str>) -> Vec<(i64, i32)> {
+    run(
         client,
         "SELECT queue_id, retention FROM queen.queues
           WHERE retention > 0 AND ($1::text IS NULL OR name = $1)
-          ORDER BY queue_id
-            FOR UPDATE SKIP LOCKED",
+          ORDER BY queue_id",
         &[queue.into()],
     )
     .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
-    .collect();
-    let (mut segments, mut bytes) = (0i64, 0i64);
-    for &(queue_id, retention) in &queues {
-        // The queue's partitions that nothing else holds (a compaction pass, a push without
-        // the offset registry): the others wait for the next pass.
-        let pids: Vec<pgrx::Uuid> = run(
-            client,
-            "SELECT partition_id FROM queen.partitions WHERE queue_id = $1
-              ORDER BY partition_id FOR NO KEY UPDATE SKIP LOCKED",
-            &[queue_id.into()],
-        )
-        .map(|r| r.get(1).or_raise().unwrap())
-        .collect();
-        // Per partition: the lowest cursor over the queue's groups (a group without a lane
-        // there counts as 0); no group at all keeps everything. Both tiers.
-        let row = run(
-            client,
-            "WITH floor AS (
-               SELECT p.partition_id,
-                      (SELECT coalesce(min(coalesce(queen._committed(l.partition_id, l.consumer_group, l.committed), 0)), 0)
-                         FROM queen.groups g
-                         LEFT JOIN queen.lanes l
-                           ON l.partition_id = p.partition_id AND l.consumer_group = g.consumer_group
-                        WHERE g.queue_id = $1) AS upto
-                 FROM unnest($3::uuid[]) AS p(partition_id)
-             ), gone AS (
-               DELETE FROM queen.segments s
-                USING floor f
-                WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
-                  AND s.created_at < clock_timestamp() - make_interval(secs => $2)
-               RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
-             ), gone_fresh AS (
-               DELETE FROM queen.fresh_segments s
-                USING floor f
-                WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
-                  AND s.created_at < clock_timestamp() - make_interval(secs => $2)
-               RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
-             ), all_gone AS (
-               SELECT * FROM gone UNION ALL SELECT * FROM gone_fresh
-             ), marked AS (
-               UPDATE queen.partitions p SET retained_through = greatest(p.retained_through, m.last)
-                 FROM (SELECT partition_id, max(last_offset) AS last FROM all_gone GROUP BY 1) m
-                WHERE p.partition_id = m.partition_id
-             )
-             SELECT count(*)::int8, coalesce(sum(size), 0)::int8 FROM all_gone",
-            &[queue_id.into(), f64::from(retention).into(), pids.into()],
-        );
-        let row = row.first();
-        segments += row.get::<i64>(1).or_raise().unwrap_or(0);
-        bytes += row.get::<i64>(2).or_raise().unwrap_or(0);
+    .collect()
+}
+
+/// One pass over `queue`, or over every queue with `retention > 0`, in the caller's
+/// transaction. Returns (queues, segments deleted, bytes freed).
+pub fn retain_in(client: &mut SpiClient<'_>, queue: Option<&str>) -> (i64, i64, i64) {
+    let queues = queues_named(client, queue);
+    let (mut done, mut segments, mut bytes) = (0i64, 0i64, 0i64);
+    for (queue_id, retention) in queues {
+        if let Some((s, b)) = retain_queue(client, queue_id, retention) {
+            done += 1;
+            segments += s;
+            bytes += b;
+        }
     }
-    (queues.len() as i64, segments, bytes)
+    (done, segments, bytes)
+}
+
+/// Retention of one queue: deletes, per partition, the segments (of both tiers) that every
+/// consumer group has committed past and that are older than `retention` seconds. Returns
+/// (segments, bytes), or None when the queue was busy (a group being created, a configure,
+/// a seek, a delete_queue: it is skipped, never waited for) or is gone.
+///
+/// Locks: the queue row `FOR NO KEY UPDATE SKIP LOCKED`, which conflicts with the `FOR
+/// SHARE` that lane creation for a new group takes (so a new group's lanes are either seen
+/// here, their cursors holding segments back, or start at what this pass deleted), but not
+/// with the `FOR KEY SHARE` of the foreign keys of new partitions and dead letters: pushes
+/// and acks never wait for retention, and pops never do either (they skip creating a lane
+/// while the row is busy). The partitions it works on are locked `FOR NO KEY UPDATE SKIP
+/// LOCKED` (a compaction pass, a rotation's move, or a push without the offset registry
+/// holds the others: they wait for the next pass).
+pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -> Option<(i64, i64)> {
+    queen_core::fail::point("retention.queue");
+    let locked = run(
+        client,
+        "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR NO KEY UPDATE SKIP LOCKED",
+        &[queue_id.into()],
+    );
+    if locked.is_empty() {
+        return None;
+    }
+    // The queue's partitions that nothing else holds.
+    let pids: Vec<pgrx::Uuid> = run(
+        client,
+        "SELECT partition_id FROM queen.partitions WHERE queue_id = $1
+          ORDER BY partition_id FOR NO KEY UPDATE SKIP LOCKED",
+        &[queue_id.into()],
+    )
+    .map(|r| r.get(1).or_raise().unwrap())
+    .collect();
+    // Per partition: the lowest committed cursor over the queue's groups (a group without
+    // a lane there counts as 0); no group at all keeps everything. Both tiers. A cursor an
+    // ack in flight moved is not committed: `_committed` gives the last committed one.
+    let row = run(
+        client,
+        "WITH floor AS (
+           SELECT p.partition_id,
+                  (SELECT coalesce(min(coalesce(queen._committed(l.partition_id, l.consumer_group, l.committed), 0)), 0)
+                     FROM queen.groups g
+                     LEFT JOIN queen.lanes l
+                       ON l.partition_id = p.partition_id AND l.consumer_group = g.consumer_group
+                    WHERE g.queue_id = $1) AS upto
+             FROM unnest($3::uuid[]) AS p(partition_id)
+         ), gone AS (
+           DELETE FROM queen.segments s
+            USING floor f
+            WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
+              AND s.created_at < clock_timestamp() - make_interval(secs => $2)
+           RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
+         ), gone_fresh AS (
+           DELETE FROM queen.fresh_segments s
+            USING floor f
+            WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
+              AND s.created_at < clock_timestamp() - make_interval(secs => $2)
+           RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
+         ), all_gone AS (
+           SELECT * FROM gone UNION ALL SELECT * FROM gone_fresh
+         ), marked AS (
+           UPDATE queen.partitions p SET retained_through = greatest(p.retained_through, m.last)
+             FROM (SELECT partition_id, max(last_offset) AS last FROM all_gone GROUP BY 1) m
+            WHERE p.partition_id = m.partition_id
+         )
+         SELECT count(*)::int8, coalesce(sum(size), 0)::int8 FROM all_gone",
+        &[queue_id.into(), f64::from(retention).into(), pids.into()],
+    );
+    let row = row.first();
+    Some((row.get::<i64>(1).or_raise().unwrap_or(0), row.get::<i64>(2).or_raise().unwrap_or(0)))
 }

@@ -1,8 +1,9 @@
 //! Shared memory: the one place that asks PostgreSQL for it.
 //!
-//! With `shared_preload_libraries = 'queen'`, queen keeps three things in shared memory:
-//! the long-poll wake-up slots (`wake`), the offset registry (`offsets`), the lane
-//! registry (`lanes`) and the worker's counters (`stats`). Each module
+//! With `shared_preload_libraries = 'queen'`, queen keeps these in shared memory: the
+//! long-poll wake-up slots (`wake`), the offset registry (`offsets`), the lane registry
+//! (`lanes`), the per-database slots (`dbs`: maintenance workers, lane journals,
+//! counters) and the fail points' state in test builds. Each module
 //! says how much it needs and initialises its part; this module chains the hooks. Without
 //! preloading none of it exists, and both modules fall back to what needs no shared memory.
 
@@ -40,7 +41,8 @@ unsafe extern "C-unwind" fn shmem_request() {
         pg_sys::RequestNamedLWLockTranche(crate::offsets::TRANCHE.as_ptr(), 1);
         pg_sys::RequestAddinShmemSpace(crate::lanes::shmem_size());
         pg_sys::RequestNamedLWLockTranche(crate::lanes::TRANCHE.as_ptr(), 1);
-        pg_sys::RequestAddinShmemSpace(crate::stats::shmem_size());
+        pg_sys::RequestAddinShmemSpace(crate::dbs::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::dbs::TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -57,7 +59,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
         crate::wake::shmem_init(alloc(c"queen wake-ups", crate::wake::shmem_size()));
         crate::offsets::shmem_init(alloc(c"queen offsets", crate::offsets::shmem_size()));
         crate::lanes::shmem_init(alloc(c"queen lanes", crate::lanes::shmem_size()));
-        crate::stats::shmem_init(alloc(c"queen stats", crate::stats::shmem_size()));
+        crate::dbs::shmem_init(alloc(c"queen databases", crate::dbs::shmem_size()));
         pg_sys::LWLockRelease(lock);
     }
 }
@@ -72,18 +74,24 @@ unsafe fn alloc(name: &std::ffi::CStr, size: usize) -> (*mut u8, bool) {
 }
 
 /// Runs `f` holding `lock` in `mode` (exclusive or shared), for the registries kept here.
+/// The lock is released when `f` returns and when it panics (a panic unwinds through
+/// here, and the caller may catch it: a transaction callback must not raise).
 ///
-/// SAFETY (for callers): `lock` is one of queen's named LWLocks, and `f` is pure Rust that
-/// raises no ERROR, so the lock is always released here (an ERROR elsewhere releases
-/// every LWLock anyway).
+/// # Safety
+/// `lock` is one of queen's named LWLocks, and `f` is pure Rust that raises no ERROR
+/// (a longjmp would skip the release; an ERROR elsewhere releases every LWLock anyway).
 pub unsafe fn locked<R>(lock: *mut pg_sys::LWLock, mode: pg_sys::LWLockMode::Type, f: impl FnOnce() -> R) -> R {
-    // SAFETY: as the caller promises.
-    unsafe {
-        pg_sys::LWLockAcquire(lock, mode);
-        let out = f();
-        pg_sys::LWLockRelease(lock);
-        out
+    struct Release(*mut pg_sys::LWLock);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            // SAFETY: this process acquired the lock just below and has not released it.
+            unsafe { pg_sys::LWLockRelease(self.0) };
+        }
     }
+    // SAFETY: as the caller promises.
+    unsafe { pg_sys::LWLockAcquire(lock, mode) };
+    let _release = Release(lock);
+    f()
 }
 
 /// This backend's owner number in queen's registries (0-based).

@@ -1,76 +1,57 @@
-//! What the background worker's retention passes did, kept in shared memory for
-//! `queen.metrics()`: when the last pass ran, the bytes it freed, the bytes freed since the
-//! server started, and how many passes ran. Without `shared_preload_libraries` there is no
-//! worker and no counters: they read as none.
-
-use std::sync::atomic::{AtomicI64, AtomicPtr, Ordering};
+//! What this database's maintenance worker did, for `queen.metrics()`: per pass, how
+//! many runs and errors, when it last succeeded and when it last failed; what retention
+//! freed; the fresh segments compaction kept because it could not decode them. The
+//! counters live in the database's slot in shared memory (`dbs`) and start again when
+//! the server does. Without `shared_preload_libraries` there is no worker and no
+//! counters: they read as none.
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
-#[repr(C)]
-struct Stats {
-    /// Microseconds since 2000-01-01 of the last pass's end; 0 before the first.
-    retention_last_at: AtomicI64,
-    retention_last_bytes: AtomicI64,
-    retention_bytes_total: AtomicI64,
-    retention_runs: AtomicI64,
-}
+use crate::dbs::{self, Pass, PASSES};
 
-static STATS: AtomicPtr<Stats> = AtomicPtr::new(std::ptr::null_mut());
-
-/// Bytes of shared memory the counters take (see `shmem`).
-pub fn shmem_size() -> usize {
-    std::mem::size_of::<Stats>()
-}
-
-/// Zeroes the counters (or attaches to them): `shmem` calls this once per process.
-pub fn shmem_init((p, found): (*mut u8, bool)) {
-    let stats = p as *mut Stats;
-    if !found {
-        // SAFETY: `p` is a block of shmem_size() bytes from ShmemInitStruct, MAXALIGNed,
-        // and the caller holds AddinShmemInitLock, so nobody else initialises it.
-        unsafe {
-            stats.write(Stats {
-                retention_last_at: AtomicI64::new(0),
-                retention_last_bytes: AtomicI64::new(0),
-                retention_bytes_total: AtomicI64::new(0),
-                retention_runs: AtomicI64::new(0),
-            })
-        };
-    }
-    STATS.store(stats, Ordering::Release);
-}
-
-fn stats() -> Option<&'static Stats> {
-    let p = STATS.load(Ordering::Acquire);
-    // SAFETY: a non-null pointer is the shared block `shmem_init` set up, which lives as
-    // long as the server; its fields are atomics, safe to share between processes.
-    (!p.is_null()).then(|| unsafe { &*p })
-}
-
-/// Records a retention pass of the worker that freed `bytes`, ending at `now`.
+/// Records a retention pass that freed `bytes`, ending at `now`.
 pub fn record_retention(now: i64, bytes: i64) {
-    if let Some(s) = stats() {
-        s.retention_last_bytes.store(bytes, Ordering::Relaxed);
-        s.retention_bytes_total.fetch_add(bytes, Ordering::Relaxed);
-        s.retention_runs.fetch_add(1, Ordering::Relaxed);
-        s.retention_last_at.store(now, Ordering::Release);
+    if !dbs::enabled() {
+        return;
     }
+    dbs::mine(|s| {
+        s.retention_bytes_last = bytes;
+        s.retention_bytes_total += bytes;
+    });
+    dbs::record_pass(Pass::Retention, true, now);
+}
+
+/// Counts a fresh segment compaction could not decode (and kept as it was).
+pub fn record_corrupt_segment() {
+    if dbs::enabled() {
+        dbs::mine(|s| s.corrupt_segments += 1);
+    }
+}
+
+fn this_database() -> Option<dbs::Slot> {
+    if !dbs::enabled() {
+        return None;
+    }
+    dbs::with(dbs::my_database(), false, |s| *s)
+}
+
+fn timestamp(micros: i64) -> Option<TimestampWithTimeZone> {
+    (micros != 0).then(|| crate::clock::timestamptz(micros))
 }
 
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen._retention_stats() IS
-  'queen internal: the background worker''s retention counters (queen.metrics); not granted';
+  'queen internal: this database''s retention counters (queen.metrics); not granted';
 "#,
     name = "retention_stats_home",
     requires = [retention_stats]
 );
 
-/// `queen._retention_stats()`: the worker's last retention pass (NULL before the first, or
-/// without preloading), the bytes it freed, the bytes freed since the server started, and
-/// the number of passes.
+/// `queen._retention_stats()`: this database worker's last retention pass (NULL before the
+/// first, or without preloading), the bytes it freed, the bytes freed since the server
+/// started, and the number of passes.
 #[pg_extern(name = "_retention_stats", volatile, parallel_unsafe)]
 fn retention_stats() -> TableIterator<
     'static,
@@ -81,17 +62,59 @@ fn retention_stats() -> TableIterator<
         name!(runs, i64),
     ),
 > {
-    let row = match stats() {
+    let row = match this_database() {
         Some(s) => {
-            let at = s.retention_last_at.load(Ordering::Acquire);
-            (
-                (at != 0).then(|| crate::clock::timestamptz(at)),
-                s.retention_last_bytes.load(Ordering::Relaxed),
-                s.retention_bytes_total.load(Ordering::Relaxed),
-                s.retention_runs.load(Ordering::Relaxed),
-            )
+            let p = s.passes[Pass::Retention as usize];
+            (timestamp(p.last_ok), s.retention_bytes_last, s.retention_bytes_total, p.runs)
         }
         None => (None, 0, 0, 0),
     };
     TableIterator::once(row)
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._maintenance_stats() IS
+  'queen internal: this database''s maintenance passes: runs, errors, last success and last error (queen.metrics); not granted';
+"#,
+    name = "maintenance_stats_home",
+    requires = [maintenance_stats]
+);
+
+/// `queen._maintenance_stats()`: one row per maintenance pass of this database's worker
+/// (compaction, retention, rotation, journal, prepared, expiry): runs and errors since the
+/// server started, the end of the last successful run and of the last failed one (NULL:
+/// none), and whether a worker runs here now. No rows without preloading.
+#[pg_extern(name = "_maintenance_stats", volatile, parallel_unsafe)]
+fn maintenance_stats() -> TableIterator<
+    'static,
+    (
+        name!(pass, String),
+        name!(runs, i64),
+        name!(errors, i64),
+        name!(last_ok_at, Option<TimestampWithTimeZone>),
+        name!(last_error_at, Option<TimestampWithTimeZone>),
+        name!(worker_running, bool),
+        name!(corrupt_segments, i64),
+    ),
+> {
+    let rows: Vec<_> = match this_database() {
+        Some(s) => PASSES
+            .iter()
+            .map(|&p| {
+                let c = s.passes[p as usize];
+                (
+                    p.name().to_string(),
+                    c.runs,
+                    c.errors,
+                    timestamp(c.last_ok),
+                    timestamp(c.last_error),
+                    s.worker == dbs::WORKER_RUNNING,
+                    s.corrupt_segments,
+                )
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    TableIterator::new(rows)
 }

@@ -1,34 +1,335 @@
-//! The background worker (with `shared_preload_libraries = 'queen'`): in the database
-//! `queen.retention_database`, a compaction pass every `queen.compaction_interval`
-//! milliseconds and a retention pass every `queen.retention_interval` seconds, each
-//! partition's compaction in a transaction of its own; and every two seconds a round of
-//! the lane journal (`lanes`): changed cursors saved into `queen.lanes`, and the journal
-//! table no ack writes to any more emptied. After a compaction pass that merged
-//! something, the worker vacuums the fresh tier at once: the index of a table whose rows
-//! are all appended on one side and deleted on the other gives its pages back only to
-//! VACUUM, and autovacuum (once a minute at best) would let it grow with every pass.
+//! Background maintenance (with `shared_preload_libraries = 'queen'`): one launcher for
+//! the cluster, and one maintenance worker per database where queen is installed.
+//!
+//! **The launcher** ("queen launcher") connects to no database. Every few seconds, and at
+//! once when a `CREATE EXTENSION queen` or `ALTER EXTENSION queen` commits (`dbs`), it
+//! lists the cluster's databases and starts a worker for each one that accepts
+//! connections, is not a template, and has no worker running. A worker that finds no
+//! queen installed says so and exits; its database is tried again when an extension
+//! statement there commits, or after `REPROBE`. When a database is gone, the launcher
+//! forgets its state in shared memory (its lanes, its partitions' offsets, its slot).
+//!
+//! **A database's worker** ("queen maintenance") runs, each in transactions of its own:
+//! a compaction pass every `queen.compaction_interval` milliseconds (each partition in its
+//! own transaction), a retention pass every `queen.retention_interval` seconds (each queue
+//! in its own transaction, then a rotation of the segment generations), the expiry of idle
+//! partitions and old dedup entries with it, and every two seconds a round of the lane
+//! journal (`lanes`) and the sweep of prepared transactions' offsets. It exits when the
+//! extension is dropped, and on SIGTERM (a server stop, or a `DROP DATABASE`).
+//!
+//! **Nothing stops maintenance.** An ERROR in any step is caught: its transaction is
+//! rolled back, the error is logged with the partition or queue it concerns and counted
+//! (`queen.metrics()`), and the worker goes on with the next step. A partition or queue
+//! whose step failed is skipped for a while, twice as long after each failure in a row
+//! (`Backoff`), so one bad partition costs nothing to the others.
+//!
+//! **`DROP DATABASE` works without `FORCE`.** The `ProcessUtility` hook (`hooks`) asks the
+//! database's worker to leave (`leave_database`), waits for it to exit, and keeps the
+//! launcher from starting another for a while; so do `ALTER DATABASE ... RENAME`, `SET
+//! TABLESPACE` and `CREATE DATABASE ... TEMPLATE`, which also need the database to
+//! themselves.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 
 use crate::compaction::COMPACTION_INTERVAL;
-use crate::retention::{RETENTION_DATABASE, RETENTION_INTERVAL};
+use crate::dbs::{self, Pass};
+use crate::retention::RETENTION_INTERVAL;
 use crate::spi::run;
+
+/// `queen.retention_database`: empty (the default) serves every database; a name serves
+/// that database alone (the setting of 0.3.0, when one database was served).
+pub static ONLY_DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 /// Called from `_PG_init`, after the settings are defined.
 pub fn init() {
     // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
-    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        BackgroundWorkerBuilder::new("queen maintenance")
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    GucRegistry::define_string_guc(
+        c"queen.retention_database",
+        c"Serve only this database with background maintenance (empty: every database where queen is installed).",
+        c"Kept from 0.3.0, which served one database. Leave it empty.",
+        &ONLY_DATABASE,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    BackgroundWorkerBuilder::new("queen launcher")
+        .set_type("queen launcher")
+        .set_library("queen")
+        .set_function("queen_launcher_main")
+        .enable_spi_access()
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}
+
+/// How often the launcher looks at the databases without being woken.
+const LAUNCH_ROUND: Duration = Duration::from_secs(5);
+/// How long a database where queen was not installed waits before it is probed again
+/// (a `CREATE EXTENSION` there wakes the launcher at once).
+const REPROBE: Duration = Duration::from_secs(300);
+/// Least time between two starts of one database's worker.
+const RESTART_DELAY: Duration = Duration::from_secs(5);
+/// How long a `DROP DATABASE` (or the like) keeps the worker away, at most.
+const LEAVE_PAUSE_MICROS: i64 = 60_000_000;
+
+/// A database of the cluster, as `pg_database` lists it.
+struct Database {
+    oid: u32,
+    name: String,
+    serve: bool,
+}
+
+/// The cluster's databases, read from `pg_database` (a shared catalog, readable without
+/// a database connection).
+fn databases() -> Vec<Database> {
+    let mut out = Vec::new();
+    // SAFETY: a catalog scan as PostgreSQL's own launchers do it: inside a transaction,
+    // with the relation opened and closed under AccessShareLock; each tuple's fixed part
+    // is read as FormData_pg_database while the scan holds its buffer.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as i32);
+        let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
+        loop {
+            let tup = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if tup.is_null() {
+                break;
+            }
+            let form = pgrx::heap_tuple::GETSTRUCT(tup) as *const pg_sys::FormData_pg_database;
+            let name = std::ffi::CStr::from_ptr((*form).datname.data.as_ptr()).to_string_lossy().into_owned();
+            out.push(Database {
+                oid: (*form).oid.to_u32(),
+                serve: (*form).datallowconn && !(*form).datistemplate,
+                name,
+            });
+        }
+        pg_sys::table_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as i32);
+        pg_sys::PopActiveSnapshot();
+        pg_sys::CommitTransactionCommand();
+    }
+    out
+}
+
+/// Whether a process still runs.
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    pid > 0 && unsafe { libc_kill(pid, 0) } == 0
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    // SAFETY: this process's pid and latch (in its PGPROC, in shared memory).
+    dbs::set_launcher(unsafe { pg_sys::MyProcPid }, unsafe { pg_sys::MyLatch });
+    let mut last_start: HashMap<u32, Instant> = HashMap::new();
+    let mut warned_full: HashSet<u32> = HashSet::new();
+    loop {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: reloading the configuration file is what a worker does on SIGHUP.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        launch_round(&mut last_start, &mut warned_full);
+        if !BackgroundWorker::wait_latch(Some(LAUNCH_ROUND)) {
+            break; // SIGTERM
+        }
+    }
+    dbs::set_launcher(0, std::ptr::null_mut());
+    // Exit code 1: the postmaster starts the launcher again unless the server is stopping.
+    // SAFETY: ending the process the way PostgreSQL's own workers do.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+/// One look at the databases: forget the ones gone, start the workers missing.
+fn launch_round(last_start: &mut HashMap<u32, Instant>, warned_full: &mut HashSet<u32>) {
+    let all = databases();
+    let only = ONLY_DATABASE.get().map(|c| c.to_string_lossy().into_owned()).filter(|s| !s.is_empty());
+    let present: HashSet<u32> = all.iter().map(|d| d.oid).collect();
+    for slot in dbs::all() {
+        if !present.contains(&slot.database) {
+            let lanes = crate::lanes::forget_database(slot.database);
+            let partitions = crate::offsets::forget_database(slot.database);
+            dbs::free(slot.database);
+            last_start.remove(&slot.database);
+            pgrx::log!(
+                "queen launcher: database {} is gone; forgot {lanes} lanes and {partitions} partitions",
+                slot.database
+            );
+        }
+    }
+    let now = crate::clock::clock_now();
+    for db in all.iter().filter(|d| d.serve && only.as_ref().is_none_or(|o| *o == d.name)) {
+        let Some(slot) = dbs::with(db.oid, true, |s| *s) else {
+            if warned_full.insert(db.oid) {
+                pgrx::warning!(
+                    "queen launcher: no slot for database {:?} (queen.max_databases): it gets no maintenance",
+                    db.name
+                );
+            }
+            continue;
+        };
+        if slot.paused_until > now || (slot.worker_pid != 0 && alive(slot.worker_pid)) {
+            continue;
+        }
+        let reprobe = REPROBE.as_micros() as i64;
+        if slot.absent_at != 0 && slot.requested == 0 && now - slot.absent_at < reprobe {
+            continue; // queen is not installed there
+        }
+        if last_start.get(&db.oid).is_some_and(|t| t.elapsed() < RESTART_DELAY) {
+            continue;
+        }
+        last_start.insert(db.oid, Instant::now());
+        dbs::with(db.oid, false, |s| s.requested = 0);
+        let started = BackgroundWorkerBuilder::new(&format!("queen maintenance {}", db.name))
             .set_type("queen maintenance")
             .set_library("queen")
             .set_function("queen_maintenance_main")
+            .set_argument(Some(pg_sys::Datum::from(db.oid)))
             .enable_spi_access()
-            .set_restart_time(Some(Duration::from_secs(5)))
-            .load();
+            .set_restart_time(None)
+            .load_dynamic();
+        if started.is_err() {
+            pgrx::warning!(
+                "queen launcher: could not start the maintenance worker of database {:?}; raise max_worker_processes",
+                db.name
+            );
+        }
+    }
+}
+
+/// What the database's `pg_extension` says of queen.
+#[derive(PartialEq)]
+enum Installed {
+    No,
+    /// Another version: the worker waits for `ALTER EXTENSION queen UPDATE` (the old
+    /// schema may lack what this library uses).
+    Other,
+    Yes,
+}
+
+fn installed(client: &mut SpiClient<'_>) -> Installed {
+    match crate::spi::first_value::<String>(run(
+        client,
+        "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'queen'",
+        &[],
+    )) {
+        None => Installed::No,
+        Some(v) if v == env!("CARGO_PKG_VERSION") => Installed::Yes,
+        Some(_) => Installed::Other,
+    }
+}
+
+/// Runs `f` in a transaction of its own. An ERROR (or a panic) is caught: the transaction
+/// is rolled back and the error's message returned. The worker calls every step through
+/// this, so that no step can stop the others.
+fn in_transaction<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Result<R, String> {
+    let body = move || {
+        // SAFETY: starting a transaction with a snapshot, as BackgroundWorker::transaction
+        // does; it is committed below, or rolled back by the caller of the catch.
+        unsafe {
+            pg_sys::SetCurrentStatementStartTimestamp();
+            pg_sys::StartTransactionCommand();
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        let out = f();
+        // SAFETY: ends the transaction started above.
+        unsafe {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        }
+        Ok(out)
+    };
+    pgrx::PgTryBuilder::new(body)
+        .catch_others(|e| {
+            // SAFETY: leaves whatever transaction state the ERROR left, as PostgreSQL's own
+            // background workers do after an error (the error state was flushed already).
+            unsafe { pg_sys::AbortOutOfAnyTransaction() };
+            Err(match e {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r)
+                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
+            })
+        })
+        .execute()
+}
+
+/// When a failing partition or queue is tried again: 5 s after the first failure, twice
+/// as long after each further one in a row, at most 10 minutes.
+#[derive(Default)]
+struct Backoff {
+    failing: HashMap<String, (u32, Instant)>,
+}
+
+impl Backoff {
+    fn ready(&self, key: &str) -> bool {
+        self.failing.get(key).is_none_or(|(_, next)| Instant::now() >= *next)
+    }
+    fn failed(&mut self, key: &str) {
+        let n = self.failing.get(key).map_or(0, |f| f.0) + 1;
+        let wait = Duration::from_secs(5).saturating_mul(1 << (n - 1).min(7)).min(Duration::from_secs(600));
+        self.failing.insert(key.to_string(), (n, Instant::now() + wait));
+    }
+    fn ok(&mut self, key: &str) {
+        self.failing.remove(key);
+    }
+}
+
+/// The maintenance worker's state between rounds.
+struct Maintenance {
+    database: u32,
+    backoff: Backoff,
+    /// Some pass of the current round failed somewhere.
+    errors: bool,
+}
+
+impl Maintenance {
+    /// Runs one step of `pass` (about `what`) in its own transaction; an ERROR is logged,
+    /// counted, and puts `what` in backoff. None when it failed or is in backoff.
+    fn step<R>(&mut self, pass: Pass, what: &str, f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Option<R> {
+        if !self.backoff.ready(what) {
+            return None;
+        }
+        match in_transaction(f) {
+            Ok(r) => {
+                self.backoff.ok(what);
+                Some(r)
+            }
+            Err(e) => {
+                self.backoff.failed(what);
+                self.errors = true;
+                pgrx::warning!("queen maintenance: {} of {what} failed, tried again later: {e}", pass.name());
+                dbs::record_pass(pass, false, crate::clock::clock_now());
+                None
+            }
+        }
+    }
+
+    /// Ends a pass: counted as run, and as a success unless one of its steps failed.
+    fn done(&mut self, pass: Pass) {
+        if !std::mem::take(&mut self.errors) {
+            dbs::record_pass(pass, true, crate::clock::clock_now());
+        }
+    }
+
+    fn stopping() -> bool {
+        BackgroundWorker::sigterm_received()
     }
 }
 
@@ -41,13 +342,70 @@ fn period(value: i32, unit: Duration) -> Option<Duration> {
     (value > 0).then(|| unit * value as u32)
 }
 
+/// Clears the worker's pid in its database's slot when it exits.
+#[pg_guard]
+unsafe extern "C-unwind" fn worker_exit(_code: i32, arg: pg_sys::Datum) {
+    let db = arg.value() as u32;
+    dbs::with(db, false, |s| {
+        // SAFETY: a plain read of this process's pid.
+        if s.worker_pid == unsafe { pg_sys::MyProcPid } {
+            s.worker_pid = 0;
+            s.worker = dbs::WORKER_NONE;
+        }
+    });
+}
+
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
+    let database = arg.value() as u32;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let db =
-        RETENTION_DATABASE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|| "postgres".to_string());
-    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
+    // SAFETY: a plain read of this process's pid; the exit callback is registered once.
+    let pid = unsafe { pg_sys::MyProcPid };
+    dbs::with(database, true, |s| {
+        s.worker = dbs::WORKER_RUNNING;
+        s.worker_pid = pid;
+        s.requested = 0;
+    });
+    // SAFETY: registering a process-exit callback once, with the database as its argument.
+    unsafe { pg_sys::before_shmem_exit(Some(worker_exit), pg_sys::Datum::from(database)) };
+    configure_session();
+    // Is queen here, and at this library's version?
+    loop {
+        match in_transaction(|| Spi::connect_mut(|c| installed(c))) {
+            Ok(Installed::Yes) => break,
+            Ok(Installed::No) => {
+                dbs::with(database, false, |s| s.absent_at = crate::clock::clock_now());
+                // SAFETY: ending the process; exit code 0 (a dynamic worker is not restarted).
+                unsafe { pg_sys::proc_exit(0) };
+            }
+            Ok(Installed::Other) | Err(_) => {}
+        }
+        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(5))) {
+            // SAFETY: as above.
+            unsafe { pg_sys::proc_exit(0) };
+        }
+    }
+    let mut m = Maintenance { database, backoff: Backoff::default(), errors: false };
+    run(&mut m);
+    // A clean stop saves every cursor into queen.lanes, so that a restart without the
+    // library preloaded (no registry, no journal) finds them there.
+    if crate::lanes::enabled() {
+        let _ = m.step(Pass::Journal, "the journal's save", || {
+            Spi::connect_mut(|client| {
+                if installed(client) == Installed::Yes {
+                    crate::lane_rows::save_journal(client);
+                }
+            })
+        });
+    }
+    // SAFETY: ending the process the way PostgreSQL's own workers do.
+    unsafe { pg_sys::proc_exit(0) };
+}
+
+/// The worker's session settings.
+fn configure_session() {
     // Nothing the worker commits needs to wait for its WAL flush: a compaction or a
     // retention pass lost in a crash is undone whole (the small segments, or the old ones,
     // are still there) and simply runs again; and anything that reads its result and then
@@ -55,164 +413,184 @@ pub extern "C-unwind" fn queen_maintenance_main(_arg: pg_sys::Datum) {
     // The worker runs as the bootstrap superuser: its search path is pinned to pg_catalog
     // (every queen name it uses is schema-qualified), so no schema a user can create in
     // (public, "$user") can put a function or operator in its way.
-    // SAFETY: setting configuration options for this process at session level.
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"synchronous_commit".as_ptr(),
-            c"off".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-        );
-        // Compaction and rotation need statement snapshots: a database or role default
-        // of REPEATABLE READ or SERIALIZABLE must not reach the worker.
-        pg_sys::SetConfigOption(
-            c"default_transaction_isolation".as_ptr(),
-            c"read committed".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-        );
-        pg_sys::SetConfigOption(
-            c"search_path".as_ptr(),
-            c"pg_catalog, pg_temp".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-        );
+    // Compaction and rotation need statement snapshots: a database or role default of
+    // REPEATABLE READ or SERIALIZABLE must not reach the worker.
+    for (name, value) in [
+        (c"synchronous_commit", c"off"),
+        (c"default_transaction_isolation", c"read committed"),
+        (c"search_path", c"pg_catalog, pg_temp"),
+    ] {
+        // SAFETY: setting configuration options for this process at session level.
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+            )
+        };
     }
-    let start = Instant::now();
+}
+
+/// The worker's rounds, until SIGTERM or until queen is dropped from the database.
+fn run(m: &mut Maintenance) {
     let mut compactor = Compactor::default();
+    let start = Instant::now();
     let (mut next_compaction, mut next_retention, mut next_journal) = (start, start, start);
     loop {
         let now = Instant::now();
         let compaction = period(COMPACTION_INTERVAL.get(), Duration::from_millis(1));
         let retention = period(RETENTION_INTERVAL.get(), Duration::from_secs(1));
-        // Sleep until the next pass that is on; with both off, wake now and then for a
-        // reload that turns one on.
+        // Sleep until the next pass that is on (the journal's comes every two seconds).
         let due = [compaction.map(|_| next_compaction), retention.map(|_| next_retention), Some(next_journal)];
-        let wake_at = due.iter().flatten().min().copied().unwrap_or(now + Duration::from_secs(60));
+        let wake_at = due.iter().flatten().min().copied().unwrap_or(now + JOURNAL_ROUND);
         if !BackgroundWorker::wait_latch(Some(wake_at.saturating_duration_since(now))) {
-            break; // SIGTERM
+            return; // SIGTERM
         }
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration file is what a worker does on SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         let now = Instant::now();
-        if let Some(p) = compaction.filter(|_| now >= next_compaction) {
-            compactor.pass();
-            next_compaction = Instant::now() + p;
-        }
-        if crate::lanes::enabled() && now >= next_journal {
-            let done = BackgroundWorker::transaction(|| {
-                Spi::connect_mut(|client| {
-                    if installed(client) {
-                        crate::lanes::rotate_journal(client)
-                    } else {
-                        crate::lanes::Rotation::default()
-                    }
-                })
-            });
-            crate::lanes::rotated(done);
-            // Reservations of prepared transactions that ended unseen (`offsets::sweep_prepared`).
-            BackgroundWorker::transaction(crate::offsets::sweep_prepared);
+        if now >= next_journal {
+            match m.step(Pass::Journal, "the extension's presence", || Spi::connect_mut(|c| installed(c))) {
+                Some(Installed::No) => return, // DROP EXTENSION: the launcher starts a worker again on CREATE
+                Some(Installed::Other) => {
+                    next_journal = Instant::now() + JOURNAL_ROUND;
+                    continue; // an update is under way: wait for ALTER EXTENSION queen UPDATE
+                }
+                _ => {}
+            }
+            journal_round(m);
             next_journal = Instant::now() + JOURNAL_ROUND;
         }
+        if let Some(p) = compaction.filter(|_| now >= next_compaction) {
+            compactor.pass(m);
+            next_compaction = Instant::now() + p;
+        }
         if let Some(p) = retention.filter(|_| now >= next_retention) {
-            BackgroundWorker::transaction(|| {
-                Spi::connect_mut(|client| {
-                    if installed(client) {
-                        let (_, _, bytes) = crate::retention::retain_in(client, None);
-                        crate::stats::record_retention(crate::clock::clock_now(), bytes);
-                    }
-                })
-            });
-            // In a transaction of its own: a rotation that waited in vain for its lock
-            // leaves the pass's deletions committed.
-            BackgroundWorker::transaction(|| {
-                Spi::connect_mut(|client| {
-                    if installed(client) {
-                        crate::generations::rotate(client);
-                    }
-                })
-            });
+            retention_round(m);
             next_retention = Instant::now() + p;
         }
+        if Maintenance::stopping() {
+            return;
+        }
     }
-    // A clean stop saves every cursor into queen.lanes, so that a restart without the
-    // library preloaded (no registry, no journal) finds them there.
-    if crate::lanes::enabled() {
-        BackgroundWorker::transaction(|| {
-            Spi::connect_mut(|client| {
-                if installed(client) {
-                    crate::lane_rows::save_journal(client);
-                }
-            })
-        });
-    }
-    // Exit code 1: the postmaster starts the worker again after its restart time, unless
-    // the server is shutting down. (With 0 it would not: a pg_terminate_backend of the
-    // worker would end retention, compaction and journal rotation until a restart.)
-    // SAFETY: ending the process the way PostgreSQL's own workers do.
-    unsafe { pg_sys::proc_exit(1) };
 }
 
-/// The extension is installed in this database at this library's version. Between a
-/// restart on a new library and `ALTER EXTENSION queen UPDATE` the worker waits: the old
-/// schema may lack what the new library uses.
-fn installed(client: &mut pgrx::spi::SpiClient<'_>) -> bool {
-    crate::spi::first_value::<bool>(run(
-        client,
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'queen' AND extversion = $1)",
-        &[env!("CARGO_PKG_VERSION").into()],
-    ))
-    .unwrap_or(false)
+/// The lane journal moves on, and prepared transactions' offsets that ended unseen go.
+fn journal_round(m: &mut Maintenance) {
+    if crate::lanes::enabled() {
+        let done = m.step(Pass::Journal, "the lane journal", || Spi::connect_mut(crate::lanes::rotate_journal));
+        if let Some(done) = done {
+            crate::lanes::rotated(done);
+        }
+        m.done(Pass::Journal);
+    }
+    // Reservations of prepared transactions that ended unseen (`offsets::sweep_prepared`).
+    let _ = m.step(Pass::Prepared, "prepared transactions", crate::offsets::sweep_prepared);
+    m.done(Pass::Prepared);
+}
+
+/// Retention, queue by queue (each in its own transaction: no lock is held for the whole
+/// pass), then the rotation of the segment generations, then the expiry of idle
+/// partitions and old dedup entries.
+fn retention_round(m: &mut Maintenance) {
+    let queues = m.step(Pass::Retention, "the queue list", || Spi::connect_mut(crate::retention::queues_due));
+    let mut bytes = 0;
+    for (queue_id, retention) in queues.unwrap_or_default() {
+        if Maintenance::stopping() {
+            return;
+        }
+        let what = format!("queue {queue_id}");
+        if let Some((_, b)) = m.step(Pass::Retention, &what, || {
+            Spi::connect_mut(|c| crate::retention::retain_queue(c, queue_id, retention))
+        }) {
+            bytes += b;
+        }
+    }
+    if !std::mem::take(&mut m.errors) {
+        crate::stats::record_retention(crate::clock::clock_now(), bytes);
+    }
+    let _ = m.step(Pass::Rotation, "the segment generations", || Spi::connect_mut(crate::generations::rotate));
+    m.done(Pass::Rotation);
+    let queues = m.step(Pass::Expiry, "the queue list", || Spi::connect_mut(crate::churn::queues_to_expire));
+    for queue_id in queues.unwrap_or_default() {
+        if Maintenance::stopping() {
+            return;
+        }
+        let what = format!("queue {queue_id}");
+        let _ = m.step(Pass::Expiry, &what, || Spi::connect_mut(|c| crate::churn::expire_queue(c, queue_id)));
+    }
+    m.done(Pass::Expiry);
 }
 
 /// `VACUUM (INDEX_CLEANUP on, TRUNCATE off, SKIP_LOCKED) queen.fresh_segments`, as the
 /// command does it (and as autovacuum calls it): outside any transaction block, with a
-/// portal memory context for VACUUM's cross-transaction state.
-fn vacuum_fresh_tier() {
-    // SAFETY: this follows autovacuum's call of vacuum(): a transaction is started, the
-    // relation list is built in it (vacuum copies it before its first commit), the params
-    // live on this stack for the whole call, PortalContext points at a context that lives
-    // across vacuum's own transactions and is reset after, and vacuum leaves a transaction
-    // open for the final commit. An ERROR ends the worker, which the postmaster restarts.
-    unsafe {
-        let cx = pgrx::PgMemoryContexts::new("queen vacuum");
-        let portal = cx.value();
-        pg_sys::PortalContext = portal;
-        pg_sys::StartTransactionCommand();
-        let relation =
-            pg_sys::makeRangeVar(pg_sys::pstrdup(c"queen".as_ptr()), pg_sys::pstrdup(c"fresh_segments".as_ptr()), -1);
-        let list = pg_sys::lappend(
-            std::ptr::null_mut(),
-            pg_sys::makeVacuumRelation(relation, pg_sys::InvalidOid, std::ptr::null_mut()).cast(),
-        );
-        let mut params = pg_sys::VacuumParams {
-            options: pg_sys::VACOPT_VACUUM | pg_sys::VACOPT_SKIP_LOCKED | pg_sys::VACOPT_PROCESS_TOAST,
-            freeze_min_age: -1,
-            freeze_table_age: -1,
-            multixact_freeze_min_age: -1,
-            multixact_freeze_table_age: -1,
-            is_wraparound: false,
-            log_min_duration: -1,
-            // The index is the point: always clean it.
-            index_cleanup: pg_sys::VacOptValue::VACOPTVALUE_ENABLED,
-            // Truncating the heap needs an exclusive lock that pushes hold off: VACUUM
-            // would retry for up to 5 s, and the pass with it. Free pages are reused.
-            truncate: pg_sys::VacOptValue::VACOPTVALUE_DISABLED,
-            nworkers: 0,
-        };
-        pg_sys::vacuum(list, &mut params, std::ptr::null_mut(), true);
-        pg_sys::CommitTransactionCommand();
-        pg_sys::PortalContext = std::ptr::null_mut();
-        drop(cx);
-    }
+/// portal memory context for VACUUM's cross-transaction state. An ERROR is caught and
+/// returned (the next pass vacuums again).
+fn vacuum_fresh_tier() -> Result<(), String> {
+    let body = || {
+        // SAFETY: this follows autovacuum's call of vacuum(): a transaction is started, the
+        // relation list is built in it (vacuum copies it before its first commit), the
+        // params live on this stack for the whole call, PortalContext points at a context
+        // that lives across vacuum's own transactions and is reset after, and vacuum leaves
+        // a transaction open for the final commit.
+        unsafe {
+            let cx = pgrx::PgMemoryContexts::new("queen vacuum");
+            let portal = cx.value();
+            pg_sys::PortalContext = portal;
+            pg_sys::StartTransactionCommand();
+            let relation = pg_sys::makeRangeVar(
+                pg_sys::pstrdup(c"queen".as_ptr()),
+                pg_sys::pstrdup(c"fresh_segments".as_ptr()),
+                -1,
+            );
+            let list = pg_sys::lappend(
+                std::ptr::null_mut(),
+                pg_sys::makeVacuumRelation(relation, pg_sys::InvalidOid, std::ptr::null_mut()).cast(),
+            );
+            let mut params = pg_sys::VacuumParams {
+                options: pg_sys::VACOPT_VACUUM | pg_sys::VACOPT_SKIP_LOCKED | pg_sys::VACOPT_PROCESS_TOAST,
+                freeze_min_age: -1,
+                freeze_table_age: -1,
+                multixact_freeze_min_age: -1,
+                multixact_freeze_table_age: -1,
+                is_wraparound: false,
+                log_min_duration: -1,
+                // The index is the point: always clean it.
+                index_cleanup: pg_sys::VacOptValue::VACOPTVALUE_ENABLED,
+                // Truncating the heap needs an exclusive lock that pushes hold off: VACUUM
+                // would retry for up to 5 s, and the pass with it. Free pages are reused.
+                truncate: pg_sys::VacOptValue::VACOPTVALUE_DISABLED,
+                nworkers: 0,
+            };
+            pg_sys::vacuum(list, &mut params, std::ptr::null_mut(), true);
+            pg_sys::CommitTransactionCommand();
+            pg_sys::PortalContext = std::ptr::null_mut();
+            drop(cx);
+        }
+        Ok(())
+    };
+    pgrx::PgTryBuilder::new(body)
+        .catch_others(|e| {
+            // SAFETY: as in `in_transaction`.
+            unsafe {
+                pg_sys::AbortOutOfAnyTransaction();
+                pg_sys::PortalContext = std::ptr::null_mut();
+            }
+            Err(match e {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r)
+                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
+            })
+        })
+        .execute()
 }
 
 /// How often a compaction pass lists every partition of the fresh tier from the table (a
 /// skip scan of its primary key) rather than from the offsets registry: at the start, and
-/// then for partitions the registry has evicted or that another database's pushes did not
-/// make it load.
+/// then for partitions the registry has evicted.
 const FULL_LIST_EVERY: Duration = Duration::from_secs(60);
 
 /// The worker's compaction state: where each partition's fresh segments may start (see
@@ -228,19 +606,17 @@ struct Compactor {
 impl Compactor {
     /// Every partition with small segments, each compacted in a transaction of its own, so
     /// a pass holds no lock for long; then, if anything was merged and the xmin horizon has
-    /// moved since the last one, a VACUUM of the fresh tier.
-    fn pass(&mut self) {
+    /// moved since the last one, a VACUUM of the fresh tier. A partition whose compaction
+    /// fails is skipped for a while (`Backoff`); the others go on.
+    fn pass(&mut self, m: &mut Maintenance) {
         let full = self.listed.is_none_or(|t| t.elapsed() >= FULL_LIST_EVERY);
         let pids: Vec<pgrx::Uuid> = if full {
-            let pids = BackgroundWorker::transaction(|| {
-                Spi::connect_mut(|client| {
-                    if installed(client) {
-                        crate::compaction::partitions_to_compact(client, None)
-                    } else {
-                        Vec::new()
-                    }
-                })
-            });
+            let Some(pids) = m.step(Pass::Compaction, "the fresh tier's list", || {
+                Spi::connect_mut(|client| crate::compaction::partitions_to_compact(client, None))
+            }) else {
+                m.done(Pass::Compaction);
+                return;
+            };
             self.listed = Some(Instant::now());
             // Forget the marks of partitions with nothing fresh left.
             let listed: HashSet<pgrx::Uuid> = pids.iter().copied().collect();
@@ -249,7 +625,7 @@ impl Compactor {
         } else {
             // Partitions with something fresh at or above where they may start. (One the
             // registry has evicted meanwhile waits for the next full listing.)
-            crate::offsets::fresh_partitions()
+            crate::offsets::fresh_partitions(m.database)
                 .into_iter()
                 .filter(|(p, max)| self.from.get(p).is_none_or(|from| from <= max))
                 .map(|(p, _)| p)
@@ -257,10 +633,16 @@ impl Compactor {
         };
         let mut merged = 0;
         for pid in pids {
+            if Maintenance::stopping() {
+                return;
+            }
             let from = self.from.get(&pid).copied().unwrap_or(0);
-            let (done, next) = BackgroundWorker::transaction(|| {
+            let what = format!("partition {pid}");
+            let Some((done, next)) = m.step(Pass::Compaction, &what, || {
                 Spi::connect_mut(|client| crate::compaction::compact_partition(client, pid, from))
-            });
+            }) else {
+                continue;
+            };
             // (Committed: the marks move only now.)
             if let Some(next) = next {
                 self.from.insert(pid, next);
@@ -268,12 +650,18 @@ impl Compactor {
             merged += done.merged;
         }
         if merged > 0 {
-            let horizon = BackgroundWorker::transaction(|| Spi::connect_mut(xmin_horizon));
+            let horizon = m.step(Pass::Compaction, "the xmin horizon", || Spi::connect_mut(xmin_horizon)).flatten();
             if horizon.is_none() || horizon != self.vacuumed_at {
-                vacuum_fresh_tier();
-                self.vacuumed_at = horizon;
+                if let Err(e) = vacuum_fresh_tier() {
+                    m.errors = true;
+                    pgrx::warning!("queen maintenance: the VACUUM of the fresh tier failed: {e}");
+                    dbs::record_pass(Pass::Compaction, false, crate::clock::clock_now());
+                } else {
+                    self.vacuumed_at = horizon;
+                }
             }
         }
+        m.done(Pass::Compaction);
     }
 }
 
@@ -281,7 +669,7 @@ impl Compactor {
 /// every backend's snapshot and transaction id, replication slot and prepared transaction.
 /// While it stays the same, a VACUUM can remove nothing that the last one could not, and
 /// only scans: a long transaction makes a pass skip it instead.
-fn xmin_horizon(client: &mut pgrx::spi::SpiClient<'_>) -> Option<String> {
+fn xmin_horizon(client: &mut SpiClient<'_>) -> Option<String> {
     crate::spi::first_value::<String>(run(
         client,
         "SELECT x::text FROM (
@@ -299,4 +687,47 @@ fn xmin_horizon(client: &mut pgrx::spi::SpiClient<'_>) -> Option<String> {
          ORDER BY pg_catalog.age(x) DESC LIMIT 1",
         &[],
     ))
+}
+
+/// Asks the worker of `database` to leave it (a `DROP DATABASE` or the like needs the
+/// database to itself), and waits until it has: the launcher starts no other until
+/// `resume_database`, or for a minute at most. Returns at once when there is none.
+pub fn leave_database(database: u32) {
+    if !dbs::enabled() {
+        return;
+    }
+    let until = crate::clock::clock_now() + LEAVE_PAUSE_MICROS;
+    let Some(pid) = dbs::with(database, false, |s| {
+        s.paused_until = until;
+        s.worker_pid
+    }) else {
+        return;
+    };
+    if pid == 0 || !alive(pid) {
+        return;
+    }
+    // SAFETY: SIGTERM to our own worker process (its pid from our slot, checked alive).
+    unsafe { libc_kill(pid, 15) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(pid) && Instant::now() < deadline {
+        // SAFETY: a short sleep on this backend's latch; interrupts are checked after.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                10,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    }
+}
+
+/// The statement that needed `database` to itself is over: the launcher may start its
+/// worker again (at once), unless the database is gone.
+pub fn resume_database(database: u32) {
+    if dbs::enabled() && dbs::with(database, false, |s| s.paused_until = 0).is_some() {
+        dbs::wake_launcher();
+    }
 }

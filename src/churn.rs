@@ -1,0 +1,237 @@
+//! Partitions that come and go (a partition per customer, per order, per session): what
+//! removes them, so that queen's tables do not grow with the names ever used.
+//!
+//! - `queen.drop_partition(queue, partition)` removes an empty partition now: its
+//!   segments, lanes, journal entries and dedup entries go with its row.
+//! - `configure(queue, partition_idle_ttl => interval)` lets the background worker drop,
+//!   the same way, every partition of the queue that nobody pushed to for that long and
+//!   that is empty (`expire_queue`).
+//! - Dedup entries older than their queue's dedup window are deleted by the worker
+//!   (`expire_queue`), whether or not the partition gets more pushes.
+//!
+//! **Empty** means: nothing a consumer group still needs. No push to it is in flight, no
+//! lane holds a live lease, every group's cursor is at the partition's readable end, and,
+//! when the queue has no group yet, nothing is stored (retention deleted it all, or nothing
+//! was ever pushed). A partition with dead letters is kept too: `queen.dlq` names their
+//! partition. A push that comes after a drop creates the partition anew, with offsets from
+//! 1 and a new partition id.
+//!
+//! **Safety against a push at the same moment.** With the offset registry the partition is
+//! marked as being dropped (`offsets::begin_drop`), refused while pushes are in flight;
+//! a push that comes meanwhile waits for the dropping transaction and then looks its
+//! partition up again. Without the registry a push holds the partition row until it
+//! commits, and the drop locks that row first. The lanes are locked as an ack locks them.
+
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::{JsonB, PgSqlErrorCode};
+use serde_json::json;
+
+use crate::errors::{self, SpiExt};
+use crate::spi::{first_value, run};
+
+/// Most partitions an expiry step drops in one transaction.
+const EXPIRE_BATCH: i64 = 1000;
+
+/// Why a partition is not dropped.
+enum Kept {
+    /// Someone holds it (a push in flight, a lane held by another transaction): not now.
+    Busy(String),
+    /// It holds something a group still needs, or dead letters.
+    NotEmpty(String),
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.drop_partition(text, text) IS
+  'queen: remove an empty partition (every group consumed it, no lease, nothing in flight, no dead letters) with its segments and lanes';
+GRANT EXECUTE ON FUNCTION queen.drop_partition(text, text) TO queen_admin;
+"#,
+    name = "drop_partition_home",
+    requires = [drop_partition]
+);
+
+/// `queen.drop_partition(queue, partition)`: removes an empty partition (see the module
+/// docs); `55006` when it is not empty or busy, `dropped: false` when it does not exist.
+#[pg_extern(security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
+    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let partition = partition.unwrap_or_else(|| errors::null_arg("partition"));
+    crate::names::check_queue_name("queue", queue);
+    crate::names::check_lane_name("partition", partition);
+    crate::citus::ensure_home(queue);
+    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
+    let out = Spi::connect_mut(|client| {
+        let found = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+        let Some(queue_id) = found.filter(|&id| crate::locks::share_queue(id)) else {
+            return json!({"queue": queue, "partition": partition, "dropped": false});
+        };
+        // The partition row (waits for a push without the offset registry, a compaction
+        // or a retention step of this partition).
+        let pid = first_value::<pgrx::Uuid>(run(
+            client,
+            "SELECT partition_id FROM queen.partitions WHERE queue_id = $1 AND name = $2 FOR UPDATE",
+            &[queue_id.into(), partition.into()],
+        ));
+        let Some(pid) = pid else {
+            return json!({"queue": queue, "partition": partition, "dropped": false});
+        };
+        match try_drop(client, queue_id, pid, true) {
+            Ok(segments) => json!({"queue": queue, "partition": partition, "dropped": true, "segments": segments}),
+            Err(Kept::Busy(why)) | Err(Kept::NotEmpty(why)) => errors::raise(
+                PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+                format!("queen: cannot drop partition {partition:?} of queue {queue:?}: {why}"),
+            ),
+        }
+    });
+    crate::queues::invalidate();
+    JsonB(out)
+}
+
+/// Drops partition `pid` of queue `queue_id` if it is empty; its row is locked by the
+/// caller. `wait`: wait for another transaction that holds one of its lanes (else it is
+/// busy). Returns the segments deleted.
+fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bool) -> Result<i64, Kept> {
+    if crate::offsets::begin_drop(client, pid).is_err() {
+        return Err(Kept::Busy("pushes to it are in flight".into()));
+    }
+    let row = run(
+        client,
+        "SELECT p.head, p.retained_through,
+                EXISTS (SELECT 1 FROM queen.log_dlq d WHERE d.partition_id = p.partition_id)
+           FROM queen.partitions p WHERE p.partition_id = $1",
+        &[pid.into()],
+    );
+    let row = row.first();
+    let head: i64 = row.get(1).or_raise().unwrap_or(0);
+    let retained: i64 = row.get(2).or_raise().unwrap_or(0);
+    if row.get::<bool>(3).or_raise().unwrap_or(false) {
+        return Err(Kept::NotEmpty("it has dead letters (replay or delete them first)".into()));
+    }
+    let readable = crate::offsets::readable(pid, head);
+    let groups: Vec<String> = run(
+        client,
+        "SELECT consumer_group FROM queen.groups WHERE queue_id = $1 ORDER BY consumer_group",
+        &[queue_id.into()],
+    )
+    .map(|r| r.get(1).or_raise().unwrap())
+    .collect();
+    if groups.is_empty() && readable > retained {
+        return Err(Kept::NotEmpty("the queue has no consumer group, and it holds messages".into()));
+    }
+    let now = crate::clock::clock_now();
+    for group in &groups {
+        let (committed, live) = if crate::lanes::enabled() {
+            // Locked until this transaction ends, as an ack locks a lane.
+            match crate::lanes::lock(pid, group, wait) {
+                Some(s) => (s.committed, s.live_lease(now)),
+                None if wait => continue, // no lane (a group created meanwhile sees no partition)
+                None => return Err(Kept::Busy(format!("group {group:?} holds its lane"))),
+            }
+        } else {
+            let lock = if wait { "FOR UPDATE" } else { "FOR UPDATE SKIP LOCKED" };
+            let sql = format!(
+                "SELECT committed, coalesce(lease_id IS NOT NULL AND lease_expires_at > $3, false)
+                   FROM queen.lanes WHERE partition_id = $1 AND consumer_group = $2 {lock}"
+            );
+            let r = run(client, &sql, &[pid.into(), group.as_str().into(), crate::clock::timestamptz(now).into()]);
+            match r.into_iter().next() {
+                Some(r) => (r.get::<i64>(1).or_raise().unwrap(), r.get::<bool>(2).or_raise().unwrap()),
+                None if wait => continue,
+                None => return Err(Kept::Busy(format!("group {group:?} holds its lane"))),
+            }
+        };
+        if live {
+            return Err(Kept::Busy(format!("group {group:?} has a live lease on it")));
+        }
+        if committed < readable {
+            return Err(Kept::NotEmpty(format!(
+                "group {group:?} has not consumed it (cursor {committed}, end {readable})"
+            )));
+        }
+    }
+    Ok(delete(client, &[pid], &groups))
+}
+
+/// Deletes partitions and everything of theirs: segments of both tiers, dedup entries,
+/// lane journal entries, lanes and leases (the registry forgets the lanes when this
+/// commits), and the rows. Returns the segments deleted.
+fn delete(client: &mut SpiClient<'_>, pids: &[pgrx::Uuid], groups: &[String]) -> i64 {
+    let segments = first_value::<i64>(run(
+        client,
+        "WITH s AS (DELETE FROM queen.segments WHERE partition_id = ANY($1) RETURNING 1),
+              f AS (DELETE FROM queen.fresh_segments WHERE partition_id = ANY($1) RETURNING 1),
+              d AS (DELETE FROM queen.dedup WHERE partition_id = ANY($1)),
+              j0 AS (DELETE FROM queen.lane_journal_0 WHERE partition_id = ANY($1)),
+              j1 AS (DELETE FROM queen.lane_journal_1 WHERE partition_id = ANY($1)),
+              l AS (DELETE FROM queen.lanes WHERE partition_id = ANY($1)),
+              p AS (DELETE FROM queen.partitions WHERE partition_id = ANY($1))
+         SELECT (SELECT count(*) FROM s) + (SELECT count(*) FROM f)",
+        &[pids.to_vec().into()],
+    ))
+    .unwrap_or(0);
+    let keys = pids.iter().flat_map(|p| groups.iter().map(move |g| crate::lanes::key(*p, g))).collect();
+    crate::lanes::forget_on_commit(keys);
+    segments
+}
+
+/// The queues the expiry step looks at: those with a partition idle TTL or a dedup window.
+pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
+    run(
+        client,
+        "SELECT queue_id FROM queen.queues WHERE partition_idle_ttl > '0s' OR dedup_window > 0 ORDER BY queue_id",
+        &[],
+    )
+    .map(|r| r.get(1).or_raise().unwrap())
+    .collect()
+}
+
+/// One queue's expiry (the background worker, in a transaction of its own): dedup entries
+/// older than the queue's window go, and, with a `partition_idle_ttl`, up to
+/// `EXPIRE_BATCH` partitions that nobody pushed to for that long and that are empty. It
+/// never waits: a partition someone holds is left for the next pass. Returns (dedup
+/// entries, partitions) deleted.
+pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64) {
+    let dedup = first_value::<i64>(run(
+        client,
+        "WITH d AS (
+           DELETE FROM queen.dedup d USING queen.partitions p, queen.queues q
+            WHERE q.queue_id = $1 AND p.queue_id = q.queue_id AND d.partition_id = p.partition_id
+              AND d.created_at < now() - make_interval(secs => q.dedup_window)
+           RETURNING 1)
+         SELECT count(*)::int8 FROM d",
+        &[queue_id.into()],
+    ))
+    .unwrap_or(0);
+    if !crate::locks::share_queue(queue_id) {
+        return (dedup, 0);
+    }
+    // Idle: the newest segment of either tier (or the partition itself, with none) is
+    // older than the TTL. Locked without waiting; a busy one waits for the next pass.
+    let idle: Vec<pgrx::Uuid> = run(
+        client,
+        "SELECT p.partition_id FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
+          WHERE p.queue_id = $1 AND q.partition_idle_ttl > '0s'
+            AND greatest(p.created_at,
+                         (SELECT max(s.created_at) FROM (
+                            (SELECT created_at FROM queen.segments s WHERE s.partition_id = p.partition_id
+                              ORDER BY first_offset DESC LIMIT 1)
+                            UNION ALL
+                            (SELECT created_at FROM queen.fresh_segments f WHERE f.partition_id = p.partition_id
+                              ORDER BY first_offset DESC LIMIT 1)) s)) < now() - q.partition_idle_ttl
+          ORDER BY p.partition_id
+          LIMIT $2
+            FOR UPDATE OF p SKIP LOCKED",
+        &[queue_id.into(), EXPIRE_BATCH.into()],
+    )
+    .map(|r| r.get(1).or_raise().unwrap())
+    .collect();
+    let mut dropped = 0;
+    for pid in idle {
+        if try_drop(client, queue_id, pid, false).is_ok() {
+            dropped += 1;
+        }
+    }
+    (dedup, dropped)
+}

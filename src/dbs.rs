@@ -1,0 +1,321 @@
+//! Every database queen serves: one slot per database in shared memory, with
+//!
+//! - its maintenance worker: the pid, and whether the launcher should start one (a
+//!   `CREATE EXTENSION` or `ALTER EXTENSION` committed, a pause for `DROP DATABASE`, the
+//!   worker found no queen there);
+//! - its lane journal's state: which of the two journal tables acks append to, and how
+//!   many acks in flight write to each (`lanes::journal_table`, `lanes::rotate_journal`);
+//! - its maintenance counters, per pass: runs, errors, the time of the last success and of
+//!   the last error (`queen.metrics()`), and what retention freed.
+//!
+//! A slot is taken by the first backend or worker of a database that needs one and freed by
+//! the launcher once the database is gone (`worker::launcher_main`). There are
+//! `queen.max_databases` slots (default 64); a database beyond them gets no maintenance and
+//! its acks fail with `53400`.
+
+use std::ffi::CStr;
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::PgSqlErrorCode;
+
+use crate::errors;
+
+pub const TRANCHE: &CStr = c"queen databases";
+
+static MAX_DATABASES: GucSetting<i32> = GucSetting::<i32>::new(64);
+
+/// The lane journal of one database (see `lanes`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Journal {
+    /// Acks append to `queen.lane_journal_{current % 2}`.
+    pub current: u64,
+    /// Acks in flight (not yet ended) per journal table.
+    pub writers: [u32; 2],
+    /// The table not written to has been emptied since it was retired.
+    pub other_empty: u32,
+}
+
+/// The maintenance passes a database's worker runs, for their counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Compaction = 0,
+    Retention = 1,
+    Rotation = 2,
+    Journal = 3,
+    Prepared = 4,
+    Expiry = 5,
+}
+
+pub const PASSES: [Pass; 6] =
+    [Pass::Compaction, Pass::Retention, Pass::Rotation, Pass::Journal, Pass::Prepared, Pass::Expiry];
+
+impl Pass {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Compaction => "compaction",
+            Pass::Retention => "retention",
+            Pass::Rotation => "rotation",
+            Pass::Journal => "journal",
+            Pass::Prepared => "prepared",
+            Pass::Expiry => "expiry",
+        }
+    }
+}
+
+/// One pass's counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassStats {
+    pub runs: i64,
+    pub errors: i64,
+    /// When the pass last ended without an error (microseconds; 0: never).
+    pub last_ok: i64,
+    pub last_error: i64,
+}
+
+/// What the worker of a database is doing.
+pub const WORKER_NONE: u32 = 0;
+pub const WORKER_RUNNING: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Slot {
+    /// The database (0: a free slot).
+    pub database: u32,
+    pub worker: u32,
+    pub worker_pid: i32,
+    /// A start was asked for (an extension created or updated here committed).
+    pub requested: u32,
+    /// No worker until then (microseconds): a `DROP DATABASE` or the like is under way.
+    pub paused_until: i64,
+    /// The worker found queen not installed here at this time (0: not known so).
+    pub absent_at: i64,
+    pub journal: Journal,
+    pub passes: [PassStats; 6],
+    pub retention_bytes_last: i64,
+    pub retention_bytes_total: i64,
+    /// Fresh segments compaction could not decode and kept as they were.
+    pub corrupt_segments: i64,
+}
+
+#[repr(C)]
+struct Header {
+    slots: u32,
+    launcher_pid: i32,
+    /// The launcher's latch (in shared memory), to wake it: 0 while there is none.
+    launcher_latch: usize,
+}
+
+struct Shared {
+    lock: *mut pg_sys::LWLock,
+    base: *mut u8,
+    slots: usize,
+}
+
+static mut SHARED: Option<Shared> = None;
+
+thread_local! {
+    /// This backend's database's slot, once found (a backend never changes database).
+    static MINE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// Ask the launcher for this database's worker when the transaction commits.
+    static REQUEST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Called from `_PG_init` while preloading: the setting.
+pub fn init() {
+    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    GucRegistry::define_int_guc(
+        c"queen.max_databases",
+        c"Databases queen keeps maintenance state for (worker, lane journal, counters).",
+        c"A database beyond this gets no background maintenance, and its acks fail with SQLSTATE 53400.",
+        &MAX_DATABASES,
+        1,
+        4096,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+}
+
+fn slot_count() -> usize {
+    MAX_DATABASES.get() as usize
+}
+
+fn slots_at() -> usize {
+    std::mem::size_of::<Header>().next_multiple_of(8)
+}
+
+pub fn shmem_size() -> usize {
+    slots_at() + slot_count() * std::mem::size_of::<Slot>()
+}
+
+pub fn shmem_init((base, found): (*mut u8, bool)) {
+    let n = slot_count();
+    // SAFETY: the tranche was requested in the shmem request hook; `base` points at
+    // shmem_size() bytes, fresh when !found, and the caller holds AddinShmemInitLock.
+    unsafe {
+        let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
+        SHARED = Some(Shared { lock, base, slots: n });
+        if !found {
+            (base as *mut Header).write(Header { slots: n as u32, launcher_pid: 0, launcher_latch: 0 });
+            let slots = std::slice::from_raw_parts_mut(base.add(slots_at()) as *mut Slot, n);
+            slots.fill(Slot::default());
+        }
+    }
+}
+
+pub fn enabled() -> bool {
+    // SAFETY: SHARED is written once per process, before any query runs.
+    unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
+}
+
+/// Runs `f` on the header and the slots, under the lock held exclusively. `f` is pure
+/// Rust; the lock is released even if it panics (`shmem::locked`).
+fn with_slots<R>(f: impl FnOnce(&mut Header, &mut [Slot]) -> R) -> R {
+    // SAFETY: SHARED is set once per process before any query runs; callers check enabled().
+    let s = unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen databases: shared memory not set up") };
+    // SAFETY: our tranche's lock, held exclusively; the header and slots lie in the block
+    // it guards, laid out by shmem_init.
+    unsafe {
+        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
+            let h = &mut *(s.base as *mut Header);
+            let slots = std::slice::from_raw_parts_mut(s.base.add(slots_at()) as *mut Slot, s.slots);
+            f(h, slots)
+        })
+    }
+}
+
+fn find_or_take(slots: &mut [Slot], database: u32) -> Option<usize> {
+    if let Some(i) = slots.iter().position(|s| s.database == database) {
+        return Some(i);
+    }
+    let i = slots.iter().position(|s| s.database == 0)?;
+    slots[i] = Slot { database, ..Slot::default() };
+    Some(i)
+}
+
+/// The current database's OID.
+pub fn my_database() -> u32 {
+    // SAFETY: a plain read of this backend's database id.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// Runs `f` on the current database's slot (taking one when it has none). A database
+/// beyond `queen.max_databases` is an ERROR (53400).
+pub fn mine<R>(f: impl FnOnce(&mut Slot) -> R) -> R {
+    let db = my_database();
+    let cached = MINE.with(|m| m.get());
+    let out = with_slots(|_, slots| {
+        let i = match cached.filter(|&i| slots[i].database == db) {
+            Some(i) => Some(i),
+            None => find_or_take(slots, db),
+        }?;
+        Some((i, f(&mut slots[i])))
+    });
+    match out {
+        Some((i, r)) => {
+            MINE.with(|m| m.set(Some(i)));
+            r
+        }
+        None => errors::raise(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            "queen: every database slot is taken (queen.max_databases); raise it in postgresql.conf (takes a restart)"
+                .to_string(),
+        ),
+    }
+}
+
+/// Runs `f` on the slot of `database` if it has one (or, with `take`, after taking one);
+/// None when it has none (and none is free).
+pub fn with<R>(database: u32, take: bool, f: impl FnOnce(&mut Slot) -> R) -> Option<R> {
+    with_slots(|_, slots| {
+        let i = if take {
+            find_or_take(slots, database)?
+        } else {
+            slots.iter().position(|s| s.database == database)?
+        };
+        Some(f(&mut slots[i]))
+    })
+}
+
+/// A copy of every slot in use.
+pub fn all() -> Vec<Slot> {
+    with_slots(|_, slots| slots.iter().filter(|s| s.database != 0).copied().collect())
+}
+
+/// Frees the slot of a database that no longer exists.
+pub fn free(database: u32) {
+    with_slots(|_, slots| {
+        if let Some(s) = slots.iter_mut().find(|s| s.database == database) {
+            *s = Slot::default();
+        }
+    });
+}
+
+/// The launcher registers itself, so that requests can wake it.
+pub fn set_launcher(pid: i32, latch: *mut pg_sys::Latch) {
+    with_slots(|h, _| {
+        h.launcher_pid = pid;
+        h.launcher_latch = latch as usize;
+    });
+}
+
+/// Wakes the launcher (it looks at every database again). Raises nothing.
+pub fn wake_launcher() {
+    let latch = with_slots(|h, _| h.launcher_latch);
+    if latch != 0 {
+        // SAFETY: the launcher's own latch, in shared memory (its PGPROC's), set by
+        // `set_launcher`; SetLatch may be called from any process and raises nothing.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
+/// This transaction created or updated the extension: when it commits, the launcher
+/// starts this database's worker (or lets the running one see the new version).
+pub fn request_worker_on_commit() {
+    if enabled() {
+        REQUEST.with(|r| r.set(true));
+    }
+}
+
+/// At commit (`hooks`): hands over a request made by `request_worker_on_commit`.
+/// Raises nothing: a database without a slot (all taken) gets no worker.
+pub fn on_commit() {
+    if !REQUEST.with(|r| r.replace(false)) || !enabled() {
+        return;
+    }
+    let db = my_database();
+    let taken = with(db, true, |s| {
+        s.requested = 1;
+        s.absent_at = 0;
+    });
+    if taken.is_some() {
+        wake_launcher();
+    }
+}
+
+pub fn on_abort() {
+    REQUEST.with(|r| r.set(false));
+}
+
+/// Records a pass of the current database's worker: it ended at `now`, with or without
+/// an error.
+pub fn record_pass(pass: Pass, ok: bool, now: i64) {
+    if !enabled() {
+        return;
+    }
+    mine(|s| {
+        let p = &mut s.passes[pass as usize];
+        p.runs += 1;
+        if ok {
+            p.last_ok = now;
+        } else {
+            p.errors += 1;
+            p.last_error = now;
+        }
+    });
+}

@@ -1,0 +1,76 @@
+//! Fail points for the tests (cargo feature `failpoints`, which `make install-debug`
+//! turns on and release builds leave off).
+//!
+//! `SET queen.failpoint = 'lanes.set'` (superuser) makes the next pass through that fail
+//! point panic in this process, as a bug there would; `'lanes.set:3'` makes the next three
+//! panic. The names are `queen_core::fail::POINTS` (inside the registries' updates) and
+//! `POINTS` below (the transaction callbacks' registry work). The background worker reads
+//! the setting too, from the configuration file (`ALTER SYSTEM`, then a reload).
+//!
+//! A fail point inside a registry update shows that the update is undone whole; one in a
+//! transaction callback shows that the callback does not raise (an ERROR there would be a
+//! PANIC after a commit) and that the work it could not do is done later.
+
+/// The extension's own fail points: the registry work of the transaction callbacks, and
+/// one step of two maintenance passes (to show that a failing step stops nothing else).
+pub const POINTS: &[&str] = &[
+    "xact.commit.lanes",
+    "xact.abort.lanes",
+    "xact.subabort.lanes",
+    "xact.commit.offsets",
+    "xact.abort.offsets",
+    "xact.subabort.offsets",
+    "compaction.partition",
+    "retention.queue",
+];
+
+#[cfg(feature = "failpoints")]
+mod armed {
+    use std::cell::RefCell;
+    use std::ffi::CString;
+
+    use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+    static FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+    thread_local! {
+        /// The setting last seen, and how many more passes of its point panic.
+        static STATE: RefCell<(String, u32)> = const { RefCell::new((String::new(), 0)) };
+    }
+
+    pub fn init() {
+        GucRegistry::define_string_guc(
+            c"queen.failpoint",
+            c"Tests only: the fail point that panics next in this process (name, or name:count).",
+            c"Exists only in builds with the failpoints feature.",
+            &FAILPOINT,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+        queen_core::fail::install(hook);
+    }
+
+    fn hook(name: &'static str) -> bool {
+        let spec = FAILPOINT.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.0 != spec {
+                // A new setting arms its point afresh.
+                let count = spec.rsplit_once(':').and_then(|(_, n)| n.parse().ok()).unwrap_or(1);
+                *s = (spec.clone(), count);
+            }
+            let point = spec.rsplit_once(':').map_or(spec.as_str(), |(p, _)| p);
+            if point == name && s.1 > 0 {
+                s.1 -= 1;
+                return true;
+            }
+            false
+        })
+    }
+}
+
+/// Called from `_PG_init`: the setting and the hook (feature `failpoints` only).
+pub fn init() {
+    #[cfg(feature = "failpoints")]
+    armed::init();
+}

@@ -1,0 +1,326 @@
+//! Every hook queen sets in PostgreSQL, in one place: the transaction callbacks and the
+//! `ProcessUtility` hook. (The shared-memory hooks are in `shmem`.)
+//!
+//! **Transaction callbacks.** At commit (after the transaction's rows became visible to
+//! new snapshots) and at abort, the registries learn how the transaction ended: its offset
+//! reservations commit or leave gaps (`offsets::end`), its lanes are released or put back
+//! (`lanes::end`), waiting pops are woken (`wake`), and a start of this database's worker
+//! it asked for is handed to the launcher (`dbs`). None of this may raise: after a commit
+//! an ERROR is a PANIC, and during an abort it would recurse. Each part catches its own
+//! failures (a registry update that fails is undone whole and done later: see
+//! `lanes::finish`), and the callbacks catch anything left.
+//!
+//! **`ProcessUtility`.** Every utility statement passes here:
+//! - `COMMIT PREPARED` / `ROLLBACK PREPARED` of a transaction that holds offset
+//!   reservations ends them afterwards (`offsets`);
+//! - `CREATE EXTENSION queen` and `ALTER EXTENSION queen` ask, at their commit, for this
+//!   database's maintenance worker (`dbs`);
+//! - `DROP DATABASE`, `ALTER DATABASE ... RENAME` or `... SET TABLESPACE`, and
+//!   `CREATE DATABASE ... TEMPLATE`, which need a database to themselves, first ask its
+//!   maintenance worker to leave (`worker::leave_database`), and let it come back after.
+
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+use crate::errors;
+
+static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+
+/// Called from `_PG_init`: the transaction callbacks (always: they also announce wake-ups
+/// at commit), and with preloading the `ProcessUtility` hook.
+pub fn init() {
+    // SAFETY: registering callbacks is allowed at any time in a backend; these stay for the
+    // life of the process, as PostgreSQL's own modules' do.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
+    }
+    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it preloads
+    // libraries; chaining the hook there is what PostgreSQL expects.
+    unsafe {
+        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(process_utility);
+    }
+}
+
+/// Runs `f`, and logs instead of raising if it panics: for work that must not raise
+/// (transaction callbacks). Each part already catches its own registry failures; this is
+/// the last net.
+fn never_raise(what: &str, f: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        pgrx::log!("queen: {what} failed; its work is retried later");
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    match event {
+        // Post-commit: the transaction's rows are visible to every new snapshot. Publish
+        // its offsets first, then release its lanes, then wake waiting pops, which will
+        // find them readable.
+        XACT_EVENT_COMMIT => never_raise("the end of a committed transaction", || {
+            crate::offsets::end(true);
+            crate::lanes::end(true);
+            crate::wake::on_commit();
+            crate::dbs::on_commit();
+        }),
+        XACT_EVENT_ABORT => never_raise("the end of an aborted transaction", || {
+            crate::offsets::end(false);
+            crate::offsets::prepare_failed();
+            crate::lanes::end(false);
+            crate::wake::on_abort();
+            crate::queues::on_abort();
+            crate::dbs::on_abort();
+            queen_core::segment::forget_blocks();
+        }),
+        XACT_EVENT_PRE_PREPARE if crate::lanes::in_use() => errors::raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            "queen: a transaction that popped, acked or extended a lease cannot be prepared (PREPARE TRANSACTION): \
+             the lanes it holds live in this session's shared memory and would stay locked"
+                .to_string(),
+        ),
+        // (Before the prepare: an ERROR here still aborts the transaction cleanly.)
+        XACT_EVENT_PRE_PREPARE => crate::offsets::prepare(),
+        // Prepared: the reservations belong to the prepared transaction now; its commit
+        // will wake waiting pops (`offsets::finish_prepared`). What this session cached of
+        // queues and partitions the prepared transaction created is gone too: they exist
+        // only if it commits.
+        XACT_EVENT_PREPARE => never_raise("the end of a prepared transaction", || {
+            crate::offsets::prepared();
+            crate::wake::on_abort();
+            crate::queues::on_abort();
+            crate::dbs::on_abort();
+            queen_core::segment::forget_blocks();
+        }),
+        _ => {}
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn subxact_callback(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    parent_subid: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    match event {
+        SUBXACT_EVENT_ABORT_SUB => never_raise("a subtransaction's abort", || {
+            crate::queues::on_abort();
+            queen_core::segment::forget_blocks();
+            crate::lanes::end_subxact(my_subid, parent_subid, false);
+            crate::offsets::end_subxact(my_subid, parent_subid, false);
+        }),
+        SUBXACT_EVENT_COMMIT_SUB => {
+            crate::lanes::end_subxact(my_subid, parent_subid, true);
+            crate::offsets::end_subxact(my_subid, parent_subid, true);
+        }
+        _ => {}
+    }
+}
+
+unsafe extern "C-unwind" {
+    /// PostgreSQL's `standard_ProcessUtility`, declared here so that `process_utility` can
+    /// call it without pgrx's FFI guard (pgrx's binding of it has one).
+    #[link_name = "standard_ProcessUtility"]
+    fn standard_process_utility_unguarded(
+        pstmt: *mut pg_sys::PlannedStmt,
+        query_string: *const std::ffi::c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        query_env: *mut pg_sys::QueryEnvironment,
+        dest: *mut pg_sys::DestReceiver,
+        qc: *mut pg_sys::QueryCompletion,
+    );
+}
+
+/// What `process_utility` does around a statement, as one integer (it crosses a guarded
+/// C function's boundary): the kind in the bits above 32, an xid or a database below.
+#[derive(Clone, Copy)]
+enum Around {
+    Nothing,
+    /// A `COMMIT PREPARED` (true) or `ROLLBACK PREPARED` of a transaction with reservations.
+    Resolving(u32, bool),
+    /// A statement that needs a database to itself: its worker left, and comes back after.
+    Database(u32),
+}
+
+impl Around {
+    fn encode(self) -> i64 {
+        match self {
+            Around::Nothing => 0,
+            Around::Resolving(xid, commit) => (if commit { 1 } else { 2 } << 32) | i64::from(xid),
+            Around::Database(db) => (3 << 32) | i64::from(db),
+        }
+    }
+    fn decode(v: i64) -> Around {
+        let low = (v & 0xffff_ffff) as u32;
+        match v >> 32 {
+            1 => Around::Resolving(low, true),
+            2 => Around::Resolving(low, false),
+            3 => Around::Database(low),
+            _ => Around::Nothing,
+        }
+    }
+}
+
+/// The `ProcessUtility` hook: see the module docs.
+///
+/// Every utility statement of the database passes here (DO, CALL, COPY, EXECUTE, DDL), so
+/// an ERROR the statement raises must reach PostgreSQL untouched. pgrx's guards catch an
+/// ERROR and raise a copy of it, which loses its CONTEXT and its schema, table, column and
+/// constraint names, and appends a Rust backtrace to its DETAIL when `RUST_BACKTRACE` is
+/// set. So this function has no guard of its own, and calls the statement without one:
+/// the ERROR unwinds (longjmp) over this frame straight to PostgreSQL's handler. The frame
+/// holds nothing to drop (a plain frame, in the terms of Rust's `C-unwind` ABI). queen's
+/// own work before and after runs in guarded functions, which turn a Rust panic into an
+/// ERROR of their own.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    let around = before_guarded(pstmt);
+    // SAFETY: the previous hook (or the standard function) with the arguments PostgreSQL
+    // passed to this one. Nothing in this frame needs dropping if it raises an ERROR.
+    unsafe {
+        match PREV_PROCESS_UTILITY {
+            Some(prev) => prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc),
+            None => standard_process_utility_unguarded(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+    }
+    after_guarded(around);
+}
+
+#[pg_guard]
+extern "C-unwind" fn before_guarded(pstmt: *mut pg_sys::PlannedStmt) -> i64 {
+    before(pstmt).encode()
+}
+
+#[pg_guard]
+extern "C-unwind" fn after_guarded(around: i64) {
+    after(Around::decode(around));
+}
+
+/// What to do around the statement; the worker of a database the statement needs to
+/// itself leaves now.
+fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
+    // SAFETY: `pstmt` is the statement being run; its utility node is a valid Node.
+    let stmt = unsafe { (*pstmt).utilityStmt };
+    if stmt.is_null() {
+        return Around::Nothing;
+    }
+    if extension_statement(stmt) {
+        crate::dbs::request_worker_on_commit();
+        return Around::Nothing;
+    }
+    if let Some(database) = database_needed(stmt) {
+        crate::worker::leave_database(database);
+        return Around::Database(database);
+    }
+    match crate::offsets::resolving(stmt) {
+        Some((xid, commit)) => Around::Resolving(xid, commit),
+        None => Around::Nothing,
+    }
+}
+
+fn after(around: Around) {
+    match around {
+        Around::Nothing => {}
+        // The prepared transaction is over: committed (its rows visible to every new
+        // snapshot) or rolled back.
+        Around::Resolving(xid, committed) => {
+            crate::offsets::finish_prepared(xid, committed);
+        }
+        Around::Database(database) => crate::worker::resume_database(database),
+    }
+}
+
+/// `CREATE EXTENSION queen` or `ALTER EXTENSION queen ...` (update).
+fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
+    // SAFETY: each node is read as its type only after its tag says so; names are C strings.
+    unsafe {
+        let name = match (*stmt).type_ {
+            pg_sys::NodeTag::T_CreateExtensionStmt => (*(stmt as *mut pg_sys::CreateExtensionStmt)).extname,
+            pg_sys::NodeTag::T_AlterExtensionStmt => (*(stmt as *mut pg_sys::AlterExtensionStmt)).extname,
+            _ => return false,
+        };
+        !name.is_null() && CStr::from_ptr(name).to_bytes() == b"queen"
+    }
+}
+
+/// The database a statement needs to itself (no other session connected to it): the one
+/// it drops, renames, moves to another tablespace, or copies as a template. None for any
+/// other statement, or a database that does not exist.
+fn database_needed(stmt: *mut pg_sys::Node) -> Option<u32> {
+    // SAFETY: each node is read as its type only after its tag says so; lists are
+    // PostgreSQL Lists of DefElem (the grammar builds them so).
+    let name: *const std::ffi::c_char = unsafe {
+        match (*stmt).type_ {
+            pg_sys::NodeTag::T_DropdbStmt => (*(stmt as *mut pg_sys::DropdbStmt)).dbname,
+            pg_sys::NodeTag::T_RenameStmt => {
+                let r = stmt as *mut pg_sys::RenameStmt;
+                if (*r).renameType != pg_sys::ObjectType::OBJECT_DATABASE {
+                    return None;
+                }
+                (*r).subname
+            }
+            pg_sys::NodeTag::T_AlterDatabaseStmt => {
+                let a = stmt as *mut pg_sys::AlterDatabaseStmt;
+                option((*a).options, c"tablespace")?;
+                (*a).dbname
+            }
+            pg_sys::NodeTag::T_CreatedbStmt => {
+                option((*(stmt as *mut pg_sys::CreatedbStmt)).options, c"template")?.as_ptr()
+            }
+            _ => return None,
+        }
+    };
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: a catalog lookup by name (missing_ok), inside the statement's transaction.
+    let oid = unsafe { pg_sys::get_database_oid(name, true) };
+    (oid != pg_sys::InvalidOid).then(|| oid.to_u32())
+}
+
+/// The value of option `name` in a list of DefElem, as a string.
+///
+/// # Safety
+/// `list` is a PostgreSQL List of DefElem nodes (or null).
+unsafe fn option(list: *mut pg_sys::List, name: &CStr) -> Option<&'static CStr> {
+    // SAFETY: as the caller promises; defGetString reads the element's argument.
+    unsafe {
+        let list = pgrx::PgList::<pg_sys::DefElem>::from_pg(list);
+        for d in list.iter_ptr() {
+            if !(*d).defname.is_null() && CStr::from_ptr((*d).defname) == name && !(*d).arg.is_null() {
+                return Some(CStr::from_ptr(pg_sys::defGetString(d)));
+            }
+        }
+        None
+    }
+}
