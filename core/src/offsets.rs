@@ -15,13 +15,33 @@
 //! everything committed up to `readable` is visible to that snapshot, so an offset missing
 //! from it is a gap, not a message still on its way.
 //!
-//! The registry lives in one fixed block of memory (PostgreSQL shared memory in the
-//! extension) with no pointers in it: a hash table of partitions (open addressing, linear
-//! probing, backward-shift deletion), a pool of reservation records, and one list head per
-//! owner (a backend, or a prepared transaction: `prepare`). The caller serialises access
-//! (one lock) and gives a reader a shared view. A partition's slot is created on first use from what the database holds (`begin_load`
-//! / `finish_load`), and an idle slot is evicted when the table is full: with nothing in
-//! flight, the database alone says where the partition stands.
+//! **Keys.** A partition is found by its database's OID and its partition id (`PartKey`,
+//! made by `part_key`): two databases may hold the same partition id (`CREATE DATABASE`
+//! copies its template's), and each has its own slot.
+//!
+//! **Memory.** The registry lives in one fixed block of memory (PostgreSQL shared memory
+//! in the extension) with no pointers in it: a hash table of partitions (open addressing,
+//! linear probing, backward-shift deletion), a pool of reservation records, and one list
+//! head per owner (a backend, or a prepared transaction: `prepare`). The caller
+//! serialises access (one lock) and gives a reader a shared view. A partition's slot is
+//! created on first use from what the database holds (`begin_load` / `finish_load`), and
+//! an idle slot is evicted when the table is full: with nothing in flight, the database
+//! alone says where the partition stands. A dropped database's slots go with
+//! `forget_database`.
+//!
+//! **Dropping a partition.** A transaction that deletes a partition first marks its slot
+//! (`begin_drop`, refused while any reservation exists). Until that transaction ends
+//! (`end_drop`), a push that tries to reserve there is told to wait for it
+//! (`Refusal::Dropping`). A commit removes the slot; an abort makes it ready again as it
+//! was. Readers see a slot being dropped as a ready one.
+//!
+//! **Updates are whole or not at all.** Every write goes through `Registry`, which keeps
+//! the old value of each slot, record and owner list head it writes (an undo log), and a
+//! copy of the header. If an update panics half way (a bug, or a fail point: `fail`),
+//! dropping the `Registry` while unwinding puts everything back, so no other process ever
+//! sees half an update.
+
+use crate::fail;
 
 /// No record / end of a list.
 pub const NIL: u32 = u32::MAX;
@@ -29,13 +49,35 @@ pub const NIL: u32 = u32::MAX;
 const EMPTY: u32 = 0;
 const LOADING: u32 = 1;
 const READY: u32 = 2;
+const DROPPING: u32 = 3;
 
 const FREE: u32 = 0;
 const IN_FLIGHT: u32 = 1;
 const COMMITTED: u32 = 2;
 
+/// A partition's key: its database's OID (4 bytes, little-endian), then its 16-byte id.
+pub type PartKey = [u8; 20];
+
+/// The key of partition `partition` of database `database`.
+pub fn part_key(database: u32, partition: [u8; 16]) -> PartKey {
+    let mut k = [0u8; 20];
+    k[..4].copy_from_slice(&database.to_le_bytes());
+    k[4..].copy_from_slice(&partition);
+    k
+}
+
+/// The partition id in a key.
+pub fn partition_of(key: &PartKey) -> [u8; 16] {
+    key[4..].try_into().unwrap()
+}
+
+/// The database OID in a key.
+pub fn database_of(key: &PartKey) -> u32 {
+    u32::from_le_bytes(key[..4].try_into().unwrap())
+}
+
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Header {
     /// Hash table size (a power of two, at least twice `max_live`).
     pub slots: u32,
@@ -52,12 +94,15 @@ pub struct Header {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot {
-    key: [u8; 16],
+    key: PartKey,
     state: u32,
-    /// The backend loading this slot (state LOADING).
-    loader: u32,
+    /// The backend loading this slot (state LOADING) or dropping it (state DROPPING).
+    holder: u32,
+    /// The virtual transaction id of the backend dropping this slot (state DROPPING).
+    holder_backend: i32,
+    holder_local: u32,
     first: u32,
     last: u32,
     head: i64,
@@ -69,9 +114,9 @@ pub struct Slot {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
-    key: [u8; 16],
+    key: PartKey,
     first: i64,
     /// Last offset reserved.
     end: i64,
@@ -124,6 +169,9 @@ pub enum Refusal {
     Loading,
     /// Every reservation record is in use.
     Full,
+    /// A transaction is dropping the partition (`begin_drop`): wait for it to end (its
+    /// virtual transaction id, backend and local id) and try again.
+    Dropping((i32, u32)),
 }
 
 /// What `begin_load` decided.
@@ -131,19 +179,34 @@ pub enum Refusal {
 pub enum Load {
     /// The slot is ready already (someone else loaded it).
     Ready,
-    /// Another backend is loading it: wait and look again.
+    /// Another backend is loading it, or a transaction is dropping it: wait and look again.
     Loading,
     /// The caller owns the load: compute the partition's end from the database, with a
     /// snapshot taken from now on, and pass it to `finish_load`.
     Mine,
-    /// Every slot holds a partition with pushes in flight (or being loaded).
+    /// Every slot holds a partition with pushes in flight (or being loaded or dropped).
     Full,
 }
 
-fn hash(key: &[u8; 16]) -> u64 {
+/// Why `begin_drop` refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropRefusal {
+    /// The partition has no slot: load it (`begin_load`) and try again.
+    Unknown,
+    /// Another backend is loading the slot: wait a moment and try again.
+    Loading,
+    /// Pushes hold reservations in the partition (in flight, or committed and not yet
+    /// readable).
+    InFlight,
+    /// Another transaction is dropping it (its virtual transaction id).
+    Dropping((i32, u32)),
+}
+
+fn hash(key: &PartKey) -> u64 {
     let a = u64::from_le_bytes(key[..8].try_into().unwrap());
-    let b = u64::from_le_bytes(key[8..].try_into().unwrap());
-    let mut h = a ^ b.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
+    let b = u64::from_le_bytes(key[8..16].try_into().unwrap());
+    let c = u64::from(u32::from_le_bytes(key[16..].try_into().unwrap()));
+    let mut h = a ^ b.rotate_left(29) ^ c.rotate_left(47) ^ 0x9e37_79b9_7f4a_7c15;
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
@@ -151,7 +214,21 @@ fn hash(key: &[u8; 16]) -> u64 {
     h ^ (h >> 33)
 }
 
-fn find(h: &Header, slots: &[Slot], key: &[u8; 16]) -> Result<usize, usize> {
+/// Whether readers and reservations may use a slot in this state (a slot being dropped
+/// reads as a ready one).
+fn usable(state: u32) -> bool {
+    state == READY || state == DROPPING
+}
+
+/// Where a backward-shift deletion may move the entry at `j` of a table with `mask`: to
+/// the hole at `hole` when its home `home` is not cyclically between the hole and `j`
+/// (its probe passes the hole).
+fn may_fill(hole: usize, j: usize, home: usize, mask: usize) -> bool {
+    (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask)
+}
+
+/// Finds a key: Ok(slot) when present; Err(the empty slot that ended the probe).
+fn find(h: &Header, slots: &[Slot], key: &PartKey) -> Result<usize, usize> {
     let mask = h.slots as usize - 1;
     let mut i = hash(key) as usize & mask;
     loop {
@@ -186,23 +263,30 @@ impl<'a> View<'a> {
         View { h, slots, recs }
     }
 
-    /// The readable end of a partition (see the module docs).
-    pub fn readable(&self, key: &[u8; 16]) -> Seen {
+    /// The slot of a partition a reader may use.
+    fn usable(&self, key: &PartKey) -> Result<usize, Seen> {
         match find(self.h, self.slots, key) {
-            Ok(i) if self.slots[i].state == READY => Seen::Readable(self.slots[i].readable),
-            Ok(_) => Seen::Loading,
-            Err(_) => Seen::Unknown,
+            Ok(i) if usable(self.slots[i].state) => Ok(i),
+            Ok(_) => Err(Seen::Loading),
+            Err(_) => Err(Seen::Unknown),
+        }
+    }
+
+    /// The readable end of a partition (see the module docs).
+    pub fn readable(&self, key: &PartKey) -> Seen {
+        match self.usable(key) {
+            Ok(i) => Seen::Readable(self.slots[i].readable),
+            Err(seen) => seen,
         }
     }
 
     /// The readable end as `owner`'s transaction sees it: its own reservations are no
     /// reason to wait (it sees its own writes, and commits or aborts with them), so the
     /// end moves past them as long as no other transaction's reservation comes first.
-    pub fn readable_for(&self, key: &[u8; 16], owner: u32) -> Seen {
-        let i = match find(self.h, self.slots, key) {
-            Ok(i) if self.slots[i].state == READY => i,
-            Ok(_) => return Seen::Loading,
-            Err(_) => return Seen::Unknown,
+    pub fn readable_for(&self, key: &PartKey, owner: u32) -> Seen {
+        let i = match self.usable(key) {
+            Ok(i) => i,
+            Err(seen) => return seen,
         };
         let mut end = self.slots[i].readable;
         let mut r = self.slots[i].first;
@@ -220,34 +304,61 @@ impl<'a> View<'a> {
     }
 
     /// The highest offset that may be in the fresh tier (None while not loaded: assume any).
-    pub fn fresh_max(&self, key: &[u8; 16]) -> Option<i64> {
-        match find(self.h, self.slots, key) {
-            Ok(i) if self.slots[i].state == READY => Some(self.slots[i].fresh_max),
-            _ => None,
-        }
+    pub fn fresh_max(&self, key: &PartKey) -> Option<i64> {
+        self.usable(key).ok().map(|i| self.slots[i].fresh_max)
     }
 
-    /// Every tracked partition a push has written to the fresh tier of, with the highest
-    /// offset that may be there.
-    pub fn fresh_partitions(&self) -> Vec<([u8; 16], i64)> {
-        self.slots.iter().filter(|s| s.state == READY && s.fresh_max > 0).map(|s| (s.key, s.fresh_max)).collect()
+    /// Every tracked partition of `database` a push has written to the fresh tier of (its
+    /// id), with the highest offset that may be there.
+    pub fn fresh_partitions(&self, database: u32) -> Vec<([u8; 16], i64)> {
+        self.slots
+            .iter()
+            .filter(|s| usable(s.state) && s.fresh_max > 0 && database_of(&s.key) == database)
+            .map(|s| (partition_of(&s.key), s.fresh_max))
+            .collect()
     }
 
     /// The last offset reserved (None while not loaded).
-    pub fn head(&self, key: &[u8; 16]) -> Option<i64> {
-        match find(self.h, self.slots, key) {
-            Ok(i) if self.slots[i].state == READY => Some(self.slots[i].head),
-            _ => None,
-        }
+    pub fn head(&self, key: &PartKey) -> Option<i64> {
+        self.usable(key).ok().map(|i| self.slots[i].head)
     }
 }
 
-/// The registry, for a writer holding the lock exclusively.
+/// The old values of what an update wrote, to put back if it panics.
+#[derive(Default)]
+struct Undo {
+    slots: Vec<(usize, Slot)>,
+    recs: Vec<(u32, Record)>,
+    owners: Vec<(u32, u32)>,
+}
+
+/// The registry, for a writer holding the lock exclusively. Dropped while a panic
+/// unwinds, it puts back everything written through it (see the module docs).
 pub struct Registry<'a> {
     h: &'a mut Header,
     slots: &'a mut [Slot],
     recs: &'a mut [Record],
     owners: &'a mut [u32],
+    header: Header,
+    undo: Undo,
+}
+
+impl Drop for Registry<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (i, s) in self.undo.slots.drain(..).rev() {
+            self.slots[i] = s;
+        }
+        for (r, rec) in self.undo.recs.drain(..).rev() {
+            self.recs[r as usize] = rec;
+        }
+        for (o, head) in self.undo.owners.drain(..).rev() {
+            self.owners[o as usize] = head;
+        }
+        *self.h = self.header;
+    }
 }
 
 impl<'a> Registry<'a> {
@@ -256,7 +367,8 @@ impl<'a> Registry<'a> {
         debug_assert_eq!(slots.len(), h.slots as usize);
         debug_assert_eq!(recs.len(), h.records as usize);
         debug_assert_eq!(owners.len(), h.owners as usize);
-        Registry { h, slots, recs, owners }
+        let header = *h;
+        Registry { h, slots, recs, owners, header, undo: Undo::default() }
     }
 
     /// Initialises fresh memory: every slot empty, every record free. The last `prepared`
@@ -286,7 +398,25 @@ impl<'a> Registry<'a> {
             *r = Record { next: if i + 1 < n { i as u32 + 1 } else { NIL }, ..Record::default() };
         }
         owners.fill(NIL);
-        Registry { h, slots, recs, owners }
+        Registry::new(h, slots, recs, owners)
+    }
+
+    /// Slot `i`, for writing: its old value goes to the undo log first.
+    fn slot_mut(&mut self, i: usize) -> &mut Slot {
+        self.undo.slots.push((i, self.slots[i]));
+        &mut self.slots[i]
+    }
+
+    /// Record `r`, for writing (undo logged).
+    fn rec_mut(&mut self, r: u32) -> &mut Record {
+        self.undo.recs.push((r, self.recs[r as usize]));
+        &mut self.recs[r as usize]
+    }
+
+    /// The list head of owner `o`, for writing (undo logged).
+    fn owner_mut(&mut self, o: u32) -> &mut u32 {
+        self.undo.owners.push((o, self.owners[o as usize]));
+        &mut self.owners[o as usize]
     }
 
     pub fn view(&self) -> View<'_> {
@@ -309,7 +439,7 @@ impl<'a> Registry<'a> {
     /// offsets go to the fresh tier.
     pub fn reserve(
         &mut self,
-        key: &[u8; 16],
+        key: &PartKey,
         n: i64,
         owner: u32,
         subxact: u32,
@@ -319,64 +449,74 @@ impl<'a> Registry<'a> {
         assert!(n > 0 && owner < self.h.backends, "a backend reserves, never a prepared transaction");
         let s = match find(self.h, self.slots, key) {
             Ok(s) if self.slots[s].state == READY => s,
+            Ok(s) if self.slots[s].state == DROPPING => {
+                let slot = &self.slots[s];
+                return Err(Refusal::Dropping((slot.holder_backend, slot.holder_local)));
+            }
             Ok(_) => return Err(Refusal::Loading),
             Err(_) => return Err(Refusal::Unknown),
         };
-        let first = self.slots[s].head + 1;
-        let end = self.slots[s].head + n;
-        if fresh {
-            self.slots[s].fresh_max = self.slots[s].fresh_max.max(end);
-        }
+        let slot = self.slots[s];
+        let first = slot.head + 1;
+        let end = slot.head + n;
         // The owner's own reservation at the tail, in the same subtransaction, grows in
         // place: nobody reserved in between, so the range stays the owner's alone.
-        let tail = self.slots[s].last;
-        if tail != NIL {
-            let t = &mut self.recs[tail as usize];
-            if t.state == IN_FLIGHT && t.owner == owner && t.subxact == subxact {
-                t.end = end;
-                if writes_all {
-                    t.written = end;
-                }
-                self.slots[s].head = end;
-                return Ok(first);
-            }
-        }
-        let r = self.h.free;
-        if r == NIL {
-            return Err(Refusal::Full);
-        }
-        self.h.free = self.recs[r as usize].next;
-        self.recs[r as usize] = Record {
-            key: *key,
-            first,
-            end,
-            written: if writes_all { end } else { first - 1 },
-            owner,
-            subxact,
-            state: IN_FLIGHT,
-            prev: tail,
-            next: NIL,
-            owner_next: self.owners[owner as usize],
-            ..Record::default()
+        let tail = slot.last;
+        let grows = tail != NIL && {
+            let t = &self.recs[tail as usize];
+            t.state == IN_FLIGHT && t.owner == owner && t.subxact == subxact
         };
-        self.owners[owner as usize] = r;
-        if tail == NIL {
-            self.slots[s].first = r;
+        if grows {
+            let t = self.rec_mut(tail);
+            t.end = end;
+            if writes_all {
+                t.written = end;
+            }
         } else {
-            self.recs[tail as usize].next = r;
+            let r = self.h.free;
+            if r == NIL {
+                return Err(Refusal::Full);
+            }
+            self.h.free = self.recs[r as usize].next;
+            let owner_next = self.owners[owner as usize];
+            *self.rec_mut(r) = Record {
+                key: *key,
+                first,
+                end,
+                written: if writes_all { end } else { first - 1 },
+                owner,
+                subxact,
+                state: IN_FLIGHT,
+                prev: tail,
+                next: NIL,
+                owner_next,
+                ..Record::default()
+            };
+            *self.owner_mut(owner) = r;
+            if tail == NIL {
+                self.slot_mut(s).first = r;
+            } else {
+                self.rec_mut(tail).next = r;
+            }
+            self.slot_mut(s).last = r;
         }
-        self.slots[s].last = r;
-        self.slots[s].head = end;
+        fail::point("offsets.reserve");
+        let slot = self.slot_mut(s);
+        slot.head = end;
+        if fresh {
+            slot.fresh_max = slot.fresh_max.max(end);
+        }
         Ok(first)
     }
 
     /// Records that `owner` wrote offset `last` of `key` (the highest it wrote so far).
-    pub fn wrote(&mut self, key: &[u8; 16], owner: u32, last: i64) {
+    pub fn wrote(&mut self, key: &PartKey, owner: u32, last: i64) {
         let mut r = self.owners[owner as usize];
         while r != NIL {
-            let rec = &mut self.recs[r as usize];
+            let rec = self.recs[r as usize];
             if &rec.key == key && rec.first <= last && last <= rec.end {
-                rec.written = rec.written.max(last);
+                self.rec_mut(r).written = rec.written.max(last);
+                fail::point("offsets.wrote");
                 return;
             }
             r = rec.owner_next;
@@ -391,8 +531,13 @@ impl<'a> Registry<'a> {
     /// Ends `owner`'s transaction: its reservations commit (those that wrote something) or
     /// abort.
     pub fn finish(&mut self, owner: u32, committed: bool) {
-        let mut r = std::mem::replace(&mut self.owners[owner as usize], NIL);
+        let mut r = self.owners[owner as usize];
+        if r == NIL {
+            return;
+        }
+        *self.owner_mut(owner) = NIL;
         while r != NIL {
+            fail::point("offsets.finish");
             let next = self.recs[r as usize].owner_next;
             self.end_record(r, committed);
             r = next;
@@ -408,10 +553,15 @@ impl<'a> Registry<'a> {
         let Some(p) = (self.h.backends as usize..self.owners.len()).find(|&p| self.owners[p] == NIL) else {
             return false;
         };
-        let mut r = std::mem::replace(&mut self.owners[owner as usize], NIL);
-        self.owners[p] = r;
+        let mut r = self.owners[owner as usize];
+        if r == NIL {
+            return true;
+        }
+        *self.owner_mut(owner) = NIL;
+        *self.owner_mut(p as u32) = r;
+        fail::point("offsets.prepare");
         while r != NIL {
-            let rec = &mut self.recs[r as usize];
+            let rec = self.rec_mut(r);
             rec.owner = p as u32;
             rec.xid = xid;
             r = rec.owner_next;
@@ -451,9 +601,10 @@ impl<'a> Registry<'a> {
     pub fn commit_subxact(&mut self, owner: u32, subxact: u32, parent: u32) {
         let mut r = self.owners[owner as usize];
         while r != NIL {
-            let rec = &mut self.recs[r as usize];
+            let rec = self.recs[r as usize];
             if rec.subxact >= subxact {
-                rec.subxact = parent;
+                self.rec_mut(r).subxact = parent;
+                fail::point("offsets.subxact");
             }
             r = rec.owner_next;
         }
@@ -464,42 +615,45 @@ impl<'a> Registry<'a> {
         let mut prev = NIL;
         let mut r = self.owners[owner as usize];
         while r != NIL {
-            let next = self.recs[r as usize].owner_next;
-            if keep(&self.recs[r as usize]) {
+            let rec = self.recs[r as usize];
+            if keep(&rec) {
                 prev = r;
             } else {
                 if prev == NIL {
-                    self.owners[owner as usize] = next;
+                    *self.owner_mut(owner) = rec.owner_next;
                 } else {
-                    self.recs[prev as usize].owner_next = next;
+                    self.rec_mut(prev).owner_next = rec.owner_next;
                 }
+                fail::point("offsets.subxact");
                 self.end_record(r, false);
             }
-            r = next;
+            r = rec.owner_next;
         }
     }
 
     /// One reservation ends: a committed one that wrote something stays in the slot's list
     /// until nothing before it is in flight; anything else leaves a gap.
     fn end_record(&mut self, r: u32, committed: bool) {
-        let key = self.recs[r as usize].key;
-        let s = find(self.h, self.slots, &key).expect("a reservation's partition has a slot");
-        if committed && self.recs[r as usize].written >= self.recs[r as usize].first {
-            self.recs[r as usize].state = COMMITTED;
-            // Merge with committed neighbours: the list alternates in flight / committed.
-            let prev = self.recs[r as usize].prev;
-            let r = if prev != NIL && self.recs[prev as usize].state == COMMITTED {
-                self.recs[prev as usize].written = self.recs[r as usize].written;
-                self.recs[prev as usize].end = self.recs[r as usize].end;
+        let rec = self.recs[r as usize];
+        let s = find(self.h, self.slots, &rec.key).expect("a reservation's partition has a slot");
+        if committed && rec.written >= rec.first {
+            self.rec_mut(r).state = COMMITTED;
+            // Merge with committed neighbours.
+            let r = if rec.prev != NIL && self.recs[rec.prev as usize].state == COMMITTED {
+                let p = self.rec_mut(rec.prev);
+                p.written = rec.written;
+                p.end = rec.end;
                 self.unlink(s, r);
-                prev
+                rec.prev
             } else {
                 r
             };
             let next = self.recs[r as usize].next;
             if next != NIL && self.recs[next as usize].state == COMMITTED {
-                self.recs[r as usize].written = self.recs[next as usize].written;
-                self.recs[r as usize].end = self.recs[next as usize].end;
+                let n = self.recs[next as usize];
+                let cur = self.rec_mut(r);
+                cur.written = n.written;
+                cur.end = n.end;
                 self.unlink(s, next);
             }
         } else {
@@ -508,58 +662,49 @@ impl<'a> Registry<'a> {
         // Committed reservations with nothing in flight before them become readable.
         while self.slots[s].first != NIL && self.recs[self.slots[s].first as usize].state == COMMITTED {
             let f = self.slots[s].first;
-            self.slots[s].readable = self.slots[s].readable.max(self.recs[f as usize].written);
+            let written = self.recs[f as usize].written;
+            let slot = self.slot_mut(s);
+            slot.readable = slot.readable.max(written);
             self.unlink(s, f);
         }
     }
 
     fn unlink(&mut self, s: usize, r: u32) {
-        let (prev, next) = (self.recs[r as usize].prev, self.recs[r as usize].next);
+        let Record { prev, next, .. } = self.recs[r as usize];
         if prev == NIL {
-            self.slots[s].first = next;
+            self.slot_mut(s).first = next;
         } else {
-            self.recs[prev as usize].next = next;
+            self.rec_mut(prev).next = next;
         }
         if next == NIL {
-            self.slots[s].last = prev;
+            self.slot_mut(s).last = prev;
         } else {
-            self.recs[next as usize].prev = prev;
+            self.rec_mut(next).prev = prev;
         }
         self.free_record(r);
     }
 
     fn free_record(&mut self, r: u32) {
-        self.recs[r as usize] = Record { state: FREE, next: self.h.free, ..Record::default() };
+        let next = self.h.free;
+        *self.rec_mut(r) = Record { state: FREE, next, ..Record::default() };
         self.h.free = r;
     }
 
     /// Starts loading partition `key` for `owner` (see `Load`). A full table evicts an idle
-    /// partition (nothing in flight): its state is then what the database says.
-    pub fn begin_load(&mut self, key: &[u8; 16], owner: u32) -> Load {
-        let i = match find(self.h, self.slots, key) {
+    /// partition (ready, nothing in flight): its state is then what the database says.
+    pub fn begin_load(&mut self, key: &PartKey, owner: u32) -> Load {
+        match find(self.h, self.slots, key) {
             Ok(i) if self.slots[i].state == READY => return Load::Ready,
             Ok(_) => return Load::Loading,
-            Err(i) => i,
-        };
-        let i = if self.h.live >= self.h.max_live {
-            if !self.evict_one() {
-                return Load::Full;
-            }
-            // Deletion shifted entries: find the insertion point again.
-            find(self.h, self.slots, key).expect_err("the key was absent")
-        } else {
-            i
-        };
-        self.slots[i] = Slot {
-            key: *key,
-            state: LOADING,
-            loader: owner,
-            first: NIL,
-            last: NIL,
-            head: 0,
-            readable: 0,
-            fresh_max: 0,
-        };
+            Err(_) => {}
+        }
+        if self.h.live >= self.h.max_live && !self.evict_one() {
+            return Load::Full;
+        }
+        // (An eviction may have moved the free slot.)
+        let i = find(self.h, self.slots, key).expect_err("the key was absent");
+        *self.slot_mut(i) = Slot { key: *key, state: LOADING, holder: owner, first: NIL, last: NIL, ..Slot::default() };
+        fail::point("offsets.begin_load");
         self.h.live += 1;
         Load::Mine
     }
@@ -569,29 +714,90 @@ impl<'a> Registry<'a> {
     /// that could write below it has ended), `head`, at least that, the highest offset
     /// anything refers to (offsets after it are handed out next), and `fresh_max`, the
     /// last offset of the fresh tier's last segment.
-    pub fn finish_load(&mut self, key: &[u8; 16], owner: u32, head: i64, readable: i64, fresh_max: i64) {
-        if let Ok(i) = find(self.h, self.slots, key) {
-            let s = &mut self.slots[i];
-            if s.state == LOADING && s.loader == owner {
-                s.state = READY;
-                s.head = head.max(readable);
-                s.readable = readable;
-                s.fresh_max = fresh_max;
-            }
+    pub fn finish_load(&mut self, key: &PartKey, owner: u32, head: i64, readable: i64, fresh_max: i64) {
+        let Ok(i) = find(self.h, self.slots, key) else { return };
+        if self.slots[i].state != LOADING || self.slots[i].holder != owner {
+            return;
         }
+        self.slot_mut(i).state = READY;
+        fail::point("offsets.finish_load");
+        let s = self.slot_mut(i);
+        s.holder = NIL;
+        s.head = head.max(readable);
+        s.readable = readable;
+        s.fresh_max = fresh_max;
     }
 
     /// Drops the slot of `key` if `owner` started loading it and did not finish (its
     /// transaction ended in an error first).
-    pub fn abandon_load(&mut self, key: &[u8; 16], owner: u32) {
+    pub fn abandon_load(&mut self, key: &PartKey, owner: u32) {
         if let Ok(i) = find(self.h, self.slots, key) {
-            if self.slots[i].state == LOADING && self.slots[i].loader == owner {
+            if self.slots[i].state == LOADING && self.slots[i].holder == owner {
                 self.remove_slot(i);
             }
         }
     }
 
-    /// Evicts one ready slot with nothing in flight, scanning from the clock hand.
+    /// Starts dropping partition `key` in `owner`'s transaction, whose virtual transaction
+    /// id is `vxid`: until `end_drop`, no push may reserve there (`Refusal::Dropping`).
+    /// Refused while the partition has no slot, is being loaded, has reservations, or is
+    /// being dropped by another owner. The owner already dropping it may ask again.
+    pub fn begin_drop(&mut self, key: &PartKey, owner: u32, vxid: (i32, u32)) -> Result<(), DropRefusal> {
+        let i = find(self.h, self.slots, key).map_err(|_| DropRefusal::Unknown)?;
+        let s = self.slots[i];
+        match s.state {
+            LOADING => return Err(DropRefusal::Loading),
+            DROPPING if s.holder != owner => return Err(DropRefusal::Dropping((s.holder_backend, s.holder_local))),
+            DROPPING if (s.holder_backend, s.holder_local) == vxid => return Ok(()),
+            DROPPING => {}
+            _ if s.first != NIL => return Err(DropRefusal::InFlight),
+            _ => {}
+        }
+        self.slot_mut(i).state = DROPPING;
+        fail::point("offsets.drop");
+        let slot = self.slot_mut(i);
+        slot.holder = owner;
+        (slot.holder_backend, slot.holder_local) = vxid;
+        Ok(())
+    }
+
+    /// Ends `owner`'s drop of partition `key` (its transaction ended): a commit removes the
+    /// slot, an abort makes it ready again, as it was. Nothing happens unless `owner` is
+    /// dropping it.
+    pub fn end_drop(&mut self, key: &PartKey, owner: u32, committed: bool) {
+        let Ok(i) = find(self.h, self.slots, key) else { return };
+        if self.slots[i].state != DROPPING || self.slots[i].holder != owner {
+            return;
+        }
+        if committed {
+            self.remove_slot(i);
+            return;
+        }
+        self.slot_mut(i).state = READY;
+        fail::point("offsets.drop");
+        let slot = self.slot_mut(i);
+        slot.holder = NIL;
+        (slot.holder_backend, slot.holder_local) = (0, 0);
+    }
+
+    /// Forgets every partition of a database that no longer exists: each ready slot of it
+    /// with nothing in flight goes. Returns how many went.
+    pub fn forget_database(&mut self, database: u32) -> usize {
+        let keys: Vec<PartKey> = self
+            .slots
+            .iter()
+            .filter(|s| s.state == READY && s.first == NIL && database_of(&s.key) == database)
+            .map(|s| s.key)
+            .collect();
+        for k in &keys {
+            let i = find(self.h, self.slots, k).expect("listed above");
+            self.remove_slot(i);
+        }
+        keys.len()
+    }
+
+    /// Evicts one ready slot with nothing in flight, scanning from the clock hand (never
+    /// one being loaded or dropped).
     fn evict_one(&mut self) -> bool {
         let n = self.slots.len();
         for k in 0..n {
@@ -599,37 +805,133 @@ impl<'a> Registry<'a> {
             let s = &self.slots[i];
             if s.state == READY && s.first == NIL {
                 self.h.hand = ((i + 1) % n) as u32;
-                self.remove_slot(i);
                 self.h.evictions += 1;
+                self.remove_slot(i);
                 return true;
             }
         }
         false
     }
 
-    /// Backward-shift deletion: later entries of the probe run move up, so lookups never
-    /// need tombstones.
-    fn remove_slot(&mut self, mut i: usize) {
+    /// Empties slot `i` by backward-shift deletion: the entries after it in its cluster move
+    /// up when their probe passes the hole, so lookups never need tombstones. (Records name
+    /// their partition by key, never by slot, so a move relinks nothing.)
+    fn remove_slot(&mut self, i: usize) {
         let mask = self.slots.len() - 1;
-        self.h.live -= 1;
+        let mut hole = i;
+        let mut j = i;
         loop {
-            self.slots[i] = Slot::default();
-            let mut j = i;
-            loop {
-                j = (j + 1) & mask;
-                if self.slots[j].state == EMPTY {
-                    return;
-                }
-                let home = hash(&self.slots[j].key) as usize & mask;
-                // Move j into the hole at i unless its home lies cyclically in (i, j].
-                let stays = if i <= j { i < home && home <= j } else { i < home || home <= j };
-                if !stays {
-                    self.slots[i] = self.slots[j];
-                    i = j;
-                    break;
-                }
+            j = (j + 1) & mask;
+            if self.slots[j].state == EMPTY || j == i {
+                break;
+            }
+            let home = hash(&self.slots[j].key) as usize & mask;
+            if may_fill(hole, j, home, mask) {
+                let moved = self.slots[j];
+                *self.slot_mut(hole) = moved;
+                fail::point("offsets.remove");
+                hole = j;
             }
         }
+        *self.slot_mut(hole) = Slot::default();
+        self.h.live -= 1;
+    }
+
+    /// (Tests) The structure: every slot found where it is and counted; every slot's list
+    /// linked both ways, of its key, in offset order, and its records in no other list;
+    /// the free list and the used records cover the pool once; every owner list holds
+    /// exactly that owner's records in flight.
+    #[cfg(test)]
+    fn check(&self) -> Result<(), String> {
+        let n = self.recs.len();
+        let mut seen = vec![false; n];
+        let mut live = 0;
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.state == EMPTY {
+                continue;
+            }
+            live += 1;
+            if find(self.h, self.slots, &s.key) != Ok(i) {
+                return Err(format!("slot {i} is not where a lookup finds it"));
+            }
+            if ![LOADING, READY, DROPPING].contains(&s.state) {
+                return Err(format!("slot {i}: state {}", s.state));
+            }
+            if s.state != READY && s.first != NIL {
+                return Err(format!("slot {i} (state {}) holds reservations", s.state));
+            }
+            if s.readable > s.head {
+                return Err(format!("slot {i}: readable {} past head {}", s.readable, s.head));
+            }
+            let (mut r, mut prev, mut after) = (s.first, NIL, s.readable);
+            while r != NIL {
+                let rec = self.recs.get(r as usize).ok_or(format!("slot {i}: record {r} out of range"))?;
+                if std::mem::replace(&mut seen[r as usize], true) {
+                    return Err(format!("slot {i}: record {r} listed twice"));
+                }
+                if rec.prev != prev || rec.key != s.key {
+                    return Err(format!("slot {i}: record {r} linked wrong or of another key"));
+                }
+                if rec.state != IN_FLIGHT && rec.state != COMMITTED {
+                    return Err(format!("slot {i}: record {r} in state {}", rec.state));
+                }
+                if prev == NIL && rec.state == COMMITTED {
+                    return Err(format!("slot {i}: record {r} first and committed, yet not readable"));
+                }
+                if rec.first <= after || rec.end < rec.first || rec.end > s.head {
+                    return Err(format!("slot {i}: record {r} ({}..{}) out of order", rec.first, rec.end));
+                }
+                if rec.written < rec.first - 1 || rec.written > rec.end {
+                    return Err(format!("slot {i}: record {r} wrote {} outside its range", rec.written));
+                }
+                (prev, after, r) = (r, rec.end, rec.next);
+            }
+            if s.last != prev {
+                return Err(format!("slot {i}: last is {}, the list ends at {prev}", s.last));
+            }
+        }
+        if live != self.h.live || live > self.h.max_live {
+            return Err(format!("{live} slots, counted {} (at most {})", self.h.live, self.h.max_live));
+        }
+        let mut r = self.h.free;
+        while r != NIL {
+            let rec = self.recs.get(r as usize).ok_or(format!("free record {r} out of range"))?;
+            if std::mem::replace(&mut seen[r as usize], true) {
+                return Err(format!("free record {r} is used, or listed twice"));
+            }
+            if rec.state != FREE {
+                return Err(format!("free record {r} in state {}", rec.state));
+            }
+            r = rec.next;
+        }
+        if let Some(r) = seen.iter().position(|s| !s) {
+            return Err(format!("record {r} is neither free nor in a slot's list"));
+        }
+        let mut owned = vec![false; n];
+        for o in 0..self.owners.len() {
+            let mut r = self.owners[o];
+            let mut xid = None;
+            while r != NIL {
+                let rec = self.recs.get(r as usize).ok_or(format!("owner {o}: record {r} out of range"))?;
+                if std::mem::replace(&mut owned[r as usize], true) {
+                    return Err(format!("owner {o}: record {r} listed twice"));
+                }
+                if rec.owner != o as u32 || rec.state != IN_FLIGHT {
+                    return Err(format!("owner {o}: record {r} of owner {} in state {}", rec.owner, rec.state));
+                }
+                let prepared = o as u32 >= self.h.backends;
+                if prepared != (rec.xid != 0) || *xid.get_or_insert(rec.xid) != rec.xid {
+                    return Err(format!("owner {o}: record {r} has xid {}", rec.xid));
+                }
+                r = rec.owner_next;
+            }
+        }
+        for (r, rec) in self.recs.iter().enumerate() {
+            if rec.state == IN_FLIGHT && !owned[r] {
+                return Err(format!("record {r} is in flight and no owner lists it"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -665,17 +967,29 @@ mod tests {
         fn readable(&mut self, k: u8) -> Seen {
             self.reg().view().readable(&key(k))
         }
+        /// What readers see of partition `k`: its readable end, head and fresh_max.
+        fn ends(&mut self, k: u8) -> (Seen, Option<i64>, Option<i64>) {
+            let r = self.reg();
+            let v = r.view();
+            (v.readable(&key(k)), v.head(&key(k)), v.fresh_max(&key(k)))
+        }
         fn load(&mut self, k: u8, end: i64) {
             assert_eq!(self.reg().begin_load(&key(k), 99), Load::Mine);
             self.reg().finish_load(&key(k), 99, end, end, 0);
         }
     }
 
-    fn key(k: u8) -> [u8; 16] {
+    /// Partition id `k`.
+    fn id(k: u8) -> [u8; 16] {
         let mut b = [0u8; 16];
         b[0] = k;
         b[15] = k.wrapping_mul(7);
         b
+    }
+
+    /// Partition `k` of database 1.
+    fn key(k: u8) -> PartKey {
+        part_key(1, id(k))
     }
 
     #[test]
@@ -864,7 +1178,8 @@ mod tests {
         assert_eq!(m.reg().view().fresh_max(&key(1)), Some(102), "never lowered");
         assert_eq!(m.reg().view().fresh_max(&key(2)), None, "unknown: assume anything");
         m.load(3, 0);
-        assert_eq!(m.reg().view().fresh_partitions(), vec![(key(1), 102)], "only partitions with fresh pushes");
+        assert_eq!(m.reg().view().fresh_partitions(1), vec![(id(1), 102)], "only partitions with fresh pushes");
+        assert!(m.reg().view().fresh_partitions(2).is_empty(), "only that database's");
     }
 
     #[test]
@@ -877,6 +1192,124 @@ mod tests {
         assert_eq!(m.reg().view().head(&key(1)), Some(2), "a refused reservation takes nothing");
         m.reg().finish(0, false);
         assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false), Ok(3));
+    }
+
+    #[test]
+    fn keys_carry_the_database() {
+        let k = part_key(0x0102_0304, id(5));
+        assert_eq!(&k[..4], &[4, 3, 2, 1], "the database first, little-endian");
+        assert_eq!((database_of(&k), partition_of(&k)), (0x0102_0304, id(5)));
+    }
+
+    #[test]
+    fn two_databases_with_the_same_partition_id_are_independent() {
+        let mut m = Mem::new(4, 8, 4);
+        let (a, b) = (part_key(1, id(1)), part_key(2, id(1)));
+        m.load(1, 10);
+        assert_eq!(m.reg().reserve(&b, 1, 0, 1, true, false), Err(Refusal::Unknown), "database 2 is not loaded");
+        assert_eq!(m.reg().begin_load(&b, 0), Load::Mine);
+        m.reg().finish_load(&b, 0, 3, 3, 0);
+        assert_eq!(m.reg().live(), 2);
+        assert_eq!(m.reg().reserve(&a, 1, 0, 1, true, true), Ok(11));
+        assert_eq!(m.reg().reserve(&b, 2, 1, 1, true, false), Ok(4));
+        m.reg().finish(1, true);
+        assert_eq!(m.reg().view().readable(&a), Seen::Readable(10), "a still waits for 11");
+        assert_eq!(m.reg().view().readable(&b), Seen::Readable(5));
+        m.reg().finish(0, true);
+        assert_eq!(m.reg().view().readable(&a), Seen::Readable(11));
+        assert_eq!(m.reg().view().fresh_partitions(1), vec![(id(1), 11)]);
+        assert!(m.reg().view().fresh_partitions(2).is_empty());
+        m.reg().check().unwrap();
+    }
+
+    #[test]
+    fn forget_database_drops_only_that_databases_idle_slots() {
+        let mut m = Mem::new(8, 8, 4);
+        let other = part_key(2, id(1));
+        m.load(1, 0);
+        m.load(2, 0);
+        m.load(3, 0);
+        assert_eq!(m.reg().begin_load(&other, 0), Load::Mine);
+        m.reg().finish_load(&other, 0, 0, 0, 0);
+        m.reg().reserve(&key(2), 1, 0, 1, true, false).unwrap();
+        assert_eq!(m.reg().begin_load(&key(4), 1), Load::Mine, "left loading");
+        assert_eq!(m.reg().forget_database(1), 2, "1 and 3: 2 has a push in flight, 4 is loading");
+        assert_eq!(m.readable(1), Seen::Unknown);
+        assert_eq!(m.readable(3), Seen::Unknown);
+        assert_eq!(m.readable(2), Seen::Readable(0));
+        assert_eq!(m.readable(4), Seen::Loading);
+        assert_eq!(m.reg().view().readable(&other), Seen::Readable(0), "another database keeps its slots");
+        assert_eq!(m.reg().live(), 3);
+        m.reg().check().unwrap();
+        m.reg().finish(0, false);
+        assert_eq!(m.reg().forget_database(2), 1);
+        assert_eq!(m.reg().forget_database(2), 0);
+        m.reg().check().unwrap();
+    }
+
+    const VXID: (i32, u32) = (7, 42);
+
+    #[test]
+    fn a_partition_with_reservations_is_not_dropped() {
+        let mut m = Mem::new(4, 8, 4);
+        assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Err(DropRefusal::Unknown));
+        assert_eq!(m.reg().begin_load(&key(1), 1), Load::Mine);
+        assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Err(DropRefusal::Loading));
+        m.reg().finish_load(&key(1), 1, 0, 0, 0);
+        m.reg().reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 1, in flight
+        m.reg().reserve(&key(1), 1, 2, 1, true, false).unwrap(); // 2
+        assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Err(DropRefusal::InFlight));
+        m.reg().finish(2, true);
+        assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Err(DropRefusal::InFlight), "2 committed, not readable yet");
+        m.reg().finish(1, true);
+        assert_eq!(m.readable(1), Seen::Readable(2));
+        assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Ok(()));
+        assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Ok(()), "the dropper may ask again");
+        assert_eq!(m.reg().begin_drop(&key(1), 1, (8, 1)), Err(DropRefusal::Dropping(VXID)));
+        m.reg().check().unwrap();
+    }
+
+    #[test]
+    fn a_drop_that_aborts_leaves_the_partition_as_it_was() {
+        let mut m = Mem::new(4, 8, 4);
+        m.load(1, 5);
+        m.reg().reserve(&key(1), 2, 1, 1, true, true).unwrap(); // 6..7, fresh
+        m.reg().finish(1, true);
+        let before = m.ends(1);
+        assert_eq!(before, (Seen::Readable(7), Some(7), Some(7)));
+        m.reg().begin_drop(&key(1), 0, VXID).unwrap();
+        // Readers see it as before; pushes wait for the dropper; loads wait too.
+        assert_eq!(m.ends(1), before);
+        assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(7));
+        assert_eq!(m.reg().view().fresh_partitions(1), vec![(id(1), 7)]);
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Err(Refusal::Dropping(VXID)));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false), Err(Refusal::Dropping(VXID)), "even the dropper");
+        assert_eq!(m.reg().begin_load(&key(1), 1), Load::Loading);
+        m.reg().end_drop(&key(1), 1, false); // not the dropper: nothing happens
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Err(Refusal::Dropping(VXID)));
+        m.reg().check().unwrap();
+        m.reg().end_drop(&key(1), 0, false);
+        assert_eq!(m.ends(1), before);
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Ok(8), "offsets go on after the head");
+        m.reg().check().unwrap();
+    }
+
+    #[test]
+    fn a_drop_that_commits_removes_the_slot() {
+        let mut m = Mem::new(2, 8, 4);
+        m.load(1, 5);
+        m.load(2, 0);
+        m.reg().begin_drop(&key(1), 0, VXID).unwrap();
+        // A full table evicts neither a slot being dropped nor one with a push in flight.
+        m.reg().reserve(&key(2), 1, 1, 1, true, false).unwrap();
+        assert_eq!(m.reg().begin_load(&key(3), 2), Load::Full);
+        m.reg().end_drop(&key(1), 0, true);
+        assert_eq!(m.reg().live(), 1);
+        assert_eq!(m.readable(1), Seen::Unknown);
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Err(Refusal::Unknown));
+        m.reg().end_drop(&key(1), 0, false); // gone already: nothing happens
+        assert_eq!(m.reg().evictions(), 0);
+        m.reg().check().unwrap();
     }
 
     #[derive(Debug, Clone)]
@@ -934,9 +1367,11 @@ mod tests {
                         let sub = *stacks[owner as usize].last().unwrap();
                         let fresh = n % 2 == 0;
                         let got = loop {
-                            match m.reg().reserve(&key(part), n, owner, sub, all, fresh) {
+                            let reserved = m.reg().reserve(&key(part), n, owner, sub, all, fresh);
+                            match reserved {
                                 Err(Refusal::Unknown) => {
-                                    match m.reg().begin_load(&key(part), owner) {
+                                    let loaded = m.reg().begin_load(&key(part), owner);
+                                    match loaded {
                                         Load::Mine => {
                                             let end = db_end(&model, part);
                                             let fresh_end = model.iter().filter(|r| r.part == part && r.fresh && r.fate == Some(true)).filter_map(|r| r.written).max().unwrap_or(0);
@@ -1002,6 +1437,9 @@ mod tests {
                         }
                     }
                 }
+                if let Err(e) = m.reg().check() {
+                    prop_assert!(false, "{}", e);
+                }
                 // Check every partition against the model.
                 for part in 0u8..6 {
                     let lowest_in_flight = model.iter().filter(|r| r.part == part && r.fate.is_none()).map(|r| r.first).min();
@@ -1041,6 +1479,250 @@ mod tests {
                             prop_assert!(lowest_in_flight.is_none());
                         }
                         Seen::Loading => prop_assert!(false, "a load was left unfinished"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A panic half way through any update (every fail point of the offset registry, at
+    /// any of its hits) leaves the registry exactly as it was before that update.
+    #[cfg(feature = "failpoints")]
+    mod failpoints {
+        use super::*;
+
+        /// The offset registry's fail points.
+        fn points() -> Vec<&'static str> {
+            crate::fail::POINTS.iter().copied().filter(|p| p.starts_with("offsets.")).collect()
+        }
+
+        fn quiet_fail_points() {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                let prev = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    let msg = info.payload().downcast_ref::<String>().map(String::as_str).unwrap_or("");
+                    if !msg.starts_with("queen fail point") {
+                        prev(info);
+                    }
+                }));
+            });
+        }
+
+        /// Partition `part` of database `db`.
+        fn pkey(db: u32, part: u8) -> PartKey {
+            part_key(db, id(part))
+        }
+
+        /// Every kind of update, on one partition of a small table (evictions included).
+        fn scenario(m: &mut Mem) {
+            for k in 0..32u8 {
+                let mut r = m.reg();
+                if r.begin_load(&key(k), 9) == Load::Mine {
+                    r.finish_load(&key(k), 9, 0, 0, 0);
+                }
+            }
+            let k = key(31);
+            let mut r = m.reg();
+            r.reserve(&k, 2, 0, 1, false, true).unwrap();
+            r.reserve(&k, 1, 0, 1, false, false).unwrap(); // grows in place
+            r.wrote(&k, 0, 2);
+            r.reserve(&k, 1, 1, 1, true, false).unwrap();
+            r.reserve(&k, 1, 0, 2, true, false).unwrap();
+            r.commit_subxact(0, 2, 1);
+            r.reserve(&k, 1, 0, 3, true, false).unwrap();
+            r.abort_subxact(0, 3);
+            assert!(r.prepare(1, 77));
+            r.finish(0, true);
+            assert!(r.finish_prepared(77, true));
+            r.begin_drop(&k, 0, VXID).unwrap();
+            r.end_drop(&k, 0, false);
+            r.begin_drop(&k, 0, VXID).unwrap();
+            r.end_drop(&k, 0, true);
+            assert_eq!(r.forget_database(1), 1);
+        }
+
+        #[test]
+        fn every_fail_point_is_reached() {
+            quiet_fail_points();
+            let mut m = Mem::new(2, 8, 3);
+            scenario(&mut m);
+            m.reg().check().unwrap();
+            for p in points() {
+                let mut m = Mem::new(2, 8, 3);
+                crate::fail::testing::arm(p, 0);
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&mut m)));
+                let fired = crate::fail::testing::fired();
+                crate::fail::testing::disarm();
+                assert!(result.is_err() && fired, "fail point {p} is never reached");
+                m.reg().check().unwrap();
+            }
+        }
+
+        #[derive(Debug, Clone)]
+        enum FOp {
+            Load { db: u32, part: u8, abandon: bool, end: i64 },
+            Reserve { owner: u32, db: u32, part: u8, n: i64, all: bool, fresh: bool },
+            Wrote { owner: u32, back: i64 },
+            Finish { owner: u32, commit: bool },
+            Prepare { owner: u32 },
+            FinishPrepared { which: usize, commit: bool },
+            Savepoint { owner: u32 },
+            Rollback { owner: u32 },
+            Release { owner: u32 },
+            BeginDrop { owner: u32, db: u32, part: u8 },
+            Forget { db: u32 },
+        }
+
+        fn fop() -> impl Strategy<Value = FOp> {
+            let part = || (1u32..3, 0u8..4);
+            prop_oneof![
+                2 => (part(), any::<bool>(), 0i64..20).prop_map(|((db, part), abandon, end)| FOp::Load { db, part, abandon, end }),
+                5 => (0u32..3, part(), 1i64..4, any::<bool>(), any::<bool>())
+                    .prop_map(|(owner, (db, part), n, all, fresh)| FOp::Reserve { owner, db, part, n, all, fresh }),
+                2 => (0u32..3, 0i64..3).prop_map(|(owner, back)| FOp::Wrote { owner, back }),
+                3 => (0u32..3, any::<bool>()).prop_map(|(owner, commit)| FOp::Finish { owner, commit }),
+                1 => (0u32..3).prop_map(|owner| FOp::Prepare { owner }),
+                1 => (0usize..2, any::<bool>()).prop_map(|(which, commit)| FOp::FinishPrepared { which, commit }),
+                2 => (0u32..3).prop_map(|owner| FOp::Savepoint { owner }),
+                2 => (0u32..3).prop_map(|owner| FOp::Rollback { owner }),
+                2 => (0u32..3).prop_map(|owner| FOp::Release { owner }),
+                3 => (0u32..3, part()).prop_map(|(owner, (db, part))| FOp::BeginDrop { owner, db, part }),
+                1 => (1u32..3).prop_map(|db| FOp::Forget { db }),
+            ]
+        }
+
+        /// What the test remembers of each backend's transaction: its open subtransactions
+        /// (1: the top level) and the partitions it is dropping.
+        #[derive(Debug, Clone)]
+        struct Txns {
+            stacks: Vec<Vec<u32>>,
+            drops: Vec<(u32, PartKey)>,
+            next_sub: u32,
+            next_xid: u32,
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn prop_a_panic_mid_update_changes_nothing(
+                ops in proptest::collection::vec((fop(), proptest::option::of((0usize..9, 0u32..3))), 1..150)
+            ) {
+                quiet_fail_points();
+                crate::fail::testing::disarm();
+                let points = points();
+                let mut m = Mem::new(3, 10, 3);
+                let mut txns = Txns { stacks: vec![vec![1]; 3], drops: Vec::new(), next_sub: 2, next_xid: 100 };
+                // An armed point stays armed until it fires (most operations pass no point);
+                // then the next one is armed.
+                let mut armed = false;
+                for (op, arm) in ops {
+                    if let (Some((p, skip)), false) = (arm, armed) {
+                        crate::fail::testing::arm(points[p % points.len()], skip);
+                        armed = true;
+                    }
+                    let before = (m.h, m.slots.clone(), m.recs.clone(), m.owners.clone());
+                    let mut next = txns.clone();
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut r = m.reg();
+                        match op {
+                            FOp::Load { db, part, abandon, end } => {
+                                let k = pkey(db, part);
+                                if r.begin_load(&k, 9) == Load::Mine {
+                                    if abandon {
+                                        r.abandon_load(&k, 9);
+                                    } else {
+                                        r.finish_load(&k, 9, end + 2, end, end);
+                                    }
+                                }
+                            }
+                            FOp::Reserve { owner, db, part, n, all, fresh } => {
+                                let (k, sub) = (pkey(db, part), *next.stacks[owner as usize].last().unwrap());
+                                if r.reserve(&k, n, owner, sub, all, fresh) == Err(Refusal::Unknown)
+                                    && r.begin_load(&k, owner) == Load::Mine
+                                {
+                                    r.finish_load(&k, owner, 3, 1, 0);
+                                    r.reserve(&k, n, owner, sub, all, fresh).unwrap();
+                                }
+                            }
+                            FOp::Wrote { owner, back } => {
+                                // The owner's newest reservation (or one offset before it).
+                                let newest = r.owners[owner as usize];
+                                if newest != NIL {
+                                    let rec = r.recs[newest as usize];
+                                    r.wrote(&rec.key, owner, rec.end - back);
+                                }
+                            }
+                            FOp::Finish { owner, commit } => {
+                                r.finish(owner, commit);
+                                for (_, k) in next.drops.iter().filter(|d| d.0 == owner) {
+                                    r.end_drop(k, owner, commit);
+                                }
+                                next.drops.retain(|d| d.0 != owner);
+                                next.stacks[owner as usize] = vec![1];
+                            }
+                            FOp::Prepare { owner } => {
+                                // (A transaction dropping a partition is not prepared.)
+                                if !next.drops.iter().any(|d| d.0 == owner) && r.prepare(owner, next.next_xid) {
+                                    next.next_xid += 1;
+                                    next.stacks[owner as usize] = vec![1];
+                                }
+                            }
+                            FOp::FinishPrepared { which, commit } => {
+                                let xids = r.prepared();
+                                if !xids.is_empty() {
+                                    assert!(r.finish_prepared(xids[which % xids.len()], commit));
+                                }
+                            }
+                            FOp::Savepoint { owner } => {
+                                next.stacks[owner as usize].push(next.next_sub);
+                                next.next_sub += 1;
+                            }
+                            FOp::Rollback { owner } => {
+                                if next.stacks[owner as usize].len() > 1 {
+                                    let sub = next.stacks[owner as usize].pop().unwrap();
+                                    r.abort_subxact(owner, sub);
+                                }
+                            }
+                            FOp::Release { owner } => {
+                                if next.stacks[owner as usize].len() > 1 {
+                                    let sub = next.stacks[owner as usize].pop().unwrap();
+                                    let parent = *next.stacks[owner as usize].last().unwrap();
+                                    r.commit_subxact(owner, sub, parent);
+                                }
+                            }
+                            FOp::BeginDrop { owner, db, part } => {
+                                let k = pkey(db, part);
+                                if r.begin_drop(&k, owner, (owner as i32 + 1, 5)).is_ok() && !next.drops.contains(&(owner, k)) {
+                                    next.drops.push((owner, k));
+                                }
+                            }
+                            FOp::Forget { db } => {
+                                r.forget_database(db);
+                            }
+                        }
+                    }));
+                    let fired = armed && crate::fail::testing::fired();
+                    match result {
+                        Ok(()) => {
+                            prop_assert!(!fired, "a fail point fired without a panic");
+                            txns = next;
+                        }
+                        Err(_) => {
+                            armed = false;
+                            prop_assert!(fired, "only an armed fail point panics");
+                            prop_assert!(m.h == before.0 && m.slots == before.1 && m.recs == before.2 && m.owners == before.3,
+                                "a panic in {:?} left the registry changed", op);
+                        }
+                    }
+                    if let Err(e) = m.reg().check() {
+                        prop_assert!(false, "after {:?}: {}", op, e);
+                    }
+                    // A partition being dropped reads as ready and refuses reservations.
+                    for (owner, k) in &txns.drops {
+                        let got = m.reg().reserve(k, 1, 0, 1, true, false);
+                        prop_assert_eq!(got, Err(Refusal::Dropping((*owner as i32 + 1, 5))));
+                        prop_assert!(matches!(m.reg().view().readable(k), Seen::Readable(_)));
                     }
                 }
             }
