@@ -50,9 +50,10 @@ install: deps
 	cargo pgrx install --release --pg-config $(PG_CONFIG)
 	$(PREVIOUS_SQL)
 
+# The tests' build: debug, with the fail points compiled in (src/failpoints.rs).
 install-debug: deps
 	$(UNLINK_SO)
-	cargo pgrx install --pg-config $(PG_CONFIG)
+	cargo pgrx install --pg-config $(PG_CONFIG) --features failpoints
 	$(PREVIOUS_SQL)
 
 run: install
@@ -108,7 +109,7 @@ upgrade-test:
 	bash scripts/upgrade_test.sh
 
 unit:
-	cargo test -p queen-core -p queen-consumer
+	cargo test -p queen-core -p queen-consumer --features queen-core/failpoints
 
 # A deep run of the core's property tests (segment codec, cursor arithmetic): the number
 # of cases per property is FUZZ_CASES. `make test` runs proptest's default of 256.

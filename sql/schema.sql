@@ -59,6 +59,10 @@ CREATE TABLE queen.queues (
     retry_backoff_max     interval NOT NULL DEFAULT '600s',
     -- how long a message waits after its push before it may be delivered (0: at once)
     delay                 interval NOT NULL DEFAULT '0s',
+    -- whether a pop may create a consumer group that does not exist yet
+    create_groups         bool NOT NULL DEFAULT true,
+    -- a partition nobody pushed to for this long, and that is empty, is dropped (0: never)
+    partition_idle_ttl    interval NOT NULL DEFAULT '0s',
     created_at            timestamptz NOT NULL DEFAULT now(),
     updated_at            timestamptz NOT NULL DEFAULT now()
 );
@@ -255,8 +259,8 @@ CREATE INDEX log_dlq_queue ON queen.log_dlq (queue_id, consumer_group);
 COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';
 REVOKE ALL ON queen.log_dlq FROM PUBLIC;
 
--- Producer-supplied transaction ids seen within a queue's dedup window.
--- Expired entries are pruned by later pushes to the same partition.
+-- Producer-supplied transaction ids seen within a queue's dedup window. Expired entries
+-- are pruned by later pushes to the same partition, and by the background worker.
 CREATE TABLE queen.dedup (
     partition_id   uuid   NOT NULL,
     transaction_id text   NOT NULL,
@@ -267,3 +271,15 @@ CREATE TABLE queen.dedup (
 );
 COMMENT ON TABLE queen.dedup IS 'queen: recent producer transaction ids, for the dedup window';
 REVOKE ALL ON queen.dedup FROM PUBLIC;
+
+-- Privileges on single queues (queen.grant, src/privileges.rs): a role that is a member of
+-- no queen role may use the queues granted to it here, and no other.
+CREATE TABLE queen.queue_grants (
+    queue_id   bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
+    grantee    oid    NOT NULL,
+    privilege  text   NOT NULL CHECK (privilege IN ('produce', 'consume', 'admin')),
+    granted_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue_id, grantee, privilege)
+);
+COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
+REVOKE ALL ON queen.queue_grants FROM PUBLIC;

@@ -63,7 +63,8 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
     crate::citus::ensure_home(queue);
     crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
     let out = Spi::connect_mut(|client| {
-        let found = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+        let found =
+            first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
         let Some(queue_id) = found.filter(|&id| crate::locks::share_queue(id)) else {
             return json!({"queue": queue, "partition": partition, "dropped": false});
         };
@@ -130,12 +131,21 @@ fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bo
                 None => return Err(Kept::Busy(format!("group {group:?} holds its lane"))),
             }
         } else {
-            let lock = if wait { "FOR UPDATE" } else { "FOR UPDATE SKIP LOCKED" };
-            let sql = format!(
-                "SELECT committed, coalesce(lease_id IS NOT NULL AND lease_expires_at > $3, false)
-                   FROM queen.lanes WHERE partition_id = $1 AND consumer_group = $2 {lock}"
-            );
-            let r = run(client, &sql, &[pid.into(), group.as_str().into(), crate::clock::timestamptz(now).into()]);
+            let sql = if wait {
+                concat!(
+                    "SELECT committed, coalesce(",
+                    queen_core::lease_live_sql!("l", "$3"),
+                    ", false) FROM queen.lanes l WHERE partition_id = $1 AND consumer_group = $2 FOR UPDATE"
+                )
+            } else {
+                concat!(
+                    "SELECT committed, coalesce(",
+                    queen_core::lease_live_sql!("l", "$3"),
+                    ", false) FROM queen.lanes l WHERE partition_id = $1 AND consumer_group = $2
+                      FOR UPDATE SKIP LOCKED"
+                )
+            };
+            let r = run(client, sql, &[pid.into(), group.as_str().into(), crate::clock::timestamptz(now).into()]);
             match r.into_iter().next() {
                 Some(r) => (r.get::<i64>(1).or_raise().unwrap(), r.get::<bool>(2).or_raise().unwrap()),
                 None if wait => continue,

@@ -233,11 +233,8 @@ pub fn mine<R>(f: impl FnOnce(&mut Slot) -> R) -> R {
 /// None when it has none (and none is free).
 pub fn with<R>(database: u32, take: bool, f: impl FnOnce(&mut Slot) -> R) -> Option<R> {
     with_slots(|_, slots| {
-        let i = if take {
-            find_or_take(slots, database)?
-        } else {
-            slots.iter().position(|s| s.database == database)?
-        };
+        let i =
+            if take { find_or_take(slots, database)? } else { slots.iter().position(|s| s.database == database)? };
         Some(f(&mut slots[i]))
     })
 }

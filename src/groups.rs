@@ -214,7 +214,7 @@ fn seek(
         let Some(queue_id) = queue_id(client, queue) else { no_group(queue, group) };
         // The queue row, as lane creation does: a retention pass skips the queue until
         // this commits, so the segments a rewind points at stay.
-        run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR KEY SHARE", &[queue_id.into()]);
+        run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE", &[queue_id.into()]);
         if !group_exists(client, queue_id, group) {
             no_group(queue, group);
         }

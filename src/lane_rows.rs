@@ -41,7 +41,8 @@ pub fn create_for_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, 
 }
 
 /// The lanes a partition and a group created at the same moment both missed, for a group
-/// that still exists (a `drop_group` under way is waited for). True when any was added.
+/// that still exists and that no `seek` or `drop_group` holds right now (not waited for).
+/// True when any was added.
 pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> bool {
     !run(
         client,
@@ -50,9 +51,11 @@ pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) ->
           WHERE p.queue_id = $1
             AND NOT EXISTS (SELECT 1 FROM queen.lanes l
                              WHERE l.partition_id = p.partition_id AND l.consumer_group = $2)
-            -- the group still exists: a drop_group under way is waited for
+            -- the group still exists, and no seek or drop_group holds it (that one is not
+            -- waited for: a pop that waited here while holding a lane the seek waits for
+            -- would deadlock; the repair comes back on a later pop)
             AND EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2
-                           FOR KEY SHARE)
+                           FOR KEY SHARE SKIP LOCKED)
          ON CONFLICT DO NOTHING RETURNING 1",
         &[queue_id.into(), group.into()],
     )

@@ -267,7 +267,7 @@ pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
 /// acts on it without locking the lane: retention's floor, `status`, `totals`, `metrics`.
 /// A change another transaction has not committed is not seen (it may roll back). A lane
 /// that does not exist reads as the default state.
-pub fn committed(partition_id: pgrx::Uuid, group: &str) -> State {
+pub fn lane_committed(partition_id: pgrx::Uuid, group: &str) -> State {
     let k = key(partition_id, group);
     let mine = owner();
     loop {
@@ -789,7 +789,7 @@ fn lane_sql(
         let (expires, retry_at) = if lease_id.is_some() { (lease_expires_at, None) } else { (None, lease_expires_at) };
         return TableIterator::once((committed, lease_id, expires, batch_end, retry_count, attempt_count, retry_at));
     }
-    let s = committed(partition_id, consumer_group);
+    let s = lane_committed(partition_id, consumer_group);
     let lane = queen_core::lane::Lane::from_registry(&s);
     let lease = lane.lease.map(|_| pgrx::Uuid::from_bytes(s.lease_id));
     TableIterator::once((
@@ -932,5 +932,5 @@ fn committed_sql(partition_id: pgrx::Uuid, consumer_group: &str, committed: i64)
     if !enabled() {
         return committed;
     }
-    self::committed(partition_id, consumer_group).committed
+    lane_committed(partition_id, consumer_group).committed
 }

@@ -214,6 +214,12 @@ fn key(partition_id: pgrx::Uuid) -> PartKey {
     part_key(crate::dbs::my_database(), *partition_id.as_bytes())
 }
 
+/// This transaction's virtual transaction id.
+fn my_vxid() -> (i32, u32) {
+    // SAFETY: MyProc is this backend's PGPROC, set for every backend.
+    unsafe { ((*pg_sys::MyProc).backendId, (*pg_sys::MyProc).lxid) }
+}
+
 /// Another backend is loading a partition: give it a moment.
 fn wait_for_load() {
     // SAFETY: a plain sleep; interrupts are checked right after.
@@ -264,6 +270,8 @@ pub fn reserve(
                 }
             }
             Err(Refusal::Loading) => wait_for_load(),
+            // This transaction dropped it: it is gone for this push.
+            Err(Refusal::Dropping(vxid)) if vxid == my_vxid() => return None,
             Err(Refusal::Dropping(vxid)) => wait_for(vxid),
             Err(Refusal::Full) => full("every offset reservation is in use (queen.max_reservations)"),
         }
@@ -491,8 +499,7 @@ pub fn begin_drop(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Resul
     }
     let key = key(partition_id);
     let me = owner();
-    // SAFETY: MyProc is this backend's PGPROC, set for every backend.
-    let vxid = unsafe { ((*pg_sys::MyProc).backendId, (*pg_sys::MyProc).lxid) };
+    let vxid = my_vxid();
     loop {
         match with_registry(|r| r.begin_drop(&key, me, vxid)) {
             Ok(()) => {

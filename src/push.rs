@@ -610,123 +610,126 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         // (queue, partition) name order: the order partition rows are locked in without
         // the registry, so that two batches cannot deadlock.
         for (&(queue, partition), idxs) in &groups {
-          // Once more when the partition was dropped under this push (`reserve`): the
-          // target is looked up again, and the partition created anew.
-          'target: loop {
-            // The queue lock first (`queen_core::lock_order`). A push that waited for a
-            // `delete_queue` finds its target again: the queue is created anew.
-            let t = loop {
-                let t = queues::target(queue, partition, || locate(client, queue, partition));
-                if crate::locks::share_queue(t.queue_id) {
-                    break t;
-                }
-                queues::on_abort(); // forget the deleted queue's targets
-            };
-            crate::wake::notify_on_commit(queue);
-            // Minted transaction ids are unique: only producer-supplied ones need the
-            // dedup window, and only they pay for it.
-            let dedup = queen_core::policy::dedup_applies(
-                t.dedup_window,
-                idxs.iter().any(|&i| items[i].transaction_id.is_some()),
-            );
-            let known = if dedup {
-                let asked = idxs.iter().filter(|&&i| items[i].transaction_id.is_some());
-                stored_duplicates(client, &t, asked.map(|&i| transaction_ids[i].clone()).collect())
-            } else {
-                HashMap::new()
-            };
-            // Items to store, duplicates of stored ids, and repeats within this call.
-            let ids: Vec<Option<&str>> =
-                idxs.iter().map(|&i| items[i].transaction_id.as_ref().map(|_| transaction_ids[i].as_str())).collect();
-            let class = queen_core::dedup::classify(&ids, dedup, |tx| known.get(tx).copied());
-            for (k, original) in class.known {
-                rows[idxs[k]] = Some(duplicate(idxs[k], t.partition_id, original));
-            }
-            let fresh: Vec<usize> = class.store.iter().map(|&k| idxs[k]).collect();
-            let repeats: Vec<(usize, usize)> = class.repeats.iter().map(|&(k, pos)| (idxs[k], pos)).collect();
-            if fresh.is_empty() {
-                break 'target; // every item was a duplicate: no offsets, no segment
-            }
-            let n = fresh.len() as i64;
-            // Without dedup every reserved offset is written (or the call fails).
-            let Some(first) = reserve(client, t.partition_id, n, !dedup) else {
-                queues::on_abort(); // forget the dropped partition's target
-                continue 'target;
-            };
-            let lost = if dedup {
-                let ids = fresh
+            // Once more when the partition was dropped under this push (`reserve`): the
+            // target is looked up again, and the partition created anew.
+            'target: loop {
+                // The queue lock first (`queen_core::lock_order`). A push that waited for a
+                // `delete_queue` finds its target again: the queue is created anew.
+                let t = loop {
+                    let t = queues::target(queue, partition, || locate(client, queue, partition));
+                    if crate::locks::share_queue(t.queue_id) {
+                        break t;
+                    }
+                    queues::on_abort(); // forget the deleted queue's targets
+                };
+                crate::wake::notify_on_commit(queue);
+                // Minted transaction ids are unique: only producer-supplied ones need the
+                // dedup window, and only they pay for it.
+                let dedup = queen_core::policy::dedup_applies(
+                    t.dedup_window,
+                    idxs.iter().any(|&i| items[i].transaction_id.is_some()),
+                );
+                let known = if dedup {
+                    let asked = idxs.iter().filter(|&&i| items[i].transaction_id.is_some());
+                    stored_duplicates(client, &t, asked.map(|&i| transaction_ids[i].clone()).collect())
+                } else {
+                    HashMap::new()
+                };
+                // Items to store, duplicates of stored ids, and repeats within this call.
+                let ids: Vec<Option<&str>> = idxs
                     .iter()
-                    .enumerate()
-                    .filter(|(_, &i)| items[i].transaction_id.is_some())
-                    .map(|(k, &i)| (transaction_ids[i].clone(), message_ids[i], first + k as i64))
+                    .map(|&i| items[i].transaction_id.as_ref().map(|_| transaction_ids[i].as_str()))
                     .collect();
-                record_ids(client, &t, ids)
-            } else {
-                HashMap::new()
-            };
-            let stored: Vec<bool> = fresh.iter().map(|&i| !lost.contains_key(&transaction_ids[i])).collect();
-            for (k, &i) in fresh.iter().enumerate() {
-                rows[i] = Some(match lost.get(&transaction_ids[i]) {
-                    Some(&original) => duplicate(i, t.partition_id, original),
-                    None => PushRow {
-                        idx: i as i32,
-                        status: "queued",
-                        message_id: message_ids[i],
-                        transaction_id: transaction_ids[i].clone(),
-                        partition_id: t.partition_id,
-                        msg_offset: first + k as i64,
-                    },
-                });
-            }
-            for (i, pos) in repeats {
-                let original = rows[fresh[pos]].as_ref().expect("the original's row is set");
-                rows[i] = Some(duplicate(i, t.partition_id, (to_pg_uuid(original.message_id), original.msg_offset)));
-            }
-            // The segment ends on its last stored message: a gap at the end is no entry.
-            let Some(last_k) = stored.iter().rposition(|&s| s) else { break 'target };
-            let kept = &fresh[..=last_k];
-            // An encrypted queue stores envelopes (see `encryption`), sealed per message.
-            let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
-                crate::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
-            });
-            // Headers are sealed too, each under its message id and its own purpose.
-            let sealed_headers: Option<Vec<Option<Vec<u8>>>> = t.encrypted.then(|| {
-                crate::encryption::seal_headers(
-                    queue,
-                    kept.iter().map(|&i| (&message_ids[i], items[i].headers.as_deref())),
-                )
-            });
-            let entries = kept.iter().enumerate().map(|(k, &i)| {
-                if !stored[k] {
-                    return Entry::Gap;
+                let class = queen_core::dedup::classify(&ids, dedup, |tx| known.get(tx).copied());
+                for (k, original) in class.known {
+                    rows[idxs[k]] = Some(duplicate(idxs[k], t.partition_id, original));
                 }
-                Entry::Message(Frame {
-                    message_id: *message_ids[i].as_bytes(),
-                    transaction_id: &transaction_ids[i],
-                    payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
-                    created_at: Some(now),
-                    headers: match &sealed_headers {
-                        Some(s) => s[k].as_deref(),
-                        None => items[i].headers.as_deref(),
-                    },
-                    deliver_at: items[i].deliver_at,
-                })
-            });
-            // A small push goes to the fresh tier uncompressed: compaction compresses it
-            // with its neighbours soon, much better than one message alone.
-            let fresh_segment = goes_fresh(fresh.len());
-            let data = if fresh_segment { segment::encode_uncompressed(entries) } else { segment::encode(entries) };
-            let last = first + last_k as i64;
-            let tier = if fresh_segment { &mut fresh_tier } else { &mut durable_tier };
-            tier.pids.push(t.partition_id);
-            tier.firsts.push(first);
-            tier.lasts.push(last);
-            tier.data.push(data);
-            if dedup && crate::offsets::enabled() {
-                crate::offsets::wrote(t.partition_id, last);
+                let fresh: Vec<usize> = class.store.iter().map(|&k| idxs[k]).collect();
+                let repeats: Vec<(usize, usize)> = class.repeats.iter().map(|&(k, pos)| (idxs[k], pos)).collect();
+                if fresh.is_empty() {
+                    break 'target; // every item was a duplicate: no offsets, no segment
+                }
+                let n = fresh.len() as i64;
+                // Without dedup every reserved offset is written (or the call fails).
+                let Some(first) = reserve(client, t.partition_id, n, !dedup) else {
+                    queues::on_abort(); // forget the dropped partition's target
+                    continue 'target;
+                };
+                let lost = if dedup {
+                    let ids = fresh
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &i)| items[i].transaction_id.is_some())
+                        .map(|(k, &i)| (transaction_ids[i].clone(), message_ids[i], first + k as i64))
+                        .collect();
+                    record_ids(client, &t, ids)
+                } else {
+                    HashMap::new()
+                };
+                let stored: Vec<bool> = fresh.iter().map(|&i| !lost.contains_key(&transaction_ids[i])).collect();
+                for (k, &i) in fresh.iter().enumerate() {
+                    rows[i] = Some(match lost.get(&transaction_ids[i]) {
+                        Some(&original) => duplicate(i, t.partition_id, original),
+                        None => PushRow {
+                            idx: i as i32,
+                            status: "queued",
+                            message_id: message_ids[i],
+                            transaction_id: transaction_ids[i].clone(),
+                            partition_id: t.partition_id,
+                            msg_offset: first + k as i64,
+                        },
+                    });
+                }
+                for (i, pos) in repeats {
+                    let original = rows[fresh[pos]].as_ref().expect("the original's row is set");
+                    rows[i] =
+                        Some(duplicate(i, t.partition_id, (to_pg_uuid(original.message_id), original.msg_offset)));
+                }
+                // The segment ends on its last stored message: a gap at the end is no entry.
+                let Some(last_k) = stored.iter().rposition(|&s| s) else { break 'target };
+                let kept = &fresh[..=last_k];
+                // An encrypted queue stores envelopes (see `encryption`), sealed per message.
+                let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
+                    crate::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
+                });
+                // Headers are sealed too, each under its message id and its own purpose.
+                let sealed_headers: Option<Vec<Option<Vec<u8>>>> = t.encrypted.then(|| {
+                    crate::encryption::seal_headers(
+                        queue,
+                        kept.iter().map(|&i| (&message_ids[i], items[i].headers.as_deref())),
+                    )
+                });
+                let entries = kept.iter().enumerate().map(|(k, &i)| {
+                    if !stored[k] {
+                        return Entry::Gap;
+                    }
+                    Entry::Message(Frame {
+                        message_id: *message_ids[i].as_bytes(),
+                        transaction_id: &transaction_ids[i],
+                        payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
+                        created_at: Some(now),
+                        headers: match &sealed_headers {
+                            Some(s) => s[k].as_deref(),
+                            None => items[i].headers.as_deref(),
+                        },
+                        deliver_at: items[i].deliver_at,
+                    })
+                });
+                // A small push goes to the fresh tier uncompressed: compaction compresses it
+                // with its neighbours soon, much better than one message alone.
+                let fresh_segment = goes_fresh(fresh.len());
+                let data = if fresh_segment { segment::encode_uncompressed(entries) } else { segment::encode(entries) };
+                let last = first + last_k as i64;
+                let tier = if fresh_segment { &mut fresh_tier } else { &mut durable_tier };
+                tier.pids.push(t.partition_id);
+                tier.firsts.push(first);
+                tier.lasts.push(last);
+                tier.data.push(data);
+                if dedup && crate::offsets::enabled() {
+                    crate::offsets::wrote(t.partition_id, last);
+                }
+                break 'target;
             }
-            break 'target;
-          }
         }
         fresh_tier.insert(client, true, now);
         durable_tier.insert(client, false, now);

@@ -233,13 +233,19 @@ pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -
     Some(pid)
 }
 
-/// Before lanes are created from partition rows: key-share-lock the queue row, which a
-/// retention pass locks FOR UPDATE. Either the pass sees the new lanes (their cursors
-/// hold segments back) or the lanes start at what it deleted (`retain`). KEY SHARE does
-/// not conflict with `configure` (an update of non-key columns): a pop never waits for
-/// one. A statement of its own: the INSERT after it reads with a fresh snapshot.
-fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64) {
-    run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR KEY SHARE", &[queue_id.into()]);
+/// Before lanes are created from partition rows: share-lock the queue row, which a
+/// retention pass locks FOR NO KEY UPDATE. Either the pass sees the new lanes (their
+/// cursors hold segments back) or the lanes start at what it deleted (`retain`). With
+/// `wait` false (a pop) the lock is not waited for: false when a retention step, a
+/// `configure` or a `delete_queue` holds the row right now (the pop creates its lanes on a
+/// later call). A statement of its own: the INSERT after it reads with a fresh snapshot.
+fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64, wait: bool) -> bool {
+    let sql = if wait {
+        "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE"
+    } else {
+        "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE SKIP LOCKED"
+    };
+    !run(client, sql, &[queue_id.into()]).is_empty()
 }
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
@@ -248,8 +254,8 @@ fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64) {
 ///
 /// The caller holds the queue lock (`locks::share_queue`). With `wait` false (a pop),
 /// returns None without waiting when another session is creating the same group right
-/// now: a pop never waits on a claim that is not its own. Otherwise returns whether this
-/// call created the group.
+/// now, or when the queue row is busy (a retention step, a `configure`): a pop never waits
+/// on a lock that is not its own. Otherwise returns whether this call created the group.
 pub fn ensure_group(
     client: &mut SpiClient<'_>,
     queue_id: i64,
@@ -258,6 +264,10 @@ pub fn ensure_group(
     wait: bool,
 ) -> Option<bool> {
     if !crate::locks::group_creation(queue_id, group, wait) {
+        return None;
+    }
+    // The queue row before the group row: a pop that would wait for it returns nothing.
+    if !lock_for_new_lanes(client, queue_id, wait) {
         return None;
     }
     let created = run(
@@ -270,7 +280,6 @@ pub fn ensure_group(
         return Some(false);
     }
     CREATED_HERE.with(|c| c.set(true));
-    lock_for_new_lanes(client, queue_id);
     crate::lane_rows::create_for_group(client, queue_id, group, subscription);
     Some(true)
 }
@@ -360,8 +369,9 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     if !due {
         return false;
     }
-    lock_for_new_lanes(client, queue_id);
-    crate::lane_rows::create_missing(client, queue_id, group)
+    // Never waited for: a pop skips the repair while the queue row is busy (it comes back
+    // within a second), and the group row likewise (`create_missing`).
+    lock_for_new_lanes(client, queue_id, false) && crate::lane_rows::create_missing(client, queue_id, group)
 }
 
 extension_sql!(

@@ -124,11 +124,8 @@ pub fn retain_in(client: &mut SpiClient<'_>, queue: Option<&str>) -> (i64, i64, 
 /// holds the others: they wait for the next pass).
 pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -> Option<(i64, i64)> {
     queen_core::fail::point("retention.queue");
-    let locked = run(
-        client,
-        "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR NO KEY UPDATE SKIP LOCKED",
-        &[queue_id.into()],
-    );
+    let locked =
+        run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR NO KEY UPDATE SKIP LOCKED", &[queue_id.into()]);
     if locked.is_empty() {
         return None;
     }

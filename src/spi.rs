@@ -139,6 +139,13 @@ pub fn run<'conn>(client: &mut SpiClient<'conn>, sql: &'static str, args: &[Datu
     client.update(&*plan, None, args).or_raise()
 }
 
+/// Runs a statement built at run time (utility statements whose object names are quoted
+/// identifiers or `regprocedure` text from the catalog, never raw input), without keeping
+/// a plan.
+pub fn run_built(client: &mut SpiClient<'_>, sql: &str) {
+    client.update(sql, None, &[]).or_raise();
+}
+
 /// Runs `f` with the search path pinned to `pg_catalog` alone (no `pg_temp`, nothing of the
 /// caller's): the same protection as a function's `SET search_path`, without the cost of
 /// a configuration change on every call. Every name queen's SQL uses is schema-qualified

@@ -105,7 +105,9 @@ fn databases() -> Vec<Database> {
             if tup.is_null() {
                 break;
             }
-            let form = pgrx::heap_tuple::GETSTRUCT(tup) as *const pg_sys::FormData_pg_database;
+            // GETSTRUCT: the fixed part of the tuple starts t_hoff bytes into its data.
+            let data = (*tup).t_data;
+            let form = (data as *const u8).add((*data).t_hoff as usize) as *const pg_sys::FormData_pg_database;
             let name = std::ffi::CStr::from_ptr((*form).datname.data.as_ptr()).to_string_lossy().into_owned();
             out.push(Database {
                 oid: (*form).oid.to_u32(),
@@ -388,7 +390,7 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
         }
     }
     let mut m = Maintenance { database, backoff: Backoff::default(), errors: false };
-    run(&mut m);
+    rounds(&mut m);
     // A clean stop saves every cursor into queen.lanes, so that a restart without the
     // library preloaded (no registry, no journal) finds them there.
     if crate::lanes::enabled() {
@@ -433,7 +435,7 @@ fn configure_session() {
 }
 
 /// The worker's rounds, until SIGTERM or until queen is dropped from the database.
-fn run(m: &mut Maintenance) {
+fn rounds(m: &mut Maintenance) {
     let mut compactor = Compactor::default();
     let start = Instant::now();
     let (mut next_compaction, mut next_retention, mut next_journal) = (start, start, start);
@@ -503,7 +505,7 @@ fn retention_round(m: &mut Maintenance) {
             return;
         }
         let what = format!("queue {queue_id}");
-        if let Some((_, b)) = m.step(Pass::Retention, &what, || {
+        if let Some(Some((_, b))) = m.step(Pass::Retention, &what, || {
             Spi::connect_mut(|c| crate::retention::retain_queue(c, queue_id, retention))
         }) {
             bytes += b;

@@ -1,0 +1,359 @@
+//! Who may use which queue.
+//!
+//! Three privileges, per queue: `produce` (push), `consume` (pop, ack, extend a lease, read
+//! dead letters) and `admin` (everything else about the queue, and both of the others).
+//!
+//! - A member of `queen_producer`, `queen_consumer` or `queen_admin` (roles the extension
+//!   creates) has that privilege on every queue; a superuser has all of them.
+//! - `queen.grant(queue, role, privilege)` gives a role one privilege on one queue (and
+//!   `queen.revoke` takes it back). Such a role needs no queen role: `grant` also gives it
+//!   what it needs to call the functions of that privilege (USAGE on the schema, EXECUTE on
+//!   the functions). It can use that queue, and no other: a pop, a push, an ack, a read of
+//!   dead letters or an admin call on another queue fails with `42501`, and the calls that
+//!   list queues (`queen.dlq`, `status`, `totals`, `metrics` without a queue) show only its
+//!   queues. Encrypted payloads are decrypted only for a role that may consume the queue.
+//!
+//! **Whose privileges.** queen's functions run as the extension's owner (SECURITY
+//! DEFINER), so the check uses the role of the session at the outer level: the login role,
+//! or the role a `SET ROLE` chose. A SECURITY DEFINER function of the application in
+//! between does not lend its owner's queue privileges to the session (it may only take
+//! away: its owner must still be allowed to call the queen function).
+//!
+//! Every entry point checks, before it touches the queue (`require`, `require_id`,
+//! `permitted`); the checks read `queen.queue_grants` only for roles that are members of no
+//! queen role, and keep the answer per backend until a grant changes.
+
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::{JsonB, PgSqlErrorCode};
+use serde_json::json;
+
+use crate::errors::{self, SpiExt};
+use crate::spi::{first_value, run};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Privilege {
+    Produce,
+    Consume,
+    Admin,
+}
+
+impl Privilege {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Privilege::Produce => "produce",
+            Privilege::Consume => "consume",
+            Privilege::Admin => "admin",
+        }
+    }
+
+    fn parse(s: &str) -> Privilege {
+        match s {
+            "produce" => Privilege::Produce,
+            "consume" => Privilege::Consume,
+            "admin" => Privilege::Admin,
+            other => errors::invalid("privilege", format_args!("{other:?} (must be produce, consume or admin)")),
+        }
+    }
+
+    /// The role that has this privilege on every queue.
+    fn global_role(self) -> &'static CStr {
+        match self {
+            Privilege::Produce => c"queen_producer",
+            Privilege::Consume => c"queen_consumer",
+            Privilege::Admin => c"queen_admin",
+        }
+    }
+}
+
+/// Called from `_PG_init`.
+pub fn init() {}
+
+/// The role whose privileges count: the session's, at the outer level (see the module
+/// docs).
+fn caller() -> pg_sys::Oid {
+    // SAFETY: a plain read of the outer user id.
+    unsafe { pg_sys::GetOuterUserId() }
+}
+
+/// Whether `role` has `p` on every queue: a superuser, or a member of the queen role.
+fn global(role: pg_sys::Oid, p: Privilege) -> bool {
+    // SAFETY: catalog lookups (cached by PostgreSQL); a missing role is InvalidOid.
+    unsafe {
+        if pg_sys::superuser_arg(role) {
+            return true;
+        }
+        let has = |name: &CStr| {
+            let r = pg_sys::get_role_oid(name.as_ptr(), true);
+            r != pg_sys::InvalidOid && pg_sys::has_privs_of_role(role, r)
+        };
+        has(p.global_role()) || (p != Privilege::Admin && has(Privilege::Admin.global_role()))
+    }
+}
+
+thread_local! {
+    /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
+    /// (`queues::cached`: grants send the queues' invalidation).
+    static ALLOWED: crate::queues::Settings<(u32, i64, Privilege), bool> = Default::default();
+}
+
+/// Whether `role` has `p` on queue `queue_id` through `queen.grant` (or `admin` there).
+fn granted(client: &mut SpiClient<'_>, role: pg_sys::Oid, queue_id: i64, p: Privilege) -> bool {
+    let read = || {
+        let grantees: Vec<pg_sys::Oid> = run(
+            client,
+            "SELECT grantee FROM queen.queue_grants WHERE queue_id = $1 AND privilege IN ($2, 'admin')",
+            &[queue_id.into(), p.as_str().into()],
+        )
+        .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
+        .collect();
+        // SAFETY: a membership test (cached by PostgreSQL); a dropped role matches nothing.
+        Some(grantees.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) }))
+    };
+    crate::queues::cached(&ALLOWED, (role.to_u32(), queue_id, p), read, |_| true).unwrap_or(false)
+}
+
+fn denied(what: &str, p: Privilege) -> ! {
+    errors::raise(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        format!("queen: permission denied to {} {what}", p.as_str()),
+    )
+}
+
+/// Checks that the caller has `p` on `queue` (by name); with `None`, on every queue.
+/// `42501` otherwise. A queue that does not exist is refused to a role without the
+/// global privilege (it could not have been granted on it).
+pub fn require(queue: Option<&str>, p: Privilege) {
+    let role = caller();
+    if global(role, p) {
+        return;
+    }
+    let Some(queue) = queue else { denied("every queue", p) };
+    let ok = Spi::connect_mut(|client| {
+        let id = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+        id.is_some_and(|id| granted(client, role, id, p))
+    });
+    if !ok {
+        denied(&format!("queue {queue:?}"), p);
+    }
+}
+
+/// `require` for a queue known by id (a lease's, a dead letter's).
+pub fn require_id(client: &mut SpiClient<'_>, queue_id: i64, p: Privilege) {
+    let role = caller();
+    if !global(role, p) && !granted(client, role, queue_id, p) {
+        let name =
+            first_value::<String>(run(client, "SELECT name FROM queen.queues WHERE queue_id = $1", &[queue_id.into()]));
+        denied(&format!("queue {:?}", name.unwrap_or_default()), p);
+    }
+}
+
+/// The queues on which the caller has `p`: None for all (the global privilege).
+pub fn permitted(p: Privilege) -> Option<Vec<i64>> {
+    let role = caller();
+    if global(role, p) {
+        return None;
+    }
+    Some(Spi::connect_mut(|client| {
+        let ids: Vec<i64> = run(client, "SELECT DISTINCT queue_id FROM queen.queue_grants ORDER BY 1", &[])
+            .map(|r| r.get::<i64>(1).or_raise().unwrap())
+            .collect();
+        ids.into_iter().filter(|&id| granted(client, role, id, p)).collect()
+    }))
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._require(text, text) IS
+  'queen internal: refuse (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
+COMMENT ON FUNCTION queen._permitted_queues(text) IS
+  'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
+"#,
+    name = "require_sql_home",
+    requires = [require_sql, permitted_sql]
+);
+
+/// `queen._require(queue, privilege)`: `require`, for queen's PL/pgSQL functions.
+#[pg_extern(name = "_require", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn require_sql(queue: Option<&str>, privilege: &str) {
+    require(queue, Privilege::parse(privilege));
+}
+
+/// `queen._permitted_queues(privilege)`: `permitted`, for queen's PL/pgSQL functions.
+#[pg_extern(name = "_permitted_queues", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn permitted_sql(privilege: &str) -> Option<Vec<i64>> {
+    permitted(Privilege::parse(privilege))
+}
+
+/// The functions a role needs to use `p`: those the queen role of `p` may call (for
+/// `admin`, those of every queen role), as `regprocedure` text.
+fn functions_of(client: &mut SpiClient<'_>, p: Privilege) -> Vec<String> {
+    let roles: &[&str] = match p {
+        Privilege::Produce => &["queen_producer"],
+        Privilege::Consume => &["queen_consumer"],
+        Privilege::Admin => &["queen_producer", "queen_consumer", "queen_admin"],
+    };
+    run(
+        client,
+        "SELECT DISTINCT p.oid::regprocedure::text
+           FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+           JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+          WHERE p.pronamespace = 'queen'::regnamespace AND a.privilege_type = 'EXECUTE'
+            AND r.rolname = ANY($1)
+          ORDER BY 1",
+        &[roles.iter().map(|r| r.to_string()).collect::<Vec<String>>().into()],
+    )
+    .map(|r| r.get::<String>(1).or_raise().unwrap())
+    .collect()
+}
+
+/// Quotes a role name for SQL.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A role by name: its OID and its name, or 42704.
+fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, String) {
+    let row = run(client, "SELECT oid, rolname::text FROM pg_catalog.pg_roles WHERE rolname = $1", &[role.into()]);
+    match row.into_iter().next() {
+        Some(r) => (r.get::<pg_sys::Oid>(1).or_raise().unwrap(), r.get::<String>(2).or_raise().unwrap()),
+        None => errors::raise(PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT, format!("queen: role {role:?} does not exist")),
+    }
+}
+
+/// Makes the functions a role may call match the privileges it holds on queues: EXECUTE
+/// on the functions of each privilege it still holds somewhere, USAGE on the schema while
+/// it holds any; the rest is revoked (only what queen granted directly to the role).
+fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
+    let held: Vec<String> =
+        run(client, "SELECT DISTINCT privilege FROM queen.queue_grants WHERE grantee = $1", &[role.into()])
+            .map(|r| r.get::<String>(1).or_raise().unwrap())
+            .collect();
+    let mut need: Vec<String> = Vec::new();
+    for p in &held {
+        need.extend(functions_of(client, Privilege::parse(p)));
+    }
+    need.sort();
+    need.dedup();
+    let has: Vec<String> = run(
+        client,
+        "SELECT p.oid::regprocedure::text
+           FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          WHERE p.pronamespace = 'queen'::regnamespace AND a.privilege_type = 'EXECUTE' AND a.grantee = $1",
+        &[role.into()],
+    )
+    .map(|r| r.get::<String>(1).or_raise().unwrap())
+    .collect();
+    let who = ident(name);
+    for f in need.iter().filter(|f| !has.contains(f)) {
+        crate::spi::run_built(client, &format!("GRANT EXECUTE ON FUNCTION {f} TO {who}"));
+    }
+    for f in has.iter().filter(|f| !need.contains(f)) {
+        crate::spi::run_built(client, &format!("REVOKE EXECUTE ON FUNCTION {f} FROM {who}"));
+    }
+    let verb = if held.is_empty() { "REVOKE USAGE ON SCHEMA queen FROM" } else { "GRANT USAGE ON SCHEMA queen TO" };
+    crate::spi::run_built(client, &format!("{verb} {who}"));
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen."grant"(text, text, text) IS
+  'queen: give a role one privilege (produce, consume, admin) on one queue, and what it needs to call those functions';
+GRANT EXECUTE ON FUNCTION queen."grant"(text, text, text) TO queen_admin;
+COMMENT ON FUNCTION queen."revoke"(text, text, text) IS
+  'queen: take a privilege on a queue back from a role';
+GRANT EXECUTE ON FUNCTION queen."revoke"(text, text, text) TO queen_admin;
+COMMENT ON FUNCTION queen.grants(text) IS
+  'queen: the privileges granted on queues with queen.grant (of one queue, or all)';
+GRANT EXECUTE ON FUNCTION queen.grants(text) TO queen_admin;
+"#,
+    name = "grants_home",
+    requires = [grant_sql, revoke_sql, grants_sql]
+);
+
+/// Checks the arguments of `grant` / `revoke`, which only a global admin may call.
+fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> (String, String, Privilege) {
+    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let role = role.unwrap_or_else(|| errors::null_arg("role"));
+    let p = Privilege::parse(privilege.unwrap_or_else(|| errors::null_arg("privilege")));
+    crate::names::check_queue_name("queue", queue);
+    crate::citus::ensure_home(queue);
+    if !global(caller(), Privilege::Admin) {
+        denied("grant on queues (queen_admin only)", Privilege::Admin);
+    }
+    (queue.to_string(), role.to_string(), p)
+}
+
+/// `queen.grant(queue, role, privilege)`: see the module docs. Creates the queue when it
+/// does not exist (as `configure` does). Returns whether the grant is new.
+#[pg_extern(name = "grant", security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> JsonB {
+    let (queue, role, p) = grant_args(queue, role, privilege);
+    let (name, added) = Spi::connect_mut(|client| {
+        let (oid, name) = role_named(client, &role);
+        let (queue_id, ..) = crate::queues::ensure_queue_locked(client, &queue);
+        let added = !run(
+            client,
+            "INSERT INTO queen.queue_grants (queue_id, grantee, privilege) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING RETURNING 1",
+            &[queue_id.into(), oid.into(), p.as_str().into()],
+        )
+        .is_empty();
+        sync_grants(client, oid, &name);
+        (name, added)
+    });
+    crate::queues::invalidate();
+    JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "granted": added}))
+}
+
+/// `queen.revoke(queue, role, privilege)`: takes the privilege back; the functions the
+/// role no longer needs are revoked from it too. Returns whether it held it.
+#[pg_extern(name = "revoke", security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> JsonB {
+    let (queue, role, p) = grant_args(queue, role, privilege);
+    let (name, removed) = Spi::connect_mut(|client| {
+        let (oid, name) = role_named(client, &role);
+        let removed = !run(
+            client,
+            "DELETE FROM queen.queue_grants g USING queen.queues q
+              WHERE q.queue_id = g.queue_id AND q.name = $1 AND g.grantee = $2 AND g.privilege = $3
+             RETURNING 1",
+            &[queue.as_str().into(), oid.into(), p.as_str().into()],
+        )
+        .is_empty();
+        sync_grants(client, oid, &name);
+        (name, removed)
+    });
+    crate::queues::invalidate();
+    JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "revoked": removed}))
+}
+
+/// `queen.grants(queue)`: the grants made with `queen.grant`, of one queue or all.
+#[pg_extern(name = "grants", security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn grants_sql(
+    queue: default!(Option<&str>, "NULL"),
+) -> TableIterator<'static, (name!(queue, String), name!(role, String), name!(privilege, String))> {
+    require(queue, Privilege::Admin);
+    let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
+        run(
+            client,
+            "SELECT q.name, coalesce(r.rolname::text, g.grantee::text), g.privilege
+               FROM queen.queue_grants g JOIN queen.queues q ON q.queue_id = g.queue_id
+               LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
+              WHERE $1::text IS NULL OR q.name = $1
+              ORDER BY 1, 2, 3",
+            &[queue.into()],
+        )
+        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
+        .collect()
+    });
+    TableIterator::new(rows)
+}
