@@ -34,6 +34,8 @@ CREATE FUNCTION queen.dlq(
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+  permitted bigint[];
 BEGIN
   -- On Citus, a named queue is read on its home: a call that reached another node is
   -- forwarded there through the distributed form (docs/citus.md).
@@ -49,6 +51,12 @@ BEGIN
     RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
       USING ERRCODE = '22023';
   END IF;
+  -- Per-queue privileges (src/privileges.rs): a named queue must be one the session's
+  -- role may consume; without a name, only those are listed.
+  IF dlq.queue IS NOT NULL THEN
+    PERFORM queen._require(dlq.queue, 'consume');
+  END IF;
+  permitted := queen._permitted_queues('consume');
   -- created_at equals failed_at: a frame's enqueue time is not kept per message. A row
   -- whose envelope cannot be opened (its key is not configured, or it does not
   -- authenticate) is listed with a NULL payload and the reason after its error.
@@ -66,6 +74,7 @@ BEGIN
      CROSS JOIN LATERAL (SELECT CASE WHEN d.data IS NULL
                                      THEN queen._dead_letter_unopenable(d.envelope, d.message_id) END AS unopenable) x
      WHERE (dlq.queue IS NULL OR q.name = dlq.queue)
+       AND (permitted IS NULL OR q.queue_id = ANY(permitted))
        AND (dlq.consumer_group IS NULL OR d.consumer_group = dlq.consumer_group)
      ORDER BY d.failed_at DESC, d.id DESC
      LIMIT page_size OFFSET page_offset;
@@ -109,6 +118,8 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+DECLARE
+  permitted bigint[];
 BEGIN
   -- On Citus, a named queue is read on its home: a call that reached another node is
   -- forwarded there through the distributed form (docs/citus.md).
@@ -116,6 +127,11 @@ BEGIN
     RETURN QUERY EXECUTE format('SELECT * FROM queen._status_at_home(%L)', status.queue);
     RETURN;
   END IF;
+  -- Per-queue privileges (src/privileges.rs).
+  IF status.queue IS NOT NULL THEN
+    PERFORM queen._require(status.queue, 'admin');
+  END IF;
+  permitted := queen._permitted_queues('admin');
   -- Only a live lease is shown; an expired one is as good as none. retry_at: a failed
   -- batch's retry backoff, while it runs (the lane is not claimed before it).
   RETURN QUERY
@@ -133,7 +149,8 @@ BEGIN
      CROSS JOIN LATERAL (SELECT queen._readable(p.partition_id, p.head) AS head) r
      CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
                                     l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
-     WHERE status.queue IS NULL OR q.name = status.queue
+     WHERE (status.queue IS NULL OR q.name = status.queue)
+       AND (permitted IS NULL OR q.queue_id = ANY(permitted))
      ORDER BY q.name, p.name, l.consumer_group;
 END $$;
 COMMENT ON FUNCTION queen.status(text) IS
@@ -158,6 +175,8 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+DECLARE
+  permitted bigint[];
 BEGIN
   -- On Citus, a named queue is read on its home: a call that reached another node is
   -- forwarded there through the distributed form (docs/citus.md).
@@ -165,6 +184,11 @@ BEGIN
     RETURN QUERY EXECUTE format('SELECT * FROM queen._totals_at_home(%L)', totals.queue);
     RETURN;
   END IF;
+  -- Per-queue privileges (src/privileges.rs).
+  IF totals.queue IS NOT NULL THEN
+    PERFORM queen._require(totals.queue, 'admin');
+  END IF;
+  permitted := queen._permitted_queues('admin');
   RETURN QUERY
     WITH q AS (
       SELECT q.queue_id, q.name, p.partitions, p.messages
@@ -172,7 +196,8 @@ BEGIN
         CROSS JOIN LATERAL (SELECT count(*) AS partitions,
                                    coalesce(sum(queen._readable(partition_id, head)), 0)::int8 AS messages
                               FROM queen.partitions WHERE queue_id = q.queue_id) p
-       WHERE totals.queue IS NULL OR q.name = totals.queue
+       WHERE (totals.queue IS NULL OR q.name = totals.queue)
+         AND (permitted IS NULL OR q.queue_id = ANY(permitted))
     ), g AS (
       SELECT l.queue_id, l.consumer_group,
              sum(v.committed)::int8 AS committed,
@@ -256,6 +281,7 @@ BEGIN
   END IF;
   -- On Citus, only the queue's home deletes it (src/citus.rs).
   PERFORM queen._ensure_home(delete_queue.queue);
+  PERFORM queen._require(delete_queue.queue, 'admin');
   -- The queue lock in exclusive mode before anything else: every call that touched the
   -- queue holds it in share mode until it ends, so this waits for them and none of them
   -- waits for this while holding a row of the queue (src/locks.rs). Then the queue row,
@@ -313,9 +339,13 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+DECLARE
+  -- Per-queue privileges (src/privileges.rs): the queues the session's role administers
+  -- (NULL: all); the database-wide parts (retention, maintenance) need all.
+  permitted bigint[] := queen._permitted_queues('admin');
 BEGIN
-  IF kind IS NOT NULL AND kind NOT IN ('queue', 'group', 'dead_letters', 'retention') THEN
-    RAISE EXCEPTION 'queen: invalid kind: % (must be queue, group, dead_letters, retention or NULL)', kind
+  IF kind IS NOT NULL AND kind NOT IN ('queue', 'group', 'dead_letters', 'retention', 'maintenance') THEN
+    RAISE EXCEPTION 'queen: invalid kind: % (must be queue, group, dead_letters, retention, maintenance or NULL)', kind
       USING ERRCODE = '22023';
   END IF;
   IF kind IS NULL OR kind = 'queue' THEN
@@ -338,7 +368,8 @@ BEGIN
        CROSS JOIN LATERAL (VALUES ('partitions', coalesce(p.partitions, 0)::float8),
                                   ('messages', coalesce(p.messages, 0)::float8),
                                   ('segments', coalesce(s.segments, 0)::float8),
-                                  ('bytes', coalesce(s.bytes, 0)::float8)) m(metric, value);
+                                  ('bytes', coalesce(s.bytes, 0)::float8)) m(metric, value)
+       WHERE permitted IS NULL OR q.queue_id = ANY(permitted);
   END IF;
   IF kind IS NULL OR kind = 'group' THEN
     RETURN QUERY
@@ -390,6 +421,7 @@ BEGIN
       )
       SELECT m.metric, q.name, g.consumer_group, m.value
         FROM g JOIN queen.queues q ON q.queue_id = g.queue_id
+                AND (permitted IS NULL OR q.queue_id = ANY(permitted))
        CROSS JOIN LATERAL (VALUES ('lag_messages', g.lag::float8),
                                   ('lag_seconds', g.lag_seconds::float8),
                                   ('leases_live', g.live::float8),
@@ -400,9 +432,10 @@ BEGIN
     RETURN QUERY
       SELECT 'dead_letters'::text, q.name, d.consumer_group, count(*)::float8
         FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
+       WHERE permitted IS NULL OR q.queue_id = ANY(permitted)
        GROUP BY q.name, d.consumer_group;
   END IF;
-  IF kind IS NULL OR kind = 'retention' THEN
+  IF (kind IS NULL OR kind = 'retention') AND permitted IS NULL THEN
     RETURN QUERY
       SELECT m.metric, NULL::text, NULL::text, m.value
         FROM queen._retention_stats() r
@@ -411,6 +444,27 @@ BEGIN
                                   ('retention_freed_bytes_total', r.bytes_total::float8),
                                   ('retention_last_run_timestamp_seconds',
                                    extract(epoch FROM r.last_run_at)::float8)) m(metric, value)
+       WHERE m.value IS NOT NULL;
+  END IF;
+  -- This database's maintenance worker (src/worker.rs): per pass, runs and errors since
+  -- the server started, seconds since its last success (NULL before the first: no row)
+  -- and since its last error; whether the worker runs; fresh segments kept undecodable.
+  IF (kind IS NULL OR kind = 'maintenance') AND permitted IS NULL THEN
+    RETURN QUERY
+      SELECT 'maintenance_' || st.pass || '_' || m.metric, NULL::text, NULL::text, m.value
+        FROM queen._maintenance_stats() st
+       CROSS JOIN LATERAL (VALUES ('runs', st.runs::float8),
+                                  ('errors', st.errors::float8),
+                                  ('age_seconds', extract(epoch FROM clock_timestamp() - st.last_ok_at)::float8),
+                                  ('error_age_seconds',
+                                   extract(epoch FROM clock_timestamp() - st.last_error_at)::float8)) m(metric, value)
+       WHERE m.value IS NOT NULL;
+    RETURN QUERY
+      SELECT m.metric, NULL::text, NULL::text, m.value
+        FROM (SELECT bool_or(worker_running) AS running, max(corrupt_segments) AS corrupt
+                FROM queen._maintenance_stats()) st
+       CROSS JOIN LATERAL (VALUES ('maintenance_worker_running', st.running::int::float8),
+                                  ('maintenance_corrupt_segments', st.corrupt::float8)) m(metric, value)
        WHERE m.value IS NOT NULL;
   END IF;
 END $$;
@@ -509,15 +563,17 @@ END $$;
 REVOKE ALL ON FUNCTION queen.distribute() FROM PUBLIC;
 COMMENT ON FUNCTION queen.distribute() IS 'queen: on a Citus coordinator, route every call that names a queue to the worker that holds it';
 
--- A rotation of the segment generations (src/generations.rs): the rows still in
--- generation `oldest` are copied into generation `current`, `oldest` is emptied with
--- TRUNCATE and becomes current. Returns the rows copied, or -1 when a lock it needs stayed
--- busy for the whole wait (each lock waits at most lock_timeout) or its wait would close a
--- cycle (nothing is done then). The caller holds the queen.generations row.
+-- The swap that ends a rotation of the segment generations (src/generations.rs): the
+-- oldest generation's tables are locked exclusively, the rows still in generation `oldest`
+-- (those the move before it skipped: partitions busy at that moment) are copied into
+-- generation `current`, `oldest` is emptied with TRUNCATE and becomes current. Returns the
+-- rows copied, or -1 when a lock it needs stayed busy for the whole wait (each lock waits
+-- at most lock_timeout) or its wait would close a cycle (nothing is done then). The caller
+-- holds the queen.generations row.
 CREATE FUNCTION queen._rotate_segments(oldest int, current int) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '200ms'
+SET lock_timeout = '150ms'
 -- An autovacuum holding a table (TOAST included, which TRUNCATE locks later) is cancelled
 -- after deadlock_timeout; below lock_timeout, so that it is, and a cycle with another
 -- waiter is found before the wait gives up (this call is then the one that backs off).
@@ -547,7 +603,7 @@ EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
   RETURN -1;
 END $$;
 REVOKE ALL ON FUNCTION queen._rotate_segments(int, int) FROM PUBLIC;
-COMMENT ON FUNCTION queen._rotate_segments(int, int) IS 'queen internal: copy a segment generation''s live rows forward and empty it (background worker, retain); not granted';
+COMMENT ON FUNCTION queen._rotate_segments(int, int) IS 'queen internal: the swap that ends a rotation of the segment generations: copy what the move left, empty the oldest generation (background worker, retain); not granted';
 
 -- The lane journal's table `t` saved into queen.lanes and emptied, if nothing holds it
 -- (src/lanes.rs, rotate_journal: the worker calls it once no ack writes to it).

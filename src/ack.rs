@@ -227,8 +227,10 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
         &[lease_id.into()],
     ))
-    .is_some_and(crate::locks::share_queue)
-    {
+    .is_some_and(|q| {
+        crate::privileges::require_id(client, q, crate::privileges::Privilege::Consume);
+        crate::locks::share_queue(q)
+    }) {
         Vec::new() // unknown lease, or its queue was deleted while this waited
     } else {
         run(
@@ -396,6 +398,7 @@ fn lock_registry(
     now: i64,
 ) -> Vec<LockedLane> {
     let Some(info) = crate::lanes::lease(lease_id) else { return Vec::new() };
+    crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Consume);
     // The queue lock before the lanes (`queen_core::lock_order`).
     if !crate::locks::share_queue(info.queue_id) {
         return Vec::new();

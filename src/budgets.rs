@@ -48,6 +48,7 @@ fn configure_group(
     check_queue_name("queue", queue);
     crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
+    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
     let b = Budget {
         handler_timeout: micros("handler_timeout", handler_timeout),
         queue_margin: micros("queue_margin", queue_margin),
@@ -129,7 +130,7 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
                    FROM queen.leases le
                    JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
                    LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
-                  WHERE le.lease_id = $1 AND ",
+                  WHERE le.lease_id = $1 AND queen._require_id(le.queue_id, 'consume') AND ",
                     queen_core::lease_live_sql!("l", "$2"),
                     "
                   GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin"
@@ -186,6 +187,9 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
 /// the group's handler timeout, grace and record margin (microseconds).
 fn may_start_registry(lease_id: pgrx::Uuid, now: i64) -> Option<(i64, Option<i64>, i64, i64)> {
     let info = crate::lanes::lease(lease_id)?;
+    Spi::connect_mut(|client| {
+        crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Consume)
+    });
     let earliest = info
         .lanes
         .iter()

@@ -35,6 +35,9 @@ fn lock_row(
         "SELECT queue_id FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 LIMIT 1",
         &[partition_id.into(), transaction_id.into()],
     ));
+    if let Some(q) = queue_id {
+        crate::privileges::require_id(client, q, crate::privileges::Privilege::Admin);
+    }
     let locked = queue_id.is_none_or(crate::locks::share_queue);
     let row = if locked { run(client, LOCK, &[partition_id.into(), transaction_id.into()]).next() } else { None };
     let Some(row) = row else {

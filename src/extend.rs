@@ -27,8 +27,8 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     crate::citus::ensure_id_home("lease", &lease_id);
     let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
-    if seconds <= 0 {
-        errors::invalid("seconds", format_args!("{seconds} (must be > 0)"));
+    if let Err(v) = queen_core::policy::check_extend_seconds(seconds, crate::settings::max_lease()) {
+        errors::violation(v);
     }
     let now = clock_now();
     let target = now.saturating_add(i64::from(seconds) * 1_000_000);
@@ -55,6 +55,9 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
 /// `target`. Returns how many, and the earliest new expiry as ISO text.
 fn extend_registry(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
     let Some(info) = crate::lanes::lease(lease_id) else { return (0, None) };
+    Spi::connect_mut(|client| {
+        crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Consume)
+    });
     // The queue lock, then the lanes in partition order (`queen_core::lock_order`).
     if !crate::locks::share_queue(info.queue_id) {
         return (0, None);
@@ -98,9 +101,75 @@ fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<Str
             "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
             &[lease_id.into()],
         ));
-        if !queue_id.is_some_and(crate::locks::share_queue) {
+        let Some(queue_id) = queue_id else { return (0, None) };
+        crate::privileges::require_id(client, queue_id, crate::privileges::Privilege::Consume);
+        if !crate::locks::share_queue(queue_id) {
             return (0, None);
         }
         crate::lane_rows::extend(client, lease_id, target, now)
     })
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.revoke_lease(uuid) IS
+  'queen: end a lease now (an operator''s call): its lanes are claimable again and its messages are delivered again';
+GRANT EXECUTE ON FUNCTION queen.revoke_lease(uuid) TO queen_admin;
+"#,
+    name = "revoke_lease_home",
+    requires = [revoke_lease]
+);
+
+/// `queen.revoke_lease(lease_id)`: ends a lease now, on every lane it still holds, as if
+/// it had expired: the cursors stay where they are, the leased messages are delivered to
+/// the next pop (counted as a redelivery), and an ack under the lease changes nothing
+/// from then on. Waits for a transaction that holds one of its lanes, as an ack does. For
+/// operators (a consumer that hung with a long lease); an unknown or expired lease revokes
+/// nothing. Returns how many lanes it held.
+#[pg_extern(security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn revoke_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
+    let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+    crate::citus::ensure_id_home("lease", &lease_id);
+    let (queue, revoked) = if crate::lanes::enabled() {
+        match crate::lanes::lease(lease_id) {
+            None => (None, 0),
+            Some(info) => {
+                let queue = Spi::connect_mut(|client| {
+                    crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Admin);
+                    crate::spi::first_value::<String>(run(
+                        client,
+                        "SELECT name FROM queen.queues WHERE queue_id = $1",
+                        &[info.queue_id.into()],
+                    ))
+                });
+                (queue, crate::lanes::revoke(lease_id, false))
+            }
+        }
+    } else {
+        Spi::connect_mut(|client| {
+            let found = run(
+                client,
+                "SELECT le.queue_id, q.name FROM queen.leases le JOIN queen.queues q ON q.queue_id = le.queue_id
+                  WHERE le.lease_id = $1",
+                &[lease_id.into()],
+            )
+            .next()
+            .map(|r| (r.get::<i64>(1).ok().flatten().unwrap_or(0), r.get::<String>(2).ok().flatten()));
+            let Some((queue_id, name)) = found else { return (None, 0) };
+            crate::privileges::require_id(client, queue_id, crate::privileges::Privilege::Admin);
+            if !crate::locks::share_queue(queue_id) {
+                return (None, 0);
+            }
+            (name, crate::lane_rows::revoke_lease(client, lease_id, clock_now()))
+        })
+    };
+    if let (Some(q), true) = (&queue, revoked > 0) {
+        crate::wake::notify_on_commit(q);
+    }
+    JsonOut(json!({
+        "leaseId": from_pg_uuid(&lease_id).to_string(),
+        "revoked": revoked > 0,
+        "lanes": revoked,
+    }))
 }

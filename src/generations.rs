@@ -7,11 +7,23 @@
 //! is still live.
 //!
 //! The rotation runs after a retention pass (the background worker's, or `queen.retain()`
-//! over every queue), so the oldest generation holds only what retention kept. It needs the
-//! oldest generation's tables exclusively; it waits for them at most `ROTATE_LOCK_WAIT` and
-//! otherwise tries again on the next pass. Readers cannot see a half-done rotation: a
-//! statement takes its locks before its snapshot, so one that waited for the rotation sees
-//! its copies, and one that began before it holds the tables the rotation waits for.
+//! over every queue), so the oldest generation holds only what retention kept. It works in
+//! two steps, in one transaction:
+//!
+//! 1. **The move** (`move_live_rows`): the live rows of the oldest generation move to the
+//!    current one, a batch of partitions at a time, each row deleted and inserted in one
+//!    statement, under the partitions' row locks (taken without waiting, as compaction and
+//!    retention take them). It takes no table lock a reader waits for, however much it
+//!    moves: pops go on reading.
+//! 2. **The swap** (`queen._rotate_segments`): the oldest generation's tables are locked
+//!    exclusively (waiting at most 150 ms, else the rotation backs off and tries on a
+//!    later pass), what the move skipped (partitions busy at that moment; few) is copied,
+//!    the tables are emptied with TRUNCATE, and the generation becomes current. Readers
+//!    wait only for this step: the lock wait plus a short copy and the TRUNCATE.
+//!
+//! Readers cannot see a half-done rotation: nothing is visible before the transaction
+//! commits, and a statement takes its locks before its snapshot, so one that waited for
+//! the swap sees the rotation whole.
 //! Under REPEATABLE READ or SERIALIZABLE a transaction's snapshot may predate a rotation
 //! (see `docs/concepts.md`, "Segment generations").
 
@@ -100,6 +112,59 @@ pub enum Rotated {
     Yes { emptied: i16, copied: i64 },
 }
 
+/// Partitions a move statement takes at once.
+const MOVE_BATCH: i64 = 1000;
+
+/// Moves the rows of generation `oldest` into `current`, a batch of partitions at a time,
+/// in the caller's transaction: each row is deleted from `oldest` and inserted into
+/// `current` in one statement, so a reader (a statement snapshot) sees it in one place or
+/// the other, never in both or neither. Each partition's row is locked first (FOR NO KEY
+/// UPDATE SKIP LOCKED, as compaction and retention lock it, so none of them works on it
+/// meanwhile); a partition busy at that moment is left for the copy under the exclusive
+/// lock that ends the rotation. Nothing here takes a lock that a pop waits for.
+fn move_live_rows(client: &mut SpiClient<'_>, oldest: i16, current: i16) {
+    let mut after = pgrx::Uuid::from_bytes([0; 16]);
+    loop {
+        let pids: Vec<pgrx::Uuid> = run(
+            client,
+            "SELECT p.partition_id FROM queen.partitions p
+              WHERE p.partition_id > $1
+                AND (EXISTS (SELECT 1 FROM queen.segments s
+                              WHERE s.partition_id = p.partition_id AND s.generation = $2)
+                     OR EXISTS (SELECT 1 FROM queen.fresh_segments f
+                                 WHERE f.partition_id = p.partition_id AND f.generation = $2))
+              ORDER BY p.partition_id
+              LIMIT $3
+                FOR NO KEY UPDATE OF p SKIP LOCKED",
+            &[after.into(), oldest.into(), MOVE_BATCH.into()],
+        )
+        .map(|r| r.get::<pgrx::Uuid>(1).or_raise().unwrap())
+        .collect();
+        let Some(&last) = pids.last() else { return };
+        after = last;
+        run(
+            client,
+            "WITH m AS (
+               DELETE FROM queen.segments s WHERE s.generation = $2 AND s.partition_id = ANY($1)
+               RETURNING s.partition_id, s.first_offset, s.last_offset, s.created_at, s.data
+             )
+             INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+             SELECT partition_id, first_offset, last_offset, created_at, data, $3 FROM m",
+            &[pids.clone().into(), oldest.into(), current.into()],
+        );
+        run(
+            client,
+            "WITH m AS (
+               DELETE FROM queen.fresh_segments s WHERE s.generation = $2 AND s.partition_id = ANY($1)
+               RETURNING s.partition_id, s.first_offset, s.last_offset, s.created_at, s.data
+             )
+             INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data, generation)
+             SELECT partition_id, first_offset, last_offset, created_at, data, $3 FROM m",
+            &[pids.into(), oldest.into(), current.into()],
+        );
+    }
+}
+
 /// One rotation attempt (see the module comment). Runs in the caller's transaction.
 pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
     // A fixed snapshot would copy only the rows it sees, and drop the others with the
@@ -147,6 +212,10 @@ pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
     if !rotation_due(sizes, min_bytes) {
         return Rotated::No;
     }
+    // The move, partition by partition, with no exclusive lock: pops read on meanwhile.
+    move_live_rows(client, oldest, current);
+    // The short part, under the oldest generation's tables held exclusively: what the
+    // move skipped (partitions busy at that moment) is copied, and the tables emptied.
     let copied = first_value::<i64>(run(
         client,
         "SELECT queen._rotate_segments($1, $2)",

@@ -200,6 +200,7 @@ fn seek(
     check_queue_name("queue", queue);
     crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
+    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
     if let Some(p) = partition {
         check_lane_name("partition", p);
     }
@@ -212,9 +213,9 @@ fn seek(
     }
     let moved = Spi::connect_mut(|client| {
         let Some(queue_id) = queue_id(client, queue) else { no_group(queue, group) };
-        // The queue row, as lane creation does: a retention pass skips the queue until
-        // this commits, so the segments a rewind points at stay.
-        run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE", &[queue_id.into()]);
+        // The lane-creation lock, as lane creation takes it: a retention step skips the
+        // queue until this commits, so the segments a rewind points at stay.
+        crate::locks::lanes_creation(queue_id, false, true);
         if !group_exists(client, queue_id, group) {
             no_group(queue, group);
         }
@@ -283,6 +284,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
     check_queue_name("queue", queue);
     crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
+    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
     // Pops cache whether a group exists (`pop::group_info`): they look again once this
     // commits.
     crate::queues::invalidate();

@@ -247,6 +247,35 @@ pub fn expire_lease(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, now: i64) 
     .unwrap_or(0)
 }
 
+/// `revoke_lease`: every lane the lease still holds, live, is released (locked in
+/// partition order, as an ack locks them); its cursor and claim counters stay, so the next
+/// claim counts a redelivery. The lease row goes. Returns how many lanes.
+pub fn revoke_lease(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, now: i64) -> i64 {
+    first_value::<i64>(run(
+        client,
+        concat!(
+            "WITH locked AS (
+               SELECT l.partition_id, l.consumer_group FROM queen.lanes l, queen.leases le
+                WHERE le.lease_id = $1 AND l.partition_id = ANY(le.partition_ids) AND l.lease_id = $1
+                ORDER BY l.partition_id
+                  FOR UPDATE OF l
+             ), released AS (
+               UPDATE queen.lanes l SET lease_id = NULL, lease_expires_at = NULL, batch_end = NULL
+                 FROM locked k
+                WHERE l.partition_id = k.partition_id AND l.consumer_group = k.consumer_group AND ",
+            queen_core::lease_live_sql!("l", "$2"),
+            "
+               RETURNING 1
+             ), gone AS (
+               DELETE FROM queen.leases WHERE lease_id = $1
+             )
+             SELECT count(*)::int8 FROM released"
+        ),
+        &[lease_id.into(), timestamptz(now).into()],
+    ))
+    .unwrap_or(0)
+}
+
 /// `seek`: the lane's cursor moves to `to`, any lease it carried ends, its counters reset.
 pub fn seek(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str, to: i64) {
     run(

@@ -343,6 +343,10 @@ fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
 /// or the newest journal entry when it is newer), the lease the row still carries from a
 /// version without the registry (taken over if live), and the lane's queue.
 fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> Option<(State, i64)> {
+    // The journal tables' locks are this read's only: they are released right after it
+    // (`JournalLocks`), so a transaction that loaded a lane (any pop after a restart, a
+    // `status`) and stays open does not keep the worker from emptying the journal.
+    let _journal = JournalLocks::take();
     // With a snapshot taken now: a REPEATABLE READ transaction's own may predate acks.
     let row = crate::spi::first_row_now(
         client,
@@ -379,6 +383,57 @@ fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> 
         },
     );
     row
+}
+
+/// The two journal tables, share-locked for one read and released after it, unless this
+/// transaction held them before (then it keeps them: a lock it took for another reason
+/// is not this read's to drop).
+///
+/// Taken before the read, the locks make a rotation that empties a journal table (it
+/// copies the table's entries into `queen.lanes`, then TRUNCATEs it, under an exclusive
+/// lock) either finish before the read, which then sees its copies, or wait until the
+/// read is over.
+struct JournalLocks {
+    tables: Vec<pg_sys::Oid>,
+}
+
+impl JournalLocks {
+    fn take() -> JournalLocks {
+        let mut tables = Vec::new();
+        for name in [c"lane_journal_0", c"lane_journal_1"] {
+            let oid = crate::catalog::queen_table(name);
+            // SAFETY: lock-manager calls on an existing relation's OID, in a transaction.
+            unsafe {
+                if oid == pg_sys::InvalidOid
+                    || pg_sys::CheckRelationOidLockedByMe(oid, pg_sys::AccessShareLock as i32, true)
+                {
+                    continue;
+                }
+                pg_sys::LockRelationOid(oid, pg_sys::AccessShareLock as i32);
+            }
+            tables.push(oid);
+        }
+        JournalLocks { tables }
+    }
+}
+
+impl Drop for JournalLocks {
+    fn drop(&mut self) {
+        for &oid in &self.tables {
+            // Every share lock this read took (the statement's own, and the one above),
+            // all under this resource owner; bounded, in case one is not ours to release.
+            for _ in 0..8 {
+                // SAFETY: as in `take`; releasing AccessShareLock counts this transaction
+                // took on the relation during the read.
+                unsafe {
+                    if !pg_sys::CheckRelationOidLockedByMe(oid, pg_sys::AccessShareLock as i32, false) {
+                        break;
+                    }
+                    pg_sys::UnlockRelationOid(oid, pg_sys::AccessShareLock as i32);
+                }
+            }
+        }
+    }
 }
 
 /// Locks a lane for this transaction; `wait`: wait for another holder (else None when

@@ -37,6 +37,7 @@ mod push;
 mod queues;
 mod retention;
 mod segments;
+mod settings;
 mod shmem;
 mod spi;
 mod srf;
@@ -53,6 +54,7 @@ extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     failpoints::init();
+    settings::init();
     durability::init();
     encryption::init();
     offsets::init();

@@ -78,6 +78,30 @@ pub fn share_queue(queue_id: i64) -> bool {
     }
 }
 
+/// The queue lock in share mode, if it can be taken without waiting (a retention step:
+/// a queue that a `delete_queue` holds is skipped). False when it cannot, or when the queue
+/// is gone.
+pub fn try_share_queue(queue_id: i64) -> bool {
+    match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, false) {
+        Took::No => false,
+        Took::Held => true,
+        _ => !crate::queues::changed_since() || still_there(queue_id),
+    }
+}
+
+/// The lane-creation lock of a queue: creating lanes from the partition rows (a new
+/// group's, or the repair of missed ones) and moving cursors back (`seek`) take it in share
+/// mode; a retention step takes it exclusively and without waiting, so that a new group's
+/// lanes are either seen by the step (their cursors hold segments back) or start at what
+/// it deleted, and a rewind never points at a segment the step deletes. With `wait` false,
+/// false when it is busy (a pop then does not create lanes this time). It is not the queue
+/// row's lock: a `configure` (an update of that row) never makes a pop wait or skip.
+pub fn lanes_creation(queue_id: i64, exclusive: bool, wait: bool) -> bool {
+    let tag = object_tag(crate::catalog::queen_table(c"queues"), queue_key(queue_id), 1);
+    let mode = if exclusive { pg_sys::AccessExclusiveLock } else { pg_sys::AccessShareLock };
+    taken(acquire(&tag, mode, wait))
+}
+
 /// The queue lock in exclusive mode (`delete_queue`).
 pub fn own_queue(queue_id: i64) {
     acquire(&queue_tag(queue_id), pg_sys::AccessExclusiveLock, true);

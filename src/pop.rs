@@ -196,6 +196,7 @@ pub unsafe extern "C-unwind" fn pop_sql_wrapper(_fcinfo: pg_sys::FunctionCallInf
 fn validate(a: &PopArgs) {
     check_queue_name("queue", a.queue);
     crate::citus::ensure_home(a.queue);
+    crate::privileges::require(Some(a.queue), crate::privileges::Privilege::Consume);
     check_lane_name("consumer_group", a.group);
     if let Some(p) = a.partition {
         check_lane_name("partition", p);
@@ -203,6 +204,7 @@ fn validate(a: &PopArgs) {
     let limits = PopLimits {
         batch: a.batch,
         lease_seconds: a.lease_seconds,
+        max_lease: crate::settings::max_lease(),
         wait_ms: a.wait_ms,
         max_partitions: a.max_partitions,
         max_bytes: a.max_bytes,
@@ -277,6 +279,8 @@ struct GroupInfo {
     queue_id: i64,
     lease_time: Option<i32>,
     has_group: bool,
+    /// The queue lets a pop create a group (`configure(create_groups)`).
+    create_groups: bool,
     /// The group's lease budget (microseconds), when it has one.
     budget_micros: Option<i64>,
     delay: i64,
@@ -296,7 +300,7 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
             "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
                     (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
                                         + g.record_margin) * 1000000)::int8,
-                    (extract(epoch FROM q.delay) * 1000000)::int8
+                    (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups
                FROM queen.queues q
                LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
               WHERE q.name = $1",
@@ -309,6 +313,7 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
             has_group: row.get(3).or_raise().unwrap(),
             budget_micros: row.get(4).or_raise(),
             delay: row.get(5).or_raise().unwrap_or(0),
+            create_groups: row.get(6).or_raise().unwrap_or(true),
         })
     };
     // Kept once the group exists (a pop that finds none creates it, then reads again).
@@ -316,11 +321,20 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
 }
 
 fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
-    let Some(GroupInfo { queue_id, lease_time, has_group, budget_micros, delay }) =
+    let Some(GroupInfo { queue_id, lease_time, has_group, create_groups, budget_micros, delay }) =
         group_info(client, a.queue, a.group)
     else {
         return Vec::new(); // unknown queue: zero rows
     };
+    if !has_group && !create_groups {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!(
+                "queen: queue {:?} has no consumer group {:?}, and its consumers may not create one                  (configure create_groups => false); create it with queen.create_group",
+                a.queue, a.group
+            ),
+        );
+    }
     // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
     if !crate::locks::share_queue(queue_id) {
         return Vec::new(); // deleted while this pop waited: an unknown queue
@@ -345,7 +359,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     }
     let mut takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
 
-    let lease_micros = effective_lease_micros(a.lease_seconds, budget_micros, lease_time);
+    let lease_micros = effective_lease_micros(a.lease_seconds, budget_micros, lease_time, crate::settings::max_lease());
     let (lease_id, expires) = if a.auto_ack {
         (None, None)
     } else {

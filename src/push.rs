@@ -579,6 +579,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     for &(queue, _) in groups.keys() {
         if last_queue != Some(queue) {
             crate::citus::ensure_home(queue);
+            crate::privileges::require(Some(queue), crate::privileges::Privilege::Produce);
             last_queue = Some(queue);
         }
     }

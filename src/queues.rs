@@ -233,19 +233,14 @@ pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -
     Some(pid)
 }
 
-/// Before lanes are created from partition rows: share-lock the queue row, which a
-/// retention pass locks FOR NO KEY UPDATE. Either the pass sees the new lanes (their
-/// cursors hold segments back) or the lanes start at what it deleted (`retain`). With
-/// `wait` false (a pop) the lock is not waited for: false when a retention step, a
-/// `configure` or a `delete_queue` holds the row right now (the pop creates its lanes on a
-/// later call). A statement of its own: the INSERT after it reads with a fresh snapshot.
-fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64, wait: bool) -> bool {
-    let sql = if wait {
-        "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE"
-    } else {
-        "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR SHARE SKIP LOCKED"
-    };
-    !run(client, sql, &[queue_id.into()]).is_empty()
+/// Before lanes are created from partition rows: the queue's lane-creation lock in share
+/// mode (`locks::lanes_creation`), which a retention step takes exclusively. Either the
+/// step sees the new lanes (their cursors hold segments back) or the lanes start at what
+/// it deleted (`retain`). With `wait` false (a pop) it is not waited for: false when a
+/// retention step holds it right now (the pop creates its lanes on a later call). Taken
+/// before the INSERT, whose statement snapshot then sees the step's deletions.
+fn lock_for_new_lanes(queue_id: i64, wait: bool) -> bool {
+    crate::locks::lanes_creation(queue_id, false, wait)
 }
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
@@ -254,8 +249,8 @@ fn lock_for_new_lanes(client: &mut SpiClient<'_>, queue_id: i64, wait: bool) -> 
 ///
 /// The caller holds the queue lock (`locks::share_queue`). With `wait` false (a pop),
 /// returns None without waiting when another session is creating the same group right
-/// now, or when the queue row is busy (a retention step, a `configure`): a pop never waits
-/// on a lock that is not its own. Otherwise returns whether this call created the group.
+/// now, or when a retention step of the queue runs: a pop never waits on a lock that is
+/// not its own. Otherwise returns whether this call created the group.
 pub fn ensure_group(
     client: &mut SpiClient<'_>,
     queue_id: i64,
@@ -267,7 +262,7 @@ pub fn ensure_group(
         return None;
     }
     // The queue row before the group row: a pop that would wait for it returns nothing.
-    if !lock_for_new_lanes(client, queue_id, wait) {
+    if !lock_for_new_lanes(queue_id, wait) {
         return None;
     }
     let created = run(
@@ -314,6 +309,7 @@ fn create_group(
     check_queue_name("queue", queue);
     crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
+    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
     let subscription = Subscription::parse(subscription).unwrap_or_else(|v| crate::errors::violation(v)).as_str();
     pgrx::Spi::connect_mut(|client| {
         let (queue_id, ..) = ensure_queue_locked(client, queue);
@@ -369,9 +365,10 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     if !due {
         return false;
     }
-    // Never waited for: a pop skips the repair while the queue row is busy (it comes back
-    // within a second), and the group row likewise (`create_missing`).
-    lock_for_new_lanes(client, queue_id, false) && crate::lane_rows::create_missing(client, queue_id, group)
+    // Never waited for: a pop skips the repair while a retention step runs (it comes back
+    // within a second), and while a seek or drop_group holds the group row
+    // (`create_missing`).
+    lock_for_new_lanes(queue_id, false) && crate::lane_rows::create_missing(client, queue_id, group)
 }
 
 extension_sql!(
@@ -392,21 +389,21 @@ fn queues_changed() {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval) IS
+COMMENT ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval) IS
   'queen: create or update a queue; returns its options in camelCase';
-GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval) TO queen_admin;
+GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval) TO queen_admin;
 "#,
     name = "configure_home",
-    requires = [configure]
+    requires = [configure_queue]
 );
 
 /// `queen.configure` (docs/functions.md#configure): creates or updates a queue; every
 /// option not given takes its default (`QueueOptions::CONFIGURED`). No option is cached, so
 /// the next pop in every session sees it.
 #[allow(clippy::too_many_arguments)]
-#[pgrx::pg_extern(security_definer)]
+#[pgrx::pg_extern(name = "configure", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn configure(
+fn configure_queue(
     queue: Option<&str>,
     lease_time: pgrx::default!(Option<i32>, 300),
     retry_limit: pgrx::default!(Option<i32>, 3),
@@ -418,12 +415,15 @@ fn configure(
     retry_backoff: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
     retry_backoff_max: pgrx::default!(Option<pgrx::datum::Interval>, "'600s'"),
     delay: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
+    create_groups: pgrx::default!(Option<bool>, true),
+    partition_idle_ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
 ) -> pgrx::JsonB {
     use crate::errors::null_arg;
     use crate::names::check_queue_name;
     let queue = queue.unwrap_or_else(|| null_arg("queue"));
     check_queue_name("queue", queue);
     crate::citus::ensure_home(queue);
+    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
     let lease_time = lease_time.unwrap_or_else(|| null_arg("lease_time"));
     let retry_limit = retry_limit.unwrap_or_else(|| null_arg("retry_limit"));
     let dead_letter_queue = dead_letter_queue.unwrap_or_else(|| null_arg("dead_letter_queue"));
@@ -433,6 +433,8 @@ fn configure(
     let retry_backoff = retry_backoff.unwrap_or_else(|| null_arg("retry_backoff"));
     let retry_backoff_max = retry_backoff_max.unwrap_or_else(|| null_arg("retry_backoff_max"));
     let delay = delay.unwrap_or_else(|| null_arg("delay"));
+    let create_groups = create_groups.unwrap_or_else(|| null_arg("create_groups"));
+    let partition_idle_ttl = partition_idle_ttl.unwrap_or_else(|| null_arg("partition_idle_ttl"));
     let options = QueueOptions {
         lease_time,
         retry_limit,
@@ -444,8 +446,10 @@ fn configure(
         retry_backoff: crate::clock::interval_micros("retry_backoff", retry_backoff),
         retry_backoff_max: crate::clock::interval_micros("retry_backoff_max", retry_backoff_max),
         delay: crate::clock::interval_micros("delay", delay),
+        create_groups,
+        partition_idle_ttl: crate::clock::interval_micros("partition_idle_ttl", partition_idle_ttl),
     };
-    if let Err(v) = options.validate() {
+    if let Err(v) = options.validate(crate::settings::max_lease()) {
         crate::errors::violation(v);
     }
     if encryption == Some(true) {
@@ -482,8 +486,9 @@ fn configure(
             client,
             "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
                                            dlq_after_max_retries, dedup_window, encryption, retention,
-                                           retry_backoff, retry_backoff_max, delay)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                           retry_backoff, retry_backoff_max, delay, create_groups,
+                                           partition_idle_ttl)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
              ON CONFLICT (name) DO UPDATE SET
                lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
                dead_letter_queue = EXCLUDED.dead_letter_queue,
@@ -491,6 +496,7 @@ fn configure(
                dedup_window = EXCLUDED.dedup_window, encryption = EXCLUDED.encryption,
                retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
                retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
+               create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
                updated_at = now()",
             &[
                 queue.into(),
@@ -504,6 +510,8 @@ fn configure(
                 retry_backoff.into(),
                 retry_backoff_max.into(),
                 delay.into(),
+                create_groups.into(),
+                partition_idle_ttl.into(),
             ],
         );
         encryption
@@ -520,5 +528,26 @@ fn configure(
         "retryBackoff": secs(options.retry_backoff),
         "retryBackoffMax": secs(options.retry_backoff_max),
         "delay": secs(options.delay),
+        "createGroups": create_groups,
+        "partitionIdleTtl": secs(options.partition_idle_ttl),
     }))
+}
+
+crate::srf::function_info_v1!(pg_finfo_configure_wrapper);
+
+/// The C symbol of `queen.configure` up to 0.3.0, whose SQL declared 11 arguments. A
+/// database whose SQL is still that of 0.3.0 when this library is loaded (after an
+/// upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this error from a
+/// configure instead of a call with the wrong arguments.
+///
+/// # Safety
+/// Called by PostgreSQL only.
+#[no_mangle]
+#[pgrx::pg_guard]
+pub unsafe extern "C-unwind" fn configure_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    crate::errors::raise(
+        pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "queen: this database has the SQL of an older queen than the library installed; run ALTER EXTENSION queen UPDATE"
+            .to_string(),
+    )
 }

@@ -9,12 +9,13 @@
 //!
 //! A partition remembers the highest offset deleted (`partitions.retained_through`), and
 //! lanes created later (a new group subscribing to 'all', a repaired lane) start there:
-//! they never ask for a segment that is gone. Retention locks the queue row FOR NO KEY
-//! UPDATE and lane creation FOR SHARE, so a group being created is either seen by the pass
-//! (its cursor holds segments back) or sees the pass's `retained_through`. A queue whose
-//! row is locked (a group being created, a configure, a seek) is skipped until the next
-//! pass rather than waited for, and so is a partition whose row is locked (a compaction
-//! pass, a rotation's move, or a push without the offset registry). Retention reads each
+//! they never ask for a segment that is gone. A retention step takes the queue's
+//! lane-creation lock exclusively and lane creation takes it in share mode
+//! (`locks::lanes_creation`), so a group being created is either seen by the step (its
+//! cursor holds segments back) or sees the step's `retained_through`. A queue whose lock is
+//! busy (a group being created, a seek, a delete_queue) is skipped until the next pass
+//! rather than waited for, and so is a partition whose row is locked (a compaction pass,
+//! a rotation's move, or a push without the offset registry). Retention reads each
 //! lane's last committed cursor: an ack that has not committed never lets it delete what
 //! the ack covered.
 
@@ -63,6 +64,7 @@ fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
         crate::names::check_queue_name("queue", q);
         crate::citus::ensure_home(q);
     }
+    crate::privileges::require(queue, crate::privileges::Privilege::Admin);
     let (queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
         let (queues, segments, bytes) = retain_in(client, queue);
         // A pass over every queue also rotates the segment generations when that is due.
@@ -111,22 +113,20 @@ pub fn retain_in(client: &mut SpiClient<'_>, queue: Option<&str>) -> (i64, i64, 
 
 /// Retention of one queue: deletes, per partition, the segments (of both tiers) that every
 /// consumer group has committed past and that are older than `retention` seconds. Returns
-/// (segments, bytes), or None when the queue was busy (a group being created, a configure,
-/// a seek, a delete_queue: it is skipped, never waited for) or is gone.
+/// (segments, bytes), or None when the queue was busy (a group being created, a seek, a
+/// delete_queue: it is skipped, never waited for) or is gone.
 ///
-/// Locks: the queue row `FOR NO KEY UPDATE SKIP LOCKED`, which conflicts with the `FOR
-/// SHARE` that lane creation for a new group takes (so a new group's lanes are either seen
-/// here, their cursors holding segments back, or start at what this pass deleted), but not
-/// with the `FOR KEY SHARE` of the foreign keys of new partitions and dead letters: pushes
-/// and acks never wait for retention, and pops never do either (they skip creating a lane
-/// while the row is busy). The partitions it works on are locked `FOR NO KEY UPDATE SKIP
+/// Locks, none of them waited for: the queue lock in share mode (a `delete_queue` holds it
+/// exclusively), and the queue's lane-creation lock exclusively (`locks::lanes_creation`:
+/// a new group's lanes are either seen here, their cursors holding segments back, or start
+/// at what this step deleted; a seek's rewind is never undercut). No row lock of the queue
+/// is taken: pushes, acks, configure and pops never wait for retention (a pop skips creating
+/// a lane while a step runs). The partitions it works on are locked `FOR NO KEY UPDATE SKIP
 /// LOCKED` (a compaction pass, a rotation's move, or a push without the offset registry
 /// holds the others: they wait for the next pass).
 pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -> Option<(i64, i64)> {
     queen_core::fail::point("retention.queue");
-    let locked =
-        run(client, "SELECT 1 FROM queen.queues WHERE queue_id = $1 FOR NO KEY UPDATE SKIP LOCKED", &[queue_id.into()]);
-    if locked.is_empty() {
+    if !crate::locks::try_share_queue(queue_id) || !crate::locks::lanes_creation(queue_id, true, false) {
         return None;
     }
     // The queue's partitions that nothing else holds.

@@ -69,6 +69,12 @@ pub struct QueueOptions {
     /// Microseconds a message waits after it was pushed before it may be delivered
     /// (`due_at`); 0 (the default): at once.
     pub delay: i64,
+    /// Whether a pop may create a consumer group that does not exist yet (else only
+    /// `create_group` and `configure_group` do).
+    pub create_groups: bool,
+    /// Microseconds after which a partition nobody pushed to, and that is empty, is
+    /// dropped by the background worker; 0 (the default): never.
+    pub partition_idle_ttl: i64,
 }
 
 impl QueueOptions {
@@ -84,16 +90,22 @@ impl QueueOptions {
         retry_backoff: 0,
         retry_backoff_max: 600 * MICROS,
         delay: 0,
+        create_groups: true,
+        partition_idle_ttl: 0,
     };
 
     /// What a queue created implicitly (by its first push, pop or group) stores: the
     /// column defaults of `queen.queues`. Only the lease differs from `CONFIGURED`.
     pub const IMPLICIT: QueueOptions = QueueOptions { lease_time: 60, ..QueueOptions::CONFIGURED };
 
-    /// Checks every option, naming the first one out of range.
-    pub fn validate(&self) -> Result<(), Violation> {
-        if self.lease_time < 1 {
-            return Err(Violation::invalid("lease_time", format!("{} (must be >= 1 second)", self.lease_time)));
+    /// Checks every option, naming the first one out of range. `max_lease`: the longest
+    /// lease allowed, in seconds (`queen.max_lease`).
+    pub fn validate(&self, max_lease: i32) -> Result<(), Violation> {
+        if self.lease_time < 1 || self.lease_time > max_lease {
+            return Err(Violation::invalid(
+                "lease_time",
+                format!("{} (must be 1 to {max_lease} seconds, queen.max_lease)", self.lease_time),
+            ));
         }
         for (name, v) in
             [("retry_limit", self.retry_limit), ("dedup_window", self.dedup_window), ("retention", self.retention)]
@@ -125,6 +137,12 @@ impl QueueOptions {
                 format!("{} s (must be 0 to {} s)", secs(self.delay), secs(limits::DELAY)),
             ));
         }
+        if !(0..=limits::IDLE_TTL).contains(&self.partition_idle_ttl) {
+            return Err(Violation::invalid(
+                "partition_idle_ttl",
+                format!("{} s (must be 0 to {} s)", secs(self.partition_idle_ttl), secs(limits::IDLE_TTL)),
+            ));
+        }
         Ok(())
     }
 
@@ -152,18 +170,37 @@ pub const DEFAULT_LEASE_SECONDS: i64 = 60;
 
 /// Effective lease of a pop, in microseconds, in order of precedence: the pop's
 /// `lease_seconds` when > 0; else the group's budget (`Budget::lease_micros`, None or 0
-/// when the group has none); else the queue's stored `lease_time`; else 60 s.
-pub fn effective_lease_micros(lease_seconds: i32, budget_micros: Option<i64>, queue_lease_time: Option<i32>) -> i64 {
-    if lease_seconds > 0 {
-        return i64::from(lease_seconds) * MICROS;
+/// when the group has none); else the queue's stored `lease_time`; else 60 s. Never
+/// longer than `max_lease` seconds (`queen.max_lease`: a setting lowered after a queue
+/// or a budget was configured still bounds every lease).
+pub fn effective_lease_micros(
+    lease_seconds: i32,
+    budget_micros: Option<i64>,
+    queue_lease_time: Option<i32>,
+    max_lease: i32,
+) -> i64 {
+    let chosen = if lease_seconds > 0 {
+        i64::from(lease_seconds) * MICROS
+    } else if let Some(b) = budget_micros.filter(|&b| b > 0) {
+        b
+    } else {
+        match queue_lease_time {
+            Some(s) if s > 0 => i64::from(s) * MICROS,
+            _ => DEFAULT_LEASE_SECONDS * MICROS,
+        }
+    };
+    chosen.min(i64::from(max_lease.max(1)) * MICROS)
+}
+
+/// Checks the `seconds` of `extend_lease`: more than 0, at most `max_lease`.
+pub fn check_extend_seconds(seconds: i32, max_lease: i32) -> Result<(), Violation> {
+    if seconds <= 0 || seconds > max_lease {
+        return Err(Violation::invalid(
+            "seconds",
+            format!("{seconds} (must be 1 to {max_lease} seconds, queen.max_lease)"),
+        ));
     }
-    if let Some(b) = budget_micros.filter(|&b| b > 0) {
-        return b;
-    }
-    match queue_lease_time {
-        Some(s) if s > 0 => i64::from(s) * MICROS,
-        _ => DEFAULT_LEASE_SECONDS * MICROS,
-    }
+    Ok(())
 }
 
 /// Seconds `queen.extend_lease` adds when not told.
@@ -300,6 +337,11 @@ pub mod limits {
     /// The longest a message may be held back: a queue's `delay`, or a push's
     /// `deliver_at` ahead of the push: 365 days, in microseconds.
     pub const DELAY: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
+    /// Longest `partition_idle_ttl` (microseconds): 365 days.
+    pub const IDLE_TTL: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
+    /// Default of `queen.max_lease`: the longest lease and extension, in seconds (12 hours,
+    /// as SQS's longest visibility timeout).
+    pub const MAX_LEASE_DEFAULT: i32 = 12 * 3600;
     /// Most messages one pop may ask for (`batch`).
     pub const POP_BATCH: i32 = 100_000;
     /// Most lanes one pop may claim (`max_partitions`).
@@ -333,6 +375,8 @@ pub mod limits {
 pub struct PopLimits {
     pub batch: i32,
     pub lease_seconds: i32,
+    /// The longest lease allowed, in seconds (`queen.max_lease`).
+    pub max_lease: i32,
     pub wait_ms: i32,
     pub max_partitions: i32,
     pub max_bytes: i64,
@@ -345,8 +389,11 @@ impl PopLimits {
         if self.batch < 1 || self.batch > POP_BATCH {
             return Err(Violation::invalid("batch", format!("{} (must be 1 to {POP_BATCH})", self.batch)));
         }
-        if self.lease_seconds < 0 {
-            return Err(Violation::invalid("lease_seconds", format!("{} (must be >= 0)", self.lease_seconds)));
+        if self.lease_seconds < 0 || self.lease_seconds > self.max_lease {
+            return Err(Violation::invalid(
+                "lease_seconds",
+                format!("{} (must be 0 to {} seconds, queen.max_lease)", self.lease_seconds, self.max_lease),
+            ));
         }
         if self.wait_ms < 0 {
             return Err(Violation::invalid("wait_ms", format!("{} (must be >= 0)", self.wait_ms)));
@@ -456,9 +503,12 @@ mod tests {
         assert!(check_deliver_at(limits::DELAY, 0).is_ok() && check_deliver_at(-5, 0).is_ok());
         assert_eq!(check_deliver_at(limits::DELAY + 1, 0).unwrap_err().argument, "deliver_at");
         let q = QueueOptions::CONFIGURED;
-        assert!(QueueOptions { delay: limits::DELAY, ..q }.validate().is_ok());
+        assert!(QueueOptions { delay: limits::DELAY, ..q }.validate(limits::MAX_LEASE_DEFAULT).is_ok());
         for bad in [-1, limits::DELAY + 1] {
-            assert_eq!(QueueOptions { delay: bad, ..q }.validate().unwrap_err().argument, "delay");
+            assert_eq!(
+                QueueOptions { delay: bad, ..q }.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument,
+                "delay"
+            );
         }
     }
 
@@ -469,7 +519,7 @@ mod tests {
         assert_eq!(delays, vec![2, 4, 8, 10, 10, 10]);
         assert_eq!(q.retry_delay(i32::MAX), 10 * MICROS, "no overflow");
         assert_eq!(QueueOptions::CONFIGURED.retry_delay(3), 0, "off by default: redelivered at once");
-        assert!(q.validate().is_ok());
+        assert!(q.validate(limits::MAX_LEASE_DEFAULT).is_ok());
         for (bad, name) in [
             (QueueOptions { retry_backoff: -1, ..q }, "retry_backoff"),
             (QueueOptions { retry_backoff: limits::RETRY_DELAY + 1, ..q }, "retry_backoff"),
@@ -477,7 +527,7 @@ mod tests {
             (QueueOptions { retry_backoff: 0, retry_backoff_max: 0, ..q }, "retry_backoff_max"),
             (QueueOptions { retry_backoff_max: limits::RETRY_DELAY + 1, ..q }, "retry_backoff_max"),
         ] {
-            assert_eq!(bad.validate().unwrap_err().argument, name, "{bad:?}");
+            assert_eq!(bad.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument, name, "{bad:?}");
         }
         assert!(check_retry_after(0).is_ok() && check_retry_after(limits::RETRY_DELAY).is_ok());
         assert!(check_retry_after(-1).is_err() && check_retry_after(limits::RETRY_DELAY + 1).is_err());
@@ -488,25 +538,33 @@ mod tests {
         assert_eq!(QueueOptions::CONFIGURED.lease_time, 300);
         assert_eq!(QueueOptions::IMPLICIT.lease_time, 60);
         assert_eq!(QueueOptions { lease_time: 300, ..QueueOptions::IMPLICIT }, QueueOptions::CONFIGURED);
-        assert!(QueueOptions::CONFIGURED.validate().is_ok());
-        assert!(QueueOptions::IMPLICIT.validate().is_ok());
+        assert!(QueueOptions::CONFIGURED.validate(limits::MAX_LEASE_DEFAULT).is_ok());
+        assert!(QueueOptions::IMPLICIT.validate(limits::MAX_LEASE_DEFAULT).is_ok());
     }
 
     #[test]
     fn options_out_of_range_name_their_argument() {
         let base = QueueOptions::CONFIGURED;
-        let e = QueueOptions { lease_time: 0, ..base }.validate().unwrap_err();
+        let e = QueueOptions { lease_time: 0, ..base }.validate(limits::MAX_LEASE_DEFAULT).unwrap_err();
         assert_eq!((e.kind, e.argument), (ViolationKind::Invalid, "lease_time"));
-        assert_eq!(e.message(), "queen: invalid lease_time: 0 (must be >= 1 second)");
+        assert_eq!(e.message(), "queen: invalid lease_time: 0 (must be 1 to 43200 seconds, queen.max_lease)");
+        assert!(QueueOptions { lease_time: 43_201, ..base }.validate(limits::MAX_LEASE_DEFAULT).is_err());
+        assert!(QueueOptions { lease_time: 43_200, ..base }.validate(limits::MAX_LEASE_DEFAULT).is_ok());
+        assert_eq!(
+            QueueOptions { partition_idle_ttl: -1, ..base }.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument,
+            "partition_idle_ttl"
+        );
         for (o, name) in [
             (QueueOptions { retry_limit: -1, ..base }, "retry_limit"),
             (QueueOptions { dedup_window: -1, ..base }, "dedup_window"),
             (QueueOptions { retention: -5, ..base }, "retention"),
         ] {
-            assert_eq!(o.validate().unwrap_err().argument, name);
+            assert_eq!(o.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument, name);
         }
         // 0 is a value, not an absence: no retries, no dedup, no retention delay.
-        assert!(QueueOptions { retry_limit: 0, dedup_window: 0, retention: 0, ..base }.validate().is_ok());
+        assert!(QueueOptions { retry_limit: 0, dedup_window: 0, retention: 0, ..base }
+            .validate(limits::MAX_LEASE_DEFAULT)
+            .is_ok());
     }
 
     #[test]
@@ -519,14 +577,21 @@ mod tests {
 
     #[test]
     fn lease_precedence() {
+        const M: i32 = limits::MAX_LEASE_DEFAULT;
         let budget = DEFAULT_BUDGET.lease_micros();
         assert_eq!(budget, 48 * MICROS);
-        assert_eq!(effective_lease_micros(2, Some(budget), Some(300)), 2 * MICROS);
-        assert_eq!(effective_lease_micros(0, Some(budget), Some(300)), 48 * MICROS);
-        assert_eq!(effective_lease_micros(0, Some(0), Some(300)), 300 * MICROS);
-        assert_eq!(effective_lease_micros(0, None, Some(5)), 5 * MICROS);
-        assert_eq!(effective_lease_micros(0, None, Some(0)), 60 * MICROS);
-        assert_eq!(effective_lease_micros(0, None, None), 60 * MICROS);
+        assert_eq!(effective_lease_micros(2, Some(budget), Some(300), M), 2 * MICROS);
+        assert_eq!(effective_lease_micros(0, Some(budget), Some(300), M), 48 * MICROS);
+        assert_eq!(effective_lease_micros(0, Some(0), Some(300), M), 300 * MICROS);
+        assert_eq!(effective_lease_micros(0, None, Some(5), M), 5 * MICROS);
+        assert_eq!(effective_lease_micros(0, None, Some(0), M), 60 * MICROS);
+        assert_eq!(effective_lease_micros(0, None, None, M), 60 * MICROS);
+        // queen.max_lease bounds every source of a lease.
+        assert_eq!(effective_lease_micros(0, None, Some(600), 100), 100 * MICROS);
+        assert_eq!(effective_lease_micros(0, Some(budget), None, 10), 10 * MICROS);
+        assert!(check_extend_seconds(M, M).is_ok() && check_extend_seconds(1, M).is_ok());
+        assert_eq!(check_extend_seconds(M + 1, M).unwrap_err().argument, "seconds");
+        assert_eq!(check_extend_seconds(0, M).unwrap_err().argument, "seconds");
     }
 
     #[test]
@@ -567,6 +632,7 @@ mod tests {
         let ok = PopLimits {
             batch: 1,
             lease_seconds: 0,
+            max_lease: limits::MAX_LEASE_DEFAULT,
             wait_ms: 0,
             max_partitions: 1,
             max_bytes: limits::POP_BYTES_DEFAULT,
@@ -589,6 +655,7 @@ mod tests {
         );
         for (p, name) in [
             (PopLimits { batch: 0, ..ok }, "batch"),
+            (PopLimits { lease_seconds: limits::MAX_LEASE_DEFAULT + 1, ..ok }, "lease_seconds"),
             (PopLimits { batch: limits::POP_BATCH + 1, ..ok }, "batch"),
             (PopLimits { lease_seconds: -1, ..ok }, "lease_seconds"),
             (PopLimits { wait_ms: -1, ..ok }, "wait_ms"),
@@ -654,6 +721,8 @@ mod tests {
             assert_eq!(column_default("queues", "retry_backoff"), format!("'{}s'", o.retry_backoff / MICROS));
             assert_eq!(column_default("queues", "retry_backoff_max"), format!("'{}s'", o.retry_backoff_max / MICROS));
             assert_eq!(column_default("queues", "delay"), format!("'{}s'", o.delay / MICROS));
+            assert_eq!(column_default("queues", "create_groups"), o.create_groups.to_string());
+            assert_eq!(column_default("queues", "partition_idle_ttl"), format!("'{}s'", o.partition_idle_ttl / MICROS));
         }
 
         #[test]

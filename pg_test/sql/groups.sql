@@ -96,3 +96,13 @@ SELECT queen.retain('rq') -> 'segmentsDeleted' AS deleted_while_stuck_holds;
 SELECT queen.drop_group('rq', 'stuck') ->> 'dropped' AS dropped;
 SELECT (queen.retain('rq') -> 'segmentsDeleted')::int > 0 AS deleted_once_dropped;
 SELECT (SELECT count(*) FROM queen.segments) + (SELECT count(*) FROM queen.fresh_segments) > 0 AS gq_segments_kept;
+
+-- configure(create_groups => false): consumers may not create a group by popping; an
+-- admin creates it with create_group, and pops then work.
+SELECT queen.configure('closed', create_groups => false) ->> 'createGroups' AS create_groups;
+SELECT count(*) FROM queen.push('closed', '1');
+\set VERBOSITY sqlstate
+SELECT count(*) FROM queen.pop('closed', 'newcomer');
+\set VERBOSITY default
+SELECT queen.create_group('closed', 'newcomer') ->> 'created' AS created;
+SELECT msg_offset FROM queen.pop('closed', 'newcomer', auto_ack => true);

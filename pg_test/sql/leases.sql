@@ -98,3 +98,27 @@ DO $$ BEGIN
   END LOOP;
 END $$;
 SELECT pop, string_agg(DISTINCT partition, ',') AS lanes, min(msg_offset), max(msg_offset) FROM rr GROUP BY pop ORDER BY pop;
+
+-- queen.max_lease (default 12 hours) bounds every lease: a pop's lease_seconds, an
+-- extension's seconds and a queue's lease_time beyond it are refused; a stored lease time
+-- or group budget beyond a lowered maximum is cut to it.
+SELECT pg_temp.err($$SELECT queen.pop('lq', lease_seconds => 43201)$$);
+SELECT pg_temp.err($$SELECT queen.configure('lq', lease_time => 43201)$$);
+SELECT pg_temp.err($$SELECT queen.extend_lease(gen_random_uuid(), 43201)$$);
+SELECT count(*) FROM queen.push('maxl', '1');
+SELECT queen.configure('maxl', lease_time => 600) ->> 'leaseTime' AS lease_time;
+SET queen.max_lease = '100s';
+SELECT round(extract(epoch FROM lease_expires_at - clock_timestamp())) <= 100 AS cut_to_max
+  FROM queen.pop('maxl');
+SELECT pg_temp.err($$SELECT queen.pop('maxl', lease_seconds => 101)$$);
+RESET queen.max_lease;
+
+-- revoke_lease ends a lease now: its messages come back at once, counted as a redelivery,
+-- and an ack under it changes nothing.
+SELECT count(*) FROM queen.push('rv', '1');
+CREATE TEMP TABLE rv AS SELECT lease_id FROM queen.pop('rv', lease_seconds => 3600);
+SELECT queen.revoke_lease(lease_id) - 'leaseId' AS revoked FROM rv;
+SELECT queen.revoke_lease(lease_id) - 'leaseId' AS again FROM rv;
+SELECT (queen.ack(lease_id) -> 'lanes') = '[]' AS ack_changes_nothing FROM rv;
+SELECT msg_offset, attempt FROM queen.pop('rv', auto_ack => true);
+SELECT pg_temp.err($$SELECT queen.revoke_lease(NULL)$$);

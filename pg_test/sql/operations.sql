@@ -45,7 +45,7 @@ SELECT metric, CASE WHEN metric = 'bytes' THEN value > 0 END AS some_bytes,
   FROM queen.metrics('queue') WHERE queue = 'ops' ORDER BY 1;
 SELECT count(*) > 0 AS groups_reported FROM queen.metrics('group');
 SELECT (SELECT count(*) FROM queen.metrics())
-       = (SELECT count(*) FROM unnest(ARRAY['queue', 'group', 'dead_letters', 'retention']) k,
+       = (SELECT count(*) FROM unnest(ARRAY['queue', 'group', 'dead_letters', 'retention', 'maintenance']) k,
                                queen.metrics(k)) AS all_is_the_sum_of_the_parts;
 \set VERBOSITY terse
 SELECT * FROM queen.metrics('bogus');
