@@ -738,9 +738,6 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
 pub struct Rotation {
     /// The retired table was emptied.
     emptied: bool,
-    /// The registry's unsaved lanes when the round began: each one's newest entry is now
-    /// in `queen.lanes` or in the current table.
-    saved: Vec<(LaneKey, State)>,
 }
 
 /// One round of the journal's rotation (in the worker's transaction): when the idle table
@@ -778,27 +775,16 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) -> Rotation {
     if writers > 0 {
         return Rotation::default();
     }
-    let db = crate::dbs::my_database();
-    // Taken before the copy: every state listed has committed (the registry lists committed
-    // states only), so its entry is in the journal and is copied.
-    let saved = with_registry(|r| r.dirty(db));
     let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
-    let emptied = crate::spi::first_value::<bool>(emptied).unwrap_or(false);
-    Rotation { emptied, saved: if emptied { saved } else { Vec::new() } }
+    Rotation { emptied: crate::spi::first_value::<bool>(emptied).unwrap_or(false) }
 }
 
 /// After the rotation round's transaction committed: the emptied table may become current
-/// next round, and the lanes saved may be evicted (a reload finds their state).
+/// next round.
 pub fn rotated(done: Rotation) {
-    if !done.emptied {
-        return;
+    if done.emptied {
+        crate::dbs::mine(|d| d.journal.other_empty = 1);
     }
-    with_registry(|r| {
-        for (k, s) in &done.saved {
-            r.saved(k, s);
-        }
-    });
-    crate::dbs::mine(|d| d.journal.other_empty = 1);
 }
 
 // ---- SQL helpers (internal, not granted) ----

@@ -8,10 +8,13 @@
 //! - `queen.grant(queue, role, privilege)` gives a role one privilege on one queue (and
 //!   `queen.revoke` takes it back). Such a role needs no queen role: `grant` also gives it
 //!   what it needs to call the functions of that privilege (USAGE on the schema, EXECUTE on
-//!   the functions). It can use that queue, and no other: a pop, a push, an ack, a read of
-//!   dead letters or an admin call on another queue fails with `42501`, and the calls that
-//!   list queues (`queen.dlq`, `status`, `totals`, `metrics` without a queue) show only its
+//!   the functions). Once a role (or a role whose privileges it has) holds a grant on any
+//!   queue, it is limited to its granted queues: a pop, a push, an ack, a read of dead
+//!   letters or an admin call on another queue fails with `42501`, and the calls that list
+//!   queues (`queen.dlq`, `status`, `totals`, `metrics` without a queue) show only its
 //!   queues. Encrypted payloads are decrypted only for a role that may consume the queue.
+//! - A role given EXECUTE on queen's functions directly (the "finer grants" of 0.3.0) and
+//!   no queue grant keeps what it had: the functions it may execute, on every queue.
 //!
 //! **Whose privileges.** queen's functions run as the extension's owner (SECURITY
 //! DEFINER), so the check uses the role of the session at the outer level: the login role,
@@ -79,8 +82,34 @@ fn caller() -> pg_sys::Oid {
     unsafe { pg_sys::GetOuterUserId() }
 }
 
-/// Whether `role` has `p` on every queue: a superuser, or a member of the queen role.
+/// Whether `role` has `p` on every queue: a superuser, a member of the queen role, or a
+/// role that holds no queue grant at all (only its EXECUTE rights limit it: the 0.3.0
+/// model).
 fn global(role: pg_sys::Oid, p: Privilege) -> bool {
+    queen_role(role, p) || !limited(role)
+}
+
+/// Whether `role` (or a role whose privileges it has) holds a grant on some queue.
+fn limited(role: pg_sys::Oid) -> bool {
+    let grantees = crate::queues::cached(
+        &GRANTEES,
+        (),
+        || {
+            Some(Spi::connect_mut(|client| {
+                run(client, "SELECT DISTINCT grantee FROM queen.queue_grants", &[])
+                    .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
+                    .collect::<Vec<_>>()
+            }))
+        },
+        |_| true,
+    )
+    .unwrap_or_default();
+    // SAFETY: membership tests (cached by PostgreSQL); a dropped role matches nothing.
+    grantees.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) })
+}
+
+/// Whether `role` has `p` on every queue through a queen role (or superuser).
+fn queen_role(role: pg_sys::Oid, p: Privilege) -> bool {
     // SAFETY: catalog lookups (cached by PostgreSQL); a missing role is InvalidOid.
     unsafe {
         if pg_sys::superuser_arg(role) {
@@ -98,6 +127,8 @@ thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
     /// (`queues::cached`: grants send the queues' invalidation).
     static ALLOWED: crate::queues::Settings<(u32, i64, Privilege), bool> = Default::default();
+    /// Per backend: every role that holds a queue grant, while no grant changed.
+    static GRANTEES: crate::queues::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
 
 /// Whether `role` has `p` on queue `queue_id` through `queen.grant` (or `admin` there).
@@ -293,7 +324,7 @@ fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
     let p = Privilege::parse(privilege.unwrap_or_else(|| errors::null_arg("privilege")));
     crate::names::check_queue_name("queue", queue);
     crate::citus::ensure_home(queue);
-    if !global(caller(), Privilege::Admin) {
+    if !queen_role(caller(), Privilege::Admin) {
         denied("grant on queues (queen_admin only)", Privilege::Admin);
     }
     (queue.to_string(), role.to_string(), p)

@@ -23,7 +23,6 @@ pub const POINTS: &[&str] = &[
     "lanes.put_back",
     "lanes.evict",
     "lanes.sweep",
-    "lanes.saved",
     "lanes.forget",
     "lanes.cursor",
     "offsets.reserve",

@@ -151,10 +151,6 @@ pub struct LaneSlot {
     lease_next: u32,
     /// The lock: `holder.owner` is NIL when the lane is free.
     holder: Holder,
-    /// The holder's transaction changed the cursor or the retry count.
-    changed: u32,
-    /// A committed change not yet saved to the lanes table.
-    dirty: u32,
 }
 
 #[repr(C)]
@@ -504,7 +500,7 @@ impl<'a> Registry<'a> {
     // ---- loading ----
 
     /// Starts loading a lane for `owner`; a full table evicts an idle lane first (one
-    /// nobody holds, with no live lease at `now` and nothing unsaved).
+    /// nobody holds, with no live lease at `now`).
     pub fn begin_load(&mut self, key: &LaneKey, owner: u32, now: i64) -> Load {
         match find_lane(self.lanes, key) {
             Ok(i) if self.lanes[i].status == READY => return Load::Ready,
@@ -714,7 +710,10 @@ impl<'a> Registry<'a> {
         self.h.leases_live -= 1;
     }
 
-    /// Evicts a ready lane nobody holds, with no live lease at `now` and nothing unsaved.
+    /// Evicts a ready lane nobody holds, with no live lease at `now`. Its committed state
+    /// is in the database (every change of a cursor or retry count is journaled in the
+    /// transaction that makes it, and the journal is saved into the lanes table before it
+    /// is emptied), so a reload finds it, whatever the background worker has done.
     fn evict_one(&mut self, now: i64) -> bool {
         let n = self.lanes.len();
         // A lane waiting out a retry backoff (whose end lives only here) goes only when no
@@ -724,7 +723,7 @@ impl<'a> Registry<'a> {
             for k in 0..n {
                 let i = (self.h.hand as usize + k) % n;
                 let s = &self.lanes[i];
-                let idle = s.status == READY && s.holder.owner == NIL && s.dirty == 0 && s.changed == 0;
+                let idle = s.status == READY && s.holder.owner == NIL;
                 let pinned = if spare_backoffs { s.state.lease_expires > now } else { s.state.live_lease(now) };
                 if idle && !pinned {
                     self.h.hand = ((i + 1) % n) as u32;
@@ -764,7 +763,6 @@ impl<'a> Registry<'a> {
     }
 
     /// Ends `owner`'s lock of a lane. `restore`: the state to put back (an abort).
-    /// A committed change of the cursor or retry count marks the lane for saving.
     pub fn unlock(&mut self, key: &LaneKey, owner: u32, restore: Option<State>) {
         if let Some(saved) = restore {
             return self.unlock_restoring(key, owner, saved, None, i64::MAX);
@@ -774,11 +772,8 @@ impl<'a> Registry<'a> {
             return;
         }
         let slot = self.lane_mut(i);
-        if slot.changed == 1 {
-            slot.dirty = 1;
-        }
+        slot.base = State::default();
         fail::point("lanes.unlock");
-        slot.changed = 0;
         slot.holder = Holder { owner: NIL, ..Holder::default() };
     }
 
@@ -792,7 +787,7 @@ impl<'a> Registry<'a> {
         }
         self.put_back(i, saved, lease, now);
         let slot = self.lane_mut(i);
-        slot.changed = 0;
+        slot.base = State::default();
         slot.holder = Holder { owner: NIL, ..Holder::default() };
     }
 
@@ -829,9 +824,9 @@ impl<'a> Registry<'a> {
     /// Replaces the state of a lane `owner` holds. `lease` names the queue and group of a
     /// lease not yet in the lease table; `now` lets a full lease table drop expired ones.
     /// A change of the cursor or the retry count must come with the next `journal_seq`
-    /// (the caller journals it under that number); it marks the lane for saving once the
-    /// transaction commits. Returns false when `owner` does not hold the lane, or when the
-    /// lease table is full of live leases (the lane is then unchanged).
+    /// (the caller journals it under that number, in the same transaction). Returns false
+    /// when `owner` does not hold the lane, or when the lease table is full of live leases
+    /// (the lane is then unchanged).
     pub fn set(&mut self, key: &LaneKey, owner: u32, state: State, lease: Option<(i64, &str)>, now: i64) -> bool {
         let Ok(i) = find_lane(self.lanes, key) else { return false };
         if self.lanes[i].status != READY || self.lanes[i].holder.owner != owner {
@@ -843,13 +838,7 @@ impl<'a> Registry<'a> {
             !changed || state.journal_seq == before.journal_seq + 1,
             "a journaled change takes the next number"
         );
-        if !self.set_state(i, state, lease, now) {
-            return false;
-        }
-        if changed {
-            self.lane_mut(i).changed = 1;
-        }
-        true
+        self.set_state(i, state, lease, now)
     }
 
     fn set_state(&mut self, i: usize, state: State, lease: Option<(i64, &str)>, now: i64) -> bool {
@@ -967,35 +956,6 @@ impl<'a> Registry<'a> {
         self.undo.cursors.push((c, self.cursors[c]));
         fail::point("lanes.cursor");
         self.cursors[c] = CursorSlot { database, used: 1, queue_id, group: *group, partition };
-    }
-
-    // ---- saving cursors ----
-
-    /// Lanes of `database` whose committed cursor or retry count changed since they were
-    /// last saved, with their committed state (not a holder's change in flight).
-    pub fn dirty(&self, database: u32) -> Vec<(LaneKey, State)> {
-        self.lanes
-            .iter()
-            .filter(|s| s.status == READY && s.dirty == 1 && s.key.database == database)
-            .map(|s| (s.key, committed_view(s, NIL)))
-            .collect()
-    }
-
-    /// The lanes table now holds `saved` for this lane: clean unless it changed since.
-    pub fn saved(&mut self, key: &LaneKey, saved: &State) {
-        if let Ok(i) = find_lane(self.lanes, key) {
-            let s = &self.lanes[i];
-            let c = committed_view(s, NIL);
-            if s.status == READY
-                && s.dirty == 1
-                && c.journal_seq == saved.journal_seq
-                && c.committed == saved.committed
-                && c.retry_count == saved.retry_count
-            {
-                fail::point("lanes.saved");
-                self.lane_mut(i).dirty = 0;
-            }
-        }
     }
 
     /// The lane a lease id names, checked: the lease is live at `now` and holds `key`.
@@ -1135,10 +1095,6 @@ mod tests {
         m.reg().unlock(&a, 1, None);
         assert_eq!(m.reg().leases_live(), 0);
         assert_eq!(m.reg().view().lease(&lease(3), 1), None);
-        // The committed change is waiting to be saved; saving it cleans the lane.
-        assert_eq!(m.reg().dirty(1), vec![(a, acked)]);
-        m.reg().saved(&a, &acked);
-        assert!(m.reg().dirty(1).is_empty());
     }
 
     #[test]
@@ -1163,7 +1119,6 @@ mod tests {
             let acked = State { committed: s.committed + 1, journal_seq: s.journal_seq + 1, ..State::default() };
             assert!(m.reg().set(&a, 0, acked, None, 0));
             m.reg().unlock(&a, 0, None);
-            m.reg().saved(&a, &acked);
             // A lane of another partition comes and goes.
             let other = key(3 + (n % 200) as u8, "h");
             let loaded = m.reg().begin_load(&other, 9, 0);
@@ -1205,7 +1160,6 @@ mod tests {
         m.reg().unlock_restoring(&a, 1, found, Some((42, "g")), 50);
         assert_eq!(m.reg().view().lane(&a), Seen::Ready(claimed, None));
         assert!(m.reg().holds(&a, &lease(4), 50));
-        assert!(m.reg().dirty(1).is_empty(), "nothing changed in the end");
         // Without the lease's queue and group (or no room), the lane loses the lease, as
         // if it expired, but its cursor still goes back.
         m.reg().lock(&a, holder(1)).unwrap();
@@ -1216,7 +1170,7 @@ mod tests {
     }
 
     #[test]
-    fn an_aborted_change_is_not_saved() {
+    fn an_aborted_change_is_put_back() {
         let mut m = Mem::new(8, 8);
         let a = key(1, "g");
         m.load(&a, 3);
@@ -1224,7 +1178,6 @@ mod tests {
         m.reg().set(&a, 0, State { committed: 7, journal_seq: 1, ..s }, None, 0);
         m.reg().unlock(&a, 0, Some(s));
         assert_eq!(m.state(&a), s);
-        assert!(m.reg().dirty(1).is_empty());
     }
 
     #[test]
@@ -1266,12 +1219,13 @@ mod tests {
         m.reg().lock(&a, holder(0)).unwrap(); // a is held
         m.reg().lock(&b, holder(1)).unwrap();
         let sb = m.state(&b);
-        m.reg().set(&b, 1, State { committed: 1, journal_seq: 1, ..sb }, None, 0);
-        m.reg().unlock(&b, 1, None); // b has an unsaved change
-        assert_eq!(m.reg().begin_load(&c, 5, 0), Load::Full);
-        let sb = m.state(&b);
-        m.reg().saved(&b, &sb);
-        assert_eq!(m.reg().begin_load(&c, 5, 0), Load::Mine, "b is idle and saved now");
+        let leased = State { lease_id: lease(2), lease_expires: 100, batch_end: 1, ..sb };
+        assert!(m.reg().set(&b, 1, leased, Some((1, "g")), 0));
+        m.reg().unlock(&b, 1, None); // b has a live lease
+        assert_eq!(m.reg().begin_load(&c, 5, 50), Load::Full);
+        // Once b's lease has expired it may go: a committed cursor it changed is in the
+        // database (journaled by the change's own transaction).
+        assert_eq!(m.reg().begin_load(&c, 5, 150), Load::Mine, "b is idle now");
         assert_eq!(m.reg().view().lane(&b), Seen::Unknown);
         assert!(matches!(m.reg().view().lane(&a), Seen::Ready(_, Some(_))));
     }
@@ -1285,29 +1239,25 @@ mod tests {
         assert!(took);
         let acked = State { committed: 100, journal_seq: 1, ..found };
         assert!(m.reg().set(&a, 0, acked, None, 0));
-        // Others (retention, status, the worker's save) read the last committed state; the
-        // holder reads its own change.
+        // Others (retention, status) read the last committed state; the holder reads its
+        // own change.
         assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(found, Some(holder(0))));
         assert_eq!(m.reg().view().committed(&a, 0), Seen::Ready(acked, Some(holder(0))));
-        assert!(m.reg().dirty(1).is_empty(), "nothing committed to save yet");
         // Rolled back: as before, for everyone.
         m.reg().unlock(&a, 0, Some(found));
         assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(found, None));
-        // Committed: the new state is everyone's, and listed for saving.
+        // Committed: the new state is everyone's.
         m.reg().lock(&a, holder(1)).unwrap();
         assert!(m.reg().set(&a, 1, acked, None, 0));
         m.reg().unlock(&a, 1, None);
         assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(acked, None));
-        assert_eq!(m.reg().dirty(1), vec![(a, acked)]);
-        // A later holder's change in flight does not reach the save either.
+        // A later holder's change in flight is not seen either, until it commits.
         m.reg().lock(&a, holder(2)).unwrap();
         let later = State { committed: 200, journal_seq: 2, ..acked };
         assert!(m.reg().set(&a, 2, later, None, 0));
-        assert_eq!(m.reg().dirty(1), vec![(a, acked)]);
-        m.reg().saved(&a, &acked);
-        assert!(m.reg().dirty(1).is_empty(), "the committed state is saved");
+        assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(acked, Some(holder(2))));
         m.reg().unlock(&a, 2, None);
-        assert_eq!(m.reg().dirty(1), vec![(a, later)]);
+        assert_eq!(m.reg().view().committed(&a, 7), Seen::Ready(later, None));
         m.reg().check().unwrap();
     }
 
@@ -1387,7 +1337,7 @@ mod tests {
         /// Against a model of committed states and per-transaction saved states: locks are
         /// exclusive, an abort restores exactly what the transaction found, a commit keeps
         /// what it set, lease chains list exactly the lanes whose state names the lease,
-        /// and every committed change of a cursor is listed for saving.
+        /// and only idle lanes (not held, no live lease) are evicted.
         #[test]
         fn prop_locks_commit_and_roll_back_like_rows(ops in proptest::collection::vec(op(), 1..120)) {
             let mut m = Mem::new(4, 3);
@@ -1395,7 +1345,6 @@ mod tests {
             // Model: each lane's state as its holder sees it, who holds it, what it found.
             let mut model: HashMap<u8, State> = HashMap::new();
             let mut held: HashMap<u8, (u32, State)> = HashMap::new();
-            let mut unsaved: std::collections::HashSet<u8> = Default::default();
             let now = 100;
             for op in ops {
                 match op {
@@ -1449,9 +1398,6 @@ mod tests {
                             let k = keys[lane as usize];
                             if commit {
                                 m.reg().unlock(&k, owner, None);
-                                if model[&lane].committed != found.committed || model[&lane].retry_count != found.retry_count {
-                                    unsaved.insert(lane);
-                                }
                             } else {
                                 m.reg().unlock(&k, owner, Some(found));
                                 let mut back = found;
@@ -1464,18 +1410,11 @@ mod tests {
                             }
                         }
                     }
-                    Op::Save => {
-                        let dirty = m.reg().dirty(1);
-                        for (k, st) in dirty {
-                            m.reg().saved(&k, &st);
-                            if let Some(l) = keys.iter().position(|x| *x == k) { unsaved.remove(&(l as u8)); }
-                        }
-                    }
+                    Op::Save => {}
                     Op::Forget { lane } => {
                         if model.contains_key(&lane) && !held.contains_key(&lane) {
                             m.reg().forget(&[keys[lane as usize]]);
                             model.remove(&lane);
-                            unsaved.remove(&lane);
                         }
                     }
                 }
@@ -1488,7 +1427,7 @@ mod tests {
                 // live lease, nothing unsaved), whose state the database has.
                 let gone: Vec<u8> = model.keys().copied().filter(|l| m.reg().view().lane(&keys[*l as usize]) == Seen::Unknown).collect();
                 for lane in gone {
-                    prop_assert!(!held.contains_key(&lane) && !unsaved.contains(&lane) && !model[&lane].live_lease(now),
+                    prop_assert!(!held.contains_key(&lane) && !model[&lane].live_lease(now),
                         "lane {} evicted while busy", lane);
                     model.remove(&lane);
                 }
@@ -1509,10 +1448,6 @@ mod tests {
                     got.sort_by_key(|k| k.partition);
                     prop_assert_eq!(got, lanes);
                 }
-                let dirty: std::collections::HashSet<LaneKey> = m.reg().dirty(1).into_iter().map(|(k, _)| k).collect();
-                for lane in &unsaved {
-                    prop_assert!(dirty.contains(&keys[*lane as usize]), "lane {} changed and committed but is not listed", lane);
-                }
             }
         }
     }
@@ -1529,7 +1464,6 @@ mod tests {
             Ack { owner: u32, lane: u8 },
             End { owner: u32, commit: bool },
             Forget { lane: u8 },
-            Save,
             Cursor { queue: i64, lane: u8 },
         }
 
@@ -1540,7 +1474,6 @@ mod tests {
                 2 => (0u32..3, 0u8..6).prop_map(|(owner, lane)| FOp::Ack { owner, lane }),
                 2 => (0u32..3, any::<bool>()).prop_map(|(owner, commit)| FOp::End { owner, commit }),
                 1 => (0u8..6).prop_map(|lane| FOp::Forget { lane }),
-                1 => Just(FOp::Save),
                 1 => (0i64..4, 0u8..6).prop_map(|(queue, lane)| FOp::Cursor { queue, lane }),
             ]
         }
@@ -1561,7 +1494,7 @@ mod tests {
         proptest! {
             #[test]
             fn prop_a_panic_mid_update_changes_nothing(
-                ops in proptest::collection::vec((fop(), proptest::option::of((0usize..13, 0u32..3))), 1..80)
+                ops in proptest::collection::vec((fop(), proptest::option::of((0usize..12, 0u32..3))), 1..80)
             ) {
                 quiet_fail_points();
                 let mut m = Mem::new(4, 3);
@@ -1569,7 +1502,8 @@ mod tests {
                 let mut held: Vec<(u32, LaneKey, State)> = Vec::new();
                 let now = 100;
                 for (op, arm) in ops {
-                    let lane_points = &crate::fail::POINTS[..13];
+                    let lane_points: Vec<&'static str> =
+                        crate::fail::POINTS.iter().copied().filter(|p| p.starts_with("lanes.")).collect();
                     if let Some((p, skip)) = arm {
                         crate::fail::testing::arm(lane_points[p], skip);
                     }
@@ -1608,9 +1542,6 @@ mod tests {
                             FOp::Forget { lane } => {
                                 let k = keys[lane as usize];
                                 if !next_held.iter().any(|e| e.1 == k) { r.forget(&[k]); }
-                            }
-                            FOp::Save => {
-                                for (k, st) in r.dirty(1) { r.saved(&k, &st); }
                             }
                             FOp::Cursor { queue, lane } => r.set_cursor(1, queue, &group_digest("grp"), keys[lane as usize].partition),
                         }

@@ -122,3 +122,12 @@ SELECT queen.revoke_lease(lease_id) - 'leaseId' AS again FROM rv;
 SELECT (queen.ack(lease_id) -> 'lanes') = '[]' AS ack_changes_nothing FROM rv;
 SELECT msg_offset, attempt FROM queen.pop('rv', auto_ack => true);
 SELECT pg_temp.err($$SELECT queen.revoke_lease(NULL)$$);
+
+-- A delete_queue that rolls back changes nothing: the queue's live leases still hold and ack.
+SELECT count(*) FROM queen.push('dq', '1');
+CREATE TEMP TABLE dq AS SELECT lease_id FROM queen.pop('dq', lease_seconds => 600);
+BEGIN;
+SELECT queen.delete_queue('dq') ->> 'deleted' AS deleted;
+ROLLBACK;
+SELECT lease_id IS NOT NULL AS still_leased FROM queen.status('dq');
+SELECT queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed' AS committed FROM dq;

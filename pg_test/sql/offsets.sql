@@ -90,3 +90,21 @@ PREPARE TRANSACTION 'queen-lanes';
 \set VERBOSITY default
 SELECT count(*) AS prepared FROM pg_prepared_xacts;
 SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+
+-- COMMIT PREPARED runs queen's ProcessUtility hook, which looks the transaction up with
+-- queen's own search path, never the session's: an operator a schema on the session's
+-- path defines is not called.
+CREATE SCHEMA trap;
+CREATE FUNCTION trap.texteq(text, text) RETURNS bool LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'trap operator called';
+END $$;
+CREATE OPERATOR trap.= (LEFTARG = text, RIGHTARG = text, FUNCTION = trap.texteq);
+BEGIN;
+SELECT msg_offset FROM queen.push('o', '"prepared under a trap"');
+PREPARE TRANSACTION 'queen-trap';
+SET search_path = trap, pg_catalog;
+COMMIT PREPARED 'queen-trap';
+RESET search_path;
+SELECT msg_offset, payload FROM queen.pop('o', batch => 10, auto_ack => true);
+DROP SCHEMA trap CASCADE;
