@@ -30,8 +30,9 @@ use serde_json::json;
 use crate::errors::{self, SpiExt};
 use crate::spi::{first_value, run};
 
-/// Most partitions an expiry step drops in one transaction.
-const EXPIRE_BATCH: i64 = 1000;
+/// Most lanes an expiry step locks in one transaction (each partition's lanes are locked
+/// while it is checked, until the transaction ends): well below `queen.tracked_lanes`.
+const EXPIRE_LANES: i64 = 1000;
 
 /// Why a partition is not dropped.
 enum Kept {
@@ -94,6 +95,25 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
 /// caller. `wait`: wait for another transaction that holds one of its lanes (else it is
 /// busy). Returns the segments deleted.
 fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bool) -> Result<i64, Kept> {
+    let groups = groups_of(client, queue_id);
+    check_empty(client, pid, &groups, wait)?;
+    Ok(delete(client, &[pid], &groups))
+}
+
+/// The queue's consumer groups.
+fn groups_of(client: &mut SpiClient<'_>, queue_id: i64) -> Vec<String> {
+    run(
+        client,
+        "SELECT consumer_group FROM queen.groups WHERE queue_id = $1 ORDER BY consumer_group",
+        &[queue_id.into()],
+    )
+    .map(|r| r.get(1).or_raise().unwrap())
+    .collect()
+}
+
+/// Keeps every push out of partition `pid` until this transaction ends, and locks its
+/// lanes; Ok when it is empty (see the module docs), else why it is kept.
+fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], wait: bool) -> Result<(), Kept> {
     if crate::offsets::begin_drop(client, pid).is_err() {
         return Err(Kept::Busy("pushes to it are in flight".into()));
     }
@@ -111,18 +131,11 @@ fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bo
         return Err(Kept::NotEmpty("it has dead letters (replay or delete them first)".into()));
     }
     let readable = crate::offsets::readable(pid, head);
-    let groups: Vec<String> = run(
-        client,
-        "SELECT consumer_group FROM queen.groups WHERE queue_id = $1 ORDER BY consumer_group",
-        &[queue_id.into()],
-    )
-    .map(|r| r.get(1).or_raise().unwrap())
-    .collect();
     if groups.is_empty() && readable > retained {
         return Err(Kept::NotEmpty("the queue has no consumer group, and it holds messages".into()));
     }
     let now = crate::clock::clock_now();
-    for group in &groups {
+    for group in groups {
         let (committed, live) = if crate::lanes::enabled() {
             // Locked until this transaction ends, as an ack locks a lane.
             match crate::lanes::lock(pid, group, wait) {
@@ -161,7 +174,7 @@ fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bo
             )));
         }
     }
-    Ok(delete(client, &[pid], &groups))
+    Ok(())
 }
 
 /// Deletes partitions and everything of theirs: segments of both tiers, dedup entries,
@@ -198,11 +211,11 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
 }
 
 /// One queue's expiry (the background worker, in a transaction of its own): dedup entries
-/// older than the queue's window go, and, with a `partition_idle_ttl`, up to
-/// `EXPIRE_BATCH` partitions that nobody pushed to for that long and that are empty. It
-/// never waits: a partition someone holds is left for the next pass. Returns (dedup
-/// entries, partitions) deleted.
-pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64) {
+/// older than the queue's window go, and, with a `partition_idle_ttl`, partitions that
+/// nobody pushed to for that long and that are empty, as many as hold `EXPIRE_LANES` lanes
+/// between them. It never waits: a partition someone holds is left for the next pass.
+/// Returns (dedup entries deleted, partitions dropped, whether it stopped at its limit).
+pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, bool) {
     let dedup = first_value::<i64>(run(
         client,
         "WITH d AS (
@@ -215,8 +228,10 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64) {
     ))
     .unwrap_or(0);
     if !crate::locks::share_queue(queue_id) {
-        return (dedup, 0);
+        return (dedup, 0, false);
     }
+    let groups = groups_of(client, queue_id);
+    let limit = (EXPIRE_LANES / groups.len().max(1) as i64).max(1);
     // Idle: the newest segment of either tier (or the partition itself, with none) is
     // older than the TTL. Locked without waiting; a busy one waits for the next pass.
     let idle: Vec<pgrx::Uuid> = run(
@@ -233,15 +248,15 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64) {
           ORDER BY p.partition_id
           LIMIT $2
             FOR UPDATE OF p SKIP LOCKED",
-        &[queue_id.into(), EXPIRE_BATCH.into()],
+        &[queue_id.into(), limit.into()],
     )
     .map(|r| r.get(1).or_raise().unwrap())
     .collect();
-    let mut dropped = 0;
-    for pid in idle {
-        if try_drop(client, queue_id, pid, false).is_ok() {
-            dropped += 1;
-        }
+    let full = idle.len() as i64 == limit;
+    let empty: Vec<pgrx::Uuid> =
+        idle.into_iter().filter(|&pid| check_empty(client, pid, &groups, false).is_ok()).collect();
+    if !empty.is_empty() {
+        delete(client, &empty, &groups);
     }
-    (dedup, dropped)
+    (dedup, empty.len() as i64, full)
 }

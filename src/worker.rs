@@ -335,6 +335,9 @@ impl Maintenance {
     }
 }
 
+/// Longest a retention round spends expiring one queue's idle partitions.
+const EXPIRY_BUDGET: Duration = Duration::from_secs(5);
+
 /// How often the lane journal moves on (see `lanes::rotate_journal`: a table is emptied
 /// within three rounds of its retirement).
 const JOURNAL_ROUND: Duration = Duration::from_secs(2);
@@ -518,11 +521,19 @@ fn retention_round(m: &mut Maintenance) {
     m.done(Pass::Rotation);
     let queues = m.step(Pass::Expiry, "the queue list", || Spi::connect_mut(crate::churn::queues_to_expire));
     for queue_id in queues.unwrap_or_default() {
-        if Maintenance::stopping() {
-            return;
+        // Step after step (each its own transaction) while there is more, for a few
+        // seconds at most: a queue with many idle partitions does not hold the round up.
+        let until = Instant::now() + EXPIRY_BUDGET;
+        loop {
+            if Maintenance::stopping() {
+                return;
+            }
+            let what = format!("queue {queue_id}");
+            let more = m.step(Pass::Expiry, &what, || Spi::connect_mut(|c| crate::churn::expire_queue(c, queue_id)));
+            if !more.is_some_and(|(_, _, full)| full) || Instant::now() >= until {
+                break;
+            }
         }
-        let what = format!("queue {queue_id}");
-        let _ = m.step(Pass::Expiry, &what, || Spi::connect_mut(|c| crate::churn::expire_queue(c, queue_id)));
     }
     m.done(Pass::Expiry);
 }

@@ -1,6 +1,6 @@
-//! The maintenance worker: with `shared_preload_libraries = 'queen'` it runs a retention
-//! pass every `queen.retention_interval` seconds in `queen.retention_database` (the test
-//! cluster sets 1 second and this database, scripts/test.conf), and compaction passes.
+//! The maintenance worker: with `shared_preload_libraries = 'queen'` each database where
+//! queen is installed has one; it runs a retention pass every `queen.retention_interval`
+//! seconds (the test cluster sets 1 second, scripts/test.conf), and compaction passes.
 //! Consumed segments older than a queue's retention disappear without anybody calling
 //! `queen.retain`; a queue without retention keeps its messages (compaction may merge
 //! their segments, so messages stored are counted, not segments); small segments are
@@ -36,7 +36,11 @@ fn worker_deletes_consumed_segments_past_the_retention() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let workers: i64 = c
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'queen maintenance'", &[])
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE backend_type = 'queen maintenance' AND datname = current_database()",
+                &[],
+            )
             .unwrap()
             .get(0);
         if workers == 1 {

@@ -1,0 +1,125 @@
+//! Partition churn is bounded: partitions created, consumed and left idle are dropped by
+//! the background worker (`configure(partition_idle_ttl)`), with their lanes, journal and
+//! dedup entries, so that after VACUUM queen's tables are back to their size before; and
+//! dedup entries expire by time even in a partition that stays.
+//! Size: QUEEN_CHURN_PARTITIONS (default 100,000).
+
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+
+const TABLES: &[&str] = &[
+    "partitions",
+    "lanes",
+    "dedup",
+    "segments_0",
+    "segments_1",
+    "fresh_segments_0",
+    "fresh_segments_1",
+    "lane_journal_0",
+    "lane_journal_1",
+];
+
+/// The heap size of each of queen's tables, after a VACUUM.
+fn sizes(c: &mut Client) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for t in TABLES {
+        c.batch_execute(&format!("VACUUM queen.{t}")).unwrap();
+        let size: i64 = c.query_one(&format!("SELECT pg_relation_size('queen.{t}')"), &[]).unwrap().get(0);
+        out.push((t.to_string(), size));
+    }
+    out
+}
+
+fn count(c: &mut Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).unwrap().get(0)
+}
+
+#[test]
+fn partitions_created_consumed_and_expired_leave_nothing_behind() {
+    let n: i64 = std::env::var("QUEEN_CHURN_PARTITIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    queen_it::use_database(queen_it::own_database());
+    let mut c = queen_it::connect();
+    let before = sizes(&mut c);
+    c.batch_execute(
+        "SELECT queen.configure('churn', partition_idle_ttl => '1 s', dedup_window => 1);
+         SELECT queen.create_group('churn', 'g');",
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    // One message per partition, each with a producer transaction id (a dedup entry).
+    for chunk in (0..n).step_by(1000) {
+        c.execute(
+            "SELECT count(*) FROM queen.push_batch('churn', (SELECT jsonb_agg(jsonb_build_object(
+                 'partition', 'c' || i, 'payload', i, 'transactionId', 't' || i))
+               FROM generate_series($1::int8, least($1::int8 + 999, $2::int8 - 1)) i))",
+            &[&chunk, &n],
+        )
+        .unwrap();
+    }
+    let pushed = t0.elapsed();
+    assert_eq!(count(&mut c, "SELECT count(*) FROM queen.partitions"), n);
+    let mut consumed = 0i64;
+    while consumed < n {
+        let got = c
+            .query("SELECT 1 FROM queen.pop('churn', 'g', batch => 2000, max_partitions => 2000, auto_ack => true)", &[])
+            .unwrap()
+            .len() as i64;
+        assert!(got > 0, "a pop found nothing with {} left", n - consumed);
+        consumed += got;
+    }
+    let popped = t0.elapsed();
+    // The worker drops them all once idle for a second.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let left = count(&mut c, "SELECT count(*) FROM queen.partitions");
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} partitions left");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("{n} partitions: pushed in {pushed:?}, consumed by {popped:?}, expired by {:?}", t0.elapsed());
+    for t in ["queen.lanes", "queen.dedup", "queen.segments", "queen.fresh_segments"] {
+        assert_eq!(count(&mut c, &format!("SELECT count(*) FROM {t}")), 0, "{t} keeps rows");
+    }
+    // The journal empties within a few rounds.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count(&mut c, "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)")
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the lane journal kept entries");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let after = sizes(&mut c);
+    for ((t, b), (_, a)) in before.iter().zip(&after) {
+        // VACUUM gives an emptied table's pages back; allow a page or two it may keep.
+        assert!(*a <= *b + 16_384, "queen.{t}: {a} bytes after, {b} before");
+    }
+}
+
+#[test]
+fn dedup_entries_expire_by_time_in_a_partition_that_stays() {
+    let mut c = queen_it::connect();
+    let queue = queen_it::unique("dd");
+    c.execute("SELECT queen.configure($1, dedup_window => 1)", &[&queue]).unwrap();
+    c.execute("SELECT count(*) FROM queen.push($1, '1', transaction_id => 'once')", &[&queue]).unwrap();
+    let entries = |c: &mut Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM queen.dedup d JOIN queen.partitions p USING (partition_id)
+               JOIN queen.queues q USING (queue_id) WHERE q.name = $1",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(entries(&mut c), 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while entries(&mut c) > 0 {
+        assert!(Instant::now() < deadline, "the dedup entry outlived its window");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The partition (and its message) stays.
+    let n = c.query("SELECT 1 FROM queen.pop($1, auto_ack => true)", &[&queue]).unwrap().len();
+    assert_eq!(n, 1);
+}

@@ -1,0 +1,120 @@
+//! Maintenance never stops: a step that fails (a partition whose compaction fails, here
+//! by a fail point of the test build) is logged, counted in `queen.metrics()`, skipped and
+//! tried again later, and every other pass goes on meanwhile. A fresh segment that cannot
+//! be decoded does not stop compaction either. And the lane journal is emptied while a
+//! transaction that read lanes (a `status`) stays open.
+
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use queen_it::{connect, dsn};
+
+/// A new database with queen installed, whose maintenance worker starts with `settings`
+/// (`ALTER DATABASE ... SET` before the extension exists, so the worker reads them when it
+/// connects).
+fn database_with(settings: &[&str]) -> (String, Client) {
+    let name = format!("qmaint_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut admin = connect();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    for s in settings {
+        admin.batch_execute(&format!("ALTER DATABASE {name} SET {s}")).unwrap();
+    }
+    let mut c = Client::connect(&format!("{} dbname={name}", dsn()), NoTls).unwrap();
+    c.batch_execute("CREATE EXTENSION queen").unwrap();
+    (name, c)
+}
+
+fn metric(c: &mut Client, name: &str) -> f64 {
+    c.query_opt("SELECT value FROM queen.metrics('maintenance') WHERE metric = $1", &[&name])
+        .unwrap()
+        .map_or(0.0, |r| r.get(0))
+}
+
+fn drop_database(name: &str) {
+    connect().batch_execute(&format!("DROP DATABASE {name}")).unwrap();
+}
+
+#[test]
+fn a_failing_compaction_step_stops_no_other_pass() {
+    // The worker's first two compaction steps fail.
+    let (db, mut c) = database_with(&["queen.failpoint = 'compaction.partition:2'"]);
+    c.batch_execute(
+        "SELECT count(*) FROM queen.push('m', '1', 'p1');
+         SELECT count(*) FROM queen.push('m', '2', 'p2');
+         SELECT queen.configure('r', retention => 1);
+         SELECT count(*) FROM queen.push_batch('r', '[{\"payload\": 1}, {\"payload\": 2}]');
+         SELECT count(*) FROM queen.pop('r', batch => 10, auto_ack => true);",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The failures are counted, and retention and the journal go on meanwhile.
+    loop {
+        let errors = metric(&mut c, "maintenance_compaction_errors");
+        let retained: i64 = c
+            .query_one(
+                "SELECT count(*) FROM queen.segments s JOIN queen.partitions p USING (partition_id)
+                   JOIN queen.queues q USING (queue_id) WHERE q.name = 'r'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if errors >= 1.0 && retained == 0 && metric(&mut c, "maintenance_journal_runs") >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "errors {errors}, segments of r left {retained}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(metric(&mut c, "maintenance_worker_running"), 1.0);
+    // The failed partitions are tried again (after their backoff) and merged: the fresh
+    // tier empties (a run of one message waits 10 s before it is merged).
+    loop {
+        let fresh: i64 = c.query_one("SELECT count(*) FROM queen.fresh_segments", &[]).unwrap().get(0);
+        if fresh == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{fresh} fresh segments never merged");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let n = c.query("SELECT 1 FROM queen.pop('m', batch => 10, max_partitions => 2, auto_ack => true)", &[]).unwrap();
+    assert_eq!(n.len(), 2);
+    assert!(metric(&mut c, "maintenance_compaction_age_seconds") < 30.0, "compaction succeeded since");
+    drop(c);
+    drop_database(&db);
+}
+
+#[test]
+fn the_journal_empties_while_a_transaction_that_loaded_lanes_stays_open() {
+    let (db, mut c) = database_with(&[]);
+    c.batch_execute(
+        "SELECT count(*) FROM queen.push_batch('j', (SELECT jsonb_agg(jsonb_build_object('partition', 'p' || (i % 5),
+                                                                                  'payload', i))
+                                                   FROM generate_series(1, 50) i));",
+    )
+    .unwrap();
+    let mut holder = Client::connect(&format!("{} dbname={db}", dsn()), NoTls).unwrap();
+    // Loads the lanes (none exist yet: the first pop creates the group), and stays open.
+    c.query("SELECT 1 FROM queen.pop('j', batch => 1, auto_ack => true)", &[]).unwrap();
+    holder.batch_execute("BEGIN; SELECT count(*) FROM queen.status('j');").unwrap();
+    // Acks (auto-ack pops) write journal entries.
+    for _ in 0..10 {
+        c.query("SELECT 1 FROM queen.pop('j', batch => 5, max_partitions => 5, auto_ack => true)", &[]).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: i64 = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} journal entries stay while a transaction that read lanes is open");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    holder.batch_execute("COMMIT").unwrap();
+    drop((c, holder));
+    drop_database(&db);
+}
