@@ -372,7 +372,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut starts = Vec::new();
     let mut attempts = Vec::new();
     let mut old_leases = Vec::new();
-    let mut budget = Budget { left: a.max_bytes, any: false };
+    let budget = Budget::new(a.max_bytes);
     let due = Due { delay, now };
     let mut poison = Vec::new();
     let mut passed = Vec::new();
@@ -427,7 +427,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let attempt = queen_core::lane::redelivery(c.claim_start, c.attempt_count, start);
         let before = out.len();
         let poisoned = poison.len();
-        let span = read_span(client, c, take, rows, &due, &mut budget, &mut poison, |mut d| {
+        let span = read_span(client, c, take, rows, &due, &budget, &mut poison, |mut d| {
             d.lease_id = lease_id;
             d.lease_expires_at = expires;
             d.attempt = attempt;
@@ -811,38 +811,44 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
         .collect()
 }
 
-/// Delivers up to `take` messages of a lane from `committed + 1` on, never past its
-/// readable end; returns the offset of the last one delivered (the claim's `batch_end`),
-/// or None when there was none to deliver.
-///
-/// An offset up to the readable end that holds no message is a gap (a push that aborted):
-/// every push that could write it has ended, and this read's snapshot, taken after the
-/// readable end was read, sees every one that committed. So the read steps over it. Under
-/// REPEATABLE READ or SERIALIZABLE the snapshot is the transaction's, older than the
-/// readable end: a missing offset may be a message committed since, so the read stops
-/// before it instead and delivers only what comes before.
 /// What is left of a pop's byte budget (`max_bytes`), and whether it delivered anything.
+///
+/// It bounds a pop's memory. What the pop gathers (`take`, payload and headers) is at most
+/// `max_bytes`, or its first message alone when that is larger. What it fetches to find
+/// them (`room`, see `segments::read_rows`) is held one chunk at a time and freed once
+/// decoded: at most min(budget left, 1 MiB) of stored bytes, or one block when a block is
+/// larger (one message, when messages are large). Once the budget is spent it fetches
+/// nothing more. Cells: the read asks for `room` while the pop's `emit` takes from it.
 struct Budget {
-    left: i64,
-    any: bool,
+    left: std::cell::Cell<i64>,
+    any: std::cell::Cell<bool>,
 }
 
 impl Budget {
+    fn new(max_bytes: i64) -> Budget {
+        Budget { left: max_bytes.into(), any: false.into() }
+    }
+
     /// Whether the pop may read no further: the budget is spent, or a payload did not fit.
     fn full(&self) -> bool {
-        self.any && self.left <= 0
+        self.any.get() && self.left.get() <= 0
     }
 
     /// Whether a payload of `n` bytes fits; the first message of a pop always does.
-    fn take(&mut self, n: usize) -> bool {
+    fn take(&self, n: usize) -> bool {
         let n = n as i64;
-        if self.any && n > self.left {
-            self.left = 0; // nothing more fits in this pop
+        if self.any.get() && n > self.left.get() {
+            self.left.set(0); // nothing more fits in this pop
             return false;
         }
-        self.left -= n;
-        self.any = true;
+        self.left.set(self.left.get() - n);
+        self.any.set(true);
         true
+    }
+
+    /// What a read may still fetch for this pop.
+    fn room(&self) -> segments::Room {
+        segments::Room::Budget { left: self.left.get(), any: self.any.get() }
     }
 }
 
@@ -927,6 +933,19 @@ struct Due {
     now: i64,
 }
 
+/// Delivers up to `take` messages of a lane from `committed + 1` on, never past its
+/// readable end; returns the offset of the last one delivered (the claim's `batch_end`),
+/// or None when there was none to deliver.
+///
+/// An offset up to the readable end that holds no message is a gap (a push that aborted):
+/// every push that could write it has ended, and this read's snapshot, taken after the
+/// readable end was read, sees every one that committed. So the read steps over it. Under
+/// REPEATABLE READ or SERIALIZABLE the snapshot is the transaction's, older than the
+/// readable end: a missing offset may be a message committed since, so the read stops
+/// before it instead and delivers only what comes before.
+///
+/// Reads within `budget`: it fetches nothing once the budget is spent, and holds at most
+/// one chunk of stored bytes at a time (see `Budget`).
 #[allow(clippy::too_many_arguments)]
 fn read_span<'conn>(
     client: &mut SpiClient<'conn>,
@@ -934,7 +953,7 @@ fn read_span<'conn>(
     take: i64,
     mut prefetched: Option<segments::Rows<'conn>>,
     due: &Due,
-    budget: &mut Budget,
+    budget: &Budget,
     poison: &mut Vec<Poison>,
     mut emit: impl FnMut(Delivered),
 ) -> Span {
@@ -961,6 +980,7 @@ fn read_span<'conn>(
             c.partition_id,
             next,
             end,
+            &|| budget.room(),
             |offset, message| {
                 let Some((f, created_at)) = message else {
                     stop = fixed_snapshot;
@@ -1043,7 +1063,8 @@ fn read_span<'conn>(
                 raw: true,
             });
         }
-        if stop {
+        // A spent budget: the read fetched no further (`segments::read_rows`).
+        if stop || budget.full() {
             break;
         }
         next = past_corrupt;

@@ -9,6 +9,13 @@
 //! A read fetches the segment's header first, then only the bytes of the blocks that
 //! hold the offsets it wants: a pop of 100 messages from a segment of 10,000 reads about
 //! 1/100 of it, not all of it.
+//!
+//! It fetches those blocks a chunk at a time, in order, decoding each chunk before it
+//! fetches the next and freeing it then: a chunk holds as many blocks as fit in the smaller
+//! of `CHUNK_BYTES` and the caller's `Room` (what a pop's byte budget has left), and one
+//! block at least, however large. A read stops fetching as soon as `emit` says stop or the
+//! budget is spent. So it holds one chunk of stored bytes at a time: at most min(budget
+//! left, 1 MiB), or one block when a block is larger (one message, when messages are large).
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
@@ -22,6 +29,32 @@ use crate::spi::run;
 /// First fetch of a segment: enough for the header of a segment of about 20,000 frames.
 /// A longer header is fetched again, eight times longer each round.
 const HEAD_BYTES: usize = 4096;
+
+/// Most stored bytes a read fetches at once, unless one block is larger: what it holds
+/// before decoding stays small whatever the budget.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// How much more a read may fetch, asked before each chunk of blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// No limit of the caller's (one offset, or a bounded range).
+    Unlimited,
+    /// A pop's byte budget: `left` bytes (zero or less once spent), and whether the pop
+    /// took a message yet. Spent after taking one, the read stops.
+    Budget { left: i64, any: bool },
+}
+
+impl Room {
+    /// The stored bytes the next chunk may hold (one block in any case), or None: fetch
+    /// no more.
+    fn limit(self) -> Option<usize> {
+        match self {
+            Room::Unlimited => Some(CHUNK_BYTES),
+            Room::Budget { left, any } if any && left <= 0 => None,
+            Room::Budget { left, .. } => Some(usize::try_from(left).unwrap_or(0).min(CHUNK_BYTES)),
+        }
+    }
+}
 
 /// A `bytea` column value as it sits in the SPI result: possibly a TOAST pointer, not
 /// fetched until `slice` asks for a range of it.
@@ -42,16 +75,63 @@ impl pgrx::IntoDatum for StoredBytea {
     }
 }
 
-/// Bytes `[start, start + len)` of a bytea datum, fetched from TOAST without reading the
-/// rest. The copy lives in the current (SPI) memory context, which lasts as long as the
-/// SPI connection: the lifetime `'conn` of the row the datum came from says so.
-fn slice<'conn>(_row: &SpiHeapTupleData<'conn>, datum: pg_sys::Datum, start: usize, len: usize) -> &'conn [u8] {
-    // SAFETY: `datum` is a non-null bytea of `_row`, valid while that SPI result is;
-    // detoast_attr_slice pallocs the copy in the current memory context, which lives as
-    // long as the SPI connection that produced `_row` ('conn).
-    unsafe {
-        let v = pg_sys::detoast_attr_slice(datum.cast_mut_ptr::<pg_sys::varlena>(), start as i32, len as i32);
-        pgrx::varlena::varlena_to_byte_slice(v)
+/// A memory context of a read's own for the stored bytes it fetches: emptied (`reset`)
+/// before each fetch, deleted with the read. Without it every fetch would stay in the SPI
+/// procedure's context (the current one while SPI is connected) until the pop's SPI
+/// connection ends, across every segment and lane it reads.
+struct Scratch(pg_sys::MemoryContext);
+
+impl Scratch {
+    fn new() -> Scratch {
+        // SAFETY: a new child of the current memory context, which outlives this read (the
+        // read ends before its caller's SPI connection does); the name is a static string,
+        // as PostgreSQL requires.
+        Scratch(unsafe {
+            pg_sys::AllocSetContextCreateExtended(
+                pg_sys::CurrentMemoryContext,
+                c"queen segment read".as_ptr(),
+                pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+            )
+        })
+    }
+
+    /// Bytes `[start, start + len)` of a bytea datum of `_row`, fetched from TOAST without
+    /// reading the rest, into this context: valid until the next `reset` (the borrow of
+    /// `self` says so).
+    fn slice(&self, _row: &SpiHeapTupleData<'_>, datum: pg_sys::Datum, start: usize, len: usize) -> &[u8] {
+        // SAFETY: `datum` is a non-null bytea of `_row`, valid while that SPI result is
+        // (the whole read). detoast_attr_slice pallocs the copy, and whatever else it
+        // allocates, in the current memory context: this one while it runs. An ERROR
+        // leaves this context current; `drop` handles that.
+        unsafe {
+            let caller = pg_sys::CurrentMemoryContext;
+            pg_sys::CurrentMemoryContext = self.0;
+            let v = pg_sys::detoast_attr_slice(datum.cast_mut_ptr::<pg_sys::varlena>(), start as i32, len as i32);
+            pg_sys::CurrentMemoryContext = caller;
+            pgrx::varlena::varlena_to_byte_slice(v)
+        }
+    }
+
+    /// Frees everything fetched so far (no slice of it is borrowed any more).
+    fn reset(&mut self) {
+        // SAFETY: a context this read created; `&mut self` proves no slice is borrowed.
+        unsafe { pg_sys::MemoryContextReset(self.0) }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: a context this read created, deleted once. An ERROR inside `slice`
+        // (turned into a panic that unwinds through here) leaves it current: its parent,
+        // the caller's context, becomes current again first, as before the fetch.
+        unsafe {
+            if pg_sys::CurrentMemoryContext == self.0 {
+                pg_sys::CurrentMemoryContext = pg_sys::MemoryContextGetParent(self.0);
+            }
+            pg_sys::MemoryContextDelete(self.0);
+        }
     }
 }
 
@@ -60,6 +140,8 @@ fn slice<'conn>(_row: &SpiHeapTupleData<'conn>, datum: pg_sys::Datum, start: usi
 /// `None` for an offset that holds none (a gap, or an offset no segment covers). `emit` returns false
 /// to stop early. Segments of both tiers are read in one statement, so a compaction that
 /// commits meanwhile is seen whole or not at all. A corrupt segment is an ERROR (XX001).
+/// No byte budget: for reads of one offset or of a bounded range (they still fetch a
+/// chunk at a time, and stop fetching when `emit` says stop).
 pub fn read(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
@@ -67,7 +149,7 @@ pub fn read(
     end: i64,
     emit: impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
 ) {
-    read_or_skip(client, partition_id, start, end, emit, None);
+    read_or_skip(client, partition_id, start, end, &|| Room::Unlimited, emit, None);
 }
 
 /// A segment that cannot be decoded: its offsets (`from..=last` were not handed out),
@@ -80,18 +162,19 @@ pub struct Corrupt {
     pub bytes: Vec<u8>,
 }
 
-/// `read`, except that a corrupt segment is handed to `corrupt` (when given) and its
-/// offsets are passed over, instead of an ERROR: a pop files it as a dead letter and
-/// goes on with the partition.
+/// `read` within `room` (asked before each fetch), except that a corrupt segment is
+/// handed to `corrupt` (when given) and its offsets are passed over, instead of an ERROR:
+/// a pop files it as a dead letter and goes on with the partition.
 pub fn read_or_skip(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
     start: i64,
     end: i64,
+    room: &dyn Fn() -> Room,
     emit: impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
     corrupt: Option<&mut dyn FnMut(Corrupt)>,
 ) {
-    read_rows(fetch(client, partition_id, start, end), partition_id, start, end, emit, corrupt);
+    read_rows(fetch(client, partition_id, start, end), partition_id, start, end, room, emit, corrupt);
 }
 
 /// The segment rows a read of offsets `lo..=hi` of one partition needs: the segment of each
@@ -193,11 +276,20 @@ pub fn fetch_many<'conn>(client: &mut SpiClient<'conn>, spans: &[(pgrx::Uuid, i6
 
 /// `read_or_skip` over rows fetched before (`fetch`, `fetch_many`) for a span that holds
 /// `start..=end`: `rows.lo == start` and `end <= rows.hi`.
+///
+/// The bound: before each fetch it asks `room`. When that is a spent budget (`Room::Budget`
+/// with nothing left after a message was taken) it fetches nothing more and returns, as
+/// when `emit` returns false. Otherwise it fetches the next blocks of the span, in order,
+/// as many as min(room left, `CHUNK_BYTES`) stored bytes hold but one at least, frees what
+/// it fetched before, and decodes them. So it holds one chunk at a time, and fetches at
+/// most one block past the point where the budget ran out. The exception is a corrupt
+/// segment handed to `corrupt`: its stored bytes, whole.
 pub fn read_rows(
     rows: Rows<'_>,
     partition_id: pgrx::Uuid,
     start: i64,
     end: i64,
+    room: &dyn Fn() -> Room,
     mut emit: impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
     mut corrupt: Option<&mut dyn FnMut(Corrupt)>,
 ) {
@@ -207,6 +299,7 @@ pub fn read_rows(
     let skip = rows.skip;
     let mut rows = rows.rows;
     rows.sort_unstable_by_key(|r| r.0);
+    let mut scratch = Scratch::new();
     let mut next = start;
     for (first, last, row) in rows {
         if last < next {
@@ -224,71 +317,21 @@ pub fn read_rows(
             break;
         }
         let StoredBytea(datum) = row.get(4 + skip).or_raise().unwrap();
-        // SAFETY: `datum` is a non-null bytea of this row.
-        let total = unsafe { pg_sys::toast_raw_datum_size(datum) } - pg_sys::VARHDRSZ;
-        // A corrupt segment: an ERROR, or handed over and passed.
-        let mut skip = |from: i64, error: String| {
-            let Some(handler) = corrupt.as_mut() else {
-                errors::corrupted(format_args!("{error} (partition {partition_id})"))
-            };
-            handler(Corrupt { segment_first: first, from, last, error, bytes: slice(&row, datum, 0, total).to_vec() });
-        };
-        let mut head = slice(&row, datum, 0, HEAD_BYTES.min(total));
-        let parsed = loop {
-            match Directory::parse(head, total) {
-                Ok(dir) => break Ok(dir),
-                Err(CodecError::Truncated(_)) if head.len() < total => {
-                    head = slice(&row, datum, 0, (head.len() * 8).min(total));
-                }
-                Err(e) => break Err(e.to_string()),
-            }
-        };
-        let dir = match parsed {
-            Ok(dir) if dir.frame_count() as i64 == last - first + 1 => dir,
-            Ok(dir) => {
-                skip(next, format!("segment {first}..{last} holds {} entries", dir.frame_count()));
+        let segment = Stored { row: &row, datum, partition_id, first, last, created_at };
+        match segment.read(&mut scratch, room, end, &mut next, &mut emit) {
+            Read::Done => {}
+            Read::Stopped => return,
+            // A corrupt segment: an ERROR, or handed over and passed.
+            Read::Corrupt(error) => {
+                let Some(handler) = corrupt.as_mut() else {
+                    errors::corrupted(format_args!("{error} (partition {partition_id})"))
+                };
+                scratch.reset();
+                let bytes = scratch.slice(&row, datum, 0, segment.total()).to_vec();
+                scratch.reset();
+                handler(Corrupt { segment_first: first, from: next, last, error, bytes });
                 next = last + 1;
-                continue;
             }
-            Err(e) => {
-                skip(next, format!("segment {first}..{last}: {e}"));
-                next = last + 1;
-                continue;
-            }
-        };
-        let from = (next - first) as usize;
-        let to = (end.min(last) - first + 1) as usize;
-        let Some((s, e)) = dir.span(from, to) else { continue };
-        // The header fetch may already hold the span (a small segment: all of it).
-        let body = if e <= head.len() { &head[s..e] } else { slice(&row, datum, s, e - s) };
-        let mut go_on = true;
-        // Decompressed blocks are kept per backend by place (`segment::Place`): the next
-        // pop of a lane usually reads on in the same block.
-        let place = Place { partition: *partition_id.as_bytes(), first, last };
-        let decoded = dir.for_each_in_at(Some(place), body, s, from, to, |i, entry| {
-            if !go_on {
-                return;
-            }
-            let offset = first + i as i64;
-            next = offset + 1;
-            go_on = match entry {
-                Entry::Message(f) => {
-                    // Version 1 segments keep no time per message: the row's applies.
-                    let at = f.created_at.map(crate::clock::timestamptz).unwrap_or(created_at);
-                    emit(offset, Some((f, at)))
-                }
-                Entry::Gap => emit(offset, None),
-            };
-        });
-        // A block that fails its checks: the entries before it were handed out; the rest
-        // of the segment is corrupt.
-        if !go_on {
-            return;
-        }
-        if let Err(e) = decoded {
-            skip(next, format!("segment {first}..{last}: {e}"));
-            next = last + 1;
-            continue;
         }
     }
     // Offsets past the last segment.
@@ -297,5 +340,111 @@ pub fn read_rows(
             return;
         }
         next += 1;
+    }
+}
+
+/// One segment row of a read.
+struct Stored<'a, 'conn> {
+    row: &'a SpiHeapTupleData<'conn>,
+    datum: pg_sys::Datum,
+    partition_id: pgrx::Uuid,
+    first: i64,
+    last: i64,
+    created_at: TimestampWithTimeZone,
+}
+
+/// How a read of one segment ended.
+enum Read {
+    /// Every offset asked for was handed to `emit`.
+    Done,
+    /// `emit` said stop, or the room was spent.
+    Stopped,
+    /// It cannot be decoded: why. The offsets before `next` were handed out.
+    Corrupt(String),
+}
+
+impl Stored<'_, '_> {
+    /// Its stored size.
+    fn total(&self) -> usize {
+        // SAFETY: `datum` is a non-null bytea of this row.
+        unsafe { pg_sys::toast_raw_datum_size(self.datum) - pg_sys::VARHDRSZ }
+    }
+
+    /// Hands its offsets from `*next` (inside the segment) up to `end` to `emit`, fetching
+    /// a chunk of blocks at a time within `room`; `*next` ends past the last one handed.
+    fn read(
+        &self,
+        scratch: &mut Scratch,
+        room: &dyn Fn() -> Room,
+        end: i64,
+        next: &mut i64,
+        emit: &mut impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
+    ) -> Read {
+        let (first, last) = (self.first, self.last);
+        if room().limit().is_none() {
+            return Read::Stopped;
+        }
+        let total = self.total();
+        scratch.reset();
+        let mut head = scratch.slice(self.row, self.datum, 0, HEAD_BYTES.min(total));
+        let parsed = loop {
+            match Directory::parse(head, total) {
+                Ok(dir) => break Ok(dir),
+                Err(CodecError::Truncated(_)) if head.len() < total => {
+                    head = scratch.slice(self.row, self.datum, 0, (head.len() * 8).min(total));
+                }
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        let dir = match parsed {
+            Ok(dir) if dir.frame_count() as i64 == last - first + 1 => dir,
+            Ok(dir) => return Read::Corrupt(format!("segment {first}..{last} holds {} entries", dir.frame_count())),
+            Err(e) => return Read::Corrupt(format!("segment {first}..{last}: {e}")),
+        };
+        // The header fetch may already hold a chunk (a small segment: all of it); once a
+        // chunk needs a fetch, the header's bytes are freed.
+        let mut head = Some(head);
+        // Decompressed blocks are kept per backend by place (`segment::Place`): the next
+        // pop of a lane usually reads on in the same block.
+        let place = Place { partition: *self.partition_id.as_bytes(), first, last };
+        let to = (end.min(last) - first + 1) as usize;
+        let mut at = (*next - first) as usize;
+        loop {
+            let Some(limit) = room().limit() else { return Read::Stopped };
+            let Some(chunk) = dir.chunk(at, to, limit) else { return Read::Done };
+            let body = match head {
+                Some(h) if chunk.end <= h.len() => &h[chunk.start..chunk.end],
+                _ => {
+                    head = None;
+                    scratch.reset();
+                    scratch.slice(self.row, self.datum, chunk.start, chunk.end - chunk.start)
+                }
+            };
+            let mut go_on = true;
+            let decoded = dir.for_each_in_at(Some(place), body, chunk.start, chunk.from, chunk.to, |i, entry| {
+                if !go_on {
+                    return;
+                }
+                let offset = first + i as i64;
+                *next = offset + 1;
+                go_on = match entry {
+                    Entry::Message(f) => {
+                        // Version 1 segments keep no time per message: the row's applies.
+                        let at = f.created_at.map(crate::clock::timestamptz).unwrap_or(self.created_at);
+                        emit(offset, Some((f, at)))
+                    }
+                    Entry::Gap => emit(offset, None),
+                };
+            });
+            if !go_on {
+                return Read::Stopped;
+            }
+            // A block that fails its checks: the entries before it were handed out; the
+            // rest of the segment is corrupt.
+            if let Err(e) = decoded {
+                return Read::Corrupt(format!("segment {first}..{last}: {e}"));
+            }
+            at = chunk.to;
+        }
     }
 }

@@ -399,6 +399,26 @@ pub struct Directory {
     blocks: Vec<BlockHead>,
 }
 
+/// One block of a segment (`Directory::blocks`): its frames, `first_index..first_index +
+/// frames`, and its stored body, bytes `start..end` of the segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSpan {
+    pub first_index: usize,
+    pub frames: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// Consecutive blocks of a segment (`Directory::chunk`): the frames `from..to` a reader
+/// asked for that they hold, and their stored bodies, bytes `start..end` of the segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub from: usize,
+    pub to: usize,
+    pub start: usize,
+    pub end: usize,
+}
+
 #[derive(Debug)]
 struct BlockHead {
     first_index: usize,
@@ -478,13 +498,46 @@ impl Directory {
     /// The bytes `[start, end)` of the segment that hold frames `from..to` (clamped to
     /// the segment), or None when that span is empty.
     pub fn span(&self, from: usize, to: usize) -> Option<(usize, usize)> {
-        if from >= to.min(self.frame_count) {
-            return None;
-        }
-        let mut hit = self.blocks.iter().filter(|b| b.first_index + b.frames > from && b.first_index < to);
+        let mut hit = self.blocks(from, to);
         let first = hit.next()?;
         let last = hit.next_back().unwrap_or(first);
-        Some((first.body_start, last.body_start + last.stored_len))
+        Some((first.start, last.end))
+    }
+
+    /// The blocks that hold frames `from..to` (clamped to the segment), in order.
+    pub fn blocks(&self, from: usize, to: usize) -> impl DoubleEndedIterator<Item = BlockSpan> + '_ {
+        let to = to.min(self.frame_count);
+        let first = self.blocks.partition_point(|b| b.first_index + b.frames <= from);
+        let end = self.blocks.partition_point(|b| b.first_index < to);
+        let blocks: &[BlockHead] = if from < to { &self.blocks[first..end] } else { &[] };
+        blocks.iter().map(|b| BlockSpan {
+            first_index: b.first_index,
+            frames: b.frames,
+            start: b.body_start,
+            end: b.body_start + b.stored_len,
+        })
+    }
+
+    /// The first blocks that hold frames `from..to` (clamped to the segment): as many as
+    /// `limit` stored bytes hold, and at least one, however large. None when the span is
+    /// empty. A reader that fetches a span a chunk at a time asks for the next chunk from
+    /// the previous one's `to`.
+    pub fn chunk(&self, from: usize, to: usize, limit: usize) -> Option<Chunk> {
+        let mut hit = self.blocks(from, to);
+        let first = hit.next()?;
+        let mut last = first;
+        for b in hit {
+            if b.end - first.start > limit {
+                break;
+            }
+            last = b;
+        }
+        Some(Chunk {
+            from: from.max(first.first_index),
+            to: to.min(last.first_index + last.frames),
+            start: first.start,
+            end: last.end,
+        })
     }
 
     /// Calls `f(index, frame)` for frames `from..to` (clamped to the segment), where
@@ -523,11 +576,8 @@ impl Directory {
             return Ok(());
         }
         let mut scratch: std::rc::Rc<Vec<u8>>;
-        for block in &self.blocks {
-            let block_end = block.first_index + block.frames;
-            if block_end <= from || block.first_index >= to {
-                continue;
-            }
+        let first = self.blocks.partition_point(|b| b.first_index + b.frames <= from);
+        for block in self.blocks[first..].iter().take_while(|b| b.first_index < to) {
             let body = block
                 .body_start
                 .checked_sub(bytes_start)
@@ -847,6 +897,42 @@ mod tests {
     }
 
     #[test]
+    fn blocks_and_chunks_walk_a_span_block_by_block() {
+        // 64-frame blocks, then big payloads: the first closes the block it joins (it passes
+        // BLOCK_BYTES), the others are a block each.
+        let mut data = owned(150, 10);
+        data.extend(owned(3, 40_000));
+        let bytes = encode_uncompressed(entries(&data));
+        let dir = Directory::parse(&bytes, bytes.len()).unwrap();
+        let all: Vec<BlockSpan> = dir.blocks(0, usize::MAX).collect();
+        assert_eq!(all.iter().map(|b| b.frames).collect::<Vec<_>>(), vec![64, 64, 23, 1, 1]);
+        assert_eq!(all[0].first_index, 0);
+        assert_eq!(all.last().unwrap().end, bytes.len());
+        for w in all.windows(2) {
+            assert_eq!((w[0].end, w[0].first_index + w[0].frames), (w[1].start, w[1].first_index));
+        }
+        // Only the blocks that hold the frames asked for; none for an empty span.
+        assert_eq!(dir.blocks(63, 65).collect::<Vec<_>>(), all[0..2]);
+        assert_eq!(dir.blocks(64, 128).collect::<Vec<_>>(), all[1..2]);
+        assert_eq!(dir.blocks(151, 10_000).collect::<Vec<_>>(), all[3..]);
+        assert_eq!(dir.blocks(5, 5).count(), 0);
+        assert_eq!(dir.blocks(153, 200).count(), 0);
+        assert_eq!(dir.span(63, 65), Some((all[0].start, all[1].end)));
+        // A chunk holds the blocks that fit the limit, at least one.
+        let c = dir.chunk(10, 153, 0).unwrap();
+        assert_eq!(c, Chunk { from: 10, to: 64, start: all[0].start, end: all[0].end });
+        let c = dir.chunk(10, 153, all[2].end - all[0].start).unwrap();
+        assert_eq!(c, Chunk { from: 10, to: 151, start: all[0].start, end: all[2].end });
+        let c = dir.chunk(150, 152, usize::MAX).unwrap();
+        assert_eq!(c, Chunk { from: 150, to: 152, start: all[2].start, end: all[3].end });
+        let c = dir.chunk(151, 153, 1).unwrap();
+        assert_eq!(c, Chunk { from: 151, to: 152, start: all[3].start, end: all[3].end });
+        assert!(c.end - c.start > 40_000, "a block larger than the limit comes whole");
+        assert_eq!(dir.chunk(153, 160, usize::MAX), None);
+        assert_eq!(dir.chunk(7, 7, usize::MAX), None);
+    }
+
+    #[test]
     fn range_decodes_only_requested_frames() {
         let data = owned(300, 10);
         let bytes = encode(entries(&data));
@@ -1034,6 +1120,39 @@ mod tests {
                 let short = dir.for_each_in(&bytes[s..e - 1], s, from, to, |_, _| ());
                 prop_assert!(short.is_err());
             }
+            prop_assert_eq!(got, want);
+        }
+
+        /// Reading a span chunk by chunk (`chunk`), each with only its own bytes, gives
+        /// exactly the entries one read of the span gives; every chunk is at most `limit`
+        /// bytes unless it is one block, and stops only where the next block would pass it.
+        #[test]
+        fn prop_chunked_read_matches_span_read(n in 1usize..400, size in 0usize..3000, a in any::<usize>(), b in any::<usize>(), limit in 0usize..100_000, raw in any::<bool>()) {
+            let data = owned(n, size);
+            let bytes = if raw { encode_uncompressed(entries(&data)) } else { encode(entries(&data)) };
+            let (from, to) = { let (x, y) = (a % (n + 1), b % (n + 1)); (x.min(y), x.max(y)) };
+            let dir = Directory::parse(&bytes, bytes.len()).unwrap();
+            let mut want = Vec::new();
+            dir.for_each_in(&bytes, 0, from, to, |i, e| want.push((i, own(e)))).unwrap();
+            let mut got = Vec::new();
+            let mut at = from;
+            let mut fetched = 0;
+            while let Some(c) = dir.chunk(at, to, limit) {
+                prop_assert_eq!(c.from, at);
+                prop_assert!(c.from < c.to && c.to <= to);
+                let blocks: Vec<BlockSpan> = dir.blocks(c.from, c.to).collect();
+                prop_assert_eq!((blocks[0].start, blocks.last().unwrap().end), (c.start, c.end));
+                prop_assert!(c.end - c.start <= limit || blocks.len() == 1);
+                if let Some(next) = dir.blocks(c.to, to).next() {
+                    prop_assert!(next.end - c.start > limit, "the next block would fit the limit");
+                }
+                let place = Some(Place { partition: [9; 16], first: 0, last: n as i64 - 1 });
+                dir.for_each_in_at(place, &bytes[c.start..c.end], c.start, c.from, c.to, |i, e| got.push((i, own(e)))).unwrap();
+                fetched += c.end - c.start;
+                at = c.to;
+            }
+            prop_assert_eq!(at, if want.is_empty() { from } else { to });
+            prop_assert_eq!(fetched, dir.span(from, to).map_or(0, |(s, e)| e - s), "each block fetched once");
             prop_assert_eq!(got, want);
         }
 
