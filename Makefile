@@ -16,6 +16,7 @@ RUN_PORT ?= 5488
 TEST_DIR  ?= /tmp/queen-test
 TEST_PORT ?= 5487
 TEST_DSN  := host=$(TEST_DIR)/sock port=$(TEST_PORT) user=postgres
+TEST_CONF ?= scripts/test.conf
 # The benchmark cluster: fixed settings in scripts/bench.conf.
 BENCH_DIR  ?= /tmp/queen-bench
 BENCH_PORT ?= 5486
@@ -124,7 +125,7 @@ pgrx-test:
 test-cluster-start:
 	@bash scripts/cluster.sh stop $(TEST_DIR) $(TEST_PORT)
 	@rm -rf $(TEST_DIR)
-	@bash scripts/cluster.sh start $(TEST_DIR) $(TEST_PORT) scripts/test.conf
+	@bash scripts/cluster.sh start $(TEST_DIR) $(TEST_PORT) $(TEST_CONF)
 
 test-cluster-stop:
 	@bash scripts/cluster.sh stop $(TEST_DIR) $(TEST_PORT)
@@ -136,7 +137,7 @@ readme-sql:
 # Each layer starts its own fresh cluster (a recipe, not a prerequisite: make would run a
 # shared prerequisite only once per invocation).
 regress: readme-sql
-	@$(MAKE) -s test-cluster-start
+	@$(MAKE) -s test-cluster-start TEST_CONF=scripts/regress.conf
 	@mkdir -p /tmp/queen-regress-out /tmp/queen-isolation-out
 	$(REGRESS)/pg_regress --host=$(TEST_DIR)/sock --port=$(TEST_PORT) --user=postgres \
 	  --inputdir=pg_test --outputdir=/tmp/queen-regress-out --dbname=queen_regress \
