@@ -58,7 +58,7 @@ impl Room {
 
 /// A `bytea` column value as it sits in the SPI result: possibly a TOAST pointer, not
 /// fetched until `slice` asks for a range of it.
-struct StoredBytea(pg_sys::Datum);
+pub(crate) struct StoredBytea(pub(crate) pg_sys::Datum);
 
 impl pgrx::FromDatum for StoredBytea {
     unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {

@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::PgOid;
-use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiCursor, SpiHeapTupleData, SpiTupleTable};
 
 use crate::errors::SpiExt;
 
@@ -124,19 +124,71 @@ pub fn first_row_now<R>(
     }
 }
 
+/// The kept plan of `sql`, prepared on first use with the types of `args`.
+fn kept_plan(client: &mut SpiClient<'_>, sql: &'static str, args: &[DatumWithOid<'_>]) -> Rc<OwnedPreparedStatement> {
+    if let Some(p) = PLANS.with(|p| p.borrow().get(sql).cloned()) {
+        return p;
+    }
+    let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+    let kept = Rc::new(client.prepare_mut(sql, &types).or_raise().keep());
+    PLANS.with(|p| p.borrow_mut().insert(sql, kept.clone()));
+    kept
+}
+
 /// Runs `sql` (a constant, never built from input) as a kept plan with `args`.
 pub fn run<'conn>(client: &mut SpiClient<'conn>, sql: &'static str, args: &[DatumWithOid<'_>]) -> SpiTupleTable<'conn> {
-    let plan = PLANS.with(|p| p.borrow().get(sql).cloned());
-    let plan = match plan {
-        Some(p) => p,
-        None => {
-            let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
-            let kept = Rc::new(client.prepare_mut(sql, &types).or_raise().keep());
-            PLANS.with(|p| p.borrow_mut().insert(sql, kept.clone()));
-            kept
-        }
-    };
+    let plan = kept_plan(client, sql, args);
     client.update(&*plan, None, args).or_raise()
+}
+
+/// Runs `sql` like `run`, maps its rows with `f`, and frees its result at once rather than
+/// when the SPI connection ends (see `fetch_one`): for a statement run once per item of a
+/// loop, such as per partition.
+pub fn run_map<T>(
+    client: &mut SpiClient<'_>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+    f: impl FnMut(SpiHeapTupleData<'_>) -> T,
+) -> Vec<T> {
+    let (result, out) = {
+        let table = run(client, sql, args);
+        // SAFETY: a plain read of the result the statement just set.
+        let result = unsafe { pgrx::pg_sys::SPI_tuptable };
+        (result, table.map(f).collect())
+    };
+    if !result.is_null() {
+        // SAFETY: the statement's own result, of this SPI connection, freed once: its rows
+        // were converted (copied) by `f`, and the table pgrx made of it is gone.
+        unsafe { pgrx::pg_sys::SPI_freetuptable(result) };
+    }
+    out
+}
+
+/// Opens a cursor over `sql` (a constant query) as a kept plan with `args`: its rows are
+/// read with `fetch_one`. It is closed when dropped.
+pub fn cursor<'conn>(client: &mut SpiClient<'conn>, sql: &'static str, args: &[DatumWithOid<'_>]) -> SpiCursor<'conn> {
+    let plan = kept_plan(client, sql, args);
+    client.try_open_cursor_mut(&*plan, args).or_raise()
+}
+
+/// Reads the next row of `cursor` with `read` (None at the end), then frees the row. pgrx
+/// keeps every result an SPI connection fetched until the connection ends (a
+/// `SpiTupleTable` does not free its tuples when dropped); a loop over many rows frees
+/// each one here instead. `read` may run other statements.
+pub fn fetch_one<R>(cursor: &mut SpiCursor<'_>, read: impl FnOnce(SpiHeapTupleData<'_>) -> R) -> Option<R> {
+    let (result, out) = {
+        let mut table = cursor.fetch(1).or_raise();
+        // SAFETY: a plain read of the result the fetch just set.
+        let result = unsafe { pgrx::pg_sys::SPI_tuptable };
+        (result, table.next().map(read))
+    };
+    if !result.is_null() {
+        // SAFETY: the fetch's own result, of this SPI connection, freed once: nothing refers
+        // to it any more (the row and the table that pgrx made of it are gone; a statement
+        // that `read` ran has a result of its own).
+        unsafe { pgrx::pg_sys::SPI_freetuptable(result) };
+    }
+    out
 }
 
 /// Runs a statement built at run time (utility statements whose object names are quoted
