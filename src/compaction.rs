@@ -88,6 +88,7 @@ fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
         crate::names::check_queue_name("queue", q);
         crate::citus::ensure_home(q);
     }
+    crate::privileges::require(queue, crate::privileges::Privilege::Admin);
     // A merge must see every fresh segment of its run. A fixed snapshot may miss one
     // committed since it was taken (or copied forward by a rotation of the segment
     // generations), and the merged segment would then hold a gap at its offsets.
