@@ -610,6 +610,9 @@ COMMENT ON FUNCTION queen._rotate_segments(int, int) IS 'queen internal: the swa
 CREATE FUNCTION queen._empty_journal(t int) RETURNS bool
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+-- The TRUNCATE also locks the table's index and TOAST table: a session that holds one of
+-- those makes this round give up (after at most this wait) rather than stall the worker.
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
   retired text := format('queen.lane_journal_%s', t);

@@ -121,6 +121,9 @@ thread_local! {
     static MINE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
     /// Ask the launcher for this database's worker when the transaction commits.
     static REQUEST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This transaction made this database's worker step aside: it may come back when the
+    /// transaction ends, however it ends.
+    static RESUME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Called from `_PG_init` while preloading: the setting.
@@ -279,24 +282,44 @@ pub fn request_worker_on_commit() {
     }
 }
 
-/// At commit (`hooks`): hands over a request made by `request_worker_on_commit`.
-/// Raises nothing: a database without a slot (all taken) gets no worker.
+/// The worker this transaction made step aside (`worker::leave_database`) may come back
+/// once the transaction ends.
+pub fn resume_at_transaction_end() {
+    if enabled() {
+        RESUME.with(|r| r.set(true));
+    }
+}
+
+/// At commit (`hooks`): hands over a request made by `request_worker_on_commit`, and lets
+/// a worker this transaction made step aside come back. Raises nothing: a database without
+/// a slot (all taken) gets no worker.
 pub fn on_commit() {
-    if !REQUEST.with(|r| r.replace(false)) || !enabled() {
+    let request = REQUEST.with(|r| r.replace(false));
+    let resume = RESUME.with(|r| r.replace(false));
+    if !(request || resume) || !enabled() {
         return;
     }
     let db = my_database();
-    let taken = with(db, true, |s| {
-        s.requested = 1;
-        s.absent_at = 0;
+    let taken = with(db, request, |s| {
+        if request {
+            s.requested = 1;
+            s.absent_at = 0;
+        }
+        if resume {
+            s.paused_until = 0;
+        }
     });
     if taken.is_some() {
         wake_launcher();
     }
 }
 
+/// At abort: no request; a worker this transaction made step aside comes back.
 pub fn on_abort() {
     REQUEST.with(|r| r.set(false));
+    if RESUME.with(|r| r.replace(false)) && enabled() && with(my_database(), false, |s| s.paused_until = 0).is_some() {
+        wake_launcher();
+    }
 }
 
 /// Records a pass of the current database's worker: it ended at `now`, with or without

@@ -13,8 +13,9 @@
 //! **`ProcessUtility`.** Every utility statement passes here:
 //! - `COMMIT PREPARED` / `ROLLBACK PREPARED` of a transaction that holds offset
 //!   reservations ends them afterwards (`offsets`);
-//! - `CREATE EXTENSION queen` and `ALTER EXTENSION queen` ask, at their commit, for this
-//!   database's maintenance worker (`dbs`);
+//! - `CREATE EXTENSION queen`, `ALTER EXTENSION queen` and `DROP EXTENSION queen` make this
+//!   database's maintenance worker step aside until their transaction ends, and ask for it
+//!   again when it commits (`dbs`; after a drop it finds no queen and leaves);
 //! - `DROP DATABASE`, `ALTER DATABASE ... RENAME` or `... SET TABLESPACE`, and
 //!   `CREATE DATABASE ... TEMPLATE`, which need a database to themselves, first ask its
 //!   maintenance worker to leave (`worker::leave_database`), and let it come back after.
@@ -235,7 +236,12 @@ fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
         return Around::Nothing;
     }
     if extension_statement(stmt) {
+        // The worker steps aside while the extension's objects change under it (it would
+        // otherwise hold a table the statement needs, and one of the two would be cancelled
+        // as a deadlock), and is asked for again when the statement commits.
         crate::dbs::request_worker_on_commit();
+        crate::worker::leave_database(crate::dbs::my_database());
+        crate::dbs::resume_at_transaction_end();
         return Around::Nothing;
     }
     if let Some(database) = database_needed(stmt) {
@@ -260,16 +266,28 @@ fn after(around: Around) {
     }
 }
 
-/// `CREATE EXTENSION queen` or `ALTER EXTENSION queen ...` (update).
+/// `CREATE EXTENSION queen`, `ALTER EXTENSION queen ...` (an update) or `DROP EXTENSION`
+/// naming queen.
 fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
-    // SAFETY: each node is read as its type only after its tag says so; names are C strings.
+    let queen = |name: *const std::ffi::c_char| {
+        // SAFETY: a C string of the parse tree (or null).
+        !name.is_null() && unsafe { CStr::from_ptr(name) }.to_bytes() == b"queen"
+    };
+    // SAFETY: each node is read as its type only after its tag says so; a DROP's objects
+    // are String nodes for an extension (the grammar builds them so).
     unsafe {
-        let name = match (*stmt).type_ {
-            pg_sys::NodeTag::T_CreateExtensionStmt => (*(stmt as *mut pg_sys::CreateExtensionStmt)).extname,
-            pg_sys::NodeTag::T_AlterExtensionStmt => (*(stmt as *mut pg_sys::AlterExtensionStmt)).extname,
-            _ => return false,
-        };
-        !name.is_null() && CStr::from_ptr(name).to_bytes() == b"queen"
+        match (*stmt).type_ {
+            pg_sys::NodeTag::T_CreateExtensionStmt => queen((*(stmt as *mut pg_sys::CreateExtensionStmt)).extname),
+            pg_sys::NodeTag::T_AlterExtensionStmt => queen((*(stmt as *mut pg_sys::AlterExtensionStmt)).extname),
+            pg_sys::NodeTag::T_DropStmt => {
+                let d = stmt as *mut pg_sys::DropStmt;
+                (*d).removeType == pg_sys::ObjectType::OBJECT_EXTENSION
+                    && pgrx::PgList::<pg_sys::Node>::from_pg((*d).objects)
+                        .iter_ptr()
+                        .any(|n| (*n).type_ == pg_sys::NodeTag::T_String && queen((*(n as *mut pg_sys::String)).sval))
+            }
+            _ => false,
+        }
     }
 }
 

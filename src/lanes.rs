@@ -385,9 +385,9 @@ fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> 
     row
 }
 
-/// The two journal tables, share-locked for one read and released after it, unless this
-/// transaction held them before (then it keeps them: a lock it took for another reason
-/// is not this read's to drop).
+/// The two journal tables and their indexes, share-locked for one read and released after
+/// it, unless this transaction held them before (then it keeps them: a lock it took for
+/// another reason is not this read's to drop).
 ///
 /// Taken before the read, the locks make a rotation that empties a journal table (it
 /// copies the table's entries into `queen.lanes`, then TRUNCATEs it, under an exclusive
@@ -400,7 +400,8 @@ struct JournalLocks {
 impl JournalLocks {
     fn take() -> JournalLocks {
         let mut tables = Vec::new();
-        for name in [c"lane_journal_0", c"lane_journal_1"] {
+        // The tables and the primary-key indexes the read scans: a TRUNCATE needs both.
+        for name in [c"lane_journal_0", c"lane_journal_1", c"lane_journal_0_pkey", c"lane_journal_1_pkey"] {
             let oid = crate::catalog::queen_table(name);
             // SAFETY: lock-manager calls on an existing relation's OID, in a transaction.
             unsafe {

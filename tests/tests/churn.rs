@@ -62,7 +62,10 @@ fn partitions_created_consumed_and_expired_leave_nothing_behind() {
     let mut consumed = 0i64;
     while consumed < n {
         let got = c
-            .query("SELECT 1 FROM queen.pop('churn', 'g', batch => 2000, max_partitions => 2000, auto_ack => true)", &[])
+            .query(
+                "SELECT 1 FROM queen.pop('churn', 'g', batch => 2000, max_partitions => 2000, auto_ack => true)",
+                &[],
+            )
             .unwrap()
             .len() as i64;
         assert!(got > 0, "a pop found nothing with {} left", n - consumed);
@@ -85,8 +88,10 @@ fn partitions_created_consumed_and_expired_leave_nothing_behind() {
     }
     // The journal empties within a few rounds.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while count(&mut c, "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)")
-        > 0
+    while count(
+        &mut c,
+        "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
+    ) > 0
     {
         assert!(Instant::now() < deadline, "the lane journal kept entries");
         std::thread::sleep(Duration::from_millis(300));

@@ -97,17 +97,18 @@ fn a_database_copied_from_another_shares_no_lane_lease_or_offset() {
     // The same partition ids in both databases: consuming in the copy leaves the source's
     // cursor alone.
     let same: bool = cb
-        .query_one("SELECT partition_id = $1 FROM queen.partitions", &[&ca
-            .query_one("SELECT partition_id FROM queen.partitions", &[])
-            .unwrap()
-            .get::<_, uuid::Uuid>(0)])
+        .query_one(
+            "SELECT partition_id = $1 FROM queen.partitions",
+            &[&ca.query_one("SELECT partition_id FROM queen.partitions", &[]).unwrap().get::<_, uuid::Uuid>(0)],
+        )
         .unwrap()
         .get(0);
     assert!(same, "a template copy keeps partition ids");
     let n = cb.query("SELECT 1 FROM queen.pop('tq', 'g', batch => 100, auto_ack => true)", &[]).unwrap().len();
     assert_eq!(n, 10);
     // A lease of the source cannot be acked or extended from the copy.
-    let lease: uuid::Uuid = ca.query_one("SELECT lease_id FROM queen.pop('tq', 'g', batch => 100)", &[]).unwrap().get(0);
+    let lease: uuid::Uuid =
+        ca.query_one("SELECT DISTINCT lease_id FROM queen.pop('tq', 'g', batch => 100)", &[]).unwrap().get(0);
     let from_b: serde_json::Value = cb.query_one("SELECT queen.ack($1)", &[&lease]).unwrap().get(0);
     assert_eq!(from_b["lanes"], serde_json::json!([]), "{from_b}");
     let ext: serde_json::Value = cb.query_one("SELECT queen.extend_lease($1, 30)", &[&lease]).unwrap().get(0);
@@ -120,7 +121,8 @@ fn a_database_copied_from_another_shares_no_lane_lease_or_offset() {
     let next_a: i64 = ca.query_one("SELECT msg_offset FROM queen.push('tq', '11')", &[]).unwrap().get(0);
     assert_eq!((next_a, next_b), (11, 11));
     drop((ca, cb));
-    admin.batch_execute(&format!("DROP DATABASE {b}; DROP DATABASE {a}")).unwrap();
+    admin.batch_execute(&format!("DROP DATABASE {b}")).unwrap();
+    admin.batch_execute(&format!("DROP DATABASE {a}")).unwrap();
 }
 
 /// A database whose consumers touch more lanes than `queen.tracked_lanes` (4096 in the test
