@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The upgrade test, as an operator upgrades: the previous release's library and install
-# script (0.2.0) write data; then the current library replaces it, the server restarts,
+# script (0.3.0) write data; then the current library replaces it, the server restarts,
 # and pg_test/upgrade/sql/upgrade_after.sql runs ALTER EXTENSION queen UPDATE and checks
 # data, behaviour and catalog. The previous library is built from its source, kept in
-# sql/previous/queen-0.2.0-src.tar.gz (git archive of the commit in sql/previous/COMMIT:
+# sql/previous/queen-0.3.0-src.tar.gz (git archive of the commit in sql/previous/COMMIT:
 # the extension crate and its core, no history needed). Needs the current one installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ test -f "$libdir/queen.so" || { echo "upgrade test: install the current queen fi
 # The previous library, built from its source.
 src=target/previous-src
 rm -rf "$src" && mkdir -p "$src"
-tar -xzf sql/previous/queen-0.2.0-src.tar.gz -C "$src"
+tar -xzf sql/previous/queen-0.3.0-src.tar.gz -C "$src"
 # Only the extension and its core were archived: drop the other workspace members.
 sed -i 's/^members = .*/members = [".", "core"]/' "$src/Cargo.toml"
 (cd "$src" && CARGO_TARGET_DIR="$root/target/previous" cargo build -q --lib -p queen)
