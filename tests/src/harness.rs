@@ -221,6 +221,9 @@ pub struct Report {
     pub armed: usize,
     pub faults: usize,
     pub faults_by_point: BTreeMap<String, usize>,
+    /// Errors that neither an injected fault nor a crash explains, by call and SQLSTATE (each
+    /// one is also a violation).
+    pub errors: BTreeMap<String, usize>,
     /// Transaction ends the registries could not take at once (a fail point in a
     /// transaction callback fired twice): retried at the session's next call.
     pub deferred_ends: usize,
@@ -280,6 +283,9 @@ struct Shared {
     rolled_back_acks: usize,
     armed: usize,
     faults: BTreeMap<String, usize>,
+    /// Errors no fault or crash explains, by call and SQLSTATE; the first texts.
+    errors: BTreeMap<String, usize>,
+    error_texts: Vec<String>,
 }
 
 struct Delivery {
@@ -321,6 +327,31 @@ fn is_disconnect(e: &postgres::Error) -> bool {
 fn lost_connection(crashes: bool, e: &postgres::Error, what: &str) {
     assert!(crashes, "{what} failed without any crash: {e}");
     assert!(is_disconnect(e), "{what} failed, and not because of a crash: {e} ({:?})", e.code());
+}
+
+/// How a call failed.
+enum Failure {
+    /// An injected fault: the call's transaction rolled back.
+    Fault,
+    /// Another error the server reported (its transaction rolled back too): a finding,
+    /// recorded (`Report::errors`) and, at the end, a violation.
+    Error,
+    /// The connection died during the call: its fate is unknown. Without crashes, also a
+    /// finding.
+    Lost,
+}
+
+/// The text of an error, with its SQLSTATE and, for a server error, its detail.
+fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{} {}{}",
+            db.code().code(),
+            db.message(),
+            db.detail().map(|d| format!(" ({})", d.lines().next().unwrap_or(""))).unwrap_or_default()
+        ),
+        None => e.to_string(),
+    }
 }
 
 /// Connects to `dsn`, retrying every 50 ms until `deadline` (a server restarting after a
@@ -473,17 +504,26 @@ impl Session {
         Ok(res)
     }
 
-    /// After a call failed: an injected fault (Some(point)) or a lost connection (None,
-    /// asserted to be one a crash explains). The session is usable again afterwards:
-    /// whatever transaction the call left open is rolled back, and its fail point reset.
-    fn failed(&mut self, e: &postgres::Error, crashes: bool, what: &str) -> Option<String> {
-        let point = fault_point(e);
-        if point.is_none() {
-            lost_connection(crashes, e, what);
-        }
-        if point.is_none() || self.c.is_closed() {
+    /// After a call failed: an injected fault, a lost connection (one a crash explains,
+    /// when crashes happen), or another error (recorded: a finding). The session is usable
+    /// again afterwards: whatever transaction the call left open is rolled back, and its
+    /// fail point reset.
+    fn failed(&mut self, e: &postgres::Error, ctx: &Ctx, what: &str) -> Failure {
+        let kind = if let Some(point) = fault_point(e) {
+            ctx.fault(point);
+            Failure::Fault
+        } else if is_disconnect(e) {
+            if !ctx.crashes {
+                ctx.error(what, &format!("failed without any crash: {}", describe(e)));
+            }
+            Failure::Lost
+        } else {
+            ctx.error(what, &describe(e));
+            Failure::Error
+        };
+        if matches!(kind, Failure::Lost) || self.c.is_closed() {
             self.broken = true;
-            return point;
+            return kind;
         }
         if self.depth > 0 && self.batch("ROLLBACK").is_err() {
             self.broken = true;
@@ -493,7 +533,7 @@ impl Session {
             self.broken = true;
         }
         self.armed = false;
-        point
+        kind
     }
 }
 
@@ -548,6 +588,16 @@ impl Ctx {
 
     fn fault(&self, point: String) {
         *self.shared.lock().unwrap().faults.entry(point).or_default() += 1;
+    }
+
+    /// An error no fault or crash explains (`Report::errors`).
+    fn error(&self, what: &str, text: &str) {
+        let mut s = self.shared.lock().unwrap();
+        let code = text.split_whitespace().next().unwrap_or("?");
+        *s.errors.entry(format!("{what}: {code}")).or_default() += 1;
+        if s.error_texts.len() < 20 {
+            s.error_texts.push(format!("{what} failed: {text}"));
+        }
     }
 
     fn directly(&self, deadline: Instant) -> Client {
@@ -678,7 +728,15 @@ pub fn run_report(cfg: &Config) -> Report {
             while !stop.load(Ordering::SeqCst) {
                 match c.execute("SELECT queen.compact($1)", &[&ctx.queue]) {
                     Ok(_) => passes += 1,
-                    Err(_) => c = ctx.directly(deadline), // killed by the chaos thread
+                    Err(e) => {
+                        // Killed by a crash: a new session. Any other error is a finding.
+                        if !is_disconnect(&e) {
+                            ctx.error("queen.compact", &describe(&e));
+                        } else if !ctx.crashes {
+                            ctx.error("queen.compact", &format!("failed without any crash: {}", describe(&e)));
+                        }
+                        c = ctx.directly(deadline);
+                    }
                 }
                 thread::sleep(Duration::from_millis(20));
             }
@@ -700,9 +758,12 @@ pub fn run_report(cfg: &Config) -> Report {
             while !stop.load(Ordering::SeqCst) {
                 match c.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]) {
                     Ok(row) => rotations += usize::from(row.get::<_, bool>(0)),
-                    // Killed by a crash: a new session. Any other error is a failure.
-                    Err(e) if is_disconnect(&e) => c = session(),
-                    Err(e) => panic!("queen.retain() failed: {e}"),
+                    // Killed by a crash: a new session. Any other error is a finding.
+                    Err(e) if is_disconnect(&e) && ctx.crashes => c = session(),
+                    Err(e) => {
+                        ctx.error("queen.retain", &describe(&e));
+                        c = session();
+                    }
                 }
                 thread::sleep(Duration::from_millis(50));
             }
@@ -725,6 +786,8 @@ pub fn run_report(cfg: &Config) -> Report {
     };
     let shared = ctx.shared.lock().unwrap();
     let mut report = check(cfg, &queue, &mut admin, &shared);
+    report.errors = shared.errors.clone();
+    report.violations.extend(shared.error_texts.iter().cloned());
     report.rotations = rotations;
     report.rolled_back_acks = shared.rolled_back_acks;
     report.armed = shared.armed;
@@ -836,12 +899,9 @@ fn pusher(p: usize, share: usize, seed: u64, ctx: &Ctx) {
             match res {
                 Ok(()) => ctx.shared.lock().unwrap().rolled_back.extend(ids),
                 // Faulted or lost: either way never committed.
-                Err(e) => match s.failed(&e, ctx.crashes, "a rolled-back push") {
-                    Some(point) => {
-                        ctx.fault(point);
-                        ctx.shared.lock().unwrap().rolled_back.extend(ids);
-                    }
-                    None => ctx.shared.lock().unwrap().unknown.extend(ids),
+                Err(e) => match s.failed(&e, ctx, "a rolled-back push") {
+                    Failure::Fault | Failure::Error => ctx.shared.lock().unwrap().rolled_back.extend(ids),
+                    Failure::Lost => ctx.shared.lock().unwrap().unknown.extend(ids),
                 },
             }
             continue;
@@ -855,13 +915,10 @@ fn pusher(p: usize, share: usize, seed: u64, ctx: &Ctx) {
                 }
                 done += k;
             }
-            Err(e) => match s.failed(&e, ctx.crashes, "push") {
-                // An injected fault: the push's transaction rolled back.
-                Some(point) => {
-                    ctx.fault(point);
-                    ctx.shared.lock().unwrap().rolled_back.extend(ids);
-                }
-                None => ctx.shared.lock().unwrap().unknown.extend(ids),
+            Err(e) => match s.failed(&e, ctx, "push") {
+                // The push's transaction rolled back.
+                Failure::Fault | Failure::Error => ctx.shared.lock().unwrap().rolled_back.extend(ids),
+                Failure::Lost => ctx.shared.lock().unwrap().unknown.extend(ids),
             },
         }
     }
@@ -876,7 +933,7 @@ const ACK_DLQ: &str = "SELECT queen.ack($1, $2::jsonb) /* dead-letter */";
 fn consumer(k: usize, group: &str, seed: u64, ctx: &Ctx) {
     let mut r = StdRng::seed_from_u64(seed);
     let mut s = ctx.session(k);
-    let (queue, lease_seconds, crashes) = (ctx.queue.as_str(), ctx.lease_seconds, ctx.crashes);
+    let (queue, lease_seconds) = (ctx.queue.as_str(), ctx.lease_seconds);
     // Where `drained` reads the queue's state: the sessions' server, or `check_dsn`.
     let mut checker = ctx.check_dsn.as_deref().map(|d| connect(d, ctx.deadline, &ctx.deferred));
     loop {
@@ -901,10 +958,8 @@ fn consumer(k: usize, group: &str, seed: u64, ctx: &Ctx) {
         }) {
             Ok(rows) => rows,
             Err(e) => {
-                // A fault: nothing delivered. A lost connection: the lease, if any, expires.
-                if let Some(point) = s.failed(&e, crashes, "pop") {
-                    ctx.fault(point);
-                }
+                // Rolled back: nothing delivered. A lost connection: the lease, if any, expires.
+                s.failed(&e, ctx, "pop");
                 continue;
             }
         };
@@ -982,12 +1037,9 @@ fn consumer(k: usize, group: &str, seed: u64, ctx: &Ctx) {
                     ctx.shared.lock().unwrap().rolled_back_acks += 1;
                     r.gen_bool(0.5)
                 }
-                Err(e) => match s.failed(&e, crashes, "a rolled-back ack") {
-                    Some(point) => {
-                        ctx.fault(point);
-                        r.gen_bool(0.5)
-                    }
-                    None => false,
+                Err(e) => match s.failed(&e, ctx, "a rolled-back ack") {
+                    Failure::Fault | Failure::Error => r.gen_bool(0.5),
+                    Failure::Lost => false,
                 },
             };
             if !follow {
@@ -1053,15 +1105,13 @@ fn consumer(k: usize, group: &str, seed: u64, ctx: &Ctx) {
                 }
             }
             Err(e) => {
-                let fault = s.failed(&e, crashes, "ack");
+                let failure = s.failed(&e, ctx, "ack");
                 let mut sh = ctx.shared.lock().unwrap();
-                let fate = match fault {
-                    // An injected fault: the ack's transaction rolled back, nothing advanced.
-                    Some(point) => {
-                        *sh.faults.entry(point).or_default() += 1;
-                        "fault"
-                    }
-                    None => {
+                let fate = match failure {
+                    // The ack's transaction rolled back: nothing advanced.
+                    Failure::Fault => "fault",
+                    Failure::Error => "error",
+                    Failure::Lost => {
                         // The connection died: the ack may or may not have committed.
                         for &(pid, first, last) in &lanes {
                             let to = match signal {

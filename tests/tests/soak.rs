@@ -62,6 +62,11 @@ fn table(runs: &[(&str, &Report)]) {
     row("DELIVERED AGAIN AFTER A COMMITTED ACK", &|r| r.duplicated_after_commit.to_string());
     row("passed twice by the cursor", &|r| r.passed_twice.to_string());
     row("invariants broken (all kinds, first 50)", &|r| r.violations.len().to_string());
+    let errors: std::collections::BTreeSet<String> = runs.iter().flat_map(|(_, r)| r.errors.keys().cloned()).collect();
+    row("ERRORS (no fault or crash explains them)", &|r| r.errors.values().sum::<usize>().to_string());
+    for e in errors {
+        row(&format!("  {e}"), &|r| r.errors.get(&e).copied().unwrap_or(0).to_string());
+    }
     let causes: std::collections::BTreeSet<&str> =
         runs.iter().flat_map(|(_, r)| r.duplicates.keys().copied()).collect();
     for cause in causes {
