@@ -14,7 +14,9 @@
 //! - nothing from a rolled-back push appeared;
 //! - an offset was delivered again only after a delivery that no ack committed (lease
 //!   expiry, a nack, a rolled-back ack, an injected fault, or a crash), and these
-//!   duplicates are counted by cause.
+//!   duplicates are counted by cause;
+//! - no call failed with an error that neither an injected fault nor a crash explains
+//!   (such an error is recorded, its call counted as rolled back, and the run goes on).
 //!
 //! The soak's options (all off by default): acks that roll back (`rollback_acks`), fail
 //! points armed now and then in the sessions' own calls (`failpoints`), half the sessions
