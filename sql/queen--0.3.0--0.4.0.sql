@@ -34,13 +34,14 @@ DROP FUNCTION queen._group_hash(text);
 
 -- configure gains create_groups and partition_idle_ttl (a new C symbol: the 0.3.0 one
 -- raises, asking for this update). Grants given on the old signature are given again.
-CREATE TEMP TABLE queen_configure_acl ON COMMIT DROP AS
-  SELECT a.grantee, a.is_grantable
-    FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
-   WHERE p.oid = 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'::regprocedure
-     AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
-     AND a.grantee NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname IN ('queen_admin'))
-     AND a.grantee <> (SELECT proowner FROM pg_catalog.pg_proc WHERE oid = 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'::regprocedure);
+-- (Role oids, 'g' marking the grant option, kept in a setting of this transaction for the
+-- grant below: a table made here would become a member of the extension.)
+SELECT pg_catalog.set_config('queen_upgrade.configure_acl', coalesce(pg_catalog.string_agg(
+         a.grantee::text || CASE WHEN a.is_grantable THEN 'g' ELSE '' END, ','), ''), true)
+  FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+ WHERE p.oid = 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'::regprocedure
+   AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+   AND a.grantee NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = 'queen_admin');
 DROP FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval);
 
 CREATE  FUNCTION "configure"(
@@ -70,11 +71,12 @@ GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool,
 
 DO $$
 DECLARE
-  r record;
+  g text;
 BEGIN
-  FOR r IN SELECT grantee, is_grantable FROM queen_configure_acl LOOP
-    EXECUTE format('GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval) TO %s%s',
-                   r.grantee::regrole, CASE WHEN r.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+  FOREACH g IN ARRAY pg_catalog.string_to_array(pg_catalog.current_setting('queen_upgrade.configure_acl', true), ',') LOOP
+    EXECUTE 'GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, '
+            'interval, bool, interval) TO ' || pg_catalog.rtrim(g, 'g')::oid::regrole
+            || CASE WHEN g LIKE '%g' THEN ' WITH GRANT OPTION' ELSE '' END;
   END LOOP;
 END $$;
 
