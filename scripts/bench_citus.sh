@@ -19,8 +19,7 @@ secs=${BENCH_CITUS_SECS:-10}
 rounds=${BENCH_CITUS_ROUNDS:-2}
 prefill=${BENCH_CITUS_PREFILL:-120000} # messages per queue
 conf=$(mktemp)
-{ cat "$root/scripts/bench.conf"; echo "shared_preload_libraries = 'citus,queen'"; echo "max_prepared_transactions = 50"
-  echo "queen.retention_database = 'qb'"; } | grep -v "^queen.retention_database = 'queen_bench'" > "$conf"
+{ cat "$root/scripts/bench.conf"; echo "shared_preload_libraries = 'citus,queen'"; echo "max_prepared_transactions = 50"; } > "$conf"
 work=$(mktemp -d)
 names=(single coordinator worker1 worker2)
 ports=("$base" "$((base + 1))" "$((base + 2))" "$((base + 3))")

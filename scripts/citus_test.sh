@@ -25,7 +25,6 @@ conf=$(mktemp)
 cat > "$conf" <<CONF
 shared_preload_libraries = 'citus,queen'
 max_prepared_transactions = 50
-queen.retention_database = 'queen_citus'
 queen.retention_interval = 1
 CONF
 
