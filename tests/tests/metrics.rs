@@ -76,6 +76,24 @@ fn the_exporter_serves_queen_series_after_a_known_sequence() {
     assert_eq!(value(&page, "queen_dead_letters_count", &h), None, "h has no dead letters");
     assert!(value(&page, "queen_retention_runs", &[]).is_some(), "the retention series are served");
 
+    // This database's maintenance worker: it runs, and its retention pass (every second
+    // here, scripts/test.conf) has run and succeeded lately. (Another test may have just
+    // restarted the server: the counters start again from zero, so wait a little.)
+    let r = [("pass", "retention")];
+    let mut page = page;
+    for _ in 0..30 {
+        if value(&page, "queen_maintenance_runs", &r).is_some_and(|v| v > 0.0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        page = scrape();
+    }
+    assert_eq!(value(&page, "queen_maintenance_worker_running", &[]), Some(1.0), "{page}");
+    assert!(value(&page, "queen_maintenance_runs", &r).is_some_and(|v| v > 0.0), "{page}");
+    let age = value(&page, "queen_maintenance_age_seconds", &r).unwrap();
+    assert!((0.0..60.0).contains(&age), "retention last succeeded {age} s ago");
+    assert_eq!(value(&page, "queen_maintenance_errors", &[("pass", "compaction")]), Some(0.0), "{page}");
+
     // An expired lease shows as awaiting reclaim.
     c.execute("SELECT queen._expire_lease(lease_id) FROM queen.status($1) WHERE consumer_group = 'g'", &[&queue])
         .unwrap();
