@@ -85,8 +85,8 @@ test: deps lint unit pgrx-test install-debug regress integration upgrade-test ci
 # The habits, enforced: rustfmt (rustfmt.toml), and clippy with every warning an error and
 # every unsafe block explained (a SAFETY: note).
 lint:
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
 
 # queen on Citus 13.2.2: a coordinator and two workers of this machine, queues routed to
 # their workers by queen.distribute() (scripts/citus_test.sh, docs/citus.md); the first

@@ -86,6 +86,7 @@ COMMENT ON FUNCTION queen._maintenance_stats() IS
 /// server started, the end of the last successful run and of the last failed one (NULL:
 /// none), and whether a worker runs here now. No rows without preloading.
 #[pg_extern(name = "_maintenance_stats", volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)] // pgrx reads the columns from the signature
 fn maintenance_stats() -> TableIterator<
     'static,
     (

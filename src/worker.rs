@@ -378,7 +378,7 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
     configure_session();
     // Is queen here, and at this library's version?
     loop {
-        match in_transaction(|| Spi::connect_mut(|c| installed(c))) {
+        match in_transaction(|| Spi::connect_mut(installed)) {
             Ok(Installed::Yes) => break,
             Ok(Installed::No) => {
                 dbs::with(database, false, |s| s.absent_at = crate::clock::clock_now());
@@ -458,7 +458,7 @@ fn rounds(m: &mut Maintenance) {
         }
         let now = Instant::now();
         if now >= next_journal {
-            match m.step(Pass::Journal, "the extension's presence", || Spi::connect_mut(|c| installed(c))) {
+            match m.step(Pass::Journal, "the extension's presence", || Spi::connect_mut(installed)) {
                 Some(Installed::No) => return, // DROP EXTENSION: the launcher starts a worker again on CREATE
                 Some(Installed::Other) => {
                     next_journal = Instant::now() + JOURNAL_ROUND;

@@ -197,7 +197,7 @@ mod tests {
         // Non-ASCII text of the right byte length: an error, not a panic, and the error
         // never quotes the text.
         for bad in ["é".repeat(32), format!("{}é", "a".repeat(62)), format!("a{}", "é".repeat(31)) + "a"] {
-            let e = Key::from_hex(&bad).err().expect("refused").to_string();
+            let e = Key::from_hex(&bad).expect_err("refused").to_string();
             assert!(!e.contains('é') && !e.contains("aaaa"), "the error quotes the key: {e}");
         }
         assert!(Key::from_hex(&"é".repeat(33)).is_err());

@@ -348,13 +348,13 @@ mod tests {
     fn a_failed_ack_with_a_backoff_holds_the_lane_back() {
         let (l, _) = claim(&Lane::new(0), 5, 5, Some((7, 100)), 0).unwrap();
         let failed = AckItem { status: AckStatus::Failed, ..done(3) };
-        let (after, plan) = ack(&l, 7, &[failed.clone()], POLICY, None, 10).unwrap();
+        let (after, plan) = ack(&l, 7, std::slice::from_ref(&failed), POLICY, None, 10).unwrap();
         assert_eq!((after.committed, after.lease, after.retry_at, plan.retry_after), (2, None, Some(15), Some(5)));
         assert!(claim(&after, 5, 5, Some((8, 200)), 14).is_none(), "backoff running");
         let (again, c) = claim(&after, 5, 5, Some((8, 200)), 15).unwrap();
         assert_eq!((c.start, c.attempt, again.retry_at), (3, 0, None), "a new span: offset 3 is its first");
         // The second failure waits twice as long; an explicit retry_after wins.
-        let (after2, _) = ack(&again, 8, &[failed.clone()], POLICY, None, 20).unwrap();
+        let (after2, _) = ack(&again, 8, std::slice::from_ref(&failed), POLICY, None, 20).unwrap();
         assert_eq!(after2.retry_at, Some(30));
         let explicit = AckItem { retry_after: Some(2), status: AckStatus::Retry, ..done(3) };
         let (after3, _) = ack(&again, 8, &[explicit], POLICY, None, 20).unwrap();

@@ -1350,10 +1350,10 @@ mod tests {
                 match op {
                     Op::Claim { owner, lane, lease: l, until } => {
                         let k = keys[lane as usize];
-                        if !model.contains_key(&lane) {
+                        if let std::collections::hash_map::Entry::Vacant(slot) = model.entry(lane) {
                             let loaded = m.reg().begin_load(&k, owner, now);
                             match loaded {
-                                Load::Mine => { m.reg().finish_load(&k, owner, State::default(), None, now); model.insert(lane, State::default()); }
+                                Load::Mine => { m.reg().finish_load(&k, owner, State::default(), None, now); slot.insert(State::default()); }
                                 Load::Full => continue,
                                 other => prop_assert!(false, "{:?}", other),
                             }
