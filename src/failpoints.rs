@@ -13,7 +13,7 @@
 
 /// The extension's own fail points (the tests read this list): the registry work of the transaction callbacks, and
 /// one step of two maintenance passes (to show that a failing step stops nothing else).
-#[allow(dead_code)] // read by the tests, as text (tests/tests/failpoints.rs)
+#[allow(dead_code)] // read by the tests, as text (tests/src/harness.rs; tests/tests/failpoints.rs fires each)
 pub const POINTS: &[&str] = &[
     "xact.commit.lanes",
     "xact.abort.lanes",

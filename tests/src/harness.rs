@@ -169,7 +169,6 @@ pub const FAIL_POINTS: &[&str] = &[
     "lanes.put_back",
     "lanes.evict",
     "lanes.sweep",
-    "lanes.saved",
     "lanes.forget",
     "lanes.cursor",
     "offsets.reserve",
