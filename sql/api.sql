@@ -275,6 +275,7 @@ DECLARE
   n_segments bigint;
   n_fresh bigint;
   n_dead bigint;
+  grantees oid[];
 BEGIN
   IF queue IS NULL THEN
     RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
@@ -311,6 +312,12 @@ BEGIN
   GET DIAGNOSTICS n_dead = ROW_COUNT;
   DELETE FROM queen.partitions p WHERE p.queue_id = qid;
   GET DIAGNOSTICS n_partitions = ROW_COUNT;
+  -- The queue's grants, and with them the functions a role no longer needs: a role left
+  -- with no queue grant and the EXECUTE rights queen.grant gave it would otherwise count
+  -- as a 0.3.0 role, allowed on every queue (src/privileges.rs).
+  WITH gone AS (DELETE FROM queen.queue_grants g WHERE g.queue_id = qid RETURNING g.grantee)
+  SELECT array_agg(DISTINCT grantee) INTO grantees FROM gone;
+  PERFORM queen._sync_grants(r) FROM unnest(grantees) r;
   DELETE FROM queen.queues q WHERE q.queue_id = qid;
   -- Every backend forgets where this queue's partitions were (src/queues.rs, targets).
   PERFORM queen._queues_changed();

@@ -103,6 +103,14 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'permitted_sql_wrapper';
 
+CREATE  FUNCTION "_sync_grants"(
+	"role" oid /* pg_sys :: Oid */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'sync_grants_sql_wrapper';
+
 CREATE  FUNCTION "_require"(
 	"queue" TEXT, /* Option < & str > */
 	"privilege" TEXT /* & str */
@@ -187,6 +195,8 @@ COMMENT ON FUNCTION queen._require_id(bigint, text) IS
 
 COMMENT ON FUNCTION queen._permitted_queues(text) IS
   'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
+COMMENT ON FUNCTION queen._sync_grants(oid) IS
+  'queen internal: make the functions a role may call match the queue grants it still holds (delete_queue); not granted';
 
 COMMENT ON FUNCTION queen._retention_stats() IS
   'queen internal: this database''s retention counters (queen.metrics); not granted';
@@ -379,6 +389,7 @@ DECLARE
   n_segments bigint;
   n_fresh bigint;
   n_dead bigint;
+  grantees oid[];
 BEGIN
   IF queue IS NULL THEN
     RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
@@ -415,6 +426,12 @@ BEGIN
   GET DIAGNOSTICS n_dead = ROW_COUNT;
   DELETE FROM queen.partitions p WHERE p.queue_id = qid;
   GET DIAGNOSTICS n_partitions = ROW_COUNT;
+  -- The queue's grants, and with them the functions a role no longer needs: a role left
+  -- with no queue grant and the EXECUTE rights queen.grant gave it would otherwise count
+  -- as a 0.3.0 role, allowed on every queue (src/privileges.rs).
+  WITH gone AS (DELETE FROM queen.queue_grants g WHERE g.queue_id = qid RETURNING g.grantee)
+  SELECT array_agg(DISTINCT grantee) INTO grantees FROM gone;
+  PERFORM queen._sync_grants(r) FROM unnest(grantees) r;
   DELETE FROM queen.queues q WHERE q.queue_id = qid;
   -- Every backend forgets where this queue's partitions were (src/queues.rs, targets).
   PERFORM queen._queues_changed();

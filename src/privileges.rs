@@ -204,9 +204,11 @@ COMMENT ON FUNCTION queen._require_id(bigint, text) IS
   'queen internal: refuse (42501) unless the session''s role has the privilege on the queue (by id); true otherwise; not granted';
 COMMENT ON FUNCTION queen._permitted_queues(text) IS
   'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
+COMMENT ON FUNCTION queen._sync_grants(oid) IS
+  'queen internal: make the functions a role may call match the queue grants it still holds (delete_queue); not granted';
 "#,
     name = "require_sql_home",
-    requires = [require_sql, require_id_sql, permitted_sql]
+    requires = [require_sql, require_id_sql, permitted_sql, sync_grants_sql]
 );
 
 /// `queen._require(queue, privilege)`: `require`, for queen's PL/pgSQL functions.
@@ -374,6 +376,26 @@ fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
     });
     crate::queues::invalidate();
     JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "revoked": removed}))
+}
+
+/// `queen._sync_grants(role)`: `sync_grants` for a role whose queue grants went with a
+/// deleted queue (`delete_queue`): a role left with no grant keeps no function queen
+/// gave it (else, holding no grant, it would count as a 0.3.0 role with EXECUTE rights:
+/// every queue). Not granted; runs as its caller (the extension's owner, in delete_queue).
+#[pg_extern(name = "_sync_grants", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn sync_grants_sql(role: pg_sys::Oid) {
+    Spi::connect_mut(|client| {
+        let name = first_value::<String>(run(
+            client,
+            "SELECT rolname::text FROM pg_catalog.pg_roles WHERE oid = $1",
+            &[role.into()],
+        ));
+        if let Some(name) = name {
+            sync_grants(client, role, &name);
+        }
+    });
+    crate::queues::invalidate();
 }
 
 /// `queen.grants(queue)`: the grants made with `queen.grant`, of one queue or all.

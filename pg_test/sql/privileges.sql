@@ -1,0 +1,144 @@
+-- Per-queue privileges (docs/functions.md, "Privileges"): queen.grant gives a role one
+-- privilege on one queue and what it needs to call those functions; such a role is
+-- limited to its queues at every entry point (42501 elsewhere, listings filtered, so
+-- encrypted payloads decrypt only for a role granted on that queue); members of the queen
+-- roles keep every queue; a role given EXECUTE directly (0.3.0) keeps what it had.
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS queen CASCADE;
+CREATE EXTENSION queen;
+DO $$
+DECLARE r text;
+BEGIN
+  FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN ('qp_app', 'qp_ops', 'qp_legacy', 'qp_member') LOOP
+    EXECUTE format('DROP OWNED BY %I', r);
+    EXECUTE format('DROP ROLE %I', r);
+  END LOOP;
+END $$;
+RESET client_min_messages;
+\set VERBOSITY terse
+CREATE ROLE qp_app;
+CREATE ROLE qp_ops;
+CREATE ROLE qp_legacy;
+CREATE ROLE qp_member IN ROLE queen_consumer;
+
+-- Two queues: orders, and payroll, encrypted.
+SET queen.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
+SELECT queen.configure('payroll', encryption => true) ->> 'encryption' AS encryption;
+SELECT msg_offset FROM queen.push('orders', '{"order": 1}');
+SELECT msg_offset FROM queen.push('payroll', '{"salary": 100}');
+SELECT msg_offset FROM queen.push('payroll', '{"salary": 200}');
+-- A lease on payroll and a dead letter there, for the checks by id below.
+CREATE TABLE payroll_lease AS SELECT lease_id, partition_id FROM queen.pop('payroll', 'audit');
+SELECT queen.ack(lease_id, partition_id, 1, 'dlq', 'bad') -> 'lanes' -> 0 -> 'committed' AS dead_lettered FROM payroll_lease;
+CREATE TABLE payroll_lease2 AS SELECT lease_id FROM queen.pop('payroll', 'audit2');
+GRANT SELECT ON payroll_lease2 TO qp_app, qp_ops;
+
+-- Only queen_admin grants; bad arguments.
+SET ROLE qp_app;
+SELECT queen.grant('orders', 'qp_app', 'consume');
+RESET ROLE;
+SELECT queen.grant('orders', 'qp_app', 'read');
+SELECT queen.grant('orders', 'no_such_role', 'consume');
+SELECT queen.grant('orders', NULL, 'consume');
+
+-- A role with no queen role, granted consume and produce on orders: grant gives it the
+-- schema and the functions of those privileges, nothing more.
+SELECT queen.grant('orders', 'qp_app', 'consume') - 'role' AS granted;
+SELECT queen.grant('orders', 'qp_app', 'produce') ->> 'granted' AS granted;
+SELECT queen.grant('orders', 'qp_app', 'produce') ->> 'granted' AS granted_again;
+SELECT has_schema_privilege('qp_app', 'queen', 'USAGE') AS schema,
+       has_function_privilege('qp_app', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,
+       has_function_privilege('qp_app', 'queen.push(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE') AS push,
+       has_function_privilege('qp_app', 'queen.dlq(text, text, int, int)', 'EXECUTE') AS dlq,
+       has_function_privilege('qp_app', 'queen.status(text)', 'EXECUTE') AS status,
+       has_function_privilege('qp_app', 'queen.delete_queue(text)', 'EXECUTE') AS delete_queue;
+
+SET ROLE qp_app;
+SELECT msg_offset FROM queen.push('orders', '{"order": 2}');
+SELECT msg_offset, payload FROM queen.pop('orders', batch => 10, auto_ack => true);
+-- Every other queue is refused, by name or by id, a new one included.
+SELECT msg_offset FROM queen.push('payroll', '{"salary": 0}');
+SELECT msg_offset FROM queen.push_batch('[{"queue": "orders", "payload": 3}, {"queue": "payroll", "payload": 4}]');
+SELECT msg_offset FROM queen.push('brand_new', '1');
+SELECT payload FROM queen.pop('payroll', batch => 10);
+SELECT payload FROM queen.pop('payroll', 'thief', batch => 10);
+SELECT queen.ack(lease_id) FROM payroll_lease2;
+SELECT queen.extend_lease(lease_id, 60) FROM payroll_lease2;
+SELECT queen.may_start(lease_id) FROM payroll_lease2;
+SELECT data FROM queen.dlq('payroll');
+-- Listings show its queues only: the payroll dead letter is not there.
+SELECT queue, data FROM queen.dlq();
+-- Functions of a privilege it does not hold: PostgreSQL's own refusal.
+SELECT * FROM queen.status('orders');
+RESET ROLE;
+-- The refused calls changed nothing: payroll still holds its messages for a new group,
+-- and no queue brand_new was created.
+SELECT msg_offset, payload FROM queen.pop('payroll', 'check', batch => 10, auto_ack => true);
+SELECT count(*) AS brand_new FROM queen.queues WHERE name = 'brand_new';
+
+-- A per-queue admin of payroll: everything about payroll, nothing about orders.
+SELECT queen.grant('payroll', 'qp_ops', 'admin') ->> 'granted' AS granted;
+SET ROLE qp_ops;
+SELECT queue, consumer_group, messages FROM queen.totals() ORDER BY 1, 2;
+SELECT DISTINCT queue FROM queen.status();
+SELECT DISTINCT queue FROM queen.metrics() WHERE queue IS NOT NULL;
+SELECT count(*) > 0 AS maintenance_hidden FROM queen.metrics() WHERE metric LIKE 'maintenance%' OR metric LIKE 'retention%';
+SELECT queen.configure('payroll', retry_limit => 5, encryption => true) ->> 'retryLimit' AS retry_limit;
+SELECT queen.configure('orders', retry_limit => 5);
+SELECT * FROM queen.totals('orders');
+SELECT queen.seek('orders', '__QUEUE_MODE__', to_offset => 1);
+SELECT queen.drop_group('orders', 'x');
+SELECT queen.delete_queue('orders');
+SELECT queen.retain();
+SELECT queue, privilege FROM queen.grants('payroll');
+SELECT * FROM queen.grants();
+SELECT queen.grant('payroll', 'qp_app', 'consume');
+-- It consumes payroll (decrypted: it may), and its dead letter.
+SELECT msg_offset, payload FROM queen.pop('payroll', 'ops', batch => 10, auto_ack => true);
+SELECT queue, data, error_message FROM queen.dlq();
+SELECT queen.revoke_lease(lease_id) -> 'revoked' AS revoked FROM payroll_lease2;
+RESET ROLE;
+
+-- A member of queen_consumer keeps every queue for consuming, and a queue grant limits
+-- it only for the privileges it does not have through a queen role.
+SELECT queen.grant('orders', 'qp_member', 'admin') ->> 'granted' AS granted;
+SET ROLE qp_member;
+SELECT msg_offset, payload FROM queen.pop('payroll', 'member', batch => 10, auto_ack => true);
+SELECT queen.configure('orders', retry_limit => 4) ->> 'retryLimit' AS retry_limit;
+SELECT queen.configure('payroll', retry_limit => 4, encryption => true);
+RESET ROLE;
+
+-- A role given EXECUTE directly (0.3.0's finer grants) and no queue grant: every queue.
+GRANT USAGE ON SCHEMA queen TO qp_legacy;
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO qp_legacy;
+SET ROLE qp_legacy;
+SELECT msg_offset, payload FROM queen.pop('orders', 'legacy', batch => 10, auto_ack => true);
+SELECT msg_offset FROM queen.pop('payroll', 'legacy', batch => 10, auto_ack => true);
+RESET ROLE;
+
+-- revoke takes the privilege back, and the functions only it needed.
+SELECT queen.revoke('orders', 'qp_app', 'consume') - 'role' AS revoked;
+SELECT queen.revoke('orders', 'qp_app', 'consume') ->> 'revoked' AS revoked_again;
+SELECT has_function_privilege('qp_app', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,
+       has_function_privilege('qp_app', 'queen.push(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE') AS push;
+SET ROLE qp_app;
+SELECT payload FROM queen.pop('orders');
+SELECT msg_offset FROM queen.push('orders', '{"order": 5}');
+RESET ROLE;
+
+-- A per-queue admin deletes its queue: the grant goes with it, and so do the functions
+-- it gave; the role does not become one allowed on every queue.
+SET ROLE qp_ops;
+SELECT queen.delete_queue('payroll') ->> 'deleted' AS deleted;
+SELECT payload FROM queen.pop('orders');
+RESET ROLE;
+SELECT has_schema_privilege('qp_ops', 'queen', 'USAGE') AS schema,
+       has_function_privilege('qp_ops', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,
+       count(*) AS grants
+  FROM queen.grants() WHERE role = 'qp_ops';
+
+-- Clean up (roles are cluster-wide).
+DROP TABLE payroll_lease, payroll_lease2;
+SET client_min_messages = warning;
+DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member;
+DROP ROLE qp_app, qp_ops, qp_legacy, qp_member;
