@@ -8,10 +8,13 @@
 //! - its maintenance counters, per pass: runs, errors, the time of the last success and of
 //!   the last error (`queen.metrics()`), and what retention freed.
 //!
-//! A slot is taken by the first backend or worker of a database that needs one and freed by
-//! the launcher once the database is gone (`worker::launcher_main`). There are
-//! `queen.max_databases` slots (default 64); a database beyond them gets no maintenance and
-//! its acks fail with `53400`.
+//! A slot is taken by the first backend or worker of a database that needs one, and freed
+//! by the launcher once the database is gone, or once a worker found that queen is not
+//! installed there (`worker::launch_round`: the launcher then remembers that itself, and
+//! looks again after a while, or at once on `CREATE EXTENSION`). So databases without
+//! queen hold a slot only for the moment a worker looks. There are `queen.max_databases`
+//! slots (default 64), for the databases where queen is installed (and a few being looked
+//! at); a database beyond them gets no maintenance and its acks fail with `53400`.
 
 use std::ffi::CStr;
 
@@ -134,7 +137,7 @@ pub fn init() {
     }
     GucRegistry::define_int_guc(
         c"queen.max_databases",
-        c"Databases queen keeps maintenance state for (worker, lane journal, counters).",
+        c"Databases with queen installed that queen keeps maintenance state for (worker, lane journal, counters).",
         c"A database beyond this gets no background maintenance, and its acks fail with SQLSTATE 53400.",
         &MAX_DATABASES,
         1,
@@ -254,6 +257,25 @@ pub fn free(database: u32) {
             *s = Slot::default();
         }
     });
+}
+
+/// Frees the slot of a database where the worker found queen not installed, unless
+/// something took it up meanwhile: a start requested (`CREATE EXTENSION` committed), a
+/// pause under way, acks in flight, or a worker other than `dead_pid` (the one that
+/// found queen absent, which has exited). Returns whether it was freed.
+pub fn free_if_absent(database: u32, dead_pid: i32, now: i64) -> bool {
+    with_slots(|_, slots| {
+        let Some(s) = slots.iter_mut().find(|s| s.database == database) else { return false };
+        let idle = s.absent_at != 0
+            && s.requested == 0
+            && s.paused_until <= now
+            && s.journal.writers == [0, 0]
+            && (s.worker_pid == 0 || s.worker_pid == dead_pid);
+        if idle {
+            *s = Slot::default();
+        }
+        idle
+    })
 }
 
 /// The launcher registers itself, so that requests can wake it.

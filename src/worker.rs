@@ -142,14 +142,15 @@ pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
     // SAFETY: this process's pid and latch (in its PGPROC, in shared memory).
     dbs::set_launcher(unsafe { pg_sys::MyProcPid }, unsafe { pg_sys::MyLatch });
     let mut last_start: HashMap<u32, Instant> = HashMap::new();
-    let mut warned_full: HashSet<u32> = HashSet::new();
+    let mut absent: HashMap<u32, i64> = HashMap::new();
+    let mut starved: HashMap<u32, (Instant, bool)> = HashMap::new();
     loop {
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration file is what a worker does on SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        launch_round(&mut last_start, &mut warned_full);
-        if !BackgroundWorker::wait_latch(Some(LAUNCH_ROUND)) {
+        launch_round(&mut last_start, &mut absent, &mut starved);
+        if !wait(LAUNCH_ROUND) {
             break; // SIGTERM
         }
     }
@@ -159,11 +160,26 @@ pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(1) };
 }
 
+/// How long a database may wait for a slot before the launcher warns (the slots that
+/// workers hold while they look whether queen is installed free up within seconds).
+const STARVED_WARNING: Duration = Duration::from_secs(60);
+
 /// One look at the databases: forget the ones gone, start the workers missing.
-fn launch_round(last_start: &mut HashMap<u32, Instant>, warned_full: &mut HashSet<u32>) {
+///
+/// `absent`: databases where a worker found queen not installed, and when; they hold no
+/// slot, and are looked at again after `REPROBE` (or at once when a `CREATE EXTENSION`
+/// there takes a slot and asks for a worker). `starved`: databases that found no free
+/// slot, since when, and whether that was logged.
+fn launch_round(
+    last_start: &mut HashMap<u32, Instant>,
+    absent: &mut HashMap<u32, i64>,
+    starved: &mut HashMap<u32, (Instant, bool)>,
+) {
     let all = databases();
     let only = ONLY_DATABASE.get().map(|c| c.to_string_lossy().into_owned()).filter(|s| !s.is_empty());
     let present: HashSet<u32> = all.iter().map(|d| d.oid).collect();
+    absent.retain(|db, _| present.contains(db));
+    starved.retain(|db, _| present.contains(db));
     for slot in dbs::all() {
         if !present.contains(&slot.database) {
             let lanes = crate::lanes::forget_database(slot.database);
@@ -177,9 +193,28 @@ fn launch_round(last_start: &mut HashMap<u32, Instant>, warned_full: &mut HashSe
         }
     }
     let now = crate::clock::clock_now();
+    let reprobe = REPROBE.as_micros() as i64;
     for db in all.iter().filter(|d| d.serve && only.as_ref().is_none_or(|o| *o == d.name)) {
+        // A worker found queen absent here and has exited: the slot goes back (unless a
+        // CREATE EXTENSION took it up meanwhile), and the launcher remembers.
+        if let Some(s) = dbs::with(db.oid, false, |s| *s) {
+            if s.absent_at != 0
+                && s.requested == 0
+                && !alive(s.worker_pid)
+                && dbs::free_if_absent(db.oid, s.worker_pid, now)
+            {
+                absent.insert(db.oid, s.absent_at);
+                continue;
+            }
+        }
+        let requested = dbs::with(db.oid, false, |s| s.requested != 0).unwrap_or(false);
+        if !requested && absent.get(&db.oid).is_some_and(|&at| now - at < reprobe) {
+            continue; // queen is not installed there
+        }
         let Some(slot) = dbs::with(db.oid, true, |s| *s) else {
-            if warned_full.insert(db.oid) {
+            let (since, logged) = starved.entry(db.oid).or_insert((Instant::now(), false));
+            if !*logged && since.elapsed() >= STARVED_WARNING {
+                *logged = true;
                 pgrx::warning!(
                     "queen launcher: no slot for database {:?} (queen.max_databases): it gets no maintenance",
                     db.name
@@ -187,12 +222,13 @@ fn launch_round(last_start: &mut HashMap<u32, Instant>, warned_full: &mut HashSe
             }
             continue;
         };
+        starved.remove(&db.oid);
+        absent.remove(&db.oid);
         if slot.paused_until > now || (slot.worker_pid != 0 && alive(slot.worker_pid)) {
             continue;
         }
-        let reprobe = REPROBE.as_micros() as i64;
-        if slot.absent_at != 0 && slot.requested == 0 && now - slot.absent_at < reprobe {
-            continue; // queen is not installed there
+        if slot.absent_at != 0 && slot.requested == 0 {
+            continue; // its worker is exiting: freed next round
         }
         if last_start.get(&db.oid).is_some_and(|t| t.elapsed() < RESTART_DELAY) {
             continue;
@@ -331,8 +367,32 @@ impl Maintenance {
     }
 
     fn stopping() -> bool {
-        BackgroundWorker::sigterm_received()
+        stop_requested()
     }
+}
+
+thread_local! {
+    /// A SIGTERM arrived. pgrx's `sigterm_received` (and `wait_latch`, which asks it)
+    /// forgets the signal once it has told it, so it is kept here: a pass that saw it and
+    /// returned early must not leave the round loop waiting on as if nothing came (the
+    /// worker would then never leave for a DROP DATABASE).
+    static STOP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this worker was asked to stop (SIGTERM), now or earlier.
+fn stop_requested() -> bool {
+    if BackgroundWorker::sigterm_received() {
+        STOP.with(|s| s.set(true));
+    }
+    STOP.with(|s| s.get())
+}
+
+/// Waits on the latch for at most `timeout`; false once the worker was asked to stop.
+fn wait(timeout: Duration) -> bool {
+    if !BackgroundWorker::wait_latch(Some(timeout)) {
+        STOP.with(|s| s.set(true));
+    }
+    !stop_requested()
 }
 
 /// Longest a retention round spends expiring one queue's idle partitions.
@@ -372,6 +432,7 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
         s.worker = dbs::WORKER_RUNNING;
         s.worker_pid = pid;
         s.requested = 0;
+        s.absent_at = 0;
     });
     // SAFETY: registering a process-exit callback once, with the database as its argument.
     unsafe { pg_sys::before_shmem_exit(Some(worker_exit), pg_sys::Datum::from(database)) };
@@ -387,7 +448,7 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
             }
             Ok(Installed::Other) | Err(_) => {}
         }
-        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(5))) {
+        if !wait(Duration::from_secs(5)) {
             // SAFETY: as above.
             unsafe { pg_sys::proc_exit(0) };
         }
@@ -449,7 +510,7 @@ fn rounds(m: &mut Maintenance) {
         // Sleep until the next pass that is on (the journal's comes every two seconds).
         let due = [compaction.map(|_| next_compaction), retention.map(|_| next_retention), Some(next_journal)];
         let wake_at = due.iter().flatten().min().copied().unwrap_or(now + JOURNAL_ROUND);
-        if !BackgroundWorker::wait_latch(Some(wake_at.saturating_duration_since(now))) {
+        if !wait(wake_at.saturating_duration_since(now)) {
             return; // SIGTERM
         }
         if BackgroundWorker::sighup_received() {
@@ -710,7 +771,9 @@ pub fn leave_database(database: u32) {
         return;
     }
     let until = crate::clock::clock_now() + LEAVE_PAUSE_MICROS;
-    let Some(pid) = dbs::with(database, false, |s| {
+    // (A slot is taken for the pause if the database has none: a database without queen
+    // holds none, and the launcher must not start a worker there meanwhile.)
+    let Some(pid) = dbs::with(database, true, |s| {
         s.paused_until = until;
         s.worker_pid
     }) else {

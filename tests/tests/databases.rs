@@ -159,3 +159,78 @@ fn more_lanes_than_the_registry_holds_are_served_in_any_database() {
     drop(c);
     connect().batch_execute(&format!("DROP DATABASE {db}")).unwrap();
 }
+
+/// A cluster of this test's own (a private data directory and port), started with
+/// `settings`, stopped and removed when dropped.
+struct OwnCluster {
+    dir: String,
+    port: String,
+}
+
+impl OwnCluster {
+    fn start(port: u16, settings: &str) -> OwnCluster {
+        let dir = format!("/tmp/queen-dbslots-{port}");
+        let conf = format!("{dir}.conf");
+        std::fs::write(&conf, settings).unwrap();
+        let c = OwnCluster { dir, port: port.to_string() };
+        c.run("stop");
+        let _ = std::fs::remove_dir_all(&c.dir);
+        let ok = std::process::Command::new("bash")
+            .args(["scripts/cluster.sh", "start", &c.dir, &c.port, &conf])
+            .current_dir("..")
+            .status()
+            .unwrap();
+        assert!(ok.success(), "start a cluster of the test's own");
+        c
+    }
+
+    fn run(&self, cmd: &str) {
+        let _ = std::process::Command::new("bash")
+            .args(["scripts/cluster.sh", cmd, &self.dir, &self.port])
+            .current_dir("..")
+            .status();
+    }
+
+    fn dsn(&self, db: &str) -> String {
+        format!("host={}/sock port={} user=postgres dbname={db}", self.dir, self.port)
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        self.run("stop");
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(format!("{}.conf", self.dir));
+    }
+}
+
+/// Databases without queen do not use up `queen.max_databases`: a worker looks whether
+/// queen is installed and its slot goes back. Here 3 slots, 8 databases without queen,
+/// then 2 with it: both get their worker, and their acks work.
+#[test]
+fn databases_without_queen_leave_the_slots_to_those_with_it() {
+    let cluster = OwnCluster::start(5497, "queen.max_databases = 3\n");
+    let mut admin = Client::connect(&cluster.dsn("postgres"), NoTls).unwrap();
+    for k in 0..8 {
+        admin.batch_execute(&format!("CREATE DATABASE plain_{k}")).unwrap();
+    }
+    // The launcher looks at all of them (a round every 5 s, a few at a time).
+    std::thread::sleep(Duration::from_secs(12));
+    for db in ["with_a", "with_b"] {
+        admin.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+        let mut c = Client::connect(&cluster.dsn(db), NoTls).unwrap();
+        c.batch_execute("CREATE EXTENSION queen").unwrap();
+    }
+    for db in ["with_a", "with_b"] {
+        wait_workers(&mut admin, db, 1, 60);
+        let mut c = Client::connect(&cluster.dsn(db), NoTls).unwrap();
+        c.batch_execute("SELECT count(*) FROM queen.push('q', '1')").unwrap();
+        let lease: uuid::Uuid = c.query_one("SELECT lease_id FROM queen.pop('q')", &[]).unwrap().get(0);
+        let acked: serde_json::Value = c.query_one("SELECT queen.ack($1)", &[&lease]).unwrap().get(0);
+        assert_eq!(acked["items"][0]["success"], true, "{db}: {acked}");
+        assert_eq!(acked["lanes"][0]["committed"], 1, "{db}: {acked}");
+    }
+    for k in 0..8 {
+        assert_eq!(workers(&mut admin, &format!("plain_{k}")), 0);
+    }
+}
