@@ -69,6 +69,8 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
         let Some(queue_id) = found.filter(|&id| crate::locks::share_queue(id)) else {
             return json!({"queue": queue, "partition": partition, "dropped": false});
         };
+        // Before the partition's row, as the lock order has it (`try_drop`).
+        crate::locks::lanes_creation(queue_id, true, true);
         // The partition row (waits for a push without the offset registry, a compaction
         // or a retention step of this partition).
         let pid = first_value::<pgrx::Uuid>(run(
@@ -91,8 +93,10 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
     JsonB(out)
 }
 
-/// Drops partition `pid` of queue `queue_id` if it is empty; its row is locked by the
-/// caller. `wait`: wait for another transaction that holds one of its lanes (else it is
+/// Drops partition `pid` of queue `queue_id` if it is empty; the caller holds the
+/// queue's lane-creation lock exclusively (no group gets lanes meanwhile: a group created
+/// now, subscribed to 'all', would need this partition's messages, so the groups read
+/// here are all there are until the transaction ends) and the partition's row. `wait`: wait for another transaction that holds one of its lanes (else it is
 /// busy). Returns the segments deleted.
 fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bool) -> Result<i64, Kept> {
     let groups = groups_of(client, queue_id);
@@ -119,17 +123,12 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
     }
     let row = run(
         client,
-        "SELECT p.head, p.retained_through,
-                EXISTS (SELECT 1 FROM queen.log_dlq d WHERE d.partition_id = p.partition_id)
-           FROM queen.partitions p WHERE p.partition_id = $1",
+        "SELECT p.head, p.retained_through FROM queen.partitions p WHERE p.partition_id = $1",
         &[pid.into()],
     );
     let row = row.first();
     let head: i64 = row.get(1).or_raise().unwrap_or(0);
     let retained: i64 = row.get(2).or_raise().unwrap_or(0);
-    if row.get::<bool>(3).or_raise().unwrap_or(false) {
-        return Err(Kept::NotEmpty("it has dead letters (replay or delete them first)".into()));
-    }
     let readable = crate::offsets::readable(pid, head);
     if groups.is_empty() && readable > retained {
         return Err(Kept::NotEmpty("the queue has no consumer group, and it holds messages".into()));
@@ -174,6 +173,16 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
             )));
         }
     }
+    // Dead letters, read once the lanes are locked: an ack or a pop that files one holds
+    // its lane until it commits, so a dead letter filed meanwhile is seen here.
+    let dead = first_value::<bool>(run(
+        client,
+        "SELECT EXISTS (SELECT 1 FROM queen.log_dlq d WHERE d.partition_id = $1)",
+        &[pid.into()],
+    ));
+    if dead.unwrap_or(false) {
+        return Err(Kept::NotEmpty("it has dead letters (replay or delete them first)".into()));
+    }
     Ok(())
 }
 
@@ -216,6 +225,12 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
 /// between them. It never waits: a partition someone holds is left for the next pass.
 /// Returns (dedup entries deleted, partitions dropped, whether it stopped at its limit).
 pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, bool) {
+    // The queue lock first, as every call takes it before the queue's rows (a dedup row
+    // locked before it would deadlock with a delete_queue); a queue being deleted waits
+    // for the next pass.
+    if !crate::locks::try_share_queue(queue_id) {
+        return (0, 0, false);
+    }
     let dedup = first_value::<i64>(run(
         client,
         "WITH d AS (
@@ -227,7 +242,8 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
         &[queue_id.into()],
     ))
     .unwrap_or(0);
-    if !crate::locks::share_queue(queue_id) {
+    // As in try_drop: no group gets lanes while the partitions are checked (busy: next pass).
+    if !crate::locks::lanes_creation(queue_id, true, false) {
         return (dedup, 0, false);
     }
     let groups = groups_of(client, queue_id);

@@ -11,15 +11,21 @@
 //!    ever waits for `delete_queue` while holding one of its rows.
 //!    A transaction that touches several queues takes their locks as it reaches them;
 //!    push_batch reaches them in queue-name order.
+//!    The **lane-creation lock** (a second heavyweight lock per queue) comes next:
+//!    share mode to create lanes (a pop without waiting, a new group's lanes, `seek`
+//!    back), exclusive by a retention step and the partition expiry (without waiting) and
+//!    by `drop_partition` (waiting).
 //! 2. **The queue row** (`queen.queues`): FOR KEY SHARE by the foreign keys of a new
-//!    partition, group or dead letter; FOR UPDATE by retention (SKIP LOCKED: it never
-//!    waits) and by `delete_queue`; UPDATE by `configure`.
+//!    partition, group or dead letter; FOR UPDATE by `delete_queue`; UPDATE by
+//!    `configure`. (Retention takes no queue row lock.)
 //!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts, FOR UPDATE by
 //!    `seek` and `drop_group`.
 //! 3. **Partition rows**, in partition-name order within a call (pushes without the
-//!    offset registry; compaction and retention SKIP LOCKED).
+//!    offset registry; `drop_partition`; compaction, retention and the partition expiry
+//!    SKIP LOCKED).
 //! 4. **Lanes**, in partition-id order (byte order of the UUID) within a lease: pop
-//!    (SKIP LOCKED), ack, extend_lease, seek, drop_group.
+//!    (SKIP LOCKED), ack, extend_lease, seek, drop_group; `drop_partition` locks one
+//!    partition's lanes in group-name order (the expiry without waiting).
 //! 5. Everything else (dedup rows, dead letters, segments) last.
 //!
 //! Group creation is serialized by a second heavyweight lock, keyed by (queue id, group
