@@ -84,7 +84,7 @@ echo "citus-test: distribute() = $distributed"
 # 12 functions routed by queue (9, and the internal forms status, totals and dlq forward
 # to), 7 by lease or partition id (ack in three forms, extend_lease, may_start, dlq_replay,
 # dlq_delete).
-case "$distributed" in *'"functions": 19'*) ;; *) echo "citus-test: distribute() did not distribute 19 functions" >&2; exit 1 ;; esac
+case "$distributed" in *'"functions": 23'*) ;; *) echo "citus-test: distribute() did not distribute 23 functions" >&2; exit 1 ;; esac
 case "$distributed" in *'"workers": 2'*) ;; *) echo "citus-test: distribute() did not see 2 workers" >&2; exit 1 ;; esac
 fail() { echo "citus-test: $*" >&2; exit 1; }
 # The worker port that holds queue $1's shard.

@@ -42,7 +42,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"queen.compaction_interval",
         c"Milliseconds between compaction passes of queen's background worker (0: none).",
-        c"The worker merges the small segments of single-message pushes in queen.retention_database. \
+        c"Each database's maintenance worker merges the small segments of single-message pushes there. \
           Needs shared_preload_libraries = 'queen'; without it, call queen.compact().",
         &COMPACTION_INTERVAL,
         0,

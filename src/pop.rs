@@ -330,7 +330,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         errors::raise(
             PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             format!(
-                "queen: queue {:?} has no consumer group {:?}, and its consumers may not create one                  (configure create_groups => false); create it with queen.create_group",
+                "queen: queue {:?} has no consumer group {:?}, and its consumers may not create one \
+                 (configure create_groups => false); create it with queen.create_group",
                 a.queue, a.group
             ),
         );
