@@ -192,6 +192,16 @@ fn launch_round(
             );
         }
     }
+    // A database the filter (`queen.retention_database`, reloadable) leaves out: its
+    // worker is asked to stop.
+    if let Some(o) = &only {
+        for db in all.iter().filter(|d| d.name != *o) {
+            if let Some(pid) = dbs::with(db.oid, false, |s| s.worker_pid).filter(|&p| alive(p)) {
+                // SAFETY: SIGTERM to our own worker process (its pid from its slot, checked alive).
+                unsafe { libc_kill(pid, 15) };
+            }
+        }
+    }
     let now = crate::clock::clock_now();
     let reprobe = REPROBE.as_micros() as i64;
     for db in all.iter().filter(|d| d.serve && only.as_ref().is_none_or(|o| *o == d.name)) {
