@@ -37,7 +37,7 @@ EXPORTER_PORT ?= 9491
 RUN_EXPORTER_PORT ?= 9488
 ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec))))
 
-.PHONY: soak citus-test bench-citus upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
+.PHONY: check soak citus-test bench-citus upgrade-test clients package fuzz bench bench-held deps build install install-debug run stop test lint unit pgrx-test regress integration \
         test-cluster-start test-cluster-stop readme-sql clean
 
 deps:
@@ -81,6 +81,12 @@ stop:
 
 test: deps lint unit pgrx-test install-debug regress integration upgrade-test citus-test
 	@echo "make test: all layers passed"
+
+# The inner loop (a few minutes): formatting and clippy, the core's unit and property
+# tests, the debug build installed, pg_regress and the isolation specs (with and without
+# preloading).
+check: lint unit install-debug regress
+	@echo "make check: passed (make test runs every layer)"
 
 # The habits, enforced: rustfmt (rustfmt.toml), and clippy with every warning an error and
 # every unsafe block explained (a SAFETY: note).

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 mod held;
 mod interleave;
+mod rotation;
 
 struct Opts {
     dsn: String,
@@ -479,7 +480,9 @@ fn main() {
     let want = |g: &str| (opts.only.is_empty() && g != "held") || opts.only.iter().any(|o| o == g);
     let held_on = want("held") || (opts.smoke && opts.only.is_empty());
     let others_on =
-        ["push1", "push1000", "pop", "pop1", "fanout", "wake", "disk", "disk1", "scaling"].iter().any(|g| want(g));
+        ["push1", "push1000", "pop", "pop1", "fanout", "wake", "disk", "disk1", "scaling", "rotation"]
+            .iter()
+            .any(|g| want(g));
     let mut jsonb_floor = f64::NAN;
     let mut single_bytes = f64::NAN;
     // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (alone,
@@ -987,6 +990,32 @@ fn main() {
             say(&mut rows, "status scrape, many partitions", what, t.elapsed().as_secs_f64() * 100.0, "ms per call");
         }
     }
+    // The longest pop while a rotation moved `live` bytes out of the oldest generation.
+    let mut rotation_stall = f64::NAN;
+    if want("rotation") {
+        reset(&mut c);
+        let live = if opts.smoke { 4 << 20 } else { 1 << 30 };
+        let f = rotation::run(&dsn, live);
+        let pct = |v: &[f64], p: f64| -> f64 {
+            let mut v = v.to_vec();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v.get(((v.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(f64::NAN)
+        };
+        let mb = |b: i64| b as f64 / (1 << 20) as f64;
+        say(&mut rows, "rotation: oldest generation, live rows", "queen", mb(f.live_bytes), "MB");
+        say(&mut rows, "rotation: oldest generation, on disk", "queen", mb(f.oldest_bytes), "MB");
+        say(&mut rows, "rotation: duration (move + swap)", "queen", f.rotation_secs, "s");
+        for (what, v) in [
+            ("rotation: pop latency before it", &f.before),
+            ("rotation: pop latency during it, new rows", &f.during_probe),
+            ("rotation: pop latency during it, moved rows", &f.during_live),
+        ] {
+            say(&mut rows, what, "queen p50", pct(v, 0.5), "ms");
+            say(&mut rows, what, "queen p99", pct(v, 0.99), "ms");
+            say(&mut rows, what, "queen max", pct(v, 1.0), "ms");
+        }
+        rotation_stall = pct(&f.during_probe, 1.0).max(pct(&f.during_live, 1.0));
+    }
     let mut held_md = None;
     let mut held_ratios = Vec::new();
     if held_on {
@@ -1039,6 +1068,7 @@ fn main() {
         ("pop+ack big backlog / 1k backlog", big_backlog / small_backlog, ">= 0.8"),
         ("pop+ack many partitions / 10 partitions (paired)", many_over_few, ">= 0.5"),
         ("  ratio of the medians", many / few, "(unpaired)"),
+        ("rotation stall: longest pop during it (ms)", rotation_stall, "<= 200"),
     ];
     // Whether a measured ratio meets its target ("" for the rows that only explain).
     let verdict = |v: f64, want: &str| -> &'static str {
