@@ -479,10 +479,9 @@ fn main() {
     let dsn = opts.dsn.clone();
     let want = |g: &str| (opts.only.is_empty() && g != "held") || opts.only.iter().any(|o| o == g);
     let held_on = want("held") || (opts.smoke && opts.only.is_empty());
-    let others_on =
-        ["push1", "push1000", "pop", "pop1", "fanout", "wake", "disk", "disk1", "scaling", "rotation"]
-            .iter()
-            .any(|g| want(g));
+    let others_on = ["push1", "push1000", "pop", "pop1", "fanout", "wake", "disk", "disk1", "scaling", "rotation"]
+        .iter()
+        .any(|g| want(g));
     let mut jsonb_floor = f64::NAN;
     let mut single_bytes = f64::NAN;
     // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (alone,

@@ -130,7 +130,11 @@ pub fn run(dsn: &str, live: i64) -> Figures {
             c.query_one(&push, &[&batch("rot-dead", 1000, &mut state)]).unwrap();
         }
     }
-    println!("rotation: pushed {} MB in {:.0} s", stored(&mut c, "rot-live") * 4 >> 20, started.elapsed().as_secs_f64());
+    println!(
+        "rotation: pushed {} MB in {:.0} s",
+        (stored(&mut c, "rot-live") * 4) >> 20,
+        started.elapsed().as_secs_f64()
+    );
     // That generation becomes the oldest (the other one is empty: nothing to move).
     let r: Value = c.query_one("SELECT queen.retain()", &[]).unwrap().get(0);
     assert_eq!(r["generationRotated"], true, "the first rotation: {r}");
