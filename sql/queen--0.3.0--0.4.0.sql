@@ -120,15 +120,6 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'require_sql_wrapper';
 
-CREATE  FUNCTION "_require_id"(
-	"queue_id" bigint, /* i64 */
-	"privilege" TEXT /* & str */
-) RETURNS bool /* bool */
-STRICT VOLATILE PARALLEL UNSAFE 
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'require_id_sql_wrapper';
-
 CREATE  FUNCTION "drop_partition"(
 	"queue" TEXT, /* Option < & str > */
 	"partition" TEXT /* Option < & str > */
@@ -190,8 +181,6 @@ COMMENT ON FUNCTION queen._maintenance_stats() IS
 COMMENT ON FUNCTION queen._require(text, text) IS
   'queen internal: refuse (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
 
-COMMENT ON FUNCTION queen._require_id(bigint, text) IS
-  'queen internal: refuse (42501) unless the session''s role has the privilege on the queue (by id); true otherwise; not granted';
 
 COMMENT ON FUNCTION queen._permitted_queues(text) IS
   'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';

@@ -12,7 +12,7 @@ use crate::clock::{clock_now, timestamptz};
 use crate::errors::{self, SpiExt};
 use crate::names::{check_lane_name, check_queue_name};
 use crate::queues;
-use crate::spi::run;
+use crate::spi::{first_value, run};
 
 /// Microseconds in an interval argument (`clock::interval_micros`); NULL is an error.
 fn micros(argument: &str, v: Option<Interval>) -> i64 {
@@ -120,6 +120,16 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
         may_start_registry(lease_id, now)
     } else {
         Spi::connect_mut(|client| {
+            // The privilege first, on the lease's queue (a check inside the query's WHERE
+            // could be evaluated on other leases' rows: the planner orders conditions).
+            let queue = first_value::<i64>(run(
+                client,
+                "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
+                &[lease_id.into()],
+            ));
+            if let Some(queue_id) = queue {
+                crate::privileges::require_id(client, queue_id, crate::privileges::Privilege::Consume);
+            }
             let rows = run(
                 client,
                 concat!(
@@ -130,7 +140,7 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
                    FROM queen.leases le
                    JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
                    LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
-                  WHERE le.lease_id = $1 AND queen._require_id(le.queue_id, 'consume') AND ",
+                  WHERE le.lease_id = $1 AND ",
                     queen_core::lease_live_sql!("l", "$2"),
                     "
                   GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin"

@@ -63,6 +63,12 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
     crate::names::check_lane_name("partition", partition);
     crate::citus::ensure_home(queue);
     crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
+    // It waits for groups being created and for the transactions that hold the lanes, then
+    // decides on what those committed (cursors, dead letters, the groups).
+    errors::read_committed_only(
+        "drop_partition",
+        "the transaction's snapshot misses what the transactions it waits for commit",
+    );
     let out = Spi::connect_mut(|client| {
         let found =
             first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
@@ -139,7 +145,8 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
             // Locked until this transaction ends, as an ack locks a lane.
             match crate::lanes::lock(pid, group, wait) {
                 Some(s) => (s.committed, s.live_lease(now)),
-                None if wait => continue, // no lane (a group created meanwhile sees no partition)
+                // No lane: the group's pops will create it where retention left off.
+                None if wait => (retained, false),
                 None => return Err(Kept::Busy(format!("group {group:?} holds its lane"))),
             }
         } else {
@@ -160,7 +167,7 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
             let r = run(client, sql, &[pid.into(), group.as_str().into(), crate::clock::timestamptz(now).into()]);
             match r.into_iter().next() {
                 Some(r) => (r.get::<i64>(1).or_raise().unwrap(), r.get::<bool>(2).or_raise().unwrap()),
-                None if wait => continue,
+                None if wait => (retained, false), // no lane: as above
                 None => return Err(Kept::Busy(format!("group {group:?} holds its lane"))),
             }
         };
@@ -182,6 +189,18 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
     ));
     if dead.unwrap_or(false) {
         return Err(Kept::NotEmpty("it has dead letters (replay or delete them first)".into()));
+    }
+    // A producer id still inside the queue's dedup window: a retry of that push after the
+    // drop would be stored again in a new partition (delivered twice).
+    let recent = first_value::<bool>(run(
+        client,
+        "SELECT EXISTS (SELECT 1 FROM queen.dedup d JOIN queen.partitions p ON p.partition_id = d.partition_id
+                          JOIN queen.queues q ON q.queue_id = p.queue_id
+                         WHERE d.partition_id = $1 AND d.created_at >= now() - make_interval(secs => q.dedup_window))",
+        &[pid.into()],
+    ));
+    if recent.unwrap_or(false) {
+        return Err(Kept::NotEmpty("a transaction id pushed to it is still inside the queue's dedup window".into()));
     }
     Ok(())
 }
@@ -249,7 +268,9 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     let groups = groups_of(client, queue_id);
     let limit = (EXPIRE_LANES / groups.len().max(1) as i64).max(1);
     // Idle: the newest segment of either tier (or the partition itself, with none) is
-    // older than the TTL. Locked without waiting; a busy one waits for the next pass.
+    // older than the TTL. Locked without waiting; a busy one waits for the next pass (and
+    // one whose producer ids are still inside the dedup window, for a later one:
+    // `check_empty`).
     let idle: Vec<pgrx::Uuid> = run(
         client,
         "SELECT p.partition_id FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id

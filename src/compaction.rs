@@ -92,15 +92,10 @@ fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
     // A merge must see every fresh segment of its run. A fixed snapshot may miss one
     // committed since it was taken (or copied forward by a rotation of the segment
     // generations), and the merged segment would then hold a gap at its offsets.
-    // SAFETY: a plain read of the transaction's isolation level.
-    if unsafe { pgrx::pg_sys::XactIsoLevel } >= pgrx::pg_sys::XACT_REPEATABLE_READ as i32 {
-        crate::errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "queen: compact needs READ COMMITTED: under REPEATABLE READ or SERIALIZABLE the transaction's \
-             snapshot may miss segments committed since it was taken"
-                .to_string(),
-        );
-    }
+    crate::errors::read_committed_only(
+        "compact",
+        "the transaction's snapshot may miss segments committed since it was taken",
+    );
     let mut done = Done::default();
     Spi::connect_mut(|client| {
         for pid in partitions_to_compact(client, queue) {

@@ -61,3 +61,16 @@ impl<T> SpiExt<T> for Result<T, pgrx::spi::SpiError> {
         }
     }
 }
+
+/// Refuses (`0A000`) a call that needs READ COMMITTED: one whose statements must each see
+/// what committed up to then (`why`), which a REPEATABLE READ or SERIALIZABLE snapshot
+/// does not.
+pub fn read_committed_only(call: &str, why: &str) {
+    // SAFETY: a plain read of the transaction's isolation level.
+    if unsafe { pgrx::pg_sys::XactIsoLevel } >= pgrx::pg_sys::XACT_REPEATABLE_READ as i32 {
+        raise(
+            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!("queen: {call} needs READ COMMITTED: under REPEATABLE READ or SERIALIZABLE {why}"),
+        );
+    }
+}

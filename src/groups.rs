@@ -285,6 +285,12 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
     crate::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
     crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
+    // It waits for the transactions that hold the group's lanes, then deletes their rows
+    // and journal entries: those must include what they committed meanwhile.
+    errors::read_committed_only(
+        "drop_group",
+        "the transaction's snapshot misses what the acks it waits for commit, and a group created again under the same name would inherit it",
+    );
     // Pops cache whether a group exists (`pop::group_info`): they look again once this
     // commits.
     crate::queues::invalidate();

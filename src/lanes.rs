@@ -196,10 +196,19 @@ fn shared() -> &'static Shared {
 
 /// Runs `f` on the registry under its lock, held exclusively. A panic in `f` leaves the
 /// registry as it was (`Registry` puts back what it wrote) and releases the lock. What an
-/// earlier transaction end of this backend could not do is done first (`settle`).
+/// earlier transaction end of this backend could not do is done first, in both
+/// registries (`settle`, `offsets::settle_pending`): a session's next queen call, whatever
+/// it is, does what it left.
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
     settle();
+    crate::offsets::settle_pending();
     registry_op(f)
+}
+
+/// Does the ends this backend left to do (`finish`), if any. A failure is an ERROR of the
+/// current call; the ends stay pending.
+pub fn settle_pending() {
+    settle();
 }
 
 fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
@@ -443,6 +452,10 @@ pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> 
     let k = key(partition_id, group);
     let holder = me();
     let sub = subxact();
+    // The holder last waited for: if it still holds the lane once its transaction has
+    // ended (its end deferred until its session's next call), wait a little each round
+    // instead of spinning.
+    let mut waited: Option<(i32, u32)> = None;
     loop {
         let locked = with_registry(|r| {
             r.lock(&k, holder).map(|(s, took)| (s, took, s.has_lease().then(|| r.lease_queue(&s.lease_id)).flatten()))
@@ -459,7 +472,13 @@ pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> 
             }
             Err(Busy::Loading) => wait_a_moment(),
             Err(Busy::Held(_)) if !wait => return None,
+            Err(Busy::Held(h)) if waited == Some((h.vxid_backend, h.vxid_local)) => {
+                // SAFETY: a plain sleep (10 ms); interrupts are checked right after.
+                unsafe { pg_sys::pg_usleep(10_000) };
+                pgrx::check_for_interrupts!();
+            }
             Err(Busy::Held(h)) => {
+                waited = Some((h.vxid_backend, h.vxid_local));
                 let vxid = pg_sys::VirtualTransactionId { backendId: h.vxid_backend, localTransactionId: h.vxid_local };
                 // SAFETY: waits, in the lock manager (so deadlocks are detected), for that
                 // virtual transaction to end; returns at once if it already has.

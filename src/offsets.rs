@@ -178,10 +178,18 @@ fn shared() -> &'static Shared {
 
 /// Runs `f` on the registry under its lock, exclusively. A panic in `f` leaves the
 /// registry as it was (`Registry` puts back what it wrote) and releases the lock. What an
-/// earlier transaction end of this backend could not do is done first (`settle`).
+/// earlier transaction end of this backend could not do is done first, in both
+/// registries (`settle`, `lanes::settle_pending`).
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
     settle();
+    crate::lanes::settle_pending();
     registry_op(f)
+}
+
+/// Does the ends this backend left to do (`finish`), if any. A failure is an ERROR of the
+/// current call; the ends stay pending.
+pub fn settle_pending() {
+    settle();
 }
 
 fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
@@ -228,8 +236,16 @@ fn wait_for_load() {
 }
 
 /// Waits, in the lock manager (so that deadlocks are detected), for a virtual
-/// transaction to end.
-fn wait_for(vxid: (i32, u32)) {
+/// transaction to end. `waited`: the one waited for last; waited for again (it ended, but
+/// its end is deferred until its session's next call), it is a 10 ms sleep, not a spin.
+fn wait_for(vxid: (i32, u32), waited: &mut Option<(i32, u32)>) {
+    if *waited == Some(vxid) {
+        // SAFETY: a plain sleep; interrupts are checked right after.
+        unsafe { pg_sys::pg_usleep(10_000) };
+        pgrx::check_for_interrupts!();
+        return;
+    }
+    *waited = Some(vxid);
     let v = pg_sys::VirtualTransactionId { backendId: vxid.0, localTransactionId: vxid.1 };
     // SAFETY: waits for that virtual transaction to end; returns at once if it has.
     unsafe { pg_sys::VirtualXactLock(v, true) };
@@ -258,6 +274,7 @@ pub fn reserve(
 ) -> Option<i64> {
     let key = key(partition_id);
     let (me, sub) = (owner(), subxact());
+    let mut waited = None;
     loop {
         match with_registry(|r| r.reserve(&key, n, me, sub, writes_all, fresh)) {
             Ok(first) => {
@@ -272,7 +289,7 @@ pub fn reserve(
             Err(Refusal::Loading) => wait_for_load(),
             // This transaction dropped it: it is gone for this push.
             Err(Refusal::Dropping(vxid)) if vxid == my_vxid() => return None,
-            Err(Refusal::Dropping(vxid)) => wait_for(vxid),
+            Err(Refusal::Dropping(vxid)) => wait_for(vxid, &mut waited),
             Err(Refusal::Full) => full("every offset reservation is in use (queen.max_reservations)"),
         }
     }
@@ -500,6 +517,7 @@ pub fn begin_drop(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Resul
     let key = key(partition_id);
     let me = owner();
     let vxid = my_vxid();
+    let mut waited = None;
     loop {
         match with_registry(|r| r.begin_drop(&key, me, vxid)) {
             Ok(()) => {
@@ -513,7 +531,7 @@ pub fn begin_drop(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Resul
                 }
             }
             Err(DropRefusal::Loading) => wait_for_load(),
-            Err(DropRefusal::Dropping(other)) => wait_for(other),
+            Err(DropRefusal::Dropping(other)) => wait_for(other, &mut waited),
             Err(DropRefusal::InFlight) => return Err(DropBusy::InFlight),
         }
     }
@@ -757,8 +775,13 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     let me = owner();
     if committed {
         DROPS.with(|d| d.borrow_mut().iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent));
+        // Hands the reservations to the parent. Raises nothing (this runs inside
+        // PostgreSQL's subtransaction commit, past the point where an ERROR is clean), and
+        // may be skipped: reservations are aborted by subtransaction id order
+        // (`abort_subxact` ends every one made at or after a subtransaction), so a
+        // reservation left with its child's id still ends with the right ancestor.
         if HOLDS.with(|h| h.get()) {
-            with_registry(|r| r.commit_subxact(me, sub, parent));
+            let _ = std::panic::catch_unwind(|| registry_op(|r| r.commit_subxact(me, sub, parent)));
         }
         return;
     }

@@ -200,15 +200,13 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen._require(text, text) IS
   'queen internal: refuse (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
-COMMENT ON FUNCTION queen._require_id(bigint, text) IS
-  'queen internal: refuse (42501) unless the session''s role has the privilege on the queue (by id); true otherwise; not granted';
 COMMENT ON FUNCTION queen._permitted_queues(text) IS
   'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
 COMMENT ON FUNCTION queen._sync_grants(oid) IS
   'queen internal: make the functions a role may call match the queue grants it still holds (delete_queue); not granted';
 "#,
     name = "require_sql_home",
-    requires = [require_sql, require_id_sql, permitted_sql, sync_grants_sql]
+    requires = [require_sql, permitted_sql, sync_grants_sql]
 );
 
 /// `queen._require(queue, privilege)`: `require`, for queen's PL/pgSQL functions.
@@ -216,14 +214,6 @@ COMMENT ON FUNCTION queen._sync_grants(oid) IS
 #[search_path(pg_catalog, pg_temp)]
 fn require_sql(queue: Option<&str>, privilege: &str) {
     require(queue, Privilege::parse(privilege));
-}
-
-/// `queen._require_id(queue_id, privilege)`: `require_id`, in a statement; true when allowed.
-#[pg_extern(name = "_require_id", volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
-fn require_id_sql(queue_id: i64, privilege: &str) -> bool {
-    Spi::connect_mut(|client| require_id(client, queue_id, Privilege::parse(privilege)));
-    true
 }
 
 /// `queen._permitted_queues(privilege)`: `permitted`, for queen's PL/pgSQL functions.

@@ -123,6 +123,27 @@ fn databases() -> Vec<Database> {
     out
 }
 
+/// Sends SIGTERM to the maintenance worker `pid` of `database` (the pid its slot names),
+/// if that pid is still a process connected to `database`: a worker clears its pid from
+/// the slot when it exits (`worker_exit`), and shared memory starts afresh after a crash,
+/// so a pid found there is that worker's, unless it exited this very moment. Returns
+/// whether the signal was sent.
+fn stop_worker(pid: i32, database: u32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: BackendPidGetProc reads the proc array under its own lock and returns null
+    // for a pid that is no backend; the PGPROC it returns lives in shared memory for the
+    // life of the server, and `databaseId` is a plain field of it. kill() with SIGTERM
+    // then only asks that process to stop (our workers exit at their next wait).
+    unsafe {
+        let proc = pg_sys::BackendPidGetProc(pid);
+        !proc.is_null() && (*proc).databaseId.to_u32() == database && libc_kill(pid, SIGTERM) == 0
+    }
+}
+
+const SIGTERM: i32 = 15;
+
 /// Whether a process still runs.
 fn alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks that the process exists.
@@ -139,8 +160,13 @@ unsafe extern "C" {
 pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
-    // SAFETY: this process's pid and latch (in its PGPROC, in shared memory).
-    dbs::set_launcher(unsafe { pg_sys::MyProcPid }, unsafe { pg_sys::MyLatch });
+    // SAFETY: this process's pid and latch (in its PGPROC, in shared memory); the exit
+    // callback, registered once, takes them back however the launcher exits (an ERROR
+    // included), so that nobody sets a latch this process no longer owns.
+    unsafe {
+        dbs::set_launcher(pg_sys::MyProcPid, pg_sys::MyLatch);
+        pg_sys::before_shmem_exit(Some(launcher_exit), pg_sys::Datum::from(0));
+    }
     let mut last_start: HashMap<u32, Instant> = HashMap::new();
     let mut absent: HashMap<u32, i64> = HashMap::new();
     let mut starved: HashMap<u32, (Instant, bool)> = HashMap::new();
@@ -154,10 +180,15 @@ pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
             break; // SIGTERM
         }
     }
-    dbs::set_launcher(0, std::ptr::null_mut());
     // Exit code 1: the postmaster starts the launcher again unless the server is stopping.
     // SAFETY: ending the process the way PostgreSQL's own workers do.
     unsafe { pg_sys::proc_exit(1) };
+}
+
+/// The launcher exits: requests no longer wake it.
+#[pg_guard]
+unsafe extern "C-unwind" fn launcher_exit(_code: i32, _arg: pg_sys::Datum) {
+    dbs::set_launcher(0, std::ptr::null_mut());
 }
 
 /// How long a database may wait for a slot before the launcher warns (the slots that
@@ -175,12 +206,15 @@ fn launch_round(
     absent: &mut HashMap<u32, i64>,
     starved: &mut HashMap<u32, (Instant, bool)>,
 ) {
+    // The slots before the catalog: a slot taken after this for a database created after
+    // the scan is not mistaken for one of a database that is gone.
+    let slots = dbs::all();
     let all = databases();
     let only = ONLY_DATABASE.get().map(|c| c.to_string_lossy().into_owned()).filter(|s| !s.is_empty());
     let present: HashSet<u32> = all.iter().map(|d| d.oid).collect();
     absent.retain(|db, _| present.contains(db));
     starved.retain(|db, _| present.contains(db));
-    for slot in dbs::all() {
+    for slot in slots {
         if !present.contains(&slot.database) {
             let lanes = crate::lanes::forget_database(slot.database);
             let partitions = crate::offsets::forget_database(slot.database);
@@ -196,9 +230,8 @@ fn launch_round(
     // worker is asked to stop.
     if let Some(o) = &only {
         for db in all.iter().filter(|d| d.name != *o) {
-            if let Some(pid) = dbs::with(db.oid, false, |s| s.worker_pid).filter(|&p| alive(p)) {
-                // SAFETY: SIGTERM to our own worker process (its pid from its slot, checked alive).
-                unsafe { libc_kill(pid, 15) };
+            if let Some(pid) = dbs::with(db.oid, false, |s| s.worker_pid) {
+                let _ = stop_worker(pid, db.oid);
             }
         }
     }
@@ -452,7 +485,13 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
         match in_transaction(|| Spi::connect_mut(installed)) {
             Ok(Installed::Yes) => break,
             Ok(Installed::No) => {
-                dbs::with(database, false, |s| s.absent_at = crate::clock::clock_now());
+                // Unless a CREATE EXTENSION committed since this worker was asked for (it
+                // set `requested`): then the launcher starts a worker again.
+                dbs::with(database, false, |s| {
+                    if s.requested == 0 {
+                        s.absent_at = crate::clock::clock_now();
+                    }
+                });
                 // SAFETY: ending the process; exit code 0 (a dynamic worker is not restarted).
                 unsafe { pg_sys::proc_exit(0) };
             }
@@ -792,8 +831,9 @@ pub fn leave_database(database: u32) {
     if pid == 0 || !alive(pid) {
         return;
     }
-    // SAFETY: SIGTERM to our own worker process (its pid from our slot, checked alive).
-    unsafe { libc_kill(pid, 15) };
+    if !stop_worker(pid, database) {
+        return;
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     while alive(pid) && Instant::now() < deadline {
         // SAFETY: a short sleep on this backend's latch; interrupts are checked after.

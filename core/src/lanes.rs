@@ -22,7 +22,7 @@
 //!
 //! **Committed state.** While a transaction holds a lane, the slot also keeps the state
 //! the holder found (`base`): the lane's last committed state. A reader that acts on what
-//! it reads without locking the lane (retention's floor, `status`, the worker's save)
+//! it reads without locking the lane (retention's floor, `status`, `totals`, `metrics`)
 //! reads that one (`View::committed`), so it never acts on a change that may still roll
 //! back. The holder itself reads its own changes, as with a row.
 //!

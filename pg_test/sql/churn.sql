@@ -1,6 +1,7 @@
 -- Partitions that come and go: queen.drop_partition removes an empty partition (every
--- group consumed it, no live lease, no push in flight, no dead letter) with its segments,
--- lanes and dedup entries; a push to its name afterwards starts a new partition at 1.
+-- group consumed it, no live lease, no push in flight, no dead letter, no producer id
+-- inside the dedup window) with its segments, lanes and dedup entries; a push to its
+-- name afterwards starts a new partition at 1.
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
 CREATE EXTENSION queen;
@@ -25,7 +26,12 @@ SELECT pg_temp.err($$SELECT queen.drop_partition('cq', 'p1')$$);
 CREATE TEMP TABLE l AS SELECT lease_id FROM queen.pop('cq', 'g', partition => 'p1');
 SELECT pg_temp.err($$SELECT queen.drop_partition('cq', 'p1')$$);
 SELECT (queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed') AS committed FROM l;
--- Consumed by every group: dropped, with its segment, lane and dedup entry.
+-- Consumed, but its producer id is still inside the queue's dedup window (an hour by
+-- default): kept, else a retry of that push would be stored again, in a new partition.
+SELECT pg_temp.err($$SELECT queen.drop_partition('cq', 'p1')$$);
+SELECT queen.configure('cq', dedup_window => 1) ->> 'dedupWindow' AS dedup_window;
+SELECT pg_sleep(1.1);
+-- Consumed by every group, the window over: dropped, with its segment, lane and dedup entry.
 SELECT queen.drop_partition('cq', 'p1') - 'segments' AS dropped;
 SELECT (SELECT count(*) FROM queen.partitions) AS partitions, (SELECT count(*) FROM queen.lanes) AS lanes,
        (SELECT count(*) FROM queen.dedup) AS dedup_entries,

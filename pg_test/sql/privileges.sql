@@ -16,6 +16,10 @@ BEGIN
 END $$;
 RESET client_min_messages;
 \set VERBOSITY terse
+-- A refused call, as its SQLSTATE and message.
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN EXECUTE q; RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE || ': ' || SQLERRM; END $$;
 CREATE ROLE qp_app;
 CREATE ROLE qp_ops;
 CREATE ROLE qp_legacy;
@@ -35,11 +39,11 @@ GRANT SELECT ON payroll_lease2 TO qp_app, qp_ops;
 
 -- Only queen_admin grants; bad arguments.
 SET ROLE qp_app;
-SELECT queen.grant('orders', 'qp_app', 'consume');
+SELECT pg_temp.err($$SELECT queen.grant('orders', 'qp_app', 'consume')$$);
 RESET ROLE;
-SELECT queen.grant('orders', 'qp_app', 'read');
-SELECT queen.grant('orders', 'no_such_role', 'consume');
-SELECT queen.grant('orders', NULL, 'consume');
+SELECT pg_temp.err($$SELECT queen.grant('orders', 'qp_app', 'read')$$);
+SELECT pg_temp.err($$SELECT queen.grant('orders', 'no_such_role', 'consume')$$);
+SELECT pg_temp.err($$SELECT queen.grant('orders', NULL, 'consume')$$);
 
 -- A role with no queen role, granted consume and produce on orders: grant gives it the
 -- schema and the functions of those privileges, nothing more.
@@ -57,19 +61,19 @@ SET ROLE qp_app;
 SELECT msg_offset FROM queen.push('orders', '{"order": 2}');
 SELECT msg_offset, payload FROM queen.pop('orders', batch => 10, auto_ack => true);
 -- Every other queue is refused, by name or by id, a new one included.
-SELECT msg_offset FROM queen.push('payroll', '{"salary": 0}');
-SELECT msg_offset FROM queen.push_batch('[{"queue": "orders", "payload": 3}, {"queue": "payroll", "payload": 4}]');
-SELECT msg_offset FROM queen.push('brand_new', '1');
-SELECT payload FROM queen.pop('payroll', batch => 10);
-SELECT payload FROM queen.pop('payroll', 'thief', batch => 10);
-SELECT queen.ack(lease_id) FROM payroll_lease2;
-SELECT queen.extend_lease(lease_id, 60) FROM payroll_lease2;
-SELECT queen.may_start(lease_id) FROM payroll_lease2;
-SELECT data FROM queen.dlq('payroll');
+SELECT pg_temp.err($$SELECT msg_offset FROM queen.push('payroll', '{"salary": 0}')$$);
+SELECT pg_temp.err($$SELECT msg_offset FROM queen.push_batch('[{"queue": "orders", "payload": 3}, {"queue": "payroll", "payload": 4}]')$$);
+SELECT pg_temp.err($$SELECT msg_offset FROM queen.push('brand_new', '1')$$);
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('payroll', batch => 10)$$);
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('payroll', 'thief', batch => 10)$$);
+SELECT pg_temp.err($$SELECT queen.ack(lease_id) FROM payroll_lease2$$);
+SELECT pg_temp.err($$SELECT queen.extend_lease(lease_id, 60) FROM payroll_lease2$$);
+SELECT pg_temp.err($$SELECT queen.may_start(lease_id) FROM payroll_lease2$$);
+SELECT pg_temp.err($$SELECT data FROM queen.dlq('payroll')$$);
 -- Listings show its queues only: the payroll dead letter is not there.
 SELECT queue, data FROM queen.dlq();
 -- Functions of a privilege it does not hold: PostgreSQL's own refusal.
-SELECT * FROM queen.status('orders');
+SELECT pg_temp.err($$SELECT * FROM queen.status('orders')$$);
 RESET ROLE;
 -- The refused calls changed nothing: payroll still holds its messages for a new group,
 -- and no queue brand_new was created.
@@ -82,17 +86,17 @@ SET ROLE qp_ops;
 SELECT queue, consumer_group, messages FROM queen.totals() ORDER BY 1, 2;
 SELECT DISTINCT queue FROM queen.status();
 SELECT DISTINCT queue FROM queen.metrics() WHERE queue IS NOT NULL;
-SELECT count(*) > 0 AS maintenance_hidden FROM queen.metrics() WHERE metric LIKE 'maintenance%' OR metric LIKE 'retention%';
+SELECT NOT EXISTS (SELECT 1 FROM queen.metrics() WHERE metric LIKE 'maintenance%' OR metric LIKE 'retention%') AS maintenance_hidden;
 SELECT queen.configure('payroll', retry_limit => 5, encryption => true) ->> 'retryLimit' AS retry_limit;
-SELECT queen.configure('orders', retry_limit => 5);
-SELECT * FROM queen.totals('orders');
-SELECT queen.seek('orders', '__QUEUE_MODE__', to_offset => 1);
-SELECT queen.drop_group('orders', 'x');
-SELECT queen.delete_queue('orders');
-SELECT queen.retain();
+SELECT pg_temp.err($$SELECT queen.configure('orders', retry_limit => 5)$$);
+SELECT pg_temp.err($$SELECT * FROM queen.totals('orders')$$);
+SELECT pg_temp.err($$SELECT queen.seek('orders', '__QUEUE_MODE__', to_offset => 1)$$);
+SELECT pg_temp.err($$SELECT queen.drop_group('orders', 'x')$$);
+SELECT pg_temp.err($$SELECT queen.delete_queue('orders')$$);
+SELECT pg_temp.err($$SELECT queen.retain()$$);
 SELECT queue, privilege FROM queen.grants('payroll');
-SELECT * FROM queen.grants();
-SELECT queen.grant('payroll', 'qp_app', 'consume');
+SELECT pg_temp.err($$SELECT * FROM queen.grants()$$);
+SELECT pg_temp.err($$SELECT queen.grant('payroll', 'qp_app', 'consume')$$);
 -- It consumes payroll (decrypted: it may), and its dead letter.
 SELECT msg_offset, payload FROM queen.pop('payroll', 'ops', batch => 10, auto_ack => true);
 SELECT queue, data, error_message FROM queen.dlq();
@@ -105,7 +109,7 @@ SELECT queen.grant('orders', 'qp_member', 'admin') ->> 'granted' AS granted;
 SET ROLE qp_member;
 SELECT msg_offset, payload FROM queen.pop('payroll', 'member', batch => 10, auto_ack => true);
 SELECT queen.configure('orders', retry_limit => 4) ->> 'retryLimit' AS retry_limit;
-SELECT queen.configure('payroll', retry_limit => 4, encryption => true);
+SELECT pg_temp.err($$SELECT queen.configure('payroll', retry_limit => 4, encryption => true)$$);
 RESET ROLE;
 
 -- A role given EXECUTE directly (0.3.0's finer grants) and no queue grant: every queue.
@@ -122,7 +126,7 @@ SELECT queen.revoke('orders', 'qp_app', 'consume') ->> 'revoked' AS revoked_agai
 SELECT has_function_privilege('qp_app', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,
        has_function_privilege('qp_app', 'queen.push(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE') AS push;
 SET ROLE qp_app;
-SELECT payload FROM queen.pop('orders');
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
 SELECT msg_offset FROM queen.push('orders', '{"order": 5}');
 RESET ROLE;
 
@@ -130,7 +134,7 @@ RESET ROLE;
 -- it gave; the role does not become one allowed on every queue.
 SET ROLE qp_ops;
 SELECT queen.delete_queue('payroll') ->> 'deleted' AS deleted;
-SELECT payload FROM queen.pop('orders');
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
 RESET ROLE;
 SELECT has_schema_privilege('qp_ops', 'queen', 'USAGE') AS schema,
        has_function_privilege('qp_ops', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,

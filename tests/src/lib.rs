@@ -19,8 +19,8 @@ pub fn dsn() -> String {
 
 /// Creates a database of its own for a test, with queen installed, and returns its DSN.
 /// For tests that need what is per database to themselves: the segment generations, which
-/// other tests' data would otherwise decide (the background worker maintains only the
-/// integration tests' shared database).
+/// other tests' data would otherwise decide (each database has its own maintenance
+/// worker, started by `CREATE EXTENSION`).
 pub fn own_database() -> String {
     let name = format!("queen_own_{}", uuid::Uuid::new_v4().simple());
     let mut admin = connect();

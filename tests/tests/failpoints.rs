@@ -18,8 +18,8 @@
 //! server runs with small tables for the whole test (a restart at the start and one at the
 //! end, which puts the settings back), so evictions happen all along.
 //!
-//! `compaction.partition` fires in the worker: tests/tests/maintenance.rs. A binary of its
-//! own: it restarts the test cluster.
+//! The two points in maintenance steps fire in a database's worker. A binary of its own:
+//! it restarts the test cluster.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -166,16 +166,17 @@ fn queue_mode(dsn: &str, queue: &str) -> Vec<i32> {
 }
 
 /// Pops of `queue` (queue mode, one partition each, leases of `secs`) until the lease
-/// table is full (SQLSTATE 53400) or `n` pops. Returns how many leased.
-fn fill_leases(c: &mut Client, queue: &str, n: usize, secs: i32) -> usize {
-    for k in 0..n {
-        match c.query("SELECT 1 FROM queen.pop($1, batch => 1, lease_seconds => $2)", &[&queue, &secs]) {
-            Ok(_) => {}
-            Err(e) if e.code().map(|c| c.code()) == Some("53400") => return k,
+/// table is full (SQLSTATE 53400) or `n` pops. Returns the partitions leased.
+fn fill_leases(c: &mut Client, queue: &str, n: usize, secs: i32) -> Vec<String> {
+    let mut leased = Vec::new();
+    for _ in 0..n {
+        match c.query("SELECT partition FROM queen.pop($1, batch => 1, lease_seconds => $2)", &[&queue, &secs]) {
+            Ok(rows) => leased.extend(rows.iter().map(|r| r.get::<_, String>(0))),
+            Err(e) if e.code().map(|c| c.code()) == Some("53400") => break,
             Err(e) => panic!("{e:?}"),
         }
     }
-    n
+    leased
 }
 
 struct Run {
@@ -413,46 +414,62 @@ impl Run {
         self.fired.insert(point);
     }
 
-    /// A point in handing a savepoint's pushes to its transaction (RELEASE): the release
-    /// fails, the transaction rolls back.
+    /// The same point in handing a savepoint's pushes to its transaction (RELEASE, inside
+    /// PostgreSQL's subtransaction commit, where an ERROR would not be clean): the release
+    /// goes on (the hand-over is skipped; reservations end by subtransaction order), and
+    /// what the savepoint pushed commits with the transaction, or rolls back with a
+    /// savepoint around it.
     fn on_release(&mut self, point: &'static str) {
         let mut s = Session::open(&self.dsn);
         let q = unique("fp");
         s.push(&q, "p", 1);
-        s.sql("BEGIN; SAVEPOINT a");
+        s.sql("BEGIN; SAVEPOINT outer_sp; SAVEPOINT a");
         s.push(&q, "p", 2);
         s.arm(point);
-        is_fault(s.c.batch_execute("RELEASE SAVEPOINT a"), point);
-        let _ = s.c.batch_execute("ROLLBACK");
+        s.sql("RELEASE SAVEPOINT a");
         s.disarm();
+        s.sql("SAVEPOINT b");
         s.push(&q, "p", 3);
-        assert_eq!(queue_mode(&self.dsn, &q), [1, 3], "{point}");
-        self.fired.insert(point);
+        s.sql("RELEASE SAVEPOINT b");
+        s.sql("ROLLBACK TO SAVEPOINT outer_sp");
+        s.push(&q, "p", 4);
+        s.sql("SAVEPOINT c");
+        s.push(&q, "p", 5);
+        s.arm(point);
+        s.sql("RELEASE SAVEPOINT c");
+        s.disarm();
+        s.sql("COMMIT");
+        s.push(&q, "p", 6);
+        assert_eq!(queue_mode(&self.dsn, &q), [1, 4, 5, 6], "{point}");
     }
 }
 
-/// The `retention.queue` fail point in a database's worker: the failing queue's pass is
-/// counted as an error, and retention goes on and deletes what it may later.
-fn retention_step_fails_and_recovers(admin_dsn: &str) {
+/// A fail point in one step of a database's maintenance worker (`retention.queue`,
+/// `compaction.partition`), armed for its first two passes through the database's
+/// settings: the failing step is counted as an error of its pass (`errors_metric`), and
+/// the pass goes on and does its work later: every segment goes (the messages were
+/// consumed; retention deletes them, compaction merges them and retention then deletes
+/// the merged ones).
+fn worker_step_fails_and_recovers(admin_dsn: &str, point: &str, errors_metric: &str) {
     let name = format!("qfp_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let mut admin = Client::connect(admin_dsn, NoTls).unwrap();
     admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    admin.batch_execute(&format!("ALTER DATABASE {name} SET queen.failpoint = 'retention.queue:2'")).unwrap();
+    admin.batch_execute(&format!("ALTER DATABASE {name} SET queen.failpoint = '{point}:2'")).unwrap();
     let mut c = Client::connect(&format!("{admin_dsn} dbname={name}"), NoTls).unwrap();
+    // Single pushes go to the fresh tier (compaction's work), and everything is consumed
+    // at once (retention's).
     c.batch_execute(
         "CREATE EXTENSION queen;
          SELECT queen.configure('r', retention => 1);
-         SELECT count(*) FROM queen.push_batch('r', '[{\"payload\": 1}, {\"payload\": 2}]');
-         SELECT count(*) FROM queen.pop('r', batch => 10, auto_ack => true);",
+         SELECT count(*) FROM queen.push('r', '1', 'a');
+         SELECT count(*) FROM queen.push('r', '2', 'b');
+         SELECT count(*) FROM queen.pop('r', batch => 10, max_partitions => 2, auto_ack => true);",
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let errors: f64 = c
-            .query_opt(
-                "SELECT value FROM queen.metrics('maintenance') WHERE metric = 'maintenance_retention_errors'",
-                &[],
-            )
+            .query_opt("SELECT value FROM queen.metrics('maintenance') WHERE metric = $1", &[&errors_metric])
             .unwrap()
             .map_or(0.0, |r| r.get(0));
         let left: i64 = c
@@ -465,7 +482,7 @@ fn retention_step_fails_and_recovers(admin_dsn: &str) {
         if errors >= 1.0 && left == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "retention errors {errors}, segments left {left}");
+        assert!(Instant::now() < deadline, "{point}: {errors_metric} {errors}, segments left {left}");
         thread::sleep(Duration::from_millis(300));
     }
     drop(c);
@@ -536,8 +553,10 @@ fn every_fail_point_fires_and_nothing_is_lost() {
     run.on_drop_partition("offsets.drop");
     run.on_evictions("lanes.remove", true);
     run.on_evictions("offsets.remove", false);
-    retention_step_fails_and_recovers(&admin_dsn);
+    worker_step_fails_and_recovers(&admin_dsn, "retention.queue", "maintenance_retention_errors");
     run.fired.insert("retention.queue");
+    worker_step_fails_and_recovers(&admin_dsn, "compaction.partition", "maintenance_compaction_errors");
+    run.fired.insert("compaction.partition");
 
     let report = others.join().expect("the harness thread");
     eprintln!(
@@ -547,8 +566,9 @@ fn every_fail_point_fires_and_nothing_is_lost() {
     report.assert_clean();
     assert!(report.committed > 0);
 
-    // Phase 2, alone: the points that need full tables. The worker's lease expiry is
-    // slowed so that expired leases wait for the pop that sweeps them.
+    // Phase 2, alone: the points that need full tables. The worker's retention passes
+    // (retention, rotation, partition expiry) wait meanwhile: only these calls change the
+    // tables.
     let mut s = Session::open(&dsn);
     s.sql("ALTER SYSTEM SET queen.retention_interval = 3600");
     s.sql("SELECT pg_reload_conf()");
@@ -568,11 +588,17 @@ fn every_fail_point_fires_and_nothing_is_lost() {
     // lanes.sweep: a table full of leases that have expired; the next lease sweeps them.
     let q = unique("fp-sweep");
     spread(&mut s.c, &q, 40);
+    // Every lane of the queue in the registry first (status loads them), so that the pop
+    // below loads nothing: no eviction makes room before it.
+    s.sql(&format!("SELECT count(*) FROM queen.status('{q}')"));
     let leased = fill_leases(&mut s.c, &q, 40, 1);
-    assert!((1..40).contains(&leased), "the lease table filled up: {leased}");
+    assert!((1..40).contains(&leased.len()), "the lease table filled up: {}", leased.len());
+    let free = (1..=40).map(|k| format!("p{k}")).find(|p| !leased.contains(p)).unwrap();
     thread::sleep(Duration::from_millis(1500));
+    // A lane with no lease of its own (a lane whose lease expired would give its slot
+    // back): its new lease needs the sweep of the others' expired ones.
     s.arm("lanes.sweep");
-    is_fault(s.c.query("SELECT 1 FROM queen.pop($1, batch => 1)", &[&q]), "lanes.sweep");
+    is_fault(s.c.query("SELECT 1 FROM queen.pop($1, batch => 1, partition => $2)", &[&q, &free]), "lanes.sweep");
     s.disarm();
     assert_eq!(queue_mode(&dsn, &q), (1..=40).collect::<Vec<_>>(), "lanes.sweep");
     run.fired.insert("lanes.sweep");
@@ -589,7 +615,7 @@ fn every_fail_point_fires_and_nothing_is_lost() {
     let mut filler = Client::connect(&dsn, NoTls).unwrap();
     let fq = unique("fp-fill");
     spread(&mut filler, &fq, 40);
-    let filled = fill_leases(&mut filler, &fq, 40, 30);
+    let filled = fill_leases(&mut filler, &fq, 40, 30).len();
     assert!(filled < 40, "the lease table filled up");
     s.sql("ROLLBACK");
     assert!(s.deferred(), "lanes.put_back: the end was deferred");
@@ -601,9 +627,8 @@ fn every_fail_point_fires_and_nothing_is_lost() {
     assert_eq!(queue_mode(&dsn, &fq).len(), 40 - filled, "the filler's unleased messages");
     run.fired.insert("lanes.put_back");
 
-    // Every point fired (compaction.partition: tests/tests/maintenance.rs).
-    let all: BTreeSet<&str> = FAIL_POINTS.iter().copied().filter(|p| *p != "compaction.partition").collect();
-    assert!(include_str!("maintenance.rs").contains("compaction.partition"));
+    // Every point fired (each scenario adds its point once it saw it fire).
+    let all: BTreeSet<&str> = FAIL_POINTS.iter().copied().collect();
     assert_eq!(run.fired, all, "fail points this test does not fire");
     // The server never restarted (a PANIC would have) and logged no PANIC.
     assert_eq!(start_time(&dsn), started, "the server restarted");

@@ -1,8 +1,8 @@
 //! Maintenance never stops: a step that fails (a partition whose compaction fails, here
 //! by a fail point of the test build) is logged, counted in `queen.metrics()`, skipped and
-//! tried again later, and every other pass goes on meanwhile. A fresh segment that cannot
-//! be decoded does not stop compaction either. And the lane journal is emptied while a
-//! transaction that read lanes (a `status`) stays open.
+//! tried again later, and every other pass goes on meanwhile (a fresh segment that cannot
+//! be decoded does not stop compaction either: pg_test/sql/compaction.sql). And the lane
+//! journal is emptied while a transaction that read lanes (a `status`) stays open.
 
 use std::time::{Duration, Instant};
 
