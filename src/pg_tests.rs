@@ -99,7 +99,8 @@ fn arg_default<T: pgrx::IntoDatum + pgrx::FromDatum>(func: &str, n: i32, cast: &
 #[pg_test]
 fn entry_point_defaults_are_the_policy() {
     use queen_core::policy::{QueueOptions, Subscription, DEFAULT_BUDGET, DEFAULT_EXTEND_SECONDS};
-    let configure = "queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)";
+    let configure =
+        "queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval)";
     let o = QueueOptions::CONFIGURED;
     assert_eq!(arg_default::<i32>(configure, 2, ""), o.lease_time);
     assert_eq!(arg_default::<i32>(configure, 3, ""), o.retry_limit);
@@ -124,6 +125,8 @@ fn entry_point_defaults_are_the_policy() {
     assert_eq!(us_of(configure, 9), o.retry_backoff);
     assert_eq!(us_of(configure, 10), o.retry_backoff_max);
     assert_eq!(us_of(configure, 11), o.delay);
+    assert_eq!(arg_default::<bool>(configure, 12, ""), o.create_groups);
+    assert_eq!(us_of(configure, 13), o.partition_idle_ttl);
 
     let group = "queen.configure_group(text, text, interval, interval, interval, interval)";
     let us = |n: i32| us_of(group, n);

@@ -1,7 +1,8 @@
 //! Bounded memory: a pop never gathers more than its byte budget (`max_bytes`, 32 MiB by
 //! default) plus one message, whatever `batch` asks for; what it leaves comes with the
 //! next pop. Here `batch` would need 48 MiB. Nor does it read more of its segments than
-//! that: the backend's peak memory says so.
+//! that: the backend's peak memory says so. Compaction, too, holds about one merged
+//! segment, whatever the fresh tier holds.
 
 use queen_it::{connect, unique};
 use rand::Rng;
@@ -62,6 +63,18 @@ fn peak_memory(pid: i32) -> u64 {
     kib * 1024
 }
 
+/// The private memory of a backend of the test cluster now (`RssAnon`): what it allocated
+/// itself, not the shared buffers it touched.
+fn private_memory(pid: i32) -> u64 {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// A pop reads the blocks of its span a few at a time and stops once its budget is spent:
 /// `batch => 63, max_bytes => 1` over 63 messages of 4 MB reads one of them. It used to
 /// read all 63 (about 250 MB) before the budget stopped it after the first.
@@ -117,4 +130,79 @@ fn a_pop_reads_no_more_of_its_segments_than_its_budget() {
         )
         .unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (1, 2));
+}
+
+/// Compaction holds about one merged segment in memory (runs of at most 8 MiB of small
+/// segments, or one larger segment alone), however much the fresh tier holds: here 60
+/// single pushes of 4 MB each, 240 MB in one partition. It used to cut runs by offsets
+/// only (up to 4,096), so these 60 made one run, merged in memory whole.
+#[test]
+fn compaction_holds_about_one_merged_segment() {
+    const SIZE: usize = 4_000_000;
+    const N: i64 = 60;
+    let queue = unique("bigcompact");
+    let mut rng = rand::thread_rng();
+    let pad: String = std::iter::repeat_with(|| rng.gen_range(b'!'..=b'~'))
+        .filter(|&b| b != b'"' && b != b'\\')
+        .take(SIZE)
+        .map(char::from)
+        .collect();
+    let mut c = connect();
+    let push = c.prepare("SELECT count(*) FROM queen.push($1, to_jsonb($2::text || $3::text))").unwrap();
+    c.query_one(&push, &[&queue, &"0", &pad]).unwrap();
+    // This session holds the partition's row from now on: the background worker's
+    // compaction skips a locked partition, so the compaction measured is this session's.
+    let mut s = connect();
+    let pid: i32 = s.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    s.query_one("SELECT queen.compact('nothing-here')", &[]).unwrap(); // loads what every call needs
+    s.batch_execute("BEGIN").unwrap();
+    s.execute(
+        "SELECT 1 FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = $1 FOR NO KEY UPDATE OF p",
+        &[&queue],
+    )
+    .unwrap();
+    for i in 1..N {
+        c.query_one(&push, &[&queue, &i.to_string(), &pad]).unwrap();
+    }
+    let fresh = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM queen.fresh_segments f JOIN queen.partitions p USING (partition_id)
+               JOIN queen.queues q USING (queue_id) WHERE q.name = $1",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(fresh(&mut c), N, "single pushes go to the fresh tier, and nothing compacted them yet");
+    // The backend's private memory (RssAnon), sampled every millisecond while it compacts:
+    // its peak RSS would count the shared buffers it reads the 240 MB through.
+    let before = private_memory(pid);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(private_memory(pid));
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            peak
+        })
+    };
+    s.query_one("SELECT queen.compact($1)", &[&queue]).unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let grown = sampler.join().unwrap().saturating_sub(before);
+    s.batch_execute("COMMIT").unwrap();
+    assert_eq!(fresh(&mut c), 0, "compacted");
+    assert!(grown < 64 << 20, "compacting 240 MB grew the backend's private memory by {} MiB", grown >> 20);
+    // Every message is still there, whole.
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM queen.pop($1, batch => 100, max_bytes => 1000000000, auto_ack => true)
+              WHERE octet_length(payload #>> '{}') > 4000000",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, N);
 }
