@@ -22,9 +22,19 @@ pub fn dsn() -> String {
 /// other tests' data would otherwise decide (each database has its own maintenance
 /// worker, started by `CREATE EXTENSION`).
 pub fn own_database() -> String {
+    own_database_with(&[])
+}
+
+/// `own_database`, with `settings` (`name = value`) set for the database before queen is
+/// installed there, so that its maintenance worker, which reads them when it connects,
+/// runs with them too (`queen.rotation_min_size = -1`: only the test rotates).
+pub fn own_database_with(settings: &[&str]) -> String {
     let name = format!("queen_own_{}", uuid::Uuid::new_v4().simple());
     let mut admin = connect();
     admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database of the test's own");
+    for s in settings {
+        admin.batch_execute(&format!("ALTER DATABASE {name} SET {s}")).expect("a database setting");
+    }
     // In a conninfo string a later keyword wins.
     let own = format!("{} dbname={name}", dsn());
     Client::connect(&own, NoTls)

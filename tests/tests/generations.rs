@@ -1,18 +1,27 @@
 //! The segment generations (issue 13): while a snapshot holds the xmin horizon back,
 //! retention's rotations keep the segment tables bounded, and a rotation never changes what
 //! an offset holds, for readers whose snapshot began before it either. Each test has a
-//! database of its own: the generations are per database.
+//! database of its own (the generations are per database), whose maintenance worker does
+//! not rotate (`queen.rotation_min_size = -1` for the database): the rotations are the
+//! test's own `queen.retain()` calls, with the default minimum.
 
 use std::time::Duration;
 
 use postgres::{Client, NoTls};
 use queen_it::harness::{run, Config};
-use queen_it::own_database;
+use queen_it::own_database_with;
+
+/// A database of the test's own where only the test's sessions rotate (see above).
+fn own_database() -> String {
+    own_database_with(&["queen.rotation_min_size = -1"])
+}
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
 fn connect_to(dsn: &str) -> Client {
-    Client::connect(dsn, NoTls).expect("connect to the test's own database")
+    let mut c = Client::connect(dsn, NoTls).expect("connect to the test's own database");
+    c.batch_execute("SET queen.rotation_min_size = '1MB'").unwrap();
+    c
 }
 
 /// Bytes of every segment table (both tiers, both generations: heap, TOAST, indexes).
