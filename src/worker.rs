@@ -170,12 +170,13 @@ pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
     let mut last_start: HashMap<u32, Instant> = HashMap::new();
     let mut absent: HashMap<u32, i64> = HashMap::new();
     let mut starved: HashMap<u32, (Instant, bool)> = HashMap::new();
+    let mut unstartable: HashSet<u32> = HashSet::new();
     loop {
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration file is what a worker does on SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        launch_round(&mut last_start, &mut absent, &mut starved);
+        launch_round(&mut last_start, &mut absent, &mut starved, &mut unstartable);
         if !wait(LAUNCH_ROUND) {
             break; // SIGTERM
         }
@@ -200,11 +201,13 @@ const STARVED_WARNING: Duration = Duration::from_secs(60);
 /// `absent`: databases where a worker found queen not installed, and when; they hold no
 /// slot, and are looked at again after `REPROBE` (or at once when a `CREATE EXTENSION`
 /// there takes a slot and asks for a worker). `starved`: databases that found no free
-/// slot, since when, and whether that was logged.
+/// slot, since when, and whether that was logged. `unstartable`: databases whose worker
+/// could not be started (no free worker process), logged once.
 fn launch_round(
     last_start: &mut HashMap<u32, Instant>,
     absent: &mut HashMap<u32, i64>,
     starved: &mut HashMap<u32, (Instant, bool)>,
+    unstartable: &mut HashSet<u32>,
 ) {
     // The slots before the catalog: a slot taken after this for a database created after
     // the scan is not mistaken for one of a database that is gone.
@@ -214,6 +217,7 @@ fn launch_round(
     let present: HashSet<u32> = all.iter().map(|d| d.oid).collect();
     absent.retain(|db, _| present.contains(db));
     starved.retain(|db, _| present.contains(db));
+    unstartable.retain(|db| present.contains(db));
     for slot in slots {
         if !present.contains(&slot.database) {
             let lanes = crate::lanes::forget_database(slot.database);
@@ -286,11 +290,16 @@ fn launch_round(
             .enable_spi_access()
             .set_restart_time(None)
             .load_dynamic();
-        if started.is_err() {
-            pgrx::warning!(
+        // Logged once per database until a start succeeds (the launcher tries every round).
+        match started {
+            Ok(_) => {
+                unstartable.remove(&db.oid);
+            }
+            Err(_) if unstartable.insert(db.oid) => pgrx::warning!(
                 "queen launcher: could not start the maintenance worker of database {:?}; raise max_worker_processes",
                 db.name
-            );
+            ),
+            Err(_) => {}
         }
     }
 }
