@@ -295,11 +295,14 @@ fn launch_round(
             Ok(_) => {
                 unstartable.remove(&db.oid);
             }
-            Err(_) if unstartable.insert(db.oid) => pgrx::warning!(
-                "queen launcher: could not start the maintenance worker of database {:?}; raise max_worker_processes",
-                db.name
-            ),
-            Err(_) => {}
+            Err(_) => {
+                if unstartable.insert(db.oid) {
+                    pgrx::warning!(
+                        "queen launcher: could not start the maintenance worker of database {:?}; raise max_worker_processes",
+                        db.name
+                    );
+                }
+            }
         }
     }
 }

@@ -31,10 +31,15 @@ pub fn own_database() -> String {
 pub fn own_database_with(settings: &[&str]) -> String {
     let name = format!("queen_own_{}", uuid::Uuid::new_v4().simple());
     let mut admin = connect();
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).expect("create a database of the test's own");
+    // Closed to connections until its settings are in: the launcher serves only databases
+    // that allow them, so no worker of it can start without them.
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name} ALLOW_CONNECTIONS false"))
+        .expect("create a database of the test's own");
     for s in settings {
         admin.batch_execute(&format!("ALTER DATABASE {name} SET {s}")).expect("a database setting");
     }
+    admin.batch_execute(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true")).expect("open the database");
     // In a conninfo string a later keyword wins.
     let own = format!("{} dbname={name}", dsn());
     Client::connect(&own, NoTls)

@@ -10,14 +10,17 @@ use std::time::Duration;
 use postgres::{Client, NoTls};
 use queen_it::harness::{run, Config};
 use queen_it::own_database_with;
-
-/// A database of the test's own where only the test's sessions rotate (see above).
-fn own_database() -> String {
-    own_database_with(&["queen.rotation_min_size = -1"])
-}
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
+/// A database of the test's own where only the test's sessions rotate (see above).
+fn database_without_worker_rotation() -> String {
+    own_database_with(&["queen.rotation_min_size = -1"])
+}
+
+/// A session of that database that rotates at the default minimum, written out: `SET ...
+/// TO DEFAULT` would give the database's -1. Keep it equal to `MIN_ROTATE_BYTES` in
+/// `core/src/generations.rs`.
 fn connect_to(dsn: &str) -> Client {
     let mut c = Client::connect(dsn, NoTls).expect("connect to the test's own database");
     c.batch_execute("SET queen.rotation_min_size = '1MB'").unwrap();
@@ -80,7 +83,7 @@ fn rotate(c: &mut Client) -> bool {
 /// alone) they would hold all ten: nothing deleted can be vacuumed under the snapshot.
 #[test]
 fn rotations_keep_the_segment_tables_bounded_under_a_held_snapshot() {
-    let dsn = own_database();
+    let dsn = database_without_worker_rotation();
     let mut c = connect_to(&dsn);
     let mut held = connect_to(&dsn);
     held.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM queen.queues").unwrap();
@@ -131,7 +134,7 @@ fn rotations_keep_the_segment_tables_bounded_under_a_held_snapshot() {
 /// `queen.compact` refuses to run under such a snapshot.
 #[test]
 fn a_snapshot_older_than_a_rotation_skips_nothing() {
-    let dsn = own_database();
+    let dsn = database_without_worker_rotation();
     let mut c = connect_to(&dsn);
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);
     c.execute("SELECT queen.configure('churn', retention => 1)", &[]).unwrap();
@@ -225,7 +228,7 @@ fn a_snapshot_older_than_a_rotation_skips_nothing() {
 /// documented causes.
 #[test]
 fn the_invariants_hold_while_the_generations_rotate() {
-    queen_it::use_database(own_database());
+    queen_it::use_database(database_without_worker_rotation());
     let mut cfg = Config::from_env(6_000, 3, 0);
     cfg.batch_max = 8;
     cfg.compactor = true;

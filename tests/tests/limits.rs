@@ -48,31 +48,30 @@ fn a_pop_stays_within_its_byte_budget() {
     assert_eq!(n, 1);
 }
 
-/// The peak resident memory of a backend of the test cluster (`VmHWM` in
-/// `/proc/<pid>/status`), in bytes: the cluster runs on this machine.
-fn peak_memory(pid: i32) -> u64 {
+/// A field of `/proc/<pid>/status` of a backend of the test cluster (which runs on this
+/// machine), in bytes.
+fn status_bytes(pid: i32, field: &str) -> u64 {
     let path = format!("/proc/{pid}/status");
     let status = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {path} (the test cluster must run on this machine): {e}"));
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().strip_suffix("kB"))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM in {path}"));
+        .unwrap_or_else(|| panic!("no {field} in {path}"));
     kib * 1024
 }
 
-/// The private memory of a backend of the test cluster now (`RssAnon`): what it allocated
-/// itself, not the shared buffers it touched.
+/// The peak resident memory of a backend (`VmHWM`).
+fn peak_memory(pid: i32) -> u64 {
+    status_bytes(pid, "VmHWM")
+}
+
+/// The private memory of a backend now (`RssAnon`): what it allocated itself, not the
+/// shared buffers it touched.
 fn private_memory(pid: i32) -> u64 {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
+    status_bytes(pid, "RssAnon")
 }
 
 /// A pop reads the blocks of its span a few at a time and stops once its budget is spent:
@@ -148,20 +147,22 @@ fn compaction_holds_about_one_merged_segment() {
         .map(char::from)
         .collect();
     let mut c = connect();
-    let push = c.prepare("SELECT count(*) FROM queen.push($1, to_jsonb($2::text || $3::text))").unwrap();
-    c.query_one(&push, &[&queue, &"0", &pad]).unwrap();
-    // This session holds the partition's row from now on: the background worker's
-    // compaction skips a locked partition, so the compaction measured is this session's.
     let mut s = connect();
     let pid: i32 = s.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     s.query_one("SELECT queen.compact('nothing-here')", &[]).unwrap(); // loads what every call needs
+                                                                       // A small first message makes the partition; the worker leaves a run that small alone
+                                                                       // until it is 10 s old (core's compaction `Limits`). Then this session holds the
+                                                                       // partition's row: the worker's compaction skips a locked partition, so the compaction
+                                                                       // measured is this session's.
+    c.execute("SELECT queen.push($1, to_jsonb('small'::text))", &[&queue]).unwrap();
     s.batch_execute("BEGIN").unwrap();
     s.execute(
         "SELECT 1 FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = $1 FOR NO KEY UPDATE OF p",
         &[&queue],
     )
     .unwrap();
-    for i in 1..N {
+    let push = c.prepare("SELECT count(*) FROM queen.push($1, to_jsonb($2::text || ':' || $3::text))").unwrap();
+    for i in 0..N {
         c.query_one(&push, &[&queue, &i.to_string(), &pad]).unwrap();
     }
     let fresh = |c: &mut postgres::Client| -> i64 {
@@ -173,10 +174,11 @@ fn compaction_holds_about_one_merged_segment() {
         .unwrap()
         .get(0)
     };
-    assert_eq!(fresh(&mut c), N, "single pushes go to the fresh tier, and nothing compacted them yet");
+    assert_eq!(fresh(&mut c), N + 1, "single pushes go to the fresh tier, and nothing compacted them yet");
     // The backend's private memory (RssAnon), sampled every millisecond while it compacts:
     // its peak RSS would count the shared buffers it reads the 240 MB through.
     let before = private_memory(pid);
+    assert!(before > 0, "a backend has private memory");
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let done = done.clone();
@@ -195,14 +197,21 @@ fn compaction_holds_about_one_merged_segment() {
     s.batch_execute("COMMIT").unwrap();
     assert_eq!(fresh(&mut c), 0, "compacted");
     assert!(grown < 64 << 20, "compacting 240 MB grew the backend's private memory by {} MiB", grown >> 20);
-    // Every message is still there, whole.
-    let n: i64 = c
-        .query_one(
-            "SELECT count(*) FROM queen.pop($1, batch => 100, max_bytes => 1000000000, auto_ack => true)
-              WHERE octet_length(payload #>> '{}') > 4000000",
-            &[&queue],
+    // Every message is still there, whole and in order: the small one, then each large
+    // one as its number, a colon and the same 4 MB.
+    let rows = c
+        .query(
+            "SELECT payload #>> '{}' = 'small', substring(payload #>> '{}' FROM '^[0-9]+')::int8,
+                    payload #>> '{}' = substring(payload #>> '{}' FROM '^[0-9]+') || ':' || $2
+               FROM queen.pop($1, batch => 100, max_bytes => 1000000000, auto_ack => true)
+              ORDER BY msg_offset",
+            &[&queue, &pad],
         )
-        .unwrap()
-        .get(0);
-    assert_eq!(n, N);
+        .unwrap();
+    assert_eq!(rows.len() as i64, N + 1);
+    assert!(rows[0].get::<_, bool>(0), "the small message comes first");
+    for (i, r) in rows[1..].iter().enumerate() {
+        assert_eq!(r.get::<_, Option<i64>>(1), Some(i as i64), "large message {i} in its place");
+        assert!(r.get::<_, bool>(2), "large message {i} whole");
+    }
 }
