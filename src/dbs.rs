@@ -95,6 +95,10 @@ pub struct Slot {
     pub paused_until: i64,
     /// The worker found queen not installed here at this time (0: not known so).
     pub absent_at: i64,
+    /// A prepared transaction that created or updated the extension here (its xid; 0:
+    /// none): the launcher asks for a worker once it commits (`settle_prepared`). Citus
+    /// creates the extension on its workers this way, with two-phase commit.
+    pub prepared_request: u32,
     pub journal: Journal,
     pub passes: [PassStats; 6],
     pub retention_bytes_last: i64,
@@ -268,6 +272,7 @@ pub fn free_if_absent(database: u32, dead_pid: i32, now: i64) -> bool {
         let Some(s) = slots.iter_mut().find(|s| s.database == database) else { return false };
         let idle = s.absent_at != 0
             && s.requested == 0
+            && s.prepared_request == 0
             && s.paused_until <= now
             && s.journal.writers == [0, 0]
             && (s.worker_pid == 0 || s.worker_pid == dead_pid);
@@ -276,6 +281,61 @@ pub fn free_if_absent(database: u32, dead_pid: i32, now: i64) -> bool {
         }
         idle
     })
+}
+
+/// At `PREPARE TRANSACTION` (before it: `hooks`): a request made by
+/// `request_worker_on_commit` waits for the prepared transaction's end, which a commit
+/// callback of this session will not see (`COMMIT PREPARED` may come from any session).
+/// The launcher looks at its outcome (`settle_prepared`). Raises nothing: a database
+/// without a slot (all taken) gets no worker.
+pub fn prepare() {
+    if !REQUEST.with(|r| r.replace(false)) || !enabled() {
+        return;
+    }
+    // SAFETY: a plain read of the transaction's xid (CREATE EXTENSION assigned one).
+    let xid = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
+    if xid != 0 {
+        with(my_database(), true, |s| {
+            s.prepared_request = xid;
+            s.absent_at = 0;
+        });
+    }
+}
+
+/// The launcher, each round: a prepared transaction that asked for a worker and has
+/// committed since turns into a request; one that rolled back is forgotten. Returns
+/// whether a request was made.
+pub fn settle_prepared() -> bool {
+    let pending: Vec<(u32, u32)> = with_slots(|_, slots| {
+        slots
+            .iter()
+            .filter(|s| s.database != 0 && s.prepared_request != 0)
+            .map(|s| (s.database, s.prepared_request))
+            .collect()
+    });
+    let mut requested = false;
+    for (database, xid) in pending {
+        // SAFETY: plain reads of a transaction's status; `xid` is a normal xid that a
+        // prepared transaction of this server held.
+        let (running, committed) = unsafe {
+            let x = pg_sys::TransactionId::from_inner(xid);
+            (pg_sys::TransactionIdIsInProgress(x), pg_sys::TransactionIdDidCommit(x))
+        };
+        if running {
+            continue;
+        }
+        with(database, false, |s| {
+            if s.prepared_request == xid {
+                s.prepared_request = 0;
+                if committed {
+                    s.requested = 1;
+                    s.absent_at = 0;
+                }
+            }
+        });
+        requested |= committed;
+    }
+    requested
 }
 
 /// The launcher registers itself, so that requests can wake it.

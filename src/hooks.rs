@@ -89,7 +89,10 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
                 .to_string(),
         ),
         // (Before the prepare: an ERROR here still aborts the transaction cleanly.)
-        XACT_EVENT_PRE_PREPARE => crate::offsets::prepare(),
+        XACT_EVENT_PRE_PREPARE => {
+            crate::offsets::prepare();
+            crate::dbs::prepare();
+        }
         // Prepared: the reservations belong to the prepared transaction now; its commit
         // will wake waiting pops (`offsets::finish_prepared`). What this session cached of
         // queues and partitions the prepared transaction created is gone too: they exist

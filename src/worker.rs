@@ -209,6 +209,8 @@ fn launch_round(
     starved: &mut HashMap<u32, (Instant, bool)>,
     unstartable: &mut HashSet<u32>,
 ) {
+    // Prepared transactions that created queen somewhere and have committed since.
+    dbs::settle_prepared();
     // The slots before the catalog: a slot taken after this for a database created after
     // the scan is not mistaken for one of a database that is gone.
     let slots = dbs::all();

@@ -236,3 +236,26 @@ fn databases_without_queen_leave_the_slots_to_those_with_it() {
         assert_eq!(workers(&mut admin, &format!("plain_{k}")), 0);
     }
 }
+
+/// `CREATE EXTENSION queen` in a prepared transaction, as Citus creates it on its workers:
+/// the database gets its worker once `COMMIT PREPARED` is done, from another session, and
+/// not five minutes later. The launcher has probed the database first (no queen there).
+#[test]
+fn an_extension_created_in_a_prepared_transaction_gets_its_worker_at_commit_prepared() {
+    let mut admin = connect();
+    let (name, own) = new_database("qprep");
+    // The launcher looks at a new database within a round (5 s), finds no queen, and
+    // would look again only after five minutes.
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(workers(&mut admin, &name), 0);
+    let gid = format!("create-queen-{name}");
+    let mut c = Client::connect(&own, NoTls).unwrap();
+    c.batch_execute(&format!("BEGIN; CREATE EXTENSION queen; PREPARE TRANSACTION '{gid}'")).unwrap();
+    drop(c);
+    // Prepared, not committed: queen is not there yet, and no worker comes.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(workers(&mut admin, &name), 0, "a worker before COMMIT PREPARED");
+    let mut other = Client::connect(&own, NoTls).unwrap();
+    other.batch_execute(&format!("COMMIT PREPARED '{gid}'")).unwrap();
+    wait_workers(&mut admin, &name, 1, 20);
+}
