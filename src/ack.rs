@@ -355,14 +355,14 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
 }
 
 thread_local! {
-    /// Per backend: queue id -> its retry policy and name (`queues::cached`). Acks of one
+    /// Per backend: queue id -> its retry policy and name (`cache::cached`). Acks of one
     /// message read no queue row while no queue changed.
-    static POLICIES: crate::queues::Settings<i64, (RetryPolicy, String)> = Default::default();
+    static POLICIES: crate::cache::Settings<i64, (RetryPolicy, String)> = Default::default();
 }
 
 /// A queue's retry policy and name; None when the queue no longer exists.
 fn queue_policy(client: &mut SpiClient<'_>, queue_id: i64) -> Option<(RetryPolicy, String)> {
-    crate::queues::cached(
+    crate::cache::cached(
         &POLICIES,
         queue_id,
         || {

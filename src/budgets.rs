@@ -59,7 +59,7 @@ fn configure_group(
         errors::violation(v);
     }
     // Pops cache a group's budget (`pop::group_info`): they read it again once this commits.
-    queues::invalidate();
+    crate::cache::invalidate();
     Spi::connect_mut(|client| {
         let (queue_id, ..) = queues::ensure_queue_locked(client, queue);
         // Creates the group and its lanes as a first pop would ('all'), after a session

@@ -26,21 +26,13 @@ thread_local! {
     static CHANGES: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Called from `_PG_init`: forget every OID when a schema or a table changes.
-pub fn init() {
-    // SAFETY: registering syscache callbacks is allowed at any time (once per cache and
-    // backend, which `_PG_init` is); the function lives as long as the library.
-    unsafe {
-        for cache in [pg_sys::SysCacheIdentifier::NAMESPACENAME, pg_sys::SysCacheIdentifier::RELNAMENSP] {
-            pg_sys::CacheRegisterSyscacheCallback(cache as i32, Some(forget), pg_sys::Datum::from(0));
-        }
-    }
-}
-
+/// The syscache callback on `pg_namespace` and `pg_class` (registered by `hooks`): forget
+/// every OID.
+///
 /// # Safety
 /// Called by PostgreSQL only, as a syscache callback.
 #[pg_guard]
-unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+pub unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
     CHANGES.with(|c| c.set(c.get() + 1));
 }
 

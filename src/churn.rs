@@ -95,7 +95,7 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
             ),
         }
     });
-    crate::queues::invalidate();
+    crate::cache::invalidate();
     JsonB(out)
 }
 

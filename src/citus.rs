@@ -19,7 +19,7 @@
 //! their calls back to it; `ensure_id_home` refuses one that arrives elsewhere.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use pgrx::pg_sys;
@@ -27,11 +27,7 @@ use pgrx::prelude::*;
 
 use crate::clock::clock_now;
 use crate::errors;
-use crate::errors::SpiExt;
-use crate::jsonb::JsonbArg;
-use crate::push::PushRow;
-use crate::spi::{first_row_now, first_value, run, with_pinned_search_path};
-use pgrx::datum::DatumWithOid;
+use crate::spi::{first_row_now, with_pinned_search_path};
 
 /// How long a backend trusts what it found out about a queue's home (microseconds). A
 /// queue's home changes only when its shard moves, which needs queen stopped for that queue
@@ -195,62 +191,10 @@ pub fn ensure_id_home(what: &str, id: &pgrx::Uuid) {
     }
 }
 
-/// `push_batch(items)` on a distributed database, when some item's queue lives on another
-/// node: the items are split by queue and each part is pushed with `push_batch(queue,
-/// items)`, which Citus sends to the queue's home. All in the caller's transaction: parts
-/// on two workers commit together (two-phase commit) or not at all. Returns the rows in
-/// input order, or None when every queue lives here (or the database is not distributed):
-/// the caller then pushes locally.
-pub fn route_batch(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
-    let mut by_queue: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
-    for (i, q) in queues.iter().enumerate() {
-        by_queue.entry(q).or_default().push(i as i32);
-    }
-    if by_queue.keys().all(|q| home_of(q).is_none_or(|(home, here)| home == here)) {
-        return None;
-    }
-    let mut rows: Vec<Option<PushRow>> = (0..queues.len()).map(|_| None).collect();
-    with_pinned_search_path(|| {
-        Spi::connect_mut(|client| {
-            for (queue, idxs) in &by_queue {
-                // SAFETY: `items` is the call's jsonb argument, valid for the whole call.
-                let items_arg = unsafe { DatumWithOid::new(items, pg_sys::JSONBOID) };
-                let part: String = first_value(run(
-                    client,
-                    "SELECT pg_catalog.jsonb_agg($1 OPERATOR(pg_catalog.->) u.i ORDER BY u.k)::text
-                       FROM pg_catalog.unnest($2::int4[]) WITH ORDINALITY AS u(i, k)",
-                    &[items_arg, idxs.clone().into()],
-                ))
-                .unwrap_or_else(|| errors::internal("an empty part of a batch"));
-                // Literals, not parameters: Citus delegates a call whose queue it sees.
-                let sql = format!(
-                    "SELECT idx, status, message_id, transaction_id, partition_id, msg_offset
-                       FROM queen.push_batch({}, {}::jsonb)",
-                    pgrx::spi::quote_literal(queue),
-                    pgrx::spi::quote_literal(&part)
-                );
-                for row in client.update(&sql, None, &[]).or_raise() {
-                    let k: i32 = row.get(1).or_raise().unwrap_or_default();
-                    let i = idxs[k as usize] as usize;
-                    let status: String = row.get(2).or_raise().unwrap_or_default();
-                    let status = match status.as_str() {
-                        "queued" => "queued",
-                        "duplicate" => "duplicate",
-                        other => errors::internal(format_args!("push_batch on {queue:?} answered status {other:?}")),
-                    };
-                    rows[i] = Some(PushRow {
-                        idx: i as i32,
-                        status,
-                        message_id: crate::ids::from_pg_uuid(&row.get::<pgrx::Uuid>(3).or_raise().unwrap()),
-                        transaction_id: row.get(4).or_raise().unwrap_or_default(),
-                        partition_id: row.get(5).or_raise().unwrap(),
-                        msg_offset: row.get(6).or_raise().unwrap_or_default(),
-                    });
-                }
-            }
-        })
-    });
-    Some(rows.into_iter().map(|r| r.expect("every item has a result")).collect())
+/// Whether `queue`'s home is another node of a distributed database (false anywhere
+/// else).
+pub fn lives_elsewhere(queue: &str) -> bool {
+    home_of(queue).is_some_and(|(home, here)| home != here)
 }
 
 extension_sql!(
@@ -284,5 +228,5 @@ COMMENT ON FUNCTION queen._lives_elsewhere(text) IS
 /// their distributed `_…_at_home` forms (sql/api.sql). Not granted.
 #[pg_extern(name = "_lives_elsewhere", volatile, parallel_unsafe)]
 fn lives_elsewhere_sql(queue: &str) -> bool {
-    home_of(queue).is_some_and(|(home, here)| home != here)
+    lives_elsewhere(queue)
 }

@@ -21,7 +21,6 @@
 //! otherwise is left for the next pass. Pushes and pops do not wait for it.
 
 use pgrx::datum::TimestampWithTimeZone;
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -34,23 +33,6 @@ use crate::clock::clock_now;
 use crate::errors::{self, SpiExt};
 use crate::segments::StoredBytea;
 use crate::spi::{cursor, fetch_one, run, run_map};
-
-pub static COMPACTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(1000);
-
-/// Called from `_PG_init`.
-pub fn init() {
-    GucRegistry::define_int_guc(
-        c"queen.compaction_interval",
-        c"Milliseconds between compaction passes of queen's background worker (0: none).",
-        c"Each database's maintenance worker merges the small segments of single-message pushes there. \
-          Needs shared_preload_libraries = 'queen'; without it, call queen.compact().",
-        &COMPACTION_INTERVAL,
-        0,
-        3_600_000,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
-    );
-}
 
 /// What a pass did.
 #[derive(Default, Clone, Copy)]

@@ -18,15 +18,13 @@
 
 use std::ffi::CStr;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 
 use crate::errors;
+use crate::settings;
 
 pub const TRANCHE: &CStr = c"queen databases";
-
-static MAX_DATABASES: GucSetting<i32> = GucSetting::<i32>::new(64);
 
 /// The lane journal of one database (see `lanes`).
 #[repr(C)]
@@ -133,26 +131,8 @@ thread_local! {
     static RESUME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Called from `_PG_init` while preloading: the setting.
-pub fn init() {
-    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
-    GucRegistry::define_int_guc(
-        c"queen.max_databases",
-        c"Databases with queen installed that queen keeps maintenance state for (worker, lane journal, counters).",
-        c"A database beyond this gets no background maintenance, and its acks fail with SQLSTATE 53400.",
-        &MAX_DATABASES,
-        1,
-        4096,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
-}
-
 fn slot_count() -> usize {
-    MAX_DATABASES.get() as usize
+    settings::max_databases()
 }
 
 fn slots_at() -> usize {

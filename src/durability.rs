@@ -17,26 +17,10 @@
 
 use std::ffi::CStr;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
-static DURABLE_POP: GucSetting<bool> = GucSetting::<bool>::new(false);
-
-/// Called from `_PG_init`.
-pub fn init() {
-    GucRegistry::define_bool_guc(
-        c"queen.durable_pop",
-        c"Whether a pop's commit waits for its WAL flush.",
-        c"Off (the default): a transaction whose only writes are one leasing pop's commits \
-          without waiting for the WAL flush; a server crash can forget that lease, and its \
-          messages are delivered again. Auto-ack pops and pops that create their group always \
-          wait. On: the configured synchronous_commit applies to every pop.",
-        &DURABLE_POP,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-}
+use crate::settings;
 
 /// WAL end of this transaction so far (0: it has written none).
 fn wal_end() -> u64 {
@@ -47,7 +31,7 @@ fn wal_end() -> u64 {
 /// Marks the start of a pop; pass the result to `pop_done`. An auto-ack pop keeps the
 /// configured durability.
 pub fn pop_start(auto_ack: bool) -> bool {
-    !auto_ack && !DURABLE_POP.get() && wal_end() == 0
+    !auto_ack && !settings::durable_pop() && wal_end() == 0
 }
 
 /// Marks the end of a pop. When a leasing pop was the transaction's first writer and did

@@ -18,57 +18,13 @@
 
 use std::cell::RefCell;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 use queen_core::envelope::{self, EnvelopeError, Key};
 
 use crate::errors;
 use crate::jsonb::RawJsonb;
-
-static ENCRYPTION_KEY: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
-static OLD_KEYS: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
-static KEY_FILE: GucSetting<Option<std::ffi::CString>> = GucSetting::<Option<std::ffi::CString>>::new(None);
-static DEAD_LETTER_MISSING_KEY: GucSetting<bool> = GucSetting::<bool>::new(false);
-
-/// Called from `_PG_init`.
-pub fn init() {
-    let hidden = GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL;
-    GucRegistry::define_string_guc(
-        c"queen.encryption_key_file",
-        c"File holding the encryption keys: the sealing key, then older keys, one per line (64 hex digits each).",
-        c"Only superusers set it. The file must be readable by the server's OS user alone (chmod 600).",
-        &KEY_FILE,
-        GucContext::Suset,
-        GucFlags::SUPERUSER_ONLY,
-    );
-    GucRegistry::define_bool_guc(
-        c"queen.dead_letter_missing_key",
-        c"Whether a pop dead-letters a message sealed with a key that is not configured.",
-        c"Off (the default): such a message stops the pop with SQLSTATE 55000 until the key is configured. \
-          On: it is filed as a dead letter (its envelope kept, so it can be replayed once the key is back) \
-          and the partition goes on.",
-        &DEAD_LETTER_MISSING_KEY,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_string_guc(
-        c"queen.encryption_key",
-        c"Key (64 hex digits) that seals the payloads of encrypted queues, when no key file is set.",
-        c"Superuser-only and hidden, but readable by pg_read_all_settings: prefer queen.encryption_key_file.",
-        &ENCRYPTION_KEY,
-        GucContext::Suset,
-        hidden,
-    );
-    GucRegistry::define_string_guc(
-        c"queen.encryption_old_keys",
-        c"Earlier keys (comma-separated, 64 hex digits each) that still open envelopes, when no key file is set.",
-        c"Superuser-only and hidden. For key rotation: envelopes name the key that sealed them.",
-        &OLD_KEYS,
-        GucContext::Suset,
-        hidden,
-    );
-}
+use crate::settings;
 
 /// The keys of a key file: (sealing key, older keys). Refuses a file that the group or
 /// others may read. No error quotes the file's content.
@@ -94,9 +50,9 @@ fn read_key_file(path: &str) -> (String, String) {
 
 /// The key texts in force: (sealing key, older keys, where they came from).
 fn key_texts() -> (String, String, &'static str) {
-    let file = setting(&KEY_FILE);
+    let (file, key, old) = settings::encryption_keys();
     if file.trim().is_empty() {
-        return (setting(&ENCRYPTION_KEY), setting(&OLD_KEYS), "");
+        return (key, old, "");
     }
     let (current, old) = read_key_file(file.trim());
     (current, old, "file")
@@ -113,10 +69,6 @@ struct Parsed {
 
 thread_local! {
     static CACHE: RefCell<Option<Parsed>> = const { RefCell::new(None) };
-}
-
-fn setting(g: &GucSetting<Option<std::ffi::CString>>) -> String {
-    g.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 fn bad_key(name: &str, e: EnvelopeError) -> ! {
@@ -218,7 +170,7 @@ impl Unopenable {
     /// The envelope names a key that is not configured: a setting to fix rather than a
     /// bad message, so a pop raises it, unless `queen.dead_letter_missing_key` is on.
     pub fn stops_pop(&self) -> bool {
-        self.code == PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE && !DEAD_LETTER_MISSING_KEY.get()
+        self.code == PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE && !settings::dead_letter_missing_key()
     }
 
     pub fn raise(self) -> ! {

@@ -28,11 +28,8 @@ pub const POINTS: &[&str] = &[
 #[cfg(feature = "failpoints")]
 mod armed {
     use std::cell::RefCell;
-    use std::ffi::CString;
 
-    use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
-
-    static FAILPOINT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+    use crate::settings;
 
     thread_local! {
         /// The setting last seen, and how many more passes of its point panic.
@@ -40,19 +37,11 @@ mod armed {
     }
 
     pub fn init() {
-        GucRegistry::define_string_guc(
-            c"queen.failpoint",
-            c"Tests only: the fail point that panics next in this process (name, or name:count).",
-            c"Exists only in builds with the failpoints feature.",
-            &FAILPOINT,
-            GucContext::Suset,
-            GucFlags::default(),
-        );
         queen_core::fail::install(hook);
     }
 
     fn hook(name: &'static str) -> bool {
-        let spec = FAILPOINT.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+        let spec = settings::failpoint();
         STATE.with(|s| {
             let mut s = s.borrow_mut();
             if s.0 != spec {
@@ -70,7 +59,8 @@ mod armed {
     }
 }
 
-/// Called from `_PG_init`: the setting and the hook (feature `failpoints` only).
+/// Called from `_PG_init`: installs the hook (feature `failpoints` only; the setting is
+/// `queen.failpoint`, in `settings`).
 pub fn init() {
     #[cfg(feature = "failpoints")]
     armed::init();

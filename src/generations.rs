@@ -29,32 +29,13 @@
 
 use std::cell::Cell;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
-use queen_core::generations::{live_bytes, next, rotation_due, Sizes, MIN_ROTATE_BYTES};
+use queen_core::generations::{live_bytes, next, rotation_due, Sizes};
 
 use crate::errors::SpiExt;
+use crate::settings;
 use crate::spi::{first_value, run};
-
-/// `queen.rotation_min_size` (kB): how large the current generation must be before a
-/// rotation; -1 turns rotation off.
-pub static ROTATION_MIN_SIZE: GucSetting<i32> = GucSetting::<i32>::new((MIN_ROTATE_BYTES / 1024) as i32);
-
-/// Called from `_PG_init`.
-pub fn init() {
-    GucRegistry::define_int_guc(
-        c"queen.rotation_min_size",
-        c"Size the current segment generation must reach before a retention pass rotates the generations (-1: never).",
-        c"A rotation copies what is still live in the oldest generation forward and empties it with TRUNCATE, \
-          which frees its space even while a snapshot holds the xmin horizon back.",
-        &ROTATION_MIN_SIZE,
-        -1,
-        i32::MAX,
-        GucContext::Suset,
-        GucFlags::UNIT_KB,
-    );
-}
 
 /// How long a backend trusts the current generation it read.
 const CACHE_MICROS: i64 = 1_000_000;
@@ -167,10 +148,13 @@ fn move_live_rows(client: &mut SpiClient<'_>, oldest: i16, current: i16) {
 
 /// One rotation attempt (see the module comment). Runs in the caller's transaction.
 pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
+    let Some(min_bytes) = settings::rotation_min_bytes() else {
+        return Rotated::No;
+    };
     // A fixed snapshot would copy only the rows it sees, and drop the others with the
     // TRUNCATE.
     // SAFETY: a plain read of the transaction's isolation level.
-    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 || ROTATION_MIN_SIZE.get() < 0 {
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
         return Rotated::No;
     }
     let Some(current) =
@@ -179,7 +163,6 @@ pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
         return Rotated::No;
     };
     let oldest = next(current);
-    let min_bytes = i64::from(ROTATION_MIN_SIZE.get()).saturating_mul(1024);
     // The sizes first: the live rows of the oldest generation are counted (a scan of its
     // heap, dead rows included) only when the current one is large enough.
     let row = run(

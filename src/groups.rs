@@ -293,7 +293,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
     );
     // Pops cache whether a group exists (`pop::group_info`): they look again once this
     // commits.
-    crate::queues::invalidate();
+    crate::cache::invalidate();
     let lanes = Spi::connect_mut(|client| {
         let queue_id = queue_id(client, queue)?;
         if !group_exists(client, queue_id, group) {

@@ -1,5 +1,15 @@
-//! Every hook queen sets in PostgreSQL, in one place: the transaction callbacks and the
-//! `ProcessUtility` hook. (The shared-memory hooks are in `shmem`.)
+//! Every hook queen sets in PostgreSQL, in one place: shared memory, the cache
+//! invalidation callbacks, the transaction callbacks and the `ProcessUtility` hook.
+//!
+//! **Shared memory.** With `shared_preload_libraries = 'queen'`, queen keeps these in
+//! shared memory: the long-poll wake-up slots (`wake`), the offset registry (`offsets`),
+//! the lane registry (`lanes`) and the per-database slots (`dbs`: maintenance workers,
+//! lane journals, counters). Each module says how much it needs and initialises its part;
+//! the hooks here ask for it. Without preloading none of it exists, and each module falls
+//! back to what needs no shared memory.
+//!
+//! **Cache invalidation.** The per-backend caches of OIDs (`catalog`) and of queue
+//! settings (`queues`) are told when the catalogs behind them change.
 //!
 //! **Transaction callbacks.** At commit (after the transaction's rows became visible to
 //! new snapshots) and at abort, the registries learn how the transaction ended: its offset
@@ -29,26 +39,80 @@ use pgrx::PgSqlErrorCode;
 use crate::errors;
 
 static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+static mut PREV_REQUEST: Option<unsafe extern "C-unwind" fn()> = None;
+static mut PREV_STARTUP: Option<unsafe extern "C-unwind" fn()> = None;
 
-/// Called from `_PG_init`: the transaction callbacks (always: they also announce wake-ups
-/// at commit), and with preloading the `ProcessUtility` hook.
+/// Called from `_PG_init`, after the settings are defined (the sizes of shared memory are
+/// settings): every hook and callback.
 pub fn init() {
     // SAFETY: registering callbacks is allowed at any time in a backend; these stay for the
     // life of the process, as PostgreSQL's own modules' do.
     unsafe {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
+        for cache in [pg_sys::SysCacheIdentifier::NAMESPACENAME, pg_sys::SysCacheIdentifier::RELNAMENSP] {
+            pg_sys::CacheRegisterSyscacheCallback(cache as i32, Some(crate::catalog::forget), pg_sys::Datum::from(0));
+        }
+        pg_sys::CacheRegisterRelcacheCallback(Some(crate::cache::relcache_callback), pg_sys::Datum::from(0));
     }
-    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
-    // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it preloads
-    // libraries; chaining the hook there is what PostgreSQL expects.
+    // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it loads
+    // shared_preload_libraries; chaining these hooks there is what PostgreSQL expects.
     unsafe {
+        if !pg_sys::process_shared_preload_libraries_in_progress {
+            return;
+        }
+        PREV_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(shmem_request);
+        PREV_STARTUP = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(shmem_startup);
         PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(process_utility);
     }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn shmem_request() {
+    // SAFETY: called by the postmaster in its shmem-request phase, the only time these
+    // requests are allowed.
+    unsafe {
+        if let Some(prev) = PREV_REQUEST {
+            prev();
+        }
+        pg_sys::RequestAddinShmemSpace(crate::wake::shmem_size());
+        pg_sys::RequestAddinShmemSpace(crate::offsets::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::offsets::TRANCHE.as_ptr(), 1);
+        pg_sys::RequestAddinShmemSpace(crate::lanes::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::lanes::TRANCHE.as_ptr(), 1);
+        pg_sys::RequestAddinShmemSpace(crate::dbs::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::dbs::TRANCHE.as_ptr(), 1);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn shmem_startup() {
+    // SAFETY: called in the postmaster (and after a crash restart) while shared memory is
+    // set up; ShmemInitStruct is serialised by AddinShmemInitLock as PostgreSQL requires.
+    unsafe {
+        if let Some(prev) = PREV_STARTUP {
+            prev();
+        }
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        crate::wake::shmem_init(alloc(c"queen wake-ups", crate::wake::shmem_size()));
+        crate::offsets::shmem_init(alloc(c"queen offsets", crate::offsets::shmem_size()));
+        crate::lanes::shmem_init(alloc(c"queen lanes", crate::lanes::shmem_size()));
+        crate::dbs::shmem_init(alloc(c"queen databases", crate::dbs::shmem_size()));
+        pg_sys::LWLockRelease(lock);
+    }
+}
+
+/// A named block of shared memory, and whether it existed already (a backend attaching to
+/// memory the postmaster initialised).
+unsafe fn alloc(name: &std::ffi::CStr, size: usize) -> (*mut u8, bool) {
+    let mut found = false;
+    // SAFETY: the caller holds AddinShmemInitLock; the name is a static C string.
+    let p = unsafe { pg_sys::ShmemInitStruct(name.as_ptr(), size, &mut found) } as *mut u8;
+    (p, found)
 }
 
 /// Runs `f`, and logs instead of raising if it panics: for work that must not raise
@@ -78,7 +142,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             crate::offsets::prepare_failed();
             crate::lanes::end(false);
             crate::wake::on_abort();
-            crate::queues::on_abort();
+            crate::cache::on_abort();
             crate::dbs::on_abort();
             queen_core::segment::forget_blocks();
         }),
@@ -100,7 +164,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         XACT_EVENT_PREPARE => never_raise("the end of a prepared transaction", || {
             crate::offsets::prepared();
             crate::wake::on_abort();
-            crate::queues::on_abort();
+            crate::cache::on_abort();
             crate::dbs::on_abort();
             queen_core::segment::forget_blocks();
         }),
@@ -118,7 +182,7 @@ unsafe extern "C-unwind" fn subxact_callback(
     use pg_sys::SubXactEvent::*;
     match event {
         SUBXACT_EVENT_ABORT_SUB => never_raise("a subtransaction's abort", || {
-            crate::queues::on_abort();
+            crate::cache::on_abort();
             queen_core::segment::forget_blocks();
             crate::lanes::end_subxact(my_subid, parent_subid, false);
             crate::offsets::end_subxact(my_subid, parent_subid, false);

@@ -19,15 +19,13 @@ thread_local! {
     static SECURE: RefCell<queen_core::ids::RandomPool> = RefCell::new(queen_core::ids::RandomPool::default());
 }
 
-/// A fresh lease id: a UUIDv7 whose random bits come from the OS CSPRNG. Lease ids are
-/// the credential `ack` and `extend_lease` check, so they must not be predictable.
-/// On Citus it also routes back to this node (`citus::routed_id`).
-pub fn new_lease_id() -> uuid::Uuid {
+/// A fresh UUIDv7 whose random bits come from the OS CSPRNG: for lease ids, the
+/// credential `ack` and `extend_lease` check, which must not be predictable. (On Citus the
+/// caller draws through `citus::routed_id`, so that the id routes back to this node.)
+pub fn new_secure_id() -> uuid::Uuid {
     let ms =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    crate::citus::routed_id(|| {
-        uuid::Uuid::from_bytes(SECURE.with(|p| queen_core::ids::secure_v7(ms, p.borrow_mut().take())))
-    })
+    uuid::Uuid::from_bytes(SECURE.with(|p| queen_core::ids::secure_v7(ms, p.borrow_mut().take())))
 }
 
 /// A fresh UUIDv7, minted without a syscall (see `queen_core::ids`).

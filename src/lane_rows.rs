@@ -309,36 +309,6 @@ pub fn save_journal(client: &mut SpiClient<'_>) -> i64 {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen._delete_lanes(bigint) IS
-  'queen internal: remove a queue''s lanes, from the table and the lane registry (delete_queue); not granted';
-"#,
-    name = "delete_lanes_home",
-    requires = [delete_lanes]
-);
-
-/// `queen._delete_lanes(queue_id)`: `delete_queue` removes the queue's lanes: their rows
-/// now, their registry slots when the transaction commits. The caller holds the queue lock
-/// exclusively. Returns how many.
-#[pg_extern(name = "_delete_lanes", volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
-fn delete_lanes(queue_id: i64) -> i64 {
-    Spi::connect_mut(|client| {
-        let gone: Vec<(pgrx::Uuid, String)> = run(
-            client,
-            "DELETE FROM queen.lanes WHERE queue_id = $1 RETURNING partition_id, consumer_group",
-            &[queue_id.into()],
-        )
-        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
-        .collect();
-        // The registry forgets them when, and if, this commits (a rolled-back
-        // delete_queue leaves every lane and live lease as it was).
-        crate::lanes::forget_on_commit(gone.iter().map(|(p, g)| crate::lanes::key(*p, g)).collect());
-        gone.len() as i64
-    })
-}
-
-extension_sql!(
-    r#"
 COMMENT ON FUNCTION queen._save_journal(int) IS
   'queen internal: save a lane journal table''s newest entries into queen.lanes (_empty_journal); not granted';
 "#,

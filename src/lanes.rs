@@ -30,7 +30,6 @@
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -42,14 +41,13 @@ use queen_core::lanes::{
 
 use queen_core::fail;
 
+use crate::deferred;
 use crate::errors::{self, SpiExt};
+use crate::settings;
 use crate::shmem::{owner, subxact};
 use crate::spi::run;
 
 pub const TRANCHE: &CStr = c"queen lanes";
-
-static TRACKED_LANES: GucSetting<i32> = GucSetting::<i32>::new(16_384);
-static MAX_LEASES: GucSetting<i32> = GucSetting::<i32>::new(8_192);
 
 struct Shared {
     lock: *mut pg_sys::LWLock,
@@ -94,36 +92,11 @@ pub fn forget_on_commit(keys: Vec<LaneKey>) {
     FORGET.with(|f| f.borrow_mut().extend(keys.into_iter().map(|k| (sub, k))));
 }
 
-/// Called from `_PG_init` while preloading: the sizes of shared memory.
-pub fn init() {
-    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
-    GucRegistry::define_int_guc(
-        c"queen.tracked_lanes",
-        c"Lanes (partition x consumer group) whose cursor and lease queen keeps in shared memory at once.",
-        c"An idle lane beyond this is dropped and read back from the database when used again.",
-        &TRACKED_LANES,
-        16,
-        1 << 22,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"queen.max_leases",
-        c"Live leases (one per pop that claimed something) queen keeps at once.",
-        c"Past it, expired leases make room; a pop that finds no room fails with SQLSTATE 53400.",
-        &MAX_LEASES,
-        16,
-        1 << 22,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
-}
-
 fn layout() -> Layout {
-    Layout::new(TRACKED_LANES.get() as usize, MAX_LEASES.get() as usize)
+    {
+        let (lanes, leases) = settings::lane_registry_sizes();
+        Layout::new(lanes, leases)
+    }
 }
 
 /// Bytes of shared memory the registry takes.
@@ -141,7 +114,8 @@ pub fn shmem_init((base, found): (*mut u8, bool)) {
         SHARED = Some(Shared { lock, base, layout });
         if !found {
             let (h, lanes, leases, cursors) = parts(base, layout);
-            Registry::format(h, lanes, leases, cursors, TRACKED_LANES.get() as usize, MAX_LEASES.get() as usize);
+            let (tracked, max_leases) = settings::lane_registry_sizes();
+            Registry::format(h, lanes, leases, cursors, tracked, max_leases);
         }
     }
 }
@@ -197,18 +171,11 @@ fn shared() -> &'static Shared {
 /// Runs `f` on the registry under its lock, held exclusively. A panic in `f` leaves the
 /// registry as it was (`Registry` puts back what it wrote) and releases the lock. What an
 /// earlier transaction end of this backend could not do is done first, in both
-/// registries (`settle`, `offsets::settle_pending`): a session's next queen call, whatever
+/// registries (`deferred::settle_all`): a session's next queen call, whatever
 /// it is, does what it left.
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
-    settle();
-    crate::offsets::settle_pending();
+    deferred::settle_all();
     registry_op(f)
-}
-
-/// Does the ends this backend left to do (`finish`), if any. A failure is an ERROR of the
-/// current call; the ends stay pending.
-pub fn settle_pending() {
-    settle();
 }
 
 fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
@@ -224,7 +191,7 @@ fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
 }
 
 fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
-    settle();
+    deferred::settle::<LaneEnds>();
     let s = shared();
     // SAFETY: as `registry_op`, in shared mode: the view holds shared references only.
     unsafe {
@@ -592,13 +559,26 @@ enum Deferred {
     SubAbort { undo: Vec<Held>, loading: Option<LaneKey> },
 }
 
-thread_local! {
-    /// Ends the registry could not take when they happened (see `finish`), oldest first.
-    static PENDING: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
-    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
+/// The registry's deferred ends (`deferred`): applied at once when they can be, else kept
+/// and done before this backend's next use of a registry.
+struct LaneEnds;
+
+impl deferred::Registry for LaneEnds {
+    type End = Deferred;
+    const NAME: &'static str = "lane";
+    const LOST_AT_EXIT: &'static str = "lanes this session held stay locked";
+    fn pending() -> &'static std::thread::LocalKey<RefCell<Vec<Deferred>>> {
+        thread_local! {
+            static PENDING: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+        }
+        &PENDING
+    }
+    fn apply(end: &Deferred) {
+        apply_end(end)
+    }
 }
 
-fn apply(d: &Deferred) {
+fn apply_end(d: &Deferred) {
     let (mine, now) = (owner(), crate::clock::clock_now());
     registry_op(|r| match d {
         Deferred::End { committed, held, loading, forget } => {
@@ -635,66 +615,6 @@ fn apply(d: &Deferred) {
     });
 }
 
-/// Applies `d` now; raises nothing (it runs in transaction callbacks, where an ERROR
-/// would be a PANIC after a commit). An update that panics changes nothing (the registry
-/// puts it back), and is tried once more; if that fails too, it is kept and done before
-/// this backend next reads or changes the registry (`settle`), or when the backend exits.
-/// Until then the lanes stay locked by this backend: other transactions skip them or wait,
-/// and readers see their last committed state, so nothing is lost, skipped or delivered
-/// twice meanwhile.
-fn finish(d: Deferred) {
-    if PENDING.with(|p| !p.borrow().is_empty()) {
-        // Keep the order: an older end comes first.
-        PENDING.with(|p| p.borrow_mut().push(d));
-        let _ = std::panic::catch_unwind(settle);
-        return;
-    }
-    for _ in 0..2 {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))).is_ok() {
-            return;
-        }
-    }
-    PENDING.with(|p| p.borrow_mut().push(d));
-    hook_exit();
-    pgrx::warning!("queen: the lane registry could not take a transaction's end; it is retried before this session's next queen call");
-}
-
-/// Does what earlier ends left (`finish`), in order. A failure is an ERROR of the current
-/// call; the end stays pending (nothing is lost).
-fn settle() {
-    if PENDING.with(|p| p.borrow().is_empty()) {
-        return;
-    }
-    loop {
-        let Some(d) = PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            (!p.is_empty()).then(|| p.remove(0))
-        }) else {
-            return;
-        };
-        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))) {
-            PENDING.with(|p| p.borrow_mut().insert(0, d));
-            std::panic::resume_unwind(e);
-        }
-    }
-}
-
-/// Settles pending ends when the backend exits (once registered).
-fn hook_exit() {
-    if EXIT_HOOKED.with(|h| h.replace(true)) {
-        return;
-    }
-    // SAFETY: registering a process-exit callback is allowed at any time in a backend.
-    unsafe { pg_sys::before_shmem_exit(Some(settle_at_exit), pg_sys::Datum::from(0)) };
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn settle_at_exit(_code: i32, _arg: pg_sys::Datum) {
-    if std::panic::catch_unwind(settle).is_err() {
-        pgrx::log!("queen: lanes this session held stay locked until the server restarts");
-    }
-}
-
 /// Commit: releases every lane this transaction holds. Abort: puts back what it found.
 /// Raises nothing (see `finish`).
 pub fn end(committed: bool) {
@@ -712,7 +632,7 @@ pub fn end(committed: bool) {
     if held.is_empty() && loading.is_none() && forget.is_empty() {
         return;
     }
-    finish(Deferred::End { committed, held, loading, forget });
+    deferred::finish::<LaneEnds>(Deferred::End { committed, held, loading, forget });
 }
 
 /// A subtransaction ended: a commit hands what it holds to its parent; an abort puts back
@@ -747,7 +667,7 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     if undo.is_empty() && loading.is_none() {
         return;
     }
-    finish(Deferred::SubAbort { undo, loading });
+    deferred::finish::<LaneEnds>(Deferred::SubAbort { undo, loading });
 }
 
 // ---- emptying the journal (the background worker; a clean stop saves it whole with
@@ -994,4 +914,34 @@ fn committed_sql(partition_id: pgrx::Uuid, consumer_group: &str, committed: i64)
         return committed;
     }
     lane_committed(partition_id, consumer_group).committed
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen._delete_lanes(bigint) IS
+  'queen internal: remove a queue''s lanes, from the table and the lane registry (delete_queue); not granted';
+"#,
+    name = "delete_lanes_home",
+    requires = [delete_lanes]
+);
+
+/// `queen._delete_lanes(queue_id)`: `delete_queue` removes the queue's lanes: their rows
+/// now, their registry slots when the transaction commits. The caller holds the queue lock
+/// exclusively. Returns how many.
+#[pg_extern(name = "_delete_lanes", volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn delete_lanes(queue_id: i64) -> i64 {
+    Spi::connect_mut(|client| {
+        let gone: Vec<(pgrx::Uuid, String)> = run(
+            client,
+            "DELETE FROM queen.lanes WHERE queue_id = $1 RETURNING partition_id, consumer_group",
+            &[queue_id.into()],
+        )
+        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
+        .collect();
+        // The registry forgets them when, and if, this commits (a rolled-back
+        // delete_queue leaves every lane and live lease as it was).
+        forget_on_commit(gone.iter().map(|(p, g)| key(*p, g)).collect());
+        gone.len() as i64
+    })
 }

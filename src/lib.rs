@@ -7,13 +7,16 @@
 use pgrx::prelude::*;
 
 mod ack;
+mod api;
 mod budgets;
+mod cache;
 mod catalog;
 mod churn;
 mod citus;
 mod clock;
 mod compaction;
 mod dbs;
+mod deferred;
 mod dlq;
 mod durability;
 mod encryption;
@@ -49,26 +52,14 @@ mod worker;
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 
-/// Library load: define queen's settings and, with `shared_preload_libraries = 'queen'`,
-/// set up shared memory (offset registry, long-poll wake-ups) and the background worker.
+/// Library load: the settings, then (in test builds) the fail points, the hooks and, with
+/// `shared_preload_libraries = 'queen'`, the maintenance launcher.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    failpoints::init();
     settings::init();
-    durability::init();
-    encryption::init();
-    offsets::init();
-    lanes::init();
-    dbs::init();
-    queues::init();
-    catalog::init();
-    compaction::init();
-    retention::init();
-    generations::init();
-    privileges::init();
-    worker::init();
+    failpoints::init();
     hooks::init();
-    shmem::init();
+    worker::init();
 }
 extension_sql_file!("../sql/api.sql", name = "api", finalize);
 

@@ -71,10 +71,10 @@ pub fn share_queue(queue_id: i64) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true) {
         Took::Held => true,
         Took::Waited => {
-            crate::queues::changed_since();
+            crate::cache::changed_since();
             still_there(queue_id)
         }
-        _ => !crate::queues::changed_since() || still_there(queue_id),
+        _ => !crate::cache::changed_since() || still_there(queue_id),
     }
 }
 
@@ -85,7 +85,7 @@ pub fn try_share_queue(queue_id: i64) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, false) {
         Took::No => false,
         Took::Held => true,
-        _ => !crate::queues::changed_since() || still_there(queue_id),
+        _ => !crate::cache::changed_since() || still_there(queue_id),
     }
 }
 

@@ -25,7 +25,6 @@
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -35,13 +34,12 @@ use queen_core::offsets::{
     part_key, DropRefusal, Header, Layout, Load, PartKey, Record, Refusal, Registry, Seen, Slot, View,
 };
 
+use crate::deferred;
 use crate::errors;
+use crate::settings;
 use crate::shmem::{owner, subxact};
 
 pub const TRANCHE: &CStr = c"queen";
-
-static TRACKED_PARTITIONS: GucSetting<i32> = GucSetting::<i32>::new(16_384);
-static RESERVATIONS: GucSetting<i32> = GucSetting::<i32>::new(32_768);
 
 struct Shared {
     lock: *mut pg_sys::LWLock,
@@ -61,45 +59,16 @@ thread_local! {
     static PREPARING: Cell<Option<u32>> = const { Cell::new(None) };
     /// Partitions this transaction is dropping, with the subtransaction that began each.
     static DROPS: RefCell<Vec<(u32, PartKey)>> = const { RefCell::new(Vec::new()) };
-    /// Ends the registry could not take when they happened (`finish`), oldest first.
-    static PENDING: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
-    static EXIT_HOOKED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Called from `_PG_init` while preloading: the sizes of shared memory, which matter, and
-/// can only be defined, at server start.
-pub fn init() {
-    // SAFETY: a plain read of a flag the postmaster sets while preloading libraries.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
-    GucRegistry::define_int_guc(
-        c"queen.tracked_partitions",
-        c"Partitions whose offsets queen tracks in shared memory at once.",
-        c"A partition beyond this is tracked again, from the database, when next pushed to or read.",
-        &TRACKED_PARTITIONS,
-        16,
-        1 << 22,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"queen.max_reservations",
-        c"Offset reservations (a transaction's pushes to one partition) in flight at once.",
-        c"A push beyond it fails with SQLSTATE 53400 until reservations end.",
-        &RESERVATIONS,
-        64,
-        1 << 24,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
 }
 
 fn layout() -> Layout {
     // SAFETY: MaxBackends is set before shared memory is sized (PostgreSQL 15's shmem
     // request hook exists for exactly that).
     let backends = unsafe { pg_sys::MaxBackends } as usize;
-    Layout::new(TRACKED_PARTITIONS.get() as usize, RESERVATIONS.get() as usize, backends + prepared_owners())
+    {
+        let (partitions, reservations) = settings::offset_registry_sizes();
+        Layout::new(partitions, reservations, backends + prepared_owners())
+    }
 }
 
 /// Owners for prepared transactions' reservations: one per prepared transaction the
@@ -127,7 +96,7 @@ pub fn shmem_init((base, found): (*mut u8, bool)) {
         SHARED = Some(Shared { lock, base, layout });
         if !found {
             let (h, slots, recs, owners) = parts(base, layout);
-            Registry::format(h, slots, recs, owners, TRACKED_PARTITIONS.get() as usize, prepared_owners());
+            Registry::format(h, slots, recs, owners, settings::offset_registry_sizes().0, prepared_owners());
         }
     }
 }
@@ -179,17 +148,10 @@ fn shared() -> &'static Shared {
 /// Runs `f` on the registry under its lock, exclusively. A panic in `f` leaves the
 /// registry as it was (`Registry` puts back what it wrote) and releases the lock. What an
 /// earlier transaction end of this backend could not do is done first, in both
-/// registries (`settle`, `lanes::settle_pending`).
+/// registries (`deferred::settle_all`).
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
-    settle();
-    crate::lanes::settle_pending();
+    deferred::settle_all();
     registry_op(f)
-}
-
-/// Does the ends this backend left to do (`finish`), if any. A failure is an ERROR of the
-/// current call; the ends stay pending.
-pub fn settle_pending() {
-    settle();
 }
 
 fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
@@ -206,7 +168,7 @@ fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
 
 /// Runs `f` on a read-only view under the lock in shared mode.
 fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
-    settle();
+    deferred::settle::<OffsetEnds>();
     let s = shared();
     // SAFETY: as `registry_op`, in shared mode: the view holds shared references only.
     unsafe {
@@ -668,7 +630,26 @@ enum Deferred {
     SubAbort { sub: u32, holds: bool, loading: Option<PartKey>, drops: Vec<PartKey> },
 }
 
-fn apply(d: &Deferred) {
+/// The registry's deferred ends (`deferred`): applied at once when they can be, else kept
+/// and done before this backend's next use of a registry.
+struct OffsetEnds;
+
+impl deferred::Registry for OffsetEnds {
+    type End = Deferred;
+    const NAME: &'static str = "offset";
+    const LOST_AT_EXIT: &'static str = "offsets this session reserved stay in flight";
+    fn pending() -> &'static std::thread::LocalKey<RefCell<Vec<Deferred>>> {
+        thread_local! {
+            static PENDING: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+        }
+        &PENDING
+    }
+    fn apply(end: &Deferred) {
+        apply_end(end)
+    }
+}
+
+fn apply_end(d: &Deferred) {
     let me = owner();
     registry_op(|r| match d {
         Deferred::End { committed, holds, loading, drops } => {
@@ -698,63 +679,6 @@ fn apply(d: &Deferred) {
     });
 }
 
-/// Applies `d` now; raises nothing (it runs in transaction callbacks). An update that
-/// panics changes nothing (the registry puts it back) and is tried once more; if that
-/// fails too, it is kept and done before this backend next uses the registry (`settle`),
-/// or when it exits. Until then its reservations stay in flight: readers stop before
-/// them (nothing is skipped) and the partition's readable end waits.
-fn finish(d: Deferred) {
-    if PENDING.with(|p| !p.borrow().is_empty()) {
-        PENDING.with(|p| p.borrow_mut().push(d));
-        let _ = std::panic::catch_unwind(settle);
-        return;
-    }
-    for _ in 0..2 {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))).is_ok() {
-            return;
-        }
-    }
-    PENDING.with(|p| p.borrow_mut().push(d));
-    hook_exit();
-    pgrx::warning!("queen: the offset registry could not take a transaction's end; it is retried before this session's next queen call");
-}
-
-/// Does what earlier ends left (`finish`), in order, before anything else of this backend
-/// reads or changes the registry. A failure is an ERROR of the current call; the end stays
-/// pending.
-fn settle() {
-    if PENDING.with(|p| p.borrow().is_empty()) {
-        return;
-    }
-    loop {
-        let Some(d) = PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            (!p.is_empty()).then(|| p.remove(0))
-        }) else {
-            return;
-        };
-        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| apply(&d))) {
-            PENDING.with(|p| p.borrow_mut().insert(0, d));
-            std::panic::resume_unwind(e);
-        }
-    }
-}
-
-fn hook_exit() {
-    if EXIT_HOOKED.with(|h| h.replace(true)) {
-        return;
-    }
-    // SAFETY: registering a process-exit callback is allowed at any time in a backend.
-    unsafe { pg_sys::before_shmem_exit(Some(settle_at_exit), pg_sys::Datum::from(0)) };
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn settle_at_exit(_code: i32, _arg: pg_sys::Datum) {
-    if std::panic::catch_unwind(settle).is_err() {
-        pgrx::log!("queen: offsets this session reserved stay in flight until the server restarts");
-    }
-}
-
 /// Ends this backend's part in the registry for the current transaction. Raises nothing.
 pub fn end(committed: bool) {
     let holds = HOLDS.with(|h| h.replace(false));
@@ -763,7 +687,7 @@ pub fn end(committed: bool) {
     if !(holds || loading.is_some() || !drops.is_empty()) || !enabled() {
         return;
     }
-    finish(Deferred::End { committed, holds, loading, drops });
+    deferred::finish::<OffsetEnds>(Deferred::End { committed, holds, loading, drops });
 }
 
 /// A subtransaction ended: an abort ends what it reserved, loaded or dropped; a commit
@@ -794,6 +718,6 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     });
     let holds = HOLDS.with(|h| h.get());
     if holds || loading.is_some() || !drops.is_empty() {
-        finish(Deferred::SubAbort { sub, holds, loading, drops });
+        deferred::finish::<OffsetEnds>(Deferred::SubAbort { sub, holds, loading, drops });
     }
 }

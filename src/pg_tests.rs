@@ -99,8 +99,9 @@ fn arg_default<T: pgrx::IntoDatum + pgrx::FromDatum>(func: &str, n: i32, cast: &
 #[pg_test]
 fn entry_point_defaults_are_the_policy() {
     use queen_core::policy::{QueueOptions, Subscription, DEFAULT_BUDGET, DEFAULT_EXTEND_SECONDS};
-    let configure =
-        "queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval)";
+    // The signature from the catalog: configure's arguments are written once, in Rust.
+    let configure = Spi::get_one::<String>("SELECT 'queen.configure'::regproc::oid::regprocedure::text").unwrap().unwrap();
+    let configure = configure.as_str();
     let o = QueueOptions::CONFIGURED;
     assert_eq!(arg_default::<i32>(configure, 2, ""), o.lease_time);
     assert_eq!(arg_default::<i32>(configure, 3, ""), o.retry_limit);

@@ -287,9 +287,9 @@ struct GroupInfo {
 }
 
 thread_local! {
-    /// Per backend: (queue, group) -> its info (`queues::cached`), for groups that exist:
+    /// Per backend: (queue, group) -> its info (`cache::cached`), for groups that exist:
     /// a pop of one message reads no settings row while no queue or group changed.
-    static GROUPS: crate::queues::Settings<(String, String), GroupInfo> = Default::default();
+    static GROUPS: crate::cache::Settings<(String, String), GroupInfo> = Default::default();
 }
 
 /// The queue's and group's settings; None for an unknown queue.
@@ -317,7 +317,7 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
         })
     };
     // Kept once the group exists (a pop that finds none creates it, then reads again).
-    crate::queues::cached(&GROUPS, (queue.to_string(), group.to_string()), read, |i| i.has_group)
+    crate::cache::cached(&GROUPS, (queue.to_string(), group.to_string()), read, |i| i.has_group)
 }
 
 fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
@@ -364,7 +364,10 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let (lease_id, expires) = if a.auto_ack {
         (None, None)
     } else {
-        (Some(to_pg_uuid(crate::ids::new_lease_id())), Some(now.saturating_add(lease_micros)))
+        // A lease id is a credential (random bits from the OS), routed back to this node on
+        // Citus.
+        let id = crate::citus::routed_id(crate::ids::new_secure_id);
+        (Some(to_pg_uuid(id)), Some(now.saturating_add(lease_micros)))
     };
 
     let mut out = Vec::new();

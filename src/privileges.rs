@@ -72,9 +72,6 @@ impl Privilege {
     }
 }
 
-/// Called from `_PG_init`.
-pub fn init() {}
-
 /// The role whose privileges count: the session's, at the outer level (see the module
 /// docs).
 fn caller() -> pg_sys::Oid {
@@ -91,7 +88,7 @@ fn global(role: pg_sys::Oid, p: Privilege) -> bool {
 
 /// Whether `role` (or a role whose privileges it has) holds a grant on some queue.
 fn limited(role: pg_sys::Oid) -> bool {
-    let grantees = crate::queues::cached(
+    let grantees = crate::cache::cached(
         &GRANTEES,
         (),
         || {
@@ -125,10 +122,10 @@ fn queen_role(role: pg_sys::Oid, p: Privilege) -> bool {
 
 thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
-    /// (`queues::cached`: grants send the queues' invalidation).
-    static ALLOWED: crate::queues::Settings<(u32, i64, Privilege), bool> = Default::default();
+    /// (`cache::cached`: grants send the queues' invalidation).
+    static ALLOWED: crate::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
     /// Per backend: every role that holds a queue grant, while no grant changed.
-    static GRANTEES: crate::queues::Settings<(), Vec<pg_sys::Oid>> = Default::default();
+    static GRANTEES: crate::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
 
 /// Whether `role` has `p` on queue `queue_id` through `queen.grant` (or `admin` there).
@@ -144,7 +141,7 @@ fn granted(client: &mut SpiClient<'_>, role: pg_sys::Oid, queue_id: i64, p: Priv
         // SAFETY: a membership test (cached by PostgreSQL); a dropped role matches nothing.
         Some(grantees.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) }))
     };
-    crate::queues::cached(&ALLOWED, (role.to_u32(), queue_id, p), read, |_| true).unwrap_or(false)
+    crate::cache::cached(&ALLOWED, (role.to_u32(), queue_id, p), read, |_| true).unwrap_or(false)
 }
 
 fn denied(what: &str, p: Privilege) -> ! {
@@ -341,7 +338,7 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
         sync_grants(client, oid, &name);
         (name, added)
     });
-    crate::queues::invalidate();
+    crate::cache::invalidate();
     JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "granted": added}))
 }
 
@@ -364,7 +361,7 @@ fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
         sync_grants(client, oid, &name);
         (name, removed)
     });
-    crate::queues::invalidate();
+    crate::cache::invalidate();
     JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "revoked": removed}))
 }
 
@@ -385,7 +382,7 @@ fn sync_grants_sql(role: pg_sys::Oid) {
             sync_grants(client, role, &name);
         }
     });
-    crate::queues::invalidate();
+    crate::cache::invalidate();
 }
 
 /// `queen.grants(queue)`: the grants made with `queen.grant`, of one queue or all.

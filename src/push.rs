@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -15,7 +16,7 @@ use crate::ids::{new_ids, to_pg_uuid};
 use crate::jsonb::{Found, JsonbArg, RawJsonb};
 use crate::names::{check_lane_name, check_queue_name};
 use crate::queues::{self, Target};
-use crate::spi::run;
+use crate::spi::{first_value, run};
 use crate::srf::{arg, function_info_v1, ResultRows};
 
 // Limits of a push (a segment must stay well below bytea's 1 GB): the policy's.
@@ -227,7 +228,7 @@ pub unsafe extern "C-unwind" fn push_batch_wrapper(fcinfo: pg_sys::FunctionCallI
     let items = read_batch(items_arg, None);
     // On Citus, items for queues that live on other nodes go there (src/citus.rs).
     let queues: Vec<&str> = items.iter().map(|it| it.queue.as_str()).collect();
-    let rows = match crate::citus::route_batch(items_arg, &queues) {
+    let rows = match push_at_homes(items_arg, &queues) {
         Some(rows) => rows,
         None => crate::spi::with_pinned_search_path(|| push_items(items)),
     };
@@ -621,7 +622,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                     if crate::locks::share_queue(t.queue_id) {
                         break t;
                     }
-                    queues::on_abort(); // forget the deleted queue's targets
+                    crate::cache::on_abort(); // forget the deleted queue's targets
                 };
                 crate::wake::notify_on_commit(queue);
                 // Minted transaction ids are unique: only producer-supplied ones need the
@@ -653,7 +654,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
                 let n = fresh.len() as i64;
                 // Without dedup every reserved offset is written (or the call fails).
                 let Some(first) = reserve(client, t.partition_id, n, !dedup) else {
-                    queues::on_abort(); // forget the dropped partition's target
+                    crate::cache::on_abort(); // forget the dropped partition's target
                     continue 'target;
                 };
                 let lost = if dedup {
@@ -736,4 +737,62 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
         durable_tier.insert(client, false, now);
     });
     rows.into_iter().map(|r| r.expect("every item has a result")).collect()
+}
+
+/// `push_batch(items)` on a distributed database, when some item's queue lives on another
+/// node: the items are split by queue and each part is pushed with `push_batch(queue,
+/// items)`, which Citus sends to the queue's home. All in the caller's transaction: parts
+/// on two workers commit together (two-phase commit) or not at all. Returns the rows in
+/// input order, or None when every queue lives here (or the database is not distributed):
+/// the caller then pushes locally.
+fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
+    let mut by_queue: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (i, q) in queues.iter().enumerate() {
+        by_queue.entry(q).or_default().push(i as i32);
+    }
+    if !by_queue.keys().any(|q| crate::citus::lives_elsewhere(q)) {
+        return None;
+    }
+    let mut rows: Vec<Option<PushRow>> = (0..queues.len()).map(|_| None).collect();
+    crate::spi::with_pinned_search_path(|| {
+        Spi::connect_mut(|client| {
+            for (queue, idxs) in &by_queue {
+                // SAFETY: `items` is the call's jsonb argument, valid for the whole call.
+                let items_arg = unsafe { DatumWithOid::new(items, pg_sys::JSONBOID) };
+                let part: String = first_value(run(
+                    client,
+                    "SELECT pg_catalog.jsonb_agg($1 OPERATOR(pg_catalog.->) u.i ORDER BY u.k)::text
+                       FROM pg_catalog.unnest($2::int4[]) WITH ORDINALITY AS u(i, k)",
+                    &[items_arg, idxs.clone().into()],
+                ))
+                .unwrap_or_else(|| errors::internal("an empty part of a batch"));
+                // Literals, not parameters: Citus delegates a call whose queue it sees.
+                let sql = format!(
+                    "SELECT idx, status, message_id, transaction_id, partition_id, msg_offset
+                       FROM queen.push_batch({}, {}::jsonb)",
+                    pgrx::spi::quote_literal(queue),
+                    pgrx::spi::quote_literal(&part)
+                );
+                for row in client.update(&sql, None, &[]).or_raise() {
+                    let k: i32 = row.get(1).or_raise().unwrap_or_default();
+                    let i = idxs[k as usize] as usize;
+                    let status: String = row.get(2).or_raise().unwrap_or_default();
+                    let status = match status.as_str() {
+                        "queued" => "queued",
+                        "duplicate" => "duplicate",
+                        other => errors::internal(format_args!("push_batch on {queue:?} answered status {other:?}")),
+                    };
+                    rows[i] = Some(PushRow {
+                        idx: i as i32,
+                        status,
+                        message_id: crate::ids::from_pg_uuid(&row.get::<pgrx::Uuid>(3).or_raise().unwrap()),
+                        transaction_id: row.get(4).or_raise().unwrap_or_default(),
+                        partition_id: row.get(5).or_raise().unwrap(),
+                        msg_offset: row.get(6).or_raise().unwrap_or_default(),
+                    });
+                }
+            }
+        })
+    });
+    Some(rows.into_iter().map(|r| r.expect("every item has a result")).collect())
 }

@@ -20,7 +20,6 @@
 //! the ack covered.
 
 use crate::generations::Rotated;
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::json;
@@ -29,22 +28,6 @@ use pgrx::spi::SpiClient;
 
 use crate::errors::SpiExt;
 use crate::spi::run;
-
-pub static RETENTION_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
-
-/// Called from `_PG_init`: the settings, and the worker when preloading.
-pub fn init() {
-    GucRegistry::define_int_guc(
-        c"queen.retention_interval",
-        c"Seconds between retention passes of queen's background worker (0: none).",
-        c"Each database's maintenance worker runs a retention pass over its queues. Needs shared_preload_libraries = 'queen'.",
-        &RETENTION_INTERVAL,
-        0,
-        86_400,
-        GucContext::Sighup,
-        GucFlags::UNIT_S,
-    );
-}
 
 extension_sql!(
     r#"

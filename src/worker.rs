@@ -30,22 +30,15 @@
 //! themselves.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::CString;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
-use crate::compaction::COMPACTION_INTERVAL;
 use crate::dbs::{self, Pass};
-use crate::retention::RETENTION_INTERVAL;
+use crate::settings;
 use crate::spi::run;
-
-/// `queen.retention_database`: empty (the default) serves every database; a name serves
-/// that database alone (the setting of 0.3.0, when one database was served).
-pub static ONLY_DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 /// Called from `_PG_init`, after the settings are defined.
 pub fn init() {
@@ -53,14 +46,6 @@ pub fn init() {
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return;
     }
-    GucRegistry::define_string_guc(
-        c"queen.retention_database",
-        c"Serve only this database with background maintenance (empty: every database where queen is installed).",
-        c"Kept from 0.3.0, which served one database. Leave it empty.",
-        &ONLY_DATABASE,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
     BackgroundWorkerBuilder::new("queen launcher")
         .set_type("queen launcher")
         .set_library("queen")
@@ -215,7 +200,7 @@ fn launch_round(
     // the scan is not mistaken for one of a database that is gone.
     let slots = dbs::all();
     let all = databases();
-    let only = ONLY_DATABASE.get().map(|c| c.to_string_lossy().into_owned()).filter(|s| !s.is_empty());
+    let only = settings::only_database();
     let present: HashSet<u32> = all.iter().map(|d| d.oid).collect();
     absent.retain(|db, _| present.contains(db));
     starved.retain(|db, _| present.contains(db));
@@ -568,8 +553,8 @@ fn rounds(m: &mut Maintenance) {
     let (mut next_compaction, mut next_retention, mut next_journal) = (start, start, start);
     loop {
         let now = Instant::now();
-        let compaction = period(COMPACTION_INTERVAL.get(), Duration::from_millis(1));
-        let retention = period(RETENTION_INTERVAL.get(), Duration::from_secs(1));
+        let compaction = period(settings::compaction_interval_ms(), Duration::from_millis(1));
+        let retention = period(settings::retention_interval_s(), Duration::from_secs(1));
         // Sleep until the next pass that is on (the journal's comes every two seconds).
         let due = [compaction.map(|_| next_compaction), retention.map(|_| next_retention), Some(next_journal)];
         let wake_at = due.iter().flatten().min().copied().unwrap_or(now + JOURNAL_ROUND);

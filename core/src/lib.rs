@@ -1,6 +1,9 @@
 //! queen-core: everything in queen that needs no PostgreSQL — the segment codec, the ack
 //! and cursor arithmetic, lease math, name rules and the queue policy (options,
 //! defaults, limits). The extension is a thin layer over it.
+//!
+//! No `unsafe` here: everything that touches memory it does not own lives in the extension.
+#![forbid(unsafe_code)]
 
 pub mod ack;
 pub mod claim;

@@ -1,0 +1,181 @@
+//! `queen.configure`: create or update a queue (docs/functions.md#configure).
+//!
+//! Its arguments are written once, here: the SQL declaration is generated from this
+//! signature, and its COMMENT and GRANT name the function without an argument list.
+
+use pgrx::prelude::*;
+use queen_core::policy::QueueOptions;
+
+use crate::cache;
+use crate::citus;
+use crate::clock::interval_micros;
+use crate::encryption;
+use crate::errors::null_arg;
+use crate::locks;
+use crate::names::check_queue_name;
+use crate::privileges::{self, Privilege};
+use crate::settings;
+use crate::spi::{first_value, run};
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.configure IS
+  'queen: create or update a queue; returns its options in camelCase';
+GRANT EXECUTE ON FUNCTION queen.configure TO queen_admin;
+"#,
+    name = "configure_home",
+    requires = [configure_queue]
+);
+
+/// `queen.configure` (docs/functions.md#configure): creates or updates a queue; every
+/// option not given takes its default (`QueueOptions::CONFIGURED`). No option is cached, so
+/// the next pop in every session sees it.
+#[allow(clippy::too_many_arguments)]
+#[pgrx::pg_extern(name = "configure", security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn configure_queue(
+    queue: Option<&str>,
+    lease_time: pgrx::default!(Option<i32>, 300),
+    retry_limit: pgrx::default!(Option<i32>, 3),
+    dead_letter_queue: pgrx::default!(Option<bool>, true),
+    dlq_after_max_retries: pgrx::default!(Option<bool>, true),
+    dedup_window: pgrx::default!(Option<i32>, 3600),
+    encryption: pgrx::default!(Option<bool>, "NULL"),
+    retention: pgrx::default!(Option<i32>, 0),
+    retry_backoff: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
+    retry_backoff_max: pgrx::default!(Option<pgrx::datum::Interval>, "'600s'"),
+    delay: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
+    create_groups: pgrx::default!(Option<bool>, true),
+    partition_idle_ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
+) -> pgrx::JsonB {
+    let queue = queue.unwrap_or_else(|| null_arg("queue"));
+    check_queue_name("queue", queue);
+    citus::ensure_home(queue);
+    privileges::require(Some(queue), Privilege::Admin);
+    let lease_time = lease_time.unwrap_or_else(|| null_arg("lease_time"));
+    let retry_limit = retry_limit.unwrap_or_else(|| null_arg("retry_limit"));
+    let dead_letter_queue = dead_letter_queue.unwrap_or_else(|| null_arg("dead_letter_queue"));
+    let dlq_after_max_retries = dlq_after_max_retries.unwrap_or_else(|| null_arg("dlq_after_max_retries"));
+    let dedup_window = dedup_window.unwrap_or_else(|| null_arg("dedup_window"));
+    let retention = retention.unwrap_or_else(|| null_arg("retention"));
+    let retry_backoff = retry_backoff.unwrap_or_else(|| null_arg("retry_backoff"));
+    let retry_backoff_max = retry_backoff_max.unwrap_or_else(|| null_arg("retry_backoff_max"));
+    let delay = delay.unwrap_or_else(|| null_arg("delay"));
+    let create_groups = create_groups.unwrap_or_else(|| null_arg("create_groups"));
+    let partition_idle_ttl = partition_idle_ttl.unwrap_or_else(|| null_arg("partition_idle_ttl"));
+    let options = QueueOptions {
+        lease_time,
+        retry_limit,
+        dead_letter_queue,
+        dlq_after_max_retries,
+        dedup_window,
+        encryption: encryption.unwrap_or(false),
+        retention,
+        retry_backoff: interval_micros("retry_backoff", retry_backoff),
+        retry_backoff_max: interval_micros("retry_backoff_max", retry_backoff_max),
+        delay: interval_micros("delay", delay),
+        create_groups,
+        partition_idle_ttl: interval_micros("partition_idle_ttl", partition_idle_ttl),
+    };
+    if let Err(v) = options.validate(settings::max_lease()) {
+        crate::errors::violation(v);
+    }
+    if encryption == Some(true) {
+        encryption::require_key(queue);
+    }
+    cache::invalidate();
+    let encryption = pgrx::Spi::connect_mut(|client| {
+        // The queue lock before the queue row (`queen_core::lock_order`), if it exists.
+        let found =
+            first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+        if let Some(id) = found {
+            locks::share_queue(id);
+        }
+        // encryption not given: an encrypted queue stays encrypted only if asked to; turning
+        // it off silently would store the next payloads in plaintext.
+        let encryption = encryption.unwrap_or_else(|| {
+            let stored = first_value::<bool>(run(
+                client,
+                "SELECT encryption FROM queen.queues WHERE name = $1",
+                &[queue.into()],
+            ));
+            if stored == Some(true) {
+                crate::errors::raise(
+                    pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    format!(
+                        "queen: queue {queue:?} is encrypted: pass encryption => true to keep it so, \
+                         or encryption => false to store new payloads in plaintext"
+                    ),
+                );
+            }
+            false
+        });
+        run(
+            client,
+            "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
+                                           dlq_after_max_retries, dedup_window, encryption, retention,
+                                           retry_backoff, retry_backoff_max, delay, create_groups,
+                                           partition_idle_ttl)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+             ON CONFLICT (name) DO UPDATE SET
+               lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
+               dead_letter_queue = EXCLUDED.dead_letter_queue,
+               dlq_after_max_retries = EXCLUDED.dlq_after_max_retries,
+               dedup_window = EXCLUDED.dedup_window, encryption = EXCLUDED.encryption,
+               retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
+               retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
+               create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
+               updated_at = now()",
+            &[
+                queue.into(),
+                lease_time.into(),
+                retry_limit.into(),
+                dead_letter_queue.into(),
+                dlq_after_max_retries.into(),
+                dedup_window.into(),
+                encryption.into(),
+                retention.into(),
+                retry_backoff.into(),
+                retry_backoff_max.into(),
+                delay.into(),
+                create_groups.into(),
+                partition_idle_ttl.into(),
+            ],
+        );
+        encryption
+    });
+    let secs = |m: i64| m as f64 / queen_core::lease::MICROS as f64;
+    pgrx::JsonB(serde_json::json!({
+        "leaseTime": lease_time,
+        "retryLimit": retry_limit,
+        "deadLetterQueue": dead_letter_queue,
+        "dlqAfterMaxRetries": dlq_after_max_retries,
+        "dedupWindow": dedup_window,
+        "encryption": encryption,
+        "retention": retention,
+        "retryBackoff": secs(options.retry_backoff),
+        "retryBackoffMax": secs(options.retry_backoff_max),
+        "delay": secs(options.delay),
+        "createGroups": create_groups,
+        "partitionIdleTtl": secs(options.partition_idle_ttl),
+    }))
+}
+
+crate::srf::function_info_v1!(pg_finfo_configure_wrapper);
+
+/// The C symbol of `queen.configure` up to 0.3.0, whose SQL declared 11 arguments. A
+/// database whose SQL is still that of 0.3.0 when this library is loaded (after an
+/// upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this error from a
+/// configure instead of a call with the wrong arguments.
+///
+/// # Safety
+/// Called by PostgreSQL only.
+#[no_mangle]
+#[pgrx::pg_guard]
+pub unsafe extern "C-unwind" fn configure_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    crate::errors::raise(
+        pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "queen: this database has the SQL of an older queen than the library installed; run ALTER EXTENSION queen UPDATE"
+            .to_string(),
+    )
+}
