@@ -269,44 +269,6 @@ pub fn seek(_lane: &Lane, to: i64) -> Lane {
     Lane::new(to)
 }
 
-/// The registry's form of a lane (`lanes::State`) as a `Lane`, and back. In the registry
-/// a zero lease id means no lease and a zero claim start means none (offsets start at 1).
-impl Lane {
-    pub fn from_registry(s: &crate::lanes::State) -> Lane {
-        Lane {
-            committed: s.committed,
-            lease: s.has_lease().then(|| (u128::from_be_bytes(s.lease_id), s.lease_expires)),
-            batch_end: s.batch_end,
-            claim_start: (s.claim_start != 0).then_some(s.claim_start),
-            attempt_count: s.attempt_count,
-            retry_count: s.retry_count,
-            // Without a lease, the expiry field holds a backoff's end (see above).
-            retry_at: (!s.has_lease() && s.lease_expires != 0).then_some(s.lease_expires),
-        }
-    }
-
-    /// This lane as a registry state that replaces `old`: the journal sequence goes up
-    /// when the cursor or the retry count changed (what the journal records).
-    pub fn to_registry(&self, old: &crate::lanes::State) -> crate::lanes::State {
-        let (lease_id, lease_expires) = match self.lease {
-            Some((id, expires)) => (id.to_be_bytes(), expires),
-            None => ([0; 16], self.retry_at.unwrap_or(0)),
-        };
-        let journaled = self.committed != old.committed || self.retry_count != old.retry_count;
-        crate::lanes::State {
-            committed: self.committed,
-            retry_count: self.retry_count,
-            attempt_count: self.attempt_count,
-            claim_start: self.claim_start.unwrap_or(0),
-            last_claimed: old.last_claimed,
-            lease_id,
-            lease_expires,
-            batch_end: if self.lease.is_some() { self.batch_end } else { 0 },
-            journal_seq: old.journal_seq + i64::from(journaled),
-        }
-    }
-}
-
 /// Releases the lease without committing anything (a lease given back, or one whose
 /// partition a `seek` moved): its span is redelivered to the next pop.
 pub fn release(lane: &Lane) -> Lane {
@@ -359,11 +321,6 @@ mod tests {
         let explicit = AckItem { retry_after: Some(2), status: AckStatus::Retry, ..done(3) };
         let (after3, _) = ack(&again, 8, &[explicit], POLICY, None, 20).unwrap();
         assert_eq!(after3.retry_at, Some(22));
-        // A registry slot keeps the backoff in its expiry while it has no lease.
-        let old = crate::lanes::State::default();
-        let stored = after2.to_registry(&old);
-        assert_eq!((stored.lease_id, stored.lease_expires), ([0; 16], 30));
-        assert_eq!(Lane::from_registry(&stored), after2);
         // A release or a seek ends it.
         assert_eq!(release(&after2).retry_at, None);
         assert_eq!(seek(&after2, 0).retry_at, None);
@@ -408,33 +365,6 @@ mod tests {
         assert!(whole_lease_items(&l, 7, 100).is_none());
         let (after, _) = ack(&l, 7, &[item], POLICY, None, 1).unwrap();
         assert_eq!(after.committed, 9);
-    }
-
-    #[test]
-    fn registry_round_trip_and_journal_sequence() {
-        let old = crate::lanes::State {
-            committed: 4,
-            retry_count: 1,
-            attempt_count: 2,
-            claim_start: 5,
-            last_claimed: 77,
-            lease_id: [9; 16],
-            lease_expires: 1000,
-            batch_end: 8,
-            journal_seq: 3,
-        };
-        let lane = Lane::from_registry(&old);
-        assert_eq!(lane.lease, Some((u128::from_be_bytes([9; 16]), 1000)));
-        assert_eq!(lane.claim_start, Some(5));
-        assert_eq!(lane.to_registry(&old), old, "unchanged lane, unchanged state");
-        // An extend changes no journaled field; an ack that commits does.
-        let ext = extend(&lane, u128::from_be_bytes([9; 16]), 2000, 10).unwrap().to_registry(&old);
-        assert_eq!((ext.lease_expires, ext.journal_seq), (2000, 3));
-        let acked = apply_ack_effect(&lane, 8, true, 0, true, None).to_registry(&old);
-        assert_eq!((acked.committed, acked.lease_id, acked.batch_end, acked.claim_start), (8, [0; 16], 0, 0));
-        assert_eq!((acked.journal_seq, acked.last_claimed), (4, 77));
-        let none = Lane::from_registry(&crate::lanes::State::default());
-        assert_eq!(none, Lane::new(0));
     }
 
     #[test]

@@ -49,6 +49,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::fail;
+use crate::lane::{lease_live, Lane};
 
 /// No slot / end of a list.
 pub const NIL: u32 = u32::MAX;
@@ -128,11 +129,11 @@ impl State {
     }
     /// A lease that has not expired at `now` (`lane::lease_live`).
     pub fn live_lease(&self, now: i64) -> bool {
-        self.has_lease() && crate::lane::lease_live(Some(self.lease_expires), now)
+        self.has_lease() && lease_live(Some(self.lease_expires), now)
     }
     /// Whether `lease_id` holds this lane at `now` (`lane::Lane::held_by`).
     pub fn held_by(&self, lease_id: &[u8; 16], now: i64) -> bool {
-        crate::lane::Lane::from_registry(self).held_by(u128::from_be_bytes(*lease_id), now)
+        Lane::from_registry(self).held_by(u128::from_be_bytes(*lease_id), now)
     }
 }
 
@@ -964,6 +965,44 @@ impl<'a> Registry<'a> {
     }
 }
 
+/// The registry's form of a lane (`lanes::State`) as a `Lane`, and back. In the registry
+/// a zero lease id means no lease and a zero claim start means none (offsets start at 1).
+impl Lane {
+    pub fn from_registry(s: &State) -> Lane {
+        Lane {
+            committed: s.committed,
+            lease: s.has_lease().then(|| (u128::from_be_bytes(s.lease_id), s.lease_expires)),
+            batch_end: s.batch_end,
+            claim_start: (s.claim_start != 0).then_some(s.claim_start),
+            attempt_count: s.attempt_count,
+            retry_count: s.retry_count,
+            // Without a lease, the expiry field holds a backoff's end (see above).
+            retry_at: (!s.has_lease() && s.lease_expires != 0).then_some(s.lease_expires),
+        }
+    }
+
+    /// This lane as a registry state that replaces `old`: the journal sequence goes up
+    /// when the cursor or the retry count changed (what the journal records).
+    pub fn to_registry(&self, old: &State) -> State {
+        let (lease_id, lease_expires) = match self.lease {
+            Some((id, expires)) => (id.to_be_bytes(), expires),
+            None => ([0; 16], self.retry_at.unwrap_or(0)),
+        };
+        let journaled = self.committed != old.committed || self.retry_count != old.retry_count;
+        State {
+            committed: self.committed,
+            retry_count: self.retry_count,
+            attempt_count: self.attempt_count,
+            claim_start: self.claim_start.unwrap_or(0),
+            last_claimed: old.last_claimed,
+            lease_id,
+            lease_expires,
+            batch_end: if self.lease.is_some() { self.batch_end } else { 0 },
+            journal_seq: old.journal_seq + i64::from(journaled),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1015,6 +1054,48 @@ mod tests {
     }
     fn holder(owner: u32) -> Holder {
         Holder { owner, vxid_backend: owner as i32 + 1, vxid_local: 7 }
+    }
+
+    #[test]
+    fn a_registry_slot_keeps_a_backoff_in_its_expiry() {
+        use crate::ack::{AckItem, AckStatus, RetryPolicy};
+        use crate::lane::{ack, claim, release};
+        let policy = RetryPolicy { retry_limit: 2, dead_lettering: true, retry_backoff: 5, retry_backoff_max: 20 };
+        let (l, _) = claim(&Lane::new(0), 5, 5, Some((7, 100)), 0).unwrap();
+        let failed = AckItem { offset: 3, status: AckStatus::Failed, error: None, retry_after: None };
+        let (after, _) = ack(&l, 7, std::slice::from_ref(&failed), policy, None, 10).unwrap();
+        assert_eq!(after.retry_at, Some(15));
+        let stored = after.to_registry(&State::default());
+        assert_eq!((stored.lease_id, stored.lease_expires), ([0; 16], 15));
+        assert_eq!(Lane::from_registry(&stored), after);
+        assert_eq!(Lane::from_registry(&release(&after).to_registry(&stored)).retry_at, None);
+    }
+
+    #[test]
+    fn registry_round_trip_and_journal_sequence() {
+        let old = State {
+            committed: 4,
+            retry_count: 1,
+            attempt_count: 2,
+            claim_start: 5,
+            last_claimed: 77,
+            lease_id: [9; 16],
+            lease_expires: 1000,
+            batch_end: 8,
+            journal_seq: 3,
+        };
+        let lane = Lane::from_registry(&old);
+        assert_eq!(lane.lease, Some((u128::from_be_bytes([9; 16]), 1000)));
+        assert_eq!(lane.claim_start, Some(5));
+        assert_eq!(lane.to_registry(&old), old, "unchanged lane, unchanged state");
+        // An extend changes no journaled field; an ack that commits does.
+        let ext = crate::lane::extend(&lane, u128::from_be_bytes([9; 16]), 2000, 10).unwrap().to_registry(&old);
+        assert_eq!((ext.lease_expires, ext.journal_seq), (2000, 3));
+        let acked = crate::lane::apply_ack_effect(&lane, 8, true, 0, true, None).to_registry(&old);
+        assert_eq!((acked.committed, acked.lease_id, acked.batch_end, acked.claim_start), (8, [0; 16], 0, 0));
+        assert_eq!((acked.journal_seq, acked.last_claimed), (4, 77));
+        let none = Lane::from_registry(&State::default());
+        assert_eq!(none, Lane::new(0));
     }
 
     #[test]
