@@ -43,9 +43,16 @@ ISOLATION_TESTS := $(sort $(basename $(notdir $(wildcard pg_test/specs/*.spec)))
 deps:
 	@bash scripts/deps.sh
 
-# Besides the current version and its upgrade scripts (sql/queen--A--B.sql, which pgrx
-# copies), the previous version's install script: the upgrade test starts from it.
-PREVIOUS_SQL := install -m 644 sql/previous/*.sql $$($(PG_CONFIG) --sharedir)/extension/
+# Besides the current version and the older upgrade scripts (sql/queen--A--B.sql, which
+# pgrx copies): the previous versions' install scripts (the upgrade test starts from
+# them), and the upgrade to the current version, built by scripts/upgrade_sql.py from the
+# install script pgrx just wrote and the hand-written part in sql/upgrade/.
+EXTENSION_DIR = $$($(PG_CONFIG) --sharedir)/extension
+PREVIOUS_SQL := install -m 644 sql/previous/*.sql $(EXTENSION_DIR)/ && \
+  for hand in sql/upgrade/queen--*--*.sql; do \
+    to=$${hand\#\#*--}; \
+    python3 scripts/upgrade_sql.py $(EXTENSION_DIR)/queen--$${to} $$hand > $(EXTENSION_DIR)/$$(basename $$hand) || exit 1; \
+  done
 
 install: deps
 	$(UNLINK_SO)
@@ -92,6 +99,8 @@ check: lint unit install-debug regress
 # every unsafe block explained (a SAFETY: note).
 lint:
 	cargo fmt --all --check
+	python3 scripts/layers.py --self-test && python3 scripts/layers.py
+	python3 scripts/upgrade_sql.py --self-test
 	cargo clippy --workspace --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
 
 # queen on Citus 13.2.2: a coordinator and two workers of this machine, queues routed to

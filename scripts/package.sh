@@ -13,6 +13,11 @@ arch=$(dpkg --print-architecture 2>/dev/null || uname -m)
 cargo pgrx package --pg-config "$PG_CONFIG"
 root="target/release/queen-pg${major}"
 test -f "$root$("$PG_CONFIG" --pkglibdir)/queen.so" || { echo "package: no queen.so under $root" >&2; exit 1; }
+# The upgrade to this version: generated from its install script and the hand-written part.
+ext="$root$("$PG_CONFIG" --sharedir)/extension"
+for hand in sql/upgrade/queen--*--*.sql; do
+  python3 scripts/upgrade_sql.py "$ext/queen--${hand##*--}" "$hand" > "$ext/$(basename "$hand")"
+done
 
 mkdir -p dist
 tarball="dist/queen-${version}-pg${major}-${arch}.tar.gz"

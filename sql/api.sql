@@ -137,8 +137,8 @@ BEGIN
   RETURN QUERY
     SELECT q.name, p.name, p.partition_id, r.head, l.consumer_group, v.committed,
            r.head - v.committed,
-           CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_id END,
-           CASE WHEN v.lease_expires_at > clock_timestamp() THEN v.lease_expires_at END,
+           CASE WHEN v.leased THEN v.lease_id END,
+           CASE WHEN v.leased THEN v.lease_expires_at END,
            v.batch_end, v.retry_count, v.attempt_count,
            (SELECT count(*) FROM queen.log_dlq d
              WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group),
@@ -202,7 +202,7 @@ BEGIN
       SELECT l.queue_id, l.consumer_group,
              sum(v.committed)::int8 AS committed,
              sum(queen._readable(p.partition_id, p.head) - v.committed)::int8 AS lag,
-             count(*) FILTER (WHERE v.lease_expires_at > clock_timestamp()) AS leased
+             count(*) FILTER (WHERE v.leased) AS leased
         FROM queen.lanes l
         JOIN queen.partitions p ON p.partition_id = l.partition_id
        CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
@@ -381,8 +381,8 @@ BEGIN
   IF kind IS NULL OR kind = 'group' THEN
     RETURN QUERY
       WITH l AS (
-        SELECT l.queue_id, l.consumer_group, l.partition_id, v.committed, v.lease_id,
-               v.lease_expires_at, v.retry_count, queen._readable(p.partition_id, p.head) AS readable
+        SELECT l.queue_id, l.consumer_group, l.partition_id, v.committed, v.lease_id, v.leased,
+               v.retry_count, queen._readable(p.partition_id, p.head) AS readable
           FROM queen.lanes l
           JOIN queen.partitions p ON p.partition_id = l.partition_id
          CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
@@ -393,9 +393,8 @@ BEGIN
         SELECT l.queue_id, l.consumer_group,
                sum(l.readable - l.committed) AS lag,
                coalesce(max(extract(epoch FROM clock_timestamp() - o.written)), 0) AS lag_seconds,
-               count(*) FILTER (WHERE l.lease_expires_at > clock_timestamp()) AS live,
-               count(*) FILTER (WHERE l.lease_id IS NOT NULL AND l.lease_expires_at <= clock_timestamp()
-                                  AND l.readable > l.committed) AS expired,
+               count(*) FILTER (WHERE l.leased) AS live,
+               count(*) FILTER (WHERE l.lease_id IS NOT NULL AND NOT l.leased AND l.readable > l.committed) AS expired,
                sum(l.retry_count) AS retries
           FROM l
           LEFT JOIN LATERAL (

@@ -194,9 +194,13 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
     // drop would be stored again in a new partition (delivered twice).
     let recent = first_value::<bool>(run(
         client,
-        "SELECT EXISTS (SELECT 1 FROM queen.dedup d JOIN queen.partitions p ON p.partition_id = d.partition_id
-                          JOIN queen.queues q ON q.queue_id = p.queue_id
-                         WHERE d.partition_id = $1 AND d.created_at >= now() - make_interval(secs => q.dedup_window))",
+        concat!(
+            "SELECT EXISTS (SELECT 1 FROM queen.dedup d JOIN queen.partitions p ON p.partition_id = d.partition_id
+                              JOIN queen.queues q ON q.queue_id = p.queue_id
+                             WHERE d.partition_id = $1 AND ",
+            queen_core::dedup_live_sql!("d", "q.dedup_window"),
+            ")"
+        ),
         &[pid.into()],
     ));
     if recent.unwrap_or(false) {
@@ -252,12 +256,14 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     }
     let dedup = first_value::<i64>(run(
         client,
-        "WITH d AS (
-           DELETE FROM queen.dedup d USING queen.partitions p, queen.queues q
-            WHERE q.queue_id = $1 AND p.queue_id = q.queue_id AND d.partition_id = p.partition_id
-              AND d.created_at < now() - make_interval(secs => q.dedup_window)
-           RETURNING 1)
-         SELECT count(*)::int8 FROM d",
+        concat!(
+            "WITH gone AS (
+               DELETE FROM queen.dedup d USING queen.partitions p, queen.queues q
+                WHERE q.queue_id = $1 AND p.queue_id = q.queue_id AND d.partition_id = p.partition_id AND ",
+            queen_core::dedup_expired_sql!("d", "q.dedup_window"),
+            " RETURNING 1)
+             SELECT count(*)::int8 FROM gone"
+        ),
         &[queue_id.into()],
     ))
     .unwrap_or(0);

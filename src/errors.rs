@@ -74,3 +74,13 @@ pub fn read_committed_only(call: &str, why: &str) {
         );
     }
 }
+
+/// Raises 55000 from a C symbol that an older release's SQL still names: the database has
+/// not run `ALTER EXTENSION queen UPDATE` since the library was upgraded.
+pub fn older_sql() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "queen: this database has the SQL of an older queen than the library installed; run ALTER EXTENSION queen UPDATE"
+            .to_string(),
+    )
+}

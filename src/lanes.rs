@@ -40,6 +40,7 @@ use queen_core::lanes::{
 };
 
 use queen_core::fail;
+use queen_core::lane::lease_live;
 
 use crate::deferred;
 use crate::errors::{self, SpiExt};
@@ -735,17 +736,18 @@ COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, i
   'queen internal: a lane''s last committed state (status, totals, metrics); not granted';
 "#,
     name = "lane_sql_home",
-    requires = [lane_sql]
+    requires = [lane_state]
 );
 
 /// `queen._lane(...)`: a lane's state for `status`, `totals` and `metrics`: with the
 /// registry its last committed state (a change another transaction has in flight is not
 /// shown: it may roll back), or this transaction's own; without, the row's own columns
 /// (passed in). A lease expiry without a lease is a retry backoff (`queen_core::lane`):
-/// returned as `retry_at`.
+/// returned as `retry_at`. `leased` is `queen_core::lane::lease_live` at the clock: the
+/// one test of a live lease that `status`, `totals` and `metrics` use.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 #[pg_extern(name = "_lane", volatile, parallel_unsafe)]
-fn lane_sql(
+fn lane_state(
     partition_id: pgrx::Uuid,
     consumer_group: &str,
     committed: i64,
@@ -764,11 +766,23 @@ fn lane_sql(
         name!(retry_count, i32),
         name!(attempt_count, i32),
         name!(retry_at, Option<pgrx::datum::TimestampWithTimeZone>),
+        name!(leased, bool),
     ),
 > {
+    let now = crate::clock::clock_now();
     if !enabled() {
         let (expires, retry_at) = if lease_id.is_some() { (lease_expires_at, None) } else { (None, lease_expires_at) };
-        return TableIterator::once((committed, lease_id, expires, batch_end, retry_count, attempt_count, retry_at));
+        let leased = lease_live(expires.map(pg_sys::TimestampTz::from), now);
+        return TableIterator::once((
+            committed,
+            lease_id,
+            expires,
+            batch_end,
+            retry_count,
+            attempt_count,
+            retry_at,
+            leased,
+        ));
     }
     let s = lane_committed(partition_id, consumer_group);
     let lane = queen_core::lane::Lane::from_registry(&s);
@@ -781,7 +795,23 @@ fn lane_sql(
         s.retry_count,
         s.attempt_count,
         lane.retry_at.map(crate::clock::timestamptz),
+        lease_live(lane.lease.map(|(_, expires)| expires), now),
     ))
+}
+
+crate::srf::function_info_v1!(pg_finfo_lane_sql_wrapper);
+
+/// The C symbol of `queen._lane` up to 0.4.0's SQL, which declared one column less. A
+/// database whose SQL is still that of 0.3.0 when this library is loaded (after an
+/// upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this error from
+/// `status`, `totals` and `metrics` instead of rows of the wrong shape.
+///
+/// # Safety
+/// Called by PostgreSQL only.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn lane_sql_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    errors::older_sql()
 }
 
 // ---- round-robin cursors, shared by every backend ----

@@ -445,9 +445,11 @@ fn stored_duplicates(
     }
     run(
         client,
-        "SELECT transaction_id, message_id, msg_offset FROM queen.dedup
-          WHERE partition_id = $1 AND transaction_id = ANY($2)
-            AND created_at > now() - make_interval(secs => $3)",
+        concat!(
+            "SELECT d.transaction_id, d.message_id, d.msg_offset FROM queen.dedup d
+              WHERE d.partition_id = $1 AND d.transaction_id = ANY($2) AND ",
+            queen_core::dedup_live_sql!("d", "$3")
+        ),
         &[t.partition_id.into(), transaction_ids.into(), f64::from(t.dedup_window).into()],
     )
     .map(|r| (r.get::<String>(1).or_raise().unwrap(), (r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap())))
@@ -470,14 +472,17 @@ fn record_ids(
     let offsets: Vec<i64> = ids.iter().map(|i| i.2).collect();
     let recorded: HashSet<String> = run(
         client,
-        "INSERT INTO queen.dedup AS d (partition_id, transaction_id, message_id, msg_offset)
-         SELECT $1, u.t, u.m, u.o FROM unnest($2::text[], $3::uuid[], $4::int8[]) WITH ORDINALITY AS u(t, m, o, i)
-          ORDER BY u.i
-         ON CONFLICT (partition_id, transaction_id) DO UPDATE
-            SET message_id = EXCLUDED.message_id, msg_offset = EXCLUDED.msg_offset,
-                created_at = EXCLUDED.created_at
-          WHERE d.created_at <= now() - make_interval(secs => $5)
-         RETURNING d.transaction_id",
+        concat!(
+            "INSERT INTO queen.dedup AS d (partition_id, transaction_id, message_id, msg_offset)
+             SELECT $1, u.t, u.m, u.o FROM unnest($2::text[], $3::uuid[], $4::int8[]) WITH ORDINALITY AS u(t, m, o, i)
+              ORDER BY u.i
+             ON CONFLICT (partition_id, transaction_id) DO UPDATE
+                SET message_id = EXCLUDED.message_id, msg_offset = EXCLUDED.msg_offset,
+                    created_at = EXCLUDED.created_at
+              WHERE ",
+            queen_core::dedup_expired_sql!("d", "$5"),
+            " RETURNING d.transaction_id"
+        ),
         &[
             t.partition_id.into(),
             asked.clone().into(),
@@ -495,10 +500,12 @@ fn record_ids(
     if queen_core::policy::dedup_prune_due(first, ids.len() as i64) {
         run(
             client,
-            "DELETE FROM queen.dedup WHERE ctid = ANY(ARRAY(
-               SELECT ctid FROM queen.dedup WHERE partition_id = $1
-                  AND created_at <= now() - make_interval(secs => $2)
-                  FOR UPDATE SKIP LOCKED))",
+            concat!(
+                "DELETE FROM queen.dedup WHERE ctid = ANY(ARRAY(
+                   SELECT d.ctid FROM queen.dedup d WHERE d.partition_id = $1 AND ",
+                queen_core::dedup_expired_sql!("d", "$2"),
+                " FOR UPDATE SKIP LOCKED))"
+            ),
             &[t.partition_id.into(), f64::from(t.dedup_window).into()],
         );
     }

@@ -39,10 +39,52 @@ pub fn classify<T>(ids: &[Option<&str>], dedup: bool, mut known: impl FnMut(&str
     out
 }
 
+/// The dedup window: an id recorded at `created_at` (microseconds) still counts at `now`
+/// while it is younger than `window_seconds`. At exactly the window's end it has expired.
+/// The one home of this rule: its SQL forms (`dedup_live_sql!`, `dedup_expired_sql!`) are
+/// pinned to it by a test, and they are the only ones in queen's SQL.
+pub fn dedup_live(created_at: i64, now: i64, window_seconds: i64) -> bool {
+    created_at > now.saturating_sub(window_seconds.saturating_mul(1_000_000))
+}
+
+/// The SQL form of `dedup_live` over a `queen.dedup` row aliased `$entry`, with `$window`
+/// the window in seconds (a column or a placeholder): a string literal, for `concat!`.
+/// Judged by `now()`, the transaction's start: a push and the expiry step see one window
+/// for their whole transaction.
+#[macro_export]
+macro_rules! dedup_live_sql {
+    ($entry:literal, $window:literal) => {
+        concat!("(", $entry, ".created_at > now() - make_interval(secs => ", $window, "))")
+    };
+}
+
+/// The negation of `dedup_live_sql!`: the entry has expired, and may be replaced or
+/// deleted.
+#[macro_export]
+macro_rules! dedup_expired_sql {
+    ($entry:literal, $window:literal) => {
+        concat!("(", $entry, ".created_at <= now() - make_interval(secs => ", $window, "))")
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_window_and_its_sql_forms_agree() {
+        let second = 1_000_000;
+        assert!(super::dedup_live(10 * second + 1, 20 * second, 10));
+        assert!(!super::dedup_live(10 * second, 20 * second, 10), "at the window's end it has expired");
+        assert!(!super::dedup_live(0, 20 * second, 10));
+        // The SQL forms: `>` for live, its complement `<=` for expired, over the same bound.
+        assert_eq!(dedup_live_sql!("d", "$3"), "(d.created_at > now() - make_interval(secs => $3))");
+        assert_eq!(
+            dedup_expired_sql!("d", "q.dedup_window"),
+            "(d.created_at <= now() - make_interval(secs => q.dedup_window))"
+        );
+    }
 
     #[test]
     fn known_ids_repeats_and_items_without_ids() {

@@ -173,9 +173,5 @@ crate::srf::function_info_v1!(pg_finfo_configure_wrapper);
 #[no_mangle]
 #[pgrx::pg_guard]
 pub unsafe extern "C-unwind" fn configure_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    crate::errors::raise(
-        pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "queen: this database has the SQL of an older queen than the library installed; run ALTER EXTENSION queen UPDATE"
-            .to_string(),
-    )
+    crate::errors::older_sql()
 }

@@ -2,9 +2,11 @@
 -- library over the data 0.3.0 wrote. ALTER EXTENSION queen UPDATE, then the data and
 -- behaviour are intact, and the upgraded catalog is exactly a fresh install's.
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
--- Before the update, 0.3.0's configure reaches a C symbol this library keeps only to say so.
+-- Before the update, 0.3.0's configure and _lane (under status) reach C symbols this
+-- library keeps only to say so.
 \set VERBOSITY sqlstate
 SELECT queen.configure('up');
+SELECT count(*) FROM queen.status('up');
 \set VERBOSITY default
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';

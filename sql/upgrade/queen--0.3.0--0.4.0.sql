@@ -1,0 +1,69 @@
+-- queen 0.3.0 -> 0.4.0 (ALTER EXTENSION queen UPDATE TO '0.4.0'): the hand-written part.
+-- The upgrade script is built from this file by scripts/upgrade_sql.py: what is above the
+-- `-- @functions` line, then every function of the 0.4.0 install script (CREATE OR
+-- REPLACE, with its COMMENT, GRANT, REVOKE and ALTER FUNCTION), then what is below the
+-- line. Only table and data changes, DROPs (a function whose arguments or result type
+-- changed, or that went away) and what must follow the functions are written here.
+-- Tested by scripts/upgrade_test.sh: 0.3.0 writes data, the server restarts on the 0.4.0
+-- library, this script runs, and the data, the behaviour and the catalog (compared with a
+-- fresh 0.4.0 install) must be intact.
+--
+-- 0.4.0: readers that act see committed lane state only; a maintenance worker in every
+-- database; maintenance that never stops; fault-tolerant shared state; limits by policy
+-- (queen.max_lease, revoke_lease, create_groups, per-queue privileges); fair pops for new
+-- connections; no stall behind maintenance; bounded pop and compaction memory; partition
+-- churn bounded (drop_partition, partition_idle_ttl, dedup expiry).
+--
+-- Roles that were given EXECUTE on queen's functions directly keep what they had: a role
+-- is limited to single queues only once it is granted one with queen.grant.
+
+-- New queue options (src/queues.rs, configure).
+ALTER TABLE queen.queues
+  ADD COLUMN create_groups      bool     NOT NULL DEFAULT true,
+  ADD COLUMN partition_idle_ttl interval NOT NULL DEFAULT '0s';
+
+-- Privileges on single queues (queen.grant, src/privileges.rs): a role that is a member of
+-- no queen role may use the queues granted to it here, and no other.
+CREATE TABLE queen.queue_grants (
+    queue_id   bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
+    grantee    oid    NOT NULL,
+    privilege  text   NOT NULL CHECK (privilege IN ('produce', 'consume', 'admin')),
+    granted_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue_id, grantee, privilege)
+);
+COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
+REVOKE ALL ON queen.queue_grants FROM PUBLIC;
+
+-- Lanes are keyed by a SHA-256 digest in shared memory now: the old hash's SQL form goes.
+DROP FUNCTION queen._group_hash(text);
+
+-- _lane returns whether the lease is live (one test of a live lease for status, totals and
+-- metrics): a new result type, and a new C symbol (the 0.3.0 one raises, asking for this
+-- update).
+DROP FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int);
+
+-- configure gains create_groups and partition_idle_ttl (a new C symbol: the 0.3.0 one
+-- raises, asking for this update). Grants given on the old signature are given again.
+-- (Role oids, 'g' marking the grant option, kept in a setting of this transaction for the
+-- grant below: a table made here would become a member of the extension.)
+SELECT pg_catalog.set_config('queen_upgrade.configure_acl', coalesce(pg_catalog.string_agg(
+         a.grantee::text || CASE WHEN a.is_grantable THEN 'g' ELSE '' END, ','), ''), true)
+  FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+ WHERE p.oid = 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'::regprocedure
+   AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+   AND a.grantee NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = 'queen_admin');
+DROP FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval);
+
+-- @functions
+
+-- Grants given on configure's 0.3.0 signature, given again on the new one.
+DO $$
+DECLARE
+  g text;
+BEGIN
+  FOREACH g IN ARRAY pg_catalog.string_to_array(pg_catalog.current_setting('queen_upgrade.configure_acl', true), ',') LOOP
+    EXECUTE 'GRANT EXECUTE ON FUNCTION ' || 'queen.configure'::regproc::oid::regprocedure || ' TO '
+            || pg_catalog.rtrim(g, 'g')::oid::regrole
+            || CASE WHEN g LIKE '%g' THEN ' WITH GRANT OPTION' ELSE '' END;
+  END LOOP;
+END $$;
