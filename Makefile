@@ -51,7 +51,8 @@ EXTENSION_DIR = $$($(PG_CONFIG) --sharedir)/extension
 PREVIOUS_SQL := install -m 644 sql/previous/*.sql $(EXTENSION_DIR)/ && \
   for hand in sql/upgrade/queen--*--*.sql; do \
     to=$${hand\#\#*--}; \
-    python3 scripts/upgrade_sql.py $(EXTENSION_DIR)/queen--$${to} $$hand > $(EXTENSION_DIR)/$$(basename $$hand) || exit 1; \
+    python3 scripts/upgrade_sql.py $(EXTENSION_DIR)/queen--$${to} $$hand > $(EXTENSION_DIR)/.upgrade.tmp \
+      && mv $(EXTENSION_DIR)/.upgrade.tmp $(EXTENSION_DIR)/$$(basename $$hand) || exit 1; \
   done
 
 install: deps
@@ -86,13 +87,15 @@ stop:
 	@bash scripts/exporter.sh stop $(RUN_DIR)-exporter $(RUN_EXPORTER_PORT)
 	@bash scripts/cluster.sh stop $(RUN_DIR) $(RUN_PORT)
 
-test: deps lint unit pgrx-test install-debug regress integration upgrade-test citus-test
+test: deps
+	@MAKE="$(MAKE)" bash scripts/timed.sh lint unit pgrx-test install-debug regress integration upgrade-test citus-test
 	@echo "make test: all layers passed"
 
 # The inner loop (a few minutes): formatting and clippy, the core's unit and property
 # tests, the debug build installed, pg_regress and the isolation specs (with and without
 # preloading).
-check: lint unit install-debug regress
+check: deps
+	@MAKE="$(MAKE)" bash scripts/timed.sh lint unit install-debug regress
 	@echo "make check: passed (make test runs every layer)"
 
 # The habits, enforced: rustfmt (rustfmt.toml), and clippy with every warning an error and

@@ -16,7 +16,8 @@ test -f "$root$("$PG_CONFIG" --pkglibdir)/queen.so" || { echo "package: no queen
 # The upgrade to this version: generated from its install script and the hand-written part.
 ext="$root$("$PG_CONFIG" --sharedir)/extension"
 for hand in sql/upgrade/queen--*--*.sql; do
-  python3 scripts/upgrade_sql.py "$ext/queen--${hand##*--}" "$hand" > "$ext/$(basename "$hand")"
+  python3 scripts/upgrade_sql.py "$ext/queen--${hand##*--}" "$hand" > "$ext/.upgrade.tmp"
+  mv "$ext/.upgrade.tmp" "$ext/$(basename "$hand")"
 done
 
 mkdir -p dist

@@ -16,12 +16,18 @@ upgrade.sql and timescaledb-toolkit's update-script generator do: a function bod
 one place, and the upgrade re-creates every function. A function whose arguments, result
 type or argument names changed cannot be replaced: HAND drops it first.
 scripts/upgrade_test.sh compares the upgraded catalog with a fresh install.
+
+The splitter knows quotes, double quotes, dollar quotes and comments, which is all the
+install script uses; it does not know E'' strings with backslash escapes or BEGIN ATOMIC
+bodies (neither appears in queen's SQL; the upgrade test would fail if one did).
 """
 
 import re
 import sys
 
 MARKER = "-- @functions"
+# A dollar quote's opening tag ($$ or $tag$), not inside an identifier.
+DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
 
 # Statements of the install script that belong to functions.
 FUNCTION_STATEMENT = re.compile(
@@ -70,8 +76,8 @@ def statements(sql):
                 j += 1
             cur.append(sql[i : j + 1])
             i = j + 1
-        elif c == "$" and re.match(r"\$[A-Za-z_]*\$", sql[i:]):
-            tag = re.match(r"\$[A-Za-z_]*\$", sql[i:]).group(0)
+        elif c == "$" and DOLLAR.match(sql, i) and not (i and re.match(r"\w", sql[i - 1])):
+            tag = DOLLAR.match(sql, i).group(0)
             j = sql.find(tag, i + len(tag))
             if j < 0:
                 raise SystemExit(f"upgrade_sql: unterminated {tag} quote")
@@ -126,8 +132,8 @@ CREATE  FUNCTION "f"("x" TEXT DEFAULT 'a;b') RETURNS int
 LANGUAGE c AS 'MODULE_PATHNAME', 'f_wrapper';
 COMMENT ON FUNCTION queen.f IS 'it''s f; really';
 GRANT EXECUTE ON FUNCTION queen.f TO queen_admin;
-CREATE OR REPLACE FUNCTION queen.g() RETURNS text LANGUAGE plpgsql AS $body$
-BEGIN RETURN 'x;y'; END $body$;
+CREATE OR REPLACE FUNCTION queen.g() RETURNS text LANGUAGE plpgsql AS $body1$
+BEGIN RETURN 'x;y' || $$;$$; END $body1$;
 ALTER FUNCTION queen.g() SET search_path = pg_catalog;
 CREATE TYPE queen.ty AS (a int);
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
@@ -139,7 +145,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
     assert len(parts) == 6, parts
     assert parts[0].startswith('CREATE OR REPLACE FUNCTION "f"') and "'a;b'" in parts[0], parts[0]
     assert parts[1] == "COMMENT ON FUNCTION queen.f IS 'it''s f; really';", parts[1]
-    assert "$body$\nBEGIN RETURN 'x;y'; END $body$;" in parts[3], parts[3]
+    assert "$body1$\nBEGIN RETURN 'x;y' || $$;$$; END $body1$;" in parts[3], parts[3]
     assert parts[5].startswith("REVOKE ALL ON ALL FUNCTIONS"), parts[5]
     assert "CREATE TABLE" not in out and "CREATE TYPE" not in out and "ALL TABLES" not in out, out
     assert out.index("ADD COLUMN b") < out.index("CREATE OR REPLACE FUNCTION") < out.index("SELECT 1;"), out

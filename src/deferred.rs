@@ -75,7 +75,8 @@ pub fn settle<R: Registry>() {
 }
 
 /// Does every registry's pending ends: what an earlier transaction end of this backend
-/// could not do comes before its next use of either registry.
+/// could not do comes before its next use of either registry. (A registry settles its own
+/// first, so that another registry that keeps failing does not hold its ends back.)
 pub fn settle_all() {
     // Copied out: a settle may not run while the list is borrowed (it never changes it,
     // but a panic must not leave it borrowed either).

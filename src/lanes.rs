@@ -175,6 +175,7 @@ fn shared() -> &'static Shared {
 /// registries (`deferred::settle_all`): a session's next queen call, whatever
 /// it is, does what it left.
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
+    deferred::settle::<LaneEnds>();
     deferred::settle_all();
     registry_op(f)
 }

@@ -150,6 +150,7 @@ fn shared() -> &'static Shared {
 /// earlier transaction end of this backend could not do is done first, in both
 /// registries (`deferred::settle_all`).
 fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
+    deferred::settle::<OffsetEnds>();
     deferred::settle_all();
     registry_op(f)
 }
