@@ -6,8 +6,9 @@ A module may use modules of its own room and of the rooms below it, never of a r
 and no set of modules may import each other in a circle. docs/architecture.md explains
 the rooms. A new module must be given a room here, or the check fails.
 
-An import is any `crate::<module>` in a file (a `use` line or an inline path), outside
-its `#[cfg(test)] mod tests` block.
+An import is any `crate::<module>` in a file (a `use` line, a `use crate::{...}` group or
+an inline path), outside comment lines and its `#[cfg(test)] mod tests` block. (`super::`
+paths are not followed: the crates use them only inside test modules.)
 
     python3 scripts/layers.py             check both crates
     python3 scripts/layers.py --self-test show that an upward import and a cycle fail
@@ -73,13 +74,39 @@ def graph(files):
         deps = set()
         for text in texts:
             text = strip_tests(text)
+            # Comment lines (doc comments name modules without importing them).
+            text = "\n".join(line for line in text.split("\n") if not line.lstrip().startswith("//"))
             deps |= set(re.findall(r"\bcrate::([a-z_][a-z0-9_]*)", text))
-            for group in re.findall(r"use crate::\{([^}]*)\}", text):
-                deps |= {p.strip().split("::")[0] for p in group.split(",") if p.strip()}
+            for m in re.finditer(r"use crate::\{", text):
+                deps |= top_level_names(text, m.end())
         g[mod] = {d for d in deps if d != mod}
     for mod in g:
         g[mod] &= set(g)
     return g
+
+
+def top_level_names(text, start):
+    """The first path segment of each item of a `use crate::{...}` group that opens just
+    before `start`: `{a::{b, c}, d}` gives a and d."""
+    names, depth, item, i = set(), 0, "", start
+    while i < len(text):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif c == "," and depth == 0:
+            names.add(item.strip().split("::")[0])
+            item = ""
+            i += 1
+            continue
+        if depth == 0:
+            item += c
+        i += 1
+    names.add(item.strip().split("::")[0])
+    return {n for n in names if n}
 
 
 def cycles(g):
@@ -152,6 +179,10 @@ def self_test():
     assert check("t", ok, rooms) == [], check("t", ok, rooms)
     upward = {"a": ["use crate::c::X;"], "b": [""], "c": [""]}
     assert any("a room above" in p for p in check("t", upward, rooms))
+    nested = {"a": ["use crate::{b::{X, Y}, c};"], "b": [""], "c": [""]}
+    assert any("a (low) imports c" in p for p in check("t", nested, rooms)), check("t", nested, rooms)
+    commented = {"a": ["/// see crate::c::f\n// crate::c too\nfn f() {}"], "b": [""], "c": [""]}
+    assert check("t", commented, rooms) == []
     circle = {"a": ["use crate::b;"], "b": ["use crate::{a, c};"], "c": [""]}
     found = check("t", circle, rooms)
     assert any("cycle among a, b" in p for p in found) and any("a room above" in p for p in found), found

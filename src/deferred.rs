@@ -3,8 +3,8 @@
 //!
 //! A transaction's end reaches a registry from a transaction callback, where nothing may
 //! raise (after a commit an ERROR is a PANIC). So `finish` applies the end and, if the
-//! update panics (it then changed nothing: the registries build new state before they
-//! publish it), tries once more; if that fails too, the end is kept in this backend, in
+//! update panics (it then changed nothing: each registry writes through an undo log that
+//! a panic puts back), tries once more; if that fails too, the end is kept in this backend, in
 //! order. It is done (`settle_all`) before this backend next reads or changes either
 //! registry, and when the backend exits. Until then what the end would release stays held
 //! by this backend (lanes locked, reservations in flight), so other backends skip or wait:
@@ -30,10 +30,13 @@ pub trait Registry: 'static {
     fn apply(end: &Self::End);
 }
 
+/// A registry's `settle`, and what stays held if it cannot run at exit (`LOST_AT_EXIT`).
+type Settler = (fn(), &'static str);
+
 thread_local! {
-    /// The `settle` of each registry that has had pending ends in this backend, in the
+    /// The settler of each registry that has had pending ends in this backend, in the
     /// order they first had one.
-    static SETTLERS: RefCell<Vec<fn()>> = const { RefCell::new(Vec::new()) };
+    static SETTLERS: RefCell<Vec<Settler>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Applies `end` now; raises nothing (see the module comment).
@@ -81,7 +84,7 @@ pub fn settle_all() {
     // Copied out: a settle may not run while the list is borrowed (it never changes it,
     // but a panic must not leave it borrowed either).
     let settlers = SETTLERS.with(|s| s.borrow().clone());
-    for settle in settlers {
+    for (settle, _) in settlers {
         settle();
     }
 }
@@ -92,9 +95,8 @@ fn remember<R: Registry>() {
         let mut s = s.borrow_mut();
         let f: fn() = settle::<R>;
         let first = s.is_empty();
-        if !s.iter().any(|g| std::ptr::fn_addr_eq(*g, f)) {
-            s.push(f);
-            EXIT_MESSAGES.with(|m| m.borrow_mut().push(R::LOST_AT_EXIT));
+        if !s.iter().any(|(g, _)| std::ptr::fn_addr_eq(*g, f)) {
+            s.push((f, R::LOST_AT_EXIT));
         }
         first
     });
@@ -104,17 +106,11 @@ fn remember<R: Registry>() {
     }
 }
 
-thread_local! {
-    /// `LOST_AT_EXIT` of each registry in `SETTLERS`, in the same order.
-    static EXIT_MESSAGES: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
-}
-
 /// The backend exits: the last chance for its pending ends.
 #[pg_guard]
 unsafe extern "C-unwind" fn settle_at_exit(_code: i32, _arg: pg_sys::Datum) {
     let settlers = SETTLERS.with(|s| s.borrow().clone());
-    let messages = EXIT_MESSAGES.with(|m| m.borrow().clone());
-    for (settle, lost) in settlers.into_iter().zip(messages) {
+    for (settle, lost) in settlers {
         if std::panic::catch_unwind(settle).is_err() {
             pgrx::log!("queen: {lost} until the server restarts");
         }

@@ -9,7 +9,7 @@
 //! back to what needs no shared memory.
 //!
 //! **Cache invalidation.** The per-backend caches of OIDs (`catalog`) and of queue
-//! settings (`queues`) are told when the catalogs behind them change.
+//! settings (`cache`) are told when the catalogs behind them change.
 //!
 //! **Transaction callbacks.** At commit (after the transaction's rows became visible to
 //! new snapshots) and at abort, the registries learn how the transaction ended: its offset
@@ -18,7 +18,7 @@
 //! it asked for is handed to the launcher (`dbs`). None of this may raise: after a commit
 //! an ERROR is a PANIC, and during an abort it would recurse. Each part catches its own
 //! failures (a registry update that fails is undone whole and done later: see
-//! `lanes::finish`), and the callbacks catch anything left.
+//! `deferred::finish`), and the callbacks catch anything left.
 //!
 //! **`ProcessUtility`.** Every utility statement passes here:
 //! - `COMMIT PREPARED` / `ROLLBACK PREPARED` of a transaction that holds offset

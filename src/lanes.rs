@@ -105,7 +105,7 @@ pub fn shmem_size() -> usize {
     layout().size()
 }
 
-/// Formats the registry (or attaches to it): `shmem` calls this once per process.
+/// Formats the registry (or attaches to it): `hooks` calls this once per process.
 pub fn shmem_init((base, found): (*mut u8, bool)) {
     let layout = layout();
     // SAFETY: the tranche was requested in the shmem request hook; `base` points at
@@ -272,7 +272,7 @@ pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
     let (group, pids) = Spi::connect_mut(|client| {
         let rows = run(
             client,
-            "SELECT consumer_group, partition_ids FROM queen.leases WHERE lease_id = $1 AND expires_at > now()",
+            "SELECT consumer_group, partition_ids FROM queen.leases WHERE lease_id = $1 AND expires_at > clock_timestamp()",
             &[lease_id.into()],
         );
         let r = rows.into_iter().next()?;
@@ -618,7 +618,7 @@ fn apply_end(d: &Deferred) {
 }
 
 /// Commit: releases every lane this transaction holds. Abort: puts back what it found.
-/// Raises nothing (see `finish`).
+/// Raises nothing (see `deferred::finish`).
 pub fn end(committed: bool) {
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     let wrote = WROTE.with(|w| w.take());
@@ -638,7 +638,7 @@ pub fn end(committed: bool) {
 }
 
 /// A subtransaction ended: a commit hands what it holds to its parent; an abort puts back
-/// what it changed and releases the locks it took. Raises nothing (see `finish`).
+/// what it changed and releases the locks it took. Raises nothing (see `deferred::finish`).
 pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     if !enabled() {
         return;
@@ -695,7 +695,7 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) -> Rotation {
     if !OLD_LEASES_GONE.with(|g| g.get()) {
         let left = run(
             client,
-            "WITH d AS (DELETE FROM queen.leases WHERE expires_at < now() RETURNING 1)
+            "WITH d AS (DELETE FROM queen.leases WHERE expires_at <= clock_timestamp() RETURNING 1)
              SELECT (SELECT count(*) FROM queen.leases) - (SELECT count(*) FROM d)",
             &[],
         );
@@ -736,7 +736,7 @@ extension_sql!(
 COMMENT ON FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int) IS
   'queen internal: a lane''s last committed state (status, totals, metrics); not granted';
 "#,
-    name = "lane_sql_home",
+    name = "lane_state_home",
     requires = [lane_state]
 );
 
@@ -802,7 +802,7 @@ fn lane_state(
 
 crate::srf::function_info_v1!(pg_finfo_lane_sql_wrapper);
 
-/// The C symbol of `queen._lane` up to 0.4.0's SQL, which declared one column less. A
+/// The C symbol of `queen._lane` in 0.3.0's SQL, which declared one column less. A
 /// database whose SQL is still that of 0.3.0 when this library is loaded (after an
 /// upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this error from
 /// `status`, `totals` and `metrics` instead of rows of the wrong shape.

@@ -85,7 +85,7 @@ pub fn shmem_size() -> usize {
     layout().size()
 }
 
-/// Formats the registry (or attaches to it): `shmem` calls this once per process.
+/// Formats the registry (or attaches to it): `hooks` calls this once per process.
 pub fn shmem_init((base, found): (*mut u8, bool)) {
     let layout = layout();
     // SAFETY: the tranche was requested in the shmem request hook.

@@ -226,7 +226,7 @@ pub unsafe extern "C-unwind" fn push_batch_wrapper(fcinfo: pg_sys::FunctionCallI
     // SAFETY: the argument is jsonb, as declared above.
     let items_arg = unsafe { arg::<JsonbArg>(fcinfo, 0) }.unwrap_or_else(|| errors::null_arg("items"));
     let items = read_batch(items_arg, None);
-    // On Citus, items for queues that live on other nodes go there (src/citus.rs).
+    // On Citus, items for queues that live on other nodes go there (`push_at_homes`).
     let queues: Vec<&str> = items.iter().map(|it| it.queue.as_str()).collect();
     let rows = match push_at_homes(items_arg, &queues) {
         Some(rows) => rows,

@@ -2,10 +2,10 @@
 //! reads a setting calls its getter; nothing else touches a `GucSetting`. docs/concepts.md,
 //! "Settings", explains them for users.
 //!
-//! Settings that size shared memory (`Postmaster` context), and the ones only the
-//! background workers read, exist only when queen is preloaded
-//! (`shared_preload_libraries = 'queen'`); the others exist in every backend that loads
-//! queen.
+//! Settings that size shared memory (`Postmaster` context) and `queen.retention_database`
+//! exist only when queen is preloaded (`shared_preload_libraries = 'queen'`); the others
+//! exist in every backend that loads queen (the workers' intervals too, so that
+//! `ALTER SYSTEM` and `SHOW` know them without preloading).
 
 use std::ffi::{CStr, CString};
 
@@ -131,6 +131,7 @@ pub fn init() {
     }
 }
 
+/// Settings any backend reads, and the workers' intervals.
 fn user_settings() {
     GucRegistry::define_int_guc(
         c"queen.max_lease",

@@ -3,7 +3,7 @@
 
 use pgrx::pg_sys;
 
-/// Runs `f` holding `lock` in `mode` (exclusive or shared), for the registries kept here.
+/// Runs `f` holding `lock` in `mode` (exclusive or shared), for the shared-memory registries.
 /// The lock is released when `f` returns and when it panics (a panic unwinds through
 /// here, and the caller may catch it: a transaction callback must not raise).
 ///

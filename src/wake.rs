@@ -1,6 +1,6 @@
 //! Long-poll wake-ups (`wait_ms`, docs/concepts.md "Long-poll").
 //!
-//! With `shared_preload_libraries = 'queen'`, shared memory (`shmem`) holds a small array
+//! With `shared_preload_libraries = 'queen'`, shared memory (set up by `hooks`) holds a small array
 //! of condition variables; a queue maps to one slot. A transaction that pushes to a queue,
 //! or releases a lane of it, broadcasts that slot when it commits (after its rows are
 //! visible and its offsets readable), so a waiting pop retries at once instead of on a
@@ -49,12 +49,12 @@ pub fn take_due() -> Option<i64> {
     DUE.with(|d| d.take())
 }
 
-/// Bytes of shared memory the wake-up slots take (see `shmem`).
+/// Bytes of shared memory the wake-up slots take (see `hooks`).
 pub fn shmem_size() -> usize {
     std::mem::size_of::<WakeShmem>()
 }
 
-/// Initialises the slots (or attaches to them): `shmem` calls this once per process.
+/// Initialises the slots (or attaches to them): `hooks` calls this once per process.
 pub fn shmem_init((p, found): (*mut u8, bool)) {
     let shm = p as *mut WakeShmem;
     // SAFETY: `p` is a block of shmem_size() bytes from ShmemInitStruct, MAXALIGNed, and

@@ -976,7 +976,7 @@ impl Lane {
             claim_start: (s.claim_start != 0).then_some(s.claim_start),
             attempt_count: s.attempt_count,
             retry_count: s.retry_count,
-            // Without a lease, the expiry field holds a backoff's end (see above).
+            // Without a lease, the expiry field holds a backoff's end (`lane::Lane::retry_at`).
             retry_at: (!s.has_lease() && s.lease_expires != 0).then_some(s.lease_expires),
         }
     }

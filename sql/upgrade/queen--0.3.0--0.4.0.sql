@@ -17,7 +17,7 @@
 -- Roles that were given EXECUTE on queen's functions directly keep what they had: a role
 -- is limited to single queues only once it is granted one with queen.grant.
 
--- New queue options (src/queues.rs, configure).
+-- New queue options (src/api/configure.rs).
 ALTER TABLE queen.queues
   ADD COLUMN create_groups      bool     NOT NULL DEFAULT true,
   ADD COLUMN partition_idle_ttl interval NOT NULL DEFAULT '0s';
