@@ -11,7 +11,8 @@ the Rust entry points and sql/api.sql). HAND.sql is the hand-written part of the
 
 The output is HAND's part above the line, then every function statement of INSTALL in its
 order (CREATE FUNCTION made CREATE OR REPLACE FUNCTION; COMMENT ON FUNCTION; GRANT and
-REVOKE on functions; ALTER FUNCTION), then HAND's part below the line. As PgQ's
+REVOKE on functions; ALTER FUNCTION; the grants table, `DO $grants$`), then HAND's part
+below the line. As PgQ's
 upgrade.sql and timescaledb-toolkit's update-script generator do: a function body lives in
 one place, and the upgrade re-creates every function. A function whose arguments, result
 type or argument names changed cannot be replaced: HAND drops it first.
@@ -35,7 +36,8 @@ FUNCTION_STATEMENT = re.compile(
     r"|COMMENT\s+ON\s+FUNCTION"
     r"|GRANT\s+.*?\s+ON\s+(ALL\s+FUNCTIONS|FUNCTION)"
     r"|REVOKE\s+.*?\s+ON\s+(ALL\s+FUNCTIONS|FUNCTION)"
-    r"|ALTER\s+FUNCTION)\b",
+    r"|ALTER\s+FUNCTION"
+    r"|DO\s+\$grants\$)",
     re.IGNORECASE | re.DOTALL,
 )
 
@@ -138,16 +140,20 @@ ALTER FUNCTION queen.g() SET search_path = pg_catalog;
 CREATE TYPE queen.ty AS (a int);
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
+DO $grants$ BEGIN EXECUTE 'GRANT EXECUTE ON FUNCTION queen.f TO r;'; END $grants$;
+DO $other$ BEGIN NULL; END $other$;
 """
     hand = "ALTER TABLE queen.t ADD COLUMN b int;\n-- @functions\nSELECT 1;\n"
     out = build(install, hand)
     parts = function_part(install)
-    assert len(parts) == 6, parts
+    assert len(parts) == 7, parts
+    assert parts[6].startswith("DO $grants$") and "queen.f TO r;'" in parts[6], parts[6]
     assert parts[0].startswith('CREATE OR REPLACE FUNCTION "f"') and "'a;b'" in parts[0], parts[0]
     assert parts[1] == "COMMENT ON FUNCTION queen.f IS 'it''s f; really';", parts[1]
     assert "$body1$\nBEGIN RETURN 'x;y' || $$;$$; END $body1$;" in parts[3], parts[3]
     assert parts[5].startswith("REVOKE ALL ON ALL FUNCTIONS"), parts[5]
     assert "CREATE TABLE" not in out and "CREATE TYPE" not in out and "ALL TABLES" not in out, out
+    assert "$other$" not in out, out
     assert out.index("ADD COLUMN b") < out.index("CREATE OR REPLACE FUNCTION") < out.index("SELECT 1;"), out
     for bad in ["SELECT 1;\n", "-- @functions\n-- @functions\n"]:
         try:

@@ -81,7 +81,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.dlq(text, text, int, int) IS
   'queen: list dead-lettered messages, newest first, paged';
-GRANT EXECUTE ON FUNCTION queen.dlq(text, text, int, int) TO queen_consumer;
 REVOKE ALL ON FUNCTION queen.dlq(text, text, int, int) FROM PUBLIC;
 
 -- The same for the API functions that pgrx defines (see the comment at the top).
@@ -155,7 +154,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.status(text) IS
   'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters';
-GRANT EXECUTE ON FUNCTION queen.status(text) TO queen_admin;
 
 -- Per-queue totals (docs/functions.md#totals): one row per (queue, consumer group); a queue nobody has
 -- popped yet has one row with consumer_group NULL. One pass over lanes and partitions.
@@ -224,7 +222,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.totals(text) IS
   'queen: per queue and consumer group — partitions, messages, committed, lag, leased lanes, dead letters';
-GRANT EXECUTE ON FUNCTION queen.totals(text) TO queen_admin;
 
 -- On Citus (docs/citus.md, src/citus.rs): status, totals and dlq for a queue whose home is
 -- another node forward the call there through these forms, which queen.distribute() makes
@@ -326,7 +323,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.delete_queue(text) IS
   'queen: remove a queue with its partitions, segments, lanes, leases and dead letters';
-GRANT EXECUTE ON FUNCTION queen.delete_queue(text) TO queen_admin;
 REVOKE ALL ON FUNCTION queen.status(text), queen.delete_queue(text) FROM PUBLIC;
 
 -- Metrics (docs/functions.md#metrics): one row per metric and label set, for Prometheus
@@ -476,16 +472,50 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION queen.metrics(text) IS
   'queen: one row per metric and label set (queue, consumer group) for monitoring: sizes, lag, leases, retries, dead letters, retention; kind picks one part';
-GRANT EXECUTE ON FUNCTION queen.metrics(text) TO queen_admin;
 
 -- Privileges (docs/functions.md, "Privileges"). Every API function runs as the extension's
 -- owner (SECURITY DEFINER, with a fixed search_path), so an application role needs only
 -- USAGE on the schema and EXECUTE on the functions it calls; the tables and the internal
--- functions (_readable, _claimable, ...) stay closed to it. Nothing is granted to PUBLIC: each
--- API function grants EXECUTE to queen_producer, queen_consumer or queen_admin where it is
--- defined (roles: sql/schema.sql).
+-- functions (_readable, _claimable, ...) stay closed to it. Nothing is granted to PUBLIC.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
+
+-- Who may call what: the one table of grants. Each row gives a shipped role (roles:
+-- sql/schema.sql) EXECUTE on every function of that name (all its overloads); a function
+-- not listed is granted to nobody. queen.grant gives a per-queue role the functions of the
+-- shipped role its privilege matches (src/privileges.rs), so this table decides that too.
+-- The upgrade script runs this block again (scripts/upgrade_sql.py keeps DO $grants$).
+DO $grants$
+DECLARE
+  g record;
+  f regprocedure;
+  n int;
+BEGIN
+  FOR g IN SELECT * FROM (VALUES
+    -- producers
+    ('push', 'queen_producer'), ('push_batch', 'queen_producer'),
+    -- consumers
+    ('pop', 'queen_consumer'), ('ack', 'queen_consumer'), ('extend_lease', 'queen_consumer'),
+    ('may_start', 'queen_consumer'), ('dlq', 'queen_consumer'),
+    -- admins
+    ('configure', 'queen_admin'), ('configure_group', 'queen_admin'), ('create_group', 'queen_admin'),
+    ('seek', 'queen_admin'), ('drop_group', 'queen_admin'), ('drop_partition', 'queen_admin'),
+    ('delete_queue', 'queen_admin'), ('dlq_replay', 'queen_admin'), ('dlq_delete', 'queen_admin'),
+    ('retain', 'queen_admin'), ('compact', 'queen_admin'), ('revoke_lease', 'queen_admin'),
+    ('status', 'queen_admin'), ('totals', 'queen_admin'), ('metrics', 'queen_admin'),
+    ('grant', 'queen_admin'), ('revoke', 'queen_admin'), ('grants', 'queen_admin')
+  ) AS t(fn, role) LOOP
+    n := 0;
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'queen'::regnamespace AND p.proname = g.fn LOOP
+      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, g.role);
+      n := n + 1;
+    END LOOP;
+    IF n = 0 THEN
+      RAISE EXCEPTION 'queen: the grants table names queen.%, which does not exist', g.fn;
+    END IF;
+  END LOOP;
+END $grants$;
 
 -- queen.distribute(): queen on a Citus coordinator (docs/citus.md). Distributes the
 -- routing table queen_citus.queue_homes by queue name and makes every queen function whose

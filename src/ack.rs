@@ -72,7 +72,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) IS
   'queen: ack one offset under a lease (completed, failed, retry, dlq; retry_after delays a redelivery)';
-GRANT EXECUTE ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) TO queen_consumer;
 "#,
     name = "ack_one_home",
     requires = [ack_one]
@@ -105,7 +104,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.ack(uuid, jsonb) IS
   'queen: ack [{partitionId, offset, status?, error?, retryAfter?}] under a lease (completed, failed, retry, dlq)';
-GRANT EXECUTE ON FUNCTION queen.ack(uuid, jsonb) TO queen_consumer;
 "#,
     name = "ack_many_home",
     requires = [ack_many]
@@ -189,7 +187,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.ack(uuid) IS
   'queen: complete every lane the lease holds';
-GRANT EXECUTE ON FUNCTION queen.ack(uuid) TO queen_consumer;
 "#,
     name = "ack_lease_home",
     requires = [ack_lease]

@@ -27,7 +27,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) IS
   'queen: store a consumer group''s lease budget (queue margin + handler timeout + grace + record margin)';
-GRANT EXECUTE ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) TO queen_admin;
 "#,
     name = "configure_group_home",
     requires = [configure_group]
@@ -99,7 +98,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
   'queen: may a queued message start? false with WARNING SQL0105 when the lease cannot cover it';
-GRANT EXECUTE ON FUNCTION queen.may_start(uuid, interval) TO queen_consumer;
 "#,
     name = "may_start_home",
     requires = [may_start]

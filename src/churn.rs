@@ -46,7 +46,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.drop_partition(text, text) IS
   'queen: remove an empty partition (every group consumed it, no lease, nothing in flight, no dead letters) with its segments and lanes';
-GRANT EXECUTE ON FUNCTION queen.drop_partition(text, text) TO queen_admin;
 "#,
     name = "drop_partition_home",
     requires = [drop_partition]

@@ -56,7 +56,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.compact(text) IS
   'queen: one compaction pass: merge the small segments of small pushes into large ones';
-GRANT EXECUTE ON FUNCTION queen.compact(text) TO queen_admin;
 "#,
     name = "compact_home",
     requires = [compact]

@@ -83,7 +83,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS
   'queen: re-push a dead letter with a fresh transaction id';
-GRANT EXECUTE ON FUNCTION queen.dlq_replay(uuid, text) TO queen_admin;
 "#,
     name = "dlq_replay_home",
     requires = [dlq_replay]
@@ -120,7 +119,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS
   'queen: remove a dead letter';
-GRANT EXECUTE ON FUNCTION queen.dlq_delete(uuid, text) TO queen_admin;
 "#,
     name = "dlq_delete_home",
     requires = [dlq_delete]

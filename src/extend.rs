@@ -15,7 +15,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS
   'queen: renew every live lane of a lease; never shortens';
-GRANT EXECUTE ON FUNCTION queen.extend_lease(uuid, int) TO queen_consumer;
 "#,
     name = "extend_lease_home",
     requires = [extend_lease]
@@ -114,7 +113,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.revoke_lease(uuid) IS
   'queen: end a lease now (an operator''s call): its lanes are claimable again and its messages are delivered again';
-GRANT EXECUTE ON FUNCTION queen.revoke_lease(uuid) TO queen_admin;
 "#,
     name = "revoke_lease_home",
     requires = [revoke_lease]

@@ -172,7 +172,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) IS
   'queen: move a consumer group''s cursors to an offset or to the first message at or after a time';
-GRANT EXECUTE ON FUNCTION queen.seek(text, text, text, bigint, timestamptz, bool) TO queen_admin;
 "#,
     name = "seek_home",
     requires = [seek]
@@ -265,7 +264,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.drop_group(text, text, bool) IS
   'queen: remove a consumer group (its cursors and leases) so that it no longer holds retention back';
-GRANT EXECUTE ON FUNCTION queen.drop_group(text, text, bool) TO queen_admin;
 "#,
     name = "drop_group_home",
     requires = [drop_group]

@@ -84,7 +84,6 @@ SET enable_seqscan = off
 AS 'MODULE_PATHNAME', 'pop_wrapper';
 COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
   'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
-GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO queen_consumer;
 "#,
     name = "pop"
 );

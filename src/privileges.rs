@@ -294,13 +294,10 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen."grant"(text, text, text) IS
   'queen: give a role one privilege (produce, consume, admin) on one queue, and what it needs to call those functions';
-GRANT EXECUTE ON FUNCTION queen."grant"(text, text, text) TO queen_admin;
 COMMENT ON FUNCTION queen."revoke"(text, text, text) IS
   'queen: take a privilege on a queue back from a role';
-GRANT EXECUTE ON FUNCTION queen."revoke"(text, text, text) TO queen_admin;
 COMMENT ON FUNCTION queen.grants(text) IS
   'queen: the privileges granted on queues with queen.grant (of one queue, or all)';
-GRANT EXECUTE ON FUNCTION queen.grants(text) TO queen_admin;
 "#,
     name = "grants_home",
     requires = [grant_sql, revoke_sql, grants_sql]

@@ -140,7 +140,6 @@ LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_one_wrapper';
 COMMENT ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) IS
   'queen: push one message (with optional headers and delivery time); returns queen.push_result (status queued or duplicate)';
-GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) TO queen_producer;
 "#,
     name = "push"
 );
@@ -203,7 +202,6 @@ LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_wrapper';
 COMMENT ON FUNCTION queen.push_batch(jsonb) IS
   'queen: push a JSON array of {queue, partition?, payload, transactionId?, headers?, deliverAt?} atomically';
-GRANT EXECUTE ON FUNCTION queen.push_batch(jsonb) TO queen_producer;
 "#,
     name = "push_batch",
     requires = ["push"]
@@ -315,7 +313,6 @@ LANGUAGE c VOLATILE SECURITY DEFINER
 AS 'MODULE_PATHNAME', 'push_batch_to_wrapper';
 COMMENT ON FUNCTION queen.push_batch(text, jsonb) IS
   'queen: push a JSON array of {partition?, payload, transactionId?, headers?, deliverAt?} to one queue atomically';
-GRANT EXECUTE ON FUNCTION queen.push_batch(text, jsonb) TO queen_producer;
 "#,
     name = "push_batch_to",
     requires = ["push_batch"]

@@ -33,7 +33,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.retain(text) IS
   'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';
-GRANT EXECUTE ON FUNCTION queen.retain(text) TO queen_admin;
 "#,
     name = "retain_home",
     requires = [retain]

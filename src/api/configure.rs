@@ -21,7 +21,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.configure IS
   'queen: create or update a queue; returns its options in camelCase';
-GRANT EXECUTE ON FUNCTION queen.configure TO queen_admin;
 "#,
     name = "configure_home",
     requires = [configure_queue]

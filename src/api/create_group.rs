@@ -15,7 +15,6 @@ extension_sql!(
     r#"
 COMMENT ON FUNCTION queen.create_group IS
   'queen: create a consumer group (subscription all or new) before its consumers start; a no-op if it exists';
-GRANT EXECUTE ON FUNCTION queen.create_group TO queen_admin;
 "#,
     name = "create_group_home",
     requires = [create_group]
