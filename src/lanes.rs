@@ -94,10 +94,8 @@ pub fn forget_on_commit(keys: Vec<LaneKey>) {
 }
 
 fn layout() -> Layout {
-    {
-        let (lanes, leases) = settings::lane_registry_sizes();
-        Layout::new(lanes, leases)
-    }
+    let (lanes, leases) = settings::lane_registry_sizes();
+    Layout::new(lanes, leases)
 }
 
 /// Bytes of shared memory the registry takes.

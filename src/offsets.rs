@@ -65,10 +65,8 @@ fn layout() -> Layout {
     // SAFETY: MaxBackends is set before shared memory is sized (PostgreSQL 15's shmem
     // request hook exists for exactly that).
     let backends = unsafe { pg_sys::MaxBackends } as usize;
-    {
-        let (partitions, reservations) = settings::offset_registry_sizes();
-        Layout::new(partitions, reservations, backends + prepared_owners())
-    }
+    let (partitions, reservations) = settings::offset_registry_sizes();
+    Layout::new(partitions, reservations, backends + prepared_owners())
 }
 
 /// Owners for prepared transactions' reservations: one per prepared transaction the
