@@ -31,7 +31,7 @@ SRC_ROOMS = [
     # and rows), queues, groups' creation, privileges.
     ("domain", "offsets segments generations lane_rows lanes queues privileges"),
     # What the SQL functions do, over the domain.
-    ("operations", "push pop ack extend dlq groups budgets churn compaction retention"),
+    ("operations", "push pop ack dlq churn compaction retention"),
     # Entry points: SQL wrappers, the background workers, hooks, the crate root.
     ("entry", "api worker hooks lib pg_tests"),
 ]

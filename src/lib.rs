@@ -8,7 +8,6 @@ use pgrx::prelude::*;
 
 mod ack;
 mod api;
-mod budgets;
 mod cache;
 mod catalog;
 mod churn;
@@ -21,10 +20,8 @@ mod dlq;
 mod durability;
 mod encryption;
 mod errors;
-mod extend;
 mod failpoints;
 mod generations;
-mod groups;
 mod heap;
 mod hooks;
 mod ids;
