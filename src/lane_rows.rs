@@ -62,7 +62,9 @@ pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) ->
     .is_empty()
 }
 
-/// The claims of one pop, lane by lane (`queen_core::lane::claim`).
+/// The claims of one pop, lane by lane (`queen_core::lane::claim`), kept column by column
+/// as the statements below take them.
+#[derive(Default)]
 pub struct Claims {
     pub partition_ids: Vec<pgrx::Uuid>,
     pub ends: Vec<i64>,
@@ -70,6 +72,26 @@ pub struct Claims {
     pub attempts: Vec<i32>,
     /// Expired leases these lanes carried: their lease rows go.
     pub old_leases: Vec<pgrx::Uuid>,
+}
+
+impl Claims {
+    /// One lane's claim: its span `start..=end`, the redelivery counter, and the expired
+    /// lease it carried, if any.
+    pub fn add(&mut self, partition_id: pgrx::Uuid, claim: queen_core::lane::Claim, old_lease: Option<pgrx::Uuid>) {
+        self.partition_ids.push(partition_id);
+        self.starts.push(claim.start);
+        self.ends.push(claim.end);
+        self.attempts.push(claim.attempt);
+        self.old_leases.extend(old_lease);
+    }
+
+    /// Each lane's partition and claim, in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = (pgrx::Uuid, queen_core::lane::Claim)> + '_ {
+        (0..self.partition_ids.len()).map(|k| {
+            let claim = queen_core::lane::Claim { start: self.starts[k], end: self.ends[k], attempt: self.attempts[k] };
+            (self.partition_ids[k], claim)
+        })
+    }
 }
 
 /// A leasing pop: every claimed lane is leased to `lease_id` until `expires` with its span

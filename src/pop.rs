@@ -12,6 +12,7 @@ use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
 use crate::clock::{clock_now, timestamptz};
 use crate::errors::{self, SpiExt};
 use crate::ids::to_pg_uuid;
+use crate::lane_rows::Claims;
 use crate::names::{check_lane_name, check_queue_name};
 use crate::spi::run;
 use crate::srf::{arg, function_info_v1, ResultRows};
@@ -360,21 +361,15 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let mut takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
 
     let lease_micros = effective_lease_micros(a.lease_seconds, budget_micros, lease_time, crate::settings::max_lease());
-    let (lease_id, expires) = if a.auto_ack {
-        (None, None)
-    } else {
-        // A lease id is a credential (random bits from the OS), routed back to this node on
-        // Citus.
+    // (lease id, expiry), None for an auto-ack pop. A lease id is a credential (random bits
+    // from the OS), routed back to this node on Citus.
+    let lease = (!a.auto_ack).then(|| {
         let id = crate::citus::routed_id(crate::ids::new_secure_id);
-        (Some(to_pg_uuid(id)), Some(now.saturating_add(lease_micros)))
-    };
+        (to_pg_uuid(id), now.saturating_add(lease_micros))
+    });
 
     let mut out = Vec::new();
-    let mut pids = Vec::new();
-    let mut ends = Vec::new();
-    let mut starts = Vec::new();
-    let mut attempts = Vec::new();
-    let mut old_leases = Vec::new();
+    let mut claims = Claims::default();
     let budget = Budget::new(a.max_bytes);
     let due = Due { delay, now };
     let mut poison = Vec::new();
@@ -431,8 +426,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let before = out.len();
         let poisoned = poison.len();
         let span = read_span(client, c, take, rows, &due, &budget, &mut poison, |mut d| {
-            d.lease_id = lease_id;
-            d.lease_expires_at = expires;
+            d.lease_id = lease.map(|l| l.0);
+            d.lease_expires_at = lease.map(|l| l.1);
             d.attempt = attempt;
             out.push(d);
         });
@@ -446,34 +441,27 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
             }
             continue;
         };
-        pids.push(c.partition_id);
-        ends.push(end);
-        starts.push(start);
-        attempts.push(attempt);
-        if let Some(old) = c.old_lease {
-            old_leases.push(old);
-        }
+        claims.add(c.partition_id, queen_core::lane::Claim { start, end, attempt }, c.old_lease);
     }
 
     file_poison(client, a, queue_id, &candidates, poison, &passed);
-    if pids.is_empty() {
+    let Some(last) = claims.partition_ids.last().copied() else {
         // Nothing claimed (every lane held back, or only poison passed): no lease to write.
         return Vec::new();
-    }
+    };
     if a.partition.is_none() {
         // The next pop starts just after the last lane this one claimed (`cursor`).
-        move_cursor(queue_id, a.group, *pids.last().expect("claimed"));
+        move_cursor(queue_id, a.group, last);
     }
     if registry {
-        apply_registry(client, a, queue_id, &candidates, &pids, &ends, &starts, &attempts, lease_id, expires, now);
+        apply_registry(client, a, queue_id, &candidates, &claims, lease, now);
     } else {
-        let claims = crate::lane_rows::Claims { partition_ids: pids, ends, starts, attempts, old_leases };
-        match (lease_id, expires) {
-            (Some(lease_id), Some(expires)) => {
+        match lease {
+            Some((lease_id, expires)) => {
                 crate::lane_rows::claim_leased(client, queue_id, a.group, claims, lease_id, expires, now)
             }
             // auto_ack: no lease; the cursor moves to batch_end in this same call.
-            _ => crate::lane_rows::claim_auto_ack(client, a.group, claims, now),
+            None => crate::lane_rows::claim_auto_ack(client, a.group, claims, now),
         }
     }
     // Rows come ordered by partition, then offset (docs/functions.md#pop).
@@ -759,35 +747,29 @@ impl<'a> LaneScan<'a> {
 
 /// With the lane registry: the claims take effect there (the lanes stay locked until the
 /// transaction ends); an auto-ack journals its cursors.
-#[allow(clippy::too_many_arguments)]
 fn apply_registry(
     client: &mut SpiClient<'_>,
     a: &PopArgs,
     queue_id: i64,
     candidates: &[Candidate],
-    pids: &[pgrx::Uuid],
-    ends: &[i64],
-    starts: &[i64],
-    attempts: &[i32],
-    lease_id: Option<pgrx::Uuid>,
-    expires: Option<i64>,
+    claims: &Claims,
+    lease: Option<(pgrx::Uuid, i64)>,
     now: i64,
 ) {
     let mut journal = Vec::new();
-    for (k, pid) in pids.iter().enumerate() {
-        let c = candidates.iter().find(|c| c.partition_id == *pid).expect("a claimed lane was a candidate");
+    for (pid, claim) in claims.iter() {
+        let c = candidates.iter().find(|c| c.partition_id == pid).expect("a claimed lane was a candidate");
         let old = c.registry.expect("locked in the registry");
         let lane = Lane::from_registry(&old);
-        let claim = queen_core::lane::Claim { start: starts[k], end: ends[k], attempt: attempts[k] };
-        let next = match (lease_id, expires) {
-            (Some(id), Some(expires)) => lane.leased(claim, (u128::from_be_bytes(*id.as_bytes()), expires)),
+        let next = match lease {
+            Some((id, expires)) => lane.leased(claim, (u128::from_be_bytes(*id.as_bytes()), expires)),
             // auto_ack: no lease; the cursor moves to batch_end (journaled).
-            _ => queen_core::lane::auto_ack(&lane, claim.end),
+            None => queen_core::lane::auto_ack(&lane, claim.end),
         };
         let new = LaneState { last_claimed: now, ..next.to_registry(&old) };
-        crate::lanes::set(*pid, a.group, new, Some((queue_id, a.group)));
-        if lease_id.is_none() {
-            journal.push((*pid, new));
+        crate::lanes::set(pid, a.group, new, Some((queue_id, a.group)));
+        if lease.is_none() {
+            journal.push((pid, new));
         }
     }
     crate::lanes::journal(client, a.group, &journal);
