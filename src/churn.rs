@@ -22,12 +22,9 @@
 //! partition up again. Without the registry a push holds the partition row until it
 //! commits, and the drop locks that row first. The lanes are locked as an ack locks them.
 
-use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::{JsonB, PgSqlErrorCode};
-use serde_json::json;
 
-use crate::errors::{self, SpiExt};
+use crate::errors::SpiExt;
 use crate::spi::{first_value, run};
 
 /// Most lanes an expiry step locks in one transaction (each partition's lanes are locked
@@ -35,67 +32,11 @@ use crate::spi::{first_value, run};
 const EXPIRE_LANES: i64 = 1000;
 
 /// Why a partition is not dropped.
-enum Kept {
+pub enum Kept {
     /// Someone holds it (a push in flight, a lane held by another transaction): not now.
     Busy(String),
     /// It holds something a group still needs, or dead letters.
     NotEmpty(String),
-}
-
-extension_sql!(
-    r#"
-COMMENT ON FUNCTION queen.drop_partition(text, text) IS
-  'queen: remove an empty partition (every group consumed it, no lease, nothing in flight, no dead letters) with its segments and lanes';
-"#,
-    name = "drop_partition_home",
-    requires = [drop_partition]
-);
-
-/// `queen.drop_partition(queue, partition)`: removes an empty partition (see the module
-/// docs); `55006` when it is not empty or busy, `dropped: false` when it does not exist.
-#[pg_extern(security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
-    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
-    let partition = partition.unwrap_or_else(|| errors::null_arg("partition"));
-    crate::names::check_queue_name("queue", queue);
-    crate::names::check_lane_name("partition", partition);
-    crate::citus::ensure_home(queue);
-    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
-    // It waits for groups being created and for the transactions that hold the lanes, then
-    // decides on what those committed (cursors, dead letters, the groups).
-    errors::read_committed_only(
-        "drop_partition",
-        "the transaction's snapshot misses what the transactions it waits for commit",
-    );
-    let out = Spi::connect_mut(|client| {
-        let found =
-            first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
-        let Some(queue_id) = found.filter(|&id| crate::locks::share_queue(id)) else {
-            return json!({"queue": queue, "partition": partition, "dropped": false});
-        };
-        // Before the partition's row, as the lock order has it (`try_drop`).
-        crate::locks::lanes_creation(queue_id, true, true);
-        // The partition row (waits for a push without the offset registry, a compaction
-        // or a retention step of this partition).
-        let pid = first_value::<pgrx::Uuid>(run(
-            client,
-            "SELECT partition_id FROM queen.partitions WHERE queue_id = $1 AND name = $2 FOR UPDATE",
-            &[queue_id.into(), partition.into()],
-        ));
-        let Some(pid) = pid else {
-            return json!({"queue": queue, "partition": partition, "dropped": false});
-        };
-        match try_drop(client, queue_id, pid, true) {
-            Ok(segments) => json!({"queue": queue, "partition": partition, "dropped": true, "segments": segments}),
-            Err(Kept::Busy(why)) | Err(Kept::NotEmpty(why)) => errors::raise(
-                PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
-                format!("queen: cannot drop partition {partition:?} of queue {queue:?}: {why}"),
-            ),
-        }
-    });
-    crate::cache::invalidate();
-    JsonB(out)
 }
 
 /// Drops partition `pid` of queue `queue_id` if it is empty; the caller holds the
@@ -103,7 +44,7 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
 /// now, subscribed to 'all', would need this partition's messages, so the groups read
 /// here are all there are until the transaction ends) and the partition's row. `wait`: wait for another transaction that holds one of its lanes (else it is
 /// busy). Returns the segments deleted.
-fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bool) -> Result<i64, Kept> {
+pub fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bool) -> Result<i64, Kept> {
     let groups = groups_of(client, queue_id);
     check_empty(client, pid, &groups, wait)?;
     Ok(delete(client, &[pid], &groups))

@@ -19,46 +19,10 @@
 //! lane's last committed cursor: an ack that has not committed never lets it delete what
 //! the ack covered.
 
-use crate::generations::Rotated;
-use pgrx::prelude::*;
-use pgrx::JsonB;
-use serde_json::json;
-
 use pgrx::spi::SpiClient;
 
 use crate::errors::SpiExt;
 use crate::spi::run;
-
-extension_sql!(
-    r#"
-COMMENT ON FUNCTION queen.retain(text) IS
-  'queen: one retention pass: delete segments every group has committed past and older than the queue''s retention';
-"#,
-    name = "retain_home",
-    requires = [retain]
-);
-
-/// One retention pass over `queue`, or over every queue with `retention > 0`.
-#[pg_extern(security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
-    if let Some(q) = queue {
-        crate::names::check_queue_name("queue", q);
-        crate::citus::ensure_home(q);
-    }
-    crate::privileges::require(queue, crate::privileges::Privilege::Admin);
-    let (queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
-        let (queues, segments, bytes) = retain_in(client, queue);
-        // A pass over every queue also rotates the segment generations when that is due.
-        let rotated = queue.is_none() && matches!(crate::generations::rotate(client), Rotated::Yes { .. });
-        (queues, segments, bytes, rotated)
-    });
-    let mut out = json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes});
-    if queue.is_none() {
-        out["generationRotated"] = rotated.into();
-    }
-    JsonB(out)
-}
 
 /// The queues a retention pass looks at: those with `retention > 0` (of one queue, by
 /// name, when given).
