@@ -31,8 +31,7 @@ use std::ffi::CStr;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::{JsonB, PgSqlErrorCode};
-use serde_json::json;
+use pgrx::PgSqlErrorCode;
 
 use crate::errors::{self, SpiExt};
 use crate::spi::{first_value, run};
@@ -53,7 +52,7 @@ impl Privilege {
         }
     }
 
-    fn parse(s: &str) -> Privilege {
+    pub fn parse(s: &str) -> Privilege {
         match s {
             "produce" => Privilege::Produce,
             "consume" => Privilege::Consume,
@@ -74,7 +73,7 @@ impl Privilege {
 
 /// The role whose privileges count: the session's, at the outer level (see the module
 /// docs).
-fn caller() -> pg_sys::Oid {
+pub fn caller() -> pg_sys::Oid {
     // SAFETY: a plain read of the outer user id.
     unsafe { pg_sys::GetOuterUserId() }
 }
@@ -106,7 +105,7 @@ fn limited(role: pg_sys::Oid) -> bool {
 }
 
 /// Whether `role` has `p` on every queue through a queen role (or superuser).
-fn queen_role(role: pg_sys::Oid, p: Privilege) -> bool {
+pub fn queen_role(role: pg_sys::Oid, p: Privilege) -> bool {
     // SAFETY: catalog lookups (cached by PostgreSQL); a missing role is InvalidOid.
     unsafe {
         if pg_sys::superuser_arg(role) {
@@ -144,7 +143,7 @@ fn granted(client: &mut SpiClient<'_>, role: pg_sys::Oid, queue_id: i64, p: Priv
     crate::cache::cached(&ALLOWED, (role.to_u32(), queue_id, p), read, |_| true).unwrap_or(false)
 }
 
-fn denied(what: &str, p: Privilege) -> ! {
+pub fn denied(what: &str, p: Privilege) -> ! {
     errors::raise(
         PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
         format!("queen: permission denied to {} {what}", p.as_str()),
@@ -248,7 +247,7 @@ fn ident(name: &str) -> String {
 }
 
 /// A role by name: its OID and its name, or 42704.
-fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, String) {
+pub fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, String) {
     let row = run(client, "SELECT oid, rolname::text FROM pg_catalog.pg_roles WHERE rolname = $1", &[role.into()]);
     match row.into_iter().next() {
         Some(r) => (r.get::<pg_sys::Oid>(1).or_raise().unwrap(), r.get::<String>(2).or_raise().unwrap()),
@@ -259,7 +258,7 @@ fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, String) {
 /// Makes the functions a role may call match the privileges it holds on queues: EXECUTE
 /// on the functions of each privilege it still holds somewhere, USAGE on the schema while
 /// it holds any; the rest is revoked (only what queen granted directly to the role).
-fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
+pub fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
     let held: Vec<String> =
         run(client, "SELECT DISTINCT privilege FROM queen.queue_grants WHERE grantee = $1", &[role.into()])
             .map(|r| r.get::<String>(1).or_raise().unwrap())
@@ -290,78 +289,6 @@ fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
     crate::spi::run_built(client, &format!("{verb} {who}"));
 }
 
-extension_sql!(
-    r#"
-COMMENT ON FUNCTION queen."grant"(text, text, text) IS
-  'queen: give a role one privilege (produce, consume, admin) on one queue, and what it needs to call those functions';
-COMMENT ON FUNCTION queen."revoke"(text, text, text) IS
-  'queen: take a privilege on a queue back from a role';
-COMMENT ON FUNCTION queen.grants(text) IS
-  'queen: the privileges granted on queues with queen.grant (of one queue, or all)';
-"#,
-    name = "grants_home",
-    requires = [grant_sql, revoke_sql, grants_sql]
-);
-
-/// Checks the arguments of `grant` / `revoke`, which only a global admin may call.
-fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> (String, String, Privilege) {
-    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
-    let role = role.unwrap_or_else(|| errors::null_arg("role"));
-    let p = Privilege::parse(privilege.unwrap_or_else(|| errors::null_arg("privilege")));
-    crate::names::check_queue_name("queue", queue);
-    crate::citus::ensure_home(queue);
-    if !queen_role(caller(), Privilege::Admin) {
-        denied("grant on queues (queen_admin only)", Privilege::Admin);
-    }
-    (queue.to_string(), role.to_string(), p)
-}
-
-/// `queen.grant(queue, role, privilege)`: see the module docs. Creates the queue when it
-/// does not exist (as `configure` does). Returns whether the grant is new.
-#[pg_extern(name = "grant", security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> JsonB {
-    let (queue, role, p) = grant_args(queue, role, privilege);
-    let (name, added) = Spi::connect_mut(|client| {
-        let (oid, name) = role_named(client, &role);
-        let (queue_id, ..) = crate::queues::ensure_queue_locked(client, &queue);
-        let added = !run(
-            client,
-            "INSERT INTO queen.queue_grants (queue_id, grantee, privilege) VALUES ($1, $2, $3)
-             ON CONFLICT DO NOTHING RETURNING 1",
-            &[queue_id.into(), oid.into(), p.as_str().into()],
-        )
-        .is_empty();
-        sync_grants(client, oid, &name);
-        (name, added)
-    });
-    crate::cache::invalidate();
-    JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "granted": added}))
-}
-
-/// `queen.revoke(queue, role, privilege)`: takes the privilege back; the functions the
-/// role no longer needs are revoked from it too. Returns whether it held it.
-#[pg_extern(name = "revoke", security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> JsonB {
-    let (queue, role, p) = grant_args(queue, role, privilege);
-    let (name, removed) = Spi::connect_mut(|client| {
-        let (oid, name) = role_named(client, &role);
-        let removed = !run(
-            client,
-            "DELETE FROM queen.queue_grants g USING queen.queues q
-              WHERE q.queue_id = g.queue_id AND q.name = $1 AND g.grantee = $2 AND g.privilege = $3
-             RETURNING 1",
-            &[queue.as_str().into(), oid.into(), p.as_str().into()],
-        )
-        .is_empty();
-        sync_grants(client, oid, &name);
-        (name, removed)
-    });
-    crate::cache::invalidate();
-    JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "revoked": removed}))
-}
-
 /// `queen._sync_grants(role)`: `sync_grants` for a role whose queue grants went with a
 /// deleted queue (`delete_queue`): a role left with no grant keeps no function queen
 /// gave it (else, holding no grant, it would count as a 0.3.0 role with EXECUTE rights:
@@ -380,27 +307,4 @@ fn sync_grants_sql(role: pg_sys::Oid) {
         }
     });
     crate::cache::invalidate();
-}
-
-/// `queen.grants(queue)`: the grants made with `queen.grant`, of one queue or all.
-#[pg_extern(name = "grants", security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn grants_sql(
-    queue: default!(Option<&str>, "NULL"),
-) -> TableIterator<'static, (name!(queue, String), name!(role, String), name!(privilege, String))> {
-    require(queue, Privilege::Admin);
-    let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
-        run(
-            client,
-            "SELECT q.name, coalesce(r.rolname::text, g.grantee::text), g.privilege
-               FROM queen.queue_grants g JOIN queen.queues q ON q.queue_id = g.queue_id
-               LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
-              WHERE $1::text IS NULL OR q.name = $1
-              ORDER BY 1, 2, 3",
-            &[queue.into()],
-        )
-        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
-        .collect()
-    });
-    TableIterator::new(rows)
 }

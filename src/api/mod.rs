@@ -1,6 +1,6 @@
 //! Entry points: SQL functions that check their arguments, call the domain modules and
 //! shape the answer, one file per function or family. Nothing imports them. The hot
-//! paths (push, pop, ack) and the privilege functions still live beside their code
+//! paths (push, push_batch, pop, ack: raw C functions) still live beside their code
 //! (docs/architecture.md, "What is not done yet").
 
 mod budgets; // configure_group, may_start
@@ -10,5 +10,6 @@ mod create_group;
 mod dlq; // dlq_replay, dlq_delete
 mod drop_partition;
 mod extend; // extend_lease, revoke_lease
+mod grant; // grant, revoke, grants
 mod groups; // seek, drop_group
 mod retain;

@@ -1,0 +1,106 @@
+//! `queen.grant`, `queen.revoke` and `queen.grants`: privileges on single queues
+//! (docs/functions.md, "Per-queue privileges"). Who may use which queue, and the checks
+//! every entry point makes, are `privileges`'.
+
+use pgrx::prelude::*;
+use pgrx::JsonB;
+use serde_json::json;
+
+use crate::errors::{self, SpiExt};
+use crate::privileges::{caller, denied, queen_role, require, role_named, sync_grants, Privilege};
+use crate::spi::run;
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen."grant"(text, text, text) IS
+  'queen: give a role one privilege (produce, consume, admin) on one queue, and what it needs to call those functions';
+COMMENT ON FUNCTION queen."revoke"(text, text, text) IS
+  'queen: take a privilege on a queue back from a role';
+COMMENT ON FUNCTION queen.grants(text) IS
+  'queen: the privileges granted on queues with queen.grant (of one queue, or all)';
+"#,
+    name = "grants_home",
+    requires = [grant_sql, revoke_sql, grants_sql]
+);
+
+/// Checks the arguments of `grant` / `revoke`, which only a global admin may call.
+fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> (String, String, Privilege) {
+    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let role = role.unwrap_or_else(|| errors::null_arg("role"));
+    let p = Privilege::parse(privilege.unwrap_or_else(|| errors::null_arg("privilege")));
+    crate::names::check_queue_name("queue", queue);
+    crate::citus::ensure_home(queue);
+    if !queen_role(caller(), Privilege::Admin) {
+        denied("grant on queues (queen_admin only)", Privilege::Admin);
+    }
+    (queue.to_string(), role.to_string(), p)
+}
+
+/// `queen.grant(queue, role, privilege)`: see the module docs. Creates the queue when it
+/// does not exist (as `configure` does). Returns whether the grant is new.
+#[pg_extern(name = "grant", security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> JsonB {
+    let (queue, role, p) = grant_args(queue, role, privilege);
+    let (name, added) = Spi::connect_mut(|client| {
+        let (oid, name) = role_named(client, &role);
+        let (queue_id, ..) = crate::queues::ensure_queue_locked(client, &queue);
+        let added = !run(
+            client,
+            "INSERT INTO queen.queue_grants (queue_id, grantee, privilege) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING RETURNING 1",
+            &[queue_id.into(), oid.into(), p.as_str().into()],
+        )
+        .is_empty();
+        sync_grants(client, oid, &name);
+        (name, added)
+    });
+    crate::cache::invalidate();
+    JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "granted": added}))
+}
+
+/// `queen.revoke(queue, role, privilege)`: takes the privilege back; the functions the
+/// role no longer needs are revoked from it too. Returns whether it held it.
+#[pg_extern(name = "revoke", security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> JsonB {
+    let (queue, role, p) = grant_args(queue, role, privilege);
+    let (name, removed) = Spi::connect_mut(|client| {
+        let (oid, name) = role_named(client, &role);
+        let removed = !run(
+            client,
+            "DELETE FROM queen.queue_grants g USING queen.queues q
+              WHERE q.queue_id = g.queue_id AND q.name = $1 AND g.grantee = $2 AND g.privilege = $3
+             RETURNING 1",
+            &[queue.as_str().into(), oid.into(), p.as_str().into()],
+        )
+        .is_empty();
+        sync_grants(client, oid, &name);
+        (name, removed)
+    });
+    crate::cache::invalidate();
+    JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "revoked": removed}))
+}
+
+/// `queen.grants(queue)`: the grants made with `queen.grant`, of one queue or all.
+#[pg_extern(name = "grants", security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn grants_sql(
+    queue: default!(Option<&str>, "NULL"),
+) -> TableIterator<'static, (name!(queue, String), name!(role, String), name!(privilege, String))> {
+    require(queue, Privilege::Admin);
+    let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
+        run(
+            client,
+            "SELECT q.name, coalesce(r.rolname::text, g.grantee::text), g.privilege
+               FROM queen.queue_grants g JOIN queen.queues q ON q.queue_id = g.queue_id
+               LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
+              WHERE $1::text IS NULL OR q.name = $1
+              ORDER BY 1, 2, 3",
+            &[queue.into()],
+        )
+        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
+        .collect()
+    });
+    TableIterator::new(rows)
+}
