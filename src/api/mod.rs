@@ -1,6 +1,6 @@
 //! Entry points: SQL functions that check their arguments, call the domain modules and
 //! shape the answer, one file per function or family. Nothing imports them. The hot
-//! paths (push, push_batch, pop, ack: raw C functions) still live beside their code
+//! paths (push, push_batch and pop, raw C functions, and ack) still live beside their code
 //! (docs/architecture.md, "What is not done yet").
 
 mod budgets; // configure_group, may_start
