@@ -45,18 +45,12 @@ use queen_core::lane::lease_live;
 use crate::deferred;
 use crate::errors::{self, SpiExt};
 use crate::settings;
-use crate::shmem::{owner, subxact};
+use crate::shmem::{owner, subxact, Parts, Region};
 use crate::spi::run;
 
 pub const TRANCHE: &CStr = c"queen lanes";
 
-struct Shared {
-    lock: *mut pg_sys::LWLock,
-    base: *mut u8,
-    layout: Layout,
-}
-
-static mut SHARED: Option<Shared> = None;
+static mut SHARED: Option<Region<Layout>> = None;
 
 /// One lane this transaction holds or changed, for the end of the transaction.
 struct Held {
@@ -107,52 +101,51 @@ pub fn shmem_size() -> usize {
 pub fn shmem_init((base, found): (*mut u8, bool)) {
     let layout = layout();
     // SAFETY: the tranche was requested in the shmem request hook; `base` points at
-    // shmem_size() bytes, fresh when !found, and the caller holds AddinShmemInitLock.
+    // shmem_size() bytes laid out by `layout`, fresh when !found; the caller holds
+    // AddinShmemInitLock, and SHARED is written here once per process, before any query.
     unsafe {
         let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
-        SHARED = Some(Shared { lock, base, layout });
+        let region = Region::new(lock, base, layout);
         if !found {
-            let (h, lanes, leases, cursors) = parts(base, layout);
+            let (h, lanes, leases, cursors) = region.parts_for_format();
             let (tracked, max_leases) = settings::lane_registry_sizes();
             Registry::format(h, lanes, leases, cursors, tracked, max_leases);
         }
+        SHARED = Some(region);
     }
 }
 
-/// The registry's parts inside its block, for a writer.
-///
-/// SAFETY (for callers): `base` is the block laid out by `l`, and the caller holds the
-/// lock exclusively for as long as it uses the parts.
-#[allow(clippy::type_complexity)]
-unsafe fn parts<'a>(
-    base: *mut u8,
-    l: Layout,
-) -> (&'a mut Header, &'a mut [LaneSlot], &'a mut [LeaseSlot], &'a mut [CursorSlot]) {
-    // SAFETY: every part lies inside the block Layout sized, 8-byte aligned, disjoint.
-    unsafe {
-        (
-            &mut *(base as *mut Header),
-            std::slice::from_raw_parts_mut(base.add(l.lanes_at()) as *mut LaneSlot, l.lanes),
-            std::slice::from_raw_parts_mut(base.add(l.leases_at()) as *mut LeaseSlot, l.leases),
-            std::slice::from_raw_parts_mut(base.add(l.cursors_at()) as *mut CursorSlot, l.cursors),
-        )
-    }
-}
+/// The registry's parts inside its block of shared memory: the header, the lane slots,
+/// the lease slots and the round-robin cursors.
+impl Parts for Layout {
+    type Mut<'a> = (&'a mut Header, &'a mut [LaneSlot], &'a mut [LeaseSlot], &'a mut [CursorSlot]);
+    type Ref<'a> = (&'a Header, &'a [LaneSlot], &'a [LeaseSlot], &'a [CursorSlot]);
 
-/// The registry's parts, for a reader: shared references only.
-///
-/// SAFETY (for callers): `base` is the block laid out by `l`, and the caller holds the
-/// lock (in shared mode at least) for as long as it uses the parts.
-#[allow(clippy::type_complexity)]
-unsafe fn parts_ref<'a>(base: *const u8, l: Layout) -> (&'a Header, &'a [LaneSlot], &'a [LeaseSlot], &'a [CursorSlot]) {
-    // SAFETY: as `parts`; nothing here writes.
-    unsafe {
-        (
-            &*(base as *const Header),
-            std::slice::from_raw_parts(base.add(l.lanes_at()) as *const LaneSlot, l.lanes),
-            std::slice::from_raw_parts(base.add(l.leases_at()) as *const LeaseSlot, l.leases),
-            std::slice::from_raw_parts(base.add(l.cursors_at()) as *const CursorSlot, l.cursors),
-        )
+    unsafe fn parts_mut<'a>(self, base: *mut u8) -> Self::Mut<'a> {
+        let l = self;
+        // SAFETY: as the trait requires of the caller; every part lies inside the block
+        // Layout sized, 8-byte aligned, disjoint.
+        unsafe {
+            (
+                &mut *(base as *mut Header),
+                std::slice::from_raw_parts_mut(base.add(l.lanes_at()) as *mut LaneSlot, l.lanes),
+                std::slice::from_raw_parts_mut(base.add(l.leases_at()) as *mut LeaseSlot, l.leases),
+                std::slice::from_raw_parts_mut(base.add(l.cursors_at()) as *mut CursorSlot, l.cursors),
+            )
+        }
+    }
+
+    unsafe fn parts_ref<'a>(self, base: *const u8) -> Self::Ref<'a> {
+        let l = self;
+        // SAFETY: as `parts_mut`; nothing here writes.
+        unsafe {
+            (
+                &*(base as *const Header),
+                std::slice::from_raw_parts(base.add(l.lanes_at()) as *const LaneSlot, l.lanes),
+                std::slice::from_raw_parts(base.add(l.leases_at()) as *const LeaseSlot, l.leases),
+                std::slice::from_raw_parts(base.add(l.cursors_at()) as *const CursorSlot, l.cursors),
+            )
+        }
     }
 }
 
@@ -162,7 +155,7 @@ pub fn enabled() -> bool {
     unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
 }
 
-fn shared() -> &'static Shared {
+fn shared() -> &'static Region<Layout> {
     // SAFETY: as in `enabled`; callers check `enabled` first.
     unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen lanes: shared memory not set up") }
 }
@@ -179,27 +172,13 @@ fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
 }
 
 fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
-    let s = shared();
-    // SAFETY: our tranche's lock, held exclusively; the parts lie in the block it guards,
-    // and `f` is pure Rust that raises no ERROR (a panic unwinds, and the lock goes).
-    unsafe {
-        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
-            let (h, lanes, leases, cursors) = parts(s.base, s.layout);
-            f(&mut Registry::new(h, lanes, leases, cursors))
-        })
-    }
+    // `f` is pure Rust that raises no ERROR (a panic unwinds, and the lock goes).
+    shared().exclusive(|(h, lanes, leases, cursors)| f(&mut Registry::new(h, lanes, leases, cursors)))
 }
 
 fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
     deferred::settle::<LaneEnds>();
-    let s = shared();
-    // SAFETY: as `registry_op`, in shared mode: the view holds shared references only.
-    unsafe {
-        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_SHARED, || {
-            let (h, lanes, leases, cursors) = parts_ref(s.base, s.layout);
-            f(&View::new(h, lanes, leases, cursors))
-        })
-    }
+    shared().share(|(h, lanes, leases, cursors)| f(&View::new(h, lanes, leases, cursors)))
 }
 
 fn me() -> Holder {

@@ -37,17 +37,11 @@ use queen_core::offsets::{
 use crate::deferred;
 use crate::errors;
 use crate::settings;
-use crate::shmem::{owner, subxact};
+use crate::shmem::{owner, subxact, Parts, Region};
 
 pub const TRANCHE: &CStr = c"queen";
 
-struct Shared {
-    lock: *mut pg_sys::LWLock,
-    base: *mut u8,
-    layout: Layout,
-}
-
-static mut SHARED: Option<Shared> = None;
+static mut SHARED: Option<Region<Layout>> = None;
 
 thread_local! {
     /// This backend holds reservations in the current transaction.
@@ -88,47 +82,50 @@ pub fn shmem_init((base, found): (*mut u8, bool)) {
     let layout = layout();
     // SAFETY: the tranche was requested in the shmem request hook.
     let lock = unsafe { &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock };
-    // SAFETY: `base` points at shmem_size() fresh bytes when !found; the caller holds
-    // AddinShmemInitLock, so nobody else touches them yet.
+    // SAFETY: `base` points at shmem_size() bytes laid out by `layout`, fresh when !found;
+    // the caller holds AddinShmemInitLock, so nobody else touches them yet, and SHARED is
+    // written here once per process, before any query runs.
     unsafe {
-        SHARED = Some(Shared { lock, base, layout });
+        let region = Region::new(lock, base, layout);
         if !found {
-            let (h, slots, recs, owners) = parts(base, layout);
+            let (h, slots, recs, owners) = region.parts_for_format();
             Registry::format(h, slots, recs, owners, settings::offset_registry_sizes().0, prepared_owners());
         }
+        SHARED = Some(region);
     }
 }
 
-/// The registry's parts inside its block of shared memory, for a writer.
-///
-/// SAFETY (for callers): `base` is the registry's block laid out by `layout`, and the
-/// caller holds the registry lock exclusively while it uses the parts.
-#[allow(clippy::type_complexity)]
-unsafe fn parts<'a>(base: *mut u8, l: Layout) -> (&'a mut Header, &'a mut [Slot], &'a mut [Record], &'a mut [u32]) {
-    // SAFETY: each part starts 8-byte aligned (the block is MAXALIGNed and every size
-    // Layout computes is a multiple of 8), lies inside the block, and the parts do not
-    // overlap.
-    unsafe {
-        (
-            &mut *(base as *mut Header),
-            std::slice::from_raw_parts_mut(base.add(l.slots_at()) as *mut Slot, l.slots),
-            std::slice::from_raw_parts_mut(base.add(l.records_at()) as *mut Record, l.records),
-            std::slice::from_raw_parts_mut(base.add(l.owners_at()) as *mut u32, l.owners),
-        )
-    }
-}
+/// The registry's parts inside its block of shared memory: the header, the partition
+/// slots, the reservation records and (for a writer) the owners.
+impl Parts for Layout {
+    type Mut<'a> = (&'a mut Header, &'a mut [Slot], &'a mut [Record], &'a mut [u32]);
+    type Ref<'a> = (&'a Header, &'a [Slot], &'a [Record]);
 
-/// The registry's parts, for a reader: shared references only.
-///
-/// SAFETY (for callers): as `parts`, with the lock held in shared mode at least.
-unsafe fn parts_ref<'a>(base: *const u8, l: Layout) -> (&'a Header, &'a [Slot], &'a [Record]) {
-    // SAFETY: as `parts`; nothing here writes.
-    unsafe {
-        (
-            &*(base as *const Header),
-            std::slice::from_raw_parts(base.add(l.slots_at()) as *const Slot, l.slots),
-            std::slice::from_raw_parts(base.add(l.records_at()) as *const Record, l.records),
-        )
+    unsafe fn parts_mut<'a>(self, base: *mut u8) -> Self::Mut<'a> {
+        let l = self;
+        // SAFETY: as the trait requires of the caller; each part starts 8-byte aligned
+        // (the block is MAXALIGNed and every size Layout computes is a multiple of 8),
+        // lies inside the block, and the parts do not overlap.
+        unsafe {
+            (
+                &mut *(base as *mut Header),
+                std::slice::from_raw_parts_mut(base.add(l.slots_at()) as *mut Slot, l.slots),
+                std::slice::from_raw_parts_mut(base.add(l.records_at()) as *mut Record, l.records),
+                std::slice::from_raw_parts_mut(base.add(l.owners_at()) as *mut u32, l.owners),
+            )
+        }
+    }
+
+    unsafe fn parts_ref<'a>(self, base: *const u8) -> Self::Ref<'a> {
+        let l = self;
+        // SAFETY: as `parts_mut`; nothing here writes.
+        unsafe {
+            (
+                &*(base as *const Header),
+                std::slice::from_raw_parts(base.add(l.slots_at()) as *const Slot, l.slots),
+                std::slice::from_raw_parts(base.add(l.records_at()) as *const Record, l.records),
+            )
+        }
     }
 }
 
@@ -138,7 +135,7 @@ pub fn enabled() -> bool {
     unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
 }
 
-fn shared() -> &'static Shared {
+fn shared() -> &'static Region<Layout> {
     // SAFETY: as in `enabled`; callers check `enabled` first.
     unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen offsets: shared memory not set up") }
 }
@@ -154,28 +151,14 @@ fn with_registry<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
 }
 
 fn registry_op<R>(f: impl FnOnce(&mut Registry<'_>) -> R) -> R {
-    let s = shared();
-    // SAFETY: our tranche's lock, held exclusively; the parts lie in the block it guards,
-    // and `f` is pure Rust that cannot raise an ERROR (a panic unwinds; the lock goes).
-    unsafe {
-        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
-            let (h, slots, recs, owners) = parts(s.base, s.layout);
-            f(&mut Registry::new(h, slots, recs, owners))
-        })
-    }
+    // `f` is pure Rust that cannot raise an ERROR (a panic unwinds; the lock goes).
+    shared().exclusive(|(h, slots, recs, owners)| f(&mut Registry::new(h, slots, recs, owners)))
 }
 
 /// Runs `f` on a read-only view under the lock in shared mode.
 fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
     deferred::settle::<OffsetEnds>();
-    let s = shared();
-    // SAFETY: as `registry_op`, in shared mode: the view holds shared references only.
-    unsafe {
-        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_SHARED, || {
-            let (h, slots, recs) = parts_ref(s.base, s.layout);
-            f(&View::new(h, slots, recs))
-        })
-    }
+    shared().share(|(h, slots, recs)| f(&View::new(h, slots, recs)))
 }
 
 /// The registry's key of a partition of the current database.

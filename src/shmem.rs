@@ -3,6 +3,68 @@
 
 use pgrx::pg_sys;
 
+/// How a registry's block of shared memory divides into its parts (a header and slot
+/// arrays): writable parts for a writer, shared references only for a reader.
+pub trait Parts: Copy + 'static {
+    /// What a writer gets (under the lock held exclusively).
+    type Mut<'a>;
+    /// What a reader gets (under the lock held in shared mode): nothing it can write.
+    type Ref<'a>;
+    /// # Safety
+    /// `base` is a block laid out by `self` (every part 8-byte aligned, inside the block,
+    /// disjoint), and nothing else reads or writes it for `'a`.
+    unsafe fn parts_mut<'a>(self, base: *mut u8) -> Self::Mut<'a>;
+    /// # Safety
+    /// As `parts_mut`, except that others may read the block at the same time; nobody
+    /// writes it for `'a`.
+    unsafe fn parts_ref<'a>(self, base: *const u8) -> Self::Ref<'a>;
+}
+
+/// One registry's block of shared memory and the LWLock that guards it: the region type
+/// both registries use. A writer gets `&mut` parts with the lock held exclusively
+/// (`exclusive`), a reader shared parts with it held in shared mode (`share`), as pgrx's
+/// `PgLwLock` does; the parts cannot outlive the call, and the lock is released when the
+/// closure returns or panics.
+pub struct Region<P: Parts> {
+    lock: *mut pg_sys::LWLock,
+    base: *mut u8,
+    parts: P,
+}
+
+impl<P: Parts> Region<P> {
+    /// # Safety
+    /// `lock` is one of queen's named LWLocks, `base` a block of shared memory laid out by
+    /// `parts`, and every process uses that block only through a `Region` on that lock.
+    pub unsafe fn new(lock: *mut pg_sys::LWLock, base: *mut u8, parts: P) -> Self {
+        Region { lock, base, parts }
+    }
+
+    /// Runs `f` on the writable parts with the lock held exclusively. `f` must raise no
+    /// ERROR (pure Rust: a panic unwinds and releases the lock).
+    pub fn exclusive<R>(&self, f: impl FnOnce(P::Mut<'_>) -> R) -> R {
+        // SAFETY: as `new` promised; the lock is held exclusively for the whole call, so
+        // nothing else reads or writes the block meanwhile.
+        unsafe { locked(self.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || f(self.parts.parts_mut(self.base))) }
+    }
+
+    /// Runs `f` on the read-only parts with the lock held in shared mode.
+    pub fn share<R>(&self, f: impl FnOnce(P::Ref<'_>) -> R) -> R {
+        // SAFETY: as `new` promised; the lock is held in shared mode for the whole call, so
+        // nobody writes the block meanwhile.
+        unsafe { locked(self.lock, pg_sys::LWLockMode::LW_SHARED, || f(self.parts.parts_ref(self.base))) }
+    }
+
+    /// The writable parts without the lock, to format a fresh block.
+    ///
+    /// # Safety
+    /// The caller holds AddinShmemInitLock while shared memory is being set up, and the
+    /// block is fresh: no other process can use it yet.
+    pub unsafe fn parts_for_format(&self) -> P::Mut<'_> {
+        // SAFETY: as the caller promises.
+        unsafe { self.parts.parts_mut(self.base) }
+    }
+}
+
 /// Runs `f` holding `lock` in `mode` (exclusive or shared), for the shared-memory registries.
 /// The lock is released when `f` returns and when it panics (a panic unwinds through
 /// here, and the caller may catch it: a transaction callback must not raise).
