@@ -38,7 +38,7 @@ SRC_ROOMS = [
 
 # core/src/: pure Rust.
 CORE_ROOMS = [
-    ("base", "fail ids names lease lock_order envelope segment routing claim dedup generations compaction"),
+    ("base", "fail ids names lease lock_order envelope segment routing claim dedup generations compaction table"),
     ("rules", "policy ack lane"),
     ("registries", "lanes offsets"),
     ("crate", "lib"),

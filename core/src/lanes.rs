@@ -50,6 +50,7 @@ use sha2::{Digest, Sha256};
 
 use crate::fail;
 use crate::lane::{lease_live, Lane};
+use crate::table::{self, Keyed, Removal};
 
 /// No slot / end of a list.
 pub const NIL: u32 = u32::MAX;
@@ -288,42 +289,40 @@ fn cursor_index(n: usize, database: u32, queue_id: i64, group: &[u8; 32]) -> usi
     hash_bytes(&b) as usize & (n - 1)
 }
 
-/// Where a backward-shift deletion may move the entry at `j` of a table with `mask`: to
-/// the hole at `hole` when its home `home` is not cyclically between the hole and `j`
-/// (its probe passes the hole).
-fn may_fill(hole: usize, j: usize, home: usize, mask: usize) -> bool {
-    (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask)
+/// Lane slots form one open-addressing table (`table`), lease slots another.
+impl Keyed for LaneSlot {
+    type Key = LaneKey;
+    fn is_empty(&self) -> bool {
+        self.status == EMPTY
+    }
+    fn key(&self) -> &LaneKey {
+        &self.key
+    }
+    fn hash(key: &LaneKey) -> u64 {
+        key_hash(key)
+    }
 }
 
-/// Finds a key: Ok(slot) when present; Err(the empty slot that ended the probe).
-fn find_lane(slots: &[LaneSlot], key: &LaneKey) -> Result<usize, usize> {
-    let mask = slots.len() - 1;
-    let mut i = key_hash(key) as usize & mask;
-    loop {
-        let s = &slots[i];
-        if s.status == EMPTY {
-            return Err(i);
-        }
-        if s.key == *key {
-            return Ok(i);
-        }
-        i = (i + 1) & mask;
+impl Keyed for LeaseSlot {
+    type Key = [u8; 16];
+    fn is_empty(&self) -> bool {
+        self.status == EMPTY
     }
+    fn key(&self) -> &[u8; 16] {
+        &self.id
+    }
+    fn hash(id: &[u8; 16]) -> u64 {
+        hash_bytes(id)
+    }
+}
+
+/// Finds a lane: Ok(slot) when present; Err(the empty slot that ended the probe).
+fn find_lane(slots: &[LaneSlot], key: &LaneKey) -> Result<usize, usize> {
+    table::find(slots, key)
 }
 
 fn find_lease(slots: &[LeaseSlot], id: &[u8; 16]) -> Result<usize, usize> {
-    let mask = slots.len() - 1;
-    let mut i = hash_bytes(id) as usize & mask;
-    loop {
-        let s = &slots[i];
-        if s.status == EMPTY {
-            return Err(i);
-        }
-        if s.id == *id {
-            return Ok(i);
-        }
-        i = (i + 1) & mask;
-    }
+    table::find(slots, id)
 }
 
 /// The state a reader that acts without locking sees: the holder sees its own changes,
@@ -598,24 +597,14 @@ impl<'a> Registry<'a> {
     /// new slot.
     fn remove_lane(&mut self, i: usize) {
         debug_assert_eq!(self.lanes[i].lease, NIL);
-        let mask = self.lanes.len() - 1;
-        let mut hole = i;
-        let mut j = i;
-        loop {
-            j = (j + 1) & mask;
-            if self.lanes[j].status == EMPTY || j == i {
-                break;
-            }
-            let home = key_hash(&self.lanes[j].key) as usize & mask;
-            if may_fill(hole, j, home, mask) {
-                let moved = self.lanes[j];
-                *self.lane_mut(hole) = moved;
-                self.relink_lane(hole);
-                fail::point("lanes.remove");
-                hole = j;
-            }
+        let mut removal = Removal::new(i);
+        while let Some((from, to)) = removal.next(self.lanes) {
+            let moved = self.lanes[from];
+            *self.lane_mut(to) = moved;
+            self.relink_lane(to);
+            fail::point("lanes.remove");
         }
-        *self.lane_mut(hole) = LaneSlot::default();
+        *self.lane_mut(removal.hole()) = LaneSlot::default();
         self.h.lanes_live -= 1;
     }
 
@@ -686,28 +675,18 @@ impl<'a> Registry<'a> {
 
     /// Empties lease slot `l` (no lane on its chain), as `remove_lane` does lanes.
     fn remove_lease(&mut self, l: usize) {
-        let mask = self.leases.len() - 1;
-        let mut hole = l;
-        let mut j = l;
-        loop {
-            j = (j + 1) & mask;
-            if self.leases[j].status == EMPTY || j == l {
-                break;
-            }
-            let home = hash_bytes(&self.leases[j].id) as usize & mask;
-            if may_fill(hole, j, home, mask) {
-                let moved = self.leases[j];
-                *self.lease_mut(hole) = moved;
-                // Every lane on the moved lease's chain points at its new slot.
-                let mut k = moved.first;
-                while k != NIL {
-                    self.lane_mut(k as usize).lease = hole as u32;
-                    k = self.lanes[k as usize].lease_next;
-                }
-                hole = j;
+        let mut removal = Removal::new(l);
+        while let Some((from, to)) = removal.next(self.leases) {
+            let moved = self.leases[from];
+            *self.lease_mut(to) = moved;
+            // Every lane on the moved lease's chain points at its new slot.
+            let mut k = moved.first;
+            while k != NIL {
+                self.lane_mut(k as usize).lease = to as u32;
+                k = self.lanes[k as usize].lease_next;
             }
         }
-        *self.lease_mut(hole) = LeaseSlot::default();
+        *self.lease_mut(removal.hole()) = LeaseSlot::default();
         self.h.leases_live -= 1;
     }
 

@@ -22,3 +22,4 @@ pub mod offsets;
 pub mod policy;
 pub mod routing;
 pub mod segment;
+pub mod table;

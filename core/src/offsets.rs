@@ -42,6 +42,7 @@
 //! sees half an update.
 
 use crate::fail;
+use crate::table::{self, Keyed, Removal};
 
 /// No record / end of a list.
 pub const NIL: u32 = u32::MAX;
@@ -220,32 +221,22 @@ fn usable(state: u32) -> bool {
     state == READY || state == DROPPING
 }
 
-/// Where a backward-shift deletion may move the entry at `j` of a table with `mask`: to
-/// the hole at `hole` when its home `home` is not cyclically between the hole and `j`
-/// (its probe passes the hole).
-fn may_fill(hole: usize, j: usize, home: usize, mask: usize) -> bool {
-    (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask)
-}
-
-/// Finds a key: Ok(slot) when present; Err(the empty slot that ended the probe).
-fn find(h: &Header, slots: &[Slot], key: &PartKey) -> Result<usize, usize> {
-    let mask = h.slots as usize - 1;
-    let mut i = hash(key) as usize & mask;
-    loop {
-        let s = &slots[i];
-        if s.state == EMPTY {
-            return Err(i);
-        }
-        if &s.key == key {
-            return Ok(i);
-        }
-        i = (i + 1) & mask;
+/// Partition slots form the registry's open-addressing table (`table`).
+impl Keyed for Slot {
+    type Key = PartKey;
+    fn is_empty(&self) -> bool {
+        self.state == EMPTY
+    }
+    fn key(&self) -> &PartKey {
+        &self.key
+    }
+    fn hash(key: &PartKey) -> u64 {
+        hash(key)
     }
 }
 
 /// A shared (read-only) view, for readers holding the lock in shared mode.
 pub struct View<'a> {
-    h: &'a Header,
     slots: &'a [Slot],
     recs: &'a [Record],
 }
@@ -260,12 +251,14 @@ pub enum Seen {
 
 impl<'a> View<'a> {
     pub fn new(h: &'a Header, slots: &'a [Slot], recs: &'a [Record]) -> Self {
-        View { h, slots, recs }
+        // The table is the slot slice: its length is the header's slot count.
+        debug_assert_eq!(slots.len(), h.slots as usize);
+        View { slots, recs }
     }
 
     /// The slot of a partition a reader may use.
     fn usable(&self, key: &PartKey) -> Result<usize, Seen> {
-        match find(self.h, self.slots, key) {
+        match table::find(self.slots, key) {
             Ok(i) if usable(self.slots[i].state) => Ok(i),
             Ok(_) => Err(Seen::Loading),
             Err(_) => Err(Seen::Unknown),
@@ -420,7 +413,7 @@ impl<'a> Registry<'a> {
     }
 
     pub fn view(&self) -> View<'_> {
-        View { h: self.h, slots: self.slots, recs: self.recs }
+        View { slots: self.slots, recs: self.recs }
     }
 
     /// Partitions tracked now.
@@ -447,7 +440,7 @@ impl<'a> Registry<'a> {
         fresh: bool,
     ) -> Result<i64, Refusal> {
         assert!(n > 0 && owner < self.h.backends, "a backend reserves, never a prepared transaction");
-        let s = match find(self.h, self.slots, key) {
+        let s = match table::find(self.slots, key) {
             Ok(s) if self.slots[s].state == READY => s,
             Ok(s) if self.slots[s].state == DROPPING => {
                 let slot = &self.slots[s];
@@ -635,7 +628,7 @@ impl<'a> Registry<'a> {
     /// until nothing before it is in flight; anything else leaves a gap.
     fn end_record(&mut self, r: u32, committed: bool) {
         let rec = self.recs[r as usize];
-        let s = find(self.h, self.slots, &rec.key).expect("a reservation's partition has a slot");
+        let s = table::find(self.slots, &rec.key).expect("a reservation's partition has a slot");
         if committed && rec.written >= rec.first {
             self.rec_mut(r).state = COMMITTED;
             // Merge with committed neighbours.
@@ -693,7 +686,7 @@ impl<'a> Registry<'a> {
     /// Starts loading partition `key` for `owner` (see `Load`). A full table evicts an idle
     /// partition (ready, nothing in flight): its state is then what the database says.
     pub fn begin_load(&mut self, key: &PartKey, owner: u32) -> Load {
-        match find(self.h, self.slots, key) {
+        match table::find(self.slots, key) {
             Ok(i) if self.slots[i].state == READY => return Load::Ready,
             Ok(_) => return Load::Loading,
             Err(_) => {}
@@ -702,7 +695,7 @@ impl<'a> Registry<'a> {
             return Load::Full;
         }
         // (An eviction may have moved the free slot.)
-        let i = find(self.h, self.slots, key).expect_err("the key was absent");
+        let i = table::find(self.slots, key).expect_err("the key was absent");
         *self.slot_mut(i) = Slot { key: *key, state: LOADING, holder: owner, first: NIL, last: NIL, ..Slot::default() };
         fail::point("offsets.begin_load");
         self.h.live += 1;
@@ -715,7 +708,7 @@ impl<'a> Registry<'a> {
     /// anything refers to (offsets after it are handed out next), and `fresh_max`, the
     /// last offset of the fresh tier's last segment.
     pub fn finish_load(&mut self, key: &PartKey, owner: u32, head: i64, readable: i64, fresh_max: i64) {
-        let Ok(i) = find(self.h, self.slots, key) else { return };
+        let Ok(i) = table::find(self.slots, key) else { return };
         if self.slots[i].state != LOADING || self.slots[i].holder != owner {
             return;
         }
@@ -731,7 +724,7 @@ impl<'a> Registry<'a> {
     /// Drops the slot of `key` if `owner` started loading it and did not finish (its
     /// transaction ended in an error first).
     pub fn abandon_load(&mut self, key: &PartKey, owner: u32) {
-        if let Ok(i) = find(self.h, self.slots, key) {
+        if let Ok(i) = table::find(self.slots, key) {
             if self.slots[i].state == LOADING && self.slots[i].holder == owner {
                 self.remove_slot(i);
             }
@@ -743,7 +736,7 @@ impl<'a> Registry<'a> {
     /// Refused while the partition has no slot, is being loaded, has reservations, or is
     /// being dropped by another owner. The owner already dropping it may ask again.
     pub fn begin_drop(&mut self, key: &PartKey, owner: u32, vxid: (i32, u32)) -> Result<(), DropRefusal> {
-        let i = find(self.h, self.slots, key).map_err(|_| DropRefusal::Unknown)?;
+        let i = table::find(self.slots, key).map_err(|_| DropRefusal::Unknown)?;
         let s = self.slots[i];
         match s.state {
             LOADING => return Err(DropRefusal::Loading),
@@ -765,7 +758,7 @@ impl<'a> Registry<'a> {
     /// slot, an abort makes it ready again, as it was. Nothing happens unless `owner` is
     /// dropping it.
     pub fn end_drop(&mut self, key: &PartKey, owner: u32, committed: bool) {
-        let Ok(i) = find(self.h, self.slots, key) else { return };
+        let Ok(i) = table::find(self.slots, key) else { return };
         if self.slots[i].state != DROPPING || self.slots[i].holder != owner {
             return;
         }
@@ -790,7 +783,7 @@ impl<'a> Registry<'a> {
             .map(|s| s.key)
             .collect();
         for k in &keys {
-            let i = find(self.h, self.slots, k).expect("listed above");
+            let i = table::find(self.slots, k).expect("listed above");
             self.remove_slot(i);
         }
         keys.len()
@@ -817,23 +810,13 @@ impl<'a> Registry<'a> {
     /// up when their probe passes the hole, so lookups never need tombstones. (Records name
     /// their partition by key, never by slot, so a move relinks nothing.)
     fn remove_slot(&mut self, i: usize) {
-        let mask = self.slots.len() - 1;
-        let mut hole = i;
-        let mut j = i;
-        loop {
-            j = (j + 1) & mask;
-            if self.slots[j].state == EMPTY || j == i {
-                break;
-            }
-            let home = hash(&self.slots[j].key) as usize & mask;
-            if may_fill(hole, j, home, mask) {
-                let moved = self.slots[j];
-                *self.slot_mut(hole) = moved;
-                fail::point("offsets.remove");
-                hole = j;
-            }
+        let mut removal = Removal::new(i);
+        while let Some((from, to)) = removal.next(self.slots) {
+            let moved = self.slots[from];
+            *self.slot_mut(to) = moved;
+            fail::point("offsets.remove");
         }
-        *self.slot_mut(hole) = Slot::default();
+        *self.slot_mut(removal.hole()) = Slot::default();
         self.h.live -= 1;
     }
 
@@ -851,7 +834,7 @@ impl<'a> Registry<'a> {
                 continue;
             }
             live += 1;
-            if find(self.h, self.slots, &s.key) != Ok(i) {
+            if table::find(self.slots, &s.key) != Ok(i) {
                 return Err(format!("slot {i} is not where a lookup finds it"));
             }
             if ![LOADING, READY, DROPPING].contains(&s.state) {
