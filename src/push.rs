@@ -575,11 +575,13 @@ impl Writes {
 /// the original. A duplicate found only after offsets were reserved (a concurrent push of
 /// the same id won) leaves a gap at its offset.
 pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
+    // (queue, partition) name order: the order partition rows are locked in without the
+    // registry, so that two batches cannot deadlock.
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
         groups.entry((item.queue.as_str(), item.partition.as_str())).or_default().push(i);
     }
-    // On Citus, every queue of the call must live on this node (src/citus.rs).
+    // On Citus, every queue of the call must live on this node (`push_at_homes`).
     let mut last_queue = None;
     for &(queue, _) in groups.keys() {
         if last_queue != Some(queue) {
@@ -588,159 +590,218 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             last_queue = Some(queue);
         }
     }
-    let message_ids: Vec<uuid::Uuid> = new_ids(items.len());
-    let minted = new_ids(items.iter().filter(|it| it.transaction_id.is_none()).count());
-    let mut minted = minted.iter();
-    let transaction_ids: Vec<String> = items
-        .iter()
-        .map(|it| match &it.transaction_id {
-            Some(t) => t.clone(),
-            None => queen_core::ids::uuid_string(minted.next().unwrap().as_bytes()),
-        })
-        .collect();
-    // The segment rows' time and every frame's: the transaction's start, as now().
-    // SAFETY: a plain read of the current transaction's start time.
-    let now = unsafe { pgrx::pg_sys::GetCurrentTransactionStartTimestamp() };
-
-    let mut rows: Vec<Option<PushRow>> = (0..items.len()).map(|_| None).collect();
-    let duplicate = |i: usize, pid: pgrx::Uuid, (message_id, msg_offset): (pgrx::Uuid, i64)| PushRow {
-        idx: i as i32,
-        status: "duplicate",
-        message_id: crate::ids::from_pg_uuid(&message_id),
-        transaction_id: transaction_ids[i].clone(),
-        partition_id: pid,
-        msg_offset,
-    };
+    let mut call = Call::new(&items);
     Spi::connect_mut(|client| {
-        let (mut fresh_tier, mut durable_tier) = (Writes::default(), Writes::default());
-        // (queue, partition) name order: the order partition rows are locked in without
-        // the registry, so that two batches cannot deadlock.
         for (&(queue, partition), idxs) in &groups {
             // Once more when the partition was dropped under this push (`reserve`): the
             // target is looked up again, and the partition created anew.
-            'target: loop {
-                // The queue lock first (`queen_core::lock_order`). A push that waited for a
-                // `delete_queue` finds its target again: the queue is created anew.
-                let t = loop {
-                    let t = queues::target(queue, partition, || locate(client, queue, partition));
-                    if crate::locks::share_queue(t.queue_id) {
-                        break t;
-                    }
-                    crate::cache::on_abort(); // forget the deleted queue's targets
-                };
-                crate::wake::notify_on_commit(queue);
-                // Minted transaction ids are unique: only producer-supplied ones need the
-                // dedup window, and only they pay for it.
-                let dedup = queen_core::policy::dedup_applies(
-                    t.dedup_window,
-                    idxs.iter().any(|&i| items[i].transaction_id.is_some()),
-                );
-                let known = if dedup {
-                    let asked = idxs.iter().filter(|&&i| items[i].transaction_id.is_some());
-                    stored_duplicates(client, &t, asked.map(|&i| transaction_ids[i].clone()).collect())
-                } else {
-                    HashMap::new()
-                };
-                // Items to store, duplicates of stored ids, and repeats within this call.
-                let ids: Vec<Option<&str>> = idxs
-                    .iter()
-                    .map(|&i| items[i].transaction_id.as_ref().map(|_| transaction_ids[i].as_str()))
-                    .collect();
-                let class = queen_core::dedup::classify(&ids, dedup, |tx| known.get(tx).copied());
-                for (k, original) in class.known {
-                    rows[idxs[k]] = Some(duplicate(idxs[k], t.partition_id, original));
-                }
-                let fresh: Vec<usize> = class.store.iter().map(|&k| idxs[k]).collect();
-                let repeats: Vec<(usize, usize)> = class.repeats.iter().map(|&(k, pos)| (idxs[k], pos)).collect();
-                if fresh.is_empty() {
-                    break 'target; // every item was a duplicate: no offsets, no segment
-                }
-                let n = fresh.len() as i64;
-                // Without dedup every reserved offset is written (or the call fails).
-                let Some(first) = reserve(client, t.partition_id, n, !dedup) else {
-                    crate::cache::on_abort(); // forget the dropped partition's target
-                    continue 'target;
-                };
-                let lost = if dedup {
-                    let ids = fresh
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &i)| items[i].transaction_id.is_some())
-                        .map(|(k, &i)| (transaction_ids[i].clone(), message_ids[i], first + k as i64))
-                        .collect();
-                    record_ids(client, &t, ids)
-                } else {
-                    HashMap::new()
-                };
-                let stored: Vec<bool> = fresh.iter().map(|&i| !lost.contains_key(&transaction_ids[i])).collect();
-                for (k, &i) in fresh.iter().enumerate() {
-                    rows[i] = Some(match lost.get(&transaction_ids[i]) {
-                        Some(&original) => duplicate(i, t.partition_id, original),
-                        None => PushRow {
-                            idx: i as i32,
-                            status: "queued",
-                            message_id: message_ids[i],
-                            transaction_id: transaction_ids[i].clone(),
-                            partition_id: t.partition_id,
-                            msg_offset: first + k as i64,
-                        },
-                    });
-                }
-                for (i, pos) in repeats {
-                    let original = rows[fresh[pos]].as_ref().expect("the original's row is set");
-                    rows[i] =
-                        Some(duplicate(i, t.partition_id, (to_pg_uuid(original.message_id), original.msg_offset)));
-                }
-                // The segment ends on its last stored message: a gap at the end is no entry.
-                let Some(last_k) = stored.iter().rposition(|&s| s) else { break 'target };
-                let kept = &fresh[..=last_k];
-                // An encrypted queue stores envelopes (see `encryption`), sealed per message.
-                let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
-                    crate::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
-                });
-                // Headers are sealed too, each under its message id and its own purpose.
-                let sealed_headers: Option<Vec<Option<Vec<u8>>>> = t.encrypted.then(|| {
-                    crate::encryption::seal_headers(
-                        queue,
-                        kept.iter().map(|&i| (&message_ids[i], items[i].headers.as_deref())),
-                    )
-                });
-                let entries = kept.iter().enumerate().map(|(k, &i)| {
-                    if !stored[k] {
-                        return Entry::Gap;
-                    }
-                    Entry::Message(Frame {
-                        message_id: *message_ids[i].as_bytes(),
-                        transaction_id: &transaction_ids[i],
-                        payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
-                        created_at: Some(now),
-                        headers: match &sealed_headers {
-                            Some(s) => s[k].as_deref(),
-                            None => items[i].headers.as_deref(),
-                        },
-                        deliver_at: items[i].deliver_at,
-                    })
-                });
-                // A small push goes to the fresh tier uncompressed: compaction compresses it
-                // with its neighbours soon, much better than one message alone.
-                let fresh_segment = goes_fresh(fresh.len());
-                let data = if fresh_segment { segment::encode_uncompressed(entries) } else { segment::encode(entries) };
-                let last = first + last_k as i64;
-                let tier = if fresh_segment { &mut fresh_tier } else { &mut durable_tier };
-                tier.pids.push(t.partition_id);
-                tier.firsts.push(first);
-                tier.lasts.push(last);
-                tier.data.push(data);
-                if dedup && crate::offsets::enabled() {
-                    crate::offsets::wrote(t.partition_id, last);
-                }
-                break 'target;
+            while !call.push_to(client, queue, partition, idxs) {
+                crate::cache::on_abort(); // forget the dropped partition's target
             }
         }
-        fresh_tier.insert(client, true, now);
-        durable_tier.insert(client, false, now);
+        let now = call.now;
+        std::mem::take(&mut call.fresh_tier).insert(client, true, now);
+        std::mem::take(&mut call.durable_tier).insert(client, false, now);
     });
-    rows.into_iter().map(|r| r.expect("every item has a result")).collect()
+    call.rows.into_iter().map(|r| r.expect("every item has a result")).collect()
+}
+
+/// One push call: its items, their ids, and what it decided so far. The steps of
+/// `push_items` share it.
+struct Call<'a> {
+    items: &'a [PushItem],
+    message_ids: Vec<uuid::Uuid>,
+    /// Each item's producer transaction id, or one minted for it.
+    transaction_ids: Vec<String>,
+    /// The segment rows' time and every frame's: the transaction's start, as now().
+    now: i64,
+    /// Each item's result, once decided.
+    rows: Vec<Option<PushRow>>,
+    fresh_tier: Writes,
+    durable_tier: Writes,
+}
+
+impl<'a> Call<'a> {
+    fn new(items: &'a [PushItem]) -> Self {
+        let message_ids: Vec<uuid::Uuid> = new_ids(items.len());
+        let minted = new_ids(items.iter().filter(|it| it.transaction_id.is_none()).count());
+        let mut minted = minted.iter();
+        let transaction_ids: Vec<String> = items
+            .iter()
+            .map(|it| match &it.transaction_id {
+                Some(t) => t.clone(),
+                None => queen_core::ids::uuid_string(minted.next().unwrap().as_bytes()),
+            })
+            .collect();
+        // SAFETY: a plain read of the current transaction's start time.
+        let now = unsafe { pgrx::pg_sys::GetCurrentTransactionStartTimestamp() };
+        Call {
+            items,
+            message_ids,
+            transaction_ids,
+            now,
+            rows: (0..items.len()).map(|_| None).collect(),
+            fresh_tier: Writes::default(),
+            durable_tier: Writes::default(),
+        }
+    }
+
+    /// Item `i`'s result when it repeats a message stored at `original` (message id,
+    /// offset) of partition `pid`.
+    fn duplicate(&self, i: usize, pid: pgrx::Uuid, (message_id, msg_offset): (pgrx::Uuid, i64)) -> PushRow {
+        PushRow {
+            idx: i as i32,
+            status: "duplicate",
+            message_id: crate::ids::from_pg_uuid(&message_id),
+            transaction_id: self.transaction_ids[i].clone(),
+            partition_id: pid,
+            msg_offset,
+        }
+    }
+
+    /// Pushes the items `idxs` of one (queue, partition): deduplicates them, reserves their
+    /// offsets and queues their segment for its tier. False when the partition was dropped
+    /// under this push (nothing decided: the caller tries again).
+    fn push_to(&mut self, client: &mut SpiClient<'_>, queue: &str, partition: &str, idxs: &[usize]) -> bool {
+        let t = target_locked(client, queue, partition);
+        crate::wake::notify_on_commit(queue);
+        // Minted transaction ids are unique: only producer-supplied ones need the dedup
+        // window, and only they pay for it.
+        let items = self.items;
+        let dedup =
+            queen_core::policy::dedup_applies(t.dedup_window, idxs.iter().any(|&i| items[i].transaction_id.is_some()));
+        let known = if dedup {
+            let asked = idxs.iter().filter(|&&i| items[i].transaction_id.is_some());
+            stored_duplicates(client, &t, asked.map(|&i| self.transaction_ids[i].clone()).collect())
+        } else {
+            HashMap::new()
+        };
+        // Items to store, duplicates of stored ids, and repeats within this call.
+        let ids: Vec<Option<&str>> =
+            idxs.iter().map(|&i| items[i].transaction_id.as_ref().map(|_| self.transaction_ids[i].as_str())).collect();
+        let class = queen_core::dedup::classify(&ids, dedup, |tx| known.get(tx).copied());
+        for (k, original) in class.known {
+            self.rows[idxs[k]] = Some(self.duplicate(idxs[k], t.partition_id, original));
+        }
+        let fresh: Vec<usize> = class.store.iter().map(|&k| idxs[k]).collect();
+        if fresh.is_empty() {
+            return true; // every item was a duplicate: no offsets, no segment
+        }
+        // Without dedup every reserved offset is written (or the call fails).
+        let Some(first) = reserve(client, t.partition_id, fresh.len() as i64, !dedup) else {
+            return false;
+        };
+        let lost = if dedup {
+            let ids = fresh
+                .iter()
+                .enumerate()
+                .filter(|(_, &i)| items[i].transaction_id.is_some())
+                .map(|(k, &i)| (self.transaction_ids[i].clone(), self.message_ids[i], first + k as i64))
+                .collect();
+            record_ids(client, &t, ids)
+        } else {
+            HashMap::new()
+        };
+        let stored = self.decide(&t, &fresh, first, &lost);
+        for &(k, pos) in &class.repeats {
+            let original = self.rows[fresh[pos]].as_ref().expect("the original's row is set");
+            let original = (to_pg_uuid(original.message_id), original.msg_offset);
+            self.rows[idxs[k]] = Some(self.duplicate(idxs[k], t.partition_id, original));
+        }
+        // The segment ends on its last stored message: a gap at the end is no entry.
+        let Some(last_k) = stored.iter().rposition(|&s| s) else { return true };
+        let data = self.encode(queue, &t, &fresh[..=last_k], &stored);
+        let last = first + last_k as i64;
+        // A small push goes to the fresh tier uncompressed (`encode`).
+        let tier = if goes_fresh(fresh.len()) { &mut self.fresh_tier } else { &mut self.durable_tier };
+        tier.pids.push(t.partition_id);
+        tier.firsts.push(first);
+        tier.lasts.push(last);
+        tier.data.push(data);
+        if dedup && crate::offsets::enabled() {
+            crate::offsets::wrote(t.partition_id, last);
+        }
+        true
+    }
+
+    /// The results of the items `fresh`, reserved from offset `first` on: queued, or a
+    /// duplicate when a concurrent push recorded its id first (`lost`). Returns which
+    /// were stored (a lost one leaves a gap at its offset).
+    fn decide(
+        &mut self,
+        t: &Target,
+        fresh: &[usize],
+        first: i64,
+        lost: &HashMap<String, (pgrx::Uuid, i64)>,
+    ) -> Vec<bool> {
+        let mut stored = Vec::with_capacity(fresh.len());
+        for (k, &i) in fresh.iter().enumerate() {
+            let row = match lost.get(&self.transaction_ids[i]) {
+                Some(&original) => self.duplicate(i, t.partition_id, original),
+                None => PushRow {
+                    idx: i as i32,
+                    status: "queued",
+                    message_id: self.message_ids[i],
+                    transaction_id: self.transaction_ids[i].clone(),
+                    partition_id: t.partition_id,
+                    msg_offset: first + k as i64,
+                },
+            };
+            stored.push(row.status == "queued");
+            self.rows[i] = Some(row);
+        }
+        stored
+    }
+
+    /// The segment of the items `kept` (stored ones as messages, lost ones as gaps), sealed
+    /// when the queue is encrypted. A small push's segment is left uncompressed:
+    /// compaction compresses it with its neighbours soon, much better than one message
+    /// alone.
+    fn encode(&self, queue: &str, t: &Target, kept: &[usize], stored: &[bool]) -> Vec<u8> {
+        let (items, message_ids) = (self.items, &self.message_ids);
+        // An encrypted queue stores envelopes (see `encryption`), sealed per message.
+        let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
+            crate::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
+        });
+        // Headers are sealed too, each under its message id and its own purpose.
+        let sealed_headers: Option<Vec<Option<Vec<u8>>>> = t.encrypted.then(|| {
+            crate::encryption::seal_headers(queue, kept.iter().map(|&i| (&message_ids[i], items[i].headers.as_deref())))
+        });
+        let entries = kept.iter().enumerate().map(|(k, &i)| {
+            if !stored[k] {
+                return Entry::Gap;
+            }
+            Entry::Message(Frame {
+                message_id: *message_ids[i].as_bytes(),
+                transaction_id: &self.transaction_ids[i],
+                payload: sealed.as_ref().map_or(&items[i].payload[..], |s| &s[k][..]),
+                created_at: Some(self.now),
+                headers: match &sealed_headers {
+                    Some(s) => s[k].as_deref(),
+                    None => items[i].headers.as_deref(),
+                },
+                deliver_at: items[i].deliver_at,
+            })
+        });
+        if goes_fresh(stored.len()) {
+            segment::encode_uncompressed(entries)
+        } else {
+            segment::encode(entries)
+        }
+    }
+}
+
+/// The target of (queue, partition), with the queue lock taken first
+/// (`queen_core::lock_order`). A push that waited for a `delete_queue` finds its target
+/// again: the queue is created anew.
+fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
+    loop {
+        let t = queues::target(queue, partition, || locate(client, queue, partition));
+        if crate::locks::share_queue(t.queue_id) {
+            return t;
+        }
+        crate::cache::on_abort(); // forget the deleted queue's targets
+    }
 }
 
 /// `push_batch(items)` on a distributed database, when some item's queue lives on another
