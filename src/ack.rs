@@ -15,6 +15,7 @@ use crate::jsonb::{Found, JsonOut, JsonbArg};
 use crate::clock::{clock_now, timestamptz};
 use crate::errors::{self, SpiExt};
 use crate::ids::{from_pg_uuid, to_pg_uuid};
+use crate::lane_rows::{AckPlan, AckPlans};
 use crate::segments;
 use crate::spi::run;
 
@@ -219,56 +220,8 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     let registry = crate::lanes::enabled();
     let lanes: Vec<LockedLane> = if registry {
         lock_registry(client, lease_id, pids.as_deref(), now)
-    } else if !crate::spi::first_value::<i64>(run(
-        client,
-        "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
-        &[lease_id.into()],
-    ))
-    .is_some_and(|q| {
-        crate::privileges::require_id(client, q, crate::privileges::Privilege::Consume);
-        crate::locks::share_queue(q)
-    }) {
-        Vec::new() // unknown lease, or its queue was deleted while this waited
     } else {
-        run(
-            client,
-            concat!(
-                "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
-                    l.batch_retry_count, ",
-                queen_core::lease_live_sql!("l", "$3"),
-                ", q.retry_limit,
-                    q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
-                retry_backoff_micros_sql!("q"),
-                "
-               FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
-              WHERE l.partition_id = ANY(coalesce($2::uuid[],
-                      (SELECT le.partition_ids FROM queen.leases le WHERE le.lease_id = $1)))
-                AND l.lease_id = $1
-              ORDER BY l.partition_id
-                FOR UPDATE OF l"
-            ),
-            &[lease_id.into(), pids.into(), timestamptz(now).into()],
-        )
-        .map(|row| LockedLane {
-            partition_id: row.get(1).or_raise().unwrap(),
-            consumer_group: row.get(2).or_raise().unwrap(),
-            queue_id: row.get(3).or_raise().unwrap(),
-            state: LaneState {
-                committed: row.get(4).or_raise().unwrap(),
-                batch_end: row.get::<i64>(5).or_raise().unwrap_or(0),
-                retry_count: row.get(6).or_raise().unwrap(),
-            },
-            live: row.get(7).or_raise().unwrap_or(false),
-            policy: RetryPolicy {
-                retry_limit: row.get(8).or_raise().unwrap(),
-                dead_lettering: dead_lettering(row.get(9).or_raise().unwrap(), row.get(10).or_raise().unwrap()),
-                retry_backoff: row.get(12).or_raise().unwrap(),
-                retry_backoff_max: row.get(13).or_raise().unwrap(),
-            },
-            queue: row.get(11).or_raise().unwrap(),
-            registry: None,
-        })
-        .collect()
+        lock_rows(client, lease_id, pids, now)
     };
 
     // Whole-lease form: one `completed` item at batch_end for every live lane.
@@ -292,8 +245,7 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         .map(|a| item_report(a, false, "no live lane of this lease on that partition (expired, superseded or unknown)"))
         .collect();
     let mut lane_json = Vec::new();
-    let (mut u_pid, mut u_committed, mut u_release, mut u_retry, mut u_reset, mut u_retry_at) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut plans = AckPlans::default();
     let mut group = String::new();
     for lane in lanes.iter().filter(|l| l.live) {
         let Some(idxs) = by_lane.get(lane.partition_id.as_bytes()) else { continue };
@@ -319,12 +271,14 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
             "retryAfter": retry_at.and(plan.retry_after).map(|d| d as f64 / queen_core::lease::MICROS as f64),
         }));
         group = lane.consumer_group.clone();
-        u_pid.push(lane.partition_id);
-        u_committed.push(plan.committed);
-        u_release.push(plan.release);
-        u_retry.push(plan.retry_count);
-        u_reset.push(plan.reset_attempts);
-        u_retry_at.push(retry_at.map(timestamptz));
+        plans.add(AckPlan {
+            partition_id: lane.partition_id,
+            committed: plan.committed,
+            release: plan.release,
+            retry: plan.retry_count,
+            reset: plan.reset_attempts,
+            retry_at,
+        });
         if plan.release && retry_at.is_none() {
             // Released lanes are claimable at once: wake waiting pops when we commit. (A
             // lane in backoff is not: a waiting pop sleeps until its end, see `pop`.)
@@ -332,16 +286,8 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         }
     }
     if registry {
-        apply_registry(client, &lanes, &u_pid, &u_committed, &u_release, &u_retry, &u_reset, &u_retry_at);
-    } else if !u_pid.is_empty() {
-        let plans = crate::lane_rows::AckPlans {
-            partition_ids: u_pid,
-            committed: u_committed,
-            release: u_release,
-            retry: u_retry,
-            reset: u_reset,
-            retry_at: u_retry_at,
-        };
+        apply_registry(client, &lanes, &plans);
+    } else if !plans.is_empty() {
         crate::lane_rows::apply_acks(client, lease_id, &group, plans);
     }
     json!({
@@ -349,6 +295,68 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         "items": item_json,
         "lanes": lane_json,
     })
+}
+
+/// Without the registry: locks the lanes of `lease_id` (of the partitions `pids`, or all
+/// the lease's) in partition order, after the queue lock and the consume privilege. None
+/// when the lease is unknown or its queue was deleted while this waited.
+fn lock_rows(
+    client: &mut SpiClient<'_>,
+    lease_id: pgrx::Uuid,
+    pids: Option<Vec<pgrx::Uuid>>,
+    now: i64,
+) -> Vec<LockedLane> {
+    let queue = crate::spi::first_value::<i64>(run(
+        client,
+        "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
+        &[lease_id.into()],
+    ));
+    let locked = queue.is_some_and(|q| {
+        crate::privileges::require_id(client, q, crate::privileges::Privilege::Consume);
+        crate::locks::share_queue(q)
+    });
+    if !locked {
+        return Vec::new(); // unknown lease, or its queue was deleted while this waited
+    }
+    run(
+        client,
+        concat!(
+            "SELECT l.partition_id, l.consumer_group, l.queue_id, l.committed, l.batch_end,
+                l.batch_retry_count, ",
+            queen_core::lease_live_sql!("l", "$3"),
+            ", q.retry_limit,
+                q.dead_letter_queue, q.dlq_after_max_retries, q.name, ",
+            retry_backoff_micros_sql!("q"),
+            "
+           FROM queen.lanes l JOIN queen.queues q ON q.queue_id = l.queue_id
+          WHERE l.partition_id = ANY(coalesce($2::uuid[],
+                  (SELECT le.partition_ids FROM queen.leases le WHERE le.lease_id = $1)))
+            AND l.lease_id = $1
+          ORDER BY l.partition_id
+            FOR UPDATE OF l"
+        ),
+        &[lease_id.into(), pids.into(), timestamptz(now).into()],
+    )
+    .map(|row| LockedLane {
+        partition_id: row.get(1).or_raise().unwrap(),
+        consumer_group: row.get(2).or_raise().unwrap(),
+        queue_id: row.get(3).or_raise().unwrap(),
+        state: LaneState {
+            committed: row.get(4).or_raise().unwrap(),
+            batch_end: row.get::<i64>(5).or_raise().unwrap_or(0),
+            retry_count: row.get(6).or_raise().unwrap(),
+        },
+        live: row.get(7).or_raise().unwrap_or(false),
+        policy: RetryPolicy {
+            retry_limit: row.get(8).or_raise().unwrap(),
+            dead_lettering: dead_lettering(row.get(9).or_raise().unwrap(), row.get(10).or_raise().unwrap()),
+            retry_backoff: row.get(12).or_raise().unwrap(),
+            retry_backoff_max: row.get(13).or_raise().unwrap(),
+        },
+        queue: row.get(11).or_raise().unwrap(),
+        registry: None,
+    })
+    .collect()
 }
 
 thread_local! {
@@ -434,31 +442,20 @@ fn lock_registry(
 
 /// With the lane registry: the plans take effect there, and every changed cursor or retry
 /// count is journaled in this transaction.
-#[allow(clippy::too_many_arguments)]
-fn apply_registry(
-    client: &mut SpiClient<'_>,
-    lanes: &[LockedLane],
-    pids: &[pgrx::Uuid],
-    committed: &[i64],
-    release: &[bool],
-    retry: &[i32],
-    reset: &[bool],
-    retry_at: &[Option<pgrx::datum::TimestampWithTimeZone>],
-) {
+fn apply_registry(client: &mut SpiClient<'_>, lanes: &[LockedLane], plans: &AckPlans) {
     let mut journal = Vec::new();
     let mut group = "";
-    for (k, pid) in pids.iter().enumerate() {
-        let lane = lanes.iter().find(|l| l.partition_id == *pid).expect("an acked lane is locked");
+    for p in plans.iter() {
+        let lane = lanes.iter().find(|l| l.partition_id == p.partition_id).expect("an acked lane is locked");
         let old = lane.registry.expect("locked in the registry");
         group = &lane.consumer_group;
         let state = queen_core::lane::Lane::from_registry(&old);
-        let until = retry_at[k].map(i64::from);
-        let next = queen_core::lane::apply_ack_effect(&state, committed[k], release[k], retry[k], reset[k], until);
+        let next = queen_core::lane::apply_ack_effect(&state, p.committed, p.release, p.retry, p.reset, p.retry_at);
         let new = next.to_registry(&old);
         let changed = new.journal_seq != old.journal_seq;
-        crate::lanes::set(*pid, &lane.consumer_group, new, None);
+        crate::lanes::set(p.partition_id, &lane.consumer_group, new, None);
         if changed {
-            journal.push((*pid, new));
+            journal.push((p.partition_id, new));
         }
     }
     crate::lanes::journal(client, group, &journal);

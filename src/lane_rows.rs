@@ -165,7 +165,9 @@ pub fn pass(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str, t
     );
 }
 
-/// The ack plans of one call, lane by lane (`queen_core::lane::apply_ack`).
+/// The ack plans of one call, lane by lane (`queen_core::lane::apply_ack`), kept column
+/// by column as the statement below takes them.
+#[derive(Default)]
 pub struct AckPlans {
     pub partition_ids: Vec<pgrx::Uuid>,
     pub committed: Vec<i64>,
@@ -175,6 +177,44 @@ pub struct AckPlans {
     /// The end of a released lane's retry backoff (`queen_core::lane::retry_at`), kept in
     /// its lease expiry while it has no lease.
     pub retry_at: Vec<Option<pgrx::datum::TimestampWithTimeZone>>,
+}
+
+/// One lane's part of an ack, as `AckPlans` keeps it.
+pub struct AckPlan {
+    pub partition_id: pgrx::Uuid,
+    pub committed: i64,
+    pub release: bool,
+    pub retry: i32,
+    pub reset: bool,
+    /// The end of the lane's retry backoff, in microseconds (None: none).
+    pub retry_at: Option<i64>,
+}
+
+impl AckPlans {
+    pub fn add(&mut self, p: AckPlan) {
+        self.partition_ids.push(p.partition_id);
+        self.committed.push(p.committed);
+        self.release.push(p.release);
+        self.retry.push(p.retry);
+        self.reset.push(p.reset);
+        self.retry_at.push(p.retry_at.map(crate::clock::timestamptz));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.partition_ids.is_empty()
+    }
+
+    /// Each lane's plan, in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = AckPlan> + '_ {
+        (0..self.partition_ids.len()).map(|k| AckPlan {
+            partition_id: self.partition_ids[k],
+            committed: self.committed[k],
+            release: self.release[k],
+            retry: self.retry[k],
+            reset: self.reset[k],
+            retry_at: self.retry_at[k].map(i64::from),
+        })
+    }
 }
 
 /// Applies an ack's plans, and drops the lease row once no lane holds the lease any more,
