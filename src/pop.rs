@@ -233,13 +233,14 @@ fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
         wake::take_due();
         let rows = pop(a);
         let now = clock_now();
-        let left_ms = (deadline - now) / 1000;
-        if !rows.is_empty() || left_ms <= 0 {
+        if !rows.is_empty() || deadline <= now {
             wake::cancel();
             return rows;
         }
+        // Rounded up: a pop never returns empty before its wait is over.
+        let left_ms = (deadline - now + 999) / 1000;
         // A retry backoff that ends before the deadline: nobody signals it, so wake then.
-        let due_ms = wake::take_due().map_or(left_ms, |t| ((t - now) / 1000).max(1));
+        let due_ms = wake::take_due().map_or(left_ms, |t| ((t - now + 999) / 1000).max(1));
         wake::sleep(a.queue, left_ms.min(due_ms));
     }
 }
