@@ -118,7 +118,7 @@ impl Lane {
 
     /// Whether `lease_id` holds this lane at `now`: the fence of every ack and extend.
     pub fn held_by(&self, lease_id: u128, now: i64) -> bool {
-        matches!(self.lease, Some((id, expires)) if id == lease_id && expires > now)
+        matches!(self.lease, Some((id, expires)) if id == lease_id && lease_live(Some(expires), now))
     }
 }
 

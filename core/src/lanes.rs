@@ -918,7 +918,11 @@ impl<'a> Registry<'a> {
         let before = self.h.leases_live;
         for i in 0..self.lanes.len() {
             let s = &self.lanes[i];
-            if s.status == READY && s.lease != NIL && s.holder.owner == NIL && s.state.lease_expires <= now {
+            if s.status == READY
+                && s.lease != NIL
+                && s.holder.owner == NIL
+                && !lease_live(Some(s.state.lease_expires), now)
+            {
                 self.unchain(i);
                 fail::point("lanes.sweep");
                 // (its expiry is past: with no lease it reads as no backoff)
