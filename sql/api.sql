@@ -481,8 +481,9 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
 -- Who may call what: the one table of grants. Each row gives a shipped role (roles:
--- sql/schema.sql) EXECUTE on every function of that name (all its overloads); a function
--- not listed is granted to nobody. queen.grant gives a per-queue role the functions of the
+-- sql/schema.sql) EXECUTE on every function of that name (all its overloads: a new
+-- overload of a public name is public too, so internal forms get names of their own, as
+-- _status_at_home does); a function not listed is granted to nobody. queen.grant gives a per-queue role the functions of the
 -- shipped role its privilege matches (src/privileges.rs), so this table decides that too.
 -- The upgrade script runs this block again (scripts/upgrade_sql.py keeps DO $grants$).
 DO $grants$
