@@ -153,7 +153,7 @@ BEGIN
      ORDER BY q.name, p.name, l.consumer_group;
 END $$;
 COMMENT ON FUNCTION queen.status(text) IS
-  'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters';
+  'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters, and the end of a running retry backoff';
 
 -- Per-queue totals (docs/functions.md#totals): one row per (queue, consumer group); a queue nobody has
 -- popped yet has one row with consumer_group NULL. One pass over lanes and partitions.
