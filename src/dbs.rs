@@ -318,8 +318,13 @@ pub fn settle_prepared() -> bool {
     requested
 }
 
-/// The launcher registers itself, so that requests can wake it.
-pub fn set_launcher(pid: i32, latch: *mut pg_sys::Latch) {
+/// The launcher registers itself, so that requests can wake it (`wake_launcher` sets the
+/// latch from any process).
+///
+/// # Safety
+/// `latch` is the calling process's own latch (its PGPROC's, in shared memory), or null
+/// with `pid` 0; the process takes it back (`set_launcher(0, null)`) before it exits.
+pub unsafe fn set_launcher(pid: i32, latch: *mut pg_sys::Latch) {
     with_slots(|h, _| {
         h.launcher_pid = pid;
         h.launcher_latch = latch as usize;

@@ -315,7 +315,8 @@ fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
         crate::worker::leave_database(database);
         return Around::Database(database);
     }
-    match crate::offsets::resolving(stmt) {
+    // SAFETY: `stmt` is the utility statement ProcessUtility received.
+    match unsafe { crate::offsets::resolving(stmt) } {
         Some((xid, commit)) => Around::Resolving(xid, commit),
         None => Around::Nothing,
     }

@@ -263,6 +263,7 @@ fn value_text(v: &mut pg_sys::JsonbValue) -> String {
         let jb = pg_sys::JsonbValueToJsonb(v) as *const pg_sys::varlena;
         let len = pgrx::varsize_any_exhdr(jb);
         let data = pgrx::vardata_any(jb) as *const u8;
+        // (The bytes JsonbValueToJsonb built: well-formed.)
         to_text(std::slice::from_raw_parts(data, len))
     }
 }
@@ -388,8 +389,13 @@ impl JsonbObject {
 }
 
 /// The text of jsonb bytes, for error messages only (never on a hot path).
-pub fn to_text(container: &[u8]) -> String {
-    // SAFETY: jsonb_out on a well-formed jsonb datum built from stored jsonb bytes.
+///
+/// # Safety
+/// `container` is a well-formed jsonb container: bytes PostgreSQL produced (an argument's,
+/// or stored ones), never arbitrary input, which `jsonb_out` would read out of bounds.
+pub unsafe fn to_text(container: &[u8]) -> String {
+    // SAFETY: jsonb_out on a jsonb datum of well-formed container bytes (the caller's
+    // promise), palloc'd by `jsonb_datum`.
     unsafe {
         let d = jsonb_datum(container);
         let c = pgrx::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(d)]);

@@ -568,12 +568,15 @@ pub fn sweep_prepared() -> usize {
 /// when it holds reservations; with whether it commits. The lookup runs with queen's
 /// search path (pg_catalog, pg_temp), not the caller's: this runs inside any session's
 /// statement, and a schema on its path must not put an operator in the way.
-pub fn resolving(stmt: *mut pg_sys::Node) -> Option<(u32, bool)> {
+///
+/// # Safety
+/// `stmt` points at a valid parse node: the utility statement `ProcessUtility` received.
+pub unsafe fn resolving(stmt: *mut pg_sys::Node) -> Option<(u32, bool)> {
     if !enabled() {
         return None;
     }
-    // SAFETY: `stmt` is the statement's utility node; a TransactionStmt is read only after
-    // its tag says so.
+    // SAFETY: `stmt` is a valid node, as the caller promises; a TransactionStmt is read only
+    // after its tag says so.
     unsafe {
         if (*stmt).type_ != pg_sys::NodeTag::T_TransactionStmt {
             return None;

@@ -93,9 +93,12 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
     }
     if let Some(headers) = &item.headers {
         if !crate::jsonb::is_object(headers) {
+            // SAFETY: the headers are the jsonb bytes of the call's argument, as PostgreSQL
+            // parsed them.
+            let text = unsafe { crate::jsonb::to_text(headers) };
             errors::invalid(
                 &format!("{}headers", at()),
-                format_args!("must be a JSON object, got {}", crate::errors::excerpt(&crate::jsonb::to_text(headers))),
+                format_args!("must be a JSON object, got {}", crate::errors::excerpt(&text)),
             );
         }
         if headers.len() > MAX_HEADERS_BYTES {

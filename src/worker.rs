@@ -174,7 +174,8 @@ pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
 /// The launcher exits: requests no longer wake it.
 #[pg_guard]
 unsafe extern "C-unwind" fn launcher_exit(_code: i32, _arg: pg_sys::Datum) {
-    dbs::set_launcher(0, std::ptr::null_mut());
+    // SAFETY: null with pid 0: nobody sets this process's latch any more.
+    unsafe { dbs::set_launcher(0, std::ptr::null_mut()) };
 }
 
 /// How long a database may wait for a slot before the launcher warns (the slots that
