@@ -143,7 +143,13 @@ pub fn shmem_size() -> usize {
     slots_at() + slot_count() * std::mem::size_of::<Slot>()
 }
 
-pub fn shmem_init((base, found): (*mut u8, bool)) {
+/// Sets up the database slots (or attaches to them): `hooks` calls this once per process.
+///
+/// # Safety
+/// the block points at `shmem_size()` bytes of shared memory named for this part, fresh when
+/// `!found`; the caller holds AddinShmemInitLock while shared memory is set up, once per
+/// process.
+pub unsafe fn shmem_init((base, found): (*mut u8, bool)) {
     let n = slot_count();
     // SAFETY: the tranche was requested in the shmem request hook; `base` points at
     // shmem_size() bytes, fresh when !found, and the caller holds AddinShmemInitLock.

@@ -284,9 +284,12 @@ unsafe extern "C-unwind" fn process_utility(
     after_guarded(around);
 }
 
+/// # Safety
+/// `pstmt` is the statement `ProcessUtility` received.
 #[pg_guard]
-extern "C-unwind" fn before_guarded(pstmt: *mut pg_sys::PlannedStmt) -> i64 {
-    before(pstmt).encode()
+unsafe extern "C-unwind" fn before_guarded(pstmt: *mut pg_sys::PlannedStmt) -> i64 {
+    // SAFETY: as the caller promises.
+    unsafe { before(pstmt) }.encode()
 }
 
 #[pg_guard]
@@ -296,7 +299,10 @@ extern "C-unwind" fn after_guarded(around: i64) {
 
 /// What to do around the statement; the worker of a database the statement needs to
 /// itself leaves now.
-fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
+///
+/// # Safety
+/// `pstmt` is the statement `ProcessUtility` received (its utility node a valid Node).
+unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
     // SAFETY: `pstmt` is the statement being run; its utility node is a valid Node.
     let stmt = unsafe { (*pstmt).utilityStmt };
     if stmt.is_null() {
@@ -336,7 +342,10 @@ fn after(around: Around) {
 
 /// `CREATE EXTENSION queen`, `ALTER EXTENSION queen ...` (an update) or `DROP EXTENSION`
 /// naming queen.
-fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
+///
+/// # Safety
+/// `stmt` is a valid parse node.
+unsafe fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
     let queen = |name: *const std::ffi::c_char| {
         // SAFETY: a C string of the parse tree (or null).
         !name.is_null() && unsafe { CStr::from_ptr(name) }.to_bytes() == b"queen"
@@ -362,7 +371,10 @@ fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
 /// The database a statement needs to itself (no other session connected to it): the one
 /// it drops, renames, moves to another tablespace, or copies as a template. None for any
 /// other statement, or a database that does not exist.
-fn database_needed(stmt: *mut pg_sys::Node) -> Option<u32> {
+///
+/// # Safety
+/// `stmt` is a valid parse node.
+unsafe fn database_needed(stmt: *mut pg_sys::Node) -> Option<u32> {
     // SAFETY: each node is read as its type only after its tag says so; lists are
     // PostgreSQL Lists of DefElem (the grammar builds them so).
     let name: *const std::ffi::c_char = unsafe {

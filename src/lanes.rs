@@ -98,7 +98,12 @@ pub fn shmem_size() -> usize {
 }
 
 /// Formats the registry (or attaches to it): `hooks` calls this once per process.
-pub fn shmem_init((base, found): (*mut u8, bool)) {
+///
+/// # Safety
+/// the block points at `shmem_size()` bytes of shared memory named for this part, fresh when
+/// `!found`; the caller holds AddinShmemInitLock while shared memory is set up, once per
+/// process.
+pub unsafe fn shmem_init((base, found): (*mut u8, bool)) {
     let layout = layout();
     // SAFETY: the tranche was requested in the shmem request hook; `base` points at
     // shmem_size() bytes laid out by `layout`, fresh when !found; the caller holds

@@ -55,7 +55,12 @@ pub fn shmem_size() -> usize {
 }
 
 /// Initialises the slots (or attaches to them): `hooks` calls this once per process.
-pub fn shmem_init((p, found): (*mut u8, bool)) {
+///
+/// # Safety
+/// the block points at `shmem_size()` bytes of shared memory named for this part, fresh when
+/// `!found`; the caller holds AddinShmemInitLock while shared memory is set up, once per
+/// process.
+pub unsafe fn shmem_init((p, found): (*mut u8, bool)) {
     let shm = p as *mut WakeShmem;
     // SAFETY: `p` is a block of shmem_size() bytes from ShmemInitStruct, MAXALIGNed, and
     // the caller holds AddinShmemInitLock, so nobody else initialises it concurrently.
