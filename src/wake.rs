@@ -57,7 +57,7 @@ pub fn shmem_size() -> usize {
 /// Initialises the slots (or attaches to them): `hooks` calls this once per process.
 ///
 /// # Safety
-/// the block points at `shmem_size()` bytes of shared memory named for this part, fresh when
+/// The block given points at `shmem_size()` bytes of shared memory named for this part, fresh when
 /// `!found`; the caller holds AddinShmemInitLock while shared memory is set up, once per
 /// process.
 pub unsafe fn shmem_init((p, found): (*mut u8, bool)) {
