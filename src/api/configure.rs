@@ -3,7 +3,9 @@
 //! Its arguments are written once, here: the SQL declaration is generated from this
 //! signature, and its COMMENT and GRANT name the function without an argument list.
 
+use pgrx::datum::Interval;
 use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
 use queen_core::policy::QueueOptions;
 
 use crate::cache;
@@ -51,6 +53,7 @@ fn configure_queue(
     check_queue_name("queue", queue);
     citus::ensure_home(queue);
     privileges::require(Some(queue), Privilege::Admin);
+    // NULL checks in argument order (the first NULL argument is the one named).
     let lease_time = lease_time.unwrap_or_else(|| null_arg("lease_time"));
     let retry_limit = retry_limit.unwrap_or_else(|| null_arg("retry_limit"));
     let dead_letter_queue = dead_letter_queue.unwrap_or_else(|| null_arg("dead_letter_queue"));
@@ -62,6 +65,7 @@ fn configure_queue(
     let delay = delay.unwrap_or_else(|| null_arg("delay"));
     let create_groups = create_groups.unwrap_or_else(|| null_arg("create_groups"));
     let partition_idle_ttl = partition_idle_ttl.unwrap_or_else(|| null_arg("partition_idle_ttl"));
+    let intervals = Intervals { retry_backoff, retry_backoff_max, delay, partition_idle_ttl };
     let options = QueueOptions {
         lease_time,
         retry_limit,
@@ -83,80 +87,98 @@ fn configure_queue(
         encryption::require_key(queue);
     }
     cache::invalidate();
-    let encryption = pgrx::Spi::connect_mut(|client| {
-        // The queue lock before the queue row (`queen_core::lock_order`), if it exists.
-        let found =
-            first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
-        if let Some(id) = found {
-            locks::share_queue(id);
+    let encryption = pgrx::Spi::connect_mut(|client| store(client, queue, &options, &intervals, encryption));
+    answer(&options, encryption)
+}
+
+/// The interval options as given: the table keeps them as written ('1 day' stays so).
+struct Intervals {
+    retry_backoff: Interval,
+    retry_backoff_max: Interval,
+    delay: Interval,
+    partition_idle_ttl: Interval,
+}
+
+/// Creates or updates the queue's row, after the queue lock (`queen_core::lock_order`)
+/// when it exists. `encryption` not given keeps a plaintext queue plaintext, and refuses
+/// on an encrypted one: turning it off silently would store the next payloads in
+/// plaintext. Returns whether the queue is encrypted now.
+fn store(
+    client: &mut SpiClient<'_>,
+    queue: &str,
+    o: &QueueOptions,
+    intervals: &Intervals,
+    encryption: Option<bool>,
+) -> bool {
+    let found = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+    if let Some(id) = found {
+        locks::share_queue(id);
+    }
+    let encryption = encryption.unwrap_or_else(|| {
+        let stored =
+            first_value::<bool>(run(client, "SELECT encryption FROM queen.queues WHERE name = $1", &[queue.into()]));
+        if stored == Some(true) {
+            crate::errors::raise(
+                pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!(
+                    "queen: queue {queue:?} is encrypted: pass encryption => true to keep it so, \
+                     or encryption => false to store new payloads in plaintext"
+                ),
+            );
         }
-        // encryption not given: an encrypted queue stays encrypted only if asked to; turning
-        // it off silently would store the next payloads in plaintext.
-        let encryption = encryption.unwrap_or_else(|| {
-            let stored = first_value::<bool>(run(
-                client,
-                "SELECT encryption FROM queen.queues WHERE name = $1",
-                &[queue.into()],
-            ));
-            if stored == Some(true) {
-                crate::errors::raise(
-                    pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-                    format!(
-                        "queen: queue {queue:?} is encrypted: pass encryption => true to keep it so, \
-                         or encryption => false to store new payloads in plaintext"
-                    ),
-                );
-            }
-            false
-        });
-        run(
-            client,
-            "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
-                                           dlq_after_max_retries, dedup_window, encryption, retention,
-                                           retry_backoff, retry_backoff_max, delay, create_groups,
-                                           partition_idle_ttl)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-             ON CONFLICT (name) DO UPDATE SET
-               lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
-               dead_letter_queue = EXCLUDED.dead_letter_queue,
-               dlq_after_max_retries = EXCLUDED.dlq_after_max_retries,
-               dedup_window = EXCLUDED.dedup_window, encryption = EXCLUDED.encryption,
-               retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
-               retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
-               create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
-               updated_at = now()",
-            &[
-                queue.into(),
-                lease_time.into(),
-                retry_limit.into(),
-                dead_letter_queue.into(),
-                dlq_after_max_retries.into(),
-                dedup_window.into(),
-                encryption.into(),
-                retention.into(),
-                retry_backoff.into(),
-                retry_backoff_max.into(),
-                delay.into(),
-                create_groups.into(),
-                partition_idle_ttl.into(),
-            ],
-        );
-        encryption
+        false
     });
+    run(
+        client,
+        "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
+                                       dlq_after_max_retries, dedup_window, encryption, retention,
+                                       retry_backoff, retry_backoff_max, delay, create_groups,
+                                       partition_idle_ttl)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+         ON CONFLICT (name) DO UPDATE SET
+           lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
+           dead_letter_queue = EXCLUDED.dead_letter_queue,
+           dlq_after_max_retries = EXCLUDED.dlq_after_max_retries,
+           dedup_window = EXCLUDED.dedup_window, encryption = EXCLUDED.encryption,
+           retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
+           retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
+           create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
+           updated_at = now()",
+        &[
+            queue.into(),
+            o.lease_time.into(),
+            o.retry_limit.into(),
+            o.dead_letter_queue.into(),
+            o.dlq_after_max_retries.into(),
+            o.dedup_window.into(),
+            encryption.into(),
+            o.retention.into(),
+            intervals.retry_backoff.into(),
+            intervals.retry_backoff_max.into(),
+            intervals.delay.into(),
+            o.create_groups.into(),
+            intervals.partition_idle_ttl.into(),
+        ],
+    );
+    encryption
+}
+
+/// configure's answer: the queue's options, in camelCase, intervals in seconds.
+fn answer(o: &QueueOptions, encryption: bool) -> pgrx::JsonB {
     let secs = |m: i64| m as f64 / queen_core::lease::MICROS as f64;
     pgrx::JsonB(serde_json::json!({
-        "leaseTime": lease_time,
-        "retryLimit": retry_limit,
-        "deadLetterQueue": dead_letter_queue,
-        "dlqAfterMaxRetries": dlq_after_max_retries,
-        "dedupWindow": dedup_window,
+        "leaseTime": o.lease_time,
+        "retryLimit": o.retry_limit,
+        "deadLetterQueue": o.dead_letter_queue,
+        "dlqAfterMaxRetries": o.dlq_after_max_retries,
+        "dedupWindow": o.dedup_window,
         "encryption": encryption,
-        "retention": retention,
-        "retryBackoff": secs(options.retry_backoff),
-        "retryBackoffMax": secs(options.retry_backoff_max),
-        "delay": secs(options.delay),
-        "createGroups": create_groups,
-        "partitionIdleTtl": secs(options.partition_idle_ttl),
+        "retention": o.retention,
+        "retryBackoff": secs(o.retry_backoff),
+        "retryBackoffMax": secs(o.retry_backoff_max),
+        "delay": secs(o.delay),
+        "createGroups": o.create_groups,
+        "partitionIdleTtl": secs(o.partition_idle_ttl),
     }))
 }
 
