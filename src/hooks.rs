@@ -263,7 +263,8 @@ unsafe extern "C-unwind" fn process_utility(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
-    let around = before_guarded(pstmt);
+    // SAFETY: `pstmt` is the statement PostgreSQL passed to this hook.
+    let around = unsafe { before_guarded(pstmt) };
     // SAFETY: the previous hook (or the standard function) with the arguments PostgreSQL
     // passed to this one. Nothing in this frame needs dropping if it raises an ERROR.
     unsafe {
@@ -308,7 +309,8 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
     if stmt.is_null() {
         return Around::Nothing;
     }
-    if extension_statement(stmt) {
+    // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
+    if unsafe { extension_statement(stmt) } {
         // The worker steps aside while the extension's objects change under it (it would
         // otherwise hold a table the statement needs, and one of the two would be cancelled
         // as a deadlock), and is asked for again when the statement commits.
@@ -317,7 +319,8 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
         crate::dbs::resume_at_transaction_end();
         return Around::Nothing;
     }
-    if let Some(database) = database_needed(stmt) {
+    // SAFETY: as above.
+    if let Some(database) = unsafe { database_needed(stmt) } {
         crate::worker::leave_database(database);
         return Around::Database(database);
     }
