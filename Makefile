@@ -60,7 +60,7 @@ install: deps
 	cargo pgrx install --release --pg-config $(PG_CONFIG)
 	$(PREVIOUS_SQL)
 
-# The tests' build: debug, with the fail points compiled in (src/failpoints.rs).
+# The tests' build: debug, with the fail points compiled in (src/pg/failpoints.rs).
 install-debug: deps
 	$(UNLINK_SO)
 	cargo pgrx install --pg-config $(PG_CONFIG) --features failpoints

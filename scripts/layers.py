@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """The declared layering of queen's two crates, checked (`make lint` runs this).
 
-Each module of `src/` and `core/src/` belongs to one room; rooms are listed bottom first.
-A module may use modules of its own room and of the rooms below it, never of a room above,
-and no set of modules may import each other in a circle. docs/architecture.md explains
-the rooms. A new module must be given a room here, or the check fails.
+A module is a file: `src/pg/errors.rs` is `pg::errors`, `src/hooks.rs` is `hooks`, a
+`mod.rs` is its directory. Each module belongs to the room named by its first path part;
+rooms are listed bottom first. In `src/` the rooms are directories (`pg/`, `lane/`, ...)
+plus the entry points at the top; `core/src/` is flat and its rooms list its files. A
+module may use modules of its own room and of the rooms below it, never of a room above,
+and no set of modules may import each other in a circle. docs/architecture.md explains the
+rooms. A new directory or a new core module must be given a room here, or the check fails.
 
-An import is any `crate::<module>` in a file (a `use` line, a `use crate::{...}` group or
-an inline path), outside comment lines and its `#[cfg(test)] mod tests` block. (`super::`
-paths are not followed: the crates use them only inside test modules.)
+An import is any `crate::` path in a file (a `use` line, a `use crate::{...}` tree or an
+inline path), outside comment lines and its `#[cfg(test)] mod tests` block; it names the
+longest module its path starts with. (`super::` paths are not followed: the crates use
+them only inside test modules.)
 
     python3 scripts/layers.py             check both crates
     python3 scripts/layers.py --self-test show that an upward import and a cycle fail
@@ -20,23 +24,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# src/: PostgreSQL plumbing at the bottom, entry points at the top.
+# src/: PostgreSQL plumbing at the bottom, entry points at the top. Each room but the
+# last is a directory of src/.
 SRC_ROOMS = [
-    # PostgreSQL plumbing and leaf helpers: import nothing of queen's above them.
-    ("pg", "errors spi srf heap jsonb shmem catalog cache clock settings ids failpoints deferred wake"),
-    # Services the domain uses: Citus routing, encryption, durability, per-database
-    # slots and counters, lock helpers, name checks.
-    ("services", "names citus encryption durability dbs stats locks"),
-    # The domain: partition offsets, segments and generations (storage), lanes (registry
-    # and rows), queues, groups' creation, privileges.
-    ("domain", "offsets segments generations lane_rows lanes queues privileges"),
-    # What the SQL functions do, over the domain.
-    ("operations", "push pop ack dlq churn compaction retention"),
-    # Entry points: SQL wrappers, the background workers, hooks, the crate root.
-    ("entry", "api worker hooks lib pg_tests"),
+    # PostgreSQL plumbing and leaf services: errors, SPI, shared memory, caches, settings,
+    # per-database slots, lock helpers. Imports nothing of queen's above it.
+    ("pg", "pg"),
+    # The partition offsets registry: reserved, committed and readable ends (src/offsets.rs).
+    ("offsets", "offsets"),
+    # Lanes: the lane registry in shared memory and the lane rows.
+    ("lane", "lane"),
+    # Segments, generations, compaction, retention, churn.
+    ("storage", "storage"),
+    # Queue lookup and creation, names, privileges, encryption, Citus routing.
+    ("queue", "queue"),
+    # What push, pop and ack do, and the dead-letter writes.
+    ("ops", "ops"),
+    # Entry points: SQL wrappers (api/), hooks, the background workers, the crate root.
+    ("entry", "api hooks worker lib pg_tests"),
 ]
 
-# core/src/: pure Rust.
+# core/src/: pure Rust, flat.
 CORE_ROOMS = [
     ("base", "fail ids names lease lock_order envelope segment routing claim dedup generations compaction table"),
     ("rules", "policy ack lane"),
@@ -63,8 +71,60 @@ def strip_tests(text):
 
 
 def module_of(path, base):
-    rel = path.relative_to(base)
-    return rel.parts[0][:-3] if len(rel.parts) == 1 else rel.parts[0]
+    parts = list(path.relative_to(base).parts)
+    parts[-1] = parts[-1][:-3]
+    if parts[-1] == "mod" and len(parts) > 1:
+        parts.pop()
+    return "::".join(parts)
+
+
+def paths_in(text):
+    """Every `crate::` path of a text, as `a::b::c` strings, `use crate::{...}` trees expanded."""
+    found = [m.group(1)[2:] for m in re.finditer(r"\bcrate((?:::[a-z_][a-z0-9_]*)+)", text)]
+    for m in re.finditer(r"\bcrate((?:::[a-z_][a-z0-9_]*)*)::\{", text):
+        prefix = m.group(1)[2:]
+        found += [f"{prefix}::{p}" if prefix else p for p in tree(text, m.end())]
+    return found
+
+
+def tree(text, start):
+    """The paths of a use tree whose `{` opens just before `start`: `{a::{b, c}, d}` gives
+    a::b, a::c and d."""
+    out, item, i = [], "", start
+    while i < len(text):
+        c = text[i]
+        if c == "{":
+            head = item.strip().rstrip(":").strip()
+            inner, i = tree(text, i + 1), i
+            depth = 1
+            i += 1
+            while depth:
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            out += [f"{head}::{p}" if head else p for p in inner]
+            item = ""
+            continue
+        if c == "}":
+            break
+        if c == ",":
+            if item.strip():
+                out.append(item.strip())
+            item = ""
+        else:
+            item += c
+        i += 1
+    if item.strip():
+        out.append(item.strip())
+    return [re.sub(r"\s+as\s+\w+$", "", p).replace(" ", "") for p in out if p.strip()]
+
+
+def resolve(path, modules):
+    """The longest module a path starts with, or None."""
+    parts = path.split("::")
+    for n in range(len(parts), 0, -1):
+        if "::".join(parts[:n]) in modules:
+            return "::".join(parts[:n])
+    return None
 
 
 def graph(files):
@@ -76,37 +136,9 @@ def graph(files):
             text = strip_tests(text)
             # Comment lines (doc comments name modules without importing them).
             text = "\n".join(line for line in text.split("\n") if not line.lstrip().startswith("//"))
-            deps |= set(re.findall(r"\bcrate::([a-z_][a-z0-9_]*)", text))
-            for m in re.finditer(r"use crate::\{", text):
-                deps |= top_level_names(text, m.end())
-        g[mod] = {d for d in deps if d != mod}
-    for mod in g:
-        g[mod] &= set(g)
+            deps |= {resolve(p, files) for p in paths_in(text)}
+        g[mod] = {d for d in deps if d and d != mod}
     return g
-
-
-def top_level_names(text, start):
-    """The first path segment of each item of a `use crate::{...}` group that opens just
-    before `start`: `{a::{b, c}, d}` gives a and d."""
-    names, depth, item, i = set(), 0, "", start
-    while i < len(text):
-        c = text[i]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            if depth == 0:
-                break
-            depth -= 1
-        elif c == "," and depth == 0:
-            names.add(item.strip().split("::")[0])
-            item = ""
-            i += 1
-            continue
-        if depth == 0:
-            item += c
-        i += 1
-    names.add(item.strip().split("::")[0])
-    return {n for n in names if n}
 
 
 def cycles(g):
@@ -148,20 +180,25 @@ def check(crate, files, rooms):
         for m in mods.split():
             level[m] = i
     g = graph(files)
+
+    def room(m):
+        return level.get(m.split("::")[0])
+
     problems = []
     for m in sorted(g):
-        if m not in level:
+        if room(m) is None:
             problems.append(f"{crate}: module {m} has no room (scripts/layers.py)")
     for m in sorted(g):
         for d in sorted(g[m]):
-            if m in level and d in level and level[d] > level[m]:
+            if room(m) is not None and room(d) is not None and room(d) > room(m):
                 problems.append(
-                    f"{crate}: {m} ({rooms[level[m]][0]}) imports {d} ({rooms[level[d]][0]}), a room above it"
+                    f"{crate}: {m} ({rooms[room(m)][0]}) imports {d} ({rooms[room(d)][0]}), a room above it"
                 )
     for comp in cycles(g):
         problems.append(f"{crate}: import cycle among {', '.join(comp)}")
+    tops = {m.split("::")[0] for m in g}
     for m in sorted(level):
-        if m not in g:
+        if m not in tops:
             problems.append(f"{crate}: scripts/layers.py names {m}, which does not exist")
     return problems
 
@@ -190,7 +227,13 @@ def self_test():
     assert check("t", in_tests, rooms) == []
     unknown = {"a": [""], "b": [""], "c": [""], "d": [""]}
     assert any("d has no room" in p for p in check("t", unknown, rooms))
-    print("layers.py self-test: an upward import, a cycle and a module without a room are caught")
+    # Directories: a module is a path; a tree names the modules inside the directory.
+    dirs = {"a": [""], "a::x": ["use crate::a::y;"], "a::y": ["use crate::{c::z as w, a::{x}};"],
+            "b": [""], "c": [""], "c::z": [""]}
+    found = check("t", dirs, rooms)
+    assert any("a::y (low) imports c::z (high)" in p for p in found), found
+    assert any("cycle among a::x, a::y" in p for p in found), found
+    print("layers.py self-test: an upward import, a cycle, a module without a room and the same in directories are caught")
 
 
 def main():

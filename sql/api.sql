@@ -2,7 +2,7 @@
 -- defaults and named result types. Every function has a fixed search_path.
 
 -- queen.push, queen.push_batch and queen.pop are C functions that return their rows all at
--- once and pin their search path themselves (src/push.rs, src/pop.rs); pop also sets two
+-- once and pin their search path themselves (src/ops/push.rs, src/ops/pop.rs); pop also sets two
 -- planner settings for its own statements (see there).
 
 -- Privileges: the API is granted to queen's roles, function by function; internals are not.
@@ -51,7 +51,7 @@ BEGIN
     RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
       USING ERRCODE = '22023';
   END IF;
-  -- Per-queue privileges (src/privileges.rs): a named queue must be one the session's
+  -- Per-queue privileges (src/queue/privileges.rs): a named queue must be one the session's
   -- role may consume; without a name, only those are listed.
   IF dlq.queue IS NOT NULL THEN
     PERFORM queen._require(dlq.queue, 'consume');
@@ -126,7 +126,7 @@ BEGIN
     RETURN QUERY EXECUTE format('SELECT * FROM queen._status_at_home(%L)', status.queue);
     RETURN;
   END IF;
-  -- Per-queue privileges (src/privileges.rs).
+  -- Per-queue privileges (src/queue/privileges.rs).
   IF status.queue IS NOT NULL THEN
     PERFORM queen._require(status.queue, 'admin');
   END IF;
@@ -182,7 +182,7 @@ BEGIN
     RETURN QUERY EXECUTE format('SELECT * FROM queen._totals_at_home(%L)', totals.queue);
     RETURN;
   END IF;
-  -- Per-queue privileges (src/privileges.rs).
+  -- Per-queue privileges (src/queue/privileges.rs).
   IF totals.queue IS NOT NULL THEN
     PERFORM queen._require(totals.queue, 'admin');
   END IF;
@@ -223,7 +223,7 @@ END $$;
 COMMENT ON FUNCTION queen.totals(text) IS
   'queen: per queue and consumer group — partitions, messages, committed, lag, leased lanes, dead letters';
 
--- On Citus (docs/citus.md, src/citus.rs): status, totals and dlq for a queue whose home is
+-- On Citus (docs/citus.md, src/queue/citus.rs): status, totals and dlq for a queue whose home is
 -- another node forward the call there through these forms, which queen.distribute() makes
 -- distributed functions on their queue (they have no defaults, which Citus needs to route).
 -- Each first refuses (55000) a call that reached a node that is not the queue's home, so a
@@ -277,12 +277,12 @@ BEGIN
   IF queue IS NULL THEN
     RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
   END IF;
-  -- On Citus, only the queue's home deletes it (src/citus.rs).
+  -- On Citus, only the queue's home deletes it (src/queue/citus.rs).
   PERFORM queen._ensure_home(delete_queue.queue);
   PERFORM queen._require(delete_queue.queue, 'admin');
   -- The queue lock in exclusive mode before anything else: every call that touched the
   -- queue holds it in share mode until it ends, so this waits for them and none of them
-  -- waits for this while holding a row of the queue (src/locks.rs). Then the queue row,
+  -- waits for this while holding a row of the queue (src/pg/locks.rs). Then the queue row,
   -- then its partitions in name order.
   SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.name = delete_queue.queue;
   IF qid IS NOT NULL THEN
@@ -302,7 +302,7 @@ BEGIN
   n_segments := n_segments + n_fresh;
   DELETE FROM queen.dedup d USING queen.partitions p
    WHERE p.queue_id = qid AND d.partition_id = p.partition_id;
-  -- The lanes, rows and registry slots (src/lane_rows.rs).
+  -- The lanes, rows and registry slots (src/lane/rows.rs).
   PERFORM queen._delete_lanes(qid);
   DELETE FROM queen.leases le WHERE le.queue_id = qid;
   DELETE FROM queen.log_dlq d WHERE d.queue_id = qid;
@@ -311,12 +311,12 @@ BEGIN
   GET DIAGNOSTICS n_partitions = ROW_COUNT;
   -- The queue's grants, and with them the functions a role no longer needs: a role left
   -- with no queue grant and the EXECUTE rights queen.grant gave it would otherwise count
-  -- as a 0.3.0 role, allowed on every queue (src/privileges.rs).
+  -- as a 0.3.0 role, allowed on every queue (src/queue/privileges.rs).
   WITH gone AS (DELETE FROM queen.queue_grants g WHERE g.queue_id = qid RETURNING g.grantee)
   SELECT array_agg(DISTINCT grantee) INTO grantees FROM gone;
   PERFORM queen._sync_grants(r) FROM unnest(grantees) r;
   DELETE FROM queen.queues q WHERE q.queue_id = qid;
-  -- Every backend forgets where this queue's partitions were (src/queues.rs, targets).
+  -- Every backend forgets where this queue's partitions were (src/queue/lookup.rs, targets).
   PERFORM queen._queues_changed();
   RETURN jsonb_build_object('queue', queue, 'deleted', true, 'partitions', n_partitions,
                             'segments', n_segments, 'deadLetters', n_dead);
@@ -343,7 +343,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
-  -- Per-queue privileges (src/privileges.rs): the queues the session's role administers
+  -- Per-queue privileges (src/queue/privileges.rs): the queues the session's role administers
   -- (NULL: all); the database-wide parts (retention, maintenance) need all.
   permitted bigint[] := queen._permitted_queues('admin');
 BEGIN
@@ -484,7 +484,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 -- sql/schema.sql) EXECUTE on every function of that name (all its overloads: a new
 -- overload of a public name is public too, so internal forms get names of their own, as
 -- _status_at_home does); a function not listed is granted to nobody. queen.grant gives a per-queue role the functions of the
--- shipped role its privilege matches (src/privileges.rs), so this table decides that too.
+-- shipped role its privilege matches (src/queue/privileges.rs), so this table decides that too.
 -- The upgrade script runs this block again (scripts/upgrade_sql.py keeps DO $grants$).
 DO $grants$
 DECLARE
@@ -525,7 +525,7 @@ END $grants$;
 -- totals and dlq forward to), so that the coordinator delegates each call to the worker
 -- that holds the queue. Likewise
 -- queen_citus.id_routes by uuid, for the functions whose first argument is a lease id or a
--- partition id: a worker mints those ids so that they route back to it (src/citus.rs).
+-- partition id: a worker mints those ids so that they route back to it (src/queue/citus.rs).
 -- queen's own tables stay local on every node. Idempotent. Returns what it distributed.
 -- Parameters: none. Returns: jsonb {functions, shards, workers}.
 -- Tables: creates queen_citus.queue_homes and queen_citus.id_routes (empty; only their
@@ -600,7 +600,7 @@ END $$;
 REVOKE ALL ON FUNCTION queen.distribute() FROM PUBLIC;
 COMMENT ON FUNCTION queen.distribute() IS 'queen: on a Citus coordinator, route every call that names a queue to the worker that holds it';
 
--- The swap that ends a rotation of the segment generations (src/generations.rs): the
+-- The swap that ends a rotation of the segment generations (src/storage/generations.rs): the
 -- oldest generation's tables are locked exclusively, the rows still in generation `oldest`
 -- (those the move before it skipped: partitions busy at that moment) are copied into
 -- generation `current`, `oldest` is emptied with TRUNCATE and becomes current. Returns the
@@ -643,7 +643,7 @@ REVOKE ALL ON FUNCTION queen._rotate_segments(int, int) FROM PUBLIC;
 COMMENT ON FUNCTION queen._rotate_segments(int, int) IS 'queen internal: the swap that ends a rotation of the segment generations: copy what the move left, empty the oldest generation (background worker, retain); not granted';
 
 -- The lane journal's table `t` saved into queen.lanes and emptied, if nothing holds it
--- (src/lanes.rs, rotate_journal: the worker calls it once no ack writes to it).
+-- (src/lane/registry.rs, rotate_journal: the worker calls it once no ack writes to it).
 CREATE FUNCTION queen._empty_journal(t int) RETURNS bool
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp

@@ -84,7 +84,7 @@ COMMENT ON TABLE queen.partitions IS 'queen: ordered lanes of a queue, each with
 
 -- Both segment tiers are split by generation (queen-core::generations): writes go to the
 -- current generation, and a rotation copies what is still live in the oldest one into the
--- current one and empties it with TRUNCATE (src/generations.rs), which frees its space even
+-- current one and empties it with TRUNCATE (src/storage/generations.rs), which frees its space even
 -- while a snapshot holds the xmin horizon back. queen.generations names the current one.
 CREATE TABLE queen.generations (
     one                bool     PRIMARY KEY DEFAULT true CHECK (one),
@@ -116,7 +116,7 @@ COMMENT ON TABLE queen.segments_0 IS 'queen: segments of generation 0';
 COMMENT ON TABLE queen.segments_1 IS 'queen: segments of generation 1';
 
 -- The fresh tier: the segment of each push of fewer than 64 messages to a partition, until
--- compaction (src/compaction.rs) merges a run of them into one row of queen.segments. Its
+-- compaction (src/storage/compaction.rs) merges a run of them into one row of queen.segments. Its
 -- offsets never overlap those of queen.segments. Emptied by compaction, it gives its pages
 -- back to VACUUM.
 CREATE TABLE queen.fresh_segments (
@@ -175,7 +175,7 @@ CREATE INDEX lanes_queue_group ON queen.lanes (queue_id, consumer_group, partiti
 COMMENT ON TABLE queen.lanes IS 'queen: a consumer group''s cursor and lease on one partition';
 
 -- With shared_preload_libraries = 'queen', a lane's live state (cursor, retry count,
--- lease) is kept in shared memory (src/lanes.rs) and queen.lanes holds the cursor and
+-- lease) is kept in shared memory (src/lane/registry.rs) and queen.lanes holds the cursor and
 -- retry count as of the last save by the background worker: every ack appends the new
 -- ones here, to the table the registry names as current, and the worker empties the other
 -- one with TRUNCATE once it has saved them (so nothing here outlives a few seconds, even
@@ -272,7 +272,7 @@ CREATE TABLE queen.dedup (
 COMMENT ON TABLE queen.dedup IS 'queen: recent producer transaction ids, for the dedup window';
 REVOKE ALL ON queen.dedup FROM PUBLIC;
 
--- Privileges on single queues (queen.grant, src/privileges.rs): a role that is a member of
+-- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
 -- no queen role may use the queues granted to it here, and no other.
 CREATE TABLE queen.queue_grants (
     queue_id   bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,

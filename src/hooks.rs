@@ -14,7 +14,7 @@
 //! **Transaction callbacks.** At commit (after the transaction's rows became visible to
 //! new snapshots) and at abort, the registries learn how the transaction ended: its offset
 //! reservations commit or leave gaps (`offsets::end`), its lanes are released or put back
-//! (`lanes::end`), waiting pops are woken (`wake`), and a start of this database's worker
+//! (`registry::end`), waiting pops are woken (`wake`), and a start of this database's worker
 //! it asked for is handed to the launcher (`dbs`). None of this may raise: after a commit
 //! an ERROR is a PANIC, and during an abort it would recurse. Each part catches its own
 //! failures (a registry update that fails is undone whole and done later: see
@@ -36,7 +36,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 
-use crate::errors;
+use crate::pg::errors;
 
 static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 static mut PREV_REQUEST: Option<unsafe extern "C-unwind" fn()> = None;
@@ -51,9 +51,13 @@ pub fn init() {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
         for cache in [pg_sys::SysCacheIdentifier::NAMESPACENAME, pg_sys::SysCacheIdentifier::RELNAMENSP] {
-            pg_sys::CacheRegisterSyscacheCallback(cache as i32, Some(crate::catalog::forget), pg_sys::Datum::from(0));
+            pg_sys::CacheRegisterSyscacheCallback(
+                cache as i32,
+                Some(crate::pg::catalog::forget),
+                pg_sys::Datum::from(0),
+            );
         }
-        pg_sys::CacheRegisterRelcacheCallback(Some(crate::cache::relcache_callback), pg_sys::Datum::from(0));
+        pg_sys::CacheRegisterRelcacheCallback(Some(crate::pg::cache::relcache_callback), pg_sys::Datum::from(0));
     }
     // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it loads
     // shared_preload_libraries; chaining these hooks there is what PostgreSQL expects.
@@ -78,13 +82,13 @@ unsafe extern "C-unwind" fn shmem_request() {
         if let Some(prev) = PREV_REQUEST {
             prev();
         }
-        pg_sys::RequestAddinShmemSpace(crate::wake::shmem_size());
+        pg_sys::RequestAddinShmemSpace(crate::pg::wake::shmem_size());
         pg_sys::RequestAddinShmemSpace(crate::offsets::shmem_size());
         pg_sys::RequestNamedLWLockTranche(crate::offsets::TRANCHE.as_ptr(), 1);
-        pg_sys::RequestAddinShmemSpace(crate::lanes::shmem_size());
-        pg_sys::RequestNamedLWLockTranche(crate::lanes::TRANCHE.as_ptr(), 1);
-        pg_sys::RequestAddinShmemSpace(crate::dbs::shmem_size());
-        pg_sys::RequestNamedLWLockTranche(crate::dbs::TRANCHE.as_ptr(), 1);
+        pg_sys::RequestAddinShmemSpace(crate::lane::registry::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::lane::registry::TRANCHE.as_ptr(), 1);
+        pg_sys::RequestAddinShmemSpace(crate::pg::dbs::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::pg::dbs::TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -98,10 +102,10 @@ unsafe extern "C-unwind" fn shmem_startup() {
         }
         let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
-        crate::wake::shmem_init(alloc(c"queen wake-ups", crate::wake::shmem_size()));
+        crate::pg::wake::shmem_init(alloc(c"queen wake-ups", crate::pg::wake::shmem_size()));
         crate::offsets::shmem_init(alloc(c"queen offsets", crate::offsets::shmem_size()));
-        crate::lanes::shmem_init(alloc(c"queen lanes", crate::lanes::shmem_size()));
-        crate::dbs::shmem_init(alloc(c"queen databases", crate::dbs::shmem_size()));
+        crate::lane::registry::shmem_init(alloc(c"queen lanes", crate::lane::registry::shmem_size()));
+        crate::pg::dbs::shmem_init(alloc(c"queen databases", crate::pg::dbs::shmem_size()));
         pg_sys::LWLockRelease(lock);
     }
 }
@@ -133,20 +137,20 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // find them readable.
         XACT_EVENT_COMMIT => never_raise("the end of a committed transaction", || {
             crate::offsets::end(true);
-            crate::lanes::end(true);
-            crate::wake::on_commit();
-            crate::dbs::on_commit();
+            crate::lane::registry::end(true);
+            crate::pg::wake::on_commit();
+            crate::pg::dbs::on_commit();
         }),
         XACT_EVENT_ABORT => never_raise("the end of an aborted transaction", || {
             crate::offsets::end(false);
             crate::offsets::prepare_failed();
-            crate::lanes::end(false);
-            crate::wake::on_abort();
-            crate::cache::on_abort();
-            crate::dbs::on_abort();
+            crate::lane::registry::end(false);
+            crate::pg::wake::on_abort();
+            crate::pg::cache::on_abort();
+            crate::pg::dbs::on_abort();
             queen_core::segment::forget_blocks();
         }),
-        XACT_EVENT_PRE_PREPARE if crate::lanes::in_use() => errors::raise(
+        XACT_EVENT_PRE_PREPARE if crate::lane::registry::in_use() => errors::raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             "queen: a transaction that popped, acked or extended a lease cannot be prepared (PREPARE TRANSACTION): \
              the lanes it holds live in this session's shared memory and would stay locked"
@@ -155,7 +159,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // (Before the prepare: an ERROR here still aborts the transaction cleanly.)
         XACT_EVENT_PRE_PREPARE => {
             crate::offsets::prepare();
-            crate::dbs::prepare();
+            crate::pg::dbs::prepare();
         }
         // Prepared: the reservations belong to the prepared transaction now; its commit
         // will wake waiting pops (`offsets::finish_prepared`). What this session cached of
@@ -163,9 +167,9 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // only if it commits.
         XACT_EVENT_PREPARE => never_raise("the end of a prepared transaction", || {
             crate::offsets::prepared();
-            crate::wake::on_abort();
-            crate::cache::on_abort();
-            crate::dbs::on_abort();
+            crate::pg::wake::on_abort();
+            crate::pg::cache::on_abort();
+            crate::pg::dbs::on_abort();
             queen_core::segment::forget_blocks();
         }),
         _ => {}
@@ -182,13 +186,13 @@ unsafe extern "C-unwind" fn subxact_callback(
     use pg_sys::SubXactEvent::*;
     match event {
         SUBXACT_EVENT_ABORT_SUB => never_raise("a subtransaction's abort", || {
-            crate::cache::on_abort();
+            crate::pg::cache::on_abort();
             queen_core::segment::forget_blocks();
-            crate::lanes::end_subxact(my_subid, parent_subid, false);
+            crate::lane::registry::end_subxact(my_subid, parent_subid, false);
             crate::offsets::end_subxact(my_subid, parent_subid, false);
         }),
         SUBXACT_EVENT_COMMIT_SUB => {
-            crate::lanes::end_subxact(my_subid, parent_subid, true);
+            crate::lane::registry::end_subxact(my_subid, parent_subid, true);
             crate::offsets::end_subxact(my_subid, parent_subid, true);
         }
         _ => {}
@@ -314,9 +318,9 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
         // The worker steps aside while the extension's objects change under it (it would
         // otherwise hold a table the statement needs, and one of the two would be cancelled
         // as a deadlock), and is asked for again when the statement commits.
-        crate::dbs::request_worker_on_commit();
-        crate::worker::leave_database(crate::dbs::my_database());
-        crate::dbs::resume_at_transaction_end();
+        crate::pg::dbs::request_worker_on_commit();
+        crate::worker::leave_database(crate::pg::dbs::my_database());
+        crate::pg::dbs::resume_at_transaction_end();
         return Around::Nothing;
     }
     // SAFETY: as above.

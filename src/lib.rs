@@ -6,43 +6,17 @@
 
 use pgrx::prelude::*;
 
-mod ack;
+// The rooms, bottom first (docs/architecture.md; scripts/layers.py checks that imports go
+// down only): PostgreSQL plumbing, partition offsets, lanes, storage, queues, operations,
+// then the entry points (api, hooks, the workers).
 mod api;
-mod cache;
-mod catalog;
-mod churn;
-mod citus;
-mod clock;
-mod compaction;
-mod dbs;
-mod deferred;
-mod dlq;
-mod durability;
-mod encryption;
-mod errors;
-mod failpoints;
-mod generations;
-mod heap;
 mod hooks;
-mod ids;
-mod jsonb;
-mod lane_rows;
-mod lanes;
-mod locks;
-mod names;
+mod lane;
 mod offsets;
-mod pop;
-mod privileges;
-mod push;
-mod queues;
-mod retention;
-mod segments;
-mod settings;
-mod shmem;
-mod spi;
-mod srf;
-mod stats;
-mod wake;
+mod ops;
+mod pg;
+mod queue;
+mod storage;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -53,8 +27,8 @@ extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 /// `shared_preload_libraries = 'queen'`, the maintenance launcher.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    settings::init();
-    failpoints::init();
+    pg::settings::init();
+    pg::failpoints::init();
     hooks::init();
     worker::init();
 }

@@ -34,10 +34,10 @@ use queen_core::offsets::{
     part_key, DropRefusal, Header, Layout, Load, PartKey, Record, Refusal, Registry, Seen, Slot, View,
 };
 
-use crate::deferred;
-use crate::errors;
-use crate::settings;
-use crate::shmem::{owner, subxact, Parts, Region};
+use crate::pg::deferred;
+use crate::pg::errors;
+use crate::pg::settings;
+use crate::pg::shmem::{owner, subxact, Parts, Region};
 
 pub const TRANCHE: &CStr = c"queen";
 
@@ -168,7 +168,7 @@ fn with_view<R>(f: impl FnOnce(&View<'_>) -> R) -> R {
 
 /// The registry's key of a partition of the current database.
 fn key(partition_id: pgrx::Uuid) -> PartKey {
-    part_key(crate::dbs::my_database(), *partition_id.as_bytes())
+    part_key(crate::pg::dbs::my_database(), *partition_id.as_bytes())
 }
 
 /// This transaction's virtual transaction id.
@@ -343,7 +343,7 @@ fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> bool {
 fn wait_for_prepared(client: &mut SpiClient<'_>) {
     loop {
         let known = with_registry(|r| r.prepared());
-        let prepared: Vec<i64> = crate::spi::run(
+        let prepared: Vec<i64> = crate::pg::spi::run(
             client,
             "SELECT x.transaction::text::int8 FROM pg_catalog.pg_prepared_xacts x
               WHERE x.database = pg_catalog.current_database()",
@@ -355,7 +355,7 @@ fn wait_for_prepared(client: &mut SpiClient<'_>) {
         if prepared.is_empty() {
             return;
         }
-        let wrote: Vec<i64> = crate::spi::run(
+        let wrote: Vec<i64> = crate::pg::spi::run(
             client,
             "SELECT DISTINCT x FROM pg_catalog.unnest($1::int8[]) AS u(x)
               WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
@@ -401,7 +401,7 @@ struct Stored {
 }
 
 fn stored_ends(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Stored {
-    let row = crate::spi::first_row_now(
+    let row = crate::pg::spi::first_row_now(
         client,
         "WITH t AS (
            SELECT (SELECT s.last_offset FROM queen.segments s WHERE s.partition_id = $1
@@ -542,7 +542,7 @@ pub fn finish_prepared(xid: u32, committed: bool) -> bool {
     }
     let ended = with_registry(|r| r.finish_prepared(xid, committed));
     if ended {
-        crate::wake::broadcast_all();
+        crate::pg::wake::broadcast_all();
     }
     ended
 }
@@ -596,9 +596,9 @@ pub unsafe fn resolving(stmt: *mut pg_sys::Node) -> Option<(u32, bool)> {
             return None;
         }
         let gid = CStr::from_ptr((*t).gid).to_string_lossy().into_owned();
-        let xid = crate::spi::with_pinned_search_path(|| {
+        let xid = crate::pg::spi::with_pinned_search_path(|| {
             Spi::connect_mut(|client| {
-                crate::spi::first_value::<i64>(crate::spi::run(
+                crate::pg::spi::first_value::<i64>(crate::pg::spi::run(
                     client,
                     "SELECT transaction::text::int8 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1",
                     &[gid.into()],

@@ -36,9 +36,9 @@ use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
-use crate::dbs::{self, Pass};
-use crate::settings;
-use crate::spi::run;
+use crate::pg::dbs::{self, Pass};
+use crate::pg::settings;
+use crate::pg::spi::run;
 
 /// Called from `_PG_init`, after the settings are defined.
 pub fn init() {
@@ -208,7 +208,7 @@ fn launch_round(
     unstartable.retain(|db| present.contains(db));
     for slot in slots {
         if !present.contains(&slot.database) {
-            let lanes = crate::lanes::forget_database(slot.database);
+            let lanes = crate::lane::registry::forget_database(slot.database);
             let partitions = crate::offsets::forget_database(slot.database);
             dbs::free(slot.database);
             last_start.remove(&slot.database);
@@ -227,7 +227,7 @@ fn launch_round(
             }
         }
     }
-    let now = crate::clock::clock_now();
+    let now = crate::pg::clock::clock_now();
     let reprobe = REPROBE.as_micros() as i64;
     for db in all.iter().filter(|d| d.serve && only.as_ref().is_none_or(|o| *o == d.name)) {
         // A worker found queen absent here and has exited: the slot goes back (unless a
@@ -306,7 +306,7 @@ enum Installed {
 }
 
 fn installed(client: &mut SpiClient<'_>) -> Installed {
-    match crate::spi::first_value::<String>(run(
+    match crate::pg::spi::first_value::<String>(run(
         client,
         "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'queen'",
         &[],
@@ -396,7 +396,7 @@ impl Maintenance {
                 self.backoff.failed(what);
                 self.errors = true;
                 pgrx::warning!("queen maintenance: {} of {what} failed, tried again later: {e}", pass.name());
-                dbs::record_pass(pass, false, crate::clock::clock_now());
+                dbs::record_pass(pass, false, crate::pg::clock::clock_now());
                 None
             }
         }
@@ -405,7 +405,7 @@ impl Maintenance {
     /// Ends a pass: counted as run, and as a success unless one of its steps failed.
     fn done(&mut self, pass: Pass) {
         if !std::mem::take(&mut self.errors) {
-            dbs::record_pass(pass, true, crate::clock::clock_now());
+            dbs::record_pass(pass, true, crate::pg::clock::clock_now());
         }
     }
 
@@ -441,7 +441,7 @@ fn wait(timeout: Duration) -> bool {
 /// Longest a retention round spends expiring one queue's idle partitions.
 const EXPIRY_BUDGET: Duration = Duration::from_secs(5);
 
-/// How often the lane journal moves on (see `lanes::rotate_journal`: a table is emptied
+/// How often the lane journal moves on (see `registry::rotate_journal`: a table is emptied
 /// within three rounds of its retirement).
 const JOURNAL_ROUND: Duration = Duration::from_secs(2);
 
@@ -489,7 +489,7 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
                 // set `requested`): then the launcher starts a worker again.
                 dbs::with(database, false, |s| {
                     if s.requested == 0 {
-                        s.absent_at = crate::clock::clock_now();
+                        s.absent_at = crate::pg::clock::clock_now();
                     }
                 });
                 // SAFETY: ending the process; exit code 0 (a dynamic worker is not restarted).
@@ -506,11 +506,11 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
     rounds(&mut m);
     // A clean stop saves every cursor into queen.lanes, so that a restart without the
     // library preloaded (no registry, no journal) finds them there.
-    if crate::lanes::enabled() {
+    if crate::lane::registry::enabled() {
         let _ = m.step(Pass::Journal, "the journal's save", || {
             Spi::connect_mut(|client| {
                 if installed(client) == Installed::Yes {
-                    crate::lane_rows::save_journal(client);
+                    crate::lane::rows::save_journal(client);
                 }
             })
         });
@@ -595,10 +595,11 @@ fn rounds(m: &mut Maintenance) {
 
 /// The lane journal moves on, and prepared transactions' offsets that ended unseen go.
 fn journal_round(m: &mut Maintenance) {
-    if crate::lanes::enabled() {
-        let done = m.step(Pass::Journal, "the lane journal", || Spi::connect_mut(crate::lanes::rotate_journal));
+    if crate::lane::registry::enabled() {
+        let done =
+            m.step(Pass::Journal, "the lane journal", || Spi::connect_mut(crate::lane::registry::rotate_journal));
         if let Some(done) = done {
-            crate::lanes::rotated(done);
+            crate::lane::registry::rotated(done);
         }
         m.done(Pass::Journal);
     }
@@ -611,7 +612,7 @@ fn journal_round(m: &mut Maintenance) {
 /// pass), then the rotation of the segment generations, then the expiry of idle
 /// partitions and old dedup entries.
 fn retention_round(m: &mut Maintenance) {
-    let queues = m.step(Pass::Retention, "the queue list", || Spi::connect_mut(crate::retention::queues_due));
+    let queues = m.step(Pass::Retention, "the queue list", || Spi::connect_mut(crate::storage::retention::queues_due));
     let mut bytes = 0;
     for (queue_id, retention) in queues.unwrap_or_default() {
         if Maintenance::stopping() {
@@ -619,17 +620,17 @@ fn retention_round(m: &mut Maintenance) {
         }
         let what = format!("queue {queue_id}");
         if let Some(Some((_, b))) = m.step(Pass::Retention, &what, || {
-            Spi::connect_mut(|c| crate::retention::retain_queue(c, queue_id, retention))
+            Spi::connect_mut(|c| crate::storage::retention::retain_queue(c, queue_id, retention))
         }) {
             bytes += b;
         }
     }
     if !std::mem::take(&mut m.errors) {
-        crate::stats::record_retention(crate::clock::clock_now(), bytes);
+        crate::pg::stats::record_retention(crate::pg::clock::clock_now(), bytes);
     }
-    let _ = m.step(Pass::Rotation, "the segment generations", || Spi::connect_mut(crate::generations::rotate));
+    let _ = m.step(Pass::Rotation, "the segment generations", || Spi::connect_mut(crate::storage::generations::rotate));
     m.done(Pass::Rotation);
-    let queues = m.step(Pass::Expiry, "the queue list", || Spi::connect_mut(crate::churn::queues_to_expire));
+    let queues = m.step(Pass::Expiry, "the queue list", || Spi::connect_mut(crate::storage::churn::queues_to_expire));
     for queue_id in queues.unwrap_or_default() {
         // Step after step (each its own transaction) while there is more, for a few
         // seconds at most: a queue with many idle partitions does not hold the round up.
@@ -639,7 +640,8 @@ fn retention_round(m: &mut Maintenance) {
                 return;
             }
             let what = format!("queue {queue_id}");
-            let more = m.step(Pass::Expiry, &what, || Spi::connect_mut(|c| crate::churn::expire_queue(c, queue_id)));
+            let more =
+                m.step(Pass::Expiry, &what, || Spi::connect_mut(|c| crate::storage::churn::expire_queue(c, queue_id)));
             if !more.is_some_and(|(_, _, full)| full) || Instant::now() >= until {
                 break;
             }
@@ -735,7 +737,7 @@ impl Compactor {
         let full = self.listed.is_none_or(|t| t.elapsed() >= FULL_LIST_EVERY);
         let pids: Vec<pgrx::Uuid> = if full {
             let Some(pids) = m.step(Pass::Compaction, "the fresh tier's list", || {
-                Spi::connect_mut(|client| crate::compaction::partitions_to_compact(client, None))
+                Spi::connect_mut(|client| crate::storage::compaction::partitions_to_compact(client, None))
             }) else {
                 m.done(Pass::Compaction);
                 return;
@@ -762,7 +764,7 @@ impl Compactor {
             let from = self.from.get(&pid).copied().unwrap_or(0);
             let what = format!("partition {pid}");
             let Some((done, next)) = m.step(Pass::Compaction, &what, || {
-                Spi::connect_mut(|client| crate::compaction::compact_partition(client, pid, from))
+                Spi::connect_mut(|client| crate::storage::compaction::compact_partition(client, pid, from))
             }) else {
                 continue;
             };
@@ -778,7 +780,7 @@ impl Compactor {
                 if let Err(e) = vacuum_fresh_tier() {
                     m.errors = true;
                     pgrx::warning!("queen maintenance: the VACUUM of the fresh tier failed: {e}");
-                    dbs::record_pass(Pass::Compaction, false, crate::clock::clock_now());
+                    dbs::record_pass(Pass::Compaction, false, crate::pg::clock::clock_now());
                 } else {
                     self.vacuumed_at = horizon;
                 }
@@ -793,7 +795,7 @@ impl Compactor {
 /// While it stays the same, a VACUUM can remove nothing that the last one could not, and
 /// only scans: a long transaction makes a pass skip it instead.
 fn xmin_horizon(client: &mut SpiClient<'_>) -> Option<String> {
-    crate::spi::first_value::<String>(run(
+    crate::pg::spi::first_value::<String>(run(
         client,
         "SELECT x::text FROM (
            SELECT backend_xmin AS x FROM pg_catalog.pg_stat_activity
@@ -819,7 +821,7 @@ pub fn leave_database(database: u32) {
     if !dbs::enabled() {
         return;
     }
-    let until = crate::clock::clock_now() + LEAVE_PAUSE_MICROS;
+    let until = crate::pg::clock::clock_now() + LEAVE_PAUSE_MICROS;
     // (A slot is taken for the pause if the database has none: a database without queen
     // holds none, and the launcher must not start a worker there meanwhile.)
     let Some(pid) = dbs::with(database, true, |s| {

@@ -677,7 +677,7 @@ mod tests {
         const SCHEMA: &str = include_str!("../../sql/schema.sql");
         const API: &str = include_str!("../../sql/api.sql");
         /// `queen.pop` is declared beside its C function.
-        const POP: &str = include_str!("../../src/pop.rs");
+        const POP: &str = include_str!("../../src/ops/pop.rs");
 
         /// The DEFAULT of `column` inside the `CREATE TABLE queen.<table>` statement.
         fn column_default(table: &str, column: &str) -> String {

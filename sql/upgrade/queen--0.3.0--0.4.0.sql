@@ -22,7 +22,7 @@ ALTER TABLE queen.queues
   ADD COLUMN create_groups      bool     NOT NULL DEFAULT true,
   ADD COLUMN partition_idle_ttl interval NOT NULL DEFAULT '0s';
 
--- Privileges on single queues (queen.grant, src/privileges.rs): a role that is a member of
+-- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
 -- no queen role may use the queues granted to it here, and no other.
 CREATE TABLE queen.queue_grants (
     queue_id   bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,

@@ -8,15 +8,15 @@ use pgrx::{JsonB, PgLogLevel, PgSqlErrorCode};
 use queen_core::lease::{Budget, MICROS};
 use serde_json::json;
 
-use crate::clock::{clock_now, timestamptz};
-use crate::errors::{self, SpiExt};
-use crate::names::{check_lane_name, check_queue_name};
-use crate::queues;
-use crate::spi::{first_value, run};
+use crate::pg::clock::{clock_now, timestamptz};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::spi::{first_value, run};
+use crate::queue::lookup;
+use crate::queue::names::{check_lane_name, check_queue_name};
 
 /// Microseconds in an interval argument (`clock::interval_micros`); NULL is an error.
 fn micros(argument: &str, v: Option<Interval>) -> i64 {
-    crate::clock::interval_micros(argument, v.unwrap_or_else(|| errors::null_arg(argument)))
+    crate::pg::clock::interval_micros(argument, v.unwrap_or_else(|| errors::null_arg(argument)))
 }
 
 fn secs(m: i64) -> f64 {
@@ -45,9 +45,9 @@ fn configure_group(
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
     check_queue_name("queue", queue);
-    crate::citus::ensure_home(queue);
+    crate::queue::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
-    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
+    crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin);
     let b = Budget {
         handler_timeout: micros("handler_timeout", handler_timeout),
         queue_margin: micros("queue_margin", queue_margin),
@@ -58,12 +58,12 @@ fn configure_group(
         errors::violation(v);
     }
     // Pops cache a group's budget (`pop::group_info`): they read it again once this commits.
-    crate::cache::invalidate();
+    crate::pg::cache::invalidate();
     Spi::connect_mut(|client| {
-        let (queue_id, ..) = queues::ensure_queue_locked(client, queue);
+        let (queue_id, ..) = lookup::ensure_queue_locked(client, queue);
         // Creates the group and its lanes as a first pop would ('all'), after a session
         // that is creating it right now.
-        queues::ensure_group(client, queue_id, group, "all", true);
+        lookup::ensure_group(client, queue_id, group, "all", true);
         run(
             client,
             "INSERT INTO queen.groups AS g (queue_id, consumer_group, handler_timeout, queue_margin,
@@ -111,10 +111,10 @@ COMMENT ON FUNCTION queen.may_start(uuid, interval) IS
 #[search_path(pg_catalog, pg_temp)]
 fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Interval>, "NULL")) -> bool {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-    crate::citus::ensure_id_home("lease", &lease_id);
+    crate::queue::citus::ensure_id_home("lease", &lease_id);
     let asked = handler_timeout.map(|v| micros("handler_timeout", Some(v)));
     let now = clock_now();
-    let found = if crate::lanes::enabled() {
+    let found = if crate::lane::registry::enabled() {
         may_start_registry(lease_id, now)
     } else {
         Spi::connect_mut(|client| {
@@ -126,7 +126,7 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
                 &[lease_id.into()],
             ));
             if let Some(queue_id) = queue {
-                crate::privileges::require_id(client, queue_id, crate::privileges::Privilege::Consume);
+                crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Consume);
             }
             let rows = run(
                 client,
@@ -194,14 +194,14 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
 /// With the lane registry: the remaining time of the lease (its earliest live lane) and
 /// the group's handler timeout, grace and record margin (microseconds).
 fn may_start_registry(lease_id: pgrx::Uuid, now: i64) -> Option<(i64, Option<i64>, i64, i64)> {
-    let info = crate::lanes::lease(lease_id)?;
+    let info = crate::lane::registry::lease(lease_id)?;
     Spi::connect_mut(|client| {
-        crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Consume)
+        crate::queue::privileges::require_id(client, info.queue_id, crate::queue::privileges::Privilege::Consume)
     });
     let earliest = info
         .lanes
         .iter()
-        .map(|k| crate::lanes::view(pgrx::Uuid::from_bytes(k.partition), &info.group).0)
+        .map(|k| crate::lane::registry::view(pgrx::Uuid::from_bytes(k.partition), &info.group).0)
         .filter(|s| s.held_by(lease_id.as_bytes(), now))
         .map(|s| s.lease_expires)
         .min()?;

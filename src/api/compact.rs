@@ -5,7 +5,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::json;
 
-use crate::compaction::{compact_partition, partitions_to_compact, Done};
+use crate::storage::compaction::{compact_partition, partitions_to_compact, Done};
 
 extension_sql!(
     r#"
@@ -21,14 +21,14 @@ COMMENT ON FUNCTION queen.compact(text) IS
 #[search_path(pg_catalog, pg_temp)]
 fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
-        crate::names::check_queue_name("queue", q);
-        crate::citus::ensure_home(q);
+        crate::queue::names::check_queue_name("queue", q);
+        crate::queue::citus::ensure_home(q);
     }
-    crate::privileges::require(queue, crate::privileges::Privilege::Admin);
+    crate::queue::privileges::require(queue, crate::queue::privileges::Privilege::Admin);
     // A merge must see every fresh segment of its run. A fixed snapshot may miss one
     // committed since it was taken (or copied forward by a rotation of the segment
     // generations), and the merged segment would then hold a gap at its offsets.
-    crate::errors::read_committed_only(
+    crate::pg::errors::read_committed_only(
         "compact",
         "the transaction's snapshot may miss segments committed since it was taken",
     );

@@ -8,16 +8,16 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::policy::QueueOptions;
 
-use crate::cache;
-use crate::citus;
-use crate::clock::interval_micros;
-use crate::encryption;
-use crate::errors::null_arg;
-use crate::locks;
-use crate::names::check_queue_name;
-use crate::privileges::{self, Privilege};
-use crate::settings;
-use crate::spi::{first_value, run};
+use crate::pg::cache;
+use crate::pg::clock::interval_micros;
+use crate::pg::errors::null_arg;
+use crate::pg::locks;
+use crate::pg::settings;
+use crate::pg::spi::{first_value, run};
+use crate::queue::citus;
+use crate::queue::encryption;
+use crate::queue::names::check_queue_name;
+use crate::queue::privileges::{self, Privilege};
 
 extension_sql!(
     r#"
@@ -81,7 +81,7 @@ fn configure_queue(
         partition_idle_ttl: interval_micros("partition_idle_ttl", partition_idle_ttl),
     };
     if let Err(v) = options.validate(settings::max_lease()) {
-        crate::errors::violation(v);
+        crate::pg::errors::violation(v);
     }
     if encryption == Some(true) {
         encryption::require_key(queue);
@@ -118,7 +118,7 @@ fn store(
         let stored =
             first_value::<bool>(run(client, "SELECT encryption FROM queen.queues WHERE name = $1", &[queue.into()]));
         if stored == Some(true) {
-            crate::errors::raise(
+            crate::pg::errors::raise(
                 pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!(
                     "queen: queue {queue:?} is encrypted: pass encryption => true to keep it so, \
@@ -182,7 +182,7 @@ fn answer(o: &QueueOptions, encryption: bool) -> pgrx::JsonB {
     }))
 }
 
-crate::srf::function_info_v1!(pg_finfo_configure_wrapper);
+crate::pg::srf::function_info_v1!(pg_finfo_configure_wrapper);
 
 /// The C symbol of `queen.configure` up to 0.3.0, whose SQL declared 11 arguments. A
 /// database whose SQL is still that of 0.3.0 when this library is loaded (after an
@@ -194,5 +194,5 @@ crate::srf::function_info_v1!(pg_finfo_configure_wrapper);
 #[no_mangle]
 #[pgrx::pg_guard]
 pub unsafe extern "C-unwind" fn configure_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    crate::errors::older_sql()
+    crate::pg::errors::older_sql()
 }

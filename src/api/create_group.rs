@@ -4,12 +4,12 @@
 use pgrx::prelude::*;
 use queen_core::policy::Subscription;
 
-use crate::citus;
-use crate::errors::{null_arg, violation, SpiExt};
-use crate::names::{check_lane_name, check_queue_name};
-use crate::privileges::{self, Privilege};
-use crate::queues::{ensure_group, ensure_queue_locked};
-use crate::spi::run;
+use crate::pg::errors::{null_arg, violation, SpiExt};
+use crate::pg::spi::run;
+use crate::queue::citus;
+use crate::queue::lookup::{ensure_group, ensure_queue_locked};
+use crate::queue::names::{check_lane_name, check_queue_name};
+use crate::queue::privileges::{self, Privilege};
 
 extension_sql!(
     r#"

@@ -7,10 +7,10 @@ use pgrx::spi::SpiClient;
 use pgrx::{JsonB, PgSqlErrorCode};
 use serde_json::json;
 
-use crate::errors::{self, SpiExt};
-use crate::ids::from_pg_uuid;
-use crate::push::{push_items, PushItem};
-use crate::spi::run;
+use crate::ops::push::{push_items, PushItem};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::ids::from_pg_uuid;
+use crate::pg::spi::run;
 
 /// The oldest dead-letter row at an address, locked; P0002 when there is none. Two
 /// consumer groups can dead-letter the same message: each call takes one row. Returns
@@ -30,15 +30,15 @@ fn lock_row(
           LIMIT 1
             FOR UPDATE OF d";
     // The queue lock before the row lock (`queen_core::lock_order`).
-    let queue_id = crate::spi::first_value::<i64>(run(
+    let queue_id = crate::pg::spi::first_value::<i64>(run(
         client,
         "SELECT queue_id FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 LIMIT 1",
         &[partition_id.into(), transaction_id.into()],
     ));
     if let Some(q) = queue_id {
-        crate::privileges::require_id(client, q, crate::privileges::Privilege::Admin);
+        crate::queue::privileges::require_id(client, q, crate::queue::privileges::Privilege::Admin);
     }
-    let locked = queue_id.is_none_or(crate::locks::share_queue);
+    let locked = queue_id.is_none_or(crate::pg::locks::share_queue);
     let row = if locked { run(client, LOCK, &[partition_id.into(), transaction_id.into()]).next() } else { None };
     let Some(row) = row else {
         errors::raise(
@@ -61,11 +61,14 @@ fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> (Vec<u8>, Option<Vec<u
         &[id.into()],
     );
     let row = rows.first();
-    let payload =
-        row.get::<crate::jsonb::RawJsonb>(1).or_raise().unwrap_or_else(|| errors::internal("dead letter vanished")).0;
+    let payload = row
+        .get::<crate::pg::jsonb::RawJsonb>(1)
+        .or_raise()
+        .unwrap_or_else(|| errors::internal("dead letter vanished"))
+        .0;
     let headers = row.get::<Vec<u8>>(2).or_raise().map(|h| {
         let message_id: pgrx::Uuid = row.get(3).or_raise().unwrap();
-        crate::encryption::open_headers(message_id.as_bytes(), &h)
+        crate::queue::encryption::open_headers(message_id.as_bytes(), &h)
     });
     (payload, headers)
 }
@@ -75,7 +78,7 @@ fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> (Vec<u8>, Option<Vec<u
 fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx::Uuid, &str) {
     let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
     let transaction_id = transaction_id.unwrap_or_else(|| errors::null_arg("transaction_id"));
-    crate::citus::ensure_id_home("partition", &partition_id);
+    crate::queue::citus::ensure_id_home("partition", &partition_id);
     (partition_id, transaction_id)
 }
 

@@ -5,9 +5,9 @@ use pgrx::prelude::*;
 use pgrx::{JsonB, PgSqlErrorCode};
 use serde_json::json;
 
-use crate::churn::{try_drop, Kept};
-use crate::errors;
-use crate::spi::{first_value, run};
+use crate::pg::errors;
+use crate::pg::spi::{first_value, run};
+use crate::storage::churn::{try_drop, Kept};
 
 extension_sql!(
     r#"
@@ -25,10 +25,10 @@ COMMENT ON FUNCTION queen.drop_partition(text, text) IS
 fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     let partition = partition.unwrap_or_else(|| errors::null_arg("partition"));
-    crate::names::check_queue_name("queue", queue);
-    crate::names::check_lane_name("partition", partition);
-    crate::citus::ensure_home(queue);
-    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
+    crate::queue::names::check_queue_name("queue", queue);
+    crate::queue::names::check_lane_name("partition", partition);
+    crate::queue::citus::ensure_home(queue);
+    crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin);
     // It waits for groups being created and for the transactions that hold the lanes, then
     // decides on what those committed (cursors, dead letters, the groups).
     errors::read_committed_only(
@@ -38,11 +38,11 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
     let out = Spi::connect_mut(|client| {
         let found =
             first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
-        let Some(queue_id) = found.filter(|&id| crate::locks::share_queue(id)) else {
+        let Some(queue_id) = found.filter(|&id| crate::pg::locks::share_queue(id)) else {
             return json!({"queue": queue, "partition": partition, "dropped": false});
         };
         // Before the partition's row, as the lock order has it (`try_drop`).
-        crate::locks::lanes_creation(queue_id, true, true);
+        crate::pg::locks::lanes_creation(queue_id, true, true);
         // The partition row (waits for a push without the offset registry, a compaction
         // or a retention step of this partition).
         let pid = first_value::<pgrx::Uuid>(run(
@@ -61,6 +61,6 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
             ),
         }
     });
-    crate::cache::invalidate();
+    crate::pg::cache::invalidate();
     JsonB(out)
 }

@@ -1,14 +1,14 @@
 //! `queen.extend_lease` (docs/functions.md#extend_lease). Expiry needs no code: a pop treats an expired lease as
 //! absent and reclaims the lane (see `pop`).
 
-use crate::jsonb::JsonOut;
+use crate::pg::jsonb::JsonOut;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
-use crate::clock::{clock_now, timestamptz};
-use crate::errors;
-use crate::ids::from_pg_uuid;
-use crate::spi::run;
+use crate::pg::clock::{clock_now, timestamptz};
+use crate::pg::errors;
+use crate::pg::ids::from_pg_uuid;
+use crate::pg::spi::run;
 use queen_core::lane::Lane;
 
 extension_sql!(
@@ -24,16 +24,16 @@ COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS
 #[search_path(pg_catalog, pg_temp)]
 fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-    crate::citus::ensure_id_home("lease", &lease_id);
+    crate::queue::citus::ensure_id_home("lease", &lease_id);
     let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
-    if let Err(v) = queen_core::policy::check_extend_seconds(seconds, crate::settings::max_lease()) {
+    if let Err(v) = queen_core::policy::check_extend_seconds(seconds, crate::pg::settings::max_lease()) {
         errors::violation(v);
     }
     let now = clock_now();
     let target = now.saturating_add(i64::from(seconds) * 1_000_000);
     // Renew every live lane of the lease; never shorten one. An unknown or expired lease
     // renews nothing and is no error.
-    let (renewed, earliest) = if crate::lanes::enabled() {
+    let (renewed, earliest) = if crate::lane::registry::enabled() {
         extend_registry(lease_id, target, now)
     } else {
         extend_table(lease_id, target, now)
@@ -53,26 +53,26 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
 /// transaction that holds one, as for a row lock), gets the later of its expiry and
 /// `target`. Returns how many, and the earliest new expiry as ISO text.
 fn extend_registry(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
-    let Some(info) = crate::lanes::lease(lease_id) else { return (0, None) };
+    let Some(info) = crate::lane::registry::lease(lease_id) else { return (0, None) };
     Spi::connect_mut(|client| {
-        crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Consume)
+        crate::queue::privileges::require_id(client, info.queue_id, crate::queue::privileges::Privilege::Consume)
     });
     // The queue lock, then the lanes in partition order (`queen_core::lock_order`).
-    if !crate::locks::share_queue(info.queue_id) {
+    if !crate::pg::locks::share_queue(info.queue_id) {
         return (0, None);
     }
     let mut pids: Vec<pgrx::Uuid> = info.lanes.iter().map(|k| pgrx::Uuid::from_bytes(k.partition)).collect();
     pids.sort_by_key(|p| *p.as_bytes());
     let (mut renewed, mut earliest) = (0i64, i64::MAX);
     for pid in pids {
-        let Some(s) = crate::lanes::lock(pid, &info.group, true) else { continue };
+        let Some(s) = crate::lane::registry::lock(pid, &info.group, true) else { continue };
         let lane = Lane::from_registry(&s);
         let Some(next) = queen_core::lane::extend(&lane, u128::from_be_bytes(*lease_id.as_bytes()), target, now) else {
             continue;
         };
         let new = next.to_registry(&s);
         let expires = new.lease_expires;
-        crate::lanes::set(pid, &info.group, new, None);
+        crate::lane::registry::set(pid, &info.group, new, None);
         renewed += 1;
         earliest = earliest.min(expires);
     }
@@ -95,17 +95,17 @@ fn iso(micros: i64) -> String {
 /// partition order, as an ack does (`queen_core::lock_order`).
 fn extend_table(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<String>) {
     Spi::connect_mut(|client| {
-        let queue_id = crate::spi::first_value::<i64>(run(
+        let queue_id = crate::pg::spi::first_value::<i64>(run(
             client,
             "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
             &[lease_id.into()],
         ));
         let Some(queue_id) = queue_id else { return (0, None) };
-        crate::privileges::require_id(client, queue_id, crate::privileges::Privilege::Consume);
-        if !crate::locks::share_queue(queue_id) {
+        crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Consume);
+        if !crate::pg::locks::share_queue(queue_id) {
             return (0, None);
         }
-        crate::lane_rows::extend(client, lease_id, target, now)
+        crate::lane::rows::extend(client, lease_id, target, now)
     })
 }
 
@@ -128,20 +128,24 @@ COMMENT ON FUNCTION queen.revoke_lease(uuid) IS
 #[search_path(pg_catalog, pg_temp)]
 fn revoke_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-    crate::citus::ensure_id_home("lease", &lease_id);
-    let (queue, revoked) = if crate::lanes::enabled() {
-        match crate::lanes::lease(lease_id) {
+    crate::queue::citus::ensure_id_home("lease", &lease_id);
+    let (queue, revoked) = if crate::lane::registry::enabled() {
+        match crate::lane::registry::lease(lease_id) {
             None => (None, 0),
             Some(info) => {
                 let queue = Spi::connect_mut(|client| {
-                    crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Admin);
-                    crate::spi::first_value::<String>(run(
+                    crate::queue::privileges::require_id(
+                        client,
+                        info.queue_id,
+                        crate::queue::privileges::Privilege::Admin,
+                    );
+                    crate::pg::spi::first_value::<String>(run(
                         client,
                         "SELECT name FROM queen.queues WHERE queue_id = $1",
                         &[info.queue_id.into()],
                     ))
                 });
-                (queue, crate::lanes::revoke(lease_id, false))
+                (queue, crate::lane::registry::revoke(lease_id, false))
             }
         }
     } else {
@@ -155,15 +159,15 @@ fn revoke_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
             .next()
             .map(|r| (r.get::<i64>(1).ok().flatten().unwrap_or(0), r.get::<String>(2).ok().flatten()));
             let Some((queue_id, name)) = found else { return (None, 0) };
-            crate::privileges::require_id(client, queue_id, crate::privileges::Privilege::Admin);
-            if !crate::locks::share_queue(queue_id) {
+            crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Admin);
+            if !crate::pg::locks::share_queue(queue_id) {
                 return (None, 0);
             }
-            (name, crate::lane_rows::revoke_lease(client, lease_id, clock_now()))
+            (name, crate::lane::rows::revoke_lease(client, lease_id, clock_now()))
         })
     };
     if let (Some(q), true) = (&queue, revoked > 0) {
-        crate::wake::notify_on_commit(q);
+        crate::pg::wake::notify_on_commit(q);
     }
     JsonOut(json!({
         "leaseId": from_pg_uuid(&lease_id).to_string(),

@@ -6,9 +6,9 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::json;
 
-use crate::errors::{self, SpiExt};
-use crate::privileges::{caller, denied, queen_role, require, role_named, sync_grants, Privilege};
-use crate::spi::run;
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::spi::run;
+use crate::queue::privileges::{caller, denied, queen_role, require, role_named, sync_grants, Privilege};
 
 extension_sql!(
     r#"
@@ -28,8 +28,8 @@ fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     let role = role.unwrap_or_else(|| errors::null_arg("role"));
     let p = Privilege::parse(privilege.unwrap_or_else(|| errors::null_arg("privilege")));
-    crate::names::check_queue_name("queue", queue);
-    crate::citus::ensure_home(queue);
+    crate::queue::names::check_queue_name("queue", queue);
+    crate::queue::citus::ensure_home(queue);
     if !queen_role(caller(), Privilege::Admin) {
         denied("grant on queues (queen_admin only)", Privilege::Admin);
     }
@@ -44,7 +44,7 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
     let (queue, role, p) = grant_args(queue, role, privilege);
     let (name, added) = Spi::connect_mut(|client| {
         let (oid, name) = role_named(client, &role);
-        let (queue_id, ..) = crate::queues::ensure_queue_locked(client, &queue);
+        let (queue_id, ..) = crate::queue::lookup::ensure_queue_locked(client, &queue);
         let added = !run(
             client,
             "INSERT INTO queen.queue_grants (queue_id, grantee, privilege) VALUES ($1, $2, $3)
@@ -55,7 +55,7 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
         sync_grants(client, oid, &name);
         (name, added)
     });
-    crate::cache::invalidate();
+    crate::pg::cache::invalidate();
     JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "granted": added}))
 }
 
@@ -78,7 +78,7 @@ fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
         sync_grants(client, oid, &name);
         (name, removed)
     });
-    crate::cache::invalidate();
+    crate::pg::cache::invalidate();
     JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "revoked": removed}))
 }
 

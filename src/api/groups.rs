@@ -11,11 +11,11 @@ use pgrx::{JsonB, PgSqlErrorCode};
 use queen_core::lanes::{seek_cursor, State};
 use serde_json::json;
 
-use crate::clock::{clock_now, timestamptz};
-use crate::errors::{self, SpiExt};
-use crate::ids::from_pg_uuid;
-use crate::names::{check_lane_name, check_queue_name};
-use crate::spi::{first_value, run};
+use crate::pg::clock::{clock_now, timestamptz};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::ids::from_pg_uuid;
+use crate::pg::spi::{first_value, run};
+use crate::queue::names::{check_lane_name, check_queue_name};
 
 /// One lane of the group, locked by this transaction.
 struct Lane {
@@ -32,12 +32,12 @@ struct Lane {
 
 fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
     let id = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]))?;
-    crate::locks::share_queue(id).then_some(id)
+    crate::pg::locks::share_queue(id).then_some(id)
 }
 
 /// The group's lanes (of one partition, if given), locked in partition order.
 fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, partition: Option<&str>) -> Vec<Lane> {
-    let registry = crate::lanes::enabled();
+    let registry = crate::lane::registry::enabled();
     let now = clock_now();
     // With the registry the lanes are locked there (the rows carry nothing live, and
     // locking them could wait for the worker's journal rotation, which waits for us).
@@ -94,7 +94,7 @@ fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, partition:
                 });
             }
             // None: the lane went away while this waited (its group was dropped).
-            let s = crate::lanes::lock(partition_id, group, true)?;
+            let s = crate::lane::registry::lock(partition_id, group, true)?;
             Some(Lane {
                 partition_id,
                 partition,
@@ -143,7 +143,7 @@ fn no_group(queue: &str, group: &str) -> ! {
 /// or None when every message is older. A segment's `created_at` is its newest message's
 /// time, so the first segment at or after `at` holds the answer.
 fn first_offset_at(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, at: i64) -> Option<i64> {
-    crate::generations::check_snapshot(client);
+    crate::storage::generations::check_snapshot(client);
     let seg = run(
         client,
         "SELECT first_offset, last_offset FROM (
@@ -156,7 +156,7 @@ fn first_offset_at(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, at: i64
     let row = seg.into_iter().next()?;
     let (first, last): (i64, i64) = (row.get(1).or_raise().unwrap(), row.get(2).or_raise().unwrap());
     let mut found = None;
-    crate::segments::read(client, partition_id, first, last, |offset, message| {
+    crate::storage::segments::read(client, partition_id, first, last, |offset, message| {
         if let Some((_, created_at)) = message {
             if pgrx::pg_sys::TimestampTz::from(created_at) >= at {
                 found = Some(offset);
@@ -197,9 +197,9 @@ fn seek(
     let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
     let force = force.unwrap_or_else(|| errors::null_arg("force"));
     check_queue_name("queue", queue);
-    crate::citus::ensure_home(queue);
+    crate::queue::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
-    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
+    crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin);
     if let Some(p) = partition {
         check_lane_name("partition", p);
     }
@@ -214,7 +214,7 @@ fn seek(
         let Some(queue_id) = queue_id(client, queue) else { no_group(queue, group) };
         // The lane-creation lock, as lane creation takes it: a retention step skips the
         // queue until this commits, so the segments a rewind points at stay.
-        crate::locks::lanes_creation(queue_id, false, true);
+        crate::pg::locks::lanes_creation(queue_id, false, true);
         if !group_exists(client, queue_id, group) {
             no_group(queue, group);
         }
@@ -238,12 +238,12 @@ fn seek(
             let to = seek_cursor(next, l.retained_through, readable);
             if let Some(s) = l.registry {
                 let new = queen_core::lane::seek(&queen_core::lane::Lane::from_registry(&s), to).to_registry(&s);
-                crate::lanes::set(l.partition_id, group, new, None);
+                crate::lane::registry::set(l.partition_id, group, new, None);
                 if new.journal_seq != s.journal_seq {
                     journal.push((l.partition_id, new));
                 }
             } else {
-                crate::lane_rows::seek(client, l.partition_id, group, to);
+                crate::lane::rows::seek(client, l.partition_id, group, to);
             }
             out.push(json!({
                 "partition": l.partition,
@@ -253,10 +253,10 @@ fn seek(
                 "leaseEnded": l.leased,
             }));
         }
-        crate::lanes::journal(client, group, &journal);
+        crate::lane::registry::journal(client, group, &journal);
         out
     });
-    crate::wake::notify_on_commit(queue);
+    crate::pg::wake::notify_on_commit(queue);
     JsonB(json!({"queue": queue, "consumerGroup": group, "lanes": moved}))
 }
 
@@ -280,9 +280,9 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
     let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
     let force = force.unwrap_or_else(|| errors::null_arg("force"));
     check_queue_name("queue", queue);
-    crate::citus::ensure_home(queue);
+    crate::queue::citus::ensure_home(queue);
     check_lane_name("consumer_group", group);
-    crate::privileges::require(Some(queue), crate::privileges::Privilege::Admin);
+    crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin);
     // It waits for the transactions that hold the group's lanes, then deletes their rows
     // and journal entries: those must include what they committed meanwhile.
     errors::read_committed_only(
@@ -291,7 +291,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
     );
     // Pops cache whether a group exists (`pop::group_info`): they look again once this
     // commits.
-    crate::cache::invalidate();
+    crate::pg::cache::invalidate();
     let lanes = Spi::connect_mut(|client| {
         let queue_id = queue_id(client, queue)?;
         if !group_exists(client, queue_id, group) {
@@ -309,9 +309,9 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
              DELETE FROM queen.lane_journal_1 WHERE partition_id = ANY($2) AND consumer_group = $1",
             &[group.into(), pids.clone().into()],
         );
-        crate::lane_rows::drop_group(client, queue_id, group);
+        crate::lane::rows::drop_group(client, queue_id, group);
         // The registry forgets the lanes once this commits (until then they stay locked).
-        crate::lanes::forget_on_commit(pids.iter().map(|p| crate::lanes::key(*p, group)).collect());
+        crate::lane::registry::forget_on_commit(pids.iter().map(|p| crate::lane::registry::key(*p, group)).collect());
         Some(lanes.len())
     });
     JsonB(match lanes {

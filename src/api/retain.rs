@@ -5,8 +5,8 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::json;
 
-use crate::generations::Rotated;
-use crate::retention::retain_in;
+use crate::storage::generations::Rotated;
+use crate::storage::retention::retain_in;
 
 extension_sql!(
     r#"
@@ -22,14 +22,14 @@ COMMENT ON FUNCTION queen.retain(text) IS
 #[search_path(pg_catalog, pg_temp)]
 fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
     if let Some(q) = queue {
-        crate::names::check_queue_name("queue", q);
-        crate::citus::ensure_home(q);
+        crate::queue::names::check_queue_name("queue", q);
+        crate::queue::citus::ensure_home(q);
     }
-    crate::privileges::require(queue, crate::privileges::Privilege::Admin);
+    crate::queue::privileges::require(queue, crate::queue::privileges::Privilege::Admin);
     let (queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
         let (queues, segments, bytes) = retain_in(client, queue);
         // A pass over every queue also rotates the segment generations when that is due.
-        let rotated = queue.is_none() && matches!(crate::generations::rotate(client), Rotated::Yes { .. });
+        let rotated = queue.is_none() && matches!(crate::storage::generations::rotate(client), Rotated::Yes { .. });
         (queues, segments, bytes, rotated)
     });
     let mut out = json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes});

@@ -156,7 +156,7 @@ impl Config {
 
 /// Every fail point a session can arm (`SET queen.failpoint`): the core's
 /// (`queen_core::fail::POINTS`, inside the registries' updates) and the extension's
-/// (`src/failpoints.rs`: the transaction callbacks' registry work, whose failure never
+/// (`src/pg/failpoints.rs`: the transaction callbacks' registry work, whose failure never
 /// raises, and two maintenance steps). A unit test below keeps this list equal to both.
 pub const FAIL_POINTS: &[&str] = &[
     "lanes.begin_load",
@@ -1463,11 +1463,11 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
 
 #[cfg(test)]
 mod tests {
-    /// The extension's fail points: the `POINTS` array of `src/failpoints.rs`, read from
+    /// The extension's fail points: the `POINTS` array of `src/pg/failpoints.rs`, read from
     /// its source so that the list here cannot drift from it.
     fn extension_points() -> Vec<String> {
-        let src = include_str!("../../src/failpoints.rs");
-        let start = src.find("pub const POINTS").expect("src/failpoints.rs declares POINTS");
+        let src = include_str!("../../src/pg/failpoints.rs");
+        let start = src.find("pub const POINTS").expect("src/pg/failpoints.rs declares POINTS");
         let body = &src[start..];
         let body = &body[body.find("= &[").expect("POINTS is an array") + 4..];
         let body = &body[..body.find("];").expect("the array ends")];
@@ -1483,13 +1483,16 @@ mod tests {
     #[test]
     fn the_harness_knows_every_fail_point() {
         let ext = extension_points();
-        assert!(ext.iter().any(|p| p.starts_with("xact.")), "parsed no xact.* point from src/failpoints.rs: {ext:?}");
+        assert!(
+            ext.iter().any(|p| p.starts_with("xact.")),
+            "parsed no xact.* point from src/pg/failpoints.rs: {ext:?}"
+        );
         let mut expected: Vec<String> = queen_core::fail::POINTS.iter().map(|p| p.to_string()).collect();
         expected.extend(ext);
         let listed: Vec<String> = super::FAIL_POINTS.iter().map(|p| p.to_string()).collect();
         assert_eq!(
             listed, expected,
-            "harness::FAIL_POINTS must be queen_core::fail::POINTS then src/failpoints.rs' POINTS"
+            "harness::FAIL_POINTS must be queen_core::fail::POINTS then src/pg/failpoints.rs' POINTS"
         );
     }
 }

@@ -1,7 +1,7 @@
 //! Every fail point fires (issue: "a test fires each one and shows that the other backends
 //! lose, skip and duplicate nothing, and the server does not PANIC").
 //!
-//! The test build has fail points (`queen.failpoint`, src/failpoints.rs) inside every
+//! The test build has fail points (`queen.failpoint`, src/pg/failpoints.rs) inside every
 //! registry update and in the transaction callbacks. Here each one is fired on purpose,
 //! in a session of its own, by the call that passes through it:
 //! - inside a call's own registry work, the call fails with the point's panic as an ERROR;

@@ -20,7 +20,7 @@ use std::ffi::CStr;
 use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
-use crate::settings;
+use crate::pg::settings;
 
 /// WAL end of this transaction so far (0: it has written none).
 fn wal_end() -> u64 {

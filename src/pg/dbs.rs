@@ -4,7 +4,7 @@
 //!   `CREATE EXTENSION` or `ALTER EXTENSION` committed, a pause for `DROP DATABASE`, the
 //!   worker found no queen there);
 //! - its lane journal's state: which of the two journal tables acks append to, and how
-//!   many acks in flight write to each (`lanes::journal_table`, `lanes::rotate_journal`);
+//!   many acks in flight write to each (`registry::journal_table`, `registry::rotate_journal`);
 //! - its maintenance counters, per pass: runs, errors, the time of the last success and of
 //!   the last error (`queen.metrics()`), and what retention freed.
 //!
@@ -21,8 +21,8 @@ use std::ffi::CStr;
 use pgrx::pg_sys;
 use pgrx::PgSqlErrorCode;
 
-use crate::errors;
-use crate::settings;
+use crate::pg::errors;
+use crate::pg::settings;
 
 pub const TRANCHE: &CStr = c"queen databases";
 
@@ -177,7 +177,7 @@ fn with_slots<R>(f: impl FnOnce(&mut Header, &mut [Slot]) -> R) -> R {
     // SAFETY: our tranche's lock, held exclusively; the header and slots lie in the block
     // it guards, laid out by shmem_init.
     unsafe {
-        crate::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
+        crate::pg::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
             let h = &mut *(s.base as *mut Header);
             let slots = std::slice::from_raw_parts_mut(s.base.add(slots_at()) as *mut Slot, s.slots);
             f(h, slots)

@@ -55,7 +55,7 @@ fn acquire(tag: &pg_sys::LOCKTAG, mode: u32, wait: bool) -> Took {
 }
 
 fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
-    object_tag(crate::catalog::queen_table(c"queues"), queue_key(queue_id), 0)
+    object_tag(crate::pg::catalog::queen_table(c"queues"), queue_key(queue_id), 0)
 }
 
 /// The queue lock in share mode, for the rest of the transaction: every call that
@@ -71,10 +71,10 @@ pub fn share_queue(queue_id: i64) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true) {
         Took::Held => true,
         Took::Waited => {
-            crate::cache::changed_since();
+            crate::pg::cache::changed_since();
             still_there(queue_id)
         }
-        _ => !crate::cache::changed_since() || still_there(queue_id),
+        _ => !crate::pg::cache::changed_since() || still_there(queue_id),
     }
 }
 
@@ -85,7 +85,7 @@ pub fn try_share_queue(queue_id: i64) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, false) {
         Took::No => false,
         Took::Held => true,
-        _ => !crate::cache::changed_since() || still_there(queue_id),
+        _ => !crate::pg::cache::changed_since() || still_there(queue_id),
     }
 }
 
@@ -97,7 +97,7 @@ pub fn try_share_queue(queue_id: i64) -> bool {
 /// false when it is busy (a pop then does not create lanes this time). It is not the queue
 /// row's lock: a `configure` (an update of that row) never makes a pop wait or skip.
 pub fn lanes_creation(queue_id: i64, exclusive: bool, wait: bool) -> bool {
-    let tag = object_tag(crate::catalog::queen_table(c"queues"), queue_key(queue_id), 1);
+    let tag = object_tag(crate::pg::catalog::queen_table(c"queues"), queue_key(queue_id), 1);
     let mode = if exclusive { pg_sys::AccessExclusiveLock } else { pg_sys::AccessShareLock };
     taken(acquire(&tag, mode, wait))
 }
@@ -114,7 +114,7 @@ fn taken(t: Took) -> bool {
 
 fn still_there(queue_id: i64) -> bool {
     let there = Spi::connect_mut(|client| {
-        crate::spi::first_row_now(
+        crate::pg::spi::first_row_now(
             client,
             "SELECT true FROM queen.queues WHERE queue_id = $1",
             &[queue_id.into()],
@@ -124,7 +124,7 @@ fn still_there(queue_id: i64) -> bool {
     .is_some();
     // SAFETY: a plain read of the transaction's isolation level.
     if !there && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
-        crate::errors::raise(
+        crate::pg::errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             "queen: could not serialize access: the queue was deleted by a concurrent transaction".to_string(),
         );
@@ -136,7 +136,11 @@ fn still_there(queue_id: i64) -> bool {
 /// false when another transaction is creating the same group right now.
 pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
     let (objid, sub) = group_key(queue_id, group);
-    taken(acquire(&object_tag(crate::catalog::queen_table(c"groups"), objid, sub), pg_sys::AccessExclusiveLock, wait))
+    taken(acquire(
+        &object_tag(crate::pg::catalog::queen_table(c"groups"), objid, sub),
+        pg_sys::AccessExclusiveLock,
+        wait,
+    ))
 }
 
 extension_sql!(

@@ -8,9 +8,9 @@
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
-use crate::clock::timestamptz;
-use crate::errors::SpiExt;
-use crate::spi::{first_value, run};
+use crate::pg::clock::timestamptz;
+use crate::pg::errors::SpiExt;
+use crate::pg::spi::{first_value, run};
 
 /// A new partition gets a lane at 0 for every committed group of its queue. The groups'
 /// rows are key-share-locked: a group that `drop_group` is removing right now gets no
@@ -197,7 +197,7 @@ impl AckPlans {
         self.release.push(p.release);
         self.retry.push(p.retry);
         self.reset.push(p.reset);
-        self.retry_at.push(p.retry_at.map(crate::clock::timestamptz));
+        self.retry_at.push(p.retry_at.map(crate::pg::clock::timestamptz));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -416,7 +416,7 @@ fn save_journal_from(client: &mut SpiClient<'_>, t: i32) -> i64 {
     let sql = match t {
         0 => save!("queen.lane_journal_0", "queen.lane_journal_1"),
         1 => save!("queen.lane_journal_1", "queen.lane_journal_0"),
-        _ => crate::errors::invalid("t", format_args!("{t} (no lane journal table)")),
+        _ => crate::pg::errors::invalid("t", format_args!("{t} (no lane journal table)")),
     };
     first_value::<i64>(run(client, sql, &[])).unwrap_or(0)
 }

@@ -10,7 +10,7 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::errors;
+use crate::pg::errors;
 
 /// Declares a version-1 C function to PostgreSQL (what `PG_FUNCTION_INFO_V1` does in C).
 macro_rules! function_info_v1 {

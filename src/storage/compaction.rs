@@ -26,10 +26,10 @@ use pgrx::spi::SpiClient;
 use queen_core::compaction::{plan, Seg, LIMITS};
 use queen_core::segment::{Encoder, Entry, Frame, Segment};
 
-use crate::clock::clock_now;
-use crate::errors::{self, SpiExt};
-use crate::segments::StoredBytea;
-use crate::spi::{cursor, fetch_one, run, run_map};
+use crate::pg::clock::clock_now;
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::spi::{cursor, fetch_one, run, run_map};
+use crate::storage::segments::StoredBytea;
 
 /// What a pass did.
 #[derive(Default, Clone, Copy)]
@@ -162,7 +162,7 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid, from: i64)
 /// (`spi::fetch_one`) and its detoasted bytes with it (`Scratch`); the INSERT of a merged
 /// segment copies its bytes once more, for that statement only.
 fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> Done {
-    let generation = crate::generations::current(client);
+    let generation = crate::storage::generations::current(client);
     let scratch = Scratch::new();
     let mut done = Done::default();
     let mut out = Output::new(first);
@@ -221,7 +221,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
                     "queen: compaction kept the fresh segment at offsets {seg_first}..{seg_last} of partition {pid} \
                      as it is, in the durable tier: it cannot be decoded: {error}"
                 );
-                crate::stats::record_corrupt_segment();
+                crate::pg::stats::record_corrupt_segment();
                 let before = std::mem::replace(&mut out, Output::new(seg_last + 1));
                 done.add(before.write(client, &scratch, pid, generation, row_time));
                 insert(client, &scratch, pid, seg_first, seg_last, row_time, data, generation);
@@ -351,7 +351,7 @@ fn insert(
             pid.into(),
             first.into(),
             last.into(),
-            crate::clock::timestamptz(created_at).into(),
+            crate::pg::clock::timestamptz(created_at).into(),
             data.into(),
             generation.into(),
         ]

@@ -21,8 +21,8 @@
 
 use pgrx::spi::SpiClient;
 
-use crate::errors::SpiExt;
-use crate::spi::run;
+use crate::pg::errors::SpiExt;
+use crate::pg::spi::run;
 
 /// The queues a retention pass looks at: those with `retention > 0` (of one queue, by
 /// name, when given).
@@ -72,7 +72,7 @@ pub fn retain_in(client: &mut SpiClient<'_>, queue: Option<&str>) -> (i64, i64, 
 /// holds the others: they wait for the next pass).
 pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -> Option<(i64, i64)> {
     queen_core::fail::point("retention.queue");
-    if !crate::locks::try_share_queue(queue_id) || !crate::locks::lanes_creation(queue_id, true, false) {
+    if !crate::pg::locks::try_share_queue(queue_id) || !crate::pg::locks::lanes_creation(queue_id, true, false) {
         return None;
     }
     // The queue's partitions that nothing else holds.

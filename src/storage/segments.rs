@@ -23,8 +23,8 @@ use pgrx::spi::{SpiClient, SpiHeapTupleData};
 use queen_core::compaction::FRESH_MAX;
 use queen_core::segment::{CodecError, Directory, Entry, Frame, Place};
 
-use crate::errors::{self, SpiExt};
-use crate::spi::run;
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::spi::run;
 
 /// First fetch of a segment: enough for the header of a segment of about 20,000 frames.
 /// A longer header is fetched again, eight times longer each round.
@@ -430,7 +430,7 @@ impl Stored<'_, '_> {
                 go_on = match entry {
                     Entry::Message(f) => {
                         // Version 1 segments keep no time per message: the row's applies.
-                        let at = f.created_at.map(crate::clock::timestamptz).unwrap_or(self.created_at);
+                        let at = f.created_at.map(crate::pg::clock::timestamptz).unwrap_or(self.created_at);
                         emit(offset, Some((f, at)))
                     }
                     Entry::Gap => emit(offset, None),

@@ -9,18 +9,19 @@ pub fn clock_now() -> i64 {
 }
 
 pub fn timestamptz(micros: i64) -> pgrx::datum::TimestampWithTimeZone {
-    pgrx::datum::TimestampWithTimeZone::try_from(micros).unwrap_or_else(|_| crate::errors::invalid("timestamp", micros))
+    pgrx::datum::TimestampWithTimeZone::try_from(micros)
+        .unwrap_or_else(|_| crate::pg::errors::invalid("timestamp", micros))
 }
 
 /// Microseconds in an interval argument, refusing months (their length is not fixed) and
 /// negative intervals (22023, naming `argument`).
 pub fn interval_micros(argument: &str, v: pgrx::datum::Interval) -> i64 {
     if v.months() != 0 {
-        crate::errors::invalid(argument, format_args!("{v} (months have no fixed length; use days or less)"));
+        crate::pg::errors::invalid(argument, format_args!("{v} (months have no fixed length; use days or less)"));
     }
     let m = i64::from(v.days()).saturating_mul(86_400 * queen_core::lease::MICROS).saturating_add(v.micros());
     if m < 0 {
-        crate::errors::invalid(argument, format_args!("{v} (must not be negative)"));
+        crate::pg::errors::invalid(argument, format_args!("{v} (must not be negative)"));
     }
     m
 }

@@ -42,11 +42,11 @@ use queen_core::lanes::{
 use queen_core::fail;
 use queen_core::lane::lease_live;
 
-use crate::deferred;
-use crate::errors::{self, SpiExt};
-use crate::settings;
-use crate::shmem::{owner, subxact, Parts, Region};
-use crate::spi::run;
+use crate::pg::deferred;
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::settings;
+use crate::pg::shmem::{owner, subxact, Parts, Region};
+use crate::pg::spi::run;
 
 pub const TRANCHE: &CStr = c"queen lanes";
 
@@ -201,7 +201,7 @@ fn full(what: &str) -> ! {
 
 /// The key of a lane of the current database.
 pub fn key(partition_id: pgrx::Uuid, group: &str) -> LaneKey {
-    LaneKey::new(crate::dbs::my_database(), *partition_id.as_bytes(), group)
+    LaneKey::new(crate::pg::dbs::my_database(), *partition_id.as_bytes(), group)
 }
 
 /// A lane's state as this transaction sees it (loading it first if needed), and whether
@@ -245,7 +245,7 @@ pub fn lane_committed(partition_id: pgrx::Uuid, group: &str) -> State {
 
 /// A lease of the current database: its queue, group and lanes, if some lane still holds it.
 pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
-    let db = crate::dbs::my_database();
+    let db = crate::pg::dbs::my_database();
     if let Some(info) = with_view(|v| v.lease(lease_id.as_bytes(), db)) {
         return Some(info);
     }
@@ -280,7 +280,7 @@ fn wait_a_moment() {
 fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
     let k = key(partition_id, group);
     let me = owner();
-    match with_registry(|r| r.begin_load(&k, me, crate::clock::clock_now())) {
+    match with_registry(|r| r.begin_load(&k, me, crate::pg::clock::clock_now())) {
         Load::Ready => {}
         Load::Loading => wait_a_moment(),
         Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
@@ -291,7 +291,7 @@ fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
                 LOADING.with(|l| l.set(None));
                 return false;
             };
-            let now = crate::clock::clock_now();
+            let now = crate::pg::clock::clock_now();
             with_registry(|r| r.finish_load(&k, me, state, Some((queue_id, group)), now));
             LOADING.with(|l| l.set(None));
         }
@@ -308,7 +308,7 @@ fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> 
     // `status`) and stays open does not keep the worker from emptying the journal.
     let _journal = JournalLocks::take();
     // With a snapshot taken now: a REPEATABLE READ transaction's own may predate acks.
-    let row = crate::spi::first_row_now(
+    let row = crate::pg::spi::first_row_now(
         client,
         "SELECT l.queue_id, l.lease_id,
                 (extract(epoch FROM l.lease_expires_at - '2000-01-01 UTC') * 1000000)::int8,
@@ -362,7 +362,7 @@ impl JournalLocks {
         let mut tables = Vec::new();
         // The tables and the primary-key indexes the read scans: a TRUNCATE needs both.
         for name in [c"lane_journal_0", c"lane_journal_1", c"lane_journal_0_pkey", c"lane_journal_1_pkey"] {
-            let oid = crate::catalog::queen_table(name);
+            let oid = crate::pg::catalog::queen_table(name);
             // SAFETY: lock-manager calls on an existing relation's OID, in a transaction.
             unsafe {
                 if oid == pg_sys::InvalidOid
@@ -460,7 +460,7 @@ impl Held {
 /// lease. A change of cursor or retry count takes `journal_seq + 1` (see `journal`).
 pub fn set(partition_id: pgrx::Uuid, group: &str, state: State, lease: Option<(i64, &str)>) {
     let k = key(partition_id, group);
-    let (mine, now) = (owner(), crate::clock::clock_now());
+    let (mine, now) = (owner(), crate::pg::clock::clock_now());
     if !with_registry(|r| r.set(&k, mine, state, lease, now)) {
         full("every lease slot holds a live lease (queen.max_leases)");
     }
@@ -472,7 +472,7 @@ pub fn journal_table() -> usize {
     if let Some(t) = WROTE.with(|w| w.get()) {
         return t;
     }
-    let t = crate::dbs::mine(|d| {
+    let t = crate::pg::dbs::mine(|d| {
         let t = (d.journal.current % 2) as usize;
         d.journal.writers[t] += 1;
         t
@@ -499,9 +499,9 @@ pub fn journal(client: &mut SpiClient<'_>, group: &str, rows: &[(pgrx::Uuid, Sta
             pg_sys::Datum::from(s.retry_count),
         ]
     });
-    let relid = crate::catalog::queen_table(if table == 0 { c"lane_journal_0" } else { c"lane_journal_1" });
+    let relid = crate::pg::catalog::queen_table(if table == 0 { c"lane_journal_0" } else { c"lane_journal_1" });
     let types = [pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID];
-    if crate::heap::insert_rows(relid, types, direct) {
+    if crate::pg::heap::insert_rows(relid, types, direct) {
         return;
     }
     let pids: Vec<pgrx::Uuid> = rows.iter().map(|r| r.0).collect();
@@ -563,7 +563,7 @@ impl deferred::Registry for LaneEnds {
 }
 
 fn apply_end(d: &Deferred) {
-    let (mine, now) = (owner(), crate::clock::clock_now());
+    let (mine, now) = (owner(), crate::pg::clock::clock_now());
     registry_op(|r| match d {
         Deferred::End { committed, held, loading, forget } => {
             fail::point(if *committed { "xact.commit.lanes" } else { "xact.abort.lanes" });
@@ -610,8 +610,8 @@ pub fn end(committed: bool) {
         return;
     }
     if let Some(t) = wrote {
-        let db = crate::dbs::my_database();
-        crate::dbs::with(db, false, |d| d.journal.writers[t] = d.journal.writers[t].saturating_sub(1));
+        let db = crate::pg::dbs::my_database();
+        crate::pg::dbs::with(db, false, |d| d.journal.writers[t] = d.journal.writers[t].saturating_sub(1));
     }
     if held.is_empty() && loading.is_none() && forget.is_empty() {
         return;
@@ -655,7 +655,7 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
 }
 
 // ---- emptying the journal (the background worker; a clean stop saves it whole with
-// `lane_rows::save_journal`) ----
+// `rows::save_journal`) ----
 
 /// What a round of the journal's rotation did, for `rotated` once its transaction commits.
 #[derive(Default)]
@@ -681,16 +681,16 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) -> Rotation {
              SELECT (SELECT count(*) FROM queen.leases) - (SELECT count(*) FROM d)",
             &[],
         );
-        OLD_LEASES_GONE.with(|g| g.set(crate::spi::first_value::<i64>(left) == Some(0)));
+        OLD_LEASES_GONE.with(|g| g.set(crate::pg::spi::first_value::<i64>(left) == Some(0)));
     }
     // This database's journal: a fresh slot starts with table 0 current and 1 not emptied
     // (it may hold entries from before a restart), so the first round empties table 1.
-    let (retired, writers, other_empty) = crate::dbs::mine(|d| {
+    let (retired, writers, other_empty) = crate::pg::dbs::mine(|d| {
         let retired = ((d.journal.current + 1) % 2) as usize;
         (retired, d.journal.writers[retired], d.journal.other_empty)
     });
     if other_empty == 1 {
-        crate::dbs::mine(|d| {
+        crate::pg::dbs::mine(|d| {
             d.journal.current += 1;
             d.journal.other_empty = 0;
         });
@@ -700,14 +700,14 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) -> Rotation {
         return Rotation::default();
     }
     let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
-    Rotation { emptied: crate::spi::first_value::<bool>(emptied).unwrap_or(false) }
+    Rotation { emptied: crate::pg::spi::first_value::<bool>(emptied).unwrap_or(false) }
 }
 
 /// After the rotation round's transaction committed: the emptied table may become current
 /// next round.
 pub fn rotated(done: Rotation) {
     if done.emptied {
-        crate::dbs::mine(|d| d.journal.other_empty = 1);
+        crate::pg::dbs::mine(|d| d.journal.other_empty = 1);
     }
 }
 
@@ -752,7 +752,7 @@ fn lane_state(
         name!(leased, bool),
     ),
 > {
-    let now = crate::clock::clock_now();
+    let now = crate::pg::clock::clock_now();
     if !enabled() {
         let (expires, retry_at) = if lease_id.is_some() { (lease_expires_at, None) } else { (None, lease_expires_at) };
         let leased = lease_live(expires.map(pg_sys::TimestampTz::from), now);
@@ -773,16 +773,16 @@ fn lane_state(
     TableIterator::once((
         s.committed,
         lease,
-        lane.lease.map(|(_, expires)| crate::clock::timestamptz(expires)),
+        lane.lease.map(|(_, expires)| crate::pg::clock::timestamptz(expires)),
         lease.map(|_| s.batch_end),
         s.retry_count,
         s.attempt_count,
-        lane.retry_at.map(crate::clock::timestamptz),
+        lane.retry_at.map(crate::pg::clock::timestamptz),
         lease_live(lane.lease.map(|(_, expires)| expires), now),
     ))
 }
 
-crate::srf::function_info_v1!(pg_finfo_lane_sql_wrapper);
+crate::pg::srf::function_info_v1!(pg_finfo_lane_sql_wrapper);
 
 /// The C symbol of `queen._lane` in 0.3.0's SQL, which declared one column less. A
 /// database whose SQL is still that of 0.3.0 when this library is loaded (after an
@@ -805,7 +805,7 @@ pub fn shared_cursor(queue_id: i64, group: &str) -> Option<pgrx::Uuid> {
     if !enabled() {
         return None;
     }
-    let (db, g) = (crate::dbs::my_database(), group_digest(group));
+    let (db, g) = (crate::pg::dbs::my_database(), group_digest(group));
     with_view(|v| v.cursor(db, queue_id, &g)).map(pgrx::Uuid::from_bytes)
 }
 
@@ -813,7 +813,7 @@ pub fn shared_cursor(queue_id: i64, group: &str) -> Option<pgrx::Uuid> {
 /// next pop. A hint: taken when the pop runs, whether or not it commits.
 pub fn set_shared_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
     if enabled() {
-        let (db, g) = (crate::dbs::my_database(), group_digest(group));
+        let (db, g) = (crate::pg::dbs::my_database(), group_digest(group));
         with_registry(|r| r.set_cursor(db, queue_id, &g, *partition_id.as_bytes()));
     }
 }
@@ -832,9 +832,9 @@ pub fn forget_database(database: u32) -> usize {
 /// and is claimable again, as after an expiry; with `expire_only` the lease stays and only
 /// its expiry moves to the past (tests). Returns how many lanes it held.
 pub fn revoke(lease_id: pgrx::Uuid, expire_only: bool) -> i64 {
-    let now = crate::clock::clock_now();
+    let now = crate::pg::clock::clock_now();
     let Some(info) = lease(lease_id) else { return 0 };
-    if !crate::locks::share_queue(info.queue_id) {
+    if !crate::pg::locks::share_queue(info.queue_id) {
         return 0;
     }
     let mut pids: Vec<pgrx::Uuid> = info.lanes.iter().map(|k| pgrx::Uuid::from_bytes(k.partition)).collect();
@@ -870,9 +870,9 @@ COMMENT ON FUNCTION queen._expire_lease(uuid) IS
 #[pg_extern(name = "_expire_lease", volatile)]
 #[search_path(pg_catalog, pg_temp)]
 fn expire_lease_sql(lease_id: pgrx::Uuid) -> i64 {
-    let now = crate::clock::clock_now();
+    let now = crate::pg::clock::clock_now();
     if !enabled() {
-        return Spi::connect_mut(|client| crate::lane_rows::expire_lease(client, lease_id, now));
+        return Spi::connect_mut(|client| crate::lane::rows::expire_lease(client, lease_id, now));
     }
     revoke(lease_id, true)
 }
@@ -893,7 +893,7 @@ COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS
 #[pg_extern(name = "_claimable", volatile, parallel_unsafe)]
 fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
     let (s, held) = view(partition_id, consumer_group);
-    let now = crate::clock::clock_now();
+    let now = crate::pg::clock::clock_now();
     if held || s.live_lease(now) {
         return None;
     }
@@ -902,7 +902,7 @@ fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> O
     match lane.claimability(readable, now) {
         c if c.claimable() => Some(readable),
         queen_core::lane::Claimability::Backoff => {
-            crate::wake::due_at(lane.retry_at.unwrap_or(now));
+            crate::pg::wake::due_at(lane.retry_at.unwrap_or(now));
             None
         }
         _ => None,

@@ -9,7 +9,7 @@ use pgrx::pg_sys;
 use pgrx::pgrx_sql_entity_graph::metadata::{ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable};
 use pgrx::prelude::*;
 
-use crate::errors;
+use crate::pg::errors;
 
 /// The bytes of a jsonb value (the `JsonbContainer`, without the varlena header).
 pub struct RawJsonb(pub Vec<u8>);

@@ -33,8 +33,8 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
 
-use crate::errors::{self, SpiExt};
-use crate::spi::{first_value, run};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::spi::{first_value, run};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Privilege {
@@ -87,7 +87,7 @@ fn global(role: pg_sys::Oid, p: Privilege) -> bool {
 
 /// Whether `role` (or a role whose privileges it has) holds a grant on some queue.
 fn limited(role: pg_sys::Oid) -> bool {
-    let grantees = crate::cache::cached(
+    let grantees = crate::pg::cache::cached(
         &GRANTEES,
         (),
         || {
@@ -122,9 +122,9 @@ pub fn queen_role(role: pg_sys::Oid, p: Privilege) -> bool {
 thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
     /// (`cache::cached`: grants send the queues' invalidation).
-    static ALLOWED: crate::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
+    static ALLOWED: crate::pg::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
     /// Per backend: every role that holds a queue grant, while no grant changed.
-    static GRANTEES: crate::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
+    static GRANTEES: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
 
 /// Whether `role` has `p` on queue `queue_id` through `queen.grant` (or `admin` there).
@@ -140,7 +140,7 @@ fn granted(client: &mut SpiClient<'_>, role: pg_sys::Oid, queue_id: i64, p: Priv
         // SAFETY: a membership test (cached by PostgreSQL); a dropped role matches nothing.
         Some(grantees.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) }))
     };
-    crate::cache::cached(&ALLOWED, (role.to_u32(), queue_id, p), read, |_| true).unwrap_or(false)
+    crate::pg::cache::cached(&ALLOWED, (role.to_u32(), queue_id, p), read, |_| true).unwrap_or(false)
 }
 
 pub fn denied(what: &str, p: Privilege) -> ! {
@@ -280,13 +280,13 @@ pub fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
     .collect();
     let who = ident(name);
     for f in need.iter().filter(|f| !has.contains(f)) {
-        crate::spi::run_built(client, &format!("GRANT EXECUTE ON FUNCTION {f} TO {who}"));
+        crate::pg::spi::run_built(client, &format!("GRANT EXECUTE ON FUNCTION {f} TO {who}"));
     }
     for f in has.iter().filter(|f| !need.contains(f)) {
-        crate::spi::run_built(client, &format!("REVOKE EXECUTE ON FUNCTION {f} FROM {who}"));
+        crate::pg::spi::run_built(client, &format!("REVOKE EXECUTE ON FUNCTION {f} FROM {who}"));
     }
     let verb = if held.is_empty() { "REVOKE USAGE ON SCHEMA queen FROM" } else { "GRANT USAGE ON SCHEMA queen TO" };
-    crate::spi::run_built(client, &format!("{verb} {who}"));
+    crate::pg::spi::run_built(client, &format!("{verb} {who}"));
 }
 
 /// `queen._sync_grants(role)`: `sync_grants` for a role whose queue grants went with a
@@ -306,5 +306,5 @@ fn sync_grants_sql(role: pg_sys::Oid) {
             sync_grants(client, role, &name);
         }
     });
-    crate::cache::invalidate();
+    crate::pg::cache::invalidate();
 }

@@ -25,9 +25,9 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::clock::clock_now;
-use crate::errors;
-use crate::spi::{first_row_now, with_pinned_search_path};
+use crate::pg::clock::clock_now;
+use crate::pg::errors;
+use crate::pg::spi::{first_row_now, with_pinned_search_path};
 
 /// How long a backend trusts what it found out about a queue's home (microseconds). A
 /// queue's home changes only when its shard moves, which needs queen stopped for that queue
@@ -48,7 +48,7 @@ thread_local! {
 /// Whether `queen.distribute()` ran in this database: the routing schema exists (one
 /// syscache lookup; nothing else is asked of a database that is not distributed).
 fn distributed() -> bool {
-    crate::catalog::schema_exists(c"queen_citus")
+    crate::pg::catalog::schema_exists(c"queen_citus")
 }
 
 /// The Citus node group that is `queue`'s home, and this node's group, once the database is

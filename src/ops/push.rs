@@ -11,13 +11,13 @@ use pgrx::spi::SpiClient;
 use queen_core::compaction::FRESH_MAX;
 use queen_core::segment::{self, Entry, Frame};
 
-use crate::errors::{self, SpiExt};
-use crate::ids::{new_ids, to_pg_uuid};
-use crate::jsonb::{Found, JsonbArg, RawJsonb};
-use crate::names::{check_lane_name, check_queue_name};
-use crate::queues::{self, Target};
-use crate::spi::{first_value, run};
-use crate::srf::{arg, function_info_v1, ResultRows};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::ids::{new_ids, to_pg_uuid};
+use crate::pg::jsonb::{Found, JsonbArg, RawJsonb};
+use crate::pg::spi::{first_value, run};
+use crate::pg::srf::{arg, function_info_v1, ResultRows};
+use crate::queue::lookup::{self, Target};
+use crate::queue::names::{check_lane_name, check_queue_name};
 
 // Limits of a push (a segment must stay well below bytea's 1 GB): the policy's.
 use queen_core::policy::limits::{
@@ -92,13 +92,13 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
         );
     }
     if let Some(headers) = &item.headers {
-        if !crate::jsonb::is_object(headers) {
+        if !crate::pg::jsonb::is_object(headers) {
             // SAFETY: the headers are the jsonb bytes of the call's argument, as PostgreSQL
             // parsed them.
-            let text = unsafe { crate::jsonb::to_text(headers) };
+            let text = unsafe { crate::pg::jsonb::to_text(headers) };
             errors::invalid(
                 &format!("{}headers", at()),
-                format_args!("must be a JSON object, got {}", crate::errors::excerpt(&text)),
+                format_args!("must be a JSON object, got {}", crate::pg::errors::excerpt(&text)),
             );
         }
         if headers.len() > MAX_HEADERS_BYTES {
@@ -180,7 +180,7 @@ pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInf
         deliver_at: deliver_at.map(i64::from),
     };
     check_item(&item, &String::new);
-    let rows = crate::spi::with_pinned_search_path(|| push_items(vec![item]));
+    let rows = crate::pg::spi::with_pinned_search_path(|| push_items(vec![item]));
     finish(out, rows)
 }
 
@@ -231,7 +231,7 @@ pub unsafe extern "C-unwind" fn push_batch_wrapper(fcinfo: pg_sys::FunctionCallI
     let queues: Vec<&str> = items.iter().map(|it| it.queue.as_str()).collect();
     let rows = match push_at_homes(items_arg, &queues) {
         Some(rows) => rows,
-        None => crate::spi::with_pinned_search_path(|| push_items(items)),
+        None => crate::pg::spi::with_pinned_search_path(|| push_items(items)),
     };
     finish(out, rows)
 }
@@ -325,7 +325,7 @@ function_info_v1!(pg_finfo_push_batch_to_wrapper);
 
 /// `queen.push_batch(queue, items)`: `push_batch` for one queue, which the call names
 /// first. On Citus the coordinator routes it by that argument, as it routes `push`
-/// (src/citus.rs); anywhere else it is `push_batch` with every item's queue set.
+/// (src/queue/citus.rs); anywhere else it is `push_batch` with every item's queue set.
 ///
 /// # Safety
 /// Called by PostgreSQL only, as the function declared above.
@@ -339,7 +339,7 @@ pub unsafe extern "C-unwind" fn push_batch_to_wrapper(fcinfo: pg_sys::FunctionCa
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     check_queue_name("queue", queue);
     let items = read_batch(items_arg.unwrap_or_else(|| errors::null_arg("items")), Some(queue));
-    let rows = crate::spi::with_pinned_search_path(|| push_items(items));
+    let rows = crate::pg::spi::with_pinned_search_path(|| push_items(items));
     finish(out, rows)
 }
 
@@ -392,17 +392,17 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
                 r.get::<pgrx::Uuid>(4).or_raise(),
             ),
             None => {
-                let (queue_id, dedup_window, encrypted) = queues::ensure_queue(client, queue);
+                let (queue_id, dedup_window, encrypted) = lookup::ensure_queue(client, queue);
                 (queue_id, dedup_window, encrypted, None)
             }
         };
         // The queue lock before the partition row's foreign key locks the queue row
         // (`queen_core::lock_order`); a queue deleted while this waited is created again.
-        if pid.is_none() && !crate::locks::share_queue(queue_id) {
+        if pid.is_none() && !crate::pg::locks::share_queue(queue_id) {
             continue;
         }
         // A partition another session creates at the same moment: look it up again.
-        if let Some(partition_id) = pid.or_else(|| queues::create_partition(client, queue_id, partition)) {
+        if let Some(partition_id) = pid.or_else(|| lookup::create_partition(client, queue_id, partition)) {
             return Target { queue_id, partition_id, dedup_window, encrypted };
         }
     }
@@ -418,7 +418,7 @@ fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_
     if crate::offsets::enabled() {
         return crate::offsets::reserve(client, partition_id, n, writes_all, goes_fresh(n as usize));
     }
-    let head = crate::spi::first_value::<i64>(run(
+    let head = crate::pg::spi::first_value::<i64>(run(
         client,
         "UPDATE queen.partitions p
             SET head = greatest(p.head, p.retained_through,
@@ -527,13 +527,13 @@ impl Writes {
         if pids.is_empty() {
             return;
         }
-        let generation = crate::generations::current(client);
+        let generation = crate::storage::generations::current(client);
         // The fresh tier's rows go in directly (one row per small push: see `heap`); SQL
         // takes whatever that cannot do.
         let mut direct = 0;
         while fresh
             && direct < pids.len()
-            && crate::heap::insert_fresh_segment(
+            && crate::pg::heap::insert_fresh_segment(
                 pids[direct],
                 firsts[direct],
                 lasts[direct],
@@ -549,7 +549,7 @@ impl Writes {
         }
         pids.drain(..direct);
         data.drain(..direct);
-        let created_at = crate::clock::timestamptz(now);
+        let created_at = crate::pg::clock::timestamptz(now);
         match (pids.len(), fresh) {
             (0, _) => {}
             (_, true) => {
@@ -588,8 +588,8 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     let mut last_queue = None;
     for &(queue, _) in groups.keys() {
         if last_queue != Some(queue) {
-            crate::citus::ensure_home(queue);
-            crate::privileges::require(Some(queue), crate::privileges::Privilege::Produce);
+            crate::queue::citus::ensure_home(queue);
+            crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Produce);
             last_queue = Some(queue);
         }
     }
@@ -599,7 +599,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             // Once more when the partition was dropped under this push (`reserve`): the
             // target is looked up again, and the partition created anew.
             while !call.push_to(client, queue, partition, idxs) {
-                crate::cache::on_abort(); // forget the dropped partition's target
+                crate::pg::cache::on_abort(); // forget the dropped partition's target
             }
         }
         let now = call.now;
@@ -655,7 +655,7 @@ impl<'a> Call<'a> {
         PushRow {
             idx: i as i32,
             status: "duplicate",
-            message_id: crate::ids::from_pg_uuid(&message_id),
+            message_id: crate::pg::ids::from_pg_uuid(&message_id),
             transaction_id: self.transaction_ids[i].clone(),
             partition_id: pid,
             msg_offset,
@@ -667,7 +667,7 @@ impl<'a> Call<'a> {
     /// under this push (nothing decided: the caller tries again).
     fn push_to(&mut self, client: &mut SpiClient<'_>, queue: &str, partition: &str, idxs: &[usize]) -> bool {
         let t = target_locked(client, queue, partition);
-        crate::wake::notify_on_commit(queue);
+        crate::pg::wake::notify_on_commit(queue);
         // Minted transaction ids are unique: only producer-supplied ones need the dedup
         // window, and only they pay for it.
         let items = self.items;
@@ -764,11 +764,14 @@ impl<'a> Call<'a> {
         let (items, message_ids) = (self.items, &self.message_ids);
         // An encrypted queue stores envelopes (see `encryption`), sealed per message.
         let sealed: Option<Vec<Vec<u8>>> = t.encrypted.then(|| {
-            crate::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
+            crate::queue::encryption::seal_all(queue, kept.iter().map(|&i| (&message_ids[i], &items[i].payload[..])))
         });
         // Headers are sealed too, each under its message id and its own purpose.
         let sealed_headers: Option<Vec<Option<Vec<u8>>>> = t.encrypted.then(|| {
-            crate::encryption::seal_headers(queue, kept.iter().map(|&i| (&message_ids[i], items[i].headers.as_deref())))
+            crate::queue::encryption::seal_headers(
+                queue,
+                kept.iter().map(|&i| (&message_ids[i], items[i].headers.as_deref())),
+            )
         });
         let entries = kept.iter().enumerate().map(|(k, &i)| {
             if !stored[k] {
@@ -799,11 +802,11 @@ impl<'a> Call<'a> {
 /// again: the queue is created anew.
 fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
     loop {
-        let t = queues::target(queue, partition, || locate(client, queue, partition));
-        if crate::locks::share_queue(t.queue_id) {
+        let t = lookup::target(queue, partition, || locate(client, queue, partition));
+        if crate::pg::locks::share_queue(t.queue_id) {
             return t;
         }
-        crate::cache::on_abort(); // forget the deleted queue's targets
+        crate::pg::cache::on_abort(); // forget the deleted queue's targets
     }
 }
 
@@ -818,11 +821,11 @@ fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
     for (i, q) in queues.iter().enumerate() {
         by_queue.entry(q).or_default().push(i as i32);
     }
-    if !by_queue.keys().any(|q| crate::citus::lives_elsewhere(q)) {
+    if !by_queue.keys().any(|q| crate::queue::citus::lives_elsewhere(q)) {
         return None;
     }
     let mut rows: Vec<Option<PushRow>> = (0..queues.len()).map(|_| None).collect();
-    crate::spi::with_pinned_search_path(|| {
+    crate::pg::spi::with_pinned_search_path(|| {
         Spi::connect_mut(|client| {
             for (queue, idxs) in &by_queue {
                 // SAFETY: `items` is the call's jsonb argument, valid for the whole call.
@@ -853,7 +856,7 @@ fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
                     rows[i] = Some(PushRow {
                         idx: i as i32,
                         status,
-                        message_id: crate::ids::from_pg_uuid(&row.get::<pgrx::Uuid>(3).or_raise().unwrap()),
+                        message_id: crate::pg::ids::from_pg_uuid(&row.get::<pgrx::Uuid>(3).or_raise().unwrap()),
                         transaction_id: row.get(4).or_raise().unwrap_or_default(),
                         partition_id: row.get(5).or_raise().unwrap(),
                         msg_offset: row.get(6).or_raise().unwrap_or_default(),

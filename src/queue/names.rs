@@ -1,7 +1,7 @@
 //! Name checks on SQL arguments: the rules of `queen_core::names`, raised as 22023 with the
 //! argument's name.
 
-use crate::errors::invalid;
+use crate::pg::errors::invalid;
 
 /// Checks a queue name, raising 22023 with the argument name.
 pub fn check_queue_name(argument: &str, name: &str) {

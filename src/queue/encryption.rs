@@ -22,9 +22,9 @@ use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
 use queen_core::envelope::{self, EnvelopeError, Key};
 
-use crate::errors;
-use crate::jsonb::RawJsonb;
-use crate::settings;
+use crate::pg::errors;
+use crate::pg::jsonb::RawJsonb;
+use crate::pg::settings;
 
 /// The keys of a key file: (sealing key, older keys). Refuses a file that the group or
 /// others may read. No error quotes the file's content.

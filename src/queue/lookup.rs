@@ -4,10 +4,10 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::policy::QueueOptions;
 
-use crate::cache;
-use crate::errors::SpiExt;
-use crate::ids::to_pg_uuid;
-use crate::spi::{first_value, run};
+use crate::pg::cache;
+use crate::pg::errors::SpiExt;
+use crate::pg::ids::to_pg_uuid;
+use crate::pg::spi::{first_value, run};
 
 /// Where one (queue, partition) of a push goes.
 #[derive(Clone, Copy)]
@@ -76,7 +76,7 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
         &[name.into(), QueueOptions::IMPLICIT.lease_time.into()],
     );
     read(run(client, FIND, &[name.into()]))
-        .unwrap_or_else(|| crate::errors::internal(format_args!("queue {name:?} vanished while being created")))
+        .unwrap_or_else(|| crate::pg::errors::internal(format_args!("queue {name:?} vanished while being created")))
 }
 
 /// `ensure_queue`, then the queue lock in share mode (`locks::share_queue`): a queue that
@@ -84,7 +84,7 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
 pub fn ensure_queue_locked(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) {
     loop {
         let found = ensure_queue(client, name);
-        if crate::locks::share_queue(found.0) {
+        if crate::pg::locks::share_queue(found.0) {
             return found;
         }
     }
@@ -95,7 +95,7 @@ pub fn ensure_queue_locked(client: &mut SpiClient<'_>, name: &str) -> (i64, i32,
 /// session created the partition first; the caller then looks it up.
 pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -> Option<pgrx::Uuid> {
     // On Citus the id routes back to this node, the queue's home (`citus::routed_id`).
-    let pid = to_pg_uuid(crate::citus::routed_id(crate::ids::new_id));
+    let pid = to_pg_uuid(crate::queue::citus::routed_id(crate::pg::ids::new_id));
     let inserted = run(
         client,
         "INSERT INTO queen.partitions (partition_id, queue_id, name) VALUES ($1, $2, $3)
@@ -103,7 +103,7 @@ pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -
         &[pid.into(), queue_id.into(), name.into()],
     );
     first_value::<bool>(inserted)?;
-    crate::lane_rows::create_for_partition(client, pid, queue_id);
+    crate::lane::rows::create_for_partition(client, pid, queue_id);
     Some(pid)
 }
 
@@ -114,7 +114,7 @@ pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -
 /// retention step holds it right now (the pop creates its lanes on a later call). Taken
 /// before the INSERT, whose statement snapshot then sees the step's deletions.
 fn lock_for_new_lanes(queue_id: i64, wait: bool) -> bool {
-    crate::locks::lanes_creation(queue_id, false, wait)
+    crate::pg::locks::lanes_creation(queue_id, false, wait)
 }
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
@@ -132,7 +132,7 @@ pub fn ensure_group(
     subscription: &str,
     wait: bool,
 ) -> Option<bool> {
-    if !crate::locks::group_creation(queue_id, group, wait) {
+    if !crate::pg::locks::group_creation(queue_id, group, wait) {
         return None;
     }
     // The queue row before the group row: a pop that would wait for it returns nothing.
@@ -149,7 +149,7 @@ pub fn ensure_group(
         return Some(false);
     }
     CREATED_HERE.with(|c| c.set(true));
-    crate::lane_rows::create_for_group(client, queue_id, group, subscription);
+    crate::lane::rows::create_for_group(client, queue_id, group, subscription);
     Some(true)
 }
 
@@ -189,7 +189,7 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     // Never waited for: a pop skips the repair while a retention step runs (it comes back
     // within a second), and while a seek or drop_group holds the group row
     // (`create_missing`).
-    lock_for_new_lanes(queue_id, false) && crate::lane_rows::create_missing(client, queue_id, group)
+    lock_for_new_lanes(queue_id, false) && crate::lane::rows::create_missing(client, queue_id, group)
 }
 
 extension_sql!(

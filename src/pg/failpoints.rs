@@ -29,7 +29,7 @@ pub const POINTS: &[&str] = &[
 mod armed {
     use std::cell::RefCell;
 
-    use crate::settings;
+    use crate::pg::settings;
 
     thread_local! {
         /// The setting last seen, and how many more passes of its point panic.

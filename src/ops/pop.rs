@@ -9,14 +9,14 @@ use queen_core::lane::Lane;
 use queen_core::lanes::State as LaneState;
 use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
 
-use crate::clock::{clock_now, timestamptz};
-use crate::errors::{self, SpiExt};
-use crate::ids::to_pg_uuid;
-use crate::lane_rows::Claims;
-use crate::names::{check_lane_name, check_queue_name};
-use crate::spi::run;
-use crate::srf::{arg, function_info_v1, ResultRows};
-use crate::{durability, queues, segments, wake};
+use crate::lane::rows::Claims;
+use crate::pg::clock::{clock_now, timestamptz};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::ids::to_pg_uuid;
+use crate::pg::spi::run;
+use crate::pg::srf::{arg, function_info_v1, ResultRows};
+use crate::queue::names::{check_lane_name, check_queue_name};
+use crate::{pg::durability, pg::wake, queue::lookup, storage::segments};
 
 /// Validated arguments of one pop.
 pub struct PopArgs<'a> {
@@ -125,13 +125,13 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
             max_bytes: arg::<i64>(fcinfo, 9).unwrap_or_else(|| errors::null_arg("max_bytes")),
         }
     };
-    let rows = crate::spi::with_pinned_search_path(|| {
+    let rows = crate::pg::spi::with_pinned_search_path(|| {
         validate(&args);
-        queues::CREATED_HERE.with(|c| c.set(false));
+        lookup::CREATED_HERE.with(|c| c.set(false));
         let first_writer = durability::pop_start(args.auto_ack);
         let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
-        durability::pop_done(first_writer, queues::CREATED_HERE.with(|c| c.get()));
-        queues::CREATED_HERE.with(|c| c.set(false));
+        durability::pop_done(first_writer, lookup::CREATED_HERE.with(|c| c.get()));
+        lookup::CREATED_HERE.with(|c| c.set(false));
         rows
     });
     let group = args.group;
@@ -162,10 +162,10 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
                     pg_sys::Datum::from(d.msg_offset),
                     d.message_id.into_datum().unwrap(),
                     d.transaction_id.into_datum().unwrap(),
-                    crate::jsonb::jsonb_datum(&d.payload),
+                    crate::pg::jsonb::jsonb_datum(&d.payload),
                     d.created_at.into_datum().unwrap(),
                     pg_sys::Datum::from(d.attempt),
-                    d.headers.as_deref().map_or(zero, crate::jsonb::jsonb_datum),
+                    d.headers.as_deref().map_or(zero, crate::pg::jsonb::jsonb_datum),
                 ],
                 nulls,
             )
@@ -195,8 +195,8 @@ pub unsafe extern "C-unwind" fn pop_sql_wrapper(_fcinfo: pg_sys::FunctionCallInf
 
 fn validate(a: &PopArgs) {
     check_queue_name("queue", a.queue);
-    crate::citus::ensure_home(a.queue);
-    crate::privileges::require(Some(a.queue), crate::privileges::Privilege::Consume);
+    crate::queue::citus::ensure_home(a.queue);
+    crate::queue::privileges::require(Some(a.queue), crate::queue::privileges::Privilege::Consume);
     check_lane_name("consumer_group", a.group);
     if let Some(p) = a.partition {
         check_lane_name("partition", p);
@@ -204,7 +204,7 @@ fn validate(a: &PopArgs) {
     let limits = PopLimits {
         batch: a.batch,
         lease_seconds: a.lease_seconds,
-        max_lease: crate::settings::max_lease(),
+        max_lease: crate::pg::settings::max_lease(),
         wait_ms: a.wait_ms,
         max_partitions: a.max_partitions,
         max_bytes: a.max_bytes,
@@ -290,7 +290,7 @@ struct GroupInfo {
 thread_local! {
     /// Per backend: (queue, group) -> its info (`cache::cached`), for groups that exist:
     /// a pop of one message reads no settings row while no queue or group changed.
-    static GROUPS: crate::cache::Settings<(String, String), GroupInfo> = Default::default();
+    static GROUPS: crate::pg::cache::Settings<(String, String), GroupInfo> = Default::default();
 }
 
 /// The queue's and group's settings; None for an unknown queue.
@@ -318,7 +318,7 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
         })
     };
     // Kept once the group exists (a pop that finds none creates it, then reads again).
-    crate::cache::cached(&GROUPS, (queue.to_string(), group.to_string()), read, |i| i.has_group)
+    crate::pg::cache::cached(&GROUPS, (queue.to_string(), group.to_string()), read, |i| i.has_group)
 }
 
 fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
@@ -338,20 +338,20 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         );
     }
     // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
-    if !crate::locks::share_queue(queue_id) {
+    if !crate::pg::locks::share_queue(queue_id) {
         return Vec::new(); // deleted while this pop waited: an unknown queue
     }
-    if !has_group && queues::ensure_group(client, queue_id, a.group, a.subscription, false).is_none() {
+    if !has_group && lookup::ensure_group(client, queue_id, a.group, a.subscription, false).is_none() {
         return Vec::new(); // another session is creating this group and claiming right now
     }
 
     let now = clock_now();
-    let registry = crate::lanes::enabled();
+    let registry = crate::lane::registry::enabled();
     let mut scan = registry.then(|| LaneScan::new(a, queue_id, now));
     // Lanes a concurrent partition and group creation both missed are added here, at most
     // once a second per backend and group, busy or not: a missed partition waits at most
     // about a second after both creations committed, never for the group to go idle.
-    queues::repair_lanes(client, queue_id, a.group);
+    lookup::repair_lanes(client, queue_id, a.group);
     let mut candidates = match &mut scan {
         Some(scan) => scan.lock_lanes(client, i64::from(a.batch)),
         None => claim_candidates(client, a, queue_id, now),
@@ -361,11 +361,12 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     }
     let mut takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
 
-    let lease_micros = effective_lease_micros(a.lease_seconds, budget_micros, lease_time, crate::settings::max_lease());
+    let lease_micros =
+        effective_lease_micros(a.lease_seconds, budget_micros, lease_time, crate::pg::settings::max_lease());
     // (lease id, expiry), None for an auto-ack pop. A lease id is a credential (random bits
     // from the OS), routed back to this node on Citus.
     let lease = (!a.auto_ack).then(|| {
-        let id = crate::citus::routed_id(crate::ids::new_secure_id);
+        let id = crate::queue::citus::routed_id(crate::pg::ids::new_secure_id);
         (to_pg_uuid(id), now.saturating_add(lease_micros))
     });
 
@@ -459,10 +460,10 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     } else {
         match lease {
             Some((lease_id, expires)) => {
-                crate::lane_rows::claim_leased(client, queue_id, a.group, claims, lease_id, expires, now)
+                crate::lane::rows::claim_leased(client, queue_id, a.group, claims, lease_id, expires, now)
             }
             // auto_ack: no lease; the cursor moves to batch_end in this same call.
-            None => crate::lane_rows::claim_auto_ack(client, a.group, claims, now),
+            None => crate::lane::rows::claim_auto_ack(client, a.group, claims, now),
         }
     }
     // Rows come ordered by partition, then offset (docs/functions.md#pop).
@@ -480,12 +481,12 @@ thread_local! {
 /// Where a pop of (queue, group) starts its scan of the group's lanes: just after the
 /// partition the last pop claimed (or examined last, when it claimed nothing), wrapping
 /// around: round-robin over partitions. With the lane registry that cursor is shared by
-/// every backend (`lanes::shared_cursor`), so pops from new connections (one per pop, or
+/// every backend (`registry::shared_cursor`), so pops from new connections (one per pop, or
 /// through a pooler) take their turns as one session's would. Without it each backend
 /// keeps its own, and starts at a random partition id: a first pop does not always begin
 /// at the oldest partition.
 fn cursor(queue_id: i64, group: &str) -> pgrx::Uuid {
-    if let Some(shared) = crate::lanes::shared_cursor(queue_id, group) {
+    if let Some(shared) = crate::lane::registry::shared_cursor(queue_id, group) {
         return shared;
     }
     let key = (queue_id, group.to_string());
@@ -506,8 +507,8 @@ fn getrandom_bytes(b: &mut [u8]) {
 /// Moves the cursor for (queue, group) to `partition_id`: the shared one with the lane
 /// registry, else this backend's.
 fn move_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
-    if crate::lanes::enabled() {
-        crate::lanes::set_shared_cursor(queue_id, group, partition_id);
+    if crate::lane::registry::enabled() {
+        crate::lane::registry::set_shared_cursor(queue_id, group, partition_id);
     } else {
         CURSORS.with(|c| c.borrow_mut().insert((queue_id, group.to_string()), *partition_id.as_bytes()));
     }
@@ -675,7 +676,7 @@ impl<'a> LaneScan<'a> {
             // A lane another pop took since the scan read it (its claim may still be
             // uncommitted) is not one this pop examined: it does not count against
             // `max_partitions`, so the scan reads the next lane instead of ending empty.
-            let Some(s) = crate::lanes::lock(partition_id, self.a.group, false) else {
+            let Some(s) = crate::lane::registry::lock(partition_id, self.a.group, false) else {
                 self.left += 1;
                 continue;
             };
@@ -768,12 +769,12 @@ fn apply_registry(
             None => queen_core::lane::auto_ack(&lane, claim.end),
         };
         let new = LaneState { last_claimed: now, ..next.to_registry(&old) };
-        crate::lanes::set(pid, a.group, new, Some((queue_id, a.group)));
+        crate::lane::registry::set(pid, a.group, new, Some((queue_id, a.group)));
         if lease.is_none() {
             journal.push((pid, new));
         }
     }
-    crate::lanes::journal(client, a.group, &journal);
+    crate::lane::registry::journal(client, a.group, &journal);
 }
 
 fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
@@ -871,9 +872,9 @@ fn file_poison(
     passed: &[(pgrx::Uuid, i64)],
 ) {
     for p in poison {
-        let filed = crate::dlq::file(
+        let filed = crate::ops::dlq::file(
             client,
-            crate::dlq::Filing {
+            crate::ops::dlq::Filing {
                 queue_id,
                 partition_id: p.partition_id,
                 group: a.group,
@@ -901,15 +902,15 @@ fn file_poison(
         let c = candidates.iter().find(|c| c.partition_id == pid).expect("a passed lane was a candidate");
         if let Some(old) = c.registry {
             let new = queen_core::lane::pass(&Lane::from_registry(&old), to).to_registry(&old);
-            crate::lanes::set(pid, a.group, new, None);
+            crate::lane::registry::set(pid, a.group, new, None);
             if new.journal_seq != old.journal_seq {
                 journal.push((pid, new));
             }
         } else {
-            crate::lane_rows::pass(client, pid, a.group, to);
+            crate::lane::rows::pass(client, pid, a.group, to);
         }
     }
-    crate::lanes::journal(client, a.group, &journal);
+    crate::lane::registry::journal(client, a.group, &journal);
 }
 
 /// What decides whether a message is due (`queen_core::policy::due_at`): the queue's
@@ -976,14 +977,14 @@ fn read_span<'conn>(
                 // holds back the rest of its lane: offsets are delivered in order.
                 let due_at = queen_core::policy::due_at(i64::from(created_at), due.delay, f.deliver_at);
                 if due_at > due.now {
-                    crate::wake::due_at(due_at);
+                    crate::pg::wake::due_at(due_at);
                     NOT_DUE.with(|n| n.set(true));
                     stop = true;
                     return false;
                 }
-                let opened = crate::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
+                let opened = crate::queue::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
                     let headers =
-                        f.headers.map(|h| crate::encryption::try_open_headers(&f.message_id, h)).transpose()?;
+                        f.headers.map(|h| crate::queue::encryption::try_open_headers(&f.message_id, h)).transpose()?;
                     Ok((payload, headers))
                 });
                 let (payload, headers) = match opened {

@@ -133,5 +133,5 @@ pub fn invalidate() {
 }
 
 fn queues_oid() -> pg_sys::Oid {
-    crate::catalog::queen_table(c"queues")
+    crate::pg::catalog::queen_table(c"queues")
 }

@@ -24,8 +24,8 @@
 
 use pgrx::spi::SpiClient;
 
-use crate::errors::SpiExt;
-use crate::spi::{first_value, run};
+use crate::pg::errors::SpiExt;
+use crate::pg::spi::{first_value, run};
 
 /// Most lanes an expiry step locks in one transaction (each partition's lanes are locked
 /// while it is checked, until the transaction ends): well below `queen.tracked_lanes`.
@@ -79,11 +79,11 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
     if groups.is_empty() && readable > retained {
         return Err(Kept::NotEmpty("the queue has no consumer group, and it holds messages".into()));
     }
-    let now = crate::clock::clock_now();
+    let now = crate::pg::clock::clock_now();
     for group in groups {
-        let (committed, live) = if crate::lanes::enabled() {
+        let (committed, live) = if crate::lane::registry::enabled() {
             // Locked until this transaction ends, as an ack locks a lane.
-            match crate::lanes::lock(pid, group, wait) {
+            match crate::lane::registry::lock(pid, group, wait) {
                 Some(s) => (s.committed, s.live_lease(now)),
                 // No lane: the group's pops will create it where retention left off.
                 None if wait => (retained, false),
@@ -104,7 +104,7 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
                       FOR UPDATE SKIP LOCKED"
                 )
             };
-            let r = run(client, sql, &[pid.into(), group.as_str().into(), crate::clock::timestamptz(now).into()]);
+            let r = run(client, sql, &[pid.into(), group.as_str().into(), crate::pg::clock::timestamptz(now).into()]);
             match r.into_iter().next() {
                 Some(r) => (r.get::<i64>(1).or_raise().unwrap(), r.get::<bool>(2).or_raise().unwrap()),
                 None if wait => (retained, false), // no lane: as above
@@ -166,8 +166,8 @@ fn delete(client: &mut SpiClient<'_>, pids: &[pgrx::Uuid], groups: &[String]) ->
         &[pids.to_vec().into()],
     ))
     .unwrap_or(0);
-    let keys = pids.iter().flat_map(|p| groups.iter().map(move |g| crate::lanes::key(*p, g))).collect();
-    crate::lanes::forget_on_commit(keys);
+    let keys = pids.iter().flat_map(|p| groups.iter().map(move |g| crate::lane::registry::key(*p, g))).collect();
+    crate::lane::registry::forget_on_commit(keys);
     segments
 }
 
@@ -191,7 +191,7 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     // The queue lock first, as every call takes it before the queue's rows (a dedup row
     // locked before it would deadlock with a delete_queue); a queue being deleted waits
     // for the next pass.
-    if !crate::locks::try_share_queue(queue_id) {
+    if !crate::pg::locks::try_share_queue(queue_id) {
         return (0, 0, false);
     }
     let dedup = first_value::<i64>(run(
@@ -208,7 +208,7 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     ))
     .unwrap_or(0);
     // As in try_drop: no group gets lanes while the partitions are checked (busy: next pass).
-    if !crate::locks::lanes_creation(queue_id, true, false) {
+    if !crate::pg::locks::lanes_creation(queue_id, true, false) {
         return (dedup, 0, false);
     }
     let groups = groups_of(client, queue_id);

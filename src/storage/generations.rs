@@ -33,9 +33,9 @@ use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use queen_core::generations::{live_bytes, next, rotation_due, Sizes};
 
-use crate::errors::SpiExt;
-use crate::settings;
-use crate::spi::{first_value, run};
+use crate::pg::errors::SpiExt;
+use crate::pg::settings;
+use crate::pg::spi::{first_value, run};
 
 /// How long a backend trusts the current generation it read.
 const CACHE_MICROS: i64 = 1_000_000;
@@ -47,7 +47,7 @@ thread_local! {
 
 /// The generation new segment rows go to.
 pub fn current(client: &mut SpiClient<'_>) -> i16 {
-    let now = crate::clock::clock_now();
+    let now = crate::pg::clock::clock_now();
     if let Some((g, at)) = CURRENT.with(Cell::get) {
         if now.saturating_sub(at) < CACHE_MICROS && now >= at {
             return g;
@@ -69,10 +69,11 @@ pub fn check_snapshot(client: &mut SpiClient<'_>) {
         return;
     }
     let seen = first_value::<i64>(run(client, "SELECT rotations FROM queen.generations", &[]));
-    let latest = crate::spi::first_row_now(client, "SELECT rotations FROM queen.generations", &[], |r| r.get::<i64>(1))
-        .flatten();
+    let latest =
+        crate::pg::spi::first_row_now(client, "SELECT rotations FROM queen.generations", &[], |r| r.get::<i64>(1))
+            .flatten();
     if seen != latest {
-        crate::errors::raise(
+        crate::pg::errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
             "queen: could not serialize access: the segment generations were rotated after this transaction's \
              snapshot was taken; retry the transaction"
@@ -208,6 +209,6 @@ pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
     if copied < 0 {
         return Rotated::Busy;
     }
-    CURRENT.with(|c| c.set(Some((oldest, crate::clock::clock_now()))));
+    CURRENT.with(|c| c.set(Some((oldest, crate::pg::clock::clock_now()))));
     Rotated::Yes { emptied: oldest, copied }
 }

@@ -11,7 +11,7 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::PgOid;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiCursor, SpiHeapTupleData, SpiTupleTable};
 
-use crate::errors::SpiExt;
+use crate::pg::errors::SpiExt;
 
 thread_local! {
     static PLANS: RefCell<HashMap<&'static str, Rc<OwnedPreparedStatement>>> =
@@ -64,7 +64,7 @@ pub fn first_row_now<R>(
         let plan = unsafe {
             let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
             if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
-                crate::errors::internal(format_args!("cannot prepare {sql}"));
+                crate::pg::errors::internal(format_args!("cannot prepare {sql}"));
             }
             plan
         };
@@ -114,7 +114,7 @@ pub fn first_row_now<R>(
             1,
         );
         if rc != pg_sys::SPI_OK_SELECT as i32 {
-            crate::errors::internal(format_args!("SPI_execute_snapshot returned {rc}"));
+            crate::pg::errors::internal(format_args!("SPI_execute_snapshot returned {rc}"));
         }
         let table = pg_sys::SPI_tuptable;
         if pg_sys::SPI_processed == 0 || table.is_null() {

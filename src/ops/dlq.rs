@@ -4,7 +4,7 @@
 
 use pgrx::spi::SpiClient;
 
-use crate::spi::run;
+use crate::pg::spi::run;
 
 /// One message to file as a dead letter.
 pub struct Filing<'a> {
@@ -31,7 +31,7 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
     let (data, envelope) = if f.raw || queen_core::envelope::is_envelope(&f.stored) {
         (None, Some(f.stored))
     } else {
-        (Some(crate::jsonb::RawJsonb(f.stored)), None)
+        (Some(crate::pg::jsonb::RawJsonb(f.stored)), None)
     };
     !run(
         client,
@@ -44,7 +44,7 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
                                AND d.consumer_group = $4 AND d.msg_offset = $5)
          RETURNING 1",
         &[
-            crate::ids::to_pg_uuid(crate::ids::new_id()).into(),
+            crate::pg::ids::to_pg_uuid(crate::pg::ids::new_id()).into(),
             f.queue_id.into(),
             f.partition_id.into(),
             f.group.into(),

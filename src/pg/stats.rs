@@ -8,7 +8,7 @@
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 
-use crate::dbs::{self, Pass, PASSES};
+use crate::pg::dbs::{self, Pass, PASSES};
 
 /// Records a retention pass that freed `bytes`, ending at `now`.
 pub fn record_retention(now: i64, bytes: i64) {
@@ -37,7 +37,7 @@ fn this_database() -> Option<dbs::Slot> {
 }
 
 fn timestamp(micros: i64) -> Option<TimestampWithTimeZone> {
-    (micros != 0).then(|| crate::clock::timestamptz(micros))
+    (micros != 0).then(|| crate::pg::clock::timestamptz(micros))
 }
 
 extension_sql!(

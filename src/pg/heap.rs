@@ -42,7 +42,7 @@ pub fn insert_fresh_segment(
         data.into_datum().unwrap(),
         generation.into_datum().unwrap(),
     ];
-    insert_rows(crate::catalog::queen_table(table), types, std::iter::once(row))
+    insert_rows(crate::pg::catalog::queen_table(table), types, std::iter::once(row))
 }
 
 /// Inserts rows of `N` non-null columns of types `types` (datums of those types, in

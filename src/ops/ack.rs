@@ -10,14 +10,14 @@ use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, Lane
 use queen_core::policy::dead_lettering;
 use serde_json::{json, Value};
 
-use crate::jsonb::{Found, JsonOut, JsonbArg};
+use crate::pg::jsonb::{Found, JsonOut, JsonbArg};
 
-use crate::clock::{clock_now, timestamptz};
-use crate::errors::{self, SpiExt};
-use crate::ids::{from_pg_uuid, to_pg_uuid};
-use crate::lane_rows::{AckPlan, AckPlans};
-use crate::segments;
-use crate::spi::run;
+use crate::lane::rows::{AckPlan, AckPlans};
+use crate::pg::clock::{clock_now, timestamptz};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::ids::{from_pg_uuid, to_pg_uuid};
+use crate::pg::spi::run;
+use crate::storage::segments;
 
 /// The queue's retry backoff (`retry_backoff`, `retry_backoff_max`) in microseconds, as
 /// two columns of a statement over `queen.queues` aliased `$q`.
@@ -92,8 +92,8 @@ fn ack_one(
     let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
     let offset = msg_offset.unwrap_or_else(|| errors::null_arg("msg_offset"));
     let status = parse_status(status.unwrap_or("completed"));
-    let retry_after =
-        retry_after.map(|v| check_retry_after("retry_after", status, crate::clock::interval_micros("retry_after", v)));
+    let retry_after = retry_after
+        .map(|v| check_retry_after("retry_after", status, crate::pg::clock::interval_micros("retry_after", v)));
     let item = AckItem { offset, status, error: error.map(str::to_string), retry_after };
     JsonOut(ack(lease_id, Some(vec![Addressed { partition_id, item }])))
 }
@@ -202,7 +202,7 @@ fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
 
 /// Applies `items` (or, with None, completes every lane of the lease) and reports.
 fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
-    crate::citus::ensure_id_home("lease", &lease_id);
+    crate::queue::citus::ensure_id_home("lease", &lease_id);
     Spi::connect_mut(|client| ack_in(client, lease_id, items))
 }
 
@@ -217,7 +217,7 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         v
     });
     // Lock the lanes this lease holds, in partition order (no deadlock between acks).
-    let registry = crate::lanes::enabled();
+    let registry = crate::lane::registry::enabled();
     let lanes: Vec<LockedLane> = if registry {
         lock_registry(client, lease_id, pids.as_deref(), now)
     } else {
@@ -282,13 +282,13 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         if plan.release && retry_at.is_none() {
             // Released lanes are claimable at once: wake waiting pops when we commit. (A
             // lane in backoff is not: a waiting pop sleeps until its end, see `pop`.)
-            crate::wake::notify_on_commit(&lane.queue);
+            crate::pg::wake::notify_on_commit(&lane.queue);
         }
     }
     if registry {
         apply_registry(client, &lanes, &plans);
     } else if !plans.is_empty() {
-        crate::lane_rows::apply_acks(client, lease_id, &group, plans);
+        crate::lane::rows::apply_acks(client, lease_id, &group, plans);
     }
     json!({
         "leaseId": from_pg_uuid(&lease_id).to_string(),
@@ -306,14 +306,14 @@ fn lock_rows(
     pids: Option<Vec<pgrx::Uuid>>,
     now: i64,
 ) -> Vec<LockedLane> {
-    let queue = crate::spi::first_value::<i64>(run(
+    let queue = crate::pg::spi::first_value::<i64>(run(
         client,
         "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
         &[lease_id.into()],
     ));
     let locked = queue.is_some_and(|q| {
-        crate::privileges::require_id(client, q, crate::privileges::Privilege::Consume);
-        crate::locks::share_queue(q)
+        crate::queue::privileges::require_id(client, q, crate::queue::privileges::Privilege::Consume);
+        crate::pg::locks::share_queue(q)
     });
     if !locked {
         return Vec::new(); // unknown lease, or its queue was deleted while this waited
@@ -362,12 +362,12 @@ fn lock_rows(
 thread_local! {
     /// Per backend: queue id -> its retry policy and name (`cache::cached`). Acks of one
     /// message read no queue row while no queue changed.
-    static POLICIES: crate::cache::Settings<i64, (RetryPolicy, String)> = Default::default();
+    static POLICIES: crate::pg::cache::Settings<i64, (RetryPolicy, String)> = Default::default();
 }
 
 /// A queue's retry policy and name; None when the queue no longer exists.
 fn queue_policy(client: &mut SpiClient<'_>, queue_id: i64) -> Option<(RetryPolicy, String)> {
-    crate::cache::cached(
+    crate::pg::cache::cached(
         &POLICIES,
         queue_id,
         || {
@@ -402,10 +402,10 @@ fn lock_registry(
     wanted: Option<&[pgrx::Uuid]>,
     now: i64,
 ) -> Vec<LockedLane> {
-    let Some(info) = crate::lanes::lease(lease_id) else { return Vec::new() };
-    crate::privileges::require_id(client, info.queue_id, crate::privileges::Privilege::Consume);
+    let Some(info) = crate::lane::registry::lease(lease_id) else { return Vec::new() };
+    crate::queue::privileges::require_id(client, info.queue_id, crate::queue::privileges::Privilege::Consume);
     // The queue lock before the lanes (`queen_core::lock_order`).
-    if !crate::locks::share_queue(info.queue_id) {
+    if !crate::pg::locks::share_queue(info.queue_id) {
         return Vec::new();
     }
     let Some((policy, queue)) = queue_policy(client, info.queue_id) else { return Vec::new() };
@@ -419,10 +419,10 @@ fn lock_registry(
     let mut locked = Vec::with_capacity(pids.len());
     for pid in pids {
         // A lane that has moved on to another lease is not this ack's to wait for.
-        if crate::lanes::view(pid, &info.group).0.lease_id != *lease_id.as_bytes() {
+        if crate::lane::registry::view(pid, &info.group).0.lease_id != *lease_id.as_bytes() {
             continue;
         }
-        let Some(s) = crate::lanes::lock(pid, &info.group, true) else { continue };
+        let Some(s) = crate::lane::registry::lock(pid, &info.group, true) else { continue };
         if s.lease_id != *lease_id.as_bytes() {
             continue;
         }
@@ -453,12 +453,12 @@ fn apply_registry(client: &mut SpiClient<'_>, lanes: &[LockedLane], plans: &AckP
         let next = queen_core::lane::apply_ack_effect(&state, p.committed, p.release, p.retry, p.reset, p.retry_at);
         let new = next.to_registry(&old);
         let changed = new.journal_seq != old.journal_seq;
-        crate::lanes::set(p.partition_id, &lane.consumer_group, new, None);
+        crate::lane::registry::set(p.partition_id, &lane.consumer_group, new, None);
         if changed {
             journal.push((p.partition_id, new));
         }
     }
-    crate::lanes::journal(client, group, &journal);
+    crate::lane::registry::journal(client, group, &journal);
 }
 
 fn item_report(a: &Addressed, success: bool, error: &str) -> Value {
@@ -508,7 +508,7 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
     type Stored = (pgrx::Uuid, String, Vec<u8>, Option<Vec<u8>>);
     // A missing message must mean a push that did not commit, not rows a rotation moved
     // after this transaction's snapshot.
-    crate::generations::check_snapshot(client);
+    crate::storage::generations::check_snapshot(client);
     let mut frame: Option<Stored> = None;
     segments::read(client, lane.partition_id, offset, offset, |_, message| {
         if let Some((f, _)) = message {
@@ -524,9 +524,9 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
     // An offset inside the span holds a message unless an aborted push left it empty:
     // then there is nothing to file, and the cursor passes it all the same.
     let Some((message_id, transaction_id, payload, headers)) = frame else { return false };
-    crate::dlq::file(
+    crate::ops::dlq::file(
         client,
-        crate::dlq::Filing {
+        crate::ops::dlq::Filing {
             queue_id: lane.queue_id,
             partition_id: lane.partition_id,
             group: &lane.consumer_group,

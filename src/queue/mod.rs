@@ -1,0 +1,9 @@
+//! Queues: lookup and implicit creation of queues, partitions and groups (`lookup`), name
+//! checks, per-queue privileges, encryption envelopes and the Citus routing guard.
+//! Imports the rooms below it (`storage`, `lane`, `offsets`, `pg`).
+
+pub mod citus;
+pub mod encryption;
+pub mod lookup;
+pub mod names;
+pub mod privileges;
