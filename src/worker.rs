@@ -152,16 +152,13 @@ pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
         dbs::set_launcher(pg_sys::MyProcPid, pg_sys::MyLatch);
         pg_sys::before_shmem_exit(Some(launcher_exit), pg_sys::Datum::from(0));
     }
-    let mut last_start: HashMap<u32, Instant> = HashMap::new();
-    let mut absent: HashMap<u32, i64> = HashMap::new();
-    let mut starved: HashMap<u32, (Instant, bool)> = HashMap::new();
-    let mut unstartable: HashSet<u32> = HashSet::new();
+    let mut launcher = Launcher::default();
     loop {
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration file is what a worker does on SIGHUP.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        launch_round(&mut last_start, &mut absent, &mut starved, &mut unstartable);
+        launcher.round();
         if !wait(LAUNCH_ROUND) {
             break; // SIGTERM
         }
@@ -182,54 +179,68 @@ unsafe extern "C-unwind" fn launcher_exit(_code: i32, _arg: pg_sys::Datum) {
 /// workers hold while they look whether queen is installed free up within seconds).
 const STARVED_WARNING: Duration = Duration::from_secs(60);
 
-/// One look at the databases: forget the ones gone, start the workers missing.
-///
-/// `absent`: databases where a worker found queen not installed, and when; they hold no
-/// slot, and are looked at again after `REPROBE` (or at once when a `CREATE EXTENSION`
-/// there takes a slot and asks for a worker). `starved`: databases that found no free
-/// slot, since when, and whether that was logged. `unstartable`: databases whose worker
-/// could not be started (no free worker process), logged once.
-fn launch_round(
-    last_start: &mut HashMap<u32, Instant>,
-    absent: &mut HashMap<u32, i64>,
-    starved: &mut HashMap<u32, (Instant, bool)>,
-    unstartable: &mut HashSet<u32>,
-) {
-    // Prepared transactions that created queen somewhere and have committed since.
-    dbs::settle_prepared();
-    // The slots before the catalog: a slot taken after this for a database created after
-    // the scan is not mistaken for one of a database that is gone.
-    let slots = dbs::all();
-    let all = databases();
-    let only = settings::only_database();
-    let present: HashSet<u32> = all.iter().map(|d| d.oid).collect();
-    absent.retain(|db, _| present.contains(db));
-    starved.retain(|db, _| present.contains(db));
-    unstartable.retain(|db| present.contains(db));
-    for slot in slots {
-        if !present.contains(&slot.database) {
-            let lanes = crate::lane::registry::forget_database(slot.database);
-            let partitions = crate::offsets::forget_database(slot.database);
-            dbs::free(slot.database);
-            last_start.remove(&slot.database);
-            pgrx::log!(
-                "queen launcher: database {} is gone; forgot {lanes} lanes and {partitions} partitions",
-                slot.database
-            );
+/// What the launcher remembers between its rounds.
+#[derive(Default)]
+struct Launcher {
+    /// When each database's worker was last started (`RESTART_DELAY`).
+    last_start: HashMap<u32, Instant>,
+    /// Databases where a worker found queen not installed, and when; they hold no slot,
+    /// and are looked at again after `REPROBE` (or at once when a `CREATE EXTENSION` there
+    /// takes a slot and asks for a worker).
+    absent: HashMap<u32, i64>,
+    /// Databases that found no free slot, since when, and whether that was logged.
+    starved: HashMap<u32, (Instant, bool)>,
+    /// Databases whose worker could not be started (no free worker process), logged once.
+    unstartable: HashSet<u32>,
+}
+
+impl Launcher {
+    /// One look at the databases: forget the ones gone, start the workers missing.
+    fn round(&mut self) {
+        // Prepared transactions that created queen somewhere and have committed since.
+        dbs::settle_prepared();
+        // The slots before the catalog: a slot taken after this for a database created
+        // after the scan is not mistaken for one of a database that is gone.
+        let slots = dbs::all();
+        let all = databases();
+        let only = settings::only_database();
+        let present: HashSet<u32> = all.iter().map(|d| d.oid).collect();
+        self.absent.retain(|db, _| present.contains(db));
+        self.starved.retain(|db, _| present.contains(db));
+        self.unstartable.retain(|db| present.contains(db));
+        for slot in slots.iter().filter(|s| !present.contains(&s.database)) {
+            self.forget(slot.database);
         }
-    }
-    // A database the filter (`queen.retention_database`, reloadable) leaves out: its
-    // worker is asked to stop.
-    if let Some(o) = &only {
-        for db in all.iter().filter(|d| d.name != *o) {
-            if let Some(pid) = dbs::with(db.oid, false, |s| s.worker_pid) {
-                let _ = stop_worker(pid, db.oid);
+        // A database the filter (`queen.retention_database`, reloadable) leaves out: its
+        // worker is asked to stop.
+        if let Some(o) = &only {
+            for db in all.iter().filter(|d| d.name != *o) {
+                if let Some(pid) = dbs::with(db.oid, false, |s| s.worker_pid) {
+                    let _ = stop_worker(pid, db.oid);
+                }
+            }
+        }
+        let now = crate::pg::clock::clock_now();
+        for db in all.iter().filter(|d| d.serve && only.as_ref().is_none_or(|o| *o == d.name)) {
+            if self.needs_worker(db, now) {
+                self.start(db);
             }
         }
     }
-    let now = crate::pg::clock::clock_now();
-    let reprobe = REPROBE.as_micros() as i64;
-    for db in all.iter().filter(|d| d.serve && only.as_ref().is_none_or(|o| *o == d.name)) {
+
+    /// A database that is gone: its lanes, partitions and slot are forgotten.
+    fn forget(&mut self, database: u32) {
+        let lanes = crate::lane::registry::forget_database(database);
+        let partitions = crate::offsets::forget_database(database);
+        dbs::free(database);
+        self.last_start.remove(&database);
+        pgrx::log!("queen launcher: database {database} is gone; forgot {lanes} lanes and {partitions} partitions");
+    }
+
+    /// Whether a database where queen may be installed needs its worker started now: it
+    /// has (or takes) a slot, no live worker, no pause, and its last start is not too
+    /// recent.
+    fn needs_worker(&mut self, db: &Database, now: i64) -> bool {
         // A worker found queen absent here and has exited: the slot goes back (unless a
         // CREATE EXTENSION took it up meanwhile), and the launcher remembers.
         if let Some(s) = dbs::with(db.oid, false, |s| *s) {
@@ -238,16 +249,16 @@ fn launch_round(
                 && !alive(s.worker_pid)
                 && dbs::free_if_absent(db.oid, s.worker_pid, now)
             {
-                absent.insert(db.oid, s.absent_at);
-                continue;
+                self.absent.insert(db.oid, s.absent_at);
+                return false;
             }
         }
         let requested = dbs::with(db.oid, false, |s| s.requested != 0).unwrap_or(false);
-        if !requested && absent.get(&db.oid).is_some_and(|&at| now - at < reprobe) {
-            continue; // queen is not installed there
+        if !requested && self.absent.get(&db.oid).is_some_and(|&at| now - at < REPROBE.as_micros() as i64) {
+            return false; // queen is not installed there
         }
         let Some(slot) = dbs::with(db.oid, true, |s| *s) else {
-            let (since, logged) = starved.entry(db.oid).or_insert((Instant::now(), false));
+            let (since, logged) = self.starved.entry(db.oid).or_insert((Instant::now(), false));
             if !*logged && since.elapsed() >= STARVED_WARNING {
                 *logged = true;
                 pgrx::warning!(
@@ -255,20 +266,23 @@ fn launch_round(
                     db.name
                 );
             }
-            continue;
+            return false;
         };
-        starved.remove(&db.oid);
-        absent.remove(&db.oid);
+        self.starved.remove(&db.oid);
+        self.absent.remove(&db.oid);
         if slot.paused_until > now || (slot.worker_pid != 0 && alive(slot.worker_pid)) {
-            continue;
+            return false;
         }
         if slot.absent_at != 0 && slot.requested == 0 {
-            continue; // its worker is exiting: freed next round
+            return false; // its worker is exiting: freed next round
         }
-        if last_start.get(&db.oid).is_some_and(|t| t.elapsed() < RESTART_DELAY) {
-            continue;
-        }
-        last_start.insert(db.oid, Instant::now());
+        self.last_start.get(&db.oid).is_none_or(|t| t.elapsed() >= RESTART_DELAY)
+    }
+
+    /// Starts a database's maintenance worker; a failure is logged once per database
+    /// until a start succeeds (the launcher tries every round).
+    fn start(&mut self, db: &Database) {
+        self.last_start.insert(db.oid, Instant::now());
         dbs::with(db.oid, false, |s| s.requested = 0);
         let started = BackgroundWorkerBuilder::new(&format!("queen maintenance {}", db.name))
             .set_type("queen maintenance")
@@ -278,13 +292,12 @@ fn launch_round(
             .enable_spi_access()
             .set_restart_time(None)
             .load_dynamic();
-        // Logged once per database until a start succeeds (the launcher tries every round).
         match started {
             Ok(_) => {
-                unstartable.remove(&db.oid);
+                self.unstartable.remove(&db.oid);
             }
             Err(_) => {
-                if unstartable.insert(db.oid) {
+                if self.unstartable.insert(db.oid) {
                     pgrx::warning!(
                         "queen launcher: could not start the maintenance worker of database {:?}; raise max_worker_processes",
                         db.name

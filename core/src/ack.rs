@@ -136,7 +136,7 @@ pub fn plan_lane(lane: LaneState, items: &[AckItem], policy: RetryPolicy, call_e
     // The lowest explicit signal, first in input order among equals.
     let signal = items.iter().filter(|i| in_span(i.offset) && i.status.is_signal()).min_by_key(|i| i.offset);
 
-    let mut outcomes: Vec<ItemOutcome> = items
+    let outcomes: Vec<ItemOutcome> = items
         .iter()
         .map(|i| {
             if !in_span(i.offset) {
@@ -164,10 +164,23 @@ pub fn plan_lane(lane: LaneState, items: &[AckItem], policy: RetryPolicy, call_e
         };
     };
 
-    // Everything below E is committed; E decides the rest.
-    let before = e.offset - 1;
+    signal_plan(lane, items, e, outcomes, policy, call_error)
+}
+
+/// The plan of a lane whose lowest explicit signal is `e`: everything below it is
+/// committed, and `e` decides the rest (a redelivery, after a backoff when asked or when
+/// it failed within its retry budget; else the message at `e` is dead-lettered or
+/// dropped and passed).
+fn signal_plan(
+    lane: LaneState,
+    items: &[AckItem],
+    e: &AckItem,
+    mut outcomes: Vec<ItemOutcome>,
+    policy: RetryPolicy,
+    call_error: Option<&str>,
+) -> LanePlan {
     let mut plan = LanePlan {
-        committed: before,
+        committed: e.offset - 1,
         release: true,
         retry_count: lane.retry_count,
         reset_attempts: false,

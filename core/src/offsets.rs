@@ -440,21 +440,45 @@ impl<'a> Registry<'a> {
         fresh: bool,
     ) -> Result<i64, Refusal> {
         assert!(n > 0 && owner < self.h.backends, "a backend reserves, never a prepared transaction");
-        let s = match table::find(self.slots, key) {
-            Ok(s) if self.slots[s].state == READY => s,
+        let s = self.ready_slot(key)?;
+        let (first, end) = (self.slots[s].head + 1, self.slots[s].head + n);
+        self.extend_or_append(s, key, (first, end), owner, subxact, writes_all)?;
+        fail::point("offsets.reserve");
+        let slot = self.slot_mut(s);
+        slot.head = end;
+        if fresh {
+            slot.fresh_max = slot.fresh_max.max(end);
+        }
+        Ok(first)
+    }
+
+    /// The slot of a partition that takes reservations, or why it does not.
+    fn ready_slot(&self, key: &PartKey) -> Result<usize, Refusal> {
+        match table::find(self.slots, key) {
+            Ok(s) if self.slots[s].state == READY => Ok(s),
             Ok(s) if self.slots[s].state == DROPPING => {
                 let slot = &self.slots[s];
-                return Err(Refusal::Dropping((slot.holder_backend, slot.holder_local)));
+                Err(Refusal::Dropping((slot.holder_backend, slot.holder_local)))
             }
-            Ok(_) => return Err(Refusal::Loading),
-            Err(_) => return Err(Refusal::Unknown),
-        };
-        let slot = self.slots[s];
-        let first = slot.head + 1;
-        let end = slot.head + n;
-        // The owner's own reservation at the tail, in the same subtransaction, grows in
-        // place: nobody reserved in between, so the range stays the owner's alone.
-        let tail = slot.last;
+            Ok(_) => Err(Refusal::Loading),
+            Err(_) => Err(Refusal::Unknown),
+        }
+    }
+
+    /// Records the reservation `first..=end` of slot `s` for `owner`: the owner's own
+    /// reservation at the tail, in the same subtransaction, grows in place (nobody
+    /// reserved in between, so the range stays the owner's alone); else a free record is
+    /// appended to the slot's list and the owner's. `Full` when no record is free.
+    fn extend_or_append(
+        &mut self,
+        s: usize,
+        key: &PartKey,
+        (first, end): (i64, i64),
+        owner: u32,
+        subxact: u32,
+        writes_all: bool,
+    ) -> Result<(), Refusal> {
+        let tail = self.slots[s].last;
         let grows = tail != NIL && {
             let t = &self.recs[tail as usize];
             t.state == IN_FLIGHT && t.owner == owner && t.subxact == subxact
@@ -465,41 +489,35 @@ impl<'a> Registry<'a> {
             if writes_all {
                 t.written = end;
             }
+            return Ok(());
+        }
+        let r = self.h.free;
+        if r == NIL {
+            return Err(Refusal::Full);
+        }
+        self.h.free = self.recs[r as usize].next;
+        let owner_next = self.owners[owner as usize];
+        *self.rec_mut(r) = Record {
+            key: *key,
+            first,
+            end,
+            written: if writes_all { end } else { first - 1 },
+            owner,
+            subxact,
+            state: IN_FLIGHT,
+            prev: tail,
+            next: NIL,
+            owner_next,
+            ..Record::default()
+        };
+        *self.owner_mut(owner) = r;
+        if tail == NIL {
+            self.slot_mut(s).first = r;
         } else {
-            let r = self.h.free;
-            if r == NIL {
-                return Err(Refusal::Full);
-            }
-            self.h.free = self.recs[r as usize].next;
-            let owner_next = self.owners[owner as usize];
-            *self.rec_mut(r) = Record {
-                key: *key,
-                first,
-                end,
-                written: if writes_all { end } else { first - 1 },
-                owner,
-                subxact,
-                state: IN_FLIGHT,
-                prev: tail,
-                next: NIL,
-                owner_next,
-                ..Record::default()
-            };
-            *self.owner_mut(owner) = r;
-            if tail == NIL {
-                self.slot_mut(s).first = r;
-            } else {
-                self.rec_mut(tail).next = r;
-            }
-            self.slot_mut(s).last = r;
+            self.rec_mut(tail).next = r;
         }
-        fail::point("offsets.reserve");
-        let slot = self.slot_mut(s);
-        slot.head = end;
-        if fresh {
-            slot.fresh_max = slot.fresh_max.max(end);
-        }
-        Ok(first)
+        self.slot_mut(s).last = r;
+        Ok(())
     }
 
     /// Records that `owner` wrote offset `last` of `key` (the highest it wrote so far).

@@ -685,111 +685,178 @@ impl Directory {
         if from >= to {
             return Ok(());
         }
-        let mut scratch: std::rc::Rc<Vec<u8>>;
         let first = self.blocks.partition_point(|b| b.first_index + b.frames <= from);
         for block in self.blocks[first..].iter().take_while(|b| b.first_index < to) {
-            let body = block
-                .body_start
-                .checked_sub(bytes_start)
-                .and_then(|s| bytes.get(s..s + block.stored_len))
-                .ok_or(CodecError::Truncated("block body"))?;
-            let key = place.map(|place| BlockKey {
-                place,
-                version: self.version,
-                first_index: block.first_index,
-                crc: block.crc,
-                raw_len: block.raw_len,
-            });
-            let cached = match (block.codec, key) {
-                (CODEC_RAW, _) | (_, None) => None,
-                (_, Some(key)) => BLOCKS.with(|c| c.borrow().get(&key)),
-            };
-            let raw: &[u8] = match (block.codec, cached) {
-                (CODEC_RAW, _) => body,
-                // Checked when it was put there.
-                (_, Some(hit)) => {
-                    scratch = hit;
-                    &scratch
-                }
-                (_, None) => {
-                    let out = DECOMPRESSOR
-                        .with(|d| {
-                            let mut d = d.borrow_mut();
-                            let d = d.get_or_insert_with(|| zstd::bulk::Decompressor::new().expect("zstd context"));
-                            d.decompress(body, block.raw_len)
-                        })
-                        .map_err(|e| CodecError::Decompress(e.to_string()))?;
-                    if out.len() != block.raw_len {
-                        return Err(CodecError::LengthMismatch { expected: block.raw_len, got: out.len() });
-                    }
-                    if block_crc(self.version, self.base_time, &out) != block.crc {
-                        return Err(CodecError::Checksum);
-                    }
-                    scratch = std::rc::Rc::new(out);
-                    if let Some(key) = key {
-                        BLOCKS.with(|c| c.borrow_mut().put(key, scratch.clone()));
-                    }
-                    &scratch
-                }
-            };
-            if block.codec == CODEC_RAW && block_crc(self.version, self.base_time, raw) != block.crc {
-                return Err(CodecError::Checksum);
-            }
-            let mut r = Reader::new(raw);
-            for i in 0..block.frames {
-                let index = block.first_index + i;
-                let kind = if self.version == VERSION_1 { KIND_MESSAGE } else { r.u8("entry kind")? };
-                match kind {
-                    KIND_GAP => {
-                        if index >= from && index < to {
-                            f(index, Entry::Gap);
-                        }
-                        continue;
-                    }
-                    KIND_MESSAGE => {}
-                    KIND_EXTENDED if self.version == VERSION_3 => {}
-                    other => return Err(CodecError::UnknownKind(other)),
-                }
-                let id = r.bytes(16, "message id")?;
-                let created_at = if self.version == VERSION_1 {
-                    None
-                } else {
-                    Some(self.base_time.wrapping_add(unzigzag(r.varint("time")?)))
-                };
-                let tx_len = r.usize("transaction id length")?;
-                let tx = r.bytes(tx_len, "transaction id")?;
-                let pl_len = r.usize("payload length")?;
-                let payload = r.bytes(pl_len, "payload")?;
-                let flags = if kind == KIND_EXTENDED { r.u8("flags")? } else { 0 };
-                if flags & !(HAS_HEADERS | HAS_DELIVER_AT) != 0 {
-                    return Err(CodecError::UnknownFlags(flags));
-                }
-                let headers = if flags & HAS_HEADERS != 0 {
-                    let len = r.usize("headers length")?;
-                    Some(r.bytes(len, "headers")?)
-                } else {
-                    None
-                };
-                let deliver_at = if flags & HAS_DELIVER_AT != 0 {
-                    Some(self.base_time.wrapping_add(unzigzag(r.varint("delivery time")?)))
-                } else {
-                    None
-                };
-                if index >= from && index < to {
-                    let transaction_id = std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
-                    let mut message_id = [0u8; 16];
-                    message_id.copy_from_slice(id);
-                    f(
-                        index,
-                        Entry::Message(Frame { message_id, transaction_id, payload, created_at, headers, deliver_at }),
-                    );
-                }
-            }
-            if !r.done() {
-                return Err(CodecError::TrailingBytes);
-            }
+            let raw = self.block_bytes(block, place, bytes, bytes_start)?;
+            self.block_frames(block, raw.as_slice(), from, to, &mut f)?;
         }
         Ok(())
+    }
+
+    /// A block's bytes once decompressed and checked against its CRC: the stored body of
+    /// an uncompressed block, else the copy in this thread's cache (checked when it was
+    /// put there), else a fresh decompression (put in the cache when `place` is known).
+    fn block_bytes<'b>(
+        &self,
+        block: &BlockHead,
+        place: Option<Place>,
+        bytes: &'b [u8],
+        bytes_start: usize,
+    ) -> Result<BlockBytes<'b>, CodecError> {
+        let body = block
+            .body_start
+            .checked_sub(bytes_start)
+            .and_then(|s| bytes.get(s..s + block.stored_len))
+            .ok_or(CodecError::Truncated("block body"))?;
+        if block.codec == CODEC_RAW {
+            if block_crc(self.version, self.base_time, body) != block.crc {
+                return Err(CodecError::Checksum);
+            }
+            return Ok(BlockBytes::Stored(body));
+        }
+        let key = place.map(|place| BlockKey {
+            place,
+            version: self.version,
+            first_index: block.first_index,
+            crc: block.crc,
+            raw_len: block.raw_len,
+        });
+        if let Some(hit) = key.and_then(|key| BLOCKS.with(|c| c.borrow().get(&key))) {
+            return Ok(BlockBytes::Decoded(hit));
+        }
+        let out = DECOMPRESSOR
+            .with(|d| {
+                let mut d = d.borrow_mut();
+                let d = d.get_or_insert_with(|| zstd::bulk::Decompressor::new().expect("zstd context"));
+                d.decompress(body, block.raw_len)
+            })
+            .map_err(|e| CodecError::Decompress(e.to_string()))?;
+        if out.len() != block.raw_len {
+            return Err(CodecError::LengthMismatch { expected: block.raw_len, got: out.len() });
+        }
+        if block_crc(self.version, self.base_time, &out) != block.crc {
+            return Err(CodecError::Checksum);
+        }
+        let out = std::rc::Rc::new(out);
+        if let Some(key) = key {
+            BLOCKS.with(|c| c.borrow_mut().put(key, out.clone()));
+        }
+        Ok(BlockBytes::Decoded(out))
+    }
+
+    /// Walks every frame of one block (`raw`, its decompressed bytes) and calls `f` for
+    /// those with an index in `from..to`. Every frame is parsed, so a malformed one fails
+    /// the block wherever it is.
+    fn block_frames<F>(
+        &self,
+        block: &BlockHead,
+        raw: &[u8],
+        from: usize,
+        to: usize,
+        f: &mut F,
+    ) -> Result<(), CodecError>
+    where
+        F: FnMut(usize, Entry<'_>),
+    {
+        let mut r = Reader::new(raw);
+        for i in 0..block.frames {
+            let index = block.first_index + i;
+            let wanted = index >= from && index < to;
+            let kind = if self.version == VERSION_1 { KIND_MESSAGE } else { r.u8("entry kind")? };
+            match kind {
+                KIND_GAP => {
+                    if wanted {
+                        f(index, Entry::Gap);
+                    }
+                    continue;
+                }
+                KIND_MESSAGE => {}
+                KIND_EXTENDED if self.version == VERSION_3 => {}
+                other => return Err(CodecError::UnknownKind(other)),
+            }
+            let frame = self.message_frame(&mut r, kind)?;
+            if wanted {
+                f(index, Entry::Message(frame.checked()?));
+            }
+        }
+        if !r.done() {
+            return Err(CodecError::TrailingBytes);
+        }
+        Ok(())
+    }
+
+    /// The fields of one message frame (its kind byte already read), as stored.
+    fn message_frame<'r>(&self, r: &mut Reader<'r>, kind: u8) -> Result<StoredFrame<'r>, CodecError> {
+        let id = r.bytes(16, "message id")?;
+        let created_at = if self.version == VERSION_1 {
+            None
+        } else {
+            Some(self.base_time.wrapping_add(unzigzag(r.varint("time")?)))
+        };
+        let tx_len = r.usize("transaction id length")?;
+        let tx = r.bytes(tx_len, "transaction id")?;
+        let pl_len = r.usize("payload length")?;
+        let payload = r.bytes(pl_len, "payload")?;
+        let flags = if kind == KIND_EXTENDED { r.u8("flags")? } else { 0 };
+        if flags & !(HAS_HEADERS | HAS_DELIVER_AT) != 0 {
+            return Err(CodecError::UnknownFlags(flags));
+        }
+        let headers = if flags & HAS_HEADERS != 0 {
+            let len = r.usize("headers length")?;
+            Some(r.bytes(len, "headers")?)
+        } else {
+            None
+        };
+        let deliver_at = if flags & HAS_DELIVER_AT != 0 {
+            Some(self.base_time.wrapping_add(unzigzag(r.varint("delivery time")?)))
+        } else {
+            None
+        };
+        Ok(StoredFrame { id, created_at, tx, payload, headers, deliver_at })
+    }
+}
+
+/// A block's decompressed bytes (`Directory::block_bytes`).
+enum BlockBytes<'b> {
+    /// An uncompressed block's body, in the segment's bytes.
+    Stored(&'b [u8]),
+    /// A decompressed copy, shared with this thread's block cache.
+    Decoded(std::rc::Rc<Vec<u8>>),
+}
+
+impl BlockBytes<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            BlockBytes::Stored(b) => b,
+            BlockBytes::Decoded(b) => b,
+        }
+    }
+}
+
+/// One message frame's fields as stored, before the checks a delivered frame gets.
+struct StoredFrame<'r> {
+    id: &'r [u8],
+    created_at: Option<i64>,
+    tx: &'r [u8],
+    payload: &'r [u8],
+    headers: Option<&'r [u8]>,
+    deliver_at: Option<i64>,
+}
+
+impl<'r> StoredFrame<'r> {
+    /// The frame handed out: its transaction id must be UTF-8.
+    fn checked(self) -> Result<Frame<'r>, CodecError> {
+        let transaction_id = std::str::from_utf8(self.tx).map_err(|_| CodecError::InvalidUtf8)?;
+        let mut message_id = [0u8; 16];
+        message_id.copy_from_slice(self.id);
+        Ok(Frame {
+            message_id,
+            transaction_id,
+            payload: self.payload,
+            created_at: self.created_at,
+            headers: self.headers,
+            deliver_at: self.deliver_at,
+        })
     }
 }
 

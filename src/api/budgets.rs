@@ -117,43 +117,7 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
     let found = if crate::lane::registry::enabled() {
         may_start_registry(lease_id, now)
     } else {
-        Spi::connect_mut(|client| {
-            // The privilege first, on the lease's queue (a check inside the query's WHERE
-            // could be evaluated on other leases' rows: the planner orders conditions).
-            let queue = first_value::<i64>(run(
-                client,
-                "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
-                &[lease_id.into()],
-            ));
-            if let Some(queue_id) = queue {
-                crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Consume);
-            }
-            let rows = run(
-                client,
-                concat!(
-                    "SELECT (extract(epoch FROM min(l.lease_expires_at) - $2) * 1000000)::int8,
-                        (extract(epoch FROM g.handler_timeout) * 1000000)::int8,
-                        (extract(epoch FROM g.timeout_grace) * 1000000)::int8,
-                        (extract(epoch FROM g.record_margin) * 1000000)::int8
-                   FROM queen.leases le
-                   JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
-                   LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
-                  WHERE le.lease_id = $1 AND ",
-                    queen_core::lease_live_sql!("l", "$2"),
-                    "
-                  GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin"
-                ),
-                &[lease_id.into(), timestamptz(now).into()],
-            );
-            rows.into_iter().next().map(|r| {
-                (
-                    r.get::<i64>(1).or_raise().unwrap_or(0),
-                    r.get::<i64>(2).or_raise(),
-                    r.get::<i64>(3).or_raise().unwrap_or(0),
-                    r.get::<i64>(4).or_raise().unwrap_or(0),
-                )
-            })
-        })
+        may_start_rows(lease_id, now)
     };
     let (ok, detail) = match found {
         None => (false, "the lease is expired or unknown".to_string()),
@@ -189,6 +153,47 @@ fn may_start(lease_id: Option<pgrx::Uuid>, handler_timeout: default!(Option<Inte
         .report(PgLogLevel::WARNING);
     }
     ok
+}
+
+/// Without the lane registry: `may_start_registry`'s answer, from the lease and lane rows.
+fn may_start_rows(lease_id: pgrx::Uuid, now: i64) -> Option<(i64, Option<i64>, i64, i64)> {
+    Spi::connect_mut(|client| {
+        // The privilege first, on the lease's queue (a check inside the query's WHERE
+        // could be evaluated on other leases' rows: the planner orders conditions).
+        let queue = first_value::<i64>(run(
+            client,
+            "SELECT queue_id FROM queen.leases WHERE lease_id = $1",
+            &[lease_id.into()],
+        ));
+        if let Some(queue_id) = queue {
+            crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Consume);
+        }
+        let rows = run(
+            client,
+            concat!(
+                "SELECT (extract(epoch FROM min(l.lease_expires_at) - $2) * 1000000)::int8,
+                (extract(epoch FROM g.handler_timeout) * 1000000)::int8,
+                (extract(epoch FROM g.timeout_grace) * 1000000)::int8,
+                (extract(epoch FROM g.record_margin) * 1000000)::int8
+           FROM queen.leases le
+           JOIN queen.lanes l ON l.partition_id = ANY(le.partition_ids) AND l.lease_id = le.lease_id
+           LEFT JOIN queen.groups g ON g.queue_id = le.queue_id AND g.consumer_group = le.consumer_group
+          WHERE le.lease_id = $1 AND ",
+                queen_core::lease_live_sql!("l", "$2"),
+                "
+          GROUP BY g.handler_timeout, g.timeout_grace, g.record_margin"
+            ),
+            &[lease_id.into(), timestamptz(now).into()],
+        );
+        rows.into_iter().next().map(|r| {
+            (
+                r.get::<i64>(1).or_raise().unwrap_or(0),
+                r.get::<i64>(2).or_raise(),
+                r.get::<i64>(3).or_raise().unwrap_or(0),
+                r.get::<i64>(4).or_raise().unwrap_or(0),
+            )
+        })
+    })
 }
 
 /// With the lane registry: the remaining time of the lease (its earliest live lane) and

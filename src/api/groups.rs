@@ -68,42 +68,25 @@ fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, partition:
             &args,
         )
     };
-    let rows: Vec<_> = rows
-        .map(|r| {
-            (
-                r.get::<pgrx::Uuid>(1).or_raise().unwrap(),
-                r.get::<String>(2).or_raise().unwrap(),
-                r.get::<i64>(3).or_raise().unwrap(),
-                r.get::<i64>(4).or_raise().unwrap(),
-                r.get::<i64>(5).or_raise().unwrap(),
-                r.get::<bool>(6).or_raise().unwrap(),
-            )
+    let rows: Vec<Lane> = rows
+        .map(|r| Lane {
+            partition_id: r.get::<pgrx::Uuid>(1).or_raise().unwrap(),
+            partition: r.get::<String>(2).or_raise().unwrap(),
+            retained_through: r.get::<i64>(3).or_raise().unwrap(),
+            head: r.get::<i64>(4).or_raise().unwrap(),
+            committed: r.get::<i64>(5).or_raise().unwrap(),
+            leased: r.get::<bool>(6).or_raise().unwrap(),
+            registry: None,
         })
         .collect();
+    if !registry {
+        return rows;
+    }
     rows.into_iter()
-        .filter_map(|(partition_id, partition, retained_through, head, committed, leased)| {
-            if !registry {
-                return Some(Lane {
-                    partition_id,
-                    partition,
-                    retained_through,
-                    head,
-                    committed,
-                    leased,
-                    registry: None,
-                });
-            }
+        .filter_map(|lane| {
             // None: the lane went away while this waited (its group was dropped).
-            let s = crate::lane::registry::lock(partition_id, group, true)?;
-            Some(Lane {
-                partition_id,
-                partition,
-                retained_through,
-                head,
-                committed: s.committed,
-                leased: s.live_lease(now),
-                registry: Some(s),
-            })
+            let s = crate::lane::registry::lock(lane.partition_id, group, true)?;
+            Some(Lane { committed: s.committed, leased: s.live_lease(now), registry: Some(s), ..lane })
         })
         .collect()
 }
@@ -226,38 +209,51 @@ fn seek(
             );
         }
         refuse_leased(&lanes, force, "seek");
-        let mut journal = Vec::new();
-        let mut out = Vec::new();
-        for l in &lanes {
-            let readable = crate::offsets::readable(l.partition_id, l.head);
-            let next = match (to_offset, at) {
-                (Some(o), _) => o,
-                (None, Some(t)) => first_offset_at(client, l.partition_id, t).unwrap_or(readable + 1),
-                _ => unreachable!("checked above"),
-            };
-            let to = seek_cursor(next, l.retained_through, readable);
-            if let Some(s) = l.registry {
-                let new = queen_core::lane::seek(&queen_core::lane::Lane::from_registry(&s), to).to_registry(&s);
-                crate::lane::registry::set(l.partition_id, group, new, None);
-                if new.journal_seq != s.journal_seq {
-                    journal.push((l.partition_id, new));
-                }
-            } else {
-                crate::lane::rows::seek(client, l.partition_id, group, to);
-            }
-            out.push(json!({
-                "partition": l.partition,
-                "partitionId": from_pg_uuid(&l.partition_id).to_string(),
-                "committedBefore": l.committed,
-                "committed": to,
-                "leaseEnded": l.leased,
-            }));
-        }
-        crate::lane::registry::journal(client, group, &journal);
-        out
+        seek_lanes(client, &lanes, group, to_offset, at)
     });
     crate::pg::wake::notify_on_commit(queue);
     JsonB(json!({"queue": queue, "consumerGroup": group, "lanes": moved}))
+}
+
+/// Moves each locked lane's cursor so that its next pop delivers `to_offset`, or the first
+/// message at or after `at` (clamped by `seek_cursor`); journals the registry's changes.
+/// Returns each lane's move.
+fn seek_lanes(
+    client: &mut SpiClient<'_>,
+    lanes: &[Lane],
+    group: &str,
+    to_offset: Option<i64>,
+    at: Option<i64>,
+) -> Vec<serde_json::Value> {
+    let mut journal = Vec::new();
+    let mut out = Vec::new();
+    for l in lanes {
+        let readable = crate::offsets::readable(l.partition_id, l.head);
+        let next = match (to_offset, at) {
+            (Some(o), _) => o,
+            (None, Some(t)) => first_offset_at(client, l.partition_id, t).unwrap_or(readable + 1),
+            _ => unreachable!("checked by seek"),
+        };
+        let to = seek_cursor(next, l.retained_through, readable);
+        if let Some(s) = l.registry {
+            let new = queen_core::lane::seek(&queen_core::lane::Lane::from_registry(&s), to).to_registry(&s);
+            crate::lane::registry::set(l.partition_id, group, new, None);
+            if new.journal_seq != s.journal_seq {
+                journal.push((l.partition_id, new));
+            }
+        } else {
+            crate::lane::rows::seek(client, l.partition_id, group, to);
+        }
+        out.push(json!({
+            "partition": l.partition,
+            "partitionId": from_pg_uuid(&l.partition_id).to_string(),
+            "committedBefore": l.committed,
+            "committed": to,
+            "leaseEnded": l.leased,
+        }));
+    }
+    crate::lane::registry::journal(client, group, &journal);
+    out
 }
 
 extension_sql!(

@@ -126,62 +126,63 @@ fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonOut {
     if let Err(v) = queen_core::policy::check_ack_items(n) {
         errors::violation(v);
     }
-    let items = (0..n)
-        .map(|i| {
-            let at = |k: &str| format!("acks[{i}].{k}");
-            let obj = acks.object_at(i).unwrap_or_else(|text| {
-                errors::invalid(
-                    &format!("acks[{i}]"),
-                    format_args!("must be an object {{partitionId, offset, status?, error?, retryAfter?}}, got {text}"),
-                )
-            });
-            let (pid, offset, status, error, retry_after) =
-                (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"), obj.get("retryAfter"));
-            let present = [&pid, &offset, &status, &error, &retry_after].iter().filter(|v| v.is_some()).count();
-            obj.reject_unknown_keys(&ACK_KEYS, present, &format!("acks[{i}]"));
-            let partition_id = match pid {
-                Some(Found::Str(s)) => uuid::Uuid::parse_str(&s)
-                    .map(to_pg_uuid)
-                    .unwrap_or_else(|_| errors::invalid(&at("partitionId"), format_args!("{s:?} is not a uuid"))),
-                Some(Found::Other(t)) => errors::invalid(&at("partitionId"), format_args!("{t} is not a uuid")),
-                _ => errors::invalid(&at("partitionId"), "is missing"),
-            };
-            let offset = match offset {
-                Some(Found::Other(t)) | Some(Found::Str(t)) => t
-                    .parse::<i64>()
-                    .unwrap_or_else(|_| errors::invalid(&at("offset"), format_args!("{t} is not an integer offset"))),
-                _ => errors::invalid(&at("offset"), "is missing"),
-            };
-            let status = match status {
-                None | Some(Found::Null) => AckStatus::Completed,
-                Some(Found::Str(s)) => s.parse().unwrap_or_else(|_| {
-                    errors::invalid(&at("status"), format_args!("{s:?} (must be completed, failed, retry or dlq)"))
-                }),
-                Some(Found::Other(t)) => errors::invalid(&at("status"), format_args!("{t} is not a string")),
-            };
-            let error = match error {
-                None | Some(Found::Null) => None,
-                Some(Found::Str(s)) | Some(Found::Other(s)) => Some(s),
-            };
-            // retryAfter: seconds (a JSON number, fractions allowed).
-            let retry_after = match retry_after {
-                None | Some(Found::Null) => None,
-                Some(Found::Other(t)) => {
-                    let secs = t.parse::<f64>().ok().filter(|v| v.is_finite()).unwrap_or_else(|| {
-                        errors::invalid(&at("retryAfter"), format_args!("{t} is not a number of seconds"))
-                    });
-                    // Out of i64's range saturates, and the limit check refuses it.
-                    let micros = (secs * queen_core::lease::MICROS as f64).round() as i64;
-                    Some(check_retry_after(&at("retryAfter"), status, micros))
-                }
-                Some(Found::Str(s)) => {
-                    errors::invalid(&at("retryAfter"), format_args!("{s:?} is not a number of seconds"))
-                }
-            };
-            Addressed { partition_id, item: AckItem { offset, status, error, retry_after } }
-        })
-        .collect();
+    let items = (0..n).map(|i| ack_item(&acks, i)).collect();
     JsonOut(ack(lease_id, Some(items)))
+}
+
+/// Item `i` of the `acks` array, checked: a clear 22023 naming the item's field when it
+/// is malformed.
+fn ack_item(acks: &JsonbArg, i: u32) -> Addressed {
+    let at = |k: &str| format!("acks[{i}].{k}");
+    let obj = acks.object_at(i).unwrap_or_else(|text| {
+        errors::invalid(
+            &format!("acks[{i}]"),
+            format_args!("must be an object {{partitionId, offset, status?, error?, retryAfter?}}, got {text}"),
+        )
+    });
+    let (pid, offset, status, error, retry_after) =
+        (obj.get("partitionId"), obj.get("offset"), obj.get("status"), obj.get("error"), obj.get("retryAfter"));
+    let present = [&pid, &offset, &status, &error, &retry_after].iter().filter(|v| v.is_some()).count();
+    obj.reject_unknown_keys(&ACK_KEYS, present, &format!("acks[{i}]"));
+    let partition_id = match pid {
+        Some(Found::Str(s)) => uuid::Uuid::parse_str(&s)
+            .map(to_pg_uuid)
+            .unwrap_or_else(|_| errors::invalid(&at("partitionId"), format_args!("{s:?} is not a uuid"))),
+        Some(Found::Other(t)) => errors::invalid(&at("partitionId"), format_args!("{t} is not a uuid")),
+        _ => errors::invalid(&at("partitionId"), "is missing"),
+    };
+    let offset = match offset {
+        Some(Found::Other(t)) | Some(Found::Str(t)) => t
+            .parse::<i64>()
+            .unwrap_or_else(|_| errors::invalid(&at("offset"), format_args!("{t} is not an integer offset"))),
+        _ => errors::invalid(&at("offset"), "is missing"),
+    };
+    let status = match status {
+        None | Some(Found::Null) => AckStatus::Completed,
+        Some(Found::Str(s)) => s.parse().unwrap_or_else(|_| {
+            errors::invalid(&at("status"), format_args!("{s:?} (must be completed, failed, retry or dlq)"))
+        }),
+        Some(Found::Other(t)) => errors::invalid(&at("status"), format_args!("{t} is not a string")),
+    };
+    let error = match error {
+        None | Some(Found::Null) => None,
+        Some(Found::Str(s)) | Some(Found::Other(s)) => Some(s),
+    };
+    // retryAfter: seconds (a JSON number, fractions allowed).
+    let retry_after = match retry_after {
+        None | Some(Found::Null) => None,
+        Some(Found::Other(t)) => {
+            let secs =
+                t.parse::<f64>().ok().filter(|v| v.is_finite()).unwrap_or_else(|| {
+                    errors::invalid(&at("retryAfter"), format_args!("{t} is not a number of seconds"))
+                });
+            // Out of i64's range saturates, and the limit check refuses it.
+            let micros = (secs * queen_core::lease::MICROS as f64).round() as i64;
+            Some(check_retry_after(&at("retryAfter"), status, micros))
+        }
+        Some(Found::Str(s)) => errors::invalid(&at("retryAfter"), format_args!("{s:?} is not a number of seconds")),
+    };
+    Addressed { partition_id, item: AckItem { offset, status, error, retry_after } }
 }
 
 extension_sql!(
@@ -249,41 +250,10 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     let mut group = String::new();
     for lane in lanes.iter().filter(|l| l.live) {
         let Some(idxs) = by_lane.get(lane.partition_id.as_bytes()) else { continue };
-        let lane_items: Vec<AckItem> = idxs.iter().map(|&i| items[i].item.clone()).collect();
-        let plan = plan_lane(lane.state, &lane_items, lane.policy, call_error.as_deref());
-        // Some(Some(error)): filed; Some(None): the offset held no message to file.
-        let dead_letter = match &plan.disposal {
-            Disposal::DeadLetter { offset, error, retry_count } => {
-                Some(file_dead_letter(client, lane, *offset, error, *retry_count).then(|| error.clone()))
-            }
-            _ => None,
-        };
-        for (&i, outcome) in idxs.iter().zip(&plan.items) {
-            item_json[i] = outcome_report(&items[i], outcome, dead_letter.as_ref());
-        }
-        let retry_at = queen_core::lane::retry_at(&plan, now);
-        lane_json.push(json!({
-            "partitionId": from_pg_uuid(&lane.partition_id).to_string(),
-            "committed": plan.committed,
-            "leaseReleased": plan.release,
-            "retryCount": plan.retry_count,
-            // Seconds before the lane's messages are delivered again (null: at once).
-            "retryAfter": retry_at.and(plan.retry_after).map(|d| d as f64 / queen_core::lease::MICROS as f64),
-        }));
+        let (json, plan) = ack_lane(client, lane, idxs, &items, call_error.as_deref(), now, &mut item_json);
+        lane_json.push(json);
+        plans.add(plan);
         group = lane.consumer_group.clone();
-        plans.add(AckPlan {
-            partition_id: lane.partition_id,
-            committed: plan.committed,
-            release: plan.release,
-            retry: plan.retry_count,
-            reset: plan.reset_attempts,
-            retry_at,
-        });
-        if plan.release && retry_at.is_none() {
-            // Released lanes are claimable at once: wake waiting pops when we commit. (A
-            // lane in backoff is not: a waiting pop sleeps until its end, see `pop`.)
-            crate::pg::wake::notify_on_commit(&lane.queue);
-        }
     }
     if registry {
         apply_registry(client, &lanes, &plans);
@@ -295,6 +265,55 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         "items": item_json,
         "lanes": lane_json,
     })
+}
+
+/// One live lane's acks (`items[i]` for each `i` of `idxs`): its plan (`plan_lane`), the
+/// dead letter it files, each item's report (into `item_json`), the lane's report, and
+/// what the registry or the lane row gets.
+fn ack_lane(
+    client: &mut SpiClient<'_>,
+    lane: &LockedLane,
+    idxs: &[usize],
+    items: &[Addressed],
+    call_error: Option<&str>,
+    now: i64,
+    item_json: &mut [Value],
+) -> (Value, AckPlan) {
+    let lane_items: Vec<AckItem> = idxs.iter().map(|&i| items[i].item.clone()).collect();
+    let plan = plan_lane(lane.state, &lane_items, lane.policy, call_error);
+    // Some(Some(error)): filed; Some(None): the offset held no message to file.
+    let dead_letter = match &plan.disposal {
+        Disposal::DeadLetter { offset, error, retry_count } => {
+            Some(file_dead_letter(client, lane, *offset, error, *retry_count).then(|| error.clone()))
+        }
+        _ => None,
+    };
+    for (&i, outcome) in idxs.iter().zip(&plan.items) {
+        item_json[i] = outcome_report(&items[i], outcome, dead_letter.as_ref());
+    }
+    let retry_at = queen_core::lane::retry_at(&plan, now);
+    if plan.release && retry_at.is_none() {
+        // Released lanes are claimable at once: wake waiting pops when we commit. (A lane
+        // in backoff is not: a waiting pop sleeps until its end, see `pop`.)
+        crate::pg::wake::notify_on_commit(&lane.queue);
+    }
+    let json = json!({
+        "partitionId": from_pg_uuid(&lane.partition_id).to_string(),
+        "committed": plan.committed,
+        "leaseReleased": plan.release,
+        "retryCount": plan.retry_count,
+        // Seconds before the lane's messages are delivered again (null: at once).
+        "retryAfter": retry_at.and(plan.retry_after).map(|d| d as f64 / queen_core::lease::MICROS as f64),
+    });
+    let ack_plan = AckPlan {
+        partition_id: lane.partition_id,
+        committed: plan.committed,
+        release: plan.release,
+        retry: plan.retry_count,
+        reset: plan.reset_attempts,
+        retry_at,
+    };
+    (json, ack_plan)
 }
 
 /// Without the registry: locks the lanes of `lease_id` (of the partitions `pids`, or all

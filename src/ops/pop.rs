@@ -17,6 +17,7 @@ use crate::pg::spi::run;
 use crate::pg::srf::{arg, function_info_v1, ResultRows};
 use crate::queue::names::{check_lane_name, check_queue_name};
 use crate::{pg::durability, pg::wake, queue::lookup, storage::segments};
+use queen_core::segment::Frame;
 
 /// Validated arguments of one pop.
 pub struct PopArgs<'a> {
@@ -321,13 +322,47 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
     crate::pg::cache::cached(&GROUPS, (queue.to_string(), group.to_string()), read, |i| i.has_group)
 }
 
+/// One pop, in named steps: admit it (the queue, its group, the queue lock), lock the lanes
+/// it may claim, read their messages within the byte budget (`Reading`), then claim what
+/// it delivered.
 fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
-    let Some(GroupInfo { queue_id, lease_time, has_group, create_groups, budget_micros, delay }) =
-        group_info(client, a.queue, a.group)
-    else {
-        return Vec::new(); // unknown queue: zero rows
+    let Some(info) = admit(client, a) else {
+        return Vec::new();
     };
-    if !has_group && !create_groups {
+    let now = clock_now();
+    let registry = crate::lane::registry::enabled();
+    let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now));
+    // Lanes a concurrent partition and group creation both missed are added here, at most
+    // once a second per backend and group, busy or not: a missed partition waits at most
+    // about a second after both creations committed, never for the group to go idle.
+    lookup::repair_lanes(client, info.queue_id, a.group);
+    let candidates = match &mut scan {
+        Some(scan) => scan.lock_lanes(client, i64::from(a.batch)),
+        None => claim_candidates(client, a, info.queue_id, now),
+    };
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let lease_micros =
+        effective_lease_micros(a.lease_seconds, info.budget_micros, info.lease_time, crate::pg::settings::max_lease());
+    // (lease id, expiry), None for an auto-ack pop. A lease id is a credential (random bits
+    // from the OS), routed back to this node on Citus.
+    let lease = (!a.auto_ack).then(|| {
+        let id = crate::queue::citus::routed_id(crate::pg::ids::new_secure_id);
+        (to_pg_uuid(id), now.saturating_add(lease_micros))
+    });
+    let mut reading = Reading::new(client, a, candidates, Due { delay: info.delay, now }, lease);
+    while reading.next_lane(client, scan.as_mut()) {}
+    reading.claim(client, a, info.queue_id, registry, now)
+}
+
+/// The queue's and group's settings for a pop, once the pop may go on: the queue exists,
+/// its group exists or may be created (and now is), and the queue lock is held. None: the
+/// pop returns zero rows (an unknown or deleted queue, or a group another session is
+/// creating right now).
+fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
+    let info = group_info(client, a.queue, a.group)?;
+    if !info.has_group && !info.create_groups {
         errors::raise(
             PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
             format!(
@@ -338,137 +373,164 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         );
     }
     // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
-    if !crate::pg::locks::share_queue(queue_id) {
-        return Vec::new(); // deleted while this pop waited: an unknown queue
+    if !crate::pg::locks::share_queue(info.queue_id) {
+        return None; // deleted while this pop waited: an unknown queue
     }
-    if !has_group && lookup::ensure_group(client, queue_id, a.group, a.subscription, false).is_none() {
-        return Vec::new(); // another session is creating this group and claiming right now
+    if !info.has_group && lookup::ensure_group(client, info.queue_id, a.group, a.subscription, false).is_none() {
+        return None; // another session is creating this group and claiming right now
     }
+    Some(info)
+}
 
-    let now = clock_now();
-    let registry = crate::lane::registry::enabled();
-    let mut scan = registry.then(|| LaneScan::new(a, queue_id, now));
-    // Lanes a concurrent partition and group creation both missed are added here, at most
-    // once a second per backend and group, busy or not: a missed partition waits at most
-    // about a second after both creations committed, never for the group to go idle.
-    lookup::repair_lanes(client, queue_id, a.group);
-    let mut candidates = match &mut scan {
-        Some(scan) => scan.lock_lanes(client, i64::from(a.batch)),
-        None => claim_candidates(client, a, queue_id, now),
-    };
-    if candidates.is_empty() {
-        return Vec::new();
-    }
-    let mut takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
+/// A pop's read of its locked lanes, one lane at a time (`next_lane`): what each lane
+/// takes of the batch, what it delivered, claimed, passed and could not open.
+struct Reading<'conn> {
+    candidates: Vec<Candidate>,
+    /// Each candidate's share of the batch (`claim::fill`), by index.
+    takes: Vec<i64>,
+    /// The segment rows of every lane's share, fetched together when there are several
+    /// (`segments::fetch_many`); a lane that takes more than its share (`carry`) or meets
+    /// a gap reads the rest on its own.
+    prefetched: std::vec::IntoIter<Option<segments::Rows<'conn>>>,
+    /// The next candidate to read.
+    next: usize,
+    /// The shares of the lanes read so far minus what they delivered (`take_with_carry`).
+    carry: i64,
+    budget: Budget,
+    due: Due,
+    lease: Option<(pgrx::Uuid, i64)>,
+    out: Vec<Delivered>,
+    claims: Claims,
+    poison: Vec<Poison>,
+    /// Lanes where the pop found only messages it could not open: (partition, the last).
+    passed: Vec<(pgrx::Uuid, i64)>,
+}
 
-    let lease_micros =
-        effective_lease_micros(a.lease_seconds, budget_micros, lease_time, crate::pg::settings::max_lease());
-    // (lease id, expiry), None for an auto-ack pop. A lease id is a credential (random bits
-    // from the OS), routed back to this node on Citus.
-    let lease = (!a.auto_ack).then(|| {
-        let id = crate::queue::citus::routed_id(crate::pg::ids::new_secure_id);
-        (to_pg_uuid(id), now.saturating_add(lease_micros))
-    });
-
-    let mut out = Vec::new();
-    let mut claims = Claims::default();
-    let budget = Budget::new(a.max_bytes);
-    let due = Due { delay, now };
-    let mut poison = Vec::new();
-    let mut passed = Vec::new();
-    // The shares of the lanes read so far minus what they delivered (`take_with_carry`).
-    let mut carry = 0i64;
-    // The segment rows of every lane's share, fetched together when there are several
-    // (`segments::fetch_many`); a lane that takes more than its share (`carry`) or meets
-    // a gap reads the rest on its own.
-    let shared: Vec<usize> = (0..candidates.len()).filter(|&i| takes[i] > 0).collect();
-    let mut prefetched: Vec<Option<segments::Rows<'_>>> = (0..candidates.len()).map(|_| None).collect();
-    if shared.len() > 1 {
-        let spans: Vec<(pgrx::Uuid, i64, i64)> = shared
-            .iter()
-            .map(|&i| {
-                let c = &candidates[i];
-                (c.partition_id, c.committed + 1, (c.committed + takes[i]).min(c.readable))
-            })
-            .collect();
-        for (&i, rows) in shared.iter().zip(segments::fetch_many(client, &spans)) {
-            prefetched[i] = Some(rows);
-        }
-    }
-    let mut prefetched = prefetched.into_iter();
-    let mut next = 0;
-    loop {
-        if next == candidates.len() {
-            // Lanes that held messages back (not due yet, gaps, poison) left part of the
-            // batch undelivered: with the registry the scan goes on to the next lanes, up
-            // to `max_partitions` in all.
-            let Some(scan) = scan.as_mut().filter(|_| carry > 0) else {
-                break;
-            };
-            let more = scan.lock_lanes(client, carry);
-            if more.is_empty() {
-                break;
+impl<'conn> Reading<'conn> {
+    fn new(
+        client: &mut SpiClient<'conn>,
+        a: &PopArgs,
+        candidates: Vec<Candidate>,
+        due: Due,
+        lease: Option<(pgrx::Uuid, i64)>,
+    ) -> Self {
+        let takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
+        let shared: Vec<usize> = (0..candidates.len()).filter(|&i| takes[i] > 0).collect();
+        let mut prefetched: Vec<Option<segments::Rows<'conn>>> = (0..candidates.len()).map(|_| None).collect();
+        if shared.len() > 1 {
+            let spans: Vec<(pgrx::Uuid, i64, i64)> = shared
+                .iter()
+                .map(|&i| {
+                    let c = &candidates[i];
+                    (c.partition_id, c.committed + 1, (c.committed + takes[i]).min(c.readable))
+                })
+                .collect();
+            for (&i, rows) in shared.iter().zip(segments::fetch_many(client, &spans)) {
+                prefetched[i] = Some(rows);
             }
-            takes.extend(fill(carry, &more.iter().map(|c| c.available).collect::<Vec<_>>()));
-            candidates.extend(more);
-            carry = 0; // now the new lanes' shares
         }
-        if budget.full() {
-            break; // the byte budget is spent: the rest waits for the next pop
+        Reading {
+            candidates,
+            takes,
+            prefetched: prefetched.into_iter(),
+            next: 0,
+            carry: 0,
+            budget: Budget::new(a.max_bytes),
+            due,
+            lease,
+            out: Vec::new(),
+            claims: Claims::default(),
+            poison: Vec::new(),
+            passed: Vec::new(),
         }
-        let (c, share, rows) = (&candidates[next], takes[next], prefetched.next().flatten());
-        next += 1;
-        let take = queen_core::claim::take_with_carry(share, carry, c.available);
-        carry += share;
+    }
+
+    /// Reads the next lane's share; false once the pop is done (no lane left, or the byte
+    /// budget spent).
+    fn next_lane(&mut self, client: &mut SpiClient<'conn>, scan: Option<&mut LaneScan<'_>>) -> bool {
+        if self.next == self.candidates.len() && !self.lock_more(client, scan) {
+            return false;
+        }
+        if self.budget.full() {
+            return false; // the byte budget is spent: the rest waits for the next pop
+        }
+        let (i, rows) = (self.next, self.prefetched.next().flatten());
+        self.next += 1;
+        let (c, share) = (&self.candidates[i], self.takes[i]);
+        let take = queen_core::claim::take_with_carry(share, self.carry, c.available);
+        self.carry += share;
         if take == 0 {
-            continue; // locked but not claimed: the lock ends with this transaction
+            return true; // locked but not claimed: the lock ends with this transaction
         }
         let start = c.committed + 1;
         let attempt = queen_core::lane::redelivery(c.claim_start, c.attempt_count, start);
-        let before = out.len();
-        let poisoned = poison.len();
-        let span = read_span(client, c, take, rows, &due, &budget, &mut poison, |mut d| {
+        let (before, poisoned) = (self.out.len(), self.poison.len());
+        let (out, lease) = (&mut self.out, self.lease);
+        let span = read_span(client, c, take, rows, &self.due, &self.budget, &mut self.poison, |mut d| {
             d.lease_id = lease.map(|l| l.0);
             d.lease_expires_at = lease.map(|l| l.1);
             d.attempt = attempt;
             out.push(d);
         });
-        carry -= (out.len() - before) as i64;
+        self.carry -= (self.out.len() - before) as i64;
         let Some(end) = span.delivered else {
-            debug_assert_eq!(out.len(), before);
+            debug_assert_eq!(self.out.len(), before);
             // Nothing to deliver after all (see read_span): not claimed. Messages that
             // cannot be opened were filed as dead letters: the cursor passes them.
-            if poison.len() > poisoned {
-                passed.push((c.partition_id, span.seen.expect("poison was seen")));
+            if self.poison.len() > poisoned {
+                self.passed.push((c.partition_id, span.seen.expect("poison was seen")));
             }
-            continue;
+            return true;
         };
-        claims.add(c.partition_id, queen_core::lane::Claim { start, end, attempt }, c.old_lease);
+        self.claims.add(c.partition_id, queen_core::lane::Claim { start, end, attempt }, c.old_lease);
+        true
     }
 
-    file_poison(client, a, queue_id, &candidates, poison, &passed);
-    let Some(last) = claims.partition_ids.last().copied() else {
-        // Nothing claimed (every lane held back, or only poison passed): no lease to write.
-        return Vec::new();
-    };
-    if a.partition.is_none() {
-        // The next pop starts just after the last lane this one claimed (`cursor`).
-        move_cursor(queue_id, a.group, last);
-    }
-    if registry {
-        apply_registry(client, a, queue_id, &candidates, &claims, lease, now);
-    } else {
-        match lease {
-            Some((lease_id, expires)) => {
-                crate::lane::rows::claim_leased(client, queue_id, a.group, claims, lease_id, expires, now)
-            }
-            // auto_ack: no lease; the cursor moves to batch_end in this same call.
-            None => crate::lane::rows::claim_auto_ack(client, a.group, claims, now),
+    /// Every locked lane was read and lanes that held messages back (not due yet, gaps,
+    /// poison) left part of the batch undelivered: with the registry the scan goes on to
+    /// the next lanes, up to `max_partitions` in all. False: no more lanes.
+    fn lock_more(&mut self, client: &mut SpiClient<'conn>, scan: Option<&mut LaneScan<'_>>) -> bool {
+        let Some(scan) = scan.filter(|_| self.carry > 0) else {
+            return false;
+        };
+        let more = scan.lock_lanes(client, self.carry);
+        if more.is_empty() {
+            return false;
         }
+        self.takes.extend(fill(self.carry, &more.iter().map(|c| c.available).collect::<Vec<_>>()));
+        self.candidates.extend(more);
+        self.carry = 0; // now the new lanes' shares
+        true
     }
-    // Rows come ordered by partition, then offset (docs/functions.md#pop).
-    out.sort_by(|x, y| (x.partition.as_str(), x.msg_offset).cmp(&(y.partition.as_str(), y.msg_offset)));
-    out
+
+    /// Files the poison, then claims what was delivered (in the registry, or in the lane
+    /// rows without it) and returns the rows ordered by partition, then offset.
+    fn claim(self, client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, registry: bool, now: i64) -> Vec<Delivered> {
+        let Reading { candidates, claims, poison, passed, lease, mut out, .. } = self;
+        file_poison(client, a, queue_id, &candidates, poison, &passed);
+        let Some(last) = claims.partition_ids.last().copied() else {
+            // Nothing claimed (every lane held back, or only poison passed): no lease to write.
+            return Vec::new();
+        };
+        if a.partition.is_none() {
+            // The next pop starts just after the last lane this one claimed (`cursor`).
+            move_cursor(queue_id, a.group, last);
+        }
+        if registry {
+            apply_registry(client, a, queue_id, &candidates, &claims, lease, now);
+        } else {
+            match lease {
+                Some((lease_id, expires)) => {
+                    crate::lane::rows::claim_leased(client, queue_id, a.group, claims, lease_id, expires, now)
+                }
+                // auto_ack: no lease; the cursor moves to batch_end in this same call.
+                None => crate::lane::rows::claim_auto_ack(client, a.group, claims, now),
+            }
+        }
+        // Rows come ordered by partition, then offset (docs/functions.md#pop).
+        out.sort_by(|x, y| (x.partition.as_str(), x.msg_offset).cmp(&(y.partition.as_str(), y.msg_offset)));
+        out
+    }
 }
 
 thread_local! {
@@ -525,64 +587,15 @@ fn move_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
 fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now: i64) -> Vec<Candidate> {
     let now = timestamptz(now);
     if let Some(p) = a.partition {
-        let table = run(
-            client,
-            concat!(
-                "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
-                    l.claim_start, l.attempt_count, l.lease_id
-               FROM queen.partitions p
-               JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
-              WHERE p.queue_id = $1 AND p.name = $3
-                AND l.committed < queen._readable(l.partition_id, p.head)
-                AND ",
-                queen_core::lease_free_sql!("l", "$4"),
-                "
-                FOR UPDATE OF l SKIP LOCKED"
-            ),
-            &[queue_id.into(), a.group.into(), p.into(), now.into()],
-        );
-        return to_candidates(table);
+        return to_candidates(run(client, ONE_LANE, &[queue_id.into(), a.group.into(), p.into(), now.into()]));
     }
     let cursor_id = cursor(queue_id, a.group);
     let want = i64::from(a.max_partitions);
-    let mut found = to_candidates(run(
-        client,
-        concat!(
-            "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
-                    l.claim_start, l.attempt_count, l.lease_id
-           FROM queen.lanes l
-           JOIN queen.partitions p ON p.partition_id = l.partition_id
-          WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id > $5
-            AND l.committed < queen._readable(l.partition_id, p.head)
-            AND ",
-            queen_core::lease_free_sql!("l", "$4"),
-            "
-          ORDER BY l.partition_id
-          LIMIT $3
-            FOR UPDATE OF l SKIP LOCKED"
-        ),
-        &[queue_id.into(), a.group.into(), want.into(), now.into(), cursor_id.into()],
-    ));
+    let args = |limit: i64| [queue_id.into(), a.group.into(), limit.into(), now.into(), cursor_id.into()];
+    let mut found = to_candidates(run(client, LANES_AFTER_CURSOR, &args(want)));
     if (found.len() as i64) < want {
         // Wrap around: the lanes at or before the cursor.
-        found.extend(to_candidates(run(
-            client,
-            concat!(
-                "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
-                    l.claim_start, l.attempt_count, l.lease_id
-               FROM queen.lanes l
-               JOIN queen.partitions p ON p.partition_id = l.partition_id
-              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id <= $5
-                AND l.committed < queen._readable(l.partition_id, p.head)
-                AND ",
-                queen_core::lease_free_sql!("l", "$4"),
-                "
-              ORDER BY l.partition_id
-              LIMIT $3
-                FOR UPDATE OF l SKIP LOCKED"
-            ),
-            &[queue_id.into(), a.group.into(), (want - found.len() as i64).into(), now.into(), cursor_id.into()],
-        )));
+        found.extend(to_candidates(run(client, LANES_UP_TO_CURSOR, &args(want - found.len() as i64))));
     }
     if (found.len() as i64) < want {
         SCANNED_ALL.with(|f| f.set(true));
@@ -592,6 +605,49 @@ fn claim_candidates(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, now:
     }
     found
 }
+
+/// `claim_candidates`' statements (without the lane registry). $1 queue, $2 group,
+/// $4 now; for one partition $3 is its name, else $3 is how many lanes and $5 the cursor.
+const ONE_LANE: &str = concat!(
+    "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+            l.claim_start, l.attempt_count, l.lease_id
+       FROM queen.partitions p
+       JOIN queen.lanes l ON l.partition_id = p.partition_id AND l.consumer_group = $2
+      WHERE p.queue_id = $1 AND p.name = $3
+        AND l.committed < queen._readable(l.partition_id, p.head)
+        AND ",
+    queen_core::lease_free_sql!("l", "$4"),
+    "
+        FOR UPDATE OF l SKIP LOCKED"
+);
+const LANES_AFTER_CURSOR: &str = concat!(
+    "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+            l.claim_start, l.attempt_count, l.lease_id
+       FROM queen.lanes l
+       JOIN queen.partitions p ON p.partition_id = l.partition_id
+      WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id > $5
+        AND l.committed < queen._readable(l.partition_id, p.head)
+        AND ",
+    queen_core::lease_free_sql!("l", "$4"),
+    "
+      ORDER BY l.partition_id
+      LIMIT $3
+        FOR UPDATE OF l SKIP LOCKED"
+);
+const LANES_UP_TO_CURSOR: &str = concat!(
+    "SELECT l.partition_id, p.name, l.committed, queen._readable(l.partition_id, p.head),
+            l.claim_start, l.attempt_count, l.lease_id
+       FROM queen.lanes l
+       JOIN queen.partitions p ON p.partition_id = l.partition_id
+      WHERE l.queue_id = $1 AND l.consumer_group = $2 AND l.partition_id <= $5
+        AND l.committed < queen._readable(l.partition_id, p.head)
+        AND ",
+    queen_core::lease_free_sql!("l", "$4"),
+    "
+      ORDER BY l.partition_id
+      LIMIT $3
+        FOR UPDATE OF l SKIP LOCKED"
+);
 
 /// With the lane registry: a scan of the group's claimable lanes, in the same order as
 /// `claim_candidates` (from the shared cursor, wrapping), that locks them for this
@@ -942,14 +998,15 @@ fn read_span<'conn>(
     due: &Due,
     budget: &Budget,
     poison: &mut Vec<Poison>,
-    mut emit: impl FnMut(Delivered),
+    emit: impl FnMut(Delivered),
 ) -> Span {
     // SAFETY: a plain read of the transaction's isolation level.
     let fixed_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
-    let (mut next, mut delivered, mut last, mut seen) = (c.committed + 1, 0i64, None, None);
-    while delivered < take && next <= c.readable {
+    let mut r = SpanRead { c, take, due, budget, poison, emit, fixed_snapshot, delivered: 0, last: None, seen: None };
+    let mut next = c.committed + 1;
+    while r.delivered < take && next <= c.readable {
         // Assume no gaps; a gap costs one more (short) read.
-        let mut end = (next + (take - delivered) - 1).min(c.readable);
+        let mut end = (next + (take - r.delivered) - 1).min(c.readable);
         let rows = match prefetched.take() {
             Some(rows) if rows.lo == next && rows.hi >= next => {
                 end = end.min(rows.hi);
@@ -969,92 +1026,117 @@ fn read_span<'conn>(
             end,
             &|| budget.room(),
             |offset, message| {
-                let Some((f, created_at)) = message else {
-                    stop = fixed_snapshot;
-                    return !stop;
-                };
-                // A message not due yet (the queue's delay, or its own delivery time)
-                // holds back the rest of its lane: offsets are delivered in order.
-                let due_at = queen_core::policy::due_at(i64::from(created_at), due.delay, f.deliver_at);
-                if due_at > due.now {
-                    crate::pg::wake::due_at(due_at);
-                    NOT_DUE.with(|n| n.set(true));
-                    stop = true;
-                    return false;
-                }
-                let opened = crate::queue::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
-                    let headers =
-                        f.headers.map(|h| crate::queue::encryption::try_open_headers(&f.message_id, h)).transpose()?;
-                    Ok((payload, headers))
-                });
-                let (payload, headers) = match opened {
-                    Ok(opened) => opened,
-                    // A key that is not configured stops the pop (unless
-                    // queen.dead_letter_missing_key): every message it sealed would
-                    // otherwise be dead-lettered over one missing setting.
-                    Err(e) if e.stops_pop() => e.raise(),
-                    Err(e) => {
-                        // Poison (an envelope that does not authenticate): filed as a dead
-                        // letter and passed over; the lane goes on.
-                        poison.push(Poison {
-                            partition_id: c.partition_id,
-                            offset,
-                            message_id: pgrx::Uuid::from_bytes(f.message_id),
-                            transaction_id: f.transaction_id.to_string(),
-                            stored: f.payload.to_vec(),
-                            headers: f.headers.map(<[u8]>::to_vec),
-                            error: e.message,
-                            raw: false,
-                        });
-                        seen = Some(offset);
-                        return true;
-                    }
-                };
-                // Headers count with the payload: both are held in memory for the result.
-                if !budget.take(payload.len() + headers.as_ref().map_or(0, Vec::len)) {
-                    stop = true;
-                    return false; // past the byte budget: this message waits for the next pop
-                }
-                emit(Delivered {
-                    lease_id: None,
-                    lease_expires_at: None,
-                    partition_id: c.partition_id,
-                    partition: c.partition.clone(),
-                    msg_offset: offset,
-                    message_id: pgrx::Uuid::from_bytes(f.message_id),
-                    transaction_id: f.transaction_id.to_string(),
-                    payload,
-                    created_at,
-                    attempt: 0,
-                    headers,
-                });
-                delivered += 1;
-                last = Some(offset);
-                seen = Some(offset);
-                delivered < take
+                // Once this says stop, read_rows calls it no more.
+                let go_on = r.offset(offset, message);
+                stop = !go_on;
+                go_on
             },
             Some(&mut corrupt),
         );
-        let mut past_corrupt = end + 1;
-        for k in corrupts {
-            seen = seen.max(Some(k.last));
-            past_corrupt = past_corrupt.max(k.last + 1);
-            poison.push(Poison {
-                partition_id: c.partition_id,
-                offset: k.segment_first,
-                message_id: pgrx::Uuid::from_bytes([0; 16]),
-                transaction_id: format!("corrupt segment {}..{}", k.segment_first, k.last),
-                stored: k.bytes,
-                headers: None,
-                error: format!("queen: offsets {}..{} cannot be read: {}", k.from, k.last, k.error),
-                raw: true,
-            });
-        }
+        let past_corrupt = corrupts.into_iter().fold(end + 1, |past, k| past.max(r.corrupt(k)));
         // A spent budget: the read fetched no further (`segments::read_rows`).
         if stop || budget.full() {
             break;
         }
         next = past_corrupt;
     }
-    Span { delivered: last, seen }
+    Span { delivered: r.last, seen: r.seen }
+}
+
+/// `read_span`'s state while it walks a lane's offsets: what it delivered and passed.
+struct SpanRead<'a, E> {
+    c: &'a Candidate,
+    take: i64,
+    due: &'a Due,
+    budget: &'a Budget,
+    poison: &'a mut Vec<Poison>,
+    emit: E,
+    /// REPEATABLE READ or SERIALIZABLE: a missing offset stops the read (see `read_span`).
+    fixed_snapshot: bool,
+    delivered: i64,
+    last: Option<i64>,
+    seen: Option<i64>,
+}
+
+impl<E: FnMut(Delivered)> SpanRead<'_, E> {
+    /// One offset of the span: a message, or a gap (None). Returns whether the read goes on.
+    fn offset(&mut self, offset: i64, message: Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool {
+        let Some((f, created_at)) = message else {
+            return !self.fixed_snapshot;
+        };
+        // A message not due yet (the queue's delay, or its own delivery time) holds back
+        // the rest of its lane: offsets are delivered in order.
+        let due_at = queen_core::policy::due_at(i64::from(created_at), self.due.delay, f.deliver_at);
+        if due_at > self.due.now {
+            crate::pg::wake::due_at(due_at);
+            NOT_DUE.with(|n| n.set(true));
+            return false;
+        }
+        let opened = crate::queue::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
+            let headers =
+                f.headers.map(|h| crate::queue::encryption::try_open_headers(&f.message_id, h)).transpose()?;
+            Ok((payload, headers))
+        });
+        let (payload, headers) = match opened {
+            Ok(opened) => opened,
+            // A key that is not configured stops the pop (unless
+            // queen.dead_letter_missing_key): every message it sealed would otherwise be
+            // dead-lettered over one missing setting.
+            Err(e) if e.stops_pop() => e.raise(),
+            Err(e) => {
+                // Poison (an envelope that does not authenticate): filed as a dead letter
+                // and passed over; the lane goes on.
+                self.poison.push(Poison {
+                    partition_id: self.c.partition_id,
+                    offset,
+                    message_id: pgrx::Uuid::from_bytes(f.message_id),
+                    transaction_id: f.transaction_id.to_string(),
+                    stored: f.payload.to_vec(),
+                    headers: f.headers.map(<[u8]>::to_vec),
+                    error: e.message,
+                    raw: false,
+                });
+                self.seen = Some(offset);
+                return true;
+            }
+        };
+        // Headers count with the payload: both are held in memory for the result.
+        if !self.budget.take(payload.len() + headers.as_ref().map_or(0, Vec::len)) {
+            return false; // past the byte budget: this message waits for the next pop
+        }
+        (self.emit)(Delivered {
+            lease_id: None,
+            lease_expires_at: None,
+            partition_id: self.c.partition_id,
+            partition: self.c.partition.clone(),
+            msg_offset: offset,
+            message_id: pgrx::Uuid::from_bytes(f.message_id),
+            transaction_id: f.transaction_id.to_string(),
+            payload,
+            created_at,
+            attempt: 0,
+            headers,
+        });
+        self.delivered += 1;
+        self.last = Some(offset);
+        self.seen = Some(offset);
+        self.delivered < self.take
+    }
+
+    /// A corrupt segment met on the way: filed whole as one dead letter. Returns the
+    /// offset just past it.
+    fn corrupt(&mut self, k: segments::Corrupt) -> i64 {
+        self.seen = self.seen.max(Some(k.last));
+        self.poison.push(Poison {
+            partition_id: self.c.partition_id,
+            offset: k.segment_first,
+            message_id: pgrx::Uuid::from_bytes([0; 16]),
+            transaction_id: format!("corrupt segment {}..{}", k.segment_first, k.last),
+            stored: k.bytes,
+            headers: None,
+            error: format!("queen: offsets {}..{} cannot be read: {}", k.from, k.last, k.error),
+            raw: true,
+        });
+        k.last + 1
+    }
 }

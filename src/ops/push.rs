@@ -254,48 +254,7 @@ fn read_batch(items_arg: JsonbArg, call_queue: Option<&str>) -> Vec<PushItem> {
     let mut total = 0usize;
     for i in 0..n {
         let at = || format!("items[{i}].");
-        let obj = items_arg.object_at(i).unwrap_or_else(|text| {
-            errors::invalid(
-                &format!("items[{i}]"),
-                format_args!(
-                    "must be an object {{queue, partition?, payload, transactionId?, headers?, deliverAt?}}, got {text}"
-                ),
-            )
-        });
-        let (queue, partition, transaction_id) = (obj.get("queue"), obj.get("partition"), obj.get("transactionId"));
-        // A JSON null payload is a payload; only a missing key is an error. Null headers
-        // are no headers.
-        let payload = obj.get_jsonb("payload");
-        let mut present = [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some()]
-            .iter()
-            .filter(|&&b| b)
-            .count();
-        // The rarer keys are looked up only when the object has more keys than these.
-        let (headers, deliver_at) =
-            if obj.key_count() > present { (obj.get("headers"), obj.get("deliverAt")) } else { (None, None) };
-        present += usize::from(headers.is_some()) + usize::from(deliver_at.is_some());
-        obj.reject_unknown_keys(&BATCH_KEYS, present, &format!("items[{i}]"));
-        let item = PushItem {
-            queue: match (string_field(queue, &at, "queue"), call_queue) {
-                (Some(q), Some(c)) if q != c => errors::invalid(
-                    &format!("{}queue", at()),
-                    format_args!("is {q:?}, but this call pushes to {c:?} only (leave the key out)"),
-                ),
-                (Some(q), _) => q,
-                (None, Some(c)) => c.to_string(),
-                (None, None) => errors::invalid(&format!("{}queue", at()), "is missing"),
-            },
-            partition: string_field(partition, &at, "partition").unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
-            payload: payload.unwrap_or_else(|| errors::invalid(&format!("{}payload", at()), "is missing")),
-            transaction_id: string_field(transaction_id, &at, "transactionId"),
-            headers: match headers {
-                None | Some(Found::Null) => None,
-                Some(_) => obj.get_jsonb("headers"),
-            },
-            // deliverAt: a timestamp as PostgreSQL reads timestamptz text (ISO 8601).
-            deliver_at: string_field(deliver_at, &at, "deliverAt")
-                .map(|t| parse_timestamptz(&format!("{}deliverAt", at()), &t)),
-        };
+        let item = batch_item(&items_arg, i, call_queue, &at);
         check_item(&item, &at);
         total += item.payload.len() + item.headers.as_ref().map_or(0, Vec::len);
         items.push(item);
@@ -307,6 +266,53 @@ fn read_batch(items_arg: JsonbArg, call_queue: Option<&str>) -> Vec<PushItem> {
         );
     }
     items
+}
+
+/// Item `i` of a batch, read (`check_item` checks it after): a clear 22023 naming the
+/// item's key when a key is unknown, missing or of the wrong type. `at` is its prefix.
+fn batch_item(items_arg: &JsonbArg, i: u32, call_queue: Option<&str>, at: &dyn Fn() -> String) -> PushItem {
+    let obj = items_arg.object_at(i).unwrap_or_else(|text| {
+        errors::invalid(
+            &format!("items[{i}]"),
+            format_args!(
+                "must be an object {{queue, partition?, payload, transactionId?, headers?, deliverAt?}}, got {text}"
+            ),
+        )
+    });
+    let (queue, partition, transaction_id) = (obj.get("queue"), obj.get("partition"), obj.get("transactionId"));
+    // A JSON null payload is a payload; only a missing key is an error. Null headers
+    // are no headers.
+    let payload = obj.get_jsonb("payload");
+    let mut present = [queue.is_some(), partition.is_some(), transaction_id.is_some(), payload.is_some()]
+        .iter()
+        .filter(|&&b| b)
+        .count();
+    // The rarer keys are looked up only when the object has more keys than these.
+    let (headers, deliver_at) =
+        if obj.key_count() > present { (obj.get("headers"), obj.get("deliverAt")) } else { (None, None) };
+    present += usize::from(headers.is_some()) + usize::from(deliver_at.is_some());
+    obj.reject_unknown_keys(&BATCH_KEYS, present, &format!("items[{i}]"));
+    PushItem {
+        queue: match (string_field(queue, &at, "queue"), call_queue) {
+            (Some(q), Some(c)) if q != c => errors::invalid(
+                &format!("{}queue", at()),
+                format_args!("is {q:?}, but this call pushes to {c:?} only (leave the key out)"),
+            ),
+            (Some(q), _) => q,
+            (None, Some(c)) => c.to_string(),
+            (None, None) => errors::invalid(&format!("{}queue", at()), "is missing"),
+        },
+        partition: string_field(partition, &at, "partition").unwrap_or_else(|| DEFAULT_PARTITION.to_string()),
+        payload: payload.unwrap_or_else(|| errors::invalid(&format!("{}payload", at()), "is missing")),
+        transaction_id: string_field(transaction_id, &at, "transactionId"),
+        headers: match headers {
+            None | Some(Found::Null) => None,
+            Some(_) => obj.get_jsonb("headers"),
+        },
+        // deliverAt: a timestamp as PostgreSQL reads timestamptz text (ISO 8601).
+        deliver_at: string_field(deliver_at, &at, "deliverAt")
+            .map(|t| parse_timestamptz(&format!("{}deliverAt", at()), &t)),
+    }
 }
 
 extension_sql!(

@@ -60,52 +60,105 @@ pub fn insert_rows<const N: usize>(
     if relid == pg_sys::InvalidOid {
         return false;
     }
-    /// At most this many indexes are written directly (queen's tables have one).
-    const MAX_INDEXES: usize = 4;
     // SAFETY: called inside a transaction from a queen function. Every pointer comes from
     // PostgreSQL and is used while the relation is open and locked (RowExclusiveLock, held
     // to the end of the transaction as an INSERT would); the tuples and the slot are freed
     // here; an ERROR (a unique violation, say) unwinds through pgrx and the transaction's
     // resource owner closes what is open. The caller promises each datum's type.
     unsafe {
-        let lock = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
-        let rel = pg_sys::table_open(relid, lock);
-        let desc = (*rel).rd_att;
-        // A copy of the relcache's list of the table's indexes.
-        let indexes = pg_sys::RelationGetIndexList(rel);
-        let count = if indexes.is_null() { 0 } else { (*indexes).length as usize };
-        let mut opened: [(pg_sys::Relation, *mut pg_sys::IndexInfo); MAX_INDEXES] =
-            [(std::ptr::null_mut(), std::ptr::null_mut()); MAX_INDEXES];
-        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-        let fits = count <= MAX_INDEXES
-            && attrs.len() == N
-            && attrs.iter().zip(types).all(|(a, t)| !a.attisdropped && a.atttypid == t);
-        if fits {
-            for (i, slot) in opened.iter_mut().enumerate().take(count) {
-                let irel = pg_sys::index_open((*(*indexes).elements.add(i)).oid_value, lock);
-                *slot = (irel, pg_sys::BuildIndexInfo(irel));
-            }
-        }
-        if !indexes.is_null() {
-            pg_sys::list_free(indexes);
-        }
-        let opened = &opened[..if fits { count } else { 0 }];
-        if !fits || opened.iter().any(|&(_, info)| !(*info).ii_Expressions.is_null() || !(*info).ii_Predicate.is_null())
-        {
-            for &(irel, _) in opened {
-                pg_sys::index_close(irel, lock);
-            }
-            pg_sys::table_close(rel, lock);
+        let Some(target) = Target::open(relid, types) else {
             return false;
-        }
+        };
+        let desc = (*target.rel).rd_att;
         let slot = pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsHeapTuple);
         let cid = pg_sys::GetCurrentCommandId(true);
         for mut values in rows {
             let mut nulls = [false; N];
             let tup = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-            pg_sys::heap_insert(rel, tup, cid, 0, std::ptr::null_mut());
+            pg_sys::heap_insert(target.rel, tup, cid, 0, std::ptr::null_mut());
             pg_sys::ExecStoreHeapTuple(tup, slot, false);
-            for &(irel, info) in opened.iter().filter(|&&(_, info)| (*info).ii_ReadyForInserts) {
+            target.index(slot, tup);
+            pg_sys::ExecClearTuple(slot);
+            pg_sys::heap_freetuple(tup);
+        }
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        target.close(pg_sys::NoLock as pg_sys::LOCKMODE);
+        // As SPI does after each statement: later statements see the rows.
+        pg_sys::CommandCounterIncrement();
+        true
+    }
+}
+
+/// At most this many indexes are written directly (queen's tables have one).
+const MAX_INDEXES: usize = 4;
+
+/// A table opened for `insert_rows`, with its indexes and their IndexInfo.
+struct Target {
+    rel: pg_sys::Relation,
+    indexes: [(pg_sys::Relation, *mut pg_sys::IndexInfo); MAX_INDEXES],
+    count: usize,
+}
+
+impl Target {
+    const LOCK: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+
+    /// Opens `relid` and its indexes under RowExclusiveLock; None (with all closed again)
+    /// when its columns are not `types`, or its indexes are too many or one has
+    /// expressions or a predicate.
+    ///
+    /// # Safety
+    /// Inside a transaction; `relid` names a plain table.
+    unsafe fn open<const N: usize>(relid: pg_sys::Oid, types: [pg_sys::Oid; N]) -> Option<Target> {
+        // SAFETY: the caller's promise; the index list is a copy, freed here, and each
+        // index is opened under the same lock as its table.
+        unsafe {
+            let rel = pg_sys::table_open(relid, Self::LOCK);
+            let desc = (*rel).rd_att;
+            // A copy of the relcache's list of the table's indexes.
+            let list = pg_sys::RelationGetIndexList(rel);
+            let count = if list.is_null() { 0 } else { (*list).length as usize };
+            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+            let fits = count <= MAX_INDEXES
+                && attrs.len() == N
+                && attrs.iter().zip(types).all(|(a, t)| !a.attisdropped && a.atttypid == t);
+            let mut target =
+                Target { rel, indexes: [(std::ptr::null_mut(), std::ptr::null_mut()); MAX_INDEXES], count: 0 };
+            if fits {
+                for i in 0..count {
+                    let irel = pg_sys::index_open((*(*list).elements.add(i)).oid_value, Self::LOCK);
+                    target.indexes[i] = (irel, pg_sys::BuildIndexInfo(irel));
+                    target.count = i + 1;
+                }
+            }
+            if !list.is_null() {
+                pg_sys::list_free(list);
+            }
+            let plain = target
+                .opened()
+                .iter()
+                .all(|&(_, info)| (*info).ii_Expressions.is_null() && (*info).ii_Predicate.is_null());
+            if !fits || !plain {
+                target.close(Self::LOCK);
+                return None;
+            }
+            Some(target)
+        }
+    }
+
+    fn opened(&self) -> &[(pg_sys::Relation, *mut pg_sys::IndexInfo)] {
+        &self.indexes[..self.count]
+    }
+
+    /// The index entries of the tuple just inserted (`tup`, stored in `slot`), in every
+    /// index ready for inserts (one that CREATE INDEX CONCURRENTLY is building is left to
+    /// its build, as the executor leaves it).
+    ///
+    /// # Safety
+    /// `slot` holds `tup`, a tuple inserted into this table in this command.
+    unsafe fn index(&self, slot: *mut pg_sys::TupleTableSlot, tup: pg_sys::HeapTuple) {
+        // SAFETY: the caller's promise; every index is open and locked.
+        unsafe {
+            for &(irel, info) in self.opened().iter().filter(|&&(_, info)| (*info).ii_ReadyForInserts) {
                 let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
                 let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
                 pg_sys::FormIndexDatum(info, slot, std::ptr::null_mut(), ivalues.as_mut_ptr(), inulls.as_mut_ptr());
@@ -119,22 +172,27 @@ pub fn insert_rows<const N: usize>(
                     ivalues.as_mut_ptr(),
                     inulls.as_mut_ptr(),
                     &mut (*tup).t_self,
-                    rel,
+                    self.rel,
                     unique,
                     false,
                     info,
                 );
             }
-            pg_sys::ExecClearTuple(slot);
-            pg_sys::heap_freetuple(tup);
         }
-        for &(irel, _) in opened {
-            pg_sys::index_close(irel, pg_sys::NoLock as pg_sys::LOCKMODE);
+    }
+
+    /// Closes the indexes and the table, releasing `lock` (NoLock: held to the end of the
+    /// transaction).
+    ///
+    /// # Safety
+    /// The relations are open, and not used after this.
+    unsafe fn close(self, lock: pg_sys::LOCKMODE) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            for &(irel, _) in self.opened() {
+                pg_sys::index_close(irel, lock);
+            }
+            pg_sys::table_close(self.rel, lock);
         }
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        // As SPI does after each statement: later statements see the rows.
-        pg_sys::CommandCounterIncrement();
-        true
     }
 }

@@ -56,35 +56,8 @@ pub fn first_row_now<R>(
     read: impl FnOnce(&NowRow) -> R,
 ) -> Option<R> {
     use pgrx::pg_sys;
-    let plan = NOW_PLANS.with(|p| p.borrow().get(sql).copied()).unwrap_or_else(|| {
-        let text = std::ffi::CString::new(sql).expect("no NUL in queen's SQL");
-        let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
-        // SAFETY: SPI is connected (`_client`); the text and types outlive the call; the
-        // plan is kept (moved out of the SPI procedure's memory) before it is cached.
-        let plan = unsafe {
-            let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
-            if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
-                crate::pg::errors::internal(format_args!("cannot prepare {sql}"));
-            }
-            plan
-        };
-        NOW_PLANS.with(|p| p.borrow_mut().insert(sql, plan));
-        plan
-    });
-    let mut values: Vec<pg_sys::Datum> = Vec::with_capacity(args.len());
-    let mut nulls: Vec<std::os::raw::c_char> = Vec::with_capacity(args.len());
-    for a in args {
-        match a.datum() {
-            Some(d) => {
-                values.push(d.sans_lifetime());
-                nulls.push(b' ' as std::os::raw::c_char);
-            }
-            None => {
-                values.push(pg_sys::Datum::from(0usize));
-                nulls.push(b'n' as std::os::raw::c_char);
-            }
-        }
-    }
+    let plan = now_plan(sql, args);
+    let (mut values, nulls) = datums(args);
     // The plan's locks first, then the snapshot: a TRUNCATE that commits while this waits
     // for its lock (the worker emptying a journal table it has just saved) is then seen
     // whole, the rows it saved included. The locks last until the transaction ends, as
@@ -122,6 +95,47 @@ pub fn first_row_now<R>(
         }
         Some(read(&NowRow { tuple: *(*table).vals, desc: (*table).tupdesc }))
     }
+}
+
+/// `first_row_now`'s plan of `sql`: prepared with the types of `args` on first use, and
+/// kept for the backend's life.
+fn now_plan(sql: &'static str, args: &[DatumWithOid<'_>]) -> pgrx::pg_sys::SPIPlanPtr {
+    use pgrx::pg_sys;
+    if let Some(plan) = NOW_PLANS.with(|p| p.borrow().get(sql).copied()) {
+        return plan;
+    }
+    let text = std::ffi::CString::new(sql).expect("no NUL in queen's SQL");
+    let mut types: Vec<pg_sys::Oid> = args.iter().map(|a| a.oid()).collect();
+    // SAFETY: SPI is connected (the caller's `_client`); the text and types outlive the
+    // call; the plan is kept (moved out of the SPI procedure's memory) before it is cached.
+    let plan = unsafe {
+        let plan = pg_sys::SPI_prepare(text.as_ptr(), types.len() as i32, types.as_mut_ptr());
+        if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
+            crate::pg::errors::internal(format_args!("cannot prepare {sql}"));
+        }
+        plan
+    };
+    NOW_PLANS.with(|p| p.borrow_mut().insert(sql, plan));
+    plan
+}
+
+/// The arguments as SPI takes them: datums, and a null flag each (`'n'` or `' '`).
+fn datums(args: &[DatumWithOid<'_>]) -> (Vec<pgrx::pg_sys::Datum>, Vec<std::os::raw::c_char>) {
+    let mut values = Vec::with_capacity(args.len());
+    let mut nulls = Vec::with_capacity(args.len());
+    for a in args {
+        match a.datum() {
+            Some(d) => {
+                values.push(d.sans_lifetime());
+                nulls.push(b' ' as std::os::raw::c_char);
+            }
+            None => {
+                values.push(pgrx::pg_sys::Datum::from(0usize));
+                nulls.push(b'n' as std::os::raw::c_char);
+            }
+        }
+    }
+    (values, nulls)
 }
 
 /// The kept plan of `sql`, prepared on first use with the types of `args`.

@@ -81,36 +81,7 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
     }
     let now = crate::pg::clock::clock_now();
     for group in groups {
-        let (committed, live) = if crate::lane::registry::enabled() {
-            // Locked until this transaction ends, as an ack locks a lane.
-            match crate::lane::registry::lock(pid, group, wait) {
-                Some(s) => (s.committed, s.live_lease(now)),
-                // No lane: the group's pops will create it where retention left off.
-                None if wait => (retained, false),
-                None => return Err(Kept::Busy(format!("group {group:?} holds its lane"))),
-            }
-        } else {
-            let sql = if wait {
-                concat!(
-                    "SELECT committed, coalesce(",
-                    queen_core::lease_live_sql!("l", "$3"),
-                    ", false) FROM queen.lanes l WHERE partition_id = $1 AND consumer_group = $2 FOR UPDATE"
-                )
-            } else {
-                concat!(
-                    "SELECT committed, coalesce(",
-                    queen_core::lease_live_sql!("l", "$3"),
-                    ", false) FROM queen.lanes l WHERE partition_id = $1 AND consumer_group = $2
-                      FOR UPDATE SKIP LOCKED"
-                )
-            };
-            let r = run(client, sql, &[pid.into(), group.as_str().into(), crate::pg::clock::timestamptz(now).into()]);
-            match r.into_iter().next() {
-                Some(r) => (r.get::<i64>(1).or_raise().unwrap(), r.get::<bool>(2).or_raise().unwrap()),
-                None if wait => (retained, false), // no lane: as above
-                None => return Err(Kept::Busy(format!("group {group:?} holds its lane"))),
-            }
-        };
+        let (committed, live) = lock_lane(client, pid, group, wait, retained, now)?;
         if live {
             return Err(Kept::Busy(format!("group {group:?} has a live lease on it")));
         }
@@ -120,6 +91,54 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
             )));
         }
     }
+    nothing_else_held(client, pid)
+}
+
+/// Locks the group's lane of the partition until this transaction ends, as an ack locks a
+/// lane (or, without `wait`, fails when another transaction holds it): its cursor, and
+/// whether a lease on it is live. A missing lane reads as `retained` (the group's pops
+/// would create it where retention left off).
+fn lock_lane(
+    client: &mut SpiClient<'_>,
+    pid: pgrx::Uuid,
+    group: &str,
+    wait: bool,
+    retained: i64,
+    now: i64,
+) -> Result<(i64, bool), Kept> {
+    let held = || Kept::Busy(format!("group {group:?} holds its lane"));
+    if crate::lane::registry::enabled() {
+        return match crate::lane::registry::lock(pid, group, wait) {
+            Some(s) => Ok((s.committed, s.live_lease(now))),
+            None if wait => Ok((retained, false)),
+            None => Err(held()),
+        };
+    }
+    let sql = if wait {
+        concat!(
+            "SELECT committed, coalesce(",
+            queen_core::lease_live_sql!("l", "$3"),
+            ", false) FROM queen.lanes l WHERE partition_id = $1 AND consumer_group = $2 FOR UPDATE"
+        )
+    } else {
+        concat!(
+            "SELECT committed, coalesce(",
+            queen_core::lease_live_sql!("l", "$3"),
+            ", false) FROM queen.lanes l WHERE partition_id = $1 AND consumer_group = $2
+              FOR UPDATE SKIP LOCKED"
+        )
+    };
+    let r = run(client, sql, &[pid.into(), group.into(), crate::pg::clock::timestamptz(now).into()]);
+    match r.into_iter().next() {
+        Some(r) => Ok((r.get::<i64>(1).or_raise().unwrap(), r.get::<bool>(2).or_raise().unwrap())),
+        None if wait => Ok((retained, false)),
+        None => Err(held()),
+    }
+}
+
+/// What else keeps a partition whose lanes are all consumed: dead letters, or a producer
+/// id still inside the queue's dedup window.
+fn nothing_else_held(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Result<(), Kept> {
     // Dead letters, read once the lanes are locked: an ack or a pop that files one holds
     // its lane until it commits, so a dead letter filed meanwhile is seen here.
     let dead = first_value::<bool>(run(

@@ -198,22 +198,7 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
             pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr()))
         });
         match decode(data, seg_first, seg_last, row_time) {
-            Ok(entries) => {
-                out.newest_row = out.newest_row.max(Some(row_time));
-                for m in &entries {
-                    out.push(match m {
-                        Some(m) => Entry::Message(Frame {
-                            message_id: m.message_id,
-                            transaction_id: &m.transaction_id,
-                            payload: &m.payload,
-                            created_at: Some(m.created_at),
-                            headers: m.headers.as_deref(),
-                            deliver_at: m.deliver_at,
-                        }),
-                        None => Entry::Gap,
-                    });
-                }
-            }
+            Ok(entries) => out.push_decoded(&entries, row_time),
             Err(error) => {
                 // Kept as it is, where a pop files it as a dead letter (as it would have in
                 // the fresh tier).
@@ -233,6 +218,15 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
     .is_some()
     {}
     drop(rows); // closes the cursor
+    delete_run(client, pid, first, last, read);
+    done.add(out.write(client, &scratch, pid, generation, clock_now()));
+    done.merged = read;
+    done
+}
+
+/// Deletes the run's fresh segments, which must be exactly the `read` rows merged (else
+/// an ERROR: the transaction rolls back and nothing is lost).
+fn delete_run(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64, read: i64) {
     let deleted = run(
         client,
         "DELETE FROM queen.fresh_segments WHERE partition_id = $1 AND first_offset BETWEEN $2 AND $3",
@@ -244,9 +238,6 @@ fn merge(client: &mut SpiClient<'_>, pid: pgrx::Uuid, first: i64, last: i64) -> 
             "compaction of partition {pid} read {read} fresh segments in {first}..{last} but deleted {deleted}"
         ));
     }
-    done.add(out.write(client, &scratch, pid, generation, clock_now()));
-    done.merged = read;
-    done
 }
 
 /// One message of a fresh segment, decoded and owned: a segment is decoded whole before
@@ -301,6 +292,24 @@ struct Output {
 impl Output {
     fn new(first: i64) -> Self {
         Output { encoder: Encoder::new(true), first, next: first, messages: 0, newest_message: None, newest_row: None }
+    }
+
+    /// A fresh segment's entries, decoded whole (`decode`), written at `row_time`.
+    fn push_decoded(&mut self, entries: &[Option<Message>], row_time: i64) {
+        self.newest_row = self.newest_row.max(Some(row_time));
+        for m in entries {
+            self.push(match m {
+                Some(m) => Entry::Message(Frame {
+                    message_id: m.message_id,
+                    transaction_id: &m.transaction_id,
+                    payload: &m.payload,
+                    created_at: Some(m.created_at),
+                    headers: m.headers.as_deref(),
+                    deliver_at: m.deliver_at,
+                }),
+                None => Entry::Gap,
+            });
+        }
     }
 
     fn push(&mut self, entry: Entry<'_>) {

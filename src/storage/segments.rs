@@ -370,6 +370,29 @@ impl Stored<'_, '_> {
         unsafe { pg_sys::toast_raw_datum_size(self.datum) - pg_sys::VARHDRSZ }
     }
 
+    /// Its directory, parsed from a prefix of its bytes (fetched into `scratch`, longer
+    /// until the header fits), and that prefix; Err (why) when the header is corrupt or
+    /// counts other offsets than the segment row's.
+    fn directory<'s>(&self, scratch: &'s mut Scratch) -> Result<(Directory, &'s [u8]), String> {
+        let (first, last) = (self.first, self.last);
+        let total = self.total();
+        scratch.reset();
+        let mut head = scratch.slice(self.row, self.datum, 0, HEAD_BYTES.min(total));
+        let dir = loop {
+            match Directory::parse(head, total) {
+                Ok(dir) => break dir,
+                Err(CodecError::Truncated(_)) if head.len() < total => {
+                    head = scratch.slice(self.row, self.datum, 0, (head.len() * 8).min(total));
+                }
+                Err(e) => return Err(format!("segment {first}..{last}: {e}")),
+            }
+        };
+        if dir.frame_count() as i64 != last - first + 1 {
+            return Err(format!("segment {first}..{last} holds {} entries", dir.frame_count()));
+        }
+        Ok((dir, head))
+    }
+
     /// Hands its offsets from `*next` (inside the segment) up to `end` to `emit`, fetching
     /// a chunk of blocks at a time within `room`; `*next` ends past the last one handed.
     fn read(
@@ -384,22 +407,9 @@ impl Stored<'_, '_> {
         if room().limit().is_none() {
             return Read::Stopped;
         }
-        let total = self.total();
-        scratch.reset();
-        let mut head = scratch.slice(self.row, self.datum, 0, HEAD_BYTES.min(total));
-        let parsed = loop {
-            match Directory::parse(head, total) {
-                Ok(dir) => break Ok(dir),
-                Err(CodecError::Truncated(_)) if head.len() < total => {
-                    head = scratch.slice(self.row, self.datum, 0, (head.len() * 8).min(total));
-                }
-                Err(e) => break Err(e.to_string()),
-            }
-        };
-        let dir = match parsed {
-            Ok(dir) if dir.frame_count() as i64 == last - first + 1 => dir,
-            Ok(dir) => return Read::Corrupt(format!("segment {first}..{last} holds {} entries", dir.frame_count())),
-            Err(e) => return Read::Corrupt(format!("segment {first}..{last}: {e}")),
+        let (dir, head) = match self.directory(scratch) {
+            Ok(found) => found,
+            Err(corrupt) => return Read::Corrupt(corrupt),
         };
         // The header fetch may already hold a chunk (a small segment: all of it); once a
         // chunk needs a fetch, the header's bytes are freed.
