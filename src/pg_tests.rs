@@ -142,3 +142,53 @@ fn entry_point_defaults_are_the_policy() {
         Subscription::DEFAULT.as_str()
     );
 }
+
+/// The SQL forms of two rules decide every boundary case as their Rust homes do: the
+/// lease-live predicate (`queen_core::lane::lease_live`, `lease_live_sql!`,
+/// `lease_free_sql!`) and the dedup window (`queen_core::dedup::dedup_live`,
+/// `dedup_live_sql!`, `dedup_expired_sql!`). The statements are the macros' own text.
+#[pg_test]
+fn rule_sql_forms_agree_with_core() {
+    use queen_core::{dedup::dedup_live, lane::lease_live};
+    // Times as microseconds from a fixed instant; the SQL gets the same instant plus them.
+    let at = |us: i64| format!("('2026-01-01 00:00:00+00'::timestamptz + interval '1 microsecond' * {us})");
+    let now = 0i64;
+    let live = queen_core::lease_live_sql!("l", "$now");
+    let free = queen_core::lease_free_sql!("l", "$now");
+    for lease in [None, Some("'00000000-0000-0000-0000-000000000001'::uuid")] {
+        for expires in [None, Some(now - 1), Some(now), Some(now + 1)] {
+            let sql = format!(
+                "SELECT coalesce({live}, false), {free} IS NOT DISTINCT FROM true
+                   FROM (SELECT {}::uuid AS lease_id, {}::timestamptz AS lease_expires_at) l",
+                lease.unwrap_or("NULL"),
+                expires.map_or("NULL".to_string(), at),
+            )
+            .replace("$now", &at(now));
+            let (sql_live, sql_free) = Spi::get_two::<bool, bool>(&sql).unwrap();
+            let rust_live = lease.is_some() && lease_live(expires, now);
+            assert_eq!(sql_live, Some(rust_live), "lease {lease:?} expiring at {expires:?}: live");
+            // Free: neither a live lease nor a running backoff (a NULL lease id with a
+            // future expiry), whatever the lease id.
+            assert_eq!(sql_free, Some(!lease_live(expires, now)), "lease {lease:?} expiring at {expires:?}: free");
+        }
+    }
+    // The dedup window is judged by now(), the transaction's start.
+    let now_us = Spi::get_one::<i64>("SELECT ((extract(epoch FROM now()) - 946684800) * 1000000)::int8").unwrap().unwrap();
+    let live = queen_core::dedup_live_sql!("d", "$window");
+    let expired = queen_core::dedup_expired_sql!("d", "$window");
+    for window in [0i64, 1, 3600] {
+        for delta in [-1i64, 0, 1] {
+            let created = now_us - window * 1_000_000 + delta;
+            let sql = format!(
+                "SELECT {live}, {expired}
+                   FROM (SELECT now() - make_interval(secs => {window}) + interval '1 microsecond' * {delta}
+                           AS created_at) d"
+            )
+            .replace("$window", &window.to_string());
+            let (sql_live, sql_expired) = Spi::get_two::<bool, bool>(&sql).unwrap();
+            let rust = dedup_live(created, now_us, window);
+            assert_eq!(sql_live, Some(rust), "window {window} s, created {delta} us after its edge: live");
+            assert_eq!(sql_expired, Some(!rust), "window {window} s, created {delta} us after its edge: expired");
+        }
+    }
+}

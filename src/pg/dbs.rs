@@ -23,6 +23,7 @@ use pgrx::PgSqlErrorCode;
 
 use crate::pg::errors;
 use crate::pg::settings;
+use crate::pg::shmem::{Parts, Region};
 
 pub const TRANCHE: &CStr = c"queen databases";
 
@@ -113,13 +114,33 @@ struct Header {
     launcher_latch: usize,
 }
 
-struct Shared {
-    lock: *mut pg_sys::LWLock,
-    base: *mut u8,
+/// How the block divides: the header, then `slots` slots.
+#[derive(Clone, Copy)]
+struct Layout {
     slots: usize,
 }
 
-static mut SHARED: Option<Shared> = None;
+impl Parts for Layout {
+    type Mut<'a> = (&'a mut Header, &'a mut [Slot]);
+    type Ref<'a> = (&'a Header, &'a [Slot]);
+
+    unsafe fn parts_mut<'a>(self, base: *mut u8) -> Self::Mut<'a> {
+        // SAFETY: as the trait requires of the caller; the header starts the (MAXALIGNed)
+        // block and the slots follow it at an 8-byte boundary, inside the block.
+        unsafe {
+            (&mut *(base as *mut Header), std::slice::from_raw_parts_mut(base.add(slots_at()) as *mut Slot, self.slots))
+        }
+    }
+
+    unsafe fn parts_ref<'a>(self, base: *const u8) -> Self::Ref<'a> {
+        // SAFETY: as `parts_mut`; nothing here writes.
+        unsafe {
+            (&*(base as *const Header), std::slice::from_raw_parts(base.add(slots_at()) as *const Slot, self.slots))
+        }
+    }
+}
+
+static mut SHARED: Option<Region<Layout>> = None;
 
 thread_local! {
     /// This backend's database's slot, once found (a backend never changes database).
@@ -151,16 +172,19 @@ pub fn shmem_size() -> usize {
 /// process.
 pub unsafe fn shmem_init((base, found): (*mut u8, bool)) {
     let n = slot_count();
-    // SAFETY: the tranche was requested in the shmem request hook; `base` points at
-    // shmem_size() bytes, fresh when !found, and the caller holds AddinShmemInitLock.
+    // SAFETY: the tranche was requested in the shmem request hook.
+    let lock = unsafe { &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock };
+    // SAFETY: `base` points at shmem_size() bytes laid out by `Layout`, fresh when !found;
+    // the caller holds AddinShmemInitLock, so nobody else touches them yet, and SHARED is
+    // written here once per process, before any query runs.
     unsafe {
-        let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
-        SHARED = Some(Shared { lock, base, slots: n });
+        let region = Region::new(lock, base, Layout { slots: n });
         if !found {
-            (base as *mut Header).write(Header { slots: n as u32, launcher_pid: 0, launcher_latch: 0 });
-            let slots = std::slice::from_raw_parts_mut(base.add(slots_at()) as *mut Slot, n);
+            let (h, slots) = region.parts_for_format();
+            *h = Header { slots: n as u32, launcher_pid: 0, launcher_latch: 0 };
             slots.fill(Slot::default());
         }
+        SHARED = Some(region);
     }
 }
 
@@ -169,20 +193,20 @@ pub fn enabled() -> bool {
     unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
 }
 
-/// Runs `f` on the header and the slots, under the lock held exclusively. `f` is pure
-/// Rust; the lock is released even if it panics (`shmem::locked`).
-fn with_slots<R>(f: impl FnOnce(&mut Header, &mut [Slot]) -> R) -> R {
+fn shared() -> &'static Region<Layout> {
     // SAFETY: SHARED is set once per process before any query runs; callers check enabled().
-    let s = unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen databases: shared memory not set up") };
-    // SAFETY: our tranche's lock, held exclusively; the header and slots lie in the block
-    // it guards, laid out by shmem_init.
-    unsafe {
-        crate::pg::shmem::locked(s.lock, pg_sys::LWLockMode::LW_EXCLUSIVE, || {
-            let h = &mut *(s.base as *mut Header);
-            let slots = std::slice::from_raw_parts_mut(s.base.add(slots_at()) as *mut Slot, s.slots);
-            f(h, slots)
-        })
-    }
+    unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen databases: shared memory not set up") }
+}
+
+/// Runs `f` on the header and the slots, under the lock held exclusively. `f` is pure
+/// Rust; the lock is released even if it panics (`shmem::Region`).
+fn with_slots<R>(f: impl FnOnce(&mut Header, &mut [Slot]) -> R) -> R {
+    shared().exclusive(|(h, slots)| f(h, slots))
+}
+
+/// Runs `f` on the header and the slots, read only, under the lock held in shared mode.
+fn read_slots<R>(f: impl FnOnce(&Header, &[Slot]) -> R) -> R {
+    shared().share(|(h, slots)| f(h, slots))
 }
 
 fn find_or_take(slots: &mut [Slot], database: u32) -> Option<usize> {
@@ -237,7 +261,7 @@ pub fn with<R>(database: u32, take: bool, f: impl FnOnce(&mut Slot) -> R) -> Opt
 
 /// A copy of every slot in use.
 pub fn all() -> Vec<Slot> {
-    with_slots(|_, slots| slots.iter().filter(|s| s.database != 0).copied().collect())
+    read_slots(|_, slots| slots.iter().filter(|s| s.database != 0).copied().collect())
 }
 
 /// Frees the slot of a database that no longer exists.
@@ -339,7 +363,7 @@ pub unsafe fn set_launcher(pid: i32, latch: *mut pg_sys::Latch) {
 
 /// Wakes the launcher (it looks at every database again). Raises nothing.
 pub fn wake_launcher() {
-    let latch = with_slots(|h, _| h.launcher_latch);
+    let latch = read_slots(|h, _| h.launcher_latch);
     if latch != 0 {
         // SAFETY: the launcher's own latch, in shared memory (its PGPROC's), set by
         // `set_launcher`; SetLatch may be called from any process and raises nothing.
