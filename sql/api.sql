@@ -109,7 +109,9 @@ CREATE TYPE queen.lane_status AS (
     retry_count      int,
     attempt_count    int,
     dead_letters     bigint,
-    retry_at         timestamptz
+    retry_at         timestamptz,
+    -- queen.pause: the queue or this group is paused (its pops deliver nothing)
+    paused           bool
 );
 
 CREATE FUNCTION queen.status(queue text DEFAULT NULL) RETURNS SETOF queen.lane_status
@@ -141,10 +143,12 @@ BEGIN
            v.batch_end, v.retry_count, v.attempt_count,
            (SELECT count(*) FROM queen.log_dlq d
              WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group),
-           CASE WHEN v.retry_at > clock_timestamp() THEN v.retry_at END
+           CASE WHEN v.retry_at > clock_timestamp() THEN v.retry_at END,
+           q.paused OR coalesce(g.paused, false)
       FROM queen.lanes l
       JOIN queen.partitions p ON p.partition_id = l.partition_id
       JOIN queen.queues q ON q.queue_id = l.queue_id
+      LEFT JOIN queen.groups g ON g.queue_id = l.queue_id AND g.consumer_group = l.consumer_group
      CROSS JOIN LATERAL (SELECT queen._readable(p.partition_id, p.head) AS head) r
      CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
                                     l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
@@ -153,7 +157,7 @@ BEGIN
      ORDER BY q.name, p.name, l.consumer_group;
 END $$;
 COMMENT ON FUNCTION queen.status(text) IS
-  'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters, and the end of a running retry backoff';
+  'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters, the end of a running retry backoff, and whether it is paused';
 
 -- Per-queue totals (docs/functions.md#totals): one row per (queue, consumer group); a queue nobody has
 -- popped yet has one row with consumer_group NULL. One pass over lanes and partitions.
@@ -165,7 +169,9 @@ CREATE TYPE queen.queue_totals AS (
     committed      bigint,
     lag            bigint,
     leased_lanes   bigint,
-    dead_letters   bigint
+    dead_letters   bigint,
+    -- queen.pause: the queue (or, on a group's row, the queue or the group) is paused
+    paused         bool
 );
 
 CREATE FUNCTION queen.totals(queue text DEFAULT NULL) RETURNS SETOF queen.queue_totals
@@ -189,7 +195,7 @@ BEGIN
   permitted := queen._permitted_queues('admin');
   RETURN QUERY
     WITH q AS (
-      SELECT q.queue_id, q.name, p.partitions, p.messages
+      SELECT q.queue_id, q.name, q.paused, p.partitions, p.messages
         FROM queen.queues q
         CROSS JOIN LATERAL (SELECT count(*) AS partitions,
                                    coalesce(sum(queen._readable(partition_id, head)), 0)::int8 AS messages
@@ -214,14 +220,16 @@ BEGIN
        GROUP BY d.queue_id, d.consumer_group
     )
     SELECT q.name, g.consumer_group, q.partitions, q.messages,
-           g.committed, g.lag, g.leased, coalesce(d.dead, 0)
+           g.committed, g.lag, g.leased, coalesce(d.dead, 0),
+           q.paused OR coalesce(gr.paused, false)
       FROM q
       LEFT JOIN g ON g.queue_id = q.queue_id
+      LEFT JOIN queen.groups gr ON gr.queue_id = g.queue_id AND gr.consumer_group = g.consumer_group
       LEFT JOIN d ON d.queue_id = q.queue_id AND d.consumer_group = g.consumer_group
      ORDER BY q.name, g.consumer_group NULLS FIRST;
 END $$;
 COMMENT ON FUNCTION queen.totals(text) IS
-  'queen: per queue and consumer group — partitions, messages, committed, lag, leased lanes, dead letters';
+  'queen: per queue and consumer group — partitions, messages, committed, lag, leased lanes, dead letters, paused';
 
 -- On Citus (docs/citus.md, src/queue/citus.rs): status, totals and dlq for a queue whose home is
 -- another node forward the call there through these forms, which queen.distribute() makes
@@ -371,7 +379,8 @@ BEGIN
        CROSS JOIN LATERAL (VALUES ('partitions', coalesce(p.partitions, 0)::float8),
                                   ('messages', coalesce(p.messages, 0)::float8),
                                   ('segments', coalesce(s.segments, 0)::float8),
-                                  ('bytes', coalesce(s.bytes, 0)::float8)) m(metric, value)
+                                  ('bytes', coalesce(s.bytes, 0)::float8),
+                                  ('paused', q.paused::int::float8)) m(metric, value)
        WHERE permitted IS NULL OR q.queue_id = ANY(permitted);
   END IF;
   IF kind IS NULL OR kind = 'group' THEN
@@ -424,7 +433,9 @@ BEGIN
       SELECT m.metric, q.name, g.consumer_group, m.value
         FROM g JOIN queen.queues q ON q.queue_id = g.queue_id
                 AND (permitted IS NULL OR q.queue_id = ANY(permitted))
-       CROSS JOIN LATERAL (VALUES ('lag_messages', g.lag::float8),
+        LEFT JOIN queen.groups gr ON gr.queue_id = g.queue_id AND gr.consumer_group = g.consumer_group
+       CROSS JOIN LATERAL (VALUES ('paused', (q.paused OR coalesce(gr.paused, false))::int::float8),
+                                  ('lag_messages', g.lag::float8),
                                   ('lag_seconds', g.lag_seconds::float8),
                                   ('leases_live', g.live::float8),
                                   ('leases_expired', g.expired::float8),
@@ -497,12 +508,13 @@ BEGIN
     ('push', 'queen_producer'), ('push_batch', 'queen_producer'),
     -- consumers
     ('pop', 'queen_consumer'), ('ack', 'queen_consumer'), ('extend_lease', 'queen_consumer'),
-    ('may_start', 'queen_consumer'), ('dlq', 'queen_consumer'),
+    ('may_start', 'queen_consumer'), ('dlq', 'queen_consumer'), ('peek', 'queen_consumer'), ('get', 'queen_consumer'),
     -- admins
     ('configure', 'queen_admin'), ('configure_group', 'queen_admin'), ('create_group', 'queen_admin'),
-    ('seek', 'queen_admin'), ('drop_group', 'queen_admin'), ('drop_partition', 'queen_admin'),
+    ('seek', 'queen_admin'), ('purge', 'queen_admin'), ('drop_group', 'queen_admin'), ('drop_partition', 'queen_admin'),
     ('delete_queue', 'queen_admin'), ('dlq_replay', 'queen_admin'), ('dlq_delete', 'queen_admin'),
     ('retain', 'queen_admin'), ('compact', 'queen_admin'), ('revoke_lease', 'queen_admin'),
+    ('pause', 'queen_admin'), ('resume', 'queen_admin'),
     ('status', 'queen_admin'), ('totals', 'queen_admin'), ('metrics', 'queen_admin'),
     ('grant', 'queen_admin'), ('revoke', 'queen_admin'), ('grants', 'queen_admin')
   ) AS t(fn, role) LOOP

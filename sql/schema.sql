@@ -64,7 +64,9 @@ CREATE TABLE queen.queues (
     -- a partition nobody pushed to for this long, and that is empty, is dropped (0: never)
     partition_idle_ttl    interval NOT NULL DEFAULT '0s',
     created_at            timestamptz NOT NULL DEFAULT now(),
-    updated_at            timestamptz NOT NULL DEFAULT now()
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    -- queen.pause: no pop of the queue delivers while set (queen.resume clears it)
+    paused                bool NOT NULL DEFAULT false
 );
 COMMENT ON TABLE queen.queues IS 'queen: one row per queue and its options (see queen.configure)';
 
@@ -145,6 +147,8 @@ CREATE TABLE queen.groups (
     timeout_grace   interval,
     record_margin   interval,
     created_at      timestamptz NOT NULL DEFAULT now(),
+    -- queen.pause(queue, group): no pop of this group delivers while set
+    paused          bool NOT NULL DEFAULT false,
     PRIMARY KEY (queue_id, consumer_group)
 );
 COMMENT ON TABLE queen.groups IS 'queen: consumer groups of a queue';
@@ -251,7 +255,10 @@ CREATE TABLE queen.log_dlq (
     -- the message's headers as the segment held them (jsonb's binary form, or an
     -- envelope of an encrypted queue); NULL when it had none. queen.dlq shows them as jsonb.
     headers        bytea,
-    CHECK ((data IS NULL) <> (envelope IS NULL))
+    -- a span of offsets passed without delivery (queen.purge): msg_offset..last_offset, no
+    -- payload; NULL for a dead-lettered message
+    last_offset    bigint,
+    CONSTRAINT log_dlq_check CHECK ((data IS NULL) <> (envelope IS NULL) OR last_offset IS NOT NULL)
 );
 CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);
 CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);

@@ -352,6 +352,8 @@ pub mod limits {
     pub const POP_BYTES_DEFAULT: i64 = 32 << 20;
     /// The largest `max_bytes` a pop may ask for: 1 GiB.
     pub const POP_BYTES: i64 = 1 << 30;
+    /// Most messages one peek may return (`max_messages`).
+    pub const PEEK_MESSAGES: i32 = 10_000;
     /// Most items one ack may carry.
     pub const ACK_ITEMS: u32 = 100_000;
     /// Largest payload of one message, as jsonb: 64 MiB.
@@ -401,12 +403,7 @@ impl PopLimits {
         if self.wait_ms > WAIT_MS {
             return Err(Violation::too_big("wait_ms", format!("{} (at most {WAIT_MS})", self.wait_ms)));
         }
-        if self.max_bytes < 1 {
-            return Err(Violation::invalid("max_bytes", format!("{} (must be >= 1)", self.max_bytes)));
-        }
-        if self.max_bytes > POP_BYTES {
-            return Err(Violation::too_big("max_bytes", format!("{} (at most {POP_BYTES})", self.max_bytes)));
-        }
+        check_max_bytes(self.max_bytes)?;
         if self.max_partitions < 1 || self.max_partitions > POP_PARTITIONS {
             return Err(Violation::invalid(
                 "max_partitions",
@@ -415,6 +412,31 @@ impl PopLimits {
         }
         Ok(())
     }
+}
+
+/// Checks a read's byte budget (`max_bytes` of pop and peek): 1 byte to 1 GiB.
+pub fn check_max_bytes(max_bytes: i64) -> Result<(), Violation> {
+    use limits::POP_BYTES;
+    if max_bytes < 1 {
+        return Err(Violation::invalid("max_bytes", format!("{max_bytes} (must be >= 1)")));
+    }
+    if max_bytes > POP_BYTES {
+        return Err(Violation::too_big("max_bytes", format!("{max_bytes} (at most {POP_BYTES})")));
+    }
+    Ok(())
+}
+
+/// Checks a peek's arguments (`queen.peek`): 1 to `PEEK_MESSAGES` messages, an offset of 1
+/// or more, a byte budget as pop's.
+pub fn check_peek(max_messages: i32, from_offset: Option<i64>, max_bytes: i64) -> Result<(), Violation> {
+    use limits::PEEK_MESSAGES;
+    if !(1..=PEEK_MESSAGES).contains(&max_messages) {
+        return Err(Violation::invalid("max_messages", format!("{max_messages} (must be 1 to {PEEK_MESSAGES})")));
+    }
+    if let Some(o) = from_offset.filter(|&o| o < 1) {
+        return Err(Violation::invalid("from_offset", format!("{o} (must be >= 1: offsets start at 1)")));
+    }
+    check_max_bytes(max_bytes)
 }
 
 /// Checks the item count of one ack.
@@ -463,6 +485,18 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peek_limits() {
+        let ok = |m, o, b| check_peek(m, o, b).is_ok();
+        assert!(ok(1, None, 1) && ok(limits::PEEK_MESSAGES, Some(1), limits::POP_BYTES));
+        let arg = |m, o, b| check_peek(m, o, b).unwrap_err().argument;
+        assert_eq!(arg(0, None, 1), "max_messages");
+        assert_eq!(arg(limits::PEEK_MESSAGES + 1, None, 1), "max_messages");
+        assert_eq!(arg(1, Some(0), 1), "from_offset");
+        assert_eq!(arg(1, None, 0), "max_bytes");
+        assert_eq!(check_peek(1, None, limits::POP_BYTES + 1).unwrap_err().kind, ViolationKind::TooBig);
+    }
 
     #[test]
     fn deliver_at_text_is_rfc_3339() {

@@ -22,6 +22,19 @@ ALTER TABLE queen.queues
   ADD COLUMN create_groups      bool     NOT NULL DEFAULT true,
   ADD COLUMN partition_idle_ttl interval NOT NULL DEFAULT '0s';
 
+-- Pause and resume (src/api/pause.rs): a flag per queue and per group, which status and
+-- totals show in a new last column.
+ALTER TABLE queen.queues ADD COLUMN paused bool NOT NULL DEFAULT false;
+ALTER TABLE queen.groups ADD COLUMN paused bool NOT NULL DEFAULT false;
+ALTER TYPE queen.lane_status ADD ATTRIBUTE paused bool;
+ALTER TYPE queen.queue_totals ADD ATTRIBUTE paused bool;
+
+-- Purge (src/api/groups.rs): a dead-letter row can be a span of offsets passed without
+-- delivery, with no payload.
+ALTER TABLE queen.log_dlq ADD COLUMN last_offset bigint,
+  DROP CONSTRAINT log_dlq_check,
+  ADD CONSTRAINT log_dlq_check CHECK ((data IS NULL) <> (envelope IS NULL) OR last_offset IS NOT NULL);
+
 -- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
 -- no queen role may use the queues granted to it here, and no other.
 CREATE TABLE queen.queue_grants (

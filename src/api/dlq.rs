@@ -52,6 +52,25 @@ fn lock_row(
     (row.get(1).or_raise().unwrap(), row.get(2).or_raise().unwrap(), row.get(3).or_raise().unwrap())
 }
 
+/// A span row (`queen.purge`) holds no message to push again: 55000, with the way to get
+/// its messages back.
+fn refuse_span(client: &mut SpiClient<'_>, id: pgrx::Uuid) {
+    let span = crate::pg::spi::first_value::<String>(run(
+        client,
+        "SELECT msg_offset || '..' || last_offset FROM queen.log_dlq WHERE id = $1 AND last_offset IS NOT NULL",
+        &[id.into()],
+    ));
+    if let Some(span) = span {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "queen: this dead-letter row is a span of offsets ({span}) passed without delivery, not a message; \
+                 queen.seek the group back to deliver them again while retention keeps them, or dlq_delete the row"
+            ),
+        );
+    }
+}
+
 /// The payload and headers of a dead letter, opened if the queue is encrypted.
 fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> (Vec<u8>, Option<Vec<u8>>) {
     let rows = run(
@@ -99,6 +118,7 @@ fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) ->
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
     let (id, queue, partition, (payload, headers)) = Spi::connect_mut(|client| {
         let (id, queue, partition) = lock_row(client, partition_id, transaction_id);
+        refuse_span(client, id);
         (id, queue, partition, payload(client, id))
     });
     // A replayed message is due at once (after the queue's delay), whatever its first

@@ -1,6 +1,6 @@
-//! Moving and removing consumer groups: `queen.seek` and `queen.drop_group`. Both take
-//! the queue lock in share mode, then the group's lanes in partition order
-//! (`queen_core::lock_order`), waiting for a pop or ack in flight on a lane, and refuse a
+//! Moving and removing consumer groups: `queen.seek`, `queen.purge` and `queen.drop_group`.
+//! Each takes the queue lock in share mode, then the group's lanes in partition order
+//! (`queen_core::lock_order`), waiting for a pop or ack in flight on a lane, and refuses a
 //! lane under a live lease unless `force` (SQLSTATE 55006); with `force` the lease ends.
 
 use pgrx::datum::TimestampWithTimeZone;
@@ -235,20 +235,117 @@ fn seek_lanes(
             _ => unreachable!("checked by seek"),
         };
         let to = seek_cursor(next, l.retained_through, readable);
-        if let Some(s) = l.registry {
-            let new = queen_core::lane::seek(&queen_core::lane::Lane::from_registry(&s), to).to_registry(&s);
-            crate::lane::registry::set(l.partition_id, group, new, None);
-            if new.journal_seq != s.journal_seq {
-                journal.push((l.partition_id, new));
-            }
-        } else {
-            crate::lane::rows::seek(client, l.partition_id, group, to);
-        }
+        move_cursor(client, l, group, to, &mut journal);
         out.push(json!({
             "partition": l.partition,
             "partitionId": from_pg_uuid(&l.partition_id).to_string(),
             "committedBefore": l.committed,
             "committed": to,
+            "leaseEnded": l.leased,
+        }));
+    }
+    crate::lane::registry::journal(client, group, &journal);
+    out
+}
+
+/// Sets a locked lane's cursor to `to` (`queen_core::lane::seek`: the lease, if any, ends
+/// and the retry count restarts): in the registry, with its journal entry added to
+/// `journal`, or in the lane row.
+fn move_cursor(client: &mut SpiClient<'_>, l: &Lane, group: &str, to: i64, journal: &mut Vec<(pgrx::Uuid, State)>) {
+    if let Some(s) = l.registry {
+        let new = queen_core::lane::seek(&queen_core::lane::Lane::from_registry(&s), to).to_registry(&s);
+        crate::lane::registry::set(l.partition_id, group, new, None);
+        if new.journal_seq != s.journal_seq {
+            journal.push((l.partition_id, new));
+        }
+    } else {
+        crate::lane::rows::seek(client, l.partition_id, group, to);
+    }
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION queen.purge(text, text, bool) IS
+  'queen: move every cursor of a queue (or of one group) to the readable end, recording each span passed as a purged dead-letter row';
+"#,
+    name = "purge_home",
+    requires = [purge]
+);
+
+/// `queen.purge`: moves the cursors of every group of `queue`, or of `consumer_group`
+/// alone, to each partition's readable end. Each lane's span of messages passed is filed
+/// as one dead-letter row (`purged`, no payload), in the same transaction, so nothing
+/// leaves a group's path unseen. A lane under a live lease is refused (55006) unless
+/// `force`, which ends the lease. Returns each lane's move.
+#[pg_extern(security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn purge(
+    queue: Option<&str>,
+    consumer_group: default!(Option<&str>, "NULL"),
+    force: default!(Option<bool>, false),
+) -> JsonB {
+    let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
+    let force = force.unwrap_or_else(|| errors::null_arg("force"));
+    check_queue_name("queue", queue);
+    crate::queue::citus::ensure_home(queue);
+    if let Some(g) = consumer_group {
+        check_lane_name("consumer_group", g);
+    }
+    crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin);
+    let moved = Spi::connect_mut(|client| {
+        let Some(queue_id) = queue_id(client, queue) else {
+            return match consumer_group {
+                Some(g) => no_group(queue, g),
+                None => Vec::new(), // an unknown queue holds nothing to purge
+            };
+        };
+        // The lane-creation lock, as seek takes it; then each group row and its lanes, the
+        // groups in name order.
+        crate::pg::locks::lanes_creation(queue_id, false, true);
+        let groups: Vec<String> = match consumer_group {
+            Some(g) if group_exists(client, queue_id, g) => vec![g.to_string()],
+            Some(g) => no_group(queue, g),
+            None => run(
+                client,
+                "SELECT consumer_group FROM queen.groups WHERE queue_id = $1 ORDER BY consumer_group FOR UPDATE",
+                &[queue_id.into()],
+            )
+            .map(|r| r.get::<String>(1).or_raise().unwrap())
+            .collect(),
+        };
+        let mut out = Vec::new();
+        for g in &groups {
+            let lanes = lock_lanes(client, queue_id, g, None);
+            refuse_leased(&lanes, force, "purge");
+            out.extend(purge_lanes(client, queue_id, &lanes, g));
+        }
+        out
+    });
+    let purged: i64 = moved.iter().map(|m| m["purged"].as_i64().unwrap_or(0)).sum();
+    JsonB(json!({"queue": queue, "consumerGroup": consumer_group, "purged": purged, "lanes": moved}))
+}
+
+/// Moves each locked lane of `group` to its partition's readable end, filing the span it
+/// passes as one `purged` dead-letter row. Returns each lane's move.
+fn purge_lanes(client: &mut SpiClient<'_>, queue_id: i64, lanes: &[Lane], group: &str) -> Vec<serde_json::Value> {
+    let mut journal = Vec::new();
+    let mut out = Vec::new();
+    for l in lanes {
+        let readable = crate::offsets::readable(l.partition_id, l.head);
+        let from = l.committed.max(l.retained_through) + 1;
+        if readable < from {
+            continue; // nothing past the cursor
+        }
+        let error = format!("purged by queen.purge: offsets {from}..{readable} not delivered to group {group:?}");
+        crate::ops::dlq::file_span(client, queue_id, l.partition_id, group, (from, readable), "purged", &error);
+        move_cursor(client, l, group, readable, &mut journal);
+        out.push(json!({
+            "consumerGroup": group,
+            "partition": l.partition,
+            "partitionId": from_pg_uuid(&l.partition_id).to_string(),
+            "committedBefore": l.committed,
+            "committed": readable,
+            "purged": readable - from + 1,
             "leaseEnded": l.leased,
         }));
     }

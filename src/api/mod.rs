@@ -12,4 +12,5 @@ mod drop_partition;
 mod extend; // extend_lease, revoke_lease
 mod grant; // grant, revoke, grants
 mod groups; // seek, drop_group
+mod pause; // pause, resume
 mod retain;

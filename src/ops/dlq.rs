@@ -60,3 +60,34 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
     )
     .is_empty()
 }
+
+/// Files a span of offsets that a group's cursor passed without delivering them
+/// (`queen.purge`): one row with no payload, `msg_offset` its first offset and
+/// `last_offset` its last, addressed by the transaction id `"{reason} {from}..{to}"`.
+pub fn file_span(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    partition_id: pgrx::Uuid,
+    group: &str,
+    span: (i64, i64),
+    reason: &str,
+    error: &str,
+) {
+    let (from, to) = span;
+    run(
+        client,
+        "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset, last_offset,
+                                    message_id, transaction_id, error_message, retry_count)
+         VALUES ($1, $2, $3, $4, $5, $6, '00000000-0000-0000-0000-000000000000', $7, $8, 0)",
+        &[
+            crate::pg::ids::to_pg_uuid(crate::pg::ids::new_id()).into(),
+            queue_id.into(),
+            partition_id.into(),
+            group.into(),
+            from.into(),
+            to.into(),
+            format!("{reason} {from}..{to}").into(),
+            error.into(),
+        ],
+    );
+}

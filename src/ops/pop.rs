@@ -135,7 +135,13 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
         lookup::CREATED_HERE.with(|c| c.set(false));
         rows
     });
-    let group = args.group;
+    put_rows(&mut out, rows, Some(args.group), false);
+    out.finish()
+}
+
+/// Stores delivered messages as `queen.message` rows: `group` in `consumer_group`, and,
+/// for a read without a claim (`peeked`: peek, get), no attempt count (NULL).
+pub fn put_rows(out: &mut ResultRows<12>, rows: Vec<Delivered>, group: Option<&str>, peeked: bool) {
     for d in rows {
         out.put(|| {
             let nulls = [
@@ -143,13 +149,13 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
                 d.lease_expires_at.is_none(),
                 false,
                 false,
+                group.is_none(),
                 false,
                 false,
                 false,
                 false,
                 false,
-                false,
-                false,
+                peeked,
                 d.headers.is_none(),
             ];
             let zero = pg_sys::Datum::from(0);
@@ -159,7 +165,7 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
                     d.lease_expires_at.map_or(zero, pg_sys::Datum::from),
                     d.partition_id.into_datum().unwrap(),
                     d.partition.into_datum().unwrap(),
-                    group.into_datum().unwrap(),
+                    group.and_then(IntoDatum::into_datum).unwrap_or(zero),
                     pg_sys::Datum::from(d.msg_offset),
                     d.message_id.into_datum().unwrap(),
                     d.transaction_id.into_datum().unwrap(),
@@ -172,7 +178,6 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
             )
         });
     }
-    out.finish()
 }
 
 function_info_v1!(pg_finfo_pop_sql_wrapper);
@@ -286,6 +291,8 @@ struct GroupInfo {
     /// The group's lease budget (microseconds), when it has one.
     budget_micros: Option<i64>,
     delay: i64,
+    /// The queue or the group is paused (`queen.pause`): the pop returns nothing.
+    paused: bool,
 }
 
 thread_local! {
@@ -302,7 +309,8 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
             "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
                     (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
                                         + g.record_margin) * 1000000)::int8,
-                    (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups
+                    (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups,
+                    q.paused OR coalesce(g.paused, false)
                FROM queen.queues q
                LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
               WHERE q.name = $1",
@@ -316,6 +324,7 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
             budget_micros: row.get(4).or_raise(),
             delay: row.get(5).or_raise().unwrap_or(0),
             create_groups: row.get(6).or_raise().unwrap_or(true),
+            paused: row.get(7).or_raise().unwrap_or(false),
         })
     };
     // Kept once the group exists (a pop that finds none creates it, then reads again).
@@ -371,6 +380,9 @@ fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
                 a.queue, a.group
             ),
         );
+    }
+    if info.paused {
+        return None; // paused: nothing is delivered, and a long-poll sleeps (`pop_waiting`)
     }
     // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
     if !crate::pg::locks::share_queue(info.queue_id) {
@@ -862,23 +874,23 @@ fn to_candidates(table: pgrx::spi::SpiTupleTable<'_>) -> Vec<Candidate> {
 /// decoded: at most min(budget left, 1 MiB) of stored bytes, or one block when a block is
 /// larger (one message, when messages are large). Once the budget is spent it fetches
 /// nothing more. Cells: the read asks for `room` while the pop's `emit` takes from it.
-struct Budget {
+pub struct Budget {
     left: std::cell::Cell<i64>,
     any: std::cell::Cell<bool>,
 }
 
 impl Budget {
-    fn new(max_bytes: i64) -> Budget {
+    pub fn new(max_bytes: i64) -> Budget {
         Budget { left: max_bytes.into(), any: false.into() }
     }
 
     /// Whether the pop may read no further: the budget is spent, or a payload did not fit.
-    fn full(&self) -> bool {
+    pub fn full(&self) -> bool {
         self.any.get() && self.left.get() <= 0
     }
 
     /// Whether a payload of `n` bytes fits; the first message of a pop always does.
-    fn take(&self, n: usize) -> bool {
+    pub fn take(&self, n: usize) -> bool {
         let n = n as i64;
         if self.any.get() && n > self.left.get() {
             self.left.set(0); // nothing more fits in this pop
@@ -890,7 +902,7 @@ impl Budget {
     }
 
     /// What a read may still fetch for this pop.
-    fn room(&self) -> segments::Room {
+    pub fn room(&self) -> segments::Room {
         segments::Room::Budget { left: self.left.get(), any: self.any.get() }
     }
 }

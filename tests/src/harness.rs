@@ -109,6 +109,10 @@ pub struct Config {
     /// Pushers wait while more than this many messages are committed but not yet acked by
     /// every group (0: no limit). Bounds the drain of a long run.
     pub max_backlog: usize,
+    /// A session pauses and resumes the queue and its groups (`queen.pause`,
+    /// `queen.resume`) at random, each pause for up to 300 ms, and resumes everything when
+    /// the run ends: delivery stops and starts again, and nothing may be lost or skipped.
+    pub pauser: bool,
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -146,6 +150,7 @@ impl Config {
             dsn: None,
             duration: None,
             max_backlog: 0,
+            pauser: false,
         }
     }
 
@@ -239,6 +244,8 @@ pub struct Report {
     pub journal_left: i64,
     /// Rotations of the segment generations by the rotator session.
     pub rotations: usize,
+    /// Pauses the pauser session committed (queue and group pauses).
+    pub pauses: usize,
     /// Every broken invariant (the first 50), empty when the run kept them all.
     pub violations: Vec<String>,
 }
@@ -771,10 +778,15 @@ pub fn run_report(cfg: &Config) -> Report {
             rotations
         })
     });
+    let pauser = cfg.pauser.then(|| {
+        let (stop, ctx, groups, seed) = (stop_chaos.clone(), ctx.clone(), cfg.groups.clone(), cfg.seed);
+        thread::spawn(move || pauser(&ctx, &groups, seed, &stop, deadline))
+    });
     for h in handles {
         h.join().expect("a harness session panicked");
     }
     stop_chaos.store(true, Ordering::SeqCst);
+    let pauses = pauser.map(|h| h.join().expect("pauser thread")).unwrap_or(0);
     if let Some(h) = compactor {
         assert!(h.join().expect("compactor thread") > 0, "the compactor never finished a pass");
     }
@@ -790,6 +802,7 @@ pub fn run_report(cfg: &Config) -> Report {
     report.errors = shared.errors.clone();
     report.violations.extend(shared.error_texts.iter().cloned());
     report.rotations = rotations;
+    report.pauses = pauses;
     report.rolled_back_acks = shared.rolled_back_acks;
     report.armed = shared.armed;
     report.faults = shared.faults.values().sum();
@@ -1166,6 +1179,41 @@ fn drained_session(s: &mut Session, queue: &str, group: &str) -> bool {
             false
         }
     }
+}
+
+/// The pauser session: pauses the queue or one of its groups, waits up to 300 ms, resumes
+/// it, and so on until `stop`; then resumes everything (an interrupted resume, a crash,
+/// must not leave the queue paused for the drain). Returns the pauses that committed.
+fn pauser(ctx: &Ctx, groups: &[String], seed: u64, stop: &AtomicBool, deadline: Instant) -> usize {
+    let mut r = StdRng::seed_from_u64(seed ^ 0x9a05e);
+    let mut c = ctx.directly(deadline);
+    let mut pauses = 0;
+    let call = |c: &mut Client, sql: &str, group: Option<&str>| -> bool {
+        match c.execute(sql, &[&ctx.queue, &group]) {
+            Ok(_) => true,
+            Err(e) => {
+                // Killed by a crash: a new session. Any other error is a finding.
+                if !(is_disconnect(&e) && ctx.crashes) {
+                    ctx.error(sql, &describe(&e));
+                }
+                *c = ctx.directly(deadline);
+                false
+            }
+        }
+    };
+    while !stop.load(Ordering::SeqCst) {
+        let group = r.gen_bool(0.7).then(|| groups[r.gen_range(0..groups.len())].as_str());
+        if call(&mut c, "SELECT queen.pause($1, $2)", group) {
+            pauses += 1;
+        }
+        thread::sleep(Duration::from_millis(r.gen_range(20..300)));
+        call(&mut c, "SELECT queen.resume($1, $2)", group);
+        thread::sleep(Duration::from_millis(r.gen_range(50..400)));
+    }
+    for group in std::iter::once(None).chain(groups.iter().map(|g| Some(g.as_str()))) {
+        while !call(&mut c, "SELECT queen.resume($1, $2)", group) {}
+    }
+    pauses
 }
 
 /// Crashes the server while the harness runs: SIGKILL of a backend in the middle of a

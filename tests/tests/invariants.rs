@@ -5,7 +5,9 @@ use queen_it::harness::{run, Config};
 
 #[test]
 fn concurrent_outcomes_keep_every_invariant() {
-    let cfg = Config::from_env(12_000, 3, 0);
+    let mut cfg = Config::from_env(12_000, 3, 0);
+    // The queue and its groups are paused and resumed all along (queen.pause).
+    cfg.pauser = true;
     let report = run(&cfg);
     println!("{report:#?}");
     assert!(report.pushed >= cfg.messages, "every pusher finished its share");
@@ -17,6 +19,7 @@ fn concurrent_outcomes_keep_every_invariant() {
             "no duplicate from {cause}: the run did not exercise it"
         );
     }
+    assert!(report.pauses > 0, "the pauser never paused: the run did not exercise it");
 }
 
 /// The shape a newcomer starts with: eight producers pushing single messages to one

@@ -3,7 +3,7 @@
 //! After a crash the registry starts empty and the worker goes on rotating the journal;
 //! the cursor must survive those rotations although no session touches the lane until
 //! they are done, and an ack rolled back to a savepoint must leave cursor and lease as
-//! they were.
+//! they were. A paused queue stays paused.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -46,6 +46,10 @@ fn a_hot_lanes_cursor_survives_a_crash_and_the_rotations_after_it() {
         .unwrap()
         .get(0);
     assert!(row < acked, "the hot lane's row was updated ({row} of {acked}): the test would prove nothing");
+    // A paused queue (docs/functions.md#pause) stays paused across the crash.
+    let paused = unique("paused");
+    c.execute("SELECT * FROM queen.push($1, '1')", &[&paused]).unwrap();
+    c.execute("SELECT queen.pause($1)", &[&paused]).unwrap();
     drop(c);
 
     cluster_immediate_restart();
@@ -56,6 +60,13 @@ fn a_hot_lanes_cursor_survives_a_crash_and_the_rotations_after_it() {
     let next: i64 =
         c.query_one("SELECT msg_offset FROM queen.pop($1, batch => 1, auto_ack => true)", &[&queue]).unwrap().get(0);
     assert_eq!(next, acked + 1);
+    let held = c.query("SELECT * FROM queen.pop($1, batch => 10, auto_ack => true)", &[&paused]).unwrap();
+    assert!(held.is_empty(), "a queue paused before the crash delivered after it");
+    let flag: bool = c.query_one("SELECT paused FROM queen.totals($1)", &[&paused]).unwrap().get(0);
+    assert!(flag, "totals does not show the pause after the crash");
+    c.execute("SELECT queen.resume($1)", &[&paused]).unwrap();
+    let got = c.query("SELECT * FROM queen.pop($1, batch => 10, auto_ack => true)", &[&paused]).unwrap();
+    assert_eq!(got.len(), 1, "the resumed queue delivers its message");
 
     // An ack of a lease's only lane, rolled back to a savepoint: nothing moved, the lease
     // is still live and its ack works afterwards.

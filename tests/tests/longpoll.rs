@@ -141,3 +141,47 @@ fn waiting_pop_refused_under_repeatable_read() {
     let mut tx = c.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
     assert!(tx.query("SELECT * FROM queen.pop($1)", &[&queue]).unwrap().is_empty());
 }
+
+/// A paused queue: a waiting pop keeps waiting while messages are pushed, and wakes
+/// within 100 ms of the resume's commit with them (docs/functions.md#resume).
+#[test]
+fn waiting_pop_on_a_paused_queue_wakes_on_resume() {
+    let queue = unique("paused");
+    let mut c = connect();
+    c.execute("SELECT queen.pause($1)", &[&queue]).unwrap();
+    let waiter = spawn_wait(&queue, "g", 10_000);
+    wait_until_parked(&mut c, &queue);
+    c.execute("SELECT * FROM queen.push($1, '{\"held\": 1}')", &[&queue]).unwrap();
+    thread::sleep(Duration::from_millis(300)); // the push woke it; paused, it sleeps again
+    assert!(!waiter.is_finished(), "a pop of a paused queue returned");
+    let mut tx = c.transaction().unwrap();
+    tx.execute("SELECT queen.resume($1)", &[&queue]).unwrap();
+    thread::sleep(Duration::from_millis(200)); // not committed: still paused for the waiter
+    assert!(!waiter.is_finished(), "the pop returned before the resume committed");
+    let committed_at = Instant::now();
+    tx.commit().unwrap();
+    let (rows, elapsed, returned_at) = waiter.join().unwrap();
+    assert_eq!(rows, 1);
+    let after_commit = returned_at.duration_since(committed_at);
+    assert!(after_commit < Duration::from_millis(100), "woke {after_commit:?} after the resume");
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+/// One group paused: the other group's waiting pop is served, the paused one's is not,
+/// until its own resume.
+#[test]
+fn a_group_pause_holds_only_that_group() {
+    let queue = unique("gpause");
+    let mut c = connect();
+    c.execute("SELECT queen.pause($1, 'held')", &[&queue]).unwrap();
+    let held = spawn_wait(&queue, "held", 10_000);
+    wait_until_parked(&mut c, &queue);
+    c.execute("SELECT * FROM queen.push($1, '1')", &[&queue]).unwrap();
+    let rows = c.query("SELECT * FROM queen.pop($1, 'free', wait_ms => 2000, auto_ack => true)", &[&queue]).unwrap();
+    assert_eq!(rows.len(), 1, "the group that is not paused gets the message");
+    thread::sleep(Duration::from_millis(200));
+    assert!(!held.is_finished(), "the paused group's pop returned");
+    c.execute("SELECT queen.resume($1, 'held')", &[&queue]).unwrap();
+    let (rows, ..) = held.join().unwrap();
+    assert_eq!(rows, 1);
+}

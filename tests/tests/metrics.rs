@@ -75,6 +75,15 @@ fn the_exporter_serves_queen_series_after_a_known_sequence() {
     assert_eq!(value(&page, "queen_group_lag_seconds", &h), Some(0.0));
     assert_eq!(value(&page, "queen_dead_letters_count", &h), None, "h has no dead letters");
     assert!(value(&page, "queen_retention_runs", &[]).is_some(), "the retention series are served");
+    assert_eq!(value(&page, "queen_queue_paused", &q), Some(0.0));
+    assert_eq!(value(&page, "queen_group_paused", &g), Some(0.0));
+    // A group paused (queen.pause): its series says so, and the queue's does not.
+    c.execute("SELECT queen.pause($1, 'g')", &[&queue]).unwrap();
+    let paused = scrape();
+    assert_eq!(value(&paused, "queen_group_paused", &g), Some(1.0), "{paused}");
+    assert_eq!(value(&paused, "queen_group_paused", &h), Some(0.0));
+    assert_eq!(value(&paused, "queen_queue_paused", &q), Some(0.0));
+    c.execute("SELECT queen.resume($1, 'g')", &[&queue]).unwrap();
 
     // This database's maintenance worker: it runs, and its retention pass (every second
     // here, scripts/test.conf) has run and succeeded lately. (Another test may have just

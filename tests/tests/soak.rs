@@ -1,12 +1,13 @@
 //! The soak (issue: `make soak`): two runs of the invariants harness at once, on two
 //! databases, for QUEEN_SOAK_SECONDS (default 60: what `make integration` runs; `make soak`
 //! runs 600). Each run pushes (batches and single messages, some rolled back) and consumes
-//! in two groups with every ack outcome, acks that roll back while retention (`retention
-//! => 1`), compaction and rotation run, fail points armed now and then in the sessions'
-//! own calls, and half of its sessions through PgBouncer (QUEEN_TEST_POOLER_DSN, when
-//! set). The first run's chaos thread `kill -9`s backends and stops the server
-//! immediately all along; a crash restarts the whole cluster, so the second run, which
-//! kills nothing itself, goes through them too. Then the queues drain and the checks run.
+//! in two groups with every ack outcome, pauses and resumes of the queue and its groups,
+//! acks that roll back while retention (`retention => 1`), compaction and rotation run,
+//! fail points armed now and then in the sessions' own calls, and half of its sessions
+//! through PgBouncer (QUEEN_TEST_POOLER_DSN, when set). The first run's chaos thread
+//! `kill -9`s backends and stops the server immediately all along; a crash restarts the
+//! whole cluster, so the second run, which kills nothing itself, goes through them too.
+//! Then the queues drain and the checks run.
 //!
 //! It prints the figures of both runs and asserts that nothing was lost, skipped, or
 //! delivered again to a group whose ack committed, and that the server log gained no
@@ -26,6 +27,7 @@ fn soak_config(seconds: u64, seed: u64) -> Config {
     cfg.seed = seed;
     cfg.compactor = true;
     cfg.rotator = true;
+    cfg.pauser = true;
     cfg.retention = 1;
     cfg.rollback_acks = true;
     cfg.failpoints = true;
@@ -57,6 +59,7 @@ fn table(runs: &[(&str, &Report)]) {
     row("  pushes of unknown fate (crash)", &|r| r.push_unknown.to_string());
     row("delivered (per group, summed)", &|r| r.delivered.to_string());
     row("  deliveries (rows popped)", &|r| r.deliveries.to_string());
+    row("pauses (queue and groups)", &|r| r.pauses.to_string());
     row("LOST", &|r| r.lost.to_string());
     row("SKIPPED", &|r| r.skipped.to_string());
     row("DELIVERED AGAIN AFTER A COMMITTED ACK", &|r| r.duplicated_after_commit.to_string());
