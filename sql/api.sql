@@ -22,7 +22,9 @@ CREATE TYPE queen.dead_letter AS (
     created_at     timestamptz,
     failed_at      timestamptz,
     producer_sub   text,
-    headers        jsonb
+    headers        jsonb,
+    -- why: 'failed', 'unreadable', 'expired' or 'purged' (queen.log_dlq.reason)
+    reason         text
 );
 
 CREATE FUNCTION queen.dlq(
@@ -67,7 +69,8 @@ BEGIN
            d.retry_count,
            CASE WHEN x.unopenable IS NULL THEN coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)) END,
            d.failed_at, d.failed_at, NULL::text,
-           CASE WHEN x.unopenable IS NULL THEN queen._dead_letter_headers(d.headers, d.message_id) END
+           CASE WHEN x.unopenable IS NULL THEN queen._dead_letter_headers(d.headers, d.message_id) END,
+           d.reason
       FROM queen.log_dlq d
       JOIN queen.queues q ON q.queue_id = d.queue_id
       JOIN queen.partitions p ON p.partition_id = d.partition_id
@@ -446,6 +449,12 @@ BEGIN
       SELECT 'dead_letters'::text, q.name, d.consumer_group, count(*)::float8
         FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
        WHERE permitted IS NULL OR q.queue_id = ANY(permitted)
+       GROUP BY q.name, d.consumer_group;
+    -- Of those, the messages that expired (the queue's ttl) before the group consumed them.
+    RETURN QUERY
+      SELECT 'expired'::text, q.name, d.consumer_group, count(*)::float8
+        FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
+       WHERE (permitted IS NULL OR q.queue_id = ANY(permitted)) AND d.reason = 'expired'
        GROUP BY q.name, d.consumer_group;
   END IF;
   IF (kind IS NULL OR kind = 'retention') AND permitted IS NULL THEN

@@ -66,7 +66,10 @@ CREATE TABLE queen.queues (
     created_at            timestamptz NOT NULL DEFAULT now(),
     updated_at            timestamptz NOT NULL DEFAULT now(),
     -- queen.pause: no pop of the queue delivers while set (queen.resume clears it)
-    paused                bool NOT NULL DEFAULT false
+    paused                bool NOT NULL DEFAULT false,
+    -- a message older than this is not delivered to a group that has not consumed it: it
+    -- becomes a dead letter with reason 'expired', or is dropped without a DLQ (0: never)
+    ttl                   interval NOT NULL DEFAULT '0s'
 );
 COMMENT ON TABLE queen.queues IS 'queen: one row per queue and its options (see queen.configure)';
 
@@ -258,6 +261,11 @@ CREATE TABLE queen.log_dlq (
     -- a span of offsets passed without delivery (queen.purge): msg_offset..last_offset, no
     -- payload; NULL for a dead-lettered message
     last_offset    bigint,
+    -- why: 'failed' (an ack gave up on it, or asked for it: status dlq), 'unreadable' (it
+    -- cannot be decoded or opened), 'expired' (older than the queue's ttl), 'purged' (a
+    -- span queen.purge passed)
+    reason         text   NOT NULL DEFAULT 'failed'
+                   CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged')),
     CONSTRAINT log_dlq_check CHECK ((data IS NULL) <> (envelope IS NULL) OR last_offset IS NOT NULL)
 );
 CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);

@@ -128,6 +128,7 @@ fn entry_point_defaults_are_the_policy() {
     assert_eq!(us_of(configure, 11), o.delay);
     assert_eq!(arg_default::<bool>(configure, 12, ""), o.create_groups);
     assert_eq!(us_of(configure, 13), o.partition_idle_ttl);
+    assert_eq!(us_of(configure, 14), o.ttl);
 
     let group = "queen.configure_group(text, text, interval, interval, interval, interval)";
     let us = |n: i32| us_of(group, n);

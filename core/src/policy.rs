@@ -75,6 +75,10 @@ pub struct QueueOptions {
     /// Microseconds after which a partition nobody pushed to, and that is empty, is
     /// dropped by the background worker; 0 (the default): never.
     pub partition_idle_ttl: i64,
+    /// Microseconds a message may wait unconsumed: past it a group's pop does not deliver
+    /// it (`expired`) but files it as a dead letter (or drops it without a DLQ); 0 (the
+    /// default): for ever.
+    pub ttl: i64,
 }
 
 impl QueueOptions {
@@ -92,6 +96,7 @@ impl QueueOptions {
         delay: 0,
         create_groups: true,
         partition_idle_ttl: 0,
+        ttl: 0,
     };
 
     /// What a queue created implicitly (by its first push, pop or group) stores: the
@@ -141,6 +146,12 @@ impl QueueOptions {
             return Err(Violation::invalid(
                 "partition_idle_ttl",
                 format!("{} s (must be 0 to {} s)", secs(self.partition_idle_ttl), secs(limits::IDLE_TTL)),
+            ));
+        }
+        if !(0..=limits::TTL).contains(&self.ttl) {
+            return Err(Violation::invalid(
+                "ttl",
+                format!("{} s (must be 0 to {} s)", secs(self.ttl), secs(limits::TTL)),
             ));
         }
         Ok(())
@@ -261,6 +272,13 @@ pub fn backoff_delay(retry_backoff: i64, retry_backoff_max: i64, retry_count: i3
     retry_backoff.checked_mul(1i64 << doublings).unwrap_or(i64::MAX).min(retry_backoff_max)
 }
 
+/// Whether a message pushed at `created_at` has outlived the queue's `ttl` at `now` (all
+/// microseconds): it is then not delivered to a group that has not consumed it. A `ttl`
+/// of 0 never expires anything; the boundary itself is expired.
+pub fn expired(created_at: i64, ttl: i64, now: i64) -> bool {
+    ttl > 0 && created_at.saturating_add(ttl) <= now
+}
+
 /// When a message may be delivered: `delay` (the queue's) after it was pushed, and not
 /// before its own `deliver_at`, if the producer gave one. All in microseconds.
 pub fn due_at(created_at: i64, delay: i64, deliver_at: Option<i64>) -> i64 {
@@ -337,6 +355,8 @@ pub mod limits {
     /// The longest a message may be held back: a queue's `delay`, or a push's
     /// `deliver_at` ahead of the push: 365 days, in microseconds.
     pub const DELAY: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
+    /// Longest message `ttl` (microseconds): 365 days.
+    pub const TTL: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
     /// Longest `partition_idle_ttl` (microseconds): 365 days.
     pub const IDLE_TTL: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
     /// Default of `queen.max_lease`: the longest lease and extension, in seconds (12 hours,
@@ -485,6 +505,24 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expiry_boundary() {
+        assert!(!expired(100, 0, i64::MAX), "ttl 0 never expires");
+        assert!(!expired(100, 50, 149));
+        assert!(expired(100, 50, 150), "the boundary is expired");
+        assert!(expired(100, 50, 151));
+        assert!(!expired(i64::MAX - 1, 50, i64::MAX - 1), "no overflow");
+        let too_long = QueueOptions { ttl: limits::TTL + 1, ..QueueOptions::CONFIGURED };
+        assert_eq!(too_long.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument, "ttl");
+        assert_eq!(
+            QueueOptions { ttl: -1, ..QueueOptions::CONFIGURED }
+                .validate(limits::MAX_LEASE_DEFAULT)
+                .unwrap_err()
+                .argument,
+            "ttl"
+        );
+    }
 
     #[test]
     fn peek_limits() {
@@ -754,6 +792,7 @@ mod tests {
             assert_eq!(column_default("queues", "retention"), o.retention.to_string());
             assert_eq!(column_default("queues", "retry_backoff"), format!("'{}s'", o.retry_backoff / MICROS));
             assert_eq!(column_default("queues", "retry_backoff_max"), format!("'{}s'", o.retry_backoff_max / MICROS));
+            assert_eq!(column_default("queues", "ttl"), format!("'{}s'", o.ttl / MICROS));
             assert_eq!(column_default("queues", "delay"), format!("'{}s'", o.delay / MICROS));
             assert_eq!(column_default("queues", "create_groups"), o.create_groups.to_string());
             assert_eq!(column_default("queues", "partition_idle_ttl"), format!("'{}s'", o.partition_idle_ttl / MICROS));

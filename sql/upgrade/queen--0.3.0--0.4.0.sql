@@ -35,6 +35,14 @@ ALTER TABLE queen.log_dlq ADD COLUMN last_offset bigint,
   DROP CONSTRAINT log_dlq_check,
   ADD CONSTRAINT log_dlq_check CHECK ((data IS NULL) <> (envelope IS NULL) OR last_offset IS NOT NULL);
 
+-- Message TTL (configure's ttl) and the reason of each dead letter, which queen.dlq lists.
+-- A 0.3.0 dead letter keeps 'failed', the reason of nearly all of them (those a pop filed
+-- because it could not open or decode them are not told apart).
+ALTER TABLE queen.queues ADD COLUMN ttl interval NOT NULL DEFAULT '0s';
+ALTER TABLE queen.log_dlq ADD COLUMN reason text NOT NULL DEFAULT 'failed'
+  CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged'));
+ALTER TYPE queen.dead_letter ADD ATTRIBUTE reason text;
+
 -- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
 -- no queen role may use the queues granted to it here, and no other.
 CREATE TABLE queen.queue_grants (

@@ -48,6 +48,7 @@ fn configure_queue(
     delay: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
     create_groups: pgrx::default!(Option<bool>, true),
     partition_idle_ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
+    ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
 ) -> pgrx::JsonB {
     let queue = queue.unwrap_or_else(|| null_arg("queue"));
     check_queue_name("queue", queue);
@@ -65,7 +66,8 @@ fn configure_queue(
     let delay = delay.unwrap_or_else(|| null_arg("delay"));
     let create_groups = create_groups.unwrap_or_else(|| null_arg("create_groups"));
     let partition_idle_ttl = partition_idle_ttl.unwrap_or_else(|| null_arg("partition_idle_ttl"));
-    let intervals = Intervals { retry_backoff, retry_backoff_max, delay, partition_idle_ttl };
+    let ttl = ttl.unwrap_or_else(|| null_arg("ttl"));
+    let intervals = Intervals { retry_backoff, retry_backoff_max, delay, partition_idle_ttl, ttl };
     let options = QueueOptions {
         lease_time,
         retry_limit,
@@ -79,6 +81,7 @@ fn configure_queue(
         delay: interval_micros("delay", delay),
         create_groups,
         partition_idle_ttl: interval_micros("partition_idle_ttl", partition_idle_ttl),
+        ttl: interval_micros("ttl", ttl),
     };
     if let Err(v) = options.validate(settings::max_lease()) {
         crate::pg::errors::violation(v);
@@ -97,6 +100,7 @@ struct Intervals {
     retry_backoff_max: Interval,
     delay: Interval,
     partition_idle_ttl: Interval,
+    ttl: Interval,
 }
 
 /// Creates or updates the queue's row, after the queue lock (`queen_core::lock_order`)
@@ -133,8 +137,8 @@ fn store(
         "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
                                        dlq_after_max_retries, dedup_window, encryption, retention,
                                        retry_backoff, retry_backoff_max, delay, create_groups,
-                                       partition_idle_ttl)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                                       partition_idle_ttl, ttl)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
          ON CONFLICT (name) DO UPDATE SET
            lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
            dead_letter_queue = EXCLUDED.dead_letter_queue,
@@ -143,7 +147,7 @@ fn store(
            retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
            retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
            create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
-           updated_at = now()",
+           ttl = EXCLUDED.ttl, updated_at = now()",
         &[
             queue.into(),
             o.lease_time.into(),
@@ -158,6 +162,7 @@ fn store(
             intervals.delay.into(),
             o.create_groups.into(),
             intervals.partition_idle_ttl.into(),
+            intervals.ttl.into(),
         ],
     );
     encryption
@@ -179,6 +184,7 @@ fn answer(o: &QueueOptions, encryption: bool) -> pgrx::JsonB {
         "delay": secs(o.delay),
         "createGroups": o.create_groups,
         "partitionIdleTtl": secs(o.partition_idle_ttl),
+        "ttl": secs(o.ttl),
     }))
 }
 

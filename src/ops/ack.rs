@@ -557,6 +557,7 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
             error,
             retry_count,
             raw: false,
+            reason: "failed",
         },
     );
     true

@@ -1,5 +1,6 @@
 //! Dead-letter queue: filing a dead letter (`file`), from the ack that gives up on a
-//! message and from the pop that meets one it cannot open. Listing is plain SQL
+//! message and from the pop that meets one it cannot open or that expired, and a span a
+//! purge passed (`file_span`). Listing is plain SQL
 //! (`queen.dlq`, sql/api.sql); replay and delete are entry points (`api/dlq.rs`).
 
 use pgrx::spi::SpiClient;
@@ -22,6 +23,8 @@ pub struct Filing<'a> {
     pub retry_count: i32,
     /// `stored` is not a message (a corrupt segment's bytes): kept as bytes, in `envelope`.
     pub raw: bool,
+    /// Why (`queen.log_dlq.reason`): 'failed', 'unreadable' or 'expired'.
+    pub reason: &'static str,
 }
 
 /// Files a dead letter, unless the group already filed this offset (a message that could
@@ -37,8 +40,8 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
         client,
         "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
                                     message_id, transaction_id, data, error_message, retry_count, envelope,
-                                    headers)
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
+                                    headers, reason)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13
           WHERE NOT EXISTS (SELECT 1 FROM queen.log_dlq d
                              WHERE d.partition_id = $3 AND d.transaction_id = $7
                                AND d.consumer_group = $4 AND d.msg_offset = $5)
@@ -56,6 +59,7 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
             f.retry_count.into(),
             envelope.into(),
             f.headers.into(),
+            f.reason.into(),
         ],
     )
     .is_empty()
@@ -77,8 +81,8 @@ pub fn file_span(
     run(
         client,
         "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset, last_offset,
-                                    message_id, transaction_id, error_message, retry_count)
-         VALUES ($1, $2, $3, $4, $5, $6, '00000000-0000-0000-0000-000000000000', $7, $8, 0)",
+                                    message_id, transaction_id, error_message, retry_count, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, '00000000-0000-0000-0000-000000000000', $7, $8, 0, $9)",
         &[
             crate::pg::ids::to_pg_uuid(crate::pg::ids::new_id()).into(),
             queue_id.into(),
@@ -88,6 +92,7 @@ pub fn file_span(
             to.into(),
             format!("{reason} {from}..{to}").into(),
             error.into(),
+            reason.into(),
         ],
     );
 }

@@ -293,6 +293,10 @@ struct GroupInfo {
     delay: i64,
     /// The queue or the group is paused (`queen.pause`): the pop returns nothing.
     paused: bool,
+    /// The queue's message ttl (microseconds, 0: none) and whether it keeps a DLQ, where
+    /// expired messages go (else they are dropped).
+    ttl: i64,
+    dead_letter_queue: bool,
 }
 
 thread_local! {
@@ -310,7 +314,8 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
                     (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
                                         + g.record_margin) * 1000000)::int8,
                     (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups,
-                    q.paused OR coalesce(g.paused, false)
+                    q.paused OR coalesce(g.paused, false),
+                    (extract(epoch FROM q.ttl) * 1000000)::int8, q.dead_letter_queue
                FROM queen.queues q
                LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
               WHERE q.name = $1",
@@ -325,6 +330,8 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
             delay: row.get(5).or_raise().unwrap_or(0),
             create_groups: row.get(6).or_raise().unwrap_or(true),
             paused: row.get(7).or_raise().unwrap_or(false),
+            ttl: row.get(8).or_raise().unwrap_or(0),
+            dead_letter_queue: row.get(9).or_raise().unwrap_or(true),
         })
     };
     // Kept once the group exists (a pop that finds none creates it, then reads again).
@@ -360,7 +367,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let id = crate::queue::citus::routed_id(crate::pg::ids::new_secure_id);
         (to_pg_uuid(id), now.saturating_add(lease_micros))
     });
-    let mut reading = Reading::new(client, a, candidates, Due { delay: info.delay, now }, lease);
+    let due = Due { delay: info.delay, ttl: info.ttl, file_expired: info.dead_letter_queue, now };
+    let mut reading = Reading::new(client, a, candidates, due, lease);
     while reading.next_lane(client, scan.as_mut()) {}
     reading.claim(client, a, info.queue_id, registry, now)
 }
@@ -919,6 +927,11 @@ struct Poison {
     error: String,
     /// A corrupt segment (its bytes), not one message.
     raw: bool,
+    /// The dead letter's reason: 'unreadable' or 'expired'.
+    reason: &'static str,
+    /// Filed as a dead letter; false: an expired message of a queue without a DLQ, which
+    /// is only passed over.
+    file: bool,
 }
 
 /// What `read_span` got to: the last offset it delivered, and the last it passed
@@ -939,7 +952,7 @@ fn file_poison(
     poison: Vec<Poison>,
     passed: &[(pgrx::Uuid, i64)],
 ) {
-    for p in poison {
+    for p in poison.into_iter().filter(|p| p.file) {
         let filed = crate::ops::dlq::file(
             client,
             crate::ops::dlq::Filing {
@@ -954,9 +967,10 @@ fn file_poison(
                 error: &p.error,
                 retry_count: 0,
                 raw: p.raw,
+                reason: p.reason,
             },
         );
-        if filed {
+        if filed && p.reason == "unreadable" {
             pgrx::warning!(
                 "queen: the message at offset {} of a partition of queue {:?} cannot be read or opened; it was filed as a dead letter: {}",
                 p.offset,
@@ -981,10 +995,13 @@ fn file_poison(
     crate::lane::registry::journal(client, a.group, &journal);
 }
 
-/// What decides whether a message is due (`queen_core::policy::due_at`): the queue's
-/// delay, and the pop's clock.
+/// What decides whether a message is delivered now: the queue's delay
+/// (`queen_core::policy::due_at`) and ttl (`queen_core::policy::expired`), and the pop's
+/// clock; and whether an expired message is filed as a dead letter (else it is dropped).
 struct Due {
     delay: i64,
+    ttl: i64,
+    file_expired: bool,
     now: i64,
 }
 
@@ -1076,6 +1093,24 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         let Some((f, created_at)) = message else {
             return !self.fixed_snapshot;
         };
+        // A message older than the queue's ttl is not delivered: filed as a dead letter
+        // (or dropped) and passed over like poison; the lane goes on.
+        if queen_core::policy::expired(i64::from(created_at), self.due.ttl, self.due.now) {
+            self.poison.push(Poison {
+                partition_id: self.c.partition_id,
+                offset,
+                message_id: pgrx::Uuid::from_bytes(f.message_id),
+                transaction_id: f.transaction_id.to_string(),
+                stored: f.payload.to_vec(),
+                headers: f.headers.map(<[u8]>::to_vec),
+                error: format!("expired: pushed more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6),
+                raw: false,
+                reason: "expired",
+                file: self.due.file_expired,
+            });
+            self.seen = Some(offset);
+            return true;
+        }
         // A message not due yet (the queue's delay, or its own delivery time) holds back
         // the rest of its lane: offsets are delivered in order.
         let due_at = queen_core::policy::due_at(i64::from(created_at), self.due.delay, f.deliver_at);
@@ -1107,6 +1142,8 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
                     headers: f.headers.map(<[u8]>::to_vec),
                     error: e.message,
                     raw: false,
+                    reason: "unreadable",
+                    file: true,
                 });
                 self.seen = Some(offset);
                 return true;
@@ -1148,6 +1185,8 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
             headers: None,
             error: format!("queen: offsets {}..{} cannot be read: {}", k.from, k.last, k.error),
             raw: true,
+            reason: "unreadable",
+            file: true,
         });
         k.last + 1
     }

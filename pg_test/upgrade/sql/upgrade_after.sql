@@ -14,13 +14,13 @@ SELECT extversion FROM pg_extension WHERE extname = 'queen';
 -- still can, with the grant option it had; the app's direct grants still work on every
 -- queue (it holds no queue grant).
 SELECT has_function_privilege('Queen Upgrade-Ops',
-         'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval)',
+         'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval)',
          'EXECUTE WITH GRANT OPTION') AS ops_can_configure;
 SET ROLE queen_upgrade_app;
 SELECT msg_offset FROM queen.push('elsewhere', '1');
 SELECT msg_offset, payload FROM queen.pop('elsewhere', auto_ack => true);
 RESET ROLE;
-REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval)
+REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval)
   FROM "Queen Upgrade-Ops" CASCADE;
 REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM queen_upgrade_app;
 REVOKE EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) FROM queen_upgrade_app;
