@@ -109,6 +109,10 @@ pub struct Config {
     /// Pushers wait while more than this many messages are committed but not yet acked by
     /// every group (0: no limit). Bounds the drain of a long run.
     pub max_backlog: usize,
+    /// The queue's message ttl in milliseconds (0: none). Messages a group has not
+    /// consumed within it become dead letters with reason 'expired'; the checks count them
+    /// as accounted for, as long as the cursor passed them in order.
+    pub ttl_ms: u64,
     /// A session pauses and resumes the queue and its groups (`queen.pause`,
     /// `queen.resume`) at random, each pause for up to 300 ms, and resumes everything when
     /// the run ends: delivery stops and starts again, and nothing may be lost or skipped.
@@ -150,6 +154,7 @@ impl Config {
             dsn: None,
             duration: None,
             max_backlog: 0,
+            ttl_ms: 0,
             pauser: false,
         }
     }
@@ -244,6 +249,8 @@ pub struct Report {
     pub journal_left: i64,
     /// Rotations of the segment generations by the rotator session.
     pub rotations: usize,
+    /// Messages filed as expired dead letters (the queue's ttl), summed over the groups.
+    pub expired: usize,
     /// Pauses the pauser session committed (queue and group pauses).
     pub pauses: usize,
     /// Every broken invariant (the first 50), empty when the run kept them all.
@@ -673,8 +680,8 @@ pub fn run_report(cfg: &Config) -> Report {
     loop {
         match admin.execute(
             "SELECT queen.configure($1, lease_time => 30, retry_limit => $2, dead_letter_queue => true,
-                                    retention => $3)",
-            &[&queue, &cfg.retry_limit, &cfg.retention],
+                                    retention => $3, ttl => make_interval(secs => $4::float8 / 1000))",
+            &[&queue, &cfg.retry_limit, &cfg.retention, &(cfg.ttl_ms as f64)],
         ) {
             Ok(_) => break,
             Err(e) => {
@@ -1387,9 +1394,22 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
             by_addr.entry(d.addr).or_default().push(d);
         }
         report.delivered += by_addr.len();
-        // Every committed push was delivered.
+        // Messages the group's pops found older than the queue's ttl: filed as dead letters
+        // (reason 'expired') instead of delivered, and passed by the cursor.
+        let expired: HashSet<Addr> = c
+            .query(
+                "SELECT d.partition_id, d.msg_offset FROM queen.log_dlq d JOIN queen.queues q USING (queue_id)
+                  WHERE q.name = $1 AND d.consumer_group = $2 AND d.reason = 'expired'",
+                &[&queue, group],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        report.expired += expired.len();
+        // Every committed push was delivered, or expired.
         for (addr, id) in &s.committed {
-            if !by_addr.contains_key(addr) {
+            if !by_addr.contains_key(addr) && !expired.contains(addr) {
                 report.lost += 1;
                 violation(format!("{group}: {id} at {addr:?} was never delivered"));
             }
@@ -1405,7 +1425,7 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
                         violation(format!("{group}: {addr:?} delivered again after an ack committed it"));
                     }
                     (false, Some(cause)) => *report.duplicates.entry(cause).or_default() += 1,
-                    (true, Some(cause)) if cause != "crash" => violation(format!(
+                    (true, Some(cause)) if cause != "crash" && !expired.contains(addr) => violation(format!(
                         "{group}: {addr:?} last delivered with no committed ack ({cause}) yet the lane drained"
                     )),
                     _ => {}
@@ -1428,7 +1448,10 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
         // crash after another can each hide an ack that committed.
         let uncovered = |pid: &uuid::Uuid, from: i64, to: i64| -> usize {
             let spans = maybe.get(pid).map(Vec::as_slice).unwrap_or(&[]);
-            messages_in(pid, from, to).iter().filter(|&&o| !spans.iter().any(|&(a, b)| a <= o && o <= b)).count()
+            messages_in(pid, from, to)
+                .iter()
+                .filter(|&&o| !expired.contains(&(*pid, o)) && !spans.iter().any(|&(a, b)| a <= o && o <= b))
+                .count()
         };
         let cursors: HashMap<uuid::Uuid, i64> = c
             .query("SELECT partition_id, committed FROM queen.status($1) WHERE consumer_group = $2", &[&queue, group])
@@ -1493,11 +1516,16 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
             if n != 1 {
                 violation(format!("{group}: {n} log_dlq rows for ({pid}, {off})"));
             }
-            if !dead.contains(&(pid, off)) && !maybe_dead.contains(&(pid, off)) {
+            if !dead.contains(&(pid, off)) && !maybe_dead.contains(&(pid, off)) && !expired.contains(&(pid, off)) {
                 violation(format!("{group}: a log_dlq row for ({pid}, {off}) that no ack reported"));
             }
         }
         let filed: HashSet<Addr> = rows.iter().map(|&(p, o, _)| (p, o)).collect();
+        for a in &expired {
+            if !s.committed.contains_key(a) && !messages.get(&a.0).is_some_and(|m| m.contains(&a.1)) {
+                violation(format!("{group}: an expired dead letter at {a:?}, where no committed message is"));
+            }
+        }
         for a in &dead {
             if !filed.contains(a) {
                 violation(format!("{group}: {a:?} reported dead-lettered but has no log_dlq row"));
