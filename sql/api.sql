@@ -522,6 +522,7 @@ BEGIN
     ('configure', 'queen_admin'), ('configure_group', 'queen_admin'), ('create_group', 'queen_admin'),
     ('seek', 'queen_admin'), ('purge', 'queen_admin'), ('drop_group', 'queen_admin'), ('drop_partition', 'queen_admin'),
     ('delete_queue', 'queen_admin'), ('dlq_replay', 'queen_admin'), ('dlq_delete', 'queen_admin'),
+    ('dlq_redrive', 'queen_admin'),
     ('retain', 'queen_admin'), ('compact', 'queen_admin'), ('revoke_lease', 'queen_admin'),
     ('pause', 'queen_admin'), ('resume', 'queen_admin'),
     ('status', 'queen_admin'), ('totals', 'queen_admin'), ('metrics', 'queen_admin'),

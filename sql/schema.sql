@@ -266,6 +266,8 @@ CREATE TABLE queen.log_dlq (
     -- span queen.purge passed)
     reason         text   NOT NULL DEFAULT 'failed'
                    CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged')),
+    -- when queen.dlq_redrive pushed it again (NULL: not yet); it is redriven once unless forced
+    redriven_at    timestamptz,
     CONSTRAINT log_dlq_check CHECK ((data IS NULL) <> (envelope IS NULL) OR last_offset IS NOT NULL)
 );
 CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);

@@ -272,6 +272,37 @@ pub fn backoff_delay(retry_backoff: i64, retry_backoff_max: i64, retry_count: i3
     retry_backoff.checked_mul(1i64 << doublings).unwrap_or(i64::MAX).min(retry_backoff_max)
 }
 
+/// The header a redriven message carries (`queen.dlq_redrive(..., to => 'failing_group')`):
+/// the name of the one consumer group it is for. Every other group passes over it.
+pub const REDRIVE_HEADER: &str = "queen.redrive";
+
+/// Whether `group` passes over a message whose `REDRIVE_HEADER` names `target` (None: the
+/// message has none, and every group gets it).
+pub fn redrive_passes(target: Option<&str>, group: &str) -> bool {
+    target.is_some_and(|t| t != group)
+}
+
+/// Where `queen.dlq_redrive` sends what it re-pushes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedriveTo {
+    /// Only to the group that dead-lettered each message (`REDRIVE_HEADER`).
+    FailingGroup,
+    /// To every group, as `dlq_replay` does.
+    All,
+}
+
+/// Checks `dlq_redrive`'s `max_messages` (1 to `REDRIVE_ROWS`) and `deliver_to`.
+pub fn check_redrive(limit: i32, to: &str) -> Result<RedriveTo, Violation> {
+    if !(1..=limits::REDRIVE_ROWS).contains(&limit) {
+        return Err(Violation::invalid("max_messages", format!("{limit} (must be 1 to {})", limits::REDRIVE_ROWS)));
+    }
+    match to {
+        "failing_group" => Ok(RedriveTo::FailingGroup),
+        "all" => Ok(RedriveTo::All),
+        _ => Err(Violation::invalid("deliver_to", format!("{to:?} (must be 'failing_group' or 'all')"))),
+    }
+}
+
 /// Whether a message pushed at `created_at` has outlived the queue's `ttl` at `now` (all
 /// microseconds): it is then not delivered to a group that has not consumed it. A `ttl`
 /// of 0 never expires anything; the boundary itself is expired.
@@ -372,6 +403,8 @@ pub mod limits {
     pub const POP_BYTES_DEFAULT: i64 = 32 << 20;
     /// The largest `max_bytes` a pop may ask for: 1 GiB.
     pub const POP_BYTES: i64 = 1 << 30;
+    /// Most dead letters one `dlq_redrive` call re-pushes (`max_messages`).
+    pub const REDRIVE_ROWS: i32 = 100_000;
     /// Most messages one peek may return (`max_messages`).
     pub const PEEK_MESSAGES: i32 = 10_000;
     /// Most items one ack may carry.
@@ -522,6 +555,18 @@ mod tests {
                 .argument,
             "ttl"
         );
+    }
+
+    #[test]
+    fn redrive_rules() {
+        assert!(!redrive_passes(None, "billing"), "an ordinary message goes to every group");
+        assert!(!redrive_passes(Some("billing"), "billing"));
+        assert!(redrive_passes(Some("billing"), "audit"));
+        assert_eq!(check_redrive(1, "failing_group"), Ok(RedriveTo::FailingGroup));
+        assert_eq!(check_redrive(limits::REDRIVE_ROWS, "all"), Ok(RedriveTo::All));
+        assert_eq!(check_redrive(0, "all").unwrap_err().argument, "max_messages");
+        assert_eq!(check_redrive(limits::REDRIVE_ROWS + 1, "all").unwrap_err().argument, "max_messages");
+        assert_eq!(check_redrive(1, "everyone").unwrap_err().argument, "deliver_to");
     }
 
     #[test]

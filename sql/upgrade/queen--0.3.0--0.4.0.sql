@@ -43,6 +43,9 @@ ALTER TABLE queen.log_dlq ADD COLUMN reason text NOT NULL DEFAULT 'failed'
   CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged'));
 ALTER TYPE queen.dead_letter ADD ATTRIBUTE reason text;
 
+-- Bulk redrive (queen.dlq_redrive): when a dead letter was pushed again.
+ALTER TABLE queen.log_dlq ADD COLUMN redriven_at timestamptz;
+
 -- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
 -- no queen role may use the queues granted to it here, and no other.
 CREATE TABLE queen.queue_grants (

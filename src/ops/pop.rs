@@ -367,7 +367,7 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let id = crate::queue::citus::routed_id(crate::pg::ids::new_secure_id);
         (to_pg_uuid(id), now.saturating_add(lease_micros))
     });
-    let due = Due { delay: info.delay, ttl: info.ttl, file_expired: info.dead_letter_queue, now };
+    let due = Due { delay: info.delay, ttl: info.ttl, file_expired: info.dead_letter_queue, now, group: a.group };
     let mut reading = Reading::new(client, a, candidates, due, lease);
     while reading.next_lane(client, scan.as_mut()) {}
     reading.claim(client, a, info.queue_id, registry, now)
@@ -404,7 +404,7 @@ fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
 
 /// A pop's read of its locked lanes, one lane at a time (`next_lane`): what each lane
 /// takes of the batch, what it delivered, claimed, passed and could not open.
-struct Reading<'conn> {
+struct Reading<'conn, 'a> {
     candidates: Vec<Candidate>,
     /// Each candidate's share of the batch (`claim::fill`), by index.
     takes: Vec<i64>,
@@ -417,7 +417,7 @@ struct Reading<'conn> {
     /// The shares of the lanes read so far minus what they delivered (`take_with_carry`).
     carry: i64,
     budget: Budget,
-    due: Due,
+    due: Due<'a>,
     lease: Option<(pgrx::Uuid, i64)>,
     out: Vec<Delivered>,
     claims: Claims,
@@ -426,12 +426,12 @@ struct Reading<'conn> {
     passed: Vec<(pgrx::Uuid, i64)>,
 }
 
-impl<'conn> Reading<'conn> {
+impl<'conn, 'a> Reading<'conn, 'a> {
     fn new(
         client: &mut SpiClient<'conn>,
         a: &PopArgs,
         candidates: Vec<Candidate>,
-        due: Due,
+        due: Due<'a>,
         lease: Option<(pgrx::Uuid, i64)>,
     ) -> Self {
         let takes = fill(a.batch as i64, &candidates.iter().map(|c| c.available).collect::<Vec<_>>());
@@ -929,8 +929,8 @@ struct Poison {
     raw: bool,
     /// The dead letter's reason: 'unreadable' or 'expired'.
     reason: &'static str,
-    /// Filed as a dead letter; false: an expired message of a queue without a DLQ, which
-    /// is only passed over.
+    /// Filed as a dead letter; false: passed over only (an expired message of a queue
+    /// without a DLQ, or a message redriven to another group).
     file: bool,
 }
 
@@ -998,11 +998,14 @@ fn file_poison(
 /// What decides whether a message is delivered now: the queue's delay
 /// (`queen_core::policy::due_at`) and ttl (`queen_core::policy::expired`), and the pop's
 /// clock; and whether an expired message is filed as a dead letter (else it is dropped).
-struct Due {
+struct Due<'a> {
     delay: i64,
     ttl: i64,
     file_expired: bool,
     now: i64,
+    /// The popping group: a redriven message for another group is passed over
+    /// (`queen_core::policy::redrive_passes`).
+    group: &'a str,
 }
 
 /// Delivers up to `take` messages of a lane from `committed + 1` on, never past its
@@ -1024,7 +1027,7 @@ fn read_span<'conn>(
     c: &Candidate,
     take: i64,
     mut prefetched: Option<segments::Rows<'conn>>,
-    due: &Due,
+    due: &Due<'_>,
     budget: &Budget,
     poison: &mut Vec<Poison>,
     emit: impl FnMut(Delivered),
@@ -1076,7 +1079,7 @@ fn read_span<'conn>(
 struct SpanRead<'a, E> {
     c: &'a Candidate,
     take: i64,
-    due: &'a Due,
+    due: &'a Due<'a>,
     budget: &'a Budget,
     poison: &'a mut Vec<Poison>,
     emit: E,
@@ -1149,6 +1152,26 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
                 return true;
             }
         };
+        // A message redriven to another group (`queen.dlq_redrive`): passed over, as an
+        // expired message of a queue without a DLQ is; the lane goes on.
+        let target =
+            headers.as_deref().and_then(|h| crate::pg::jsonb::string_at(h, queen_core::policy::REDRIVE_HEADER));
+        if queen_core::policy::redrive_passes(target.as_deref(), self.due.group) {
+            self.poison.push(Poison {
+                partition_id: self.c.partition_id,
+                offset,
+                message_id: pgrx::Uuid::from_bytes(f.message_id),
+                transaction_id: f.transaction_id.to_string(),
+                stored: Vec::new(),
+                headers: None,
+                error: String::new(),
+                raw: false,
+                reason: "redriven elsewhere",
+                file: false,
+            });
+            self.seen = Some(offset);
+            return true;
+        }
         // Headers count with the payload: both are held in memory for the result.
         if !self.budget.take(payload.len() + headers.as_ref().map_or(0, Vec::len)) {
             return false; // past the byte budget: this message waits for the next pop

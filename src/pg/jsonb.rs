@@ -403,6 +403,27 @@ pub unsafe fn to_text(container: &[u8]) -> String {
     }
 }
 
+/// The string at `key` of jsonb bytes that hold an object: None when they hold no object,
+/// the key is absent or its value is not a string. A scan for the key's bytes comes
+/// first, so objects without it (nearly all) cost no copy.
+pub fn string_at(container: &[u8], key: &str) -> Option<String> {
+    if !is_object(container) || !container.windows(key.len()).any(|w| w == key.as_bytes()) {
+        return None;
+    }
+    // SAFETY: `jsonb_datum` copies the bytes into a palloc'd (so aligned) jsonb whose
+    // root is the object container; the lookup reads inside it; the copy is freed after.
+    unsafe {
+        let d = jsonb_datum(container);
+        let jb = d.cast_mut_ptr::<pg_sys::Jsonb>();
+        let found = match JsonbObject(&raw mut (*jb).root).get(key) {
+            Some(Found::Str(s)) => Some(s),
+            _ => None,
+        };
+        pg_sys::pfree(jb.cast());
+        found
+    }
+}
+
 /// Whether jsonb bytes hold an object (not an array or a scalar).
 pub fn is_object(container: &[u8]) -> bool {
     // The container starts with its header word, in the server's byte order.
