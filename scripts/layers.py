@@ -11,8 +11,9 @@ rooms. A new directory or a new core module must be given a room here, or the ch
 
 An import is any `crate::` path in a file (a `use` line, a `use crate::{...}` tree or an
 inline path), outside comment lines and its `#[cfg(test)] mod tests` block; it names the
-longest module its path starts with. (`super::` paths are not followed: the crates use
-them only inside test modules.)
+longest module its path starts with. A file-level `super::` path (or `super::super::`)
+outside a test module is refused: it would import without naming the room it reaches.
+An indented `super::` inside an inline module of the same file stays in that file.
 
     python3 scripts/layers.py             check both crates
     python3 scripts/layers.py --self-test show that an upward import and a cycle fail
@@ -24,8 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# src/: PostgreSQL plumbing at the bottom, entry points at the top. Each room but the
-# last is a directory of src/.
+# src/: PostgreSQL plumbing at the bottom, entry points at the top. Each room is a
+# directory of src/, but `offsets` (one file, src/offsets.rs) and the entry points (api/
+# and the top-level files).
 SRC_ROOMS = [
     # PostgreSQL plumbing and leaf services: errors, SPI, shared memory, caches, settings,
     # per-database slots, lock helpers. Imports nothing of queen's above it.
@@ -196,6 +198,14 @@ def check(crate, files, rooms):
                 )
     for comp in cycles(g):
         problems.append(f"{crate}: import cycle among {', '.join(comp)}")
+    for m, texts in sorted(files.items()):
+        for text in texts:
+            code = "\n".join(l for l in strip_tests(text).split("\n") if not l.lstrip().startswith("//"))
+            # A file-level super:: (unindented) names the parent directory's module, and
+            # super::super:: climbs further; an indented one inside an inline module of the
+            # same file stays in the file.
+            if re.search(r"^\S.*\bsuper::|\bsuper::super::", code, re.M):
+                problems.append(f"{crate}: {m} uses a super:: path outside its tests (name the module with crate::)")
     tops = {m.split("::")[0] for m in g}
     for m in sorted(level):
         if m not in tops:
@@ -233,7 +243,14 @@ def self_test():
     found = check("t", dirs, rooms)
     assert any("a::y (low) imports c::z (high)" in p for p in found), found
     assert any("cycle among a::x, a::y" in p for p in found), found
-    print("layers.py self-test: an upward import, a cycle, a module without a room and the same in directories are caught")
+    sneaky = {"a": [""], "a::x": ["use super::super::c::z;"], "b": [""], "c": [""], "c::z": [""]}
+    inline = {"a": ["mod inner {\n    fn g() { super::f() }\n}\nfn f() {}"], "b": [""], "c": [""]}
+    assert check("t", inline, rooms) == [], check("t", inline, rooms)
+    assert any("a::x uses a super:: path" in p for p in check("t", sneaky, rooms)), check("t", sneaky, rooms)
+    tested = {"a": ["fn f() {}\n#[cfg(test)]\nmod tests { use super::*; }"], "b": [""], "c": [""]}
+    assert check("t", tested, rooms) == [], check("t", tested, rooms)
+    print("layers.py self-test: an upward import, a cycle, a module without a room, the same in directories, "
+          "and a super:: path are caught")
 
 
 def main():

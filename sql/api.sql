@@ -147,11 +147,11 @@ BEGIN
            (SELECT count(*) FROM queen.log_dlq d
              WHERE d.partition_id = l.partition_id AND d.consumer_group = l.consumer_group),
            CASE WHEN v.retry_at > clock_timestamp() THEN v.retry_at END,
-           q.paused OR coalesce(g.paused, false)
+           (q.paused OR coalesce(gr.paused, false))
       FROM queen.lanes l
       JOIN queen.partitions p ON p.partition_id = l.partition_id
       JOIN queen.queues q ON q.queue_id = l.queue_id
-      LEFT JOIN queen.groups g ON g.queue_id = l.queue_id AND g.consumer_group = l.consumer_group
+      LEFT JOIN queen.groups gr ON gr.queue_id = l.queue_id AND gr.consumer_group = l.consumer_group
      CROSS JOIN LATERAL (SELECT queen._readable(p.partition_id, p.head) AS head) r
      CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
                                     l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
@@ -224,7 +224,7 @@ BEGIN
     )
     SELECT q.name, g.consumer_group, q.partitions, q.messages,
            g.committed, g.lag, g.leased, coalesce(d.dead, 0),
-           q.paused OR coalesce(gr.paused, false)
+           (q.paused OR coalesce(gr.paused, false))
       FROM q
       LEFT JOIN g ON g.queue_id = q.queue_id
       LEFT JOIN queen.groups gr ON gr.queue_id = g.queue_id AND gr.consumer_group = g.consumer_group

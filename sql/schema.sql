@@ -12,7 +12,7 @@
 --     they rewrite or delete its segments: never at once, and never waiting.
 --   * A new partition gets a lane for every committed group; a new group gets a lane for
 --     every committed partition. When both are created at the same moment and miss each
---     other, the group's pops add the missing lane (queues::repair_lanes, run by a pop at
+--     other, the group's pops add the missing lane (lookup::repair_lanes, run by a pop at
 --     most once a second per backend and group, busy or not).
 --     Neither path waits on a lock held by a consumer's open transaction.
 --   * A pop claims lanes with FOR UPDATE SKIP LOCKED: it never waits on another's lane.

@@ -3,7 +3,7 @@
 //!
 //! **Shared memory.** With `shared_preload_libraries = 'queen'`, queen keeps these in
 //! shared memory: the long-poll wake-up slots (`wake`), the offset registry (`offsets`),
-//! the lane registry (`lanes`) and the per-database slots (`dbs`: maintenance workers,
+//! the lane registry (`lane::registry`) and the per-database slots (`dbs`: maintenance workers,
 //! lane journals, counters). Each module says how much it needs and initialises its part;
 //! the hooks here ask for it. Without preloading none of it exists, and each module falls
 //! back to what needs no shared memory.

@@ -14,7 +14,7 @@
 //! own transaction), a retention pass every `queen.retention_interval` seconds (each queue
 //! in its own transaction, then a rotation of the segment generations), the expiry of idle
 //! partitions and old dedup entries with it, and every two seconds a round of the lane
-//! journal (`lanes`) and the sweep of prepared transactions' offsets. It exits when the
+//! journal (`lane::registry`) and the sweep of prepared transactions' offsets. It exits when the
 //! extension is dropped, and on SIGTERM (a server stop, or a `DROP DATABASE`).
 //!
 //! **Nothing stops maintenance.** An ERROR in any step is caught: its transaction is

@@ -272,6 +272,17 @@ pub fn backoff_delay(retry_backoff: i64, retry_backoff_max: i64, retry_count: i3
     retry_backoff.checked_mul(1i64 << doublings).unwrap_or(i64::MAX).min(retry_backoff_max)
 }
 
+/// The SQL form of "this group gets nothing now" (`queen.pause`) over a queue row aliased
+/// `$q` and its group row `$g` (NULL when the group has none): the queue's flag or the
+/// group's. Pop reads it with the group's settings; status, totals and metrics show it
+/// (pinned by `sql_defaults::status_totals_and_metrics_spell_paused_as_pop_does`).
+#[macro_export]
+macro_rules! paused_sql {
+    ($q:literal, $g:literal) => {
+        concat!("(", $q, ".paused OR coalesce(", $g, ".paused, false))")
+    };
+}
+
 /// The header a redriven message carries (`queen.dlq_redrive(..., to => 'failing_group')`):
 /// the name of the one consumer group it is for. Every other group passes over it.
 pub const REDRIVE_HEADER: &str = "queen.redrive";
@@ -407,6 +418,8 @@ pub mod limits {
     pub const REDRIVE_ROWS: i32 = 100_000;
     /// Most messages one peek may return (`max_messages`).
     pub const PEEK_MESSAGES: i32 = 10_000;
+    /// Messages a peek returns unless told (`max_messages`).
+    pub const PEEK_MESSAGES_DEFAULT: i32 = 100;
     /// Most items one ack may carry.
     pub const ACK_ITEMS: u32 = 100_000;
     /// Largest payload of one message, as jsonb: 64 MiB.
@@ -793,8 +806,9 @@ mod tests {
 
         const SCHEMA: &str = include_str!("../../sql/schema.sql");
         const API: &str = include_str!("../../sql/api.sql");
-        /// `queen.pop` is declared beside its C function.
+        /// `queen.pop`, `queen.peek` and `queen.get` are declared beside their C functions.
         const POP: &str = include_str!("../../src/ops/pop.rs");
+        const PEEK: &str = include_str!("../../src/ops/peek.rs");
 
         /// The DEFAULT of `column` inside the `CREATE TABLE queen.<table>` statement.
         fn column_default(table: &str, column: &str) -> String {
@@ -812,7 +826,7 @@ mod tests {
         /// The DEFAULT of argument `arg` of `CREATE FUNCTION queen.<func>(`.
         fn argument_default(func: &str, arg: &str) -> String {
             let head = format!("CREATE FUNCTION queen.{func}(");
-            let (text, start) = [API, POP]
+            let (text, start) = [API, POP, PEEK]
                 .into_iter()
                 .find_map(|t| t.find(&head).map(|at| (t, at)))
                 .unwrap_or_else(|| panic!("no function {func}"));
@@ -860,6 +874,14 @@ mod tests {
             assert_eq!(argument_default("pop", "subscription"), format!("'{}'", Subscription::DEFAULT.as_str()));
             assert_eq!(argument_default("pop", "max_bytes"), limits::POP_BYTES_DEFAULT.to_string());
             assert_eq!(argument_default("dlq", "page_size"), limits::PAGE_SIZE_DEFAULT.to_string());
+            assert_eq!(argument_default("peek", "max_messages"), limits::PEEK_MESSAGES_DEFAULT.to_string());
+            assert_eq!(argument_default("peek", "max_bytes"), limits::POP_BYTES_DEFAULT.to_string());
+        }
+
+        #[test]
+        fn status_totals_and_metrics_spell_paused_as_pop_does() {
+            assert_eq!(paused_sql!("q", "gr"), "(q.paused OR coalesce(gr.paused, false))");
+            assert_eq!(API.matches(paused_sql!("q", "gr")).count(), 3, "sql/api.sql: status, totals, metrics");
         }
 
         #[test]

@@ -207,31 +207,14 @@ fn open(
     f: Frame<'_>,
     created_at: TimestampWithTimeZone,
 ) -> Option<Delivered> {
-    let opened = crate::queue::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
-        let headers = f.headers.map(|h| crate::queue::encryption::try_open_headers(&f.message_id, h)).transpose()?;
-        Ok((payload, headers))
-    });
-    let (payload, headers) = match opened {
-        Ok(opened) => opened,
+    match crate::queue::encryption::open_frame(&f) {
+        Ok(opened) => Some(Delivered::new(pid, partition.to_string(), offset, &f, created_at, opened)),
         Err(e) if e.stops_pop() => e.raise(),
         Err(e) => {
             pgrx::warning!("queen: peek passed offset {offset} of partition {partition:?}: {}", e.message);
-            return None;
+            None
         }
-    };
-    Some(Delivered {
-        lease_id: None,
-        lease_expires_at: None,
-        partition_id: pid,
-        partition: partition.to_string(),
-        msg_offset: offset,
-        message_id: pgrx::Uuid::from_bytes(f.message_id),
-        transaction_id: f.transaction_id.to_string(),
-        payload,
-        created_at,
-        attempt: 0,
-        headers,
-    })
+    }
 }
 
 fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
@@ -291,19 +274,23 @@ fn get(
     let Some(queue_id) = queue_id(client, queue) else {
         return Vec::new();
     };
-    let found = run(
-        client,
+    // A producer id is looked up while its dedup entry is live (`dedup_live_sql!`): an
+    // expired entry may still be in the table until churn deletes it.
+    const FIND: &str = concat!(
         "SELECT p.partition_id, p.name, coalesce($3::int8, d.msg_offset), queen._readable(p.partition_id, p.head),
                 p.retained_through
            FROM queen.partitions p
+           JOIN queen.queues q ON q.queue_id = p.queue_id
            LEFT JOIN queen.dedup d ON $4::text IS NOT NULL AND d.partition_id = p.partition_id
-                                  AND d.transaction_id = $4
+                                  AND d.transaction_id = $4 AND ",
+        queen_core::dedup_live_sql!("d", "q.dedup_window"),
+        "
           WHERE p.queue_id = $1 AND ($2::text IS NULL OR p.name = $2)
             AND ($4::text IS NULL OR d.partition_id IS NOT NULL)
           ORDER BY p.name
-          LIMIT 1",
-        &[queue_id.into(), partition.into(), offset.into(), transaction_id.into()],
+          LIMIT 1"
     );
+    let found = run(client, FIND, &[queue_id.into(), partition.into(), offset.into(), transaction_id.into()]);
     let Some(row) = found.into_iter().next() else {
         return Vec::new();
     };

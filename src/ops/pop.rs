@@ -66,6 +66,33 @@ pub struct Delivered {
     pub headers: Option<Vec<u8>>,
 }
 
+impl Delivered {
+    /// A stored message as a row, unclaimed (no lease, attempt 0): its offset, frame and
+    /// push time, with its payload and headers opened (`encryption::open_frame`).
+    pub fn new(
+        partition_id: pgrx::Uuid,
+        partition: String,
+        msg_offset: i64,
+        f: &Frame<'_>,
+        created_at: TimestampWithTimeZone,
+        (payload, headers): (Vec<u8>, Option<Vec<u8>>),
+    ) -> Delivered {
+        Delivered {
+            lease_id: None,
+            lease_expires_at: None,
+            partition_id,
+            partition,
+            msg_offset,
+            message_id: pgrx::Uuid::from_bytes(f.message_id),
+            transaction_id: f.transaction_id.to_string(),
+            payload,
+            created_at,
+            attempt: 0,
+            headers,
+        }
+    }
+}
+
 extension_sql!(
     r#"
 CREATE FUNCTION queen.pop(
@@ -129,9 +156,13 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
     let rows = crate::pg::spi::with_pinned_search_path(|| {
         validate(&args);
         lookup::CREATED_HERE.with(|c| c.set(false));
+        PASSED_HERE.with(|c| c.set(false));
         let first_writer = durability::pop_start(args.auto_ack);
         let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
-        durability::pop_done(first_writer, lookup::CREATED_HERE.with(|c| c.get()));
+        // A pop that created its group, filed dead letters or moved a cursor past what it
+        // could not deliver keeps the configured durability, as an ack does.
+        let durable = lookup::CREATED_HERE.with(|c| c.get()) || PASSED_HERE.with(|c| c.get());
+        durability::pop_done(first_writer, durable);
         lookup::CREATED_HERE.with(|c| c.set(false));
         rows
     });
@@ -252,6 +283,9 @@ fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
 }
 
 thread_local! {
+    /// Set when a pop filed a dead letter or moved a cursor past messages it passed over
+    /// (`file_poison`): its commit must be durable (`durability::pop_done`).
+    static PASSED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Set when `read_span` stopped at a message that is not due yet.
     static NOT_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Set when a claim round read every claimable lane of the group (fewer than
@@ -310,15 +344,17 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
     let read = || {
         let row = run(
             client,
-            "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
+            concat!(
+                "SELECT q.queue_id, q.lease_time, g.queue_id IS NOT NULL,
                     (extract(epoch FROM g.queue_margin + g.handler_timeout + g.timeout_grace
                                         + g.record_margin) * 1000000)::int8,
-                    (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups,
-                    q.paused OR coalesce(g.paused, false),
-                    (extract(epoch FROM q.ttl) * 1000000)::int8, q.dead_letter_queue
+                    (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups, ",
+                queen_core::paused_sql!("q", "g"),
+                ", (extract(epoch FROM q.ttl) * 1000000)::int8, q.dead_letter_queue
                FROM queen.queues q
                LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
-              WHERE q.name = $1",
+              WHERE q.name = $1"
+            ),
             &[queue.into(), group.into()],
         )
         .next()?;
@@ -502,6 +538,11 @@ impl<'conn, 'a> Reading<'conn, 'a> {
             }
             return true;
         };
+        // What the read passed over beyond the last message it delivered is outside the
+        // claim, so no ack of this lease moves the cursor past it: it is left for a later
+        // pop (filed then, with the cursor move that passes it).
+        let beyond = self.poison.split_off(poisoned);
+        self.poison.extend(beyond.into_iter().filter(|p| p.offset <= end));
         self.claims.add(c.partition_id, queen_core::lane::Claim { start, end, attempt }, c.old_lease);
         true
     }
@@ -915,8 +956,9 @@ impl Budget {
     }
 }
 
-/// A message of a span that cannot be opened (`encryption::try_open`): filed as a dead
-/// letter by `file_poison`, never delivered.
+/// A message a pop passes over instead of delivering it (`SpanRead::pass_over`): one it
+/// cannot open or decode (poison), one older than the queue's ttl, or one redriven to
+/// another group. `file_poison` files those marked `file` as dead letters.
 struct Poison {
     partition_id: pgrx::Uuid,
     offset: i64,
@@ -952,6 +994,9 @@ fn file_poison(
     poison: Vec<Poison>,
     passed: &[(pgrx::Uuid, i64)],
 ) {
+    if poison.iter().any(|p| p.file) || !passed.is_empty() {
+        PASSED_HERE.with(|c| c.set(true));
+    }
     for p in poison.into_iter().filter(|p| p.file) {
         let filed = crate::ops::dlq::file(
             client,
@@ -1075,6 +1120,10 @@ fn read_span<'conn>(
     Span { delivered: r.last, seen: r.seen }
 }
 
+/// Most messages one pop passes over (expired, unreadable, redriven elsewhere): a lane
+/// with more is passed in several pops, each within bounded memory.
+const PASS_MAX: usize = 10_000;
+
 /// `read_span`'s state while it walks a lane's offsets: what it delivered and passed.
 struct SpanRead<'a, E> {
     c: &'a Candidate,
@@ -1099,20 +1148,8 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         // A message older than the queue's ttl is not delivered: filed as a dead letter
         // (or dropped) and passed over like poison; the lane goes on.
         if queen_core::policy::expired(i64::from(created_at), self.due.ttl, self.due.now) {
-            self.poison.push(Poison {
-                partition_id: self.c.partition_id,
-                offset,
-                message_id: pgrx::Uuid::from_bytes(f.message_id),
-                transaction_id: f.transaction_id.to_string(),
-                stored: f.payload.to_vec(),
-                headers: f.headers.map(<[u8]>::to_vec),
-                error: format!("expired: pushed more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6),
-                raw: false,
-                reason: "expired",
-                file: self.due.file_expired,
-            });
-            self.seen = Some(offset);
-            return true;
+            let error = format!("expired: pushed more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6);
+            return self.pass_over(offset, &f, "expired", self.due.file_expired, error);
         }
         // A message not due yet (the queue's delay, or its own delivery time) holds back
         // the rest of its lane: offsets are delivered in order.
@@ -1122,77 +1159,67 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
             NOT_DUE.with(|n| n.set(true));
             return false;
         }
-        let opened = crate::queue::encryption::try_open(&f.message_id, f.payload).and_then(|payload| {
-            let headers =
-                f.headers.map(|h| crate::queue::encryption::try_open_headers(&f.message_id, h)).transpose()?;
-            Ok((payload, headers))
-        });
-        let (payload, headers) = match opened {
+        let (payload, headers) = match crate::queue::encryption::open_frame(&f) {
             Ok(opened) => opened,
             // A key that is not configured stops the pop (unless
             // queen.dead_letter_missing_key): every message it sealed would otherwise be
             // dead-lettered over one missing setting.
             Err(e) if e.stops_pop() => e.raise(),
-            Err(e) => {
-                // Poison (an envelope that does not authenticate): filed as a dead letter
-                // and passed over; the lane goes on.
-                self.poison.push(Poison {
-                    partition_id: self.c.partition_id,
-                    offset,
-                    message_id: pgrx::Uuid::from_bytes(f.message_id),
-                    transaction_id: f.transaction_id.to_string(),
-                    stored: f.payload.to_vec(),
-                    headers: f.headers.map(<[u8]>::to_vec),
-                    error: e.message,
-                    raw: false,
-                    reason: "unreadable",
-                    file: true,
-                });
-                self.seen = Some(offset);
-                return true;
-            }
+            // Poison (an envelope that does not authenticate): filed as a dead letter and
+            // passed over; the lane goes on.
+            Err(e) => return self.pass_over(offset, &f, "unreadable", true, e.message),
         };
         // A message redriven to another group (`queen.dlq_redrive`): passed over, as an
         // expired message of a queue without a DLQ is; the lane goes on.
         let target =
             headers.as_deref().and_then(|h| crate::pg::jsonb::string_at(h, queen_core::policy::REDRIVE_HEADER));
         if queen_core::policy::redrive_passes(target.as_deref(), self.due.group) {
-            self.poison.push(Poison {
-                partition_id: self.c.partition_id,
-                offset,
-                message_id: pgrx::Uuid::from_bytes(f.message_id),
-                transaction_id: f.transaction_id.to_string(),
-                stored: Vec::new(),
-                headers: None,
-                error: String::new(),
-                raw: false,
-                reason: "redriven elsewhere",
-                file: false,
-            });
-            self.seen = Some(offset);
-            return true;
+            return self.pass_over(offset, &f, "redriven elsewhere", false, String::new());
         }
         // Headers count with the payload: both are held in memory for the result.
         if !self.budget.take(payload.len() + headers.as_ref().map_or(0, Vec::len)) {
             return false; // past the byte budget: this message waits for the next pop
         }
-        (self.emit)(Delivered {
-            lease_id: None,
-            lease_expires_at: None,
-            partition_id: self.c.partition_id,
-            partition: self.c.partition.clone(),
-            msg_offset: offset,
-            message_id: pgrx::Uuid::from_bytes(f.message_id),
-            transaction_id: f.transaction_id.to_string(),
-            payload,
+        (self.emit)(Delivered::new(
+            self.c.partition_id,
+            self.c.partition.clone(),
+            offset,
+            &f,
             created_at,
-            attempt: 0,
-            headers,
-        });
+            (payload, headers),
+        ));
         self.delivered += 1;
         self.last = Some(offset);
         self.seen = Some(offset);
         self.delivered < self.take
+    }
+
+    /// A message passed over instead of delivered: filed as a dead letter with `reason`
+    /// when `file` (its stored bytes are kept for that), else only passed (the cursor moves
+    /// past it with the lane).
+    ///
+    /// Returns false, recording nothing, when the pop may pass over no more: a filed
+    /// message's stored bytes count against the byte budget, and one pop passes over at
+    /// most `PASS_MAX` messages; the rest wait for the next pop.
+    fn pass_over(&mut self, offset: i64, f: &Frame<'_>, reason: &'static str, file: bool, error: String) -> bool {
+        let stored = if file { f.payload.len() + f.headers.map_or(0, <[u8]>::len) } else { 0 };
+        if self.poison.len() >= PASS_MAX || !self.budget.take(stored) {
+            return false;
+        }
+        self.poison.push(Poison {
+            partition_id: self.c.partition_id,
+            offset,
+            message_id: pgrx::Uuid::from_bytes(f.message_id),
+            transaction_id: f.transaction_id.to_string(),
+            stored: if file { f.payload.to_vec() } else { Vec::new() },
+            headers: if file { f.headers.map(<[u8]>::to_vec) } else { None },
+            error,
+            raw: false,
+            reason,
+            file,
+        });
+        self.seen = Some(offset);
+        true
     }
 
     /// A corrupt segment met on the way: filed whole as one dead letter. Returns the

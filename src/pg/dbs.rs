@@ -27,7 +27,7 @@ use crate::pg::shmem::{Parts, Region};
 
 pub const TRANCHE: &CStr = c"queen databases";
 
-/// The lane journal of one database (see `lanes`).
+/// The lane journal of one database (see `lane::registry`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Journal {

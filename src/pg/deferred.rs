@@ -1,5 +1,5 @@
 //! Transaction ends that a shared-memory registry could not take at once, kept and done
-//! later: one mechanism for both registries (`offsets`, `lanes`).
+//! later: one mechanism for both registries (`offsets`, `lane::registry`).
 //!
 //! A transaction's end reaches a registry from a transaction callback, where nothing may
 //! raise (after a commit an ERROR is a PANIC). So `finish` applies the end and, if the

@@ -9,7 +9,8 @@
 //! moves the cursor, which must never move back after a crash: an auto-acked message is
 //! never delivered again), a pop that created its consumer group (a 'new' group forgotten
 //! in a crash would be created again later, at a later end, and skip what came between),
-//! and every transaction that wrote anything else: its writes are the user's, not queen's.
+//! a pop that filed dead letters or moved a cursor past messages it passed over (expired,
+//! unreadable, redriven to another group: an ack's rule), and every transaction that wrote anything else: its writes are the user's, not queen's.
 //!
 //! "Only the pop's own" is checked by WAL position: `XactLastRecEnd` is 0 until a
 //! transaction writes WAL, so it is 0 when the pop starts and, at pre-commit, still where
@@ -34,12 +35,13 @@ pub fn pop_start(auto_ack: bool) -> bool {
     !auto_ack && !settings::durable_pop() && wal_end() == 0
 }
 
-/// Marks the end of a pop. When a leasing pop was the transaction's first writer and did
-/// not create its group (`created_group`), its commit skips the flush wait unless
-/// something wrote WAL after it.
-pub fn pop_done(first_writer: bool, created_group: bool) {
+/// Marks the end of a pop. When a leasing pop was the transaction's first writer and wrote
+/// nothing that must survive a crash (`durable`: it created its group, filed dead letters
+/// or passed a cursor), its commit skips the flush wait unless something wrote WAL after
+/// it.
+pub fn pop_done(first_writer: bool, durable: bool) {
     let end = wal_end();
-    if !first_writer || created_group || end == 0 {
+    if !first_writer || durable || end == 0 {
         return;
     }
     register_xact_callback(PgXactCallbackEvent::PreCommit, move || {

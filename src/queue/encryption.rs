@@ -151,6 +151,14 @@ pub fn try_open_headers(message_id: &[u8; 16], stored: &[u8]) -> Result<Vec<u8>,
     try_open_for(&envelope::headers_aad(message_id), stored)
 }
 
+/// A stored message's payload and headers, opened: an encrypted queue's envelopes, a plain
+/// queue's bytes as they are (`try_open`, `try_open_headers`).
+pub fn open_frame(f: &queen_core::segment::Frame<'_>) -> Result<(Vec<u8>, Option<Vec<u8>>), Unopenable> {
+    let payload = try_open(&f.message_id, f.payload)?;
+    let headers = f.headers.map(|h| try_open_headers(&f.message_id, h)).transpose()?;
+    Ok((payload, headers))
+}
+
 fn try_open_for(aad: &[u8], stored: &[u8]) -> Result<Vec<u8>, Unopenable> {
     if !envelope::is_envelope(stored) {
         return Ok(stored.to_vec());
