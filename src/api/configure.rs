@@ -114,7 +114,7 @@ fn store(
     intervals: &Intervals,
     encryption: Option<bool>,
 ) -> bool {
-    let found = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+    let found = crate::queue::lookup::queue_id(client, queue);
     if let Some(id) = found {
         locks::share_queue(id);
     }

@@ -36,8 +36,7 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
         "the transaction's snapshot misses what the transactions it waits for commit",
     );
     let out = Spi::connect_mut(|client| {
-        let found =
-            first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+        let found = crate::queue::lookup::queue_id(client, queue);
         let Some(queue_id) = found.filter(|&id| crate::pg::locks::share_queue(id)) else {
             return json!({"queue": queue, "partition": partition, "dropped": false});
         };

@@ -31,7 +31,7 @@ struct Lane {
 }
 
 fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
-    let id = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]))?;
+    let id = crate::queue::lookup::queue_id(client, queue)?;
     crate::pg::locks::share_queue(id).then_some(id)
 }
 

@@ -14,6 +14,7 @@ use crate::ops::pop::{put_rows, Budget, Delivered};
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::spi::{first_value, run};
 use crate::pg::srf::{arg, function_info_v1, ResultRows};
+use crate::queue::lookup;
 use crate::queue::names::{check_lane_name, check_queue_name};
 
 extension_sql!(
@@ -116,7 +117,7 @@ SELECT p.partition_id, p.name,
  ORDER BY p.name";
 
 fn peek(client: &mut SpiClient<'_>, a: &PeekArgs) -> Vec<Delivered> {
-    let Some(queue_id) = queue_id(client, a.queue) else {
+    let Some(queue_id) = lookup::queue_id(client, a.queue) else {
         return Vec::new(); // an unknown queue: zero rows, as pop
     };
     if let Some(g) = a.group {
@@ -217,10 +218,6 @@ fn open(
     }
 }
 
-fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
-    first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]))
-}
-
 function_info_v1!(pg_finfo_get_wrapper);
 
 /// `queen.get(...)`: one message, or none.
@@ -271,7 +268,7 @@ fn get(
     offset: Option<i64>,
     transaction_id: Option<&str>,
 ) -> Vec<Delivered> {
-    let Some(queue_id) = queue_id(client, queue) else {
+    let Some(queue_id) = lookup::queue_id(client, queue) else {
         return Vec::new();
     };
     // A producer id is looked up while its dedup entry is live (`dedup_live_sql!`): an

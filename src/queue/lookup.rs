@@ -53,6 +53,11 @@ pub fn target(queue: &str, partition: &str, locate: impl FnOnce() -> Target) -> 
     t
 }
 
+/// A queue's id by name, without creating it (None: no such queue).
+pub fn queue_id(client: &mut SpiClient<'_>, name: &str) -> Option<i64> {
+    first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[name.into()]))
+}
+
 /// Finds a queue by name, or creates it with the implicit defaults (lease_time 60).
 /// Returns its id, its dedup window in seconds, and whether it is encrypted.
 pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) {

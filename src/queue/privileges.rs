@@ -160,7 +160,7 @@ pub fn require(queue: Option<&str>, p: Privilege) {
     }
     let Some(queue) = queue else { denied("every queue", p) };
     let ok = Spi::connect_mut(|client| {
-        let id = first_value::<i64>(run(client, "SELECT queue_id FROM queen.queues WHERE name = $1", &[queue.into()]));
+        let id = crate::queue::lookup::queue_id(client, queue);
         id.is_some_and(|id| granted(client, role, id, p))
     });
     if !ok {
