@@ -45,10 +45,35 @@ SELECT count(*) AS audit_gets_all_copies FROM queen.pop('rd', 'audit', batch => 
 SELECT count(*) AS billing_gets_all_copies FROM queen.pop('rd', 'billing', batch => 100, max_partitions => 2, auto_ack => true);
 SELECT (queen.dlq_redrive('rd', 'billing', partition => 'p0', since => now() + interval '1 day') ->> 'redriven')::int AS none_since;
 
+-- A copy that fails again keeps its redrive header in the DLQ; redriven to 'all', the
+-- header is taken off and every group gets it.
+SELECT (queen.dlq_redrive('rd', 'billing', max_messages => 1, force => true) ->> 'redriven')::int AS one_more;
+CREATE TEMP TABLE again AS SELECT * FROM queen.pop('rd', 'billing', batch => 10, max_partitions => 2, lease_seconds => 60);
+SELECT count(*) AS copies, min(headers ->> 'queen.redrive') AS for_group FROM again;
+SELECT (queen.ack(lease_id, partition_id, msg_offset, 'dlq', 'bad copy') -> 'items' -> 0 ->> 'success')::bool AS filed FROM again;
+SELECT headers ->> 'queen.redrive' AS header_in_dlq FROM queen.dlq('rd', 'billing') WHERE error_message = 'bad copy';
+SELECT (queen.dlq_redrive('rd', 'billing', error_like => 'bad copy', deliver_to => 'all') ->> 'redriven')::int AS to_all;
+SELECT count(*) AS audit_gets_it, bool_or(headers ? 'queen.redrive') AS header_left
+  FROM queen.pop('rd', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
+SELECT count(*) AS billing_gets_it FROM queen.pop('rd', 'billing', batch => 10, max_partitions => 2, auto_ack => true);
+
 -- Span rows (purge) are not messages: never redriven.
 SELECT count(*) FROM queen.push('rd', '1', partition => 'p0');
 SELECT (queen.purge('rd', 'billing') ->> 'purged')::int AS purged;
 SELECT (queen.dlq_redrive('rd', 'billing', force => true, max_messages => 100000) ->> 'redriven')::int AS redriven_without_spans;
+
+-- Copies for billing that expire are never filed for audit: audit passes them over as
+-- not its own (one pop passes at most 10,000, so two pops pass all 10,002).
+SELECT queen.configure('rd', ttl => '1 millisecond') ->> 'ttl' AS short_ttl;
+SELECT (queen.dlq_redrive('rd', 'billing', max_messages => 1, force => true) ->> 'redriven')::int AS copy;
+SELECT pg_sleep(0.05);
+SELECT count(*) AS audit_gets FROM queen.pop('rd', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
+SELECT count(*) AS audit_gets FROM queen.pop('rd', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
+SELECT sum(lag) AS audit_lag FROM queen.status('rd') WHERE consumer_group = 'audit';
+-- (The one row: the plain message pushed before the purge, which audit never read, expired
+-- for audit as any message does. No copy of billing's is among them.)
+SELECT reason, data FROM queen.dlq('rd', 'audit');
+SELECT queen.configure('rd') ->> 'ttl' AS ttl_off;
 
 -- Bad input changes nothing.
 SELECT pg_temp.err($$SELECT queen.dlq_redrive(NULL)$$);

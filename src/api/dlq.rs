@@ -11,6 +11,7 @@ use crate::ops::push::{push_items, PushItem};
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::ids::from_pg_uuid;
 use crate::pg::spi::run;
+use crate::queue::lookup;
 
 /// The oldest dead-letter row at an address, locked; P0002 when there is none. Two
 /// consumer groups can dead-letter the same message: each call takes one row. Returns
@@ -89,6 +90,16 @@ fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> (Vec<u8>, Option<Vec<u
         let message_id: pgrx::Uuid = row.get(3).or_raise().unwrap();
         crate::queue::encryption::open_headers(message_id.as_bytes(), &h)
     });
+    // A replay reaches every group: a redrive header the message carried is taken off.
+    let key = queen_core::policy::REDRIVE_HEADER;
+    let headers = match headers {
+        Some(h) if crate::pg::jsonb::string_at(&h, key).is_some() => {
+            let stripped =
+                run(client, "SELECT $1::jsonb - $2::text", &[crate::pg::jsonb::RawJsonb(h).into(), key.into()]);
+            stripped.first().get::<crate::pg::jsonb::RawJsonb>(1).or_raise().map(|h| h.0)
+        }
+        other => other,
+    };
     (payload, headers)
 }
 
@@ -174,18 +185,20 @@ COMMENT ON FUNCTION queen.dlq_redrive IS
     requires = [dlq_redrive]
 );
 
-/// Dead letters redriven per round: each round reads this many rows, pushes them in one
-/// batch and marks them, so a call holds one round's payloads at a time.
+/// Rows one round of `dlq_redrive` locks, and the payload and header bytes it holds at
+/// most (a round stops early past them, or after one message when that one is larger):
+/// what a call holds is one round's messages.
 const REDRIVE_ROUND: i64 = 500;
+const REDRIVE_ROUND_BYTES: usize = 32 << 20;
 
 /// `queen.dlq_redrive` (docs/functions.md#dlq_redrive): pushes the matching dead letters
 /// of `queue` again, oldest offset first per partition, into their partitions. With
-/// `deliver_to => 'failing_group'` each copy carries the `queen.redrive` header naming the group
-/// that dead-lettered it, and every other group's pops pass over it
-/// (`queen_core::policy::redrive_passes`). A row is redriven once (`redriven_at`) unless
-/// `force`; span rows (purge) hold no message and are left alone. Returns the count and
-/// the last row redriven: a call that stopped at `max_messages` is resumed by calling
-/// again.
+/// `deliver_to => 'failing_group'` each copy carries the `queen.redrive` header naming the
+/// group that dead-lettered it, and every other group's pops pass over it
+/// (`queen_core::policy::redrive_passes`); with `'all'` the header is taken off. A row is
+/// redriven once (`redriven_at`) unless `force`; span rows (purge) and rows that cannot be
+/// opened are left alone (the latter counted). Returns the count and the last row
+/// redriven: a call that stopped at `max_messages` is resumed by calling again.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
@@ -214,12 +227,15 @@ fn dlq_redrive(
     }
     let to = queen_core::policy::check_redrive(limit, to_arg).unwrap_or_else(|v| errors::violation(v));
     crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin);
-    let filter = RedriveFilter { queue, group: consumer_group, partition, error_like, since, until, force };
+    let filter = RedriveFilter { queue, group: consumer_group, partition, error_like, since, until, force, to };
+    // The queue lock before any dead-letter row (`queen_core::lock_order`); None: no such
+    // queue, or deleted while this waited.
+    let queue_id =
+        Spi::connect_mut(|client| lookup::queue_id(client, queue)).filter(|&id| crate::pg::locks::share_queue(id));
     let (mut redriven, mut last) = (0i64, serde_json::Value::Null);
-    while redriven < i64::from(limit) {
+    while queue_id.is_some() && redriven < i64::from(limit) {
         let want = REDRIVE_ROUND.min(i64::from(limit) - redriven);
-        let round = Spi::connect_mut(|client| redrive_round(client, &filter, want, to));
-        let Some((items, ids, at)) = round else { break };
+        let Some((items, ids, at)) = Spi::connect_mut(|client| redrive_round(client, &filter, want)) else { break };
         let n = items.len() as i64;
         push_items(items);
         Spi::connect_mut(|client| {
@@ -228,11 +244,18 @@ fn dlq_redrive(
         redriven += n;
         last = at;
     }
-    let more = Spi::connect_mut(|client| redrive_round(client, &filter, 1, to).is_some());
-    JsonB(json!({"queue": queue, "deliverTo": to_arg, "redriven": redriven, "last": last, "more": more}))
+    let (more, unopenable) = match queue_id {
+        Some(_) => {
+            Spi::connect_mut(|client| (!matching(client, &filter, 1, false).is_empty(), unopenable(client, &filter)))
+        }
+        None => (false, 0),
+    };
+    JsonB(json!({
+        "queue": queue, "deliverTo": to_arg, "redriven": redriven, "last": last, "more": more, "unopenable": unopenable,
+    }))
 }
 
-/// What `dlq_redrive` selects.
+/// What `dlq_redrive` selects, and where it sends it.
 struct RedriveFilter<'a> {
     queue: &'a str,
     group: Option<&'a str>,
@@ -241,36 +264,44 @@ struct RedriveFilter<'a> {
     since: Option<pgrx::datum::TimestampWithTimeZone>,
     until: Option<pgrx::datum::TimestampWithTimeZone>,
     force: bool,
+    to: queen_core::policy::RedriveTo,
 }
 
-/// The next `want` dead letters to redrive, locked, in partition then offset order: their
-/// push items (payload and headers opened; with `FailingGroup`, the redrive header set),
-/// their row ids, and where the round ended. None when no row is left.
-fn redrive_round(
-    client: &mut SpiClient<'_>,
-    f: &RedriveFilter<'_>,
-    want: i64,
-    to: queen_core::policy::RedriveTo,
-) -> Option<(Vec<PushItem>, Vec<pgrx::Uuid>, serde_json::Value)> {
-    let failing = to == queen_core::policy::RedriveTo::FailingGroup;
-    let rows = run(
-        client,
-        "SELECT d.id, p.name, coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)),
-                CASE WHEN $8 THEN coalesce(queen._dead_letter_headers(d.headers, d.message_id), '{}'::jsonb)
-                                  || jsonb_build_object($9::text, d.consumer_group)
-                     ELSE queen._dead_letter_headers(d.headers, d.message_id) END,
-                d.msg_offset, d.consumer_group
+/// The dead letters `f` selects, at most `$7`, in partition then offset order: rows that
+/// hold a message (not a purge's span), not redriven yet (or, with `force`, not by this
+/// call), and whose payload and headers can be opened, or (`$9` false) those that cannot.
+/// Returns (id, partition, offset, group).
+macro_rules! matching_sql {
+    () => {
+        "SELECT d.id, p.name, d.msg_offset, d.consumer_group
            FROM queen.log_dlq d
            JOIN queen.queues q ON q.queue_id = d.queue_id
            JOIN queen.partitions p ON p.partition_id = d.partition_id
-          WHERE q.name = $1 AND d.last_offset IS NULL AND (d.redriven_at IS NULL OR $10)
+          WHERE q.name = $1 AND d.last_offset IS NULL
+            AND (d.redriven_at IS NULL OR ($8 AND d.redriven_at < statement_timestamp()))
             AND ($2::text IS NULL OR d.consumer_group = $2) AND ($3::text IS NULL OR p.name = $3)
             AND ($4::text IS NULL OR d.error_message LIKE $4)
             AND ($5::timestamptz IS NULL OR d.failed_at >= $5) AND ($6::timestamptz IS NULL OR d.failed_at < $6)
-            AND (NOT $10 OR d.redriven_at IS NULL OR d.redriven_at < statement_timestamp())
+            AND (d.reason <> 'unreadable'
+                 AND (d.data IS NOT NULL OR queen._dead_letter_unopenable(d.envelope, d.message_id) IS NULL)
+                 AND (d.headers IS NULL OR queen._dead_letter_headers(d.headers, d.message_id) IS NOT NULL)) = $9
           ORDER BY p.name, d.msg_offset, d.consumer_group, d.id
-          LIMIT $7
-            FOR UPDATE OF d",
+          LIMIT $7"
+    };
+}
+
+/// The matching rows; with `lock`, locked (after the queue lock: `queen_core::lock_order`).
+fn matching(
+    client: &mut SpiClient<'_>,
+    f: &RedriveFilter<'_>,
+    want: i64,
+    lock: bool,
+) -> Vec<(pgrx::Uuid, String, i64, String)> {
+    const PEEK: &str = matching_sql!();
+    const LOCK: &str = concat!(matching_sql!(), " FOR UPDATE OF d");
+    run(
+        client,
+        if lock { LOCK } else { PEEK },
         &[
             f.queue.into(),
             f.group.into(),
@@ -279,23 +310,61 @@ fn redrive_round(
             f.since.into(),
             f.until.into(),
             want.into(),
-            failing.into(),
-            queen_core::policy::REDRIVE_HEADER.into(),
             f.force.into(),
+            true.into(),
         ],
-    );
-    let (mut items, mut ids, mut last) = (Vec::new(), Vec::new(), serde_json::Value::Null);
-    for r in rows {
-        let id: pgrx::Uuid = r.get(1).or_raise().unwrap();
-        let partition: String = r.get(2).or_raise().unwrap();
-        let payload = r
-            .get::<crate::pg::jsonb::RawJsonb>(3)
-            .or_raise()
-            .unwrap_or_else(|| errors::internal("a dead letter without its payload"))
-            .0;
-        let headers = r.get::<crate::pg::jsonb::RawJsonb>(4).or_raise().map(|h| h.0);
-        let offset: i64 = r.get(5).or_raise().unwrap();
-        let group: String = r.get(6).or_raise().unwrap();
+    )
+    .map(|r| {
+        (
+            r.get(1).or_raise().unwrap(),
+            r.get(2).or_raise().unwrap(),
+            r.get(3).or_raise().unwrap(),
+            r.get(4).or_raise().unwrap(),
+        )
+    })
+    .collect()
+}
+
+/// How many matching dead letters cannot be opened (a corrupt segment's bytes, an envelope
+/// that does not authenticate, or one whose key is not configured): left in place.
+fn unopenable(client: &mut SpiClient<'_>, f: &RedriveFilter<'_>) -> i64 {
+    const COUNT: &str = concat!("SELECT count(*) FROM (", matching_sql!(), ") x");
+    crate::pg::spi::first_value::<i64>(run(
+        client,
+        COUNT,
+        &[
+            f.queue.into(),
+            f.group.into(),
+            f.partition.into(),
+            f.error_like.into(),
+            f.since.into(),
+            f.until.into(),
+            i64::MAX.into(),
+            f.force.into(),
+            false.into(),
+        ],
+    ))
+    .unwrap_or(0)
+}
+
+/// The next round of dead letters to redrive, locked: at most `want` rows, and no more
+/// payload and header bytes than `REDRIVE_ROUND_BYTES` (one message at least). Returns
+/// their push items (payload and headers opened; the redrive header set for
+/// `FailingGroup`, taken off for `All`), their row ids, and where the round ended; None
+/// when no row is left.
+fn redrive_round(
+    client: &mut SpiClient<'_>,
+    f: &RedriveFilter<'_>,
+    want: i64,
+) -> Option<(Vec<PushItem>, Vec<pgrx::Uuid>, serde_json::Value)> {
+    let failing = f.to == queen_core::policy::RedriveTo::FailingGroup;
+    let (mut items, mut ids, mut last, mut bytes) = (Vec::new(), Vec::new(), serde_json::Value::Null, 0usize);
+    for (id, partition, offset, group) in matching(client, f, want, true) {
+        if bytes >= REDRIVE_ROUND_BYTES {
+            break; // the rest of the locked rows wait for the next round
+        }
+        let (payload, headers) = letter(client, id, failing.then_some(group.as_str()));
+        bytes += payload.len() + headers.as_ref().map_or(0, Vec::len);
         last = json!({"partition": partition, "offset": offset, "consumerGroup": group, "id": from_pg_uuid(&id).to_string()});
         ids.push(id);
         items.push(PushItem {
@@ -308,4 +377,26 @@ fn redrive_round(
         });
     }
     (!items.is_empty()).then_some((items, ids, last))
+}
+
+/// A dead letter's payload and headers, opened, with the redrive header set to `target`
+/// (None: taken off, so that every group gets the copy).
+fn letter(client: &mut SpiClient<'_>, id: pgrx::Uuid, target: Option<&str>) -> (Vec<u8>, Option<Vec<u8>>) {
+    let row = run(
+        client,
+        "SELECT coalesce(d.data, queen._open_dead_letter(d.envelope, d.message_id)),
+                CASE WHEN $2::text IS NOT NULL
+                     THEN coalesce(queen._dead_letter_headers(d.headers, d.message_id), '{}'::jsonb)
+                          || jsonb_build_object($3::text, $2::text)
+                     ELSE queen._dead_letter_headers(d.headers, d.message_id) - $3::text END
+           FROM queen.log_dlq d WHERE d.id = $1",
+        &[id.into(), target.into(), queen_core::policy::REDRIVE_HEADER.into()],
+    );
+    let row = row.first();
+    let payload = row
+        .get::<crate::pg::jsonb::RawJsonb>(1)
+        .or_raise()
+        .unwrap_or_else(|| errors::internal("a dead letter without its payload"))
+        .0;
+    (payload, row.get::<crate::pg::jsonb::RawJsonb>(2).or_raise().map(|h| h.0))
 }

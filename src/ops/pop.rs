@@ -157,6 +157,7 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
         validate(&args);
         lookup::CREATED_HERE.with(|c| c.set(false));
         PASSED_HERE.with(|c| c.set(false));
+        CURSOR_PASSED.with(|c| c.set(false));
         let first_writer = durability::pop_start(args.auto_ack);
         let rows = if args.wait_ms > 0 { pop_waiting(&args) } else { pop(&args) };
         // A pop that created its group, filed dead letters or moved a cursor past what it
@@ -270,7 +271,10 @@ fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
         wake::take_due();
         let rows = pop(a);
         let now = clock_now();
-        if !rows.is_empty() || deadline <= now {
+        // A pop that passed a cursor over messages it may not deliver (expired, unreadable,
+        // redriven to another group) holds those lanes until its transaction ends: it
+        // returns now, empty, so that the next pop reads on past them.
+        if !rows.is_empty() || deadline <= now || CURSOR_PASSED.with(|c| c.get()) {
             wake::cancel();
             return rows;
         }
@@ -286,6 +290,9 @@ thread_local! {
     /// Set when a pop filed a dead letter or moved a cursor past messages it passed over
     /// (`file_poison`): its commit must be durable (`durability::pop_done`).
     static PASSED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set when a claim round moved a lane's cursor past messages it passed over and
+    /// delivered nothing there: a waiting pop returns instead of sleeping.
+    static CURSOR_PASSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Set when `read_span` stopped at a message that is not due yet.
     static NOT_DUE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Set when a claim round read every claimable lane of the group (fewer than
@@ -542,7 +549,7 @@ impl<'conn, 'a> Reading<'conn, 'a> {
         // claim, so no ack of this lease moves the cursor past it: it is left for a later
         // pop (filed then, with the cursor move that passes it).
         let beyond = self.poison.split_off(poisoned);
-        self.poison.extend(beyond.into_iter().filter(|p| p.offset <= end));
+        self.poison.extend(beyond.into_iter().filter(|p| p.last <= end));
         self.claims.add(c.partition_id, queen_core::lane::Claim { start, end, attempt }, c.old_lease);
         true
     }
@@ -967,6 +974,8 @@ struct Poison {
     stored: Vec<u8>,
     headers: Option<Vec<u8>>,
     error: String,
+    /// The last offset it covers: `offset`, or a corrupt segment's last.
+    last: i64,
     /// A corrupt segment (its bytes), not one message.
     raw: bool,
     /// The dead letter's reason: 'unreadable' or 'expired'.
@@ -996,6 +1005,9 @@ fn file_poison(
 ) {
     if poison.iter().any(|p| p.file) || !passed.is_empty() {
         PASSED_HERE.with(|c| c.set(true));
+    }
+    if !passed.is_empty() {
+        CURSOR_PASSED.with(|c| c.set(true));
     }
     for p in poison.into_iter().filter(|p| p.file) {
         let filed = crate::ops::dlq::file(
@@ -1145,6 +1157,23 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         let Some((f, created_at)) = message else {
             return !self.fixed_snapshot;
         };
+        let (payload, headers) = match crate::queue::encryption::open_frame(&f) {
+            Ok(opened) => opened,
+            // A key that is not configured stops the pop (unless
+            // queen.dead_letter_missing_key): every message it sealed would otherwise be
+            // dead-lettered over one missing setting.
+            Err(e) if e.stops_pop() => e.raise(),
+            // Poison (an envelope that does not authenticate): filed as a dead letter and
+            // passed over; the lane goes on.
+            Err(e) => return self.pass_over(offset, &f, "unreadable", true, e.message),
+        };
+        // A message redriven to another group (`queen.dlq_redrive`): passed over, never
+        // filed (it is not this group's, expired or not); the lane goes on.
+        let target =
+            headers.as_deref().and_then(|h| crate::pg::jsonb::string_at(h, queen_core::policy::REDRIVE_HEADER));
+        if queen_core::policy::redrive_passes(target.as_deref(), self.due.group) {
+            return self.pass_over(offset, &f, "redriven elsewhere", false, String::new());
+        }
         // A message older than the queue's ttl is not delivered: filed as a dead letter
         // (or dropped) and passed over like poison; the lane goes on.
         if queen_core::policy::expired(i64::from(created_at), self.due.ttl, self.due.now) {
@@ -1158,23 +1187,6 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
             crate::pg::wake::due_at(due_at);
             NOT_DUE.with(|n| n.set(true));
             return false;
-        }
-        let (payload, headers) = match crate::queue::encryption::open_frame(&f) {
-            Ok(opened) => opened,
-            // A key that is not configured stops the pop (unless
-            // queen.dead_letter_missing_key): every message it sealed would otherwise be
-            // dead-lettered over one missing setting.
-            Err(e) if e.stops_pop() => e.raise(),
-            // Poison (an envelope that does not authenticate): filed as a dead letter and
-            // passed over; the lane goes on.
-            Err(e) => return self.pass_over(offset, &f, "unreadable", true, e.message),
-        };
-        // A message redriven to another group (`queen.dlq_redrive`): passed over, as an
-        // expired message of a queue without a DLQ is; the lane goes on.
-        let target =
-            headers.as_deref().and_then(|h| crate::pg::jsonb::string_at(h, queen_core::policy::REDRIVE_HEADER));
-        if queen_core::policy::redrive_passes(target.as_deref(), self.due.group) {
-            return self.pass_over(offset, &f, "redriven elsewhere", false, String::new());
         }
         // Headers count with the payload: both are held in memory for the result.
         if !self.budget.take(payload.len() + headers.as_ref().map_or(0, Vec::len)) {
@@ -1203,12 +1215,14 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
     /// most `PASS_MAX` messages; the rest wait for the next pop.
     fn pass_over(&mut self, offset: i64, f: &Frame<'_>, reason: &'static str, file: bool, error: String) -> bool {
         let stored = if file { f.payload.len() + f.headers.map_or(0, <[u8]>::len) } else { 0 };
-        if self.poison.len() >= PASS_MAX || !self.budget.take(stored) {
+        // (Nothing to hold, nothing charged: a first message still always fits.)
+        if self.poison.len() >= PASS_MAX || (stored > 0 && !self.budget.take(stored)) {
             return false;
         }
         self.poison.push(Poison {
             partition_id: self.c.partition_id,
             offset,
+            last: offset,
             message_id: pgrx::Uuid::from_bytes(f.message_id),
             transaction_id: f.transaction_id.to_string(),
             stored: if file { f.payload.to_vec() } else { Vec::new() },
@@ -1229,6 +1243,7 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         self.poison.push(Poison {
             partition_id: self.c.partition_id,
             offset: k.segment_first,
+            last: k.last,
             message_id: pgrx::Uuid::from_bytes([0; 16]),
             transaction_id: format!("corrupt segment {}..{}", k.segment_first, k.last),
             stored: k.bytes,
