@@ -76,6 +76,9 @@ SELECT reason, data FROM queen.dlq('rd', 'audit');
 SELECT queen.configure('rd') ->> 'ttl' AS ttl_off;
 
 -- Bad input changes nothing.
+-- The redrive header is queen's: a producer may not set it (it could hide a message).
+SELECT pg_temp.err($$SELECT * FROM queen.push('rd', '1', headers => '{"queen.redrive": "nobody"}')$$);
+SELECT pg_temp.err($$SELECT * FROM queen.push_batch('[{"queue": "rd", "payload": 1, "headers": {"queen.redrive": 5}}]')$$);
 SELECT pg_temp.err($$SELECT queen.dlq_redrive(NULL)$$);
 SELECT pg_temp.err($$SELECT queen.dlq_redrive('rd', max_messages => 0)$$);
 SELECT pg_temp.err($$SELECT queen.dlq_redrive('rd', max_messages => 100001)$$);

@@ -101,6 +101,14 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
                 format_args!("must be a JSON object, got {}", crate::pg::errors::excerpt(&text)),
             );
         }
+        // The redrive header is queen's own (`queen.dlq_redrive`): a producer that set it
+        // could hide its message from every group but one, or from all.
+        if crate::pg::jsonb::value_at(headers, queen_core::policy::REDRIVE_HEADER).is_some() {
+            errors::invalid(
+                &format!("{}headers", at()),
+                format_args!("the key {:?} is reserved for queen.dlq_redrive", queen_core::policy::REDRIVE_HEADER),
+            );
+        }
         if headers.len() > MAX_HEADERS_BYTES {
             errors::raise(
                 pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,

@@ -407,18 +407,25 @@ pub unsafe fn to_text(container: &[u8]) -> String {
 /// the key is absent or its value is not a string. A scan for the key's bytes comes
 /// first, so objects without it (nearly all) cost no copy.
 pub fn string_at(container: &[u8], key: &str) -> Option<String> {
+    match value_at(container, key) {
+        Some(Found::Str(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// The value at `key` of jsonb bytes that hold an object (None: no object, or no such
+/// key), looked up as `string_at` does.
+pub fn value_at(container: &[u8], key: &str) -> Option<Found> {
     if !is_object(container) || !container.windows(key.len()).any(|w| w == key.as_bytes()) {
         return None;
     }
     // SAFETY: `jsonb_datum` copies the bytes into a palloc'd (so aligned) jsonb whose
-    // root is the object container; the lookup reads inside it; the copy is freed after.
+    // root is the object container; the lookup reads inside it and copies what it returns;
+    // the copy is freed after.
     unsafe {
         let d = jsonb_datum(container);
         let jb = d.cast_mut_ptr::<pg_sys::Jsonb>();
-        let found = match JsonbObject(&raw mut (*jb).root).get(key) {
-            Some(Found::Str(s)) => Some(s),
-            _ => None,
-        };
+        let found = JsonbObject(&raw mut (*jb).root).get(key);
         pg_sys::pfree(jb.cast());
         found
     }
