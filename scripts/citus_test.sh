@@ -81,10 +81,11 @@ done
 # ---- distributed ----
 distributed=$(psql_on 0 -c "SELECT queen.distribute()")
 echo "citus-test: distribute() = $distributed"
-# 12 functions routed by queue (9, and the internal forms status, totals and dlq forward
-# to), 7 by lease or partition id (ack in three forms, extend_lease, may_start, dlq_replay,
-# dlq_delete).
-case "$distributed" in *'"functions": 23'*) ;; *) echo "citus-test: distribute() did not distribute 23 functions" >&2; exit 1 ;; esac
+# 22 functions routed by queue (every one whose first argument is a queue, among them
+# pause, resume, peek, get, purge and dlq_redrive, and the internal forms status, totals
+# and dlq forward to), 7 by lease or partition id (ack in three forms, extend_lease,
+# may_start, dlq_replay, dlq_delete).
+case "$distributed" in *'"functions": 29'*) ;; *) echo "citus-test: distribute() did not distribute 29 functions" >&2; exit 1 ;; esac
 case "$distributed" in *'"workers": 2'*) ;; *) echo "citus-test: distribute() did not see 2 workers" >&2; exit 1 ;; esac
 fail() { echo "citus-test: $*" >&2; exit 1; }
 # The worker port that holds queue $1's shard.
@@ -118,7 +119,8 @@ for q in "$qa" "$qb"; do
   plan=$(psql_on 0 -c "EXPLAIN (COSTS OFF) SELECT * FROM queen.pop('$q', 'g', batch => 10)")
   echo "$plan" | grep -q "Task Count: 1" || fail "pop($q) is not one task: $plan"
   echo "$plan" | grep -q "port=$(home_port "$q")" || fail "pop($q) does not go to its home: $plan"
-  for call in "queen.push('$q', '1')" "queen.push_batch('$q', '[{\"payload\": 1}]')" "queen.configure('$q')"; do
+  for call in "queen.push('$q', '1')" "queen.push_batch('$q', '[{\"payload\": 1}]')" "queen.configure('$q')" \
+              "queen.pause('$q')" "queen.peek('$q')"; do
     plan=$(psql_on 0 -c "EXPLAIN (COSTS OFF) SELECT * FROM $call")
     echo "$plan" | grep -q "Task Count: 1" || fail "$call is not one task: $plan"
     echo "$plan" | grep -q "port=$(home_port "$q")" || fail "$call does not go to its home: $plan"
