@@ -30,6 +30,10 @@ pub struct Filing<'a> {
 /// Files a dead letter, unless the group already filed this offset (a message that could
 /// not be opened is filed once, however often a pop meets it). Returns whether it filed.
 pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
+    // Before `ALTER EXTENSION queen UPDATE`, the dead-letter table has no reason column.
+    if !crate::pg::catalog::queen_column(c"log_dlq", c"reason") {
+        crate::pg::errors::older_sql();
+    }
     // An encrypted payload is filed as its envelope (`envelope`), a plain one as jsonb.
     let (data, envelope) = if f.raw || queen_core::envelope::is_envelope(&f.stored) {
         (None, Some(f.stored))

@@ -421,6 +421,11 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
 /// pop returns zero rows (an unknown or deleted queue, or a group another session is
 /// creating right now).
 fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
+    // Between a restart on this library and `ALTER EXTENSION queen UPDATE`, the schema lacks
+    // the columns a pop reads (0.4.0's flow control): a clean 55000, not a missing column.
+    if !crate::pg::catalog::queen_column(c"queues", c"paused") {
+        errors::older_sql();
+    }
     let info = group_info(client, a.queue, a.group)?;
     if !info.has_group && !info.create_groups {
         errors::raise(

@@ -65,6 +65,15 @@ pub fn queen_table(name: &'static CStr) -> pg_sys::Oid {
     oid(c"queen", name)
 }
 
+/// Whether table `table` of schema `queen` has column `column` (a syscache lookup): false
+/// on a schema older than the library, before `ALTER EXTENSION queen UPDATE` added it.
+pub fn queen_column(table: &'static CStr, column: &'static CStr) -> bool {
+    let relid = queen_table(table);
+    // SAFETY: a syscache lookup by relation OID and a NUL-terminated name; an invalid OID
+    // finds nothing.
+    relid != pg_sys::InvalidOid && unsafe { pg_sys::get_attnum(relid, column.as_ptr()) } > 0
+}
+
 /// Whether schema `name` exists.
 pub fn schema_exists(name: &'static CStr) -> bool {
     oid(name, c"") != pg_sys::InvalidOid

@@ -3,10 +3,12 @@
 -- behaviour are intact, and the upgraded catalog is exactly a fresh install's.
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 -- Before the update, 0.3.0's configure and _lane (under status) reach C symbols this
--- library keeps only to say so.
+-- library keeps only to say so; a pop finds the schema older than the library.
 \set VERBOSITY sqlstate
 SELECT queen.configure('up');
 SELECT count(*) FROM queen.status('up');
+-- A pop reads 0.4.0's columns (pause, ttl): it asks for the update too.
+SELECT count(*) FROM queen.pop('up', 'audit');
 \set VERBOSITY default
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
