@@ -349,12 +349,6 @@ thread_local! {
 /// The queue's and group's settings; None for an unknown queue.
 fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<GroupInfo> {
     let read = || {
-        // Between a restart on this library and `ALTER EXTENSION queen UPDATE`, the schema
-        // lacks the columns read here (0.4.0's flow control): a clean 55000, not a missing
-        // column. (Checked on a cache miss only: a cached entry was read from them.)
-        if !crate::pg::catalog::queen_column(c"queues", c"paused") {
-            errors::older_sql();
-        }
         let row = run(
             client,
             concat!(
@@ -427,6 +421,11 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
 /// pop returns zero rows (an unknown or deleted queue, or a group another session is
 /// creating right now).
 fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
+    // Between a restart on this library and `ALTER EXTENSION queen UPDATE`, the schema lacks
+    // the columns a pop reads (0.4.0's flow control): a clean 55000, not a missing column.
+    if !crate::pg::catalog::queen_column(c"queues", c"paused") {
+        errors::older_sql();
+    }
     let info = group_info(client, a.queue, a.group)?;
     if !info.has_group && !info.create_groups {
         errors::raise(
