@@ -23,7 +23,7 @@ CREATE TYPE queen.dead_letter AS (
     failed_at      timestamptz,
     producer_sub   text,
     headers        jsonb,
-    -- why: 'failed', 'unreadable', 'expired' or 'purged' (queen.log_dlq.reason)
+    -- why: 'failed', 'unreadable', 'expired', 'purged' or 'skipped' (queen.log_dlq.reason)
     reason         text
 );
 

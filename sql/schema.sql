@@ -69,7 +69,10 @@ CREATE TABLE queen.queues (
     paused                bool NOT NULL DEFAULT false,
     -- a message older than this is not delivered to a group that has not consumed it: it
     -- becomes a dead letter with reason 'expired', or is dropped without a DLQ (0: never)
-    ttl                   interval NOT NULL DEFAULT '0s'
+    ttl                   interval NOT NULL DEFAULT '0s',
+    -- a push that would take the queue's depth (the lag of its slowest 'hold' group, or
+    -- every stored message before any group exists) past this is refused (NULL: no limit)
+    max_depth             bigint
 );
 COMMENT ON TABLE queen.queues IS 'queen: one row per queue and its options (see queen.configure)';
 
@@ -152,6 +155,10 @@ CREATE TABLE queen.groups (
     created_at      timestamptz NOT NULL DEFAULT now(),
     -- queen.pause(queue, group): no pop of this group delivers while set
     paused          bool NOT NULL DEFAULT false,
+    -- the group's lag allowed in each partition (NULL: no limit), and what happens past it:
+    -- 'hold' refuses pushes there, 'skip' passes over the oldest (queen.configure_group)
+    max_lag         bigint,
+    on_overflow     text NOT NULL DEFAULT 'hold' CHECK (on_overflow IN ('hold', 'skip')),
     PRIMARY KEY (queue_id, consumer_group)
 );
 COMMENT ON TABLE queen.groups IS 'queen: consumer groups of a queue';
@@ -258,14 +265,14 @@ CREATE TABLE queen.log_dlq (
     -- the message's headers as the segment held them (jsonb's binary form, or an
     -- envelope of an encrypted queue); NULL when it had none. queen.dlq shows them as jsonb.
     headers        bytea,
-    -- a span of offsets passed without delivery (queen.purge): msg_offset..last_offset, no
-    -- payload; NULL for a dead-lettered message
+    -- a span of offsets passed without delivery (queen.purge, a skip group's overflow):
+    -- msg_offset..last_offset, no payload; NULL for a dead-lettered message
     last_offset    bigint,
     -- why: 'failed' (an ack gave up on it, or asked for it: status dlq), 'unreadable' (it
     -- cannot be decoded or opened), 'expired' (older than the queue's ttl), 'purged' (a
-    -- span queen.purge passed)
+    -- span queen.purge passed), 'skipped' (a span a skip group passed past its max_lag)
     reason         text   NOT NULL DEFAULT 'failed'
-                   CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged')),
+                   CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged', 'skipped')),
     -- when queen.dlq_redrive pushed it again (NULL: not yet); it is redriven once unless forced
     redriven_at    timestamptz,
     CONSTRAINT log_dlq_check CHECK ((data IS NULL) <> (envelope IS NULL) OR last_offset IS NOT NULL)

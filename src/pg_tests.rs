@@ -129,13 +129,25 @@ fn entry_point_defaults_are_the_policy() {
     assert_eq!(arg_default::<bool>(configure, 12, ""), o.create_groups);
     assert_eq!(us_of(configure, 13), o.partition_idle_ttl);
     assert_eq!(us_of(configure, 14), o.ttl);
+    let null_default = |function: &str, n: i32| {
+        Spi::get_one::<String>(&format!("SELECT pg_get_function_arg_default('{function}'::regprocedure, {n})"))
+            .unwrap()
+            .is_some_and(|d| d.starts_with("NULL"))
+    };
+    assert_eq!(o.max_depth, None);
+    assert!(null_default(configure, 15), "max_depth");
 
-    let group = "queen.configure_group(text, text, interval, interval, interval, interval)";
+    let group = "queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)";
     let us = |n: i32| us_of(group, n);
     assert_eq!(us(3), DEFAULT_BUDGET.handler_timeout);
     assert_eq!(us(4), DEFAULT_BUDGET.queue_margin);
     assert_eq!(us(5), DEFAULT_BUDGET.timeout_grace);
     assert_eq!(us(6), DEFAULT_BUDGET.record_margin);
+    assert!(null_default(group, 7), "max_lag");
+    assert_eq!(
+        arg_default::<String>(group, 8, "::text"),
+        queen_core::overflow::check_group(None, "hold").unwrap().as_str()
+    );
 
     assert_eq!(arg_default::<i32>("queen.extend_lease(uuid, int)", 2, ""), DEFAULT_EXTEND_SECONDS);
     assert_eq!(
@@ -191,5 +203,11 @@ fn rule_sql_forms_agree_with_core() {
             assert_eq!(sql_live, Some(rust), "window {window} s, created {delta} us after its edge: live");
             assert_eq!(sql_expired, Some(!rust), "window {window} s, created {delta} us after its edge: expired");
         }
+    }
+    // A lane's lag (`queen_core::overflow::lag`, `lag_sql!`).
+    let lag = queen_core::lag_sql!("c", "r", "e");
+    for (c, r, e) in [(0i64, 0i64, 0i64), (0, 0, 5), (5, 0, 3), (2, 4, 9), (7, 4, 9), (9, 9, 9), (3, 10, 8)] {
+        let sql = format!("SELECT {lag} FROM (SELECT {c}::int8 AS c, {r}::int8 AS r, {e}::int8 AS e) x");
+        assert_eq!(Spi::get_one::<i64>(&sql).unwrap(), Some(queen_core::overflow::lag(c, r, e)), "lag({c}, {r}, {e})");
     }
 }

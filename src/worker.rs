@@ -621,10 +621,19 @@ fn journal_round(m: &mut Maintenance) {
     m.done(Pass::Prepared);
 }
 
-/// Retention, queue by queue (each in its own transaction: no lock is held for the whole
-/// pass), then the rotation of the segment generations, then the expiry of idle
+/// The skip groups' overflow (`ops::overflow::skip_queue`), then retention, queue by queue
+/// (each in its own transaction: no lock is held for the whole pass), then the rotation of the segment generations, then the expiry of idle
 /// partitions and old dedup entries.
 fn retention_round(m: &mut Maintenance) {
+    // Skip groups past their max_lag first: what they pass over may then go.
+    let skips = m.step(Pass::Retention, "the skip groups", || Spi::connect_mut(crate::ops::overflow::queues_to_skip));
+    for queue_id in skips.unwrap_or_default() {
+        if Maintenance::stopping() {
+            return;
+        }
+        let what = format!("queue {queue_id}'s skip groups");
+        let _ = m.step(Pass::Retention, &what, || Spi::connect_mut(|c| crate::ops::overflow::skip_queue(c, queue_id)));
+    }
     let queues = m.step(Pass::Retention, "the queue list", || Spi::connect_mut(crate::storage::retention::queues_due));
     let mut bytes = 0;
     for (queue_id, retention) in queues.unwrap_or_default() {

@@ -19,6 +19,7 @@ pub mod lease;
 pub mod lock_order;
 pub mod names;
 pub mod offsets;
+pub mod overflow;
 pub mod policy;
 pub mod routing;
 pub mod segment;

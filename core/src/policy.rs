@@ -79,6 +79,10 @@ pub struct QueueOptions {
     /// it (`expired`) but files it as a dead letter (or drops it without a DLQ); 0 (the
     /// default): for ever.
     pub ttl: i64,
+    /// The most unconsumed messages a push may leave in the queue (`overflow::depth`), at
+    /// least 1;
+    /// None (the default): no limit.
+    pub max_depth: Option<i64>,
 }
 
 impl QueueOptions {
@@ -97,6 +101,7 @@ impl QueueOptions {
         create_groups: true,
         partition_idle_ttl: 0,
         ttl: 0,
+        max_depth: None,
     };
 
     /// What a queue created implicitly (by its first push, pop or group) stores: the
@@ -154,7 +159,12 @@ impl QueueOptions {
                 format!("{} s (must be 0 to {} s)", secs(self.ttl), secs(limits::TTL)),
             ));
         }
-        Ok(())
+        match self.max_depth {
+            Some(m) if m < 1 => {
+                Err(Violation::invalid("max_depth", format!("{m} (must be at least 1, or NULL for no limit)")))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The pause before a batch whose failed acks number `retry_count` (counting the one
@@ -568,6 +578,14 @@ mod tests {
                 .argument,
             "ttl"
         );
+    }
+
+    #[test]
+    fn max_depth_is_at_least_one() {
+        let with = |m| QueueOptions { max_depth: m, ..QueueOptions::CONFIGURED }.validate(limits::MAX_LEASE_DEFAULT);
+        assert_eq!(with(Some(0)).unwrap_err().argument, "max_depth");
+        assert_eq!(with(Some(-5)).unwrap_err().argument, "max_depth");
+        assert!(with(Some(1)).is_ok() && with(None).is_ok());
     }
 
     #[test]

@@ -40,8 +40,14 @@ ALTER TABLE queen.log_dlq ADD COLUMN last_offset bigint,
 -- because it could not open or decode them are not told apart).
 ALTER TABLE queen.queues ADD COLUMN ttl interval NOT NULL DEFAULT '0s';
 ALTER TABLE queen.log_dlq ADD COLUMN reason text NOT NULL DEFAULT 'failed'
-  CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged'));
+  CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged', 'skipped'));
 ALTER TYPE queen.dead_letter ADD ATTRIBUTE reason text;
+
+-- Maximum depth (configure's max_depth) and each group's overflow policy (configure_group's
+-- max_lag and on_overflow): src/api/overflow.rs, queen_core::overflow.
+ALTER TABLE queen.queues ADD COLUMN max_depth bigint;
+ALTER TABLE queen.groups ADD COLUMN max_lag bigint,
+  ADD COLUMN on_overflow text NOT NULL DEFAULT 'hold' CHECK (on_overflow IN ('hold', 'skip'));
 
 -- Bulk redrive (queen.dlq_redrive): when a dead letter was pushed again.
 ALTER TABLE queen.log_dlq ADD COLUMN redriven_at timestamptz;
@@ -66,28 +72,36 @@ DROP FUNCTION queen._group_hash(text);
 -- update).
 DROP FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int);
 
--- configure gains create_groups and partition_idle_ttl (a new C symbol: the 0.3.0 one
--- raises, asking for this update). Grants given on the old signature are given again.
--- (Role oids, 'g' marking the grant option, kept in a setting of this transaction for the
--- grant below: a table made here would become a member of the extension.)
-SELECT pg_catalog.set_config('queen_upgrade.configure_acl', coalesce(pg_catalog.string_agg(
+-- configure gains create_groups, partition_idle_ttl, ttl and max_depth; configure_group
+-- gains max_lag and on_overflow (new C symbols: the 0.3.0 ones raise, asking for this
+-- update). Grants given on the old signatures are given again. (Role oids, 'g' marking the
+-- grant option, kept in settings of this transaction for the grants below: a table made
+-- here would become a member of the extension.)
+SELECT pg_catalog.set_config('queen_upgrade.' || p.proname || '_acl', coalesce(pg_catalog.string_agg(
          a.grantee::text || CASE WHEN a.is_grantable THEN 'g' ELSE '' END, ','), ''), true)
-  FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
- WHERE p.oid = 'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'::regprocedure
-   AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
-   AND a.grantee NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = 'queen_admin');
+  FROM pg_catalog.pg_proc p LEFT JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+    ON a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+   AND a.grantee NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = 'queen_admin')
+ WHERE p.oid IN ('queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'::regprocedure,
+                 'queen.configure_group(text, text, interval, interval, interval, interval)'::regprocedure)
+ GROUP BY p.proname;
 DROP FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval);
+DROP FUNCTION queen.configure_group(text, text, interval, interval, interval, interval);
 
 -- @functions
 
--- Grants given on configure's 0.3.0 signature, given again on the new one.
+-- Grants given on the 0.3.0 signatures of configure and configure_group, given again on the
+-- new ones.
 DO $$
 DECLARE
+  f text;
   g text;
 BEGIN
-  FOREACH g IN ARRAY pg_catalog.string_to_array(pg_catalog.current_setting('queen_upgrade.configure_acl', true), ',') LOOP
-    EXECUTE 'GRANT EXECUTE ON FUNCTION ' || 'queen.configure'::regproc::oid::regprocedure || ' TO '
-            || pg_catalog.rtrim(g, 'g')::oid::regrole
-            || CASE WHEN g LIKE '%g' THEN ' WITH GRANT OPTION' ELSE '' END;
+  FOREACH f IN ARRAY ARRAY['configure', 'configure_group'] LOOP
+    FOREACH g IN ARRAY pg_catalog.string_to_array(pg_catalog.current_setting('queen_upgrade.' || f || '_acl', true), ',') LOOP
+      EXECUTE 'GRANT EXECUTE ON FUNCTION ' || ('queen.' || f)::regproc::oid::regprocedure || ' TO '
+              || pg_catalog.rtrim(g, 'g')::oid::regrole
+              || CASE WHEN g LIKE '%g' THEN ' WITH GRANT OPTION' ELSE '' END;
+    END LOOP;
   END LOOP;
 END $$;

@@ -25,22 +25,28 @@ fn secs(m: i64) -> f64 {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) IS
-  'queen: store a consumer group''s lease budget (queue margin + handler timeout + grace + record margin)';
+COMMENT ON FUNCTION queen.configure_group IS
+  'queen: store a consumer group''s lease budget (queue margin + handler timeout + grace + record margin) and its overflow policy';
 "#,
     name = "configure_group_home",
-    requires = [configure_group]
+    requires = [configure_group_v2]
 );
 
-#[pg_extern(security_definer)]
+/// `queen.configure_group` (docs/functions.md#configure_group): stores a group's lease
+/// budget and its overflow policy (`max_lag` in each partition, `on_overflow`), creating
+/// the group as a first pop would. Every argument not given takes its default.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(name = "configure_group", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn configure_group(
+fn configure_group_v2(
     queue: Option<&str>,
     consumer_group: Option<&str>,
     handler_timeout: default!(Option<Interval>, "'30 s'"),
     queue_margin: default!(Option<Interval>, "'15 s'"),
     timeout_grace: default!(Option<Interval>, "'1 s'"),
     record_margin: default!(Option<Interval>, "'2 s'"),
+    max_lag: default!(Option<i64>, "NULL"),
+    on_overflow: default!(Option<&str>, "'hold'"),
 ) -> JsonB {
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     let group = consumer_group.unwrap_or_else(|| errors::null_arg("consumer_group"));
@@ -57,6 +63,8 @@ fn configure_group(
     if let Err(v) = b.validate() {
         errors::violation(v);
     }
+    let on_overflow = on_overflow.unwrap_or_else(|| errors::null_arg("on_overflow"));
+    let policy = queen_core::overflow::check_group(max_lag, on_overflow).unwrap_or_else(|v| errors::violation(v));
     // Pops cache a group's budget (`pop::group_info`): they read it again once this commits.
     crate::pg::cache::invalidate();
     Spi::connect_mut(|client| {
@@ -67,12 +75,13 @@ fn configure_group(
         run(
             client,
             "INSERT INTO queen.groups AS g (queue_id, consumer_group, handler_timeout, queue_margin,
-                                          timeout_grace, record_margin)
+                                          timeout_grace, record_margin, max_lag, on_overflow)
              VALUES ($1, $2, make_interval(secs => $3), make_interval(secs => $4),
-                     make_interval(secs => $5), make_interval(secs => $6))
+                     make_interval(secs => $5), make_interval(secs => $6), $7, $8)
              ON CONFLICT (queue_id, consumer_group) DO UPDATE SET
                handler_timeout = EXCLUDED.handler_timeout, queue_margin = EXCLUDED.queue_margin,
-               timeout_grace = EXCLUDED.timeout_grace, record_margin = EXCLUDED.record_margin",
+               timeout_grace = EXCLUDED.timeout_grace, record_margin = EXCLUDED.record_margin,
+               max_lag = EXCLUDED.max_lag, on_overflow = EXCLUDED.on_overflow",
             &[
                 queue_id.into(),
                 group.into(),
@@ -80,6 +89,8 @@ fn configure_group(
                 secs(b.queue_margin).into(),
                 secs(b.timeout_grace).into(),
                 secs(b.record_margin).into(),
+                max_lag.into(),
+                policy.as_str().into(),
             ],
         );
     });
@@ -91,7 +102,24 @@ fn configure_group(
         "timeoutGrace": secs(b.timeout_grace),
         "recordMargin": secs(b.record_margin),
         "leaseSeconds": secs(b.lease_micros()),
+        "maxLag": max_lag,
+        "onOverflow": policy.as_str(),
     }))
+}
+
+crate::pg::srf::function_info_v1!(pg_finfo_configure_group_wrapper);
+
+/// The C symbol of `queen.configure_group` up to 0.3.0, whose SQL declared 6 arguments. A
+/// database whose SQL is still that of 0.3.0 when this library is loaded (after an
+/// upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this error from a
+/// configure_group instead of a call with the wrong arguments.
+///
+/// # Safety
+/// Called by PostgreSQL only.
+#[no_mangle]
+#[pgrx::pg_guard]
+pub unsafe extern "C-unwind" fn configure_group_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    crate::pg::errors::older_sql()
 }
 
 extension_sql!(

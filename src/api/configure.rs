@@ -49,6 +49,7 @@ fn configure_queue(
     create_groups: pgrx::default!(Option<bool>, true),
     partition_idle_ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
     ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
+    max_depth: pgrx::default!(Option<i64>, "NULL"),
 ) -> pgrx::JsonB {
     let queue = queue.unwrap_or_else(|| null_arg("queue"));
     check_queue_name("queue", queue);
@@ -82,6 +83,7 @@ fn configure_queue(
         create_groups,
         partition_idle_ttl: interval_micros("partition_idle_ttl", partition_idle_ttl),
         ttl: interval_micros("ttl", ttl),
+        max_depth,
     };
     if let Err(v) = options.validate(settings::max_lease()) {
         crate::pg::errors::violation(v);
@@ -137,8 +139,8 @@ fn store(
         "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
                                        dlq_after_max_retries, dedup_window, encryption, retention,
                                        retry_backoff, retry_backoff_max, delay, create_groups,
-                                       partition_idle_ttl, ttl)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                       partition_idle_ttl, ttl, max_depth)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (name) DO UPDATE SET
            lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
            dead_letter_queue = EXCLUDED.dead_letter_queue,
@@ -147,7 +149,7 @@ fn store(
            retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
            retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
            create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
-           ttl = EXCLUDED.ttl, updated_at = now()",
+           ttl = EXCLUDED.ttl, max_depth = EXCLUDED.max_depth, updated_at = now()",
         &[
             queue.into(),
             o.lease_time.into(),
@@ -163,6 +165,7 @@ fn store(
             o.create_groups.into(),
             intervals.partition_idle_ttl.into(),
             intervals.ttl.into(),
+            o.max_depth.into(),
         ],
     );
     encryption
@@ -185,6 +188,7 @@ fn answer(o: &QueueOptions, encryption: bool) -> pgrx::JsonB {
         "createGroups": o.create_groups,
         "partitionIdleTtl": secs(o.partition_idle_ttl),
         "ttl": secs(o.ttl),
+        "maxDepth": o.max_depth,
     }))
 }
 

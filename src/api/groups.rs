@@ -8,87 +8,19 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::{JsonB, PgSqlErrorCode};
 
-use queen_core::lanes::{seek_cursor, State};
+use queen_core::lanes::seek_cursor;
 use serde_json::json;
 
-use crate::pg::clock::{clock_now, timestamptz};
+use crate::ops::cursors::{lock_lanes, move_cursor, Lane};
+use crate::pg::clock::timestamptz;
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::ids::from_pg_uuid;
 use crate::pg::spi::{first_value, run};
 use crate::queue::names::{check_lane_name, check_queue_name};
 
-/// One lane of the group, locked by this transaction.
-struct Lane {
-    partition_id: pgrx::Uuid,
-    partition: String,
-    retained_through: i64,
-    head: i64,
-    /// The cursor and whether a live lease holds the lane.
-    committed: i64,
-    leased: bool,
-    /// With the lane registry: its state.
-    registry: Option<State>,
-}
-
 fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
     let id = crate::queue::lookup::queue_id(client, queue)?;
     crate::pg::locks::share_queue(id).then_some(id)
-}
-
-/// The group's lanes (of one partition, if given), locked in partition order.
-fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, partition: Option<&str>) -> Vec<Lane> {
-    let registry = crate::lane::registry::enabled();
-    let now = clock_now();
-    // With the registry the lanes are locked there (the rows carry nothing live, and
-    // locking them could wait for the worker's journal rotation, which waits for us).
-    // Without it, the rows are the lanes.
-    let args = [queue_id.into(), group.into(), partition.into(), timestamptz(now).into()];
-    let rows = if registry {
-        run(
-            client,
-            "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, false
-               FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
-              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
-                AND $4::timestamptz IS NOT NULL
-              ORDER BY l.partition_id",
-            &args,
-        )
-    } else {
-        run(
-            client,
-            concat!(
-                "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, coalesce(",
-                queen_core::lease_live_sql!("l", "$4"),
-                ", false)
-               FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
-              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
-              ORDER BY l.partition_id
-                FOR UPDATE OF l"
-            ),
-            &args,
-        )
-    };
-    let rows: Vec<Lane> = rows
-        .map(|r| Lane {
-            partition_id: r.get::<pgrx::Uuid>(1).or_raise().unwrap(),
-            partition: r.get::<String>(2).or_raise().unwrap(),
-            retained_through: r.get::<i64>(3).or_raise().unwrap(),
-            head: r.get::<i64>(4).or_raise().unwrap(),
-            committed: r.get::<i64>(5).or_raise().unwrap(),
-            leased: r.get::<bool>(6).or_raise().unwrap(),
-            registry: None,
-        })
-        .collect();
-    if !registry {
-        return rows;
-    }
-    rows.into_iter()
-        .filter_map(|lane| {
-            // None: the lane went away while this waited (its group was dropped).
-            let s = crate::lane::registry::lock(lane.partition_id, group, true)?;
-            Some(Lane { committed: s.committed, leased: s.live_lease(now), registry: Some(s), ..lane })
-        })
-        .collect()
 }
 
 fn refuse_leased(lanes: &[Lane], force: bool, what: &str) {
@@ -201,7 +133,7 @@ fn seek(
         if !group_exists(client, queue_id, group) {
             no_group(queue, group);
         }
-        let lanes = lock_lanes(client, queue_id, group, partition);
+        let lanes = lock_lanes(client, queue_id, group, partition, None);
         if let (Some(p), true) = (partition, lanes.is_empty()) {
             errors::raise(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -246,21 +178,6 @@ fn seek_lanes(
     }
     crate::lane::registry::journal(client, group, &journal);
     out
-}
-
-/// Sets a locked lane's cursor to `to` (`queen_core::lane::seek`: the lease, if any, ends
-/// and the retry count restarts): in the registry, with its journal entry added to
-/// `journal`, or in the lane row.
-fn move_cursor(client: &mut SpiClient<'_>, l: &Lane, group: &str, to: i64, journal: &mut Vec<(pgrx::Uuid, State)>) {
-    if let Some(s) = l.registry {
-        let new = queen_core::lane::seek(&queen_core::lane::Lane::from_registry(&s), to).to_registry(&s);
-        crate::lane::registry::set(l.partition_id, group, new, None);
-        if new.journal_seq != s.journal_seq {
-            journal.push((l.partition_id, new));
-        }
-    } else {
-        crate::lane::rows::seek(client, l.partition_id, group, to);
-    }
 }
 
 extension_sql!(
@@ -315,7 +232,7 @@ fn purge(
         };
         let mut out = Vec::new();
         for g in &groups {
-            let lanes = lock_lanes(client, queue_id, g, None);
+            let lanes = lock_lanes(client, queue_id, g, None, None);
             refuse_leased(&lanes, force, "purge");
             out.extend(purge_lanes(client, queue_id, &lanes, g));
         }
@@ -390,7 +307,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
         if !group_exists(client, queue_id, group) {
             return None;
         }
-        let lanes = lock_lanes(client, queue_id, group, None);
+        let lanes = lock_lanes(client, queue_id, group, None, None);
         refuse_leased(&lanes, force, "drop the group");
         let pids: Vec<pgrx::Uuid> = lanes.iter().map(|l| l.partition_id).collect();
         // The journal first (its entries would otherwise revive these cursors if the group

@@ -17,7 +17,9 @@ COMMENT ON FUNCTION queen.retain(text) IS
     requires = [retain]
 );
 
-/// One retention pass over `queue`, or over every queue with `retention > 0`.
+/// One retention pass over `queue`, or over every queue with `retention > 0`, after the
+/// queue's skip groups past their `max_lag` have moved (`skipped`: the messages they
+/// passed over).
 #[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
@@ -26,13 +28,19 @@ fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
         crate::queue::citus::ensure_home(q);
     }
     crate::queue::privileges::require(queue, crate::queue::privileges::Privilege::Admin);
-    let (queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
+    let (skipped, queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
+        // Skip groups past their max_lag move first (`ops::overflow`).
+        let skipping = match queue {
+            Some(q) => crate::queue::lookup::queue_id(client, q).into_iter().collect(),
+            None => crate::ops::overflow::queues_to_skip(client),
+        };
+        let skipped: i64 = skipping.into_iter().map(|id| crate::ops::overflow::skip_queue(client, id)).sum();
         let (queues, segments, bytes) = retain_in(client, queue);
         // A pass over every queue also rotates the segment generations when that is due.
         let rotated = queue.is_none() && matches!(crate::storage::generations::rotate(client), Rotated::Yes { .. });
-        (queues, segments, bytes, rotated)
+        (skipped, queues, segments, bytes, rotated)
     });
-    let mut out = json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes});
+    let mut out = json!({"queues": queues, "segmentsDeleted": segments, "bytesDeleted": bytes, "skipped": skipped});
     if queue.is_none() {
         out["generationRotated"] = rotated.into();
     }

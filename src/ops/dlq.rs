@@ -70,7 +70,7 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
 }
 
 /// Files a span of offsets that a group's cursor passed without delivering them
-/// (`queen.purge`): one row with no payload, `msg_offset` its first offset and
+/// (`queen.purge`, a skip group past its `max_lag`): one row with no payload, `msg_offset` its first offset and
 /// `last_offset` its last, addressed by the transaction id `"{reason} {from}..{to}"`.
 pub fn file_span(
     client: &mut SpiClient<'_>,

@@ -392,24 +392,22 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
     loop {
         let row = run(
             client,
-            "SELECT q.queue_id, q.dedup_window, q.encryption, p.partition_id
+            "SELECT q.queue_id, q.dedup_window, q.encryption, p.partition_id, q.max_depth,
+                    EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = q.queue_id
+                               AND g.on_overflow = 'hold' AND g.max_lag IS NOT NULL)
                FROM queen.queues q
                LEFT JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = $2
               WHERE q.name = $1",
             &[queue.into(), partition.into()],
         );
-        let (queue_id, dedup_window, encrypted, pid) = match row.into_iter().next() {
-            Some(r) => (
-                r.get::<i64>(1).or_raise().unwrap(),
-                r.get::<i32>(2).or_raise().unwrap(),
-                r.get::<bool>(3).or_raise().unwrap(),
-                r.get::<pgrx::Uuid>(4).or_raise(),
-            ),
-            None => {
-                let (queue_id, dedup_window, encrypted) = lookup::ensure_queue(client, queue);
-                (queue_id, dedup_window, encrypted, None)
-            }
+        let Some(r) = row.into_iter().next() else {
+            // A new queue: created (or found, when another session just created it), then
+            // read again.
+            lookup::ensure_queue(client, queue);
+            continue;
         };
+        let queue_id = r.get::<i64>(1).or_raise().unwrap();
+        let pid = r.get::<pgrx::Uuid>(4).or_raise();
         // The queue lock before the partition row's foreign key locks the queue row
         // (`queen_core::lock_order`); a queue deleted while this waited is created again.
         if pid.is_none() && !crate::pg::locks::share_queue(queue_id) {
@@ -417,7 +415,14 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
         }
         // A partition another session creates at the same moment: look it up again.
         if let Some(partition_id) = pid.or_else(|| lookup::create_partition(client, queue_id, partition)) {
-            return Target { queue_id, partition_id, dedup_window, encrypted };
+            return Target {
+                queue_id,
+                partition_id,
+                dedup_window: r.get::<i32>(2).or_raise().unwrap(),
+                encrypted: r.get::<bool>(3).or_raise().unwrap(),
+                max_depth: r.get::<i64>(5).or_raise(),
+                lag_limited: r.get::<bool>(6).or_raise().unwrap(),
+            };
         }
     }
 }
@@ -636,6 +641,8 @@ struct Call<'a> {
     rows: Vec<Option<PushRow>>,
     fresh_tier: Writes,
     durable_tier: Writes,
+    /// Messages stored so far by this call, per queue id (for `max_depth`).
+    queued: HashMap<i64, i64>,
 }
 
 impl<'a> Call<'a> {
@@ -660,6 +667,7 @@ impl<'a> Call<'a> {
             rows: (0..items.len()).map(|_| None).collect(),
             fresh_tier: Writes::default(),
             durable_tier: Writes::default(),
+            queued: HashMap::new(),
         }
     }
 
@@ -704,6 +712,12 @@ impl<'a> Call<'a> {
         if fresh.is_empty() {
             return true; // every item was a duplicate: no offsets, no segment
         }
+        // A queue with a maximum depth, or a group with a maximum lag: refused past them,
+        // before anything is reserved.
+        if t.max_depth.is_some() || t.lag_limited {
+            let earlier = *self.queued.get(&t.queue_id).unwrap_or(&0);
+            crate::ops::overflow::check_push(client, queue, &t, fresh.len() as i64, earlier);
+        }
         // Without dedup every reserved offset is written (or the call fails).
         let Some(first) = reserve(client, t.partition_id, fresh.len() as i64, !dedup) else {
             return false;
@@ -725,6 +739,7 @@ impl<'a> Call<'a> {
             let original = (to_pg_uuid(original.message_id), original.msg_offset);
             self.rows[idxs[k]] = Some(self.duplicate(idxs[k], t.partition_id, original));
         }
+        *self.queued.entry(t.queue_id).or_default() += stored.iter().filter(|&&s| s).count() as i64;
         // The segment ends on its last stored message: a gap at the end is no entry.
         let Some(last_k) = stored.iter().rposition(|&s| s) else { return true };
         let data = self.encode(queue, &t, &fresh[..=last_k], &stored);

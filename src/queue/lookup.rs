@@ -16,6 +16,10 @@ pub struct Target {
     pub partition_id: pgrx::Uuid,
     pub dedup_window: i32,
     pub encrypted: bool,
+    /// The queue's `max_depth`, and whether a `hold` group has a `max_lag`: a push then
+    /// checks them (`ops::overflow::check_push`).
+    pub max_depth: Option<i64>,
+    pub lag_limited: bool,
 }
 
 thread_local! {

@@ -1,0 +1,178 @@
+//! Maximum depth and overflow policies (docs/concepts.md#maximum-depth); the rules are
+//! `queen_core::overflow`'s.
+//!
+//! - `check_push`: before a push reserves offsets, the queue's depth and the pushed
+//!   partition's `hold` lags are read (committed state: the readable ends and the groups'
+//!   committed cursors), and the push is refused (53400) when it would pass a limit.
+//!   Nothing is stored then. Only queues with a limit pay for the read.
+//! - `skip_queue`: the background worker's retention round (and `queen.retain`) moves a
+//!   `skip` group's cursor past its oldest messages wherever its lag passes its `max_lag`,
+//!   and files each span passed as one dead letter, reason `skipped`.
+
+use pgrx::spi::SpiClient;
+use pgrx::PgSqlErrorCode;
+use queen_core::overflow::{self, Refusal};
+
+use crate::ops::cursors::{lock_lanes, move_cursor};
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::spi::run;
+use crate::queue::lookup::Target;
+
+/// (`lane_lags!`) The committed cursor of each lane (`queen._lane`: the registry's, else the row's) with
+/// its partition's readable end and retention mark, for the lanes of the groups of queue
+/// `$1` that `$3` picks (`hold` or `skip`), of partition `$2` only unless NULL.
+macro_rules! lane_lags {
+    () => {
+        concat!(
+            "SELECT g.consumer_group, g.max_lag, l.partition_id, ",
+            queen_core::lag_sql!("v.committed", "p.retained_through", "queen._readable(p.partition_id, p.head)"),
+            " AS lag
+               FROM queen.groups g
+               JOIN queen.lanes l ON l.queue_id = g.queue_id AND l.consumer_group = g.consumer_group
+               JOIN queen.partitions p ON p.partition_id = l.partition_id
+              CROSS JOIN LATERAL queen._lane(l.partition_id, l.consumer_group, l.committed, l.lease_id,
+                                             l.lease_expires_at, l.batch_end, l.batch_retry_count, l.attempt_count) v
+              WHERE g.queue_id = $1 AND g.on_overflow = $3 AND ($2::uuid IS NULL OR l.partition_id = $2)"
+        )
+    };
+}
+
+/// The `hold` groups with a `max_lag`, with their lag in the partition `$2`.
+const HOLD_LAGS_HERE: &str =
+    concat!("SELECT consumer_group, lag, max_lag FROM (", lane_lags!(), ") x WHERE max_lag IS NOT NULL ORDER BY 1");
+
+/// Everything stored in queue `$1`, whether it has a group, and each `hold` group's lag.
+const DEPTH: &str = concat!(
+    "SELECT (SELECT coalesce(sum(",
+    queen_core::lag_sql!("p.retained_through", "p.retained_through", "queen._readable(p.partition_id, p.head)"),
+    "), 0)::int8 FROM queen.partitions p WHERE p.queue_id = $1),
+            EXISTS (SELECT 1 FROM queen.groups WHERE queue_id = $1),
+            (SELECT array_agg(lag) FROM (SELECT sum(lag)::int8 AS lag FROM (",
+    lane_lags!(),
+    ") x GROUP BY consumer_group) s)"
+);
+
+/// The `skip` groups' lanes past their `max_lag`.
+const SKIP_OVER: &str = concat!(
+    "SELECT consumer_group, max_lag, partition_id FROM (",
+    lane_lags!(),
+    ") x WHERE lag > max_lag ORDER BY 1, 3"
+);
+
+/// Refuses (53400) a push of `n` messages to target `t` of `queue` that would take the
+/// queue past its `max_depth`, or a `hold` group past its `max_lag` in the partition.
+/// The depth counts this transaction's own pushes: with the offset registry its
+/// reservations are readable to itself; without it, its earlier statements' segments are,
+/// but not this call's, which are written at its end: `earlier` counts those (messages
+/// this call already queued to the same queue).
+pub fn check_push(client: &mut SpiClient<'_>, queue: &str, t: &Target, n: i64, earlier: i64) {
+    let depth = match t.max_depth {
+        Some(_) if crate::offsets::enabled() => queue_depth(client, t.queue_id),
+        Some(_) => queue_depth(client, t.queue_id) + earlier,
+        None => 0,
+    };
+    let here: Vec<(String, i64, i64)> = if t.lag_limited {
+        run(client, HOLD_LAGS_HERE, &[t.queue_id.into(), t.partition_id.into(), "hold".into()])
+            .map(|r| {
+                (
+                    r.get::<String>(1).or_raise().unwrap(),
+                    r.get::<i64>(2).or_raise().unwrap(),
+                    r.get::<i64>(3).or_raise().unwrap(),
+                )
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let groups = here.iter().map(|(g, lag, max)| (g.as_str(), *lag, *max));
+    match overflow::push_refusal(n, t.max_depth, depth, groups) {
+        None => {}
+        Some(Refusal::Queue { depth, max_depth }) => errors::raise(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!(
+                "queen: queue {queue:?} is full: {depth} messages unconsumed, max_depth {max_depth}; \
+                 a push of {n} is refused (consume, raise max_depth, or skip a group's backlog)"
+            ),
+        ),
+        Some(Refusal::Group { group, lag, max_lag }) => errors::raise(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!(
+                "queen: queue {queue:?} is full for consumer group {group:?}: {lag} messages unconsumed in this \
+                 partition, max_lag {max_lag}; a push of {n} is refused (consume, or configure the group's \
+                 max_lag or on_overflow => 'skip')"
+            ),
+        ),
+    }
+}
+
+/// The queue's depth (`overflow::depth`): every stored offset while it has no group, else
+/// the lag of its slowest `hold` group.
+fn queue_depth(client: &mut SpiClient<'_>, queue_id: i64) -> i64 {
+    let row = run(client, DEPTH, &[queue_id.into(), Option::<pgrx::Uuid>::None.into(), "hold".into()])
+        .next()
+        .expect("one row");
+    let stored = row.get::<i64>(1).or_raise().unwrap_or(0);
+    let any_group = row.get::<bool>(2).or_raise().unwrap_or(false);
+    let lags = row.get::<Vec<i64>>(3).or_raise().unwrap_or_default();
+    overflow::depth(stored, any_group, lags)
+}
+
+/// Queues with a `skip` group that has a `max_lag` (the worker's list).
+pub fn queues_to_skip(client: &mut SpiClient<'_>) -> Vec<i64> {
+    run(client, "SELECT DISTINCT queue_id FROM queen.groups WHERE on_overflow = 'skip' ORDER BY 1", &[])
+        .map(|r| r.get::<i64>(1).or_raise().unwrap())
+        .collect()
+}
+
+/// Moves every `skip` group of the queue past its oldest messages wherever its lag passes
+/// its `max_lag` (`overflow::skip_span`), filing each span as one `skipped` dead letter.
+/// A lane under a live lease is left for a later pass (its consumer is at work; its next
+/// batch ends the lease). Returns the messages skipped; 0 when the queue is gone.
+pub fn skip_queue(client: &mut SpiClient<'_>, queue_id: i64) -> i64 {
+    if !crate::pg::locks::share_queue(queue_id) {
+        return 0;
+    }
+    // The lanes past their max_lag, by group: a first look without locks.
+    let over: Vec<(String, i64, pgrx::Uuid)> =
+        run(client, SKIP_OVER, &[queue_id.into(), Option::<pgrx::Uuid>::None.into(), "skip".into()])
+            .map(|r| {
+                (
+                    r.get::<String>(1).or_raise().unwrap(),
+                    r.get::<i64>(2).or_raise().unwrap(),
+                    r.get(3).or_raise().unwrap(),
+                )
+            })
+            .collect();
+    let mut groups: Vec<(&str, i64, Vec<pgrx::Uuid>)> = Vec::new();
+    for (g, max_lag, pid) in &over {
+        match groups.last_mut() {
+            Some(last) if last.0 == g.as_str() => last.2.push(*pid),
+            _ => groups.push((g.as_str(), *max_lag, vec![*pid])),
+        }
+    }
+    groups.into_iter().map(|(group, max_lag, pids)| skip_lanes(client, queue_id, group, max_lag, &pids)).sum()
+}
+
+/// Locks the lanes `pids` of `group` and moves each that is still past `max_lag` and under
+/// no live lease, filing the span passed. Returns the messages skipped.
+fn skip_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, max_lag: i64, pids: &[pgrx::Uuid]) -> i64 {
+    let mut journal = Vec::new();
+    let mut skipped = 0;
+    for l in lock_lanes(client, queue_id, group, None, Some(pids)) {
+        if l.leased {
+            continue;
+        }
+        let readable = crate::offsets::readable(l.partition_id, l.head);
+        let Some((from, to)) = overflow::skip_span(l.committed, l.retained_through, readable, max_lag) else {
+            continue;
+        };
+        let error = format!(
+            "skipped: offsets {from}..{to} passed over by group {group:?}, whose lag passed its max_lag {max_lag}"
+        );
+        crate::ops::dlq::file_span(client, queue_id, l.partition_id, group, (from, to), "skipped", &error);
+        move_cursor(client, &l, group, to, &mut journal);
+        skipped += to - from + 1;
+    }
+    crate::lane::registry::journal(client, group, &journal);
+    skipped
+}
