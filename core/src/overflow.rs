@@ -109,6 +109,19 @@ pub fn push_refusal<'a>(
         .map(|(g, lag, max_lag)| Refusal::Group { group: g.to_string(), lag, max_lag })
 }
 
+/// How long a backend trusts a headroom it read (microseconds): meanwhile its pushes that
+/// the headroom covers pass without reading the queue again.
+pub const HEADROOM_FRESH_US: i64 = 20_000;
+
+/// Whether a push of `n` may pass on a headroom (messages a limit still allows) read
+/// `age_us` ago and lowered by every push of this backend since: only while it is fresh
+/// and covers `n`. Otherwise the push reads again, and is refused only on that fresh read.
+/// So a backend never refuses on stale numbers; what it may miss is other sessions'
+/// pushes of the last `HEADROOM_FRESH_US`.
+pub fn headroom_covers(headroom: i64, age_us: i64, n: i64) -> bool {
+    (0..HEADROOM_FRESH_US).contains(&age_us) && headroom >= n
+}
+
 /// The span a `skip` group's lane passes over, first and last offset: its oldest
 /// messages, so that `max_lag` are left after its cursor. None when the lane is within
 /// its `max_lag`.
@@ -151,6 +164,14 @@ mod tests {
             Some(Refusal::Group { group: "b".into(), lag: 5, max_lag: 5 })
         );
         assert_eq!(push_refusal(1, Some(100), 0, [("a", 4, 5)]), None);
+    }
+
+    #[test]
+    fn a_cached_headroom_passes_only_while_fresh_and_enough() {
+        assert!(headroom_covers(5, 0, 5));
+        assert!(!headroom_covers(4, 0, 5));
+        assert!(!headroom_covers(100, HEADROOM_FRESH_US, 1), "stale");
+        assert!(!headroom_covers(100, -1, 1), "a clock that went back reads again");
     }
 
     #[test]

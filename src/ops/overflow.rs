@@ -61,47 +61,108 @@ const SKIP_OVER: &str = concat!(
 
 /// Refuses (53400) a push of `n` messages to target `t` of `queue` that would take the
 /// queue past its `max_depth`, or a `hold` group past its `max_lag` in the partition.
-/// The depth counts this transaction's own pushes: with the offset registry its
-/// reservations are readable to itself; without it, its earlier statements' segments are,
-/// but not this call's, which are written at its end: `earlier` counts those (messages
-/// this call already queued to the same queue).
+///
+/// Each limit's headroom is read (`queue_depth`, `HOLD_LAGS_HERE`) and kept per backend
+/// for `HEADROOM_FRESH_US`, lowered by each push it lets pass (`Headrooms`); a push is
+/// refused only on a fresh read (`overflow::headroom_covers`). The depth counts this
+/// transaction's own pushes: with the offset registry its reservations are readable to
+/// itself; without it, its earlier statements' segments are, but not this call's, which are
+/// written at its end: `earlier` counts those (messages this call already queued to the
+/// same queue).
 pub fn check_push(client: &mut SpiClient<'_>, queue: &str, t: &Target, n: i64, earlier: i64) {
-    let depth = match t.max_depth {
-        Some(_) if crate::offsets::enabled() => queue_depth(client, t.queue_id),
-        Some(_) => queue_depth(client, t.queue_id) + earlier,
-        None => 0,
-    };
-    let here: Vec<(String, i64, i64)> = if t.lag_limited {
-        run(client, HOLD_LAGS_HERE, &[t.queue_id.into(), t.partition_id.into(), "hold".into()])
-            .map(|r| {
-                (
-                    r.get::<String>(1).or_raise().unwrap(),
-                    r.get::<i64>(2).or_raise().unwrap(),
-                    r.get::<i64>(3).or_raise().unwrap(),
-                )
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let groups = here.iter().map(|(g, lag, max)| (g.as_str(), *lag, *max));
-    match overflow::push_refusal(n, t.max_depth, depth, groups) {
-        None => {}
-        Some(Refusal::Queue { depth, max_depth }) => errors::raise(
-            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-            format!(
-                "queen: queue {queue:?} is full: {depth} messages unconsumed, max_depth {max_depth}; \
-                 a push of {n} is refused (consume, raise max_depth, or skip a group's backlog)"
-            ),
+    if let Some(max_depth) = t.max_depth {
+        let key = Headroom::Queue(t.queue_id);
+        if !Headrooms::take(key, n) {
+            let own = if crate::offsets::enabled() { 0 } else { earlier };
+            let depth = queue_depth(client, t.queue_id) + own;
+            if let Some(r) = overflow::push_refusal(n, Some(max_depth), depth, []) {
+                refuse(queue, n, r);
+            }
+            Headrooms::store(key, max_depth - depth - n);
+        }
+    }
+    if t.lag_limited {
+        let key = Headroom::Partition(t.partition_id);
+        if !Headrooms::take(key, n) {
+            let here: Vec<(String, i64, i64)> =
+                run(client, HOLD_LAGS_HERE, &[t.queue_id.into(), t.partition_id.into(), "hold".into()])
+                    .map(|r| {
+                        (
+                            r.get::<String>(1).or_raise().unwrap(),
+                            r.get::<i64>(2).or_raise().unwrap(),
+                            r.get::<i64>(3).or_raise().unwrap(),
+                        )
+                    })
+                    .collect();
+            if let Some(r) =
+                overflow::push_refusal(n, None, 0, here.iter().map(|(g, lag, max)| (g.as_str(), *lag, *max)))
+            {
+                refuse(queue, n, r);
+            }
+            let least = here.iter().map(|(_, lag, max)| max - lag).min().unwrap_or(i64::MAX);
+            Headrooms::store(key, least - n);
+        }
+    }
+}
+
+fn refuse(queue: &str, n: i64, r: Refusal) -> ! {
+    let message = match r {
+        Refusal::Queue { depth, max_depth } => format!(
+            "queen: queue {queue:?} is full: {depth} messages unconsumed, max_depth {max_depth}; \
+             a push of {n} is refused (consume, raise max_depth, or skip a group's backlog)"
         ),
-        Some(Refusal::Group { group, lag, max_lag }) => errors::raise(
-            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-            format!(
-                "queen: queue {queue:?} is full for consumer group {group:?}: {lag} messages unconsumed in this \
-                 partition, max_lag {max_lag}; a push of {n} is refused (consume, or configure the group's \
-                 max_lag or on_overflow => 'skip')"
-            ),
+        Refusal::Group { group, lag, max_lag } => format!(
+            "queen: queue {queue:?} is full for consumer group {group:?}: {lag} messages unconsumed in this \
+             partition, max_lag {max_lag}; a push of {n} is refused (consume, or configure the group's \
+             max_lag or on_overflow => 'skip')"
         ),
+    };
+    errors::raise(PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED, message)
+}
+
+/// What a headroom limits: a queue's depth, or the `hold` groups' lag in a partition.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Headroom {
+    Queue(i64),
+    Partition(pgrx::Uuid),
+}
+
+/// Per backend: each limit's headroom as last read, with when, and the cache generation
+/// it was read under (`cache::generation`: a `configure` or `configure_group` that commits
+/// starts a new one).
+struct Headrooms;
+
+thread_local! {
+    static HEADROOMS: std::cell::RefCell<std::collections::HashMap<Headroom, (u64, std::time::Instant, i64)>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+impl Headrooms {
+    /// Lets a push of `n` pass on the kept headroom of `key`, lowering it: false when there
+    /// is none, it is stale or too small (then the caller reads again).
+    fn take(key: Headroom, n: i64) -> bool {
+        let generation = crate::pg::cache::last_generation();
+        HEADROOMS.with(|h| {
+            let mut h = h.borrow_mut();
+            let Some((g, at, headroom)) = h.get_mut(&key) else { return false };
+            let age = at.elapsed().as_micros().min(i64::MAX as u128) as i64;
+            if *g != generation || !overflow::headroom_covers(*headroom, age, n) {
+                return false;
+            }
+            *headroom -= n;
+            true
+        })
+    }
+
+    fn store(key: Headroom, headroom: i64) {
+        let generation = crate::pg::cache::last_generation();
+        HEADROOMS.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.len() >= 10_000 {
+                h.clear();
+            }
+            h.insert(key, (generation, std::time::Instant::now(), headroom));
+        })
     }
 }
 
