@@ -117,6 +117,13 @@ pub struct Config {
     /// `queen.resume`) at random, each pause for up to 300 ms, and resumes everything when
     /// the run ends: delivery stops and starts again, and nothing may be lost or skipped.
     pub pauser: bool,
+    /// The last group of `groups` is a skip group with this `max_lag` (0: none), and a
+    /// session calls `queen.retain(queue)` every 30 to 120 ms, which moves it past its
+    /// oldest messages wherever its lag passed it. Each span passed is one `skipped`
+    /// dead-letter row; the checks count its messages as accounted for, and its span as
+    /// one advance of the group's cursor (so a span passed twice, or a message delivered
+    /// and acked inside a span, is caught).
+    pub skip_max_lag: i64,
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -156,6 +163,7 @@ impl Config {
             max_backlog: 0,
             ttl_ms: 0,
             pauser: false,
+            skip_max_lag: 0,
         }
     }
 
@@ -253,6 +261,9 @@ pub struct Report {
     pub expired: usize,
     /// Pauses the pauser session committed (queue and group pauses).
     pub pauses: usize,
+    /// Messages the skip group passed over (`skip_max_lag`), and in how many spans.
+    pub skipped_by_overflow: usize,
+    pub skip_spans: usize,
     /// Every broken invariant (the first 50), empty when the run kept them all.
     pub violations: Vec<String>,
 }
@@ -690,6 +701,15 @@ pub fn run_report(cfg: &Config) -> Report {
             }
         }
     }
+    if cfg.skip_max_lag > 0 {
+        let group = cfg.groups.last().expect("a group to skip");
+        admin
+            .execute(
+                "SELECT queen.configure_group($1, $2, max_lag => $3, on_overflow => 'skip')",
+                &[&queue, group, &cfg.skip_max_lag],
+            )
+            .unwrap();
+    }
     let journal_written = |c: &mut Client| -> i64 {
         // (Statistics: backends flush them within a second.)
         thread::sleep(Duration::from_millis(1200));
@@ -789,10 +809,17 @@ pub fn run_report(cfg: &Config) -> Report {
         let (stop, ctx, groups, seed) = (stop_chaos.clone(), ctx.clone(), cfg.groups.clone(), cfg.seed);
         thread::spawn(move || pauser(&ctx, &groups, seed, &stop, deadline))
     });
+    let skipper = (cfg.skip_max_lag > 0).then(|| {
+        let (stop, ctx, seed) = (stop_chaos.clone(), ctx.clone(), cfg.seed);
+        thread::spawn(move || skipper(&ctx, seed, &stop, deadline))
+    });
     for h in handles {
         h.join().expect("a harness session panicked");
     }
     stop_chaos.store(true, Ordering::SeqCst);
+    if let Some(h) = skipper {
+        h.join().expect("skipper thread");
+    }
     let pauses = pauser.map(|h| h.join().expect("pauser thread")).unwrap_or(0);
     if let Some(h) = compactor {
         assert!(h.join().expect("compactor thread") > 0, "the compactor never finished a pass");
@@ -1223,6 +1250,23 @@ fn pauser(ctx: &Ctx, groups: &[String], seed: u64, stop: &AtomicBool, deadline: 
     pauses
 }
 
+/// The skipper session: `queen.retain(queue)` every 30 to 120 ms, which moves the skip
+/// group past its oldest messages wherever its lag passed its `max_lag`.
+fn skipper(ctx: &Ctx, seed: u64, stop: &AtomicBool, deadline: Instant) {
+    let mut r = StdRng::seed_from_u64(seed ^ 0x5c1b);
+    let mut c = ctx.directly(deadline);
+    while !stop.load(Ordering::SeqCst) {
+        if let Err(e) = c.execute("SELECT queen.retain($1)", &[&ctx.queue]) {
+            // Killed by a crash: a new session. Any other error is a finding.
+            if !(is_disconnect(&e) && ctx.crashes) {
+                ctx.error("queen.retain", &describe(&e));
+            }
+            c = ctx.directly(deadline);
+        }
+        thread::sleep(Duration::from_millis(r.gen_range(30..120)));
+    }
+}
+
 /// Crashes the server while the harness runs: SIGKILL of a backend in the middle of a
 /// push, a pop, an ack or a dead-lettering ack (the postmaster then restarts every
 /// session), or `pg_ctl stop -m immediate` and a restart — whichever kind it has done
@@ -1407,9 +1451,35 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
             .map(|r| (r.get(0), r.get(1)))
             .collect();
         report.expired += expired.len();
-        // Every committed push was delivered, or expired.
+        // Spans a skip group passed over past its max_lag (`skip_max_lag`): one row each.
+        let spans: Vec<(uuid::Uuid, i64, i64)> = c
+            .query(
+                "SELECT d.partition_id, d.msg_offset, d.last_offset FROM queen.log_dlq d JOIN queen.queues q USING (queue_id)
+                  WHERE q.name = $1 AND d.consumer_group = $2 AND d.reason = 'skipped'",
+                &[&queue, group],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        if !spans.is_empty() && (cfg.skip_max_lag == 0 || cfg.groups.last() != Some(group)) {
+            violation(format!("{group}: {} skipped spans, but it is not a skip group", spans.len()));
+        }
+        let mut spans_of: HashMap<uuid::Uuid, Vec<(i64, i64)>> = HashMap::new();
+        for &(pid, from, to) in &spans {
+            spans_of.entry(pid).or_default().push((from, to));
+        }
+        let skipped: HashSet<Addr> = s
+            .committed
+            .keys()
+            .filter(|(pid, off)| spans_of.get(pid).is_some_and(|v| v.iter().any(|&(a, b)| a <= *off && *off <= b)))
+            .copied()
+            .collect();
+        report.skip_spans += spans.len();
+        report.skipped_by_overflow += skipped.len();
+        // Every committed push was delivered, expired, or skipped by a skip group.
         for (addr, id) in &s.committed {
-            if !by_addr.contains_key(addr) && !expired.contains(addr) {
+            if !by_addr.contains_key(addr) && !expired.contains(addr) && !skipped.contains(addr) {
                 report.lost += 1;
                 violation(format!("{group}: {id} at {addr:?} was never delivered"));
             }
@@ -1425,9 +1495,11 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
                         violation(format!("{group}: {addr:?} delivered again after an ack committed it"));
                     }
                     (false, Some(cause)) => *report.duplicates.entry(cause).or_default() += 1,
-                    (true, Some(cause)) if cause != "crash" && !expired.contains(addr) => violation(format!(
-                        "{group}: {addr:?} last delivered with no committed ack ({cause}) yet the lane drained"
-                    )),
+                    (true, Some(cause)) if cause != "crash" && !expired.contains(addr) && !skipped.contains(addr) => {
+                        violation(format!(
+                            "{group}: {addr:?} last delivered with no committed ack ({cause}) yet the lane drained"
+                        ))
+                    }
                     _ => {}
                 }
             }
@@ -1435,6 +1507,10 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
         // Cursor advances tile 1..=head per partition: each offset passed exactly once.
         let mut adv: HashMap<uuid::Uuid, Vec<(i64, i64)>> = HashMap::new();
         for &(pid, from, to) in s.advances.get(group).unwrap_or(&Vec::new()) {
+            adv.entry(pid).or_default().push((from, to));
+        }
+        // A skipped span is an advance of the cursor too.
+        for &(pid, from, to) in &spans {
             adv.entry(pid).or_default().push((from, to));
         }
 
@@ -1499,7 +1575,7 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
         let rows: Vec<(uuid::Uuid, i64, i64)> = c
             .query(
                 "SELECT d.partition_id, d.msg_offset, count(*) FROM queen.log_dlq d JOIN queen.queues q USING (queue_id)
-                  WHERE q.name = $1 AND d.consumer_group = $2 GROUP BY 1, 2",
+                  WHERE q.name = $1 AND d.consumer_group = $2 AND d.last_offset IS NULL GROUP BY 1, 2",
                 &[&queue, group],
             )
             .unwrap()
