@@ -50,7 +50,7 @@ SRC_ROOMS = [
 CORE_ROOMS = [
     ("base", "fail ids names lease lock_order envelope segment routing claim dedup generations compaction table"),
     ("rules", "policy ack lane overflow"),
-    ("registries", "lanes offsets"),
+    ("registries", "lanes offsets limits"),
     ("crate", "lib"),
 ]
 

@@ -519,7 +519,7 @@ BEGIN
     ('pop', 'queen_consumer'), ('ack', 'queen_consumer'), ('extend_lease', 'queen_consumer'),
     ('may_start', 'queen_consumer'), ('dlq', 'queen_consumer'), ('peek', 'queen_consumer'), ('get', 'queen_consumer'),
     -- admins
-    ('configure', 'queen_admin'), ('configure_group', 'queen_admin'), ('create_group', 'queen_admin'),
+    ('configure', 'queen_admin'), ('configure_group', 'queen_admin'), ('configure_limit', 'queen_admin'), ('create_group', 'queen_admin'),
     ('seek', 'queen_admin'), ('purge', 'queen_admin'), ('drop_group', 'queen_admin'), ('drop_partition', 'queen_admin'),
     ('delete_queue', 'queen_admin'), ('dlq_replay', 'queen_admin'), ('dlq_delete', 'queen_admin'),
     ('dlq_redrive', 'queen_admin'),

@@ -163,6 +163,23 @@ CREATE TABLE queen.groups (
 );
 COMMENT ON TABLE queen.groups IS 'queen: consumer groups of a queue';
 
+-- Rate limits and concurrency caps of a consumer group (queen.configure_limit): `key` is a
+-- partition name prefix (its partitions share one bucket) or '*' (each partition its own);
+-- NULL means no limit of that kind.
+CREATE TABLE queen.limits (
+    queue_id        bigint  NOT NULL,
+    consumer_group  text    NOT NULL,
+    key             text    NOT NULL,
+    rate            numeric,
+    burst           int,
+    max_in_flight   int,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue_id, consumer_group, key),
+    FOREIGN KEY (queue_id, consumer_group) REFERENCES queen.groups ON DELETE CASCADE
+);
+COMMENT ON TABLE queen.limits IS 'queen: rate limits and concurrency caps per consumer group and key';
+REVOKE ALL ON queen.limits FROM PUBLIC;
+
 -- One row per (partition, consumer group). Only non-indexed columns change on pop and
 -- ack, so those updates stay HOT; fillfactor leaves room for them on the page.
 CREATE TABLE queen.lanes (

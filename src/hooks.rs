@@ -89,6 +89,8 @@ unsafe extern "C-unwind" fn shmem_request() {
         pg_sys::RequestNamedLWLockTranche(crate::lane::registry::TRANCHE.as_ptr(), 1);
         pg_sys::RequestAddinShmemSpace(crate::pg::dbs::shmem_size());
         pg_sys::RequestNamedLWLockTranche(crate::pg::dbs::TRANCHE.as_ptr(), 1);
+        pg_sys::RequestAddinShmemSpace(crate::lane::limits::shmem_size());
+        pg_sys::RequestNamedLWLockTranche(crate::lane::limits::TRANCHE.as_ptr(), 1);
     }
 }
 
@@ -106,6 +108,7 @@ unsafe extern "C-unwind" fn shmem_startup() {
         crate::offsets::shmem_init(alloc(c"queen offsets", crate::offsets::shmem_size()));
         crate::lane::registry::shmem_init(alloc(c"queen lanes", crate::lane::registry::shmem_size()));
         crate::pg::dbs::shmem_init(alloc(c"queen databases", crate::pg::dbs::shmem_size()));
+        crate::lane::limits::shmem_init(alloc(c"queen limits", crate::lane::limits::shmem_size()));
         pg_sys::LWLockRelease(lock);
     }
 }

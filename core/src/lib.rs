@@ -16,6 +16,7 @@ pub mod ids;
 pub mod lane;
 pub mod lanes;
 pub mod lease;
+pub mod limits;
 pub mod lock_order;
 pub mod names;
 pub mod offsets;

@@ -49,6 +49,21 @@ ALTER TABLE queen.queues ADD COLUMN max_depth bigint;
 ALTER TABLE queen.groups ADD COLUMN max_lag bigint,
   ADD COLUMN on_overflow text NOT NULL DEFAULT 'hold' CHECK (on_overflow IN ('hold', 'skip'));
 
+-- Rate limits and concurrency caps (queen.configure_limit, src/lane/limits.rs).
+CREATE TABLE queen.limits (
+    queue_id        bigint  NOT NULL,
+    consumer_group  text    NOT NULL,
+    key             text    NOT NULL,
+    rate            numeric,
+    burst           int,
+    max_in_flight   int,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue_id, consumer_group, key),
+    FOREIGN KEY (queue_id, consumer_group) REFERENCES queen.groups ON DELETE CASCADE
+);
+COMMENT ON TABLE queen.limits IS 'queen: rate limits and concurrency caps per consumer group and key';
+REVOKE ALL ON queen.limits FROM PUBLIC;
+
 -- Bulk redrive (queen.dlq_redrive): when a dead letter was pushed again.
 ALTER TABLE queen.log_dlq ADD COLUMN redriven_at timestamptz;
 

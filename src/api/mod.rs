@@ -12,5 +12,6 @@ mod drop_partition;
 mod extend; // extend_lease, revoke_lease
 mod grant; // grant, revoke, grants
 mod groups; // seek, drop_group
+mod limits; // configure_limit
 mod pause; // pause, resume
 mod retain;

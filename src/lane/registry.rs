@@ -223,6 +223,19 @@ pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
     }
 }
 
+/// Whether lane `key` may be under a live lease at `now`, read without loading it and
+/// without settling this backend's deferred ends (it runs under the rate-limit buckets'
+/// lock, `lane::limits`): a live lease, a transaction holding its lock (a claim or an ack
+/// in progress), or a load in progress. A lane not in the registry holds no lease: one
+/// with a live lease is never evicted.
+pub fn maybe_in_flight(key: &LaneKey, now: i64) -> bool {
+    shared().share(|(h, lanes, leases, cursors)| match View::new(h, lanes, leases, cursors).lane(key) {
+        Seen::Ready(s, holder) => s.live_lease(now) || holder.is_some(),
+        Seen::Loading => true,
+        Seen::Unknown => false,
+    })
+}
+
 /// A lane's last committed state (or this transaction's own change), for a reader that
 /// acts on it without locking the lane: retention's floor, `status`, `totals`, `metrics`.
 /// A change another transaction has not committed is not seen (it may roll back). A lane

@@ -338,12 +338,28 @@ struct GroupInfo {
     /// expired messages go (else they are dropped).
     ttl: i64,
     dead_letter_queue: bool,
+    /// The group has rate limits or concurrency caps (`queen.configure_limit`).
+    limited: bool,
 }
 
 thread_local! {
     /// Per backend: (queue, group) -> its info (`cache::cached`), for groups that exist:
     /// a pop of one message reads no settings row while no queue or group changed.
     static GROUPS: crate::pg::cache::Settings<(String, String), GroupInfo> = Default::default();
+    /// Per backend: (queue id, group) -> its limits, for groups that have some.
+    static LIMITS: crate::pg::cache::Settings<(i64, String), std::rc::Rc<Vec<queen_core::limits::Limit>>> =
+        Default::default();
+}
+
+/// A pop's gate through its group's limits (`lane::limits`), when it has some and the
+/// library is preloaded (without it `configure_limit` refuses to set one).
+fn gate(client: &mut SpiClient<'_>, a: &PopArgs, info: &GroupInfo) -> Option<crate::lane::limits::Gate> {
+    if !info.limited || !crate::lane::limits::enabled() {
+        return None;
+    }
+    let read = || Some(std::rc::Rc::new(crate::lane::limits::read_limits(client, info.queue_id, a.group)));
+    let limits = crate::pg::cache::cached(&LIMITS, (info.queue_id, a.group.to_string()), read, |_| true)?;
+    Some(crate::lane::limits::Gate::new(info.queue_id, a.group, (*limits).clone(), !a.auto_ack))
 }
 
 /// The queue's and group's settings; None for an unknown queue.
@@ -357,7 +373,8 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
                                         + g.record_margin) * 1000000)::int8,
                     (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups, ",
                 queen_core::paused_sql!("q", "g"),
-                ", (extract(epoch FROM q.ttl) * 1000000)::int8, q.dead_letter_queue
+                ", (extract(epoch FROM q.ttl) * 1000000)::int8, q.dead_letter_queue,
+                EXISTS (SELECT 1 FROM queen.limits l WHERE l.queue_id = q.queue_id AND l.consumer_group = $2)
                FROM queen.queues q
                LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
               WHERE q.name = $1"
@@ -375,6 +392,7 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
             paused: row.get(7).or_raise().unwrap_or(false),
             ttl: row.get(8).or_raise().unwrap_or(0),
             dead_letter_queue: row.get(9).or_raise().unwrap_or(true),
+            limited: row.get(10).or_raise().unwrap_or(false),
         })
     };
     // Kept once the group exists (a pop that finds none creates it, then reads again).
@@ -390,7 +408,8 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     };
     let now = clock_now();
     let registry = crate::lane::registry::enabled();
-    let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now));
+    let gate = gate(client, a, &info);
+    let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now, gate));
     // Lanes a concurrent partition and group creation both missed are added here, at most
     // once a second per backend and group, busy or not: a missed partition waits at most
     // about a second after both creations committed, never for the group to go idle.
@@ -413,7 +432,12 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let due = Due { delay: info.delay, ttl: info.ttl, file_expired: info.dead_letter_queue, now, group: a.group };
     let mut reading = Reading::new(client, a, candidates, due, lease);
     while reading.next_lane(client, scan.as_mut()) {}
-    reading.claim(client, a, info.queue_id, registry, now)
+    let rows = reading.claim(client, a, info.queue_id, registry, now);
+    // Tokens of messages not delivered go back; lanes not claimed leave the in-flight list.
+    if let Some(gate) = scan.and_then(|s| s.gate) {
+        gate.settle(|p| rows.iter().filter(|d| d.partition_id.as_bytes() == p).count() as i64);
+    }
+    rows
 }
 
 /// The queue's and group's settings for a pop, once the pop may go on: the queue exists,
@@ -745,6 +769,8 @@ struct LaneScan<'a> {
     last_seen: Option<pgrx::Uuid>,
     /// With a `partition`: its lane was read (the scan has nothing else).
     pinned_read: bool,
+    /// The group's limits: a lane they hold back is not a candidate.
+    gate: Option<crate::lane::limits::Gate>,
 }
 
 /// Lanes a pop's first scan query reads (at most `max_partitions`); each further query of
@@ -752,7 +778,7 @@ struct LaneScan<'a> {
 const SCAN_CHUNK: i64 = 4;
 
 impl<'a> LaneScan<'a> {
-    fn new(a: &'a PopArgs<'a>, queue_id: i64, now: i64) -> Self {
+    fn new(a: &'a PopArgs<'a>, queue_id: i64, now: i64, gate: Option<crate::lane::limits::Gate>) -> Self {
         let spans = if a.partition.is_some() {
             Vec::new() // one lane, read by name
         } else {
@@ -769,6 +795,7 @@ impl<'a> LaneScan<'a> {
             pending: Default::default(),
             last_seen: None,
             pinned_read: false,
+            gate,
         }
     }
 
@@ -813,13 +840,23 @@ impl<'a> LaneScan<'a> {
                 self.left += 1;
                 continue;
             }
-            covering += readable - s.committed;
+            // A limit may let the lane take fewer messages (as many as it has tokens for),
+            // or none (no token, or its key's lanes in flight at the cap): then the scan
+            // goes on to the next lane, so other keys are served.
+            let mut available = readable - s.committed;
+            if let Some(gate) = &mut self.gate {
+                available = gate.admit(partition_id, &partition, available.min(need - covering), self.now);
+                if available == 0 {
+                    continue;
+                }
+            }
+            covering += available;
             found.push(Candidate {
                 partition_id,
                 partition,
                 committed: s.committed,
                 readable,
-                available: readable - s.committed,
+                available,
                 claim_start: (s.claim_start != 0).then_some(s.claim_start),
                 attempt_count: s.attempt_count,
                 old_lease: None,

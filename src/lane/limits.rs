@@ -1,0 +1,277 @@
+//! Rate limits and concurrency caps at claim time (docs/concepts.md#rate-limits): the
+//! buckets of `queen_core::limits` in shared memory, and a pop's gate over them.
+//!
+//! A pop of a group with limits (`queen.limits`, set by `queen.configure_limit`) passes its
+//! locked candidate lanes through a `Gate` before it reads them: each lane may take at most
+//! the tokens its buckets hold (taken at once, so two pops cannot spend the same token),
+//! and none while its key has `max_in_flight` lanes under live leases. After the read, the
+//! tokens of messages not delivered go back and lanes not claimed leave the in-flight list
+//! (`Gate::settle`). A token spent by a pop that then rolls back is not given back: a limit
+//! errs on the side of delivering less.
+//!
+//! The buckets need the library preloaded. Without it, `configure_limit` refuses (0A000).
+//! There are `BUCKETS` of them; one untouched for a minute with nothing in flight is
+//! reused, and when none is free a pop of a limited key fails with 53400.
+
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+use pgrx::spi::SpiClient;
+use pgrx::PgSqlErrorCode;
+use queen_core::limits::{Bucket, BucketKey, Buckets, Limit};
+
+use crate::pg::errors::{self, SpiExt};
+use crate::pg::shmem::{Parts, Region};
+use crate::pg::spi::run;
+
+pub const TRANCHE: &CStr = c"queen limits";
+
+/// Buckets in shared memory (about 640 bytes each).
+const BUCKETS: usize = 2048;
+
+#[derive(Clone, Copy)]
+struct Layout;
+
+impl Parts for Layout {
+    type Mut<'a> = &'a mut [Bucket];
+    type Ref<'a> = &'a [Bucket];
+
+    unsafe fn parts_mut<'a>(self, base: *mut u8) -> Self::Mut<'a> {
+        // SAFETY: `base` is the block `shmem_init` laid out as `BUCKETS` buckets, and the
+        // caller holds it exclusively (`Parts::parts_mut`).
+        unsafe { std::slice::from_raw_parts_mut(base as *mut Bucket, BUCKETS) }
+    }
+
+    unsafe fn parts_ref<'a>(self, base: *const u8) -> Self::Ref<'a> {
+        // SAFETY: as above, with nobody writing meanwhile (`Parts::parts_ref`).
+        unsafe { std::slice::from_raw_parts(base as *const Bucket, BUCKETS) }
+    }
+}
+
+static mut SHARED: Option<Region<Layout>> = None;
+
+pub fn shmem_size() -> usize {
+    BUCKETS * std::mem::size_of::<Bucket>()
+}
+
+/// Sets the buckets up (or attaches to them): `hooks` calls this once per process.
+///
+/// # Safety
+/// Called with AddinShmemInitLock held, with the block `hooks::alloc` returned for
+/// `shmem_size` bytes.
+pub unsafe fn shmem_init((base, found): (*mut u8, bool)) {
+    // SAFETY: the tranche was requested in `hooks::shmem_request`; the block is ours, and
+    // fresh when not `found` (nobody else can use it yet while the caller holds the init
+    // lock); SHARED is written once per process before any reader runs.
+    unsafe {
+        let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
+        let region = Region::new(lock, base, Layout);
+        if !found {
+            region.parts_for_format().fill(Bucket::default());
+        }
+        SHARED = Some(region);
+    }
+}
+
+/// Whether the buckets exist (the library is preloaded).
+pub fn enabled() -> bool {
+    // SAFETY: SHARED is written only in `shmem_init`, before this process runs queries.
+    unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
+}
+
+fn shared() -> &'static Region<Layout> {
+    // SAFETY: as `enabled`.
+    unsafe { (*std::ptr::addr_of!(SHARED)).as_ref().expect("queen limits: shared memory not set up") }
+}
+
+/// The limits of (queue, group), in key order.
+pub fn read_limits(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> Vec<Limit> {
+    run(
+        client,
+        "SELECT key, rate::float8, burst, max_in_flight FROM queen.limits
+          WHERE queue_id = $1 AND consumer_group = $2 ORDER BY key",
+        &[queue_id.into(), group.into()],
+    )
+    .map(|r| Limit {
+        key: r.get::<String>(1).or_raise().unwrap(),
+        rate: r.get::<f64>(2).or_raise(),
+        burst: r.get::<i32>(3).or_raise(),
+        max_in_flight: r.get::<i32>(4).or_raise(),
+    })
+    .collect()
+}
+
+/// What one lane's admission took from one bucket.
+struct Taken {
+    bucket: usize,
+    key: BucketKey,
+    tokens: i64,
+    capacity: i64,
+    /// The lane joined the bucket's in-flight list.
+    flight: bool,
+}
+
+/// One pop's passage through its group's limits.
+pub struct Gate {
+    database: u32,
+    /// `queen.queues`' oid: queue ids start over when the extension is created again.
+    install: u32,
+    queue_id: i64,
+    group: String,
+    limits: Vec<Limit>,
+    /// Whether the pop leases (an auto-ack pop leaves nothing in flight).
+    leases: bool,
+    /// Per admitted lane: (partition, granted, what it took).
+    granted: Vec<([u8; 16], i64, Vec<Taken>)>,
+}
+
+/// Why `admit` let a lane take nothing, when it did not.
+enum Held {
+    No,
+    /// Until this time (microseconds) a token is due.
+    Tokens(i64),
+    /// Too many lanes of the key in flight.
+    Flight,
+    /// No bucket was free.
+    Full,
+}
+
+impl Gate {
+    pub fn new(queue_id: i64, group: &str, limits: Vec<Limit>, leases: bool) -> Gate {
+        Gate {
+            database: crate::pg::dbs::my_database(),
+            install: crate::pg::catalog::queen_table(c"queues").to_u32(),
+            queue_id,
+            group: group.to_string(),
+            limits,
+            leases,
+            granted: Vec::new(),
+        }
+    }
+
+    /// How many of `want` messages lane `partition` (named `name`) may take now, taking
+    /// that many tokens (and a place in flight) from each bucket of a limit it matches.
+    /// A lane held back notes when a token is due (`wake::due_at`), so that a long-poll
+    /// sleeps until then. Raises 53400 when no bucket is free.
+    pub fn admit(&mut self, partition: pgrx::Uuid, name: &str, want: i64, now: i64) -> i64 {
+        if want <= 0 {
+            return 0;
+        }
+        let p = *partition.as_bytes();
+        let matching: Vec<(BucketKey, &Limit)> = self
+            .limits
+            .iter()
+            .filter(|l| l.matches(name))
+            .map(|l| (BucketKey::new((self.database, self.install), self.queue_id, &self.group, l, p), l))
+            .collect();
+        if matching.is_empty() {
+            return want;
+        }
+        let (database, group, leases) = (self.database, self.group.as_str(), self.leases);
+        let (n, taken, held) =
+            shared().exclusive(|buckets| take(buckets, &matching, p, (database, group), leases, want, now));
+        match held {
+            Held::No => {}
+            Held::Tokens(at) => crate::pg::wake::due_at(at),
+            // A lease ends by an ack (which does not wake pops) or by expiring: look again soon.
+            Held::Flight => crate::pg::wake::due_at(now + 50_000),
+            Held::Full => errors::raise(
+                PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                format!("queen: every rate-limit bucket is in use ({BUCKETS}); a limited key cannot be claimed now"),
+            ),
+        }
+        if n > 0 {
+            self.granted.push((p, n, taken));
+        }
+        n
+    }
+
+    /// After the read: gives back the tokens of messages a lane was granted but did not
+    /// deliver (`delivered(partition)`), and takes a lane that claimed nothing out of
+    /// flight.
+    pub fn settle(self, delivered: impl Fn(&[u8; 16]) -> i64) {
+        if self.granted.is_empty() {
+            return;
+        }
+        shared().exclusive(|buckets| {
+            for (p, granted, taken) in &self.granted {
+                let got = delivered(p);
+                for t in taken {
+                    let b = &mut buckets[t.bucket];
+                    if b.used == 0 || b.key != t.key {
+                        continue; // reused for another key meanwhile (it was idle)
+                    }
+                    if t.tokens > 0 {
+                        b.refund((granted - got).clamp(0, t.tokens), t.capacity);
+                    }
+                    if t.flight && got == 0 {
+                        b.land(p);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// `Gate::admit`'s work under the buckets' lock: every matching limit's bucket lets the
+/// lane in (flight) and grants tokens, or the lane takes nothing and what was taken goes
+/// back. Pure Rust: no ERROR may be raised while the lock is held.
+fn take(
+    buckets: &mut [Bucket],
+    matching: &[(BucketKey, &Limit)],
+    p: [u8; 16],
+    (database, group): (u32, &str),
+    leases: bool,
+    want: i64,
+    now: i64,
+) -> (i64, Vec<Taken>, Held) {
+    let mut n = want;
+    let mut taken: Vec<Taken> = Vec::new();
+    let mut held = Held::No;
+    for &(key, l) in matching {
+        let Some(i) = Buckets(buckets).find_or_make(&key, l.capacity(), now) else {
+            held = Held::Full;
+            n = 0;
+            break;
+        };
+        let b = &mut buckets[i];
+        let mut t = Taken { bucket: i, key, tokens: 0, capacity: l.capacity(), flight: false };
+        if let (Some(max), true) = (l.max_in_flight, leases) {
+            let already = b.flight[..b.flying as usize].contains(&p);
+            let flying = |q: &[u8; 16]| {
+                crate::lane::registry::maybe_in_flight(&queen_core::lanes::LaneKey::new(database, *q, group), now)
+            };
+            if !b.admit_flight(p, max as usize, flying) {
+                held = Held::Flight;
+                n = 0;
+                taken.push(t);
+                break;
+            }
+            t.flight = !already;
+        }
+        if let Some(rate) = l.rate {
+            t.tokens = b.take(n, rate, l.capacity(), now);
+            if t.tokens == 0 {
+                held = Held::Tokens(b.next_token_at(rate, now));
+            }
+            n = t.tokens;
+        }
+        taken.push(t);
+        if n == 0 {
+            break;
+        }
+    }
+    // Buckets that granted more than the lane takes in the end give the rest back.
+    for t in &mut taken {
+        let b = &mut buckets[t.bucket];
+        if t.tokens > n {
+            b.refund(t.tokens - n, t.capacity);
+            t.tokens = n;
+        }
+        if n == 0 && t.flight {
+            b.land(&p);
+            t.flight = false;
+        }
+    }
+    (n, taken, held)
+}
