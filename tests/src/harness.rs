@@ -124,6 +124,12 @@ pub struct Config {
     /// one advance of the group's cursor (so a span passed twice, or a message delivered
     /// and acked inside a span, is caught).
     pub skip_max_lag: i64,
+    /// The first group gets a rate limit and a concurrency cap on the partitions whose name
+    /// starts with `p1` (p1, p10 to p15: `queen.configure_limit(..., 'p1', rate => 300,
+    /// burst => 30, max_in_flight => 2)`), and a per-partition rate on every partition
+    /// (`'*'`, 200 a second): claims are held back and resumed all along; nothing may be
+    /// lost, skipped or delivered twice.
+    pub limits: bool,
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -164,6 +170,7 @@ impl Config {
             ttl_ms: 0,
             pauser: false,
             skip_max_lag: 0,
+            limits: false,
         }
     }
 
@@ -700,6 +707,16 @@ pub fn run_report(cfg: &Config) -> Report {
                 admin = ctx.directly(deadline);
             }
         }
+    }
+    if cfg.limits {
+        let group = cfg.groups.first().expect("a group to limit");
+        admin
+            .execute(
+                "SELECT queen.configure_limit($1, $2, 'p1', rate => 300, burst => 30, max_in_flight => 2)",
+                &[&queue, group],
+            )
+            .unwrap();
+        admin.execute("SELECT queen.configure_limit($1, $2, '*', rate => 200, burst => 20)", &[&queue, group]).unwrap();
     }
     if cfg.skip_max_lag > 0 {
         let group = cfg.groups.last().expect("a group to skip");

@@ -52,8 +52,8 @@ fn expiring_messages_keep_every_invariant() {
     assert!(report.delivered > 0, "nothing was delivered in time");
 }
 
-/// A skip group with a small max_lag beside a holding one, while a session runs retention
-/// all along: the skip group is moved past its oldest messages many times, each span filed
+/// A skip group with a small max_lag beside a holding one that has rate limits and a
+/// concurrency cap, while a session runs retention all along: the skip group is moved past its oldest messages many times, each span filed
 /// as one `skipped` dead letter. Every committed message is delivered to each group, or,
 /// for the skip group, inside a span it skipped; no offset is passed twice.
 #[test]
@@ -61,6 +61,7 @@ fn skip_overflow_keeps_every_invariant() {
     let mut cfg = Config::from_env(4_000, 2, 0);
     cfg.skip_max_lag = 30;
     cfg.pauser = true;
+    cfg.limits = true;
     let report = run(&cfg);
     println!("{report:#?}");
     assert!(report.pushed >= cfg.messages, "every pusher finished its share");
