@@ -479,9 +479,10 @@ fn main() {
     let dsn = opts.dsn.clone();
     let want = |g: &str| (opts.only.is_empty() && g != "held") || opts.only.iter().any(|o| o == g);
     let held_on = want("held") || (opts.smoke && opts.only.is_empty());
-    let others_on = ["push1", "push1000", "pop", "pop1", "fanout", "wake", "disk", "disk1", "scaling", "rotation"]
-        .iter()
-        .any(|g| want(g));
+    let others_on =
+        ["push1", "push1000", "pop", "pop1", "limit", "fanout", "wake", "disk", "disk1", "scaling", "rotation"]
+            .iter()
+            .any(|g| want(g));
     let mut jsonb_floor = f64::NAN;
     let mut single_bytes = f64::NAN;
     // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (alone,
@@ -763,6 +764,45 @@ fn main() {
         skip_pop1 = k;
         *LAST_CLIENT_CORES.lock().unwrap() = Some(k_cpu);
         say(&mut rows, "pop + ack, batch 1, 4 consumers", "skip-locked table", skip_pop1, "msg/s");
+    }
+    if want("limit") {
+        // ---- pop + ack, batch 100, 4 consumers, with and without a rate limit and a
+        // concurrency cap that the load stays under (#31: a limit costs at most 10 %).
+        // Alternating drains, `POP_REPEATS` each; the medians count.
+        let repeats = if opts.smoke { 1 } else { POP_REPEATS };
+        let (mut plain, mut limited) = (Vec::new(), Vec::new());
+        for _ in 0..repeats {
+            for with_limit in [false, true] {
+                reset(&mut c);
+                prefill_queen(&mut c, s.pop_prefill, 16);
+                if with_limit {
+                    c.batch_execute(
+                        "SELECT queen.configure_limit('bq', '__QUEUE_MODE__', '*', rate => 1000000, burst => 100000);
+                         SELECT queen.configure_limit('bq', '__QUEUE_MODE__', 'p', max_in_flight => 16);",
+                    )
+                    .unwrap();
+                }
+                let v = queen_consume(&dsn, s.secs, queen_pop_ack);
+                if with_limit {
+                    limited.push(v)
+                } else {
+                    plain.push(v)
+                }
+            }
+        }
+        println!(
+            "  (limit runs: none {:?}, limited {:?})",
+            plain.iter().map(|v| *v as i64).collect::<Vec<_>>(),
+            limited.iter().map(|v| *v as i64).collect::<Vec<_>>()
+        );
+        say(&mut rows, "pop + ack, batch 100, 4 consumers, limits", "queen, no limit", median(&mut plain), "msg/s");
+        say(
+            &mut rows,
+            "pop + ack, batch 100, 4 consumers, limits",
+            "queen, rate + cap (not reached)",
+            median(&mut limited),
+            "msg/s",
+        );
     }
     if want("fanout") {
         // ---- fan-out: 10 groups read one stream while it is pushed ----
