@@ -130,6 +130,13 @@ pub struct Config {
     /// (`'*'`, 200 a second): claims are held back and resumed all along; nothing may be
     /// lost, skipped or delivered twice.
     pub limits: bool,
+    /// A session redrives dead letters (`queen.dlq_redrive(queue, group, max_messages =>
+    /// 50)`, to the group that failed them) every 100 to 300 ms while the pushers run, and
+    /// for 3 s after (it counts as a pusher: the consumers drain after it). Each
+    /// copy is a new message (found by `peek` at the end, by its `queen.redrive` header)
+    /// that its group must get (or dead-letter again) and no other group may get: they
+    /// pass over it.
+    pub redriver: bool,
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -171,6 +178,7 @@ impl Config {
             pauser: false,
             skip_max_lag: 0,
             limits: false,
+            redriver: false,
         }
     }
 
@@ -271,6 +279,9 @@ pub struct Report {
     /// Messages the skip group passed over (`skip_max_lag`), and in how many spans.
     pub skipped_by_overflow: usize,
     pub skip_spans: usize,
+    /// Redriven copies found at the end, and how many of them their group got.
+    pub redriven: usize,
+    pub redriven_delivered: usize,
     /// Every broken invariant (the first 50), empty when the run kept them all.
     pub violations: Vec<String>,
 }
@@ -826,12 +837,26 @@ pub fn run_report(cfg: &Config) -> Report {
         let (stop, ctx, groups, seed) = (stop_chaos.clone(), ctx.clone(), cfg.groups.clone(), cfg.seed);
         thread::spawn(move || pauser(&ctx, &groups, seed, &stop, deadline))
     });
+    // The redriver counts as a pusher: consumers drain only after its last copies are in.
+    if cfg.redriver {
+        ctx.pushers_left.fetch_add(1, Ordering::SeqCst);
+    }
+    let redriver = cfg.redriver.then(|| {
+        let (ctx, groups, seed) = (ctx.clone(), cfg.groups.clone(), cfg.seed);
+        thread::spawn(move || {
+            redriver(&ctx, &groups, seed, deadline);
+            ctx.pushers_left.fetch_sub(1, Ordering::SeqCst);
+        })
+    });
     let skipper = (cfg.skip_max_lag > 0).then(|| {
         let (stop, ctx, seed) = (stop_chaos.clone(), ctx.clone(), cfg.seed);
         thread::spawn(move || skipper(&ctx, seed, &stop, deadline))
     });
     for h in handles {
         h.join().expect("a harness session panicked");
+    }
+    if let Some(h) = redriver {
+        h.join().expect("redriver thread");
     }
     stop_chaos.store(true, Ordering::SeqCst);
     if let Some(h) = skipper {
@@ -1267,6 +1292,63 @@ fn pauser(ctx: &Ctx, groups: &[String], seed: u64, stop: &AtomicBool, deadline: 
     pauses
 }
 
+/// The redriver session: redrives up to 50 dead letters of a random group to that group,
+/// every 100 to 300 ms, until 3 s after the pushers are done (most dead letters come late:
+/// after a message's retries).
+fn redriver(ctx: &Ctx, groups: &[String], seed: u64, deadline: Instant) {
+    let mut r = StdRng::seed_from_u64(seed ^ 0x4ed1);
+    let mut c = ctx.directly(deadline);
+    let mut until = None;
+    loop {
+        if ctx.pushers_left.load(Ordering::SeqCst) <= 1
+            && Instant::now() >= *until.get_or_insert(Instant::now() + Duration::from_secs(3))
+        {
+            break;
+        }
+        let group = &groups[r.gen_range(0..groups.len())];
+        if let Err(e) = c.execute("SELECT queen.dlq_redrive($1, $2, max_messages => 50)", &[&ctx.queue, group]) {
+            // Killed by a crash: a new session. Any other error is a finding.
+            if !(is_disconnect(&e) && ctx.crashes) {
+                ctx.error("queen.dlq_redrive", &describe(&e));
+            }
+            c = ctx.directly(deadline);
+        }
+        thread::sleep(Duration::from_millis(r.gen_range(100..300)));
+    }
+}
+
+/// The redriven copies in the queue, by address: (the payload's id, the group it is for),
+/// read with `peek` (no lease, no cursor move) over every partition.
+fn redriven_copies(c: &mut Client, queue: &str) -> HashMap<Addr, (String, String)> {
+    let mut copies = HashMap::new();
+    let partitions: Vec<String> = c
+        .query("SELECT DISTINCT partition FROM queen.status($1)", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for p in partitions {
+        let mut from = 1i64;
+        loop {
+            let rows = c
+                .query(
+                    "SELECT partition_id, msg_offset, payload ->> 'id', headers ->> 'queen.redrive'
+                       FROM queen.peek($1, partition => $2, from_offset => $3, max_messages => 1000)",
+                    &[&queue, &p, &from],
+                )
+                .unwrap();
+            let Some(last) = rows.last() else { break };
+            from = last.get::<_, i64>(1) + 1;
+            for r in &rows {
+                if let Some(group) = r.get::<_, Option<String>>(3) {
+                    copies.insert((r.get(0), r.get(1)), (r.get::<_, Option<String>>(2).unwrap_or_default(), group));
+                }
+            }
+        }
+    }
+    copies
+}
+
 /// The skipper session: `queen.retain(queue)` every 30 to 120 ms, which moves the skip
 /// group past its oldest messages wherever its lag passed its `max_lag`.
 fn skipper(ctx: &Ctx, seed: u64, stop: &AtomicBool, deadline: Instant) {
@@ -1408,6 +1490,12 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
     for &(pid, off) in s.committed.keys() {
         messages.entry(pid).or_default().insert(off);
     }
+    // Redriven copies (`redriver`): messages too, each for one group.
+    let copies = if cfg.redriver { redriven_copies(c, queue) } else { HashMap::new() };
+    report.redriven = copies.len();
+    for &(pid, off) in copies.keys() {
+        messages.entry(pid).or_default().insert(off);
+    }
     for ds in s.deliveries.values() {
         for d in ds {
             messages.entry(d.addr.0).or_default().insert(d.addr.1);
@@ -1436,6 +1524,16 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
         let mut by_addr: BTreeMap<Addr, Vec<&Delivery>> = BTreeMap::new();
         let mut addr_of_id: HashMap<&str, Addr> = HashMap::new();
         for d in deliveries {
+            // A redriven copy: for its group only, carrying the id of the message it copies.
+            if let Some((id, target)) = copies.get(&d.addr) {
+                if target != group {
+                    violation(format!("{group}: delivered a copy redriven to {target} at {:?}", d.addr));
+                } else if id != &d.id {
+                    violation(format!("{group}: the copy at {:?} carried {} instead of {id}", d.addr, d.id));
+                }
+                by_addr.entry(d.addr).or_default().push(d);
+                continue;
+            }
             if s.rolled_back.contains(&d.id) {
                 violation(format!("{group}: delivered {} from a rolled-back push", d.id));
             }
@@ -1489,6 +1587,7 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
         let skipped: HashSet<Addr> = s
             .committed
             .keys()
+            .chain(copies.keys())
             .filter(|(pid, off)| spans_of.get(pid).is_some_and(|v| v.iter().any(|&(a, b)| a <= *off && *off <= b)))
             .copied()
             .collect();
@@ -1499,6 +1598,20 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
             if !by_addr.contains_key(addr) && !expired.contains(addr) && !skipped.contains(addr) {
                 report.lost += 1;
                 violation(format!("{group}: {id} at {addr:?} was never delivered"));
+            }
+        }
+        // Every copy redriven to this group was delivered to it (or dead-lettered again,
+        // after a delivery); the other groups passed over it (`passed`).
+        let dead_here: HashSet<Addr> = s.dead.get(group).map(|v| v.iter().copied().collect()).unwrap_or_default();
+        let mut passed: HashSet<Addr> = HashSet::new();
+        for (addr, (id, target)) in &copies {
+            if target != group {
+                passed.insert(*addr);
+            } else if by_addr.contains_key(addr) {
+                report.redriven_delivered += 1;
+            } else if !dead_here.contains(addr) && !expired.contains(addr) && !skipped.contains(addr) {
+                report.lost += 1;
+                violation(format!("{group}: the copy of {id} redriven to it at {addr:?} was never delivered"));
             }
         }
         // Redelivery only after a delivery that no ack committed; count why.
@@ -1543,7 +1656,11 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
             let spans = maybe.get(pid).map(Vec::as_slice).unwrap_or(&[]);
             messages_in(pid, from, to)
                 .iter()
-                .filter(|&&o| !expired.contains(&(*pid, o)) && !spans.iter().any(|&(a, b)| a <= o && o <= b))
+                .filter(|&&o| {
+                    !expired.contains(&(*pid, o))
+                        && !passed.contains(&(*pid, o))
+                        && !spans.iter().any(|&(a, b)| a <= o && o <= b)
+                })
                 .count()
         };
         let cursors: HashMap<uuid::Uuid, i64> = c

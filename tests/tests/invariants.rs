@@ -53,7 +53,8 @@ fn expiring_messages_keep_every_invariant() {
 }
 
 /// A skip group with a small max_lag beside a holding one that has rate limits and a
-/// concurrency cap, while a session runs retention all along: the skip group is moved past its oldest messages many times, each span filed
+/// concurrency cap, while one session runs retention and another redrives dead letters to
+/// the group that failed them, all along: the skip group is moved past its oldest messages many times, each span filed
 /// as one `skipped` dead letter. Every committed message is delivered to each group, or,
 /// for the skip group, inside a span it skipped; no offset is passed twice.
 #[test]
@@ -62,9 +63,11 @@ fn skip_overflow_keeps_every_invariant() {
     cfg.skip_max_lag = 30;
     cfg.pauser = true;
     cfg.limits = true;
+    cfg.redriver = true;
     let report = run(&cfg);
     println!("{report:#?}");
     assert!(report.pushed >= cfg.messages, "every pusher finished its share");
     assert!(report.skip_spans > 0, "the skip group never skipped: the run did not exercise it");
     assert!(report.delivered > report.pushed, "the skip group got none of its messages");
+    assert!(report.redriven > 0, "nothing was redriven: the run did not exercise it");
 }
