@@ -27,7 +27,7 @@ PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -
 REGRESS_TESTS := $(sort $(filter-out nopreload,$(basename $(notdir $(wildcard pg_test/sql/*.sql)))) readme)
 # Run again on a cluster without shared_preload_libraries (scripts/nopreload.conf): every
 # test whose output does not depend on gaps (offsets and compaction show them).
-NOPRELOAD_TESTS := $(filter-out offsets compaction limits,$(REGRESS_TESTS)) nopreload
+NOPRELOAD_TESTS := $(filter-out offsets compaction rate_limits,$(REGRESS_TESTS)) nopreload
 NOPRELOAD_DIR  ?= /tmp/queen-nopreload
 NOPRELOAD_PORT ?= 5490
 POOLER_DIR ?= /tmp/queen-pooler

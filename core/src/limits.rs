@@ -1,4 +1,4 @@
-//! Rate limits and concurrency caps per key (docs/concepts.md#rate-limits): the rules, and
+//! Rate limits and concurrency caps per key (docs/concepts.md#rate-limits-and-concurrency-caps): the rules, and
 //! the shared-memory table of buckets the extension keeps them in.
 //!
 //! - A limit belongs to a (queue, consumer group) and names a **key**: a partition name
@@ -45,14 +45,21 @@ impl Limit {
     }
 }
 
-/// Checks `configure_limit`'s arguments. The key is `*` or a non-empty prefix of at most
-/// 256 bytes; `rate` is above 0 and at most `MAX_RATE`; `burst` 1 to `MAX_BURST`, and only
-/// with a rate; `max_in_flight` 1 to `MAX_IN_FLIGHT`.
+/// Checks `configure_limit`'s arguments. The key is `*` or a partition name prefix (a
+/// valid partition name, `names::lane_name`); `rate` is above 0 and at most `MAX_RATE`;
+/// `burst` 1 to `MAX_BURST`, and only with a rate; `max_in_flight` 1 to `MAX_IN_FLIGHT`,
+/// and only with a prefix (with `*` each partition is its own key, and a lane holds one
+/// lease at a time: a cap would mean nothing).
 pub fn check(l: &Limit) -> Result<(), Violation> {
-    if l.key.is_empty() || l.key.len() > 256 {
+    if l.key != EACH {
+        if let Err(e) = crate::names::lane_name(&l.key) {
+            return Err(Violation::invalid("key", format!("{:?} {e} (give '*' or a partition name prefix)", l.key)));
+        }
+    }
+    if l.key == EACH && l.max_in_flight.is_some() {
         return Err(Violation::invalid(
-            "key",
-            format!("{:?} (must be '*' or a partition name prefix of 1 to 256 bytes)", l.key),
+            "max_in_flight",
+            "with key '*' (each partition is a key of its own, and holds one lease at a time): give a partition name prefix",
         ));
     }
     if let Some(r) = l.rate {
@@ -234,9 +241,17 @@ pub struct Buckets<'a>(pub &'a mut [Bucket]);
 
 impl Buckets<'_> {
     /// The index of `key`'s bucket, made (full) when it has none. When the table is full,
-    /// an idle bucket near its slot is reused (a fresh bucket is full and has nothing in
-    /// flight, so nothing is lost); None when there is none.
-    pub fn find_or_make(&mut self, key: &BucketKey, capacity: i64, now: i64) -> Option<usize> {
+    /// an idle bucket near its slot is reused: untouched for a minute, with no lane still
+    /// in flight (`flying(bucket key, partition)`; its list is pruned only when its own key
+    /// is admitted again). Nothing is lost: should its key come back, it starts full. None
+    /// when no bucket is idle.
+    pub fn find_or_make(
+        &mut self,
+        key: &BucketKey,
+        capacity: i64,
+        now: i64,
+        flying: impl Fn(&BucketKey, &[u8; 16]) -> bool,
+    ) -> Option<usize> {
         let n = self.0.len();
         if n == 0 {
             return None;
@@ -253,9 +268,10 @@ impl Buckets<'_> {
             if b.key == *key {
                 return Some(i);
             }
-            // Another key's bucket, idle: nothing in flight, untouched for a minute. It may be
-            // reused; should its key come back, it starts full again.
-            if idle.is_none() && b.flying == 0 && now - b.at > 60_000_000 {
+            if idle.is_none()
+                && now - b.at > 60_000_000
+                && !b.flight[..b.flying as usize].iter().any(|p| flying(&b.key, p))
+            {
                 idle = Some(i);
             }
         }
@@ -276,15 +292,18 @@ mod tests {
 
     #[test]
     fn arguments() {
-        assert!(check(&limit("*", Some(10.0), Some(5), Some(2))).is_ok());
+        assert!(check(&limit("*", Some(10.0), Some(5), None)).is_ok());
+        assert!(check(&limit("t:", Some(10.0), Some(5), Some(2))).is_ok());
+        assert_eq!(check(&limit("*", None, None, Some(2))).unwrap_err().argument, "max_in_flight");
+        assert_eq!(check(&limit("a b", Some(1.0), None, None)).unwrap_err().argument, "key");
         assert!(check(&limit("tenant-42:", None, None, Some(1))).is_ok());
         assert_eq!(check(&limit("", Some(1.0), None, None)).unwrap_err().argument, "key");
         assert_eq!(check(&limit("*", Some(0.0), None, None)).unwrap_err().argument, "rate");
         assert_eq!(check(&limit("*", Some(f64::NAN), None, None)).unwrap_err().argument, "rate");
         assert_eq!(check(&limit("*", None, Some(5), None)).unwrap_err().argument, "burst");
         assert_eq!(check(&limit("*", Some(1.0), Some(0), None)).unwrap_err().argument, "burst");
-        assert_eq!(check(&limit("*", None, None, Some(0))).unwrap_err().argument, "max_in_flight");
-        assert_eq!(check(&limit("*", None, None, Some(33))).unwrap_err().argument, "max_in_flight");
+        assert_eq!(check(&limit("t:", None, None, Some(0))).unwrap_err().argument, "max_in_flight");
+        assert_eq!(check(&limit("t:", None, None, Some(33))).unwrap_err().argument, "max_in_flight");
     }
 
     #[test]
@@ -353,10 +372,19 @@ mod tests {
         let mut slots = vec![Bucket::default(); 2];
         let mut t = Buckets(&mut slots);
         let key = |q| BucketKey { queue_id: q, ..BucketKey::default() };
-        assert!(t.find_or_make(&key(1), 1, 0).is_some());
-        assert!(t.find_or_make(&key(2), 1, 0).is_some());
-        assert_eq!(t.find_or_make(&key(3), 1, 1_000), None);
-        assert!(t.find_or_make(&key(3), 1, 61_000_000).is_some());
+        let none = |_: &BucketKey, _: &[u8; 16]| false;
+        assert!(t.find_or_make(&key(1), 1, 0, none).is_some());
+        let i = t.find_or_make(&key(2), 1, 0, none).unwrap();
+        assert!(t.0[i].admit_flight([7; 16], 1, |_| true));
+        assert_eq!(t.find_or_make(&key(3), 1, 1_000, none), None, "both were used within the minute");
+        let all = |_: &BucketKey, _: &[u8; 16]| true;
+        let j = t.find_or_make(&key(3), 1, 61_000_000, all).unwrap();
+        assert_ne!(j, i, "a bucket with a lane in flight is not reused");
+        let mut slots = vec![Bucket::default(); 1];
+        let mut t = Buckets(&mut slots);
+        t.find_or_make(&key(1), 1, 0, none).unwrap();
+        assert!(t.0[0].admit_flight([7; 16], 1, |_| true));
+        assert!(t.find_or_make(&key(2), 1, 61_000_000, none).is_some(), "its lane landed since: reused");
     }
 
     proptest! {

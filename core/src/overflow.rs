@@ -53,7 +53,10 @@ pub fn check_group(max_lag: Option<i64>, on_overflow: &str) -> Result<OnOverflow
 }
 
 /// A lane's lag: the offsets after its cursor `committed` up to the readable end
-/// `readable`, less those retention deleted (up to `retained_through`).
+/// `readable`, less those retention deleted (up to `retained_through`). A cursor never
+/// stands below the retention mark (retention deletes only what every cursor passed, and
+/// `seek` clamps to it), so this is `readable - committed`, as `status` and `totals`
+/// show it; the mark is a guard.
 pub fn lag(committed: i64, retained_through: i64, readable: i64) -> i64 {
     (readable - committed.max(retained_through)).max(0)
 }

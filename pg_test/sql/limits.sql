@@ -1,60 +1,45 @@
--- Rate limits and concurrency caps (docs/functions.md#configure_limit): a key's pops take
--- at most the tokens its bucket holds; other keys are not held back; a changed limit
--- applies from the next pop; every limit NULL removes it. (The cap on lanes in flight is
--- the isolation spec limit_in_flight; the rate over ten seconds is tests/tests/limits.rs.)
+-- Limits (README, "Limits"): a pop's byte budget, and the caps on wait_ms and on ack items.
+-- Past a cap, a call fails with 54000 (program_limit_exceeded) and changes nothing.
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
 CREATE EXTENSION queen;
 RESET client_min_messages;
 CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN EXECUTE q; RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE || ': ' || SQLERRM; END $$;
+BEGIN
+  EXECUTE q;
+  RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+SELECT count(*) FROM queen.push_batch(
+  (SELECT jsonb_agg(jsonb_build_object('queue', 'lim', 'payload', repeat('x', 100))) FROM generate_series(1, 10)));
 
--- Bad input changes nothing.
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', NULL, rate => 1)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '', rate => 1)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', rate => 0)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', rate => -2.5)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', burst => 5)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', rate => 1, burst => 0)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', max_in_flight => 0)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', max_in_flight => 33)$$);
-SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'bad name!', '*', rate => 1)$$);
-SELECT count(*) AS queues FROM queen.queues;
+-- max_bytes: the pop returns fewer messages when the next one would pass the budget.
+-- Each payload is 102 bytes of JSON text ("xxx...").
+SELECT count(*), sum(octet_length(payload::text)) FROM queen.pop('lim', 'g', batch => 10, max_bytes => 350, auto_ack => true);
+-- The next pop goes on where that one stopped.
+SELECT min(msg_offset), max(msg_offset) FROM queen.pop('lim', 'g', batch => 10, max_bytes => 350, auto_ack => true);
+-- A message larger than the budget still comes, alone: a pop never returns nothing when
+-- something is ready.
+SELECT count(*), min(msg_offset) FROM queen.pop('lim', 'g', batch => 10, max_bytes => 1, auto_ack => true);
+-- The budget spans partitions: a lane it leaves untouched is not claimed.
+SELECT count(*) FROM (VALUES ('a'), ('b')) v(p), LATERAL queen.push('lim2', to_jsonb(repeat('y', 100)), v.p);
+SELECT count(*) FROM queen.pop('lim2', 'g', max_partitions => 2, batch => 10, max_bytes => 150);
+SELECT count(*) FROM queen.pop('lim2', 'g', max_partitions => 2, batch => 10, max_bytes => 150);
 
-SELECT count(*) FROM generate_series(1, 40) i,
-  queen.push('lq', i::text::jsonb, partition => CASE WHEN i % 2 = 0 THEN 'k1:a' ELSE 'free' END);
-SELECT queen.configure_limit('lq', 'g', 'k1:', rate => 0.5, burst => 3) - 'queue' AS k1;
-SELECT key, rate, burst, max_in_flight FROM queen.limits;
--- The burst, then nothing until a token is due; the free key is not held back.
-SELECT partition, count(*) FROM queen.pop('lq', 'g', batch => 100, max_partitions => 10, auto_ack => true) GROUP BY 1 ORDER BY 1;
-SELECT partition, count(*) FROM queen.pop('lq', 'g', batch => 100, max_partitions => 10, auto_ack => true) GROUP BY 1 ORDER BY 1;
--- A long-poll sleeps until the next token (2 s at 0.5 a second), not for its whole wait.
-SELECT clock_timestamp() AS t0 \gset
-SELECT partition, count(*) FROM queen.pop('lq', 'g', batch => 100, wait_ms => 10000, auto_ack => true) GROUP BY 1;
-SELECT clock_timestamp() - :'t0' < interval '5 s' AS woke_for_the_token;
--- A changed limit applies from the next pop (its bucket starts full).
-SELECT queen.configure_limit('lq', 'g', 'k1:', rate => 100, burst => 10) ->> 'burst' AS burst;
-SELECT partition, count(*) FROM queen.pop('lq', 'g', batch => 100, auto_ack => true) GROUP BY 1;
--- Every limit NULL removes it; another group was never limited.
-SELECT queen.configure_limit('lq', 'g', 'k1:') - 'queue' AS removed;
-SELECT queen.configure_limit('lq', 'g', 'k1:') ->> 'removed' AS again;
-SELECT count(*) FROM queen.limits;
-SELECT partition, count(*) FROM queen.pop('lq', 'g', batch => 100, auto_ack => true) GROUP BY 1;
-SELECT partition, count(*) FROM queen.pop('lq', 'h', batch => 100, max_partitions => 10, auto_ack => true) GROUP BY 1 ORDER BY 1;
-
--- '*': each partition a bucket of its own.
-SELECT count(*) FROM generate_series(1, 30) i, queen.push('each', i::text::jsonb, partition => 'p' || (i % 3));
-SELECT queen.configure_limit('each', 'g', '*', rate => 0.001, burst => 2) ->> 'key' AS key;
-SELECT partition, count(*) FROM queen.pop('each', 'g', batch => 100, max_partitions => 10, auto_ack => true) GROUP BY 1 ORDER BY 1;
-SELECT count(*) AS none_left FROM queen.pop('each', 'g', batch => 100, max_partitions => 10, auto_ack => true);
--- A pop takes tokens for the messages a lane holds, no more: two partitions of one message
--- each spend 2 of the key's burst of 4, and 2 are left.
-SELECT count(*) FROM generate_series(1, 2) i, queen.push('cap', '1', partition => 'c:' || i);
-SELECT queen.configure_limit('cap', 'g', 'c:', rate => 0.001, burst => 4) ->> 'burst' AS burst;
-SELECT count(*) FROM queen.pop('cap', 'g', batch => 100, max_partitions => 10, auto_ack => true);
-SELECT count(*) FROM generate_series(1, 5) i, queen.push('cap', i::text::jsonb, partition => 'c:1');
-SELECT count(*) AS the_two_left FROM queen.pop('cap', 'g', batch => 100, max_partitions => 10, auto_ack => true);
--- Dropping the group drops its limits.
-SELECT queen.drop_group('each', 'g') ->> 'dropped' AS dropped;
-SELECT key FROM queen.limits ORDER BY 1;
+-- Bad budgets.
+SELECT pg_temp.err($$SELECT * FROM queen.pop('lim', max_bytes => 0)$$);
+SELECT pg_temp.err($$SELECT * FROM queen.pop('lim', max_bytes => NULL)$$);
+SELECT pg_temp.err($$SELECT * FROM queen.pop('lim', max_bytes => 1073741825)$$);
+-- wait_ms is capped at five minutes.
+SELECT pg_temp.err($$SELECT * FROM queen.pop('lim', wait_ms => 300001)$$);
+-- An ack takes at most 100,000 items.
+SELECT pg_temp.err($$SELECT queen.ack('00000000-0000-7000-8000-000000000000'::uuid,
+                 (SELECT jsonb_agg(jsonb_build_object('partitionId', '00000000-0000-7000-8000-000000000000',
+                                                      'offset', g)) FROM generate_series(1, 100001) g))$$);
+-- Nothing was claimed by the refused calls: the group's next message is still 8.
+SELECT min(msg_offset) FROM queen.pop('lim', 'g', batch => 10, auto_ack => true);
+-- 100,000 is allowed (an unknown lease: every item is reported as not applied).
+SELECT jsonb_array_length(queen.ack('00000000-0000-7000-8000-000000000000'::uuid,
+                 (SELECT jsonb_agg(jsonb_build_object('partitionId', '00000000-0000-7000-8000-000000000000',
+                                                      'offset', g)) FROM generate_series(1, 100000) g)) -> 'items') AS items;

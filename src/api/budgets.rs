@@ -29,16 +29,18 @@ COMMENT ON FUNCTION queen.configure_group IS
   'queen: store a consumer group''s lease budget (queue margin + handler timeout + grace + record margin) and its overflow policy';
 "#,
     name = "configure_group_home",
-    requires = [configure_group_v2]
+    requires = [configure_group_settings]
 );
 
 /// `queen.configure_group` (docs/functions.md#configure_group): stores a group's lease
 /// budget and its overflow policy (`max_lag` in each partition, `on_overflow`), creating
-/// the group as a first pop would. Every argument not given takes its default.
+/// the group as a first pop would. Every argument not given takes its default. (Named
+/// apart from the SQL function: `configure_group_wrapper`, the C symbol of 0.3.0's
+/// six-argument form, stays below as a stub that asks for the update.)
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(name = "configure_group", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn configure_group_v2(
+fn configure_group_settings(
     queue: Option<&str>,
     consumer_group: Option<&str>,
     handler_timeout: default!(Option<Interval>, "'30 s'"),
@@ -67,33 +69,7 @@ fn configure_group_v2(
     let policy = queen_core::overflow::check_group(max_lag, on_overflow).unwrap_or_else(|v| errors::violation(v));
     // Pops cache a group's budget (`pop::group_info`): they read it again once this commits.
     crate::pg::cache::invalidate();
-    Spi::connect_mut(|client| {
-        let (queue_id, ..) = lookup::ensure_queue_locked(client, queue);
-        // Creates the group and its lanes as a first pop would ('all'), after a session
-        // that is creating it right now.
-        lookup::ensure_group(client, queue_id, group, "all", true);
-        run(
-            client,
-            "INSERT INTO queen.groups AS g (queue_id, consumer_group, handler_timeout, queue_margin,
-                                          timeout_grace, record_margin, max_lag, on_overflow)
-             VALUES ($1, $2, make_interval(secs => $3), make_interval(secs => $4),
-                     make_interval(secs => $5), make_interval(secs => $6), $7, $8)
-             ON CONFLICT (queue_id, consumer_group) DO UPDATE SET
-               handler_timeout = EXCLUDED.handler_timeout, queue_margin = EXCLUDED.queue_margin,
-               timeout_grace = EXCLUDED.timeout_grace, record_margin = EXCLUDED.record_margin,
-               max_lag = EXCLUDED.max_lag, on_overflow = EXCLUDED.on_overflow",
-            &[
-                queue_id.into(),
-                group.into(),
-                secs(b.handler_timeout).into(),
-                secs(b.queue_margin).into(),
-                secs(b.timeout_grace).into(),
-                secs(b.record_margin).into(),
-                max_lag.into(),
-                policy.as_str().into(),
-            ],
-        );
-    });
+    Spi::connect_mut(|client| store_group(client, queue, group, &b, max_lag, policy));
     JsonB(json!({
         "queue": queue,
         "consumerGroup": group,
@@ -105,6 +81,43 @@ fn configure_group_v2(
         "maxLag": max_lag,
         "onOverflow": policy.as_str(),
     }))
+}
+
+/// Creates the group (as a first pop would: 'all', after a session creating it right now)
+/// and stores its budget and overflow policy.
+fn store_group(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    queue: &str,
+    group: &str,
+    b: &Budget,
+    max_lag: Option<i64>,
+    policy: queen_core::overflow::OnOverflow,
+) {
+    let (queue_id, ..) = lookup::ensure_queue_locked(client, queue);
+    // Creates the group and its lanes as a first pop would ('all'), after a session
+    // that is creating it right now.
+    lookup::ensure_group(client, queue_id, group, "all", true);
+    run(
+        client,
+        "INSERT INTO queen.groups AS g (queue_id, consumer_group, handler_timeout, queue_margin,
+                                      timeout_grace, record_margin, max_lag, on_overflow)
+         VALUES ($1, $2, make_interval(secs => $3), make_interval(secs => $4),
+                 make_interval(secs => $5), make_interval(secs => $6), $7, $8)
+         ON CONFLICT (queue_id, consumer_group) DO UPDATE SET
+           handler_timeout = EXCLUDED.handler_timeout, queue_margin = EXCLUDED.queue_margin,
+           timeout_grace = EXCLUDED.timeout_grace, record_margin = EXCLUDED.record_margin,
+           max_lag = EXCLUDED.max_lag, on_overflow = EXCLUDED.on_overflow",
+        &[
+            queue_id.into(),
+            group.into(),
+            secs(b.handler_timeout).into(),
+            secs(b.queue_margin).into(),
+            secs(b.timeout_grace).into(),
+            secs(b.record_margin).into(),
+            max_lag.into(),
+            policy.as_str().into(),
+        ],
+    );
 }
 
 crate::pg::srf::function_info_v1!(pg_finfo_configure_group_wrapper);

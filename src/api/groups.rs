@@ -11,7 +11,7 @@ use pgrx::{JsonB, PgSqlErrorCode};
 use queen_core::lanes::seek_cursor;
 use serde_json::json;
 
-use crate::ops::cursors::{lock_lanes, move_cursor, Lane};
+use crate::ops::cursors::{lock_lanes, move_cursor, Busy, Lane, Which};
 use crate::pg::clock::timestamptz;
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::ids::from_pg_uuid;
@@ -133,7 +133,7 @@ fn seek(
         if !group_exists(client, queue_id, group) {
             no_group(queue, group);
         }
-        let lanes = lock_lanes(client, queue_id, group, partition, None);
+        let lanes = lock_lanes(client, queue_id, group, partition.map_or(Which::All, Which::Named), Busy::Wait);
         if let (Some(p), true) = (partition, lanes.is_empty()) {
             errors::raise(
                 PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -232,7 +232,7 @@ fn purge(
         };
         let mut out = Vec::new();
         for g in &groups {
-            let lanes = lock_lanes(client, queue_id, g, None, None);
+            let lanes = lock_lanes(client, queue_id, g, Which::All, Busy::Wait);
             refuse_leased(&lanes, force, "purge");
             out.extend(purge_lanes(client, queue_id, &lanes, g));
         }
@@ -307,7 +307,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
         if !group_exists(client, queue_id, group) {
             return None;
         }
-        let lanes = lock_lanes(client, queue_id, group, None, None);
+        let lanes = lock_lanes(client, queue_id, group, Which::All, Busy::Wait);
         refuse_leased(&lanes, force, "drop the group");
         let pids: Vec<pgrx::Uuid> = lanes.iter().map(|l| l.partition_id).collect();
         // The journal first (its entries would otherwise revive these cursors if the group

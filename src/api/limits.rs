@@ -55,7 +55,8 @@ fn configure_limit(
         );
     }
     let remove = rate.is_none() && burst.is_none() && max_in_flight.is_none();
-    // Pops cache whether their group has limits, and the limits (`pop::group_info`).
+    // Pops cache whether their group has limits (`pop::group_info`), and the limits
+    // (`pop::gate`).
     crate::pg::cache::invalidate();
     let removed = Spi::connect_mut(|client| {
         let (queue_id, ..) = lookup::ensure_queue_locked(client, queue);
@@ -84,7 +85,7 @@ fn configure_limit(
         out["removed"] = removed.into();
     } else {
         out["rate"] = rate.into();
-        out["burst"] = limit.capacity().into();
+        out["burst"] = rate.map(|_| limit.capacity()).into();
         out["maxInFlight"] = max_in_flight.into();
     }
     JsonB(out)

@@ -1,4 +1,4 @@
-//! Rate limits and concurrency caps at claim time (docs/concepts.md#rate-limits): the
+//! Rate limits and concurrency caps at claim time (docs/concepts.md#rate-limits-and-concurrency-caps): the
 //! buckets of `queen_core::limits` in shared memory, and a pop's gate over them.
 //!
 //! A pop of a group with limits (`queen.limits`, set by `queen.configure_limit`) passes its
@@ -11,16 +11,16 @@
 //!
 //! The buckets need the library preloaded. Without it, `configure_limit` refuses (0A000).
 //! There are `BUCKETS` of them; one untouched for a minute with nothing in flight is
-//! reused, and when none is free a pop of a limited key fails with 53400.
+//! reused, and when none is free a lane of a limited key is held back (with a WARNING)
+//! until one is.
 
 use std::ffi::CStr;
 
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
-use pgrx::PgSqlErrorCode;
 use queen_core::limits::{Bucket, BucketKey, Buckets, Limit};
 
-use crate::pg::errors::{self, SpiExt};
+use crate::pg::errors::SpiExt;
 use crate::pg::shmem::{Parts, Region};
 use crate::pg::spi::run;
 
@@ -118,7 +118,7 @@ pub struct Gate {
     install: u32,
     queue_id: i64,
     group: String,
-    limits: Vec<Limit>,
+    limits: std::rc::Rc<Vec<Limit>>,
     /// Whether the pop leases (an auto-ack pop leaves nothing in flight).
     leases: bool,
     /// Per admitted lane: (partition, granted, what it took).
@@ -137,7 +137,7 @@ enum Held {
 }
 
 impl Gate {
-    pub fn new(queue_id: i64, group: &str, limits: Vec<Limit>, leases: bool) -> Gate {
+    pub fn new(queue_id: i64, group: &str, limits: std::rc::Rc<Vec<Limit>>, leases: bool) -> Gate {
         Gate {
             database: crate::pg::dbs::my_database(),
             install: crate::pg::catalog::queen_table(c"queues").to_u32(),
@@ -152,7 +152,7 @@ impl Gate {
     /// How many of `want` messages lane `partition` (named `name`) may take now, taking
     /// that many tokens (and a place in flight) from each bucket of a limit it matches.
     /// A lane held back notes when a token is due (`wake::due_at`), so that a long-poll
-    /// sleeps until then. Raises 53400 when no bucket is free.
+    /// sleeps until then. When no bucket is free the lane is held back too, with a WARNING.
     pub fn admit(&mut self, partition: pgrx::Uuid, name: &str, want: i64, now: i64) -> i64 {
         if want <= 0 {
             return 0;
@@ -167,18 +167,21 @@ impl Gate {
         if matching.is_empty() {
             return want;
         }
-        let (database, group, leases) = (self.database, self.group.as_str(), self.leases);
-        let (n, taken, held) =
-            shared().exclusive(|buckets| take(buckets, &matching, p, (database, group), leases, want, now));
+        let leases = self.leases;
+        let (n, taken, held) = shared().exclusive(|buckets| take(buckets, &matching, p, leases, want, now));
         match held {
             Held::No => {}
             Held::Tokens(at) => crate::pg::wake::due_at(at),
             // A lease ends by an ack (which does not wake pops) or by expiring: look again soon.
             Held::Flight => crate::pg::wake::due_at(now + 50_000),
-            Held::Full => errors::raise(
-                PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-                format!("queen: every rate-limit bucket is in use ({BUCKETS}); a limited key cannot be claimed now"),
-            ),
+            // The lane is held back (other keys are still served), and said so.
+            Held::Full => {
+                pgrx::warning!(
+                    "queen: every rate-limit bucket is in use ({BUCKETS}): a lane of a limited key was not claimed; \
+                     it is claimed once a bucket is free (one untouched for a minute with no lane in flight)"
+                );
+                crate::pg::wake::due_at(now + 1_000_000);
+            }
         }
         if n > 0 {
             self.granted.push((p, n, taken));
@@ -193,9 +196,10 @@ impl Gate {
         if self.granted.is_empty() {
             return;
         }
+        // Counted before the lock is taken.
+        let got: Vec<i64> = self.granted.iter().map(|(p, ..)| delivered(p)).collect();
         shared().exclusive(|buckets| {
-            for (p, granted, taken) in &self.granted {
-                let got = delivered(p);
+            for ((p, granted, taken), &got) in self.granted.iter().zip(&got) {
                 for t in taken {
                     let b = &mut buckets[t.bucket];
                     if b.used == 0 || b.key != t.key {
@@ -220,16 +224,24 @@ fn take(
     buckets: &mut [Bucket],
     matching: &[(BucketKey, &Limit)],
     p: [u8; 16],
-    (database, group): (u32, &str),
     leases: bool,
     want: i64,
     now: i64,
 ) -> (i64, Vec<Taken>, Held) {
+    // Whether a lane a bucket let in is still in flight (the lane registry, read in shared
+    // mode under the buckets' lock: the one place queen nests two of its LWLocks, always
+    // in this order, docs/locking.md).
+    let flying = |b: &BucketKey, q: &[u8; 16]| {
+        crate::lane::registry::maybe_in_flight(
+            &queen_core::lanes::LaneKey { database: b.database, partition: *q, group: b.group },
+            now,
+        )
+    };
     let mut n = want;
     let mut taken: Vec<Taken> = Vec::new();
     let mut held = Held::No;
     for &(key, l) in matching {
-        let Some(i) = Buckets(buckets).find_or_make(&key, l.capacity(), now) else {
+        let Some(i) = Buckets(buckets).find_or_make(&key, l.capacity(), now, flying) else {
             held = Held::Full;
             n = 0;
             break;
@@ -238,10 +250,7 @@ fn take(
         let mut t = Taken { bucket: i, key, tokens: 0, capacity: l.capacity(), flight: false };
         if let (Some(max), true) = (l.max_in_flight, leases) {
             let already = b.flight[..b.flying as usize].contains(&p);
-            let flying = |q: &[u8; 16]| {
-                crate::lane::registry::maybe_in_flight(&queen_core::lanes::LaneKey::new(database, *q, group), now)
-            };
-            if !b.admit_flight(p, max as usize, flying) {
+            if !b.admit_flight(p, max as usize, |q| flying(&key, q)) {
                 held = Held::Flight;
                 n = 0;
                 taken.push(t);

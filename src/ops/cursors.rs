@@ -22,49 +22,67 @@ pub struct Lane {
     pub registry: Option<State>,
 }
 
-/// The group's lanes (of the partition named `partition`, or of the partitions `ids`, when
-/// given), locked in partition order, each waiting for a pop or ack in flight on it.
-pub fn lock_lanes(
-    client: &mut SpiClient<'_>,
-    queue_id: i64,
-    group: &str,
-    partition: Option<&str>,
-    ids: Option<&[pgrx::Uuid]>,
-) -> Vec<Lane> {
-    let registry = crate::lane::registry::enabled();
-    let now = clock_now();
-    // With the registry the lanes are locked there (the rows carry nothing live, and
-    // locking them could wait for the worker's journal rotation, which waits for us).
-    // Without it, the rows are the lanes.
-    let args =
-        [queue_id.into(), group.into(), partition.into(), timestamptz(now).into(), ids.map(|i| i.to_vec()).into()];
-    let rows = if registry {
-        run(
-            client,
-            "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, false
-               FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
-              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
-                AND $4::timestamptz IS NOT NULL AND ($5::uuid[] IS NULL OR l.partition_id = ANY($5))
-              ORDER BY l.partition_id",
-            &args,
-        )
-    } else {
-        run(
-            client,
-            concat!(
-                "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, coalesce(",
-                queen_core::lease_live_sql!("l", "$4"),
-                ", false)
+/// Which of a group's lanes `lock_lanes` locks.
+#[derive(Clone, Copy)]
+pub enum Which<'a> {
+    All,
+    /// The lane of the partition of this name.
+    Named(&'a str),
+    /// The lanes of these partitions (those that still exist).
+    Ids(&'a [pgrx::Uuid]),
+}
+
+/// How `lock_lanes` meets a lane another transaction holds (a pop or an ack in flight).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// Waits for it (`seek`, `purge`, `drop_group`).
+    Wait,
+    /// Leaves it out (the maintenance worker's skip pass: a long-poll may hold a lane for
+    /// minutes).
+    Skip,
+}
+
+const LANES: &str = "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, false
+       FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
+      WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
+        AND $4::timestamptz IS NOT NULL AND ($5::uuid[] IS NULL OR l.partition_id = ANY($5))
+      ORDER BY l.partition_id";
+
+/// Without the registry: the lane rows, locked.
+macro_rules! lane_rows {
+    ($lock:literal) => {
+        concat!(
+            "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, coalesce(",
+            queen_core::lease_live_sql!("l", "$4"),
+            ", false)
                FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
               WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
                 AND ($5::uuid[] IS NULL OR l.partition_id = ANY($5))
               ORDER BY l.partition_id
-                FOR UPDATE OF l"
-            ),
-            &args,
+                FOR UPDATE OF l",
+            $lock
         )
     };
-    let rows: Vec<Lane> = rows
+}
+
+/// The group's lanes (`which`), locked in partition order. With the registry the lanes are
+/// locked there (the rows carry nothing live, and locking them could wait for the worker's
+/// journal rotation, which waits for us); without it, the rows are the lanes.
+pub fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, which: Which<'_>, busy: Busy) -> Vec<Lane> {
+    let registry = crate::lane::registry::enabled();
+    let now = clock_now();
+    let (partition, ids) = match which {
+        Which::All => (None, None),
+        Which::Named(p) => (Some(p), None),
+        Which::Ids(ids) => (None, Some(ids.to_vec())),
+    };
+    let args = [queue_id.into(), group.into(), partition.into(), timestamptz(now).into(), ids.into()];
+    let sql = match (registry, busy) {
+        (true, _) => LANES,
+        (false, Busy::Wait) => lane_rows!(""),
+        (false, Busy::Skip) => lane_rows!(" SKIP LOCKED"),
+    };
+    let rows: Vec<Lane> = run(client, sql, &args)
         .map(|r| Lane {
             partition_id: r.get::<pgrx::Uuid>(1).or_raise().unwrap(),
             partition: r.get::<String>(2).or_raise().unwrap(),
@@ -80,8 +98,9 @@ pub fn lock_lanes(
     }
     rows.into_iter()
         .filter_map(|lane| {
-            // None: the lane went away while this waited (its group was dropped).
-            let s = crate::lane::registry::lock(lane.partition_id, group, true)?;
+            // None: the lane went away while this waited (its group was dropped), or, with
+            // `Busy::Skip`, another transaction holds it.
+            let s = crate::lane::registry::lock(lane.partition_id, group, busy == Busy::Wait)?;
             Some(Lane { committed: s.committed, leased: s.live_lease(now), registry: Some(s), ..lane })
         })
         .collect()

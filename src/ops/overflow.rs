@@ -11,9 +11,9 @@
 
 use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
-use queen_core::overflow::{self, Refusal};
+use queen_core::overflow::{self, OnOverflow, Refusal};
 
-use crate::ops::cursors::{lock_lanes, move_cursor};
+use crate::ops::cursors::{lock_lanes, move_cursor, Busy, Which};
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::spi::run;
 use crate::queue::lookup::Target;
@@ -37,6 +37,17 @@ macro_rules! lane_lags {
     };
 }
 
+/// What `push::locate` reads of a queue `q`'s limits, for its `Target`: `max_depth`, and
+/// whether a group holds producers back by its `max_lag` (the groups `HOLD_LAGS_HERE`
+/// reads).
+macro_rules! locate_limits {
+    () => {
+        "q.max_depth, EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = q.queue_id
+                                 AND g.on_overflow = 'hold' AND g.max_lag IS NOT NULL)"
+    };
+}
+pub(crate) use locate_limits;
+
 /// The `hold` groups with a `max_lag`, with their lag in the partition `$2`.
 const HOLD_LAGS_HERE: &str =
     concat!("SELECT consumer_group, lag, max_lag FROM (", lane_lags!(), ") x WHERE max_lag IS NOT NULL ORDER BY 1");
@@ -53,11 +64,8 @@ const DEPTH: &str = concat!(
 );
 
 /// The `skip` groups' lanes past their `max_lag`.
-const SKIP_OVER: &str = concat!(
-    "SELECT consumer_group, max_lag, partition_id FROM (",
-    lane_lags!(),
-    ") x WHERE lag > max_lag ORDER BY 1, 3"
-);
+const SKIP_OVER: &str =
+    concat!("SELECT consumer_group, partition_id FROM (", lane_lags!(), ") x WHERE lag > max_lag ORDER BY 1, 2");
 
 /// Refuses (53400) a push of `n` messages to target `t` of `queue` that would take the
 /// queue past its `max_depth`, or a `hold` group past its `max_lag` in the partition.
@@ -73,34 +81,39 @@ pub fn check_push(client: &mut SpiClient<'_>, queue: &str, t: &Target, n: i64, e
     if let Some(max_depth) = t.max_depth {
         let key = Headroom::Queue(t.queue_id);
         if !Headrooms::take(key, n) {
+            let read_under = crate::pg::cache::last_generation();
             let own = if crate::offsets::enabled() { 0 } else { earlier };
             let depth = queue_depth(client, t.queue_id) + own;
             if let Some(r) = overflow::push_refusal(n, Some(max_depth), depth, []) {
                 refuse(queue, n, r);
             }
-            Headrooms::store(key, max_depth - depth - n);
+            Headrooms::store(key, max_depth - depth - n, read_under);
         }
     }
     if t.lag_limited {
         let key = Headroom::Partition(t.partition_id);
         if !Headrooms::take(key, n) {
-            let here: Vec<(String, i64, i64)> =
-                run(client, HOLD_LAGS_HERE, &[t.queue_id.into(), t.partition_id.into(), "hold".into()])
-                    .map(|r| {
-                        (
-                            r.get::<String>(1).or_raise().unwrap(),
-                            r.get::<i64>(2).or_raise().unwrap(),
-                            r.get::<i64>(3).or_raise().unwrap(),
-                        )
-                    })
-                    .collect();
+            let read_under = crate::pg::cache::last_generation();
+            let here: Vec<(String, i64, i64)> = run(
+                client,
+                HOLD_LAGS_HERE,
+                &[t.queue_id.into(), t.partition_id.into(), OnOverflow::Hold.as_str().into()],
+            )
+            .map(|r| {
+                (
+                    r.get::<String>(1).or_raise().unwrap(),
+                    r.get::<i64>(2).or_raise().unwrap(),
+                    r.get::<i64>(3).or_raise().unwrap(),
+                )
+            })
+            .collect();
             if let Some(r) =
                 overflow::push_refusal(n, None, 0, here.iter().map(|(g, lag, max)| (g.as_str(), *lag, *max)))
             {
                 refuse(queue, n, r);
             }
             let least = here.iter().map(|(_, lag, max)| max - lag).min().unwrap_or(i64::MAX);
-            Headrooms::store(key, least - n);
+            Headrooms::store(key, least - n, read_under);
         }
     }
 }
@@ -154,8 +167,13 @@ impl Headrooms {
         })
     }
 
-    fn store(key: Headroom, headroom: i64) {
+    /// Keeps `key`'s headroom read under cache generation `read_under`, unless a change
+    /// of the limits arrived while it was read (it may be stale already).
+    fn store(key: Headroom, headroom: i64, read_under: u64) {
         let generation = crate::pg::cache::last_generation();
+        if generation != read_under {
+            return;
+        }
         HEADROOMS.with(|h| {
             let mut h = h.borrow_mut();
             if h.len() >= 10_000 {
@@ -169,9 +187,10 @@ impl Headrooms {
 /// The queue's depth (`overflow::depth`): every stored offset while it has no group, else
 /// the lag of its slowest `hold` group.
 fn queue_depth(client: &mut SpiClient<'_>, queue_id: i64) -> i64 {
-    let row = run(client, DEPTH, &[queue_id.into(), Option::<pgrx::Uuid>::None.into(), "hold".into()])
-        .next()
-        .expect("one row");
+    let row =
+        run(client, DEPTH, &[queue_id.into(), Option::<pgrx::Uuid>::None.into(), OnOverflow::Hold.as_str().into()])
+            .next()
+            .expect("one row");
     let stored = row.get::<i64>(1).or_raise().unwrap_or(0);
     let any_group = row.get::<bool>(2).or_raise().unwrap_or(false);
     let lags = row.get::<Vec<i64>>(3).or_raise().unwrap_or_default();
@@ -180,46 +199,57 @@ fn queue_depth(client: &mut SpiClient<'_>, queue_id: i64) -> i64 {
 
 /// Queues with a `skip` group that has a `max_lag` (the worker's list).
 pub fn queues_to_skip(client: &mut SpiClient<'_>) -> Vec<i64> {
-    run(client, "SELECT DISTINCT queue_id FROM queen.groups WHERE on_overflow = 'skip' ORDER BY 1", &[])
-        .map(|r| r.get::<i64>(1).or_raise().unwrap())
-        .collect()
+    run(
+        client,
+        "SELECT DISTINCT queue_id FROM queen.groups WHERE on_overflow = 'skip' AND max_lag IS NOT NULL ORDER BY 1",
+        &[],
+    )
+    .map(|r| r.get::<i64>(1).or_raise().unwrap())
+    .collect()
 }
 
 /// Moves every `skip` group of the queue past its oldest messages wherever its lag passes
 /// its `max_lag` (`overflow::skip_span`), filing each span as one `skipped` dead letter.
 /// A lane under a live lease is left for a later pass (its consumer is at work; its next
-/// batch ends the lease). Returns the messages skipped; 0 when the queue is gone.
+/// batch ends the lease). Returns the messages skipped; 0 when the queue is gone or busy.
 pub fn skip_queue(client: &mut SpiClient<'_>, queue_id: i64) -> i64 {
-    if !crate::pg::locks::share_queue(queue_id) {
+    // Never waits (as retention): a queue a `delete_queue` holds is left for the next pass.
+    if !crate::pg::locks::try_share_queue(queue_id) {
         return 0;
     }
     // The lanes past their max_lag, by group: a first look without locks.
-    let over: Vec<(String, i64, pgrx::Uuid)> =
-        run(client, SKIP_OVER, &[queue_id.into(), Option::<pgrx::Uuid>::None.into(), "skip".into()])
-            .map(|r| {
-                (
-                    r.get::<String>(1).or_raise().unwrap(),
-                    r.get::<i64>(2).or_raise().unwrap(),
-                    r.get(3).or_raise().unwrap(),
-                )
-            })
+    let over: Vec<(String, pgrx::Uuid)> =
+        run(client, SKIP_OVER, &[queue_id.into(), Option::<pgrx::Uuid>::None.into(), OnOverflow::Skip.as_str().into()])
+            .map(|r| (r.get::<String>(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
             .collect();
-    let mut groups: Vec<(&str, i64, Vec<pgrx::Uuid>)> = Vec::new();
-    for (g, max_lag, pid) in &over {
+    let mut groups: Vec<(&str, Vec<pgrx::Uuid>)> = Vec::new();
+    for (g, pid) in &over {
         match groups.last_mut() {
-            Some(last) if last.0 == g.as_str() => last.2.push(*pid),
-            _ => groups.push((g.as_str(), *max_lag, vec![*pid])),
+            Some(last) if last.0 == g.as_str() => last.1.push(*pid),
+            _ => groups.push((g.as_str(), vec![*pid])),
         }
     }
-    groups.into_iter().map(|(group, max_lag, pids)| skip_lanes(client, queue_id, group, max_lag, &pids)).sum()
+    groups.into_iter().map(|(group, pids)| skip_lanes(client, queue_id, group, &pids)).sum()
 }
 
-/// Locks the lanes `pids` of `group` and moves each that is still past `max_lag` and under
-/// no live lease, filing the span passed. Returns the messages skipped.
-fn skip_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, max_lag: i64, pids: &[pgrx::Uuid]) -> i64 {
+/// Locks the lanes `pids` of `group` that nobody holds (a long-poll may hold one for
+/// minutes: it is left for a later pass, as a leased one is) and moves each that is still
+/// past `max_lag` and under no live lease, filing the span passed. Returns the messages
+/// skipped.
+fn skip_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, pids: &[pgrx::Uuid]) -> i64 {
+    let lanes = lock_lanes(client, queue_id, group, Which::Ids(pids), Busy::Skip);
+    // The policy again, now that the lanes are locked: a `configure_group` that committed
+    // since the first look wins (a group no longer skipping is left alone).
+    let Some(max_lag) = crate::pg::spi::first_value::<i64>(run(
+        client,
+        "SELECT max_lag FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 AND on_overflow = $3",
+        &[queue_id.into(), group.into(), OnOverflow::Skip.as_str().into()],
+    )) else {
+        return 0;
+    };
     let mut journal = Vec::new();
     let mut skipped = 0;
-    for l in lock_lanes(client, queue_id, group, None, Some(pids)) {
+    for l in lanes {
         if l.leased {
             continue;
         }

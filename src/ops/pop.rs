@@ -359,7 +359,7 @@ fn gate(client: &mut SpiClient<'_>, a: &PopArgs, info: &GroupInfo) -> Option<cra
     }
     let read = || Some(std::rc::Rc::new(crate::lane::limits::read_limits(client, info.queue_id, a.group)));
     let limits = crate::pg::cache::cached(&LIMITS, (info.queue_id, a.group.to_string()), read, |_| true)?;
-    Some(crate::lane::limits::Gate::new(info.queue_id, a.group, (*limits).clone(), !a.auto_ack))
+    Some(crate::lane::limits::Gate::new(info.queue_id, a.group, limits, !a.auto_ack))
 }
 
 /// The queue's and group's settings; None for an unknown queue.
@@ -435,7 +435,11 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let rows = reading.claim(client, a, info.queue_id, registry, now);
     // Tokens of messages not delivered go back; lanes not claimed leave the in-flight list.
     if let Some(gate) = scan.and_then(|s| s.gate) {
-        gate.settle(|p| rows.iter().filter(|d| d.partition_id.as_bytes() == p).count() as i64);
+        let mut delivered: std::collections::HashMap<[u8; 16], i64> = std::collections::HashMap::new();
+        for d in &rows {
+            *delivered.entry(*d.partition_id.as_bytes()).or_default() += 1;
+        }
+        gate.settle(|p| delivered.get(p).copied().unwrap_or(0));
     }
     rows
 }
@@ -840,15 +844,9 @@ impl<'a> LaneScan<'a> {
                 self.left += 1;
                 continue;
             }
-            // A limit may let the lane take fewer messages (as many as it has tokens for),
-            // or none (no token, or its key's lanes in flight at the cap): then the scan
-            // goes on to the next lane, so other keys are served.
-            let mut available = readable - s.committed;
-            if let Some(gate) = &mut self.gate {
-                available = gate.admit(partition_id, &partition, available.min(need - covering), self.now);
-                if available == 0 {
-                    continue;
-                }
+            let available = self.admit(partition_id, &partition, readable - s.committed, need - covering);
+            if available == 0 {
+                continue;
             }
             covering += available;
             found.push(Candidate {
@@ -867,6 +865,18 @@ impl<'a> LaneScan<'a> {
             move_cursor(self.queue_id, self.a.group, last);
         }
         found
+    }
+
+    /// What a locked lane holding `available` offsets may take of the `left` the scan still
+    /// needs: all, unless the group's limits (`gate`) let it take fewer (as many as its
+    /// buckets hold tokens for) or none (no token, or its key's lanes in flight at the
+    /// cap). A lane that may take none is left out, and the scan goes on to the next one,
+    /// so other keys are served.
+    fn admit(&mut self, partition_id: pgrx::Uuid, partition: &str, available: i64, left: i64) -> i64 {
+        match &mut self.gate {
+            Some(gate) => gate.admit(partition_id, partition, available.min(left), self.now),
+            None => available,
+        }
     }
 
     /// The next claimable lane the scan reads, querying a chunk when none is pending.

@@ -389,17 +389,20 @@ fn goes_fresh(n: usize) -> bool {
 /// Finds a queue's partition in one statement, creating the queue and the partition when
 /// they do not exist yet.
 fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
+    // Between a restart on this library and `ALTER EXTENSION queen UPDATE`, the schema is
+    // 0.3.0's: it has no limits to read, and a push works as it did.
+    const LOCATE: &str = concat!(
+        "SELECT q.queue_id, q.dedup_window, q.encryption, p.partition_id, ",
+        crate::ops::overflow::locate_limits!(),
+        " FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = $2
+         WHERE q.name = $1"
+    );
+    const LOCATE_0_3: &str = "SELECT q.queue_id, q.dedup_window, q.encryption, p.partition_id, NULL::int8, false
+                                FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = $2
+                               WHERE q.name = $1";
+    let sql = if crate::pg::catalog::queen_column(c"queues", c"max_depth") { LOCATE } else { LOCATE_0_3 };
     loop {
-        let row = run(
-            client,
-            "SELECT q.queue_id, q.dedup_window, q.encryption, p.partition_id, q.max_depth,
-                    EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = q.queue_id
-                               AND g.on_overflow = 'hold' AND g.max_lag IS NOT NULL)
-               FROM queen.queues q
-               LEFT JOIN queen.partitions p ON p.queue_id = q.queue_id AND p.name = $2
-              WHERE q.name = $1",
-            &[queue.into(), partition.into()],
-        );
+        let row = run(client, sql, &[queue.into(), partition.into()]);
         let Some(r) = row.into_iter().next() else {
             // A new queue: created (or found, when another session just created it), then
             // read again.
@@ -712,12 +715,7 @@ impl<'a> Call<'a> {
         if fresh.is_empty() {
             return true; // every item was a duplicate: no offsets, no segment
         }
-        // A queue with a maximum depth, or a group with a maximum lag: refused past them,
-        // before anything is reserved.
-        if t.max_depth.is_some() || t.lag_limited {
-            let earlier = *self.queued.get(&t.queue_id).unwrap_or(&0);
-            crate::ops::overflow::check_push(client, queue, &t, fresh.len() as i64, earlier);
-        }
+        self.check_limits(client, queue, &t, fresh.len() as i64);
         // Without dedup every reserved offset is written (or the call fails).
         let Some(first) = reserve(client, t.partition_id, fresh.len() as i64, !dedup) else {
             return false;
@@ -754,6 +752,15 @@ impl<'a> Call<'a> {
             crate::offsets::wrote(t.partition_id, last);
         }
         true
+    }
+
+    /// A queue with a maximum depth, or a group with a maximum lag: a push of `n` to `t` is
+    /// refused past them (`ops::overflow::check_push`), before anything is reserved.
+    fn check_limits(&self, client: &mut SpiClient<'_>, queue: &str, t: &Target, n: i64) {
+        if t.max_depth.is_some() || t.lag_limited {
+            let earlier = *self.queued.get(&t.queue_id).unwrap_or(&0);
+            crate::ops::overflow::check_push(client, queue, t, n, earlier);
+        }
     }
 
     /// The results of the items `fresh`, reserved from offset `first` on: queued, or a

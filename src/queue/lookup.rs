@@ -25,8 +25,9 @@ pub struct Target {
 thread_local! {
     /// Per backend: (queue, partition) -> target, so that a push looks nothing up, under
     /// the cache generation it was filled in (`cache::generation`: cleared when
-    /// `queen.queues` is invalidated by `configure`, `delete_queue` or the extension
-    /// dropped, and when a transaction aborts, as it may have created what it cached).
+    /// `queen.queues` is invalidated by `configure`, `configure_group`, `drop_group`,
+    /// `delete_queue` or the extension dropped, and when a transaction aborts, as it may
+    /// have created what it cached).
     static TARGETS: std::cell::RefCell<std::collections::HashMap<(String, String), Target>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
     static TARGETS_GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };

@@ -226,6 +226,17 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
         &[queue_id.into()],
     ))
     .unwrap_or(0);
+    // Only a queue with a partition_idle_ttl has partitions to drop. The others do not
+    // take the lane-creation lock below: while it is held, a pop that would create a group
+    // returns no rows, and this step runs for every queue with a dedup window, every pass.
+    let idle_ttl = first_value::<bool>(run(
+        client,
+        "SELECT partition_idle_ttl > '0s' FROM queen.queues WHERE queue_id = $1",
+        &[queue_id.into()],
+    ));
+    if idle_ttl != Some(true) {
+        return (dedup, 0, false);
+    }
     // As in try_drop: no group gets lanes while the partitions are checked (busy: next pass).
     if !crate::pg::locks::lanes_creation(queue_id, true, false) {
         return (dedup, 0, false);

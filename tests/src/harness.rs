@@ -1493,6 +1493,31 @@ fn check(cfg: &Config, queue: &str, c: &mut Client, s: &Shared) -> Report {
     // Redriven copies (`redriver`): messages too, each for one group.
     let copies = if cfg.redriver { redriven_copies(c, queue) } else { HashMap::new() };
     report.redriven = copies.len();
+    // Each dead letter marked redriven made exactly one copy (a redrive that marks rows but
+    // stores nothing, or stores twice, shows here).
+    let marked: i64 = c
+        .query_one(
+            "SELECT count(*) FROM queen.log_dlq d JOIN queen.queues q USING (queue_id)
+              WHERE q.name = $1 AND d.redriven_at IS NOT NULL",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0);
+    if marked as usize != copies.len() {
+        violation(format!("{marked} dead letters marked redriven, {} copies in the queue", copies.len()));
+    }
+    // The only span rows (no payload, offsets from..to) are a skip group's.
+    let other_spans: i64 = c
+        .query_one(
+            "SELECT count(*) FROM queen.log_dlq d JOIN queen.queues q USING (queue_id)
+              WHERE q.name = $1 AND d.last_offset IS NOT NULL AND d.reason <> 'skipped'",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0);
+    if other_spans != 0 {
+        violation(format!("{other_spans} span rows in the DLQ that no skip group filed"));
+    }
     for &(pid, off) in copies.keys() {
         messages.entry(pid).or_default().insert(off);
     }

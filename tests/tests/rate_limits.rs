@@ -93,9 +93,10 @@ fn limited_keys_deliver_their_rate_and_others_are_unaffected() {
         assert!((95..=105).contains(&n), "{key} delivered {n} in 10 s at 10/s with a burst of 5");
     }
     // k3: 5 + 10/s for the first five seconds, then a full bucket of 5 and 40/s: 260 in all.
-    // (A pop that started before the change and waited across it may take the new burst.)
+    // (A pop that started before the change and waited across it, up to 200 ms, may take
+    // the new burst and what 40/s adds meanwhile: up to 13 more in "first".)
     let (all, first) = counts.get("k3").copied().unwrap_or_default();
-    assert!((45..=60).contains(&first), "k3 delivered {first} in its first 5 s at 10/s");
+    assert!((45..=68).contains(&first), "k3 delivered {first} in its first 5 s at 10/s");
     assert!((245..=270).contains(&all), "k3 delivered {all} in all: its new limit of 40/s did not apply");
     let (free, _) = counts.get("free").copied().unwrap_or_default();
     assert_eq!(free, PARTITIONS * PER_PARTITION, "the unlimited key was drained");

@@ -6,24 +6,35 @@ SELECT extversion FROM pg_extension WHERE extname = 'queen';
 -- library keeps only to say so; a pop finds the schema older than the library.
 \set VERBOSITY sqlstate
 SELECT queen.configure('up');
+SELECT queen.configure_group('up', 'audit');
 SELECT count(*) FROM queen.status('up');
 -- A pop reads 0.4.0's columns (pause, ttl): it asks for the update too.
 SELECT count(*) FROM queen.pop('up', 'audit');
 \set VERBOSITY default
+-- A push needs none of them: it works before the update (with no depth limit).
+SELECT count(*) FROM queen.push('up', '"before the update"', partition => 'pre');
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
--- queen.configure was replaced (create_groups, partition_idle_ttl): who could call it
--- still can, with the grant option it had; the app's direct grants still work on every
--- queue (it holds no queue grant).
+-- queen.configure and queen.configure_group were replaced (new options): who could call
+-- them still can, with the grant option they had; the app's direct grants still work on
+-- every queue (it holds no queue grant).
 SELECT has_function_privilege('Queen Upgrade-Ops',
-         'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval)',
+         'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval, bigint)',
          'EXECUTE WITH GRANT OPTION') AS ops_can_configure;
+SELECT has_function_privilege('Queen Upgrade-Ops',
+         'queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)', 'EXECUTE')
+         AS ops_can_configure_group,
+       has_function_privilege('Queen Upgrade-Ops',
+         'queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)',
+         'EXECUTE WITH GRANT OPTION') AS with_grant_option;
 SET ROLE queen_upgrade_app;
 SELECT msg_offset FROM queen.push('elsewhere', '1');
 SELECT msg_offset, payload FROM queen.pop('elsewhere', auto_ack => true);
 RESET ROLE;
-REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval)
+REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval, bigint)
   FROM "Queen Upgrade-Ops" CASCADE;
+REVOKE EXECUTE ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)
+  FROM "Queen Upgrade-Ops";
 REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM queen_upgrade_app;
 REVOKE EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) FROM queen_upgrade_app;
 REVOKE USAGE ON SCHEMA queen FROM queen_upgrade_app;

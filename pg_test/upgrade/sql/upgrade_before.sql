@@ -30,3 +30,4 @@ GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, 
 GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) TO queen_upgrade_app;
 GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)
   TO "Queen Upgrade-Ops" WITH GRANT OPTION;
+GRANT EXECUTE ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) TO "Queen Upgrade-Ops";
