@@ -456,6 +456,12 @@ BEGIN
         FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
        WHERE (permitted IS NULL OR q.queue_id = ANY(permitted)) AND d.reason = 'expired'
        GROUP BY q.name, d.consumer_group;
+    -- And those dropped without a dead letter (a queue that keeps no DLQ).
+    RETURN QUERY
+      SELECT 'expired_dropped'::text, q.name, e.consumer_group, sum(e.dropped)::float8
+        FROM queen.expired_drops e JOIN queen.queues q ON q.queue_id = e.queue_id
+       WHERE permitted IS NULL OR q.queue_id = ANY(permitted)
+       GROUP BY q.name, e.consumer_group;
   END IF;
   IF (kind IS NULL OR kind = 'retention') AND permitted IS NULL THEN
     RETURN QUERY

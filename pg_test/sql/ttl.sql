@@ -39,6 +39,17 @@ SELECT pg_sleep(0.4);
 SELECT count(*) FROM queen.push('nodlq', '"new"');
 SELECT msg_offset, payload FROM queen.pop('nodlq', batch => 10, auto_ack => true);
 SELECT count(*) AS dead_letters FROM queen.dlq('nodlq');
+-- They are counted in metrics (expired_dropped) ...
+SELECT value AS dropped FROM queen.metrics('dead_letters') WHERE metric = 'expired_dropped' AND queue = 'nodlq';
+-- ... once, even when a pop meets them again after a lease expired unacked ("new2" has
+-- expired too by the second pop: three in all).
+SELECT count(*) FROM queen.push('nodlq', '"old2"');
+SELECT pg_sleep(0.4);
+SELECT count(*) FROM queen.push('nodlq', '"new2"');
+SELECT payload FROM queen.pop('nodlq', batch => 10, lease_seconds => 1);
+SELECT pg_sleep(1.1);
+SELECT count(*) AS redelivered FROM queen.pop('nodlq', batch => 10, auto_ack => true);
+SELECT value AS dropped FROM queen.metrics('dead_letters') WHERE metric = 'expired_dropped' AND queue = 'nodlq';
 
 -- ttl 0 (the default) never expires anything.
 SELECT queen.configure('short', ttl => '0s') ->> 'ttl' AS off;

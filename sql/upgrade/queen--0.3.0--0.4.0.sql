@@ -64,6 +64,20 @@ CREATE TABLE queen.limits (
 COMMENT ON TABLE queen.limits IS 'queen: rate limits and concurrency caps per consumer group and key';
 REVOKE ALL ON queen.limits FROM PUBLIC;
 
+-- Messages a group's pops dropped because they outlived the queue's ttl on a queue that
+-- keeps no dead-letter queue (no row records them otherwise): per partition and group, how
+-- many, and the last offset counted (a later pop that meets them again counts them once).
+CREATE TABLE queen.expired_drops (
+    partition_id    uuid   NOT NULL REFERENCES queen.partitions ON DELETE CASCADE,
+    consumer_group  text   NOT NULL,
+    queue_id        bigint NOT NULL,
+    dropped         bigint NOT NULL DEFAULT 0,
+    last_offset     bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (partition_id, consumer_group)
+);
+COMMENT ON TABLE queen.expired_drops IS 'queen: expired messages dropped without a dead letter, counted per partition and group';
+REVOKE ALL ON queen.expired_drops FROM PUBLIC;
+
 -- Bulk redrive (queen.dlq_redrive): when a dead letter was pushed again.
 ALTER TABLE queen.log_dlq ADD COLUMN redriven_at timestamptz;
 
