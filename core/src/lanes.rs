@@ -261,24 +261,12 @@ pub struct LeaseInfo {
     pub lanes: Vec<LaneKey>,
 }
 
-fn hash_bytes(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
-    for chunk in bytes.chunks(8) {
-        let mut w = [0u8; 8];
-        w[..chunk.len()].copy_from_slice(chunk);
-        h ^= u64::from_le_bytes(w);
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-    }
-    h.wrapping_mul(0xc4ce_b9fe_1a85_ec53) ^ (h >> 29)
-}
-
 fn key_hash(k: &LaneKey) -> u64 {
     let mut b = [0u8; 52];
     b[..4].copy_from_slice(&k.database.to_le_bytes());
     b[4..20].copy_from_slice(&k.partition);
     b[20..].copy_from_slice(&k.group);
-    hash_bytes(&b)
+    table::hash_bytes(&b)
 }
 
 fn cursor_index(n: usize, database: u32, queue_id: i64, group: &[u8; 32]) -> usize {
@@ -286,7 +274,7 @@ fn cursor_index(n: usize, database: u32, queue_id: i64, group: &[u8; 32]) -> usi
     b[..4].copy_from_slice(&database.to_le_bytes());
     b[4..12].copy_from_slice(&queue_id.to_le_bytes());
     b[12..].copy_from_slice(group);
-    hash_bytes(&b) as usize & (n - 1)
+    table::hash_bytes(&b) as usize & (n - 1)
 }
 
 /// Lane slots form one open-addressing table (`table`), lease slots another.
@@ -312,7 +300,7 @@ impl Keyed for LeaseSlot {
         &self.id
     }
     fn hash(id: &[u8; 16]) -> u64 {
-        hash_bytes(id)
+        table::hash_bytes(id)
     }
 }
 

@@ -12,6 +12,7 @@
 //!   lease ended (acked, expired, or its claim rolled back) no longer counts.
 
 use crate::policy::Violation;
+use crate::table::{self, Keyed, Removal};
 
 /// The key that gives each partition a bucket of its own.
 pub const EACH: &str = "*";
@@ -119,17 +120,16 @@ impl BucketKey {
         }
     }
 
-    fn hash(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |b: u8| {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        };
-        self.database.to_le_bytes().into_iter().for_each(&mut eat);
-        self.install.to_le_bytes().into_iter().for_each(&mut eat);
-        self.queue_id.to_le_bytes().into_iter().for_each(&mut eat);
-        self.group.iter().chain(&self.key).chain(&self.partition).copied().for_each(eat);
-        h
+    /// The key's bytes, for `table::hash_bytes`.
+    fn bytes(&self) -> [u8; 96] {
+        let mut b = [0u8; 96];
+        b[..4].copy_from_slice(&self.database.to_le_bytes());
+        b[4..8].copy_from_slice(&self.install.to_le_bytes());
+        b[8..16].copy_from_slice(&self.queue_id.to_le_bytes());
+        b[16..48].copy_from_slice(&self.group);
+        b[48..80].copy_from_slice(&self.key);
+        b[80..].copy_from_slice(&self.partition);
+        b
     }
 }
 
@@ -236,14 +236,38 @@ impl Bucket {
     }
 }
 
-/// The table of buckets (open addressing, linear probing), in shared memory.
-pub struct Buckets<'a>(pub &'a mut [Bucket]);
+/// Buckets form one open-addressing table (`table`), keyed by `BucketKey`.
+impl Keyed for Bucket {
+    type Key = BucketKey;
+    fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+    fn key(&self) -> &BucketKey {
+        &self.key
+    }
+    fn hash(key: &BucketKey) -> u64 {
+        table::hash_bytes(&key.bytes())
+    }
+}
+
+/// The table of buckets in shared memory: `slots` (a power of two of them) and `used`, how
+/// many hold a key. At most three quarters are used, so a probe always ends.
+pub struct Buckets<'a> {
+    pub used: &'a mut u32,
+    pub slots: &'a mut [Bucket],
+}
 
 impl Buckets<'_> {
-    /// The index of `key`'s bucket, made (full) when it has none. When the table is full,
-    /// an idle bucket near its slot is reused: untouched for a minute, with no lane still
-    /// in flight (`flying(bucket key, partition)`; its list is pruned only when its own key
-    /// is admitted again). Nothing is lost: should its key come back, it starts full. None
+    /// `key`'s bucket, if it has one.
+    pub fn get(&mut self, key: &BucketKey) -> Option<&mut Bucket> {
+        let i = table::find(self.slots, key).ok()?;
+        Some(&mut self.slots[i])
+    }
+
+    /// `key`'s bucket, made (full) when it has none. When the table is at its load limit,
+    /// an idle bucket is removed first: untouched for a minute, with no lane still in
+    /// flight (`flying(bucket key, partition)`; its list is pruned only when its own key is
+    /// admitted again). Nothing is lost: should its key come back, it starts full. None
     /// when no bucket is idle.
     pub fn find_or_make(
         &mut self,
@@ -251,33 +275,34 @@ impl Buckets<'_> {
         capacity: i64,
         now: i64,
         flying: impl Fn(&BucketKey, &[u8; 16]) -> bool,
-    ) -> Option<usize> {
-        let n = self.0.len();
-        if n == 0 {
-            return None;
+    ) -> Option<&mut Bucket> {
+        let n = self.slots.len();
+        let i = match table::find(self.slots, key) {
+            Ok(i) => return Some(&mut self.slots[i]),
+            Err(i) if (*self.used as usize) < n - n / 4 => i,
+            Err(_) => {
+                let idle = self.slots.iter().position(|b| {
+                    b.used != 0
+                        && now - b.at > 60_000_000
+                        && !b.flight[..b.flying as usize].iter().any(|p| flying(&b.key, p))
+                })?;
+                self.remove(idle);
+                table::find(self.slots, key).expect_err("absent")
+            }
+        };
+        self.slots[i] = Bucket::fresh(*key, capacity, now);
+        *self.used += 1;
+        Some(&mut self.slots[i])
+    }
+
+    /// Empties slot `i` by backward shift (`table::Removal`).
+    fn remove(&mut self, i: usize) {
+        let mut r = Removal::new(i);
+        while let Some((from, to)) = r.next(self.slots) {
+            self.slots[to] = self.slots[from];
         }
-        let start = (key.hash() % n as u64) as usize;
-        let mut idle = None;
-        for k in 0..n {
-            let i = (start + k) % n;
-            let b = &self.0[i];
-            if b.used == 0 {
-                self.0[i] = Bucket::fresh(*key, capacity, now);
-                return Some(i);
-            }
-            if b.key == *key {
-                return Some(i);
-            }
-            if idle.is_none()
-                && now - b.at > 60_000_000
-                && !b.flight[..b.flying as usize].iter().any(|p| flying(&b.key, p))
-            {
-                idle = Some(i);
-            }
-        }
-        let i = idle?;
-        self.0[i] = Bucket::fresh(*key, capacity, now);
-        Some(i)
+        self.slots[r.hole()] = Bucket::default();
+        *self.used -= 1;
     }
 }
 
@@ -369,22 +394,25 @@ mod tests {
 
     #[test]
     fn a_full_table_reuses_only_idle_buckets() {
-        let mut slots = vec![Bucket::default(); 2];
-        let mut t = Buckets(&mut slots);
+        // Four slots: three may be used.
+        let (mut used, mut slots) = (0u32, vec![Bucket::default(); 4]);
+        let mut t = Buckets { used: &mut used, slots: &mut slots };
         let key = |q| BucketKey { queue_id: q, ..BucketKey::default() };
         let none = |_: &BucketKey, _: &[u8; 16]| false;
         assert!(t.find_or_make(&key(1), 1, 0, none).is_some());
-        let i = t.find_or_make(&key(2), 1, 0, none).unwrap();
-        assert!(t.0[i].admit_flight([7; 16], 1, |_| true));
-        assert_eq!(t.find_or_make(&key(3), 1, 1_000, none), None, "both were used within the minute");
-        let all = |_: &BucketKey, _: &[u8; 16]| true;
-        let j = t.find_or_make(&key(3), 1, 61_000_000, all).unwrap();
-        assert_ne!(j, i, "a bucket with a lane in flight is not reused");
-        let mut slots = vec![Bucket::default(); 1];
-        let mut t = Buckets(&mut slots);
-        t.find_or_make(&key(1), 1, 0, none).unwrap();
-        assert!(t.0[0].admit_flight([7; 16], 1, |_| true));
-        assert!(t.find_or_make(&key(2), 1, 61_000_000, none).is_some(), "its lane landed since: reused");
+        assert!(t.find_or_make(&key(4), 1, 0, none).is_some());
+        let b = t.find_or_make(&key(2), 1, 0, none).unwrap();
+        assert!(b.admit_flight([7; 16], 1, |_| true));
+        assert!(t.find_or_make(&key(3), 1, 1_000, none).is_none(), "all were used within the minute");
+        let flying2 = |k: &BucketKey, _: &[u8; 16]| k.queue_id == 2;
+        assert!(t.find_or_make(&key(3), 1, 61_000_000, flying2).is_some());
+        assert!(t.get(&key(2)).is_some(), "a bucket with a lane in flight is not reused");
+        assert!(t.get(&key(3)).is_some());
+        assert_eq!(*t.used, 3);
+        // Once its lane landed, it may go too.
+        assert!(t.find_or_make(&key(5), 1, 122_000_000, none).is_some(), "its lane landed since: reused");
+        assert_eq!(*t.used, 3);
+        assert!(t.get(&key(5)).is_some());
     }
 
     proptest! {

@@ -1,7 +1,20 @@
-//! One open-addressing table for both registries (`offsets`, `lanes`): linear probing over
+//! One open-addressing table for the registries (`offsets`, `lanes`, `limits`): linear probing over
 //! a power-of-two slice of slots, and deletion by backward shift, so that keys coming and
 //! going never leave tombstones and a probe always ends at an empty slot. A registry says
 //! what its slots are (`Keyed`); the probe and the deletion plan live here once.
+
+/// A hash of a key's bytes for `Keyed::hash` (a multiply-xorshift mix, 8 bytes at a time).
+pub fn hash_bytes(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for chunk in bytes.chunks(8) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h ^= u64::from_le_bytes(w);
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+    }
+    h.wrapping_mul(0xc4ce_b9fe_1a85_ec53) ^ (h >> 29)
+}
 
 /// A slot of an open-addressing table.
 pub trait Keyed {

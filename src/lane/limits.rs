@@ -26,32 +26,44 @@ use crate::pg::spi::run;
 
 pub const TRANCHE: &CStr = c"queen limits";
 
-/// Buckets in shared memory (about 640 bytes each).
+/// Bucket slots in shared memory (about 640 bytes each; a power of two), three quarters
+/// of which may be used (`Buckets`): 1,536 keys.
 const BUCKETS: usize = 2048;
 
 #[derive(Clone, Copy)]
 struct Layout;
 
+/// The block: how many buckets hold a key (`Buckets::used`), then the buckets.
+fn buckets_at() -> usize {
+    std::mem::size_of::<u32>().next_multiple_of(8)
+}
+
 impl Parts for Layout {
-    type Mut<'a> = &'a mut [Bucket];
+    type Mut<'a> = Buckets<'a>;
     type Ref<'a> = &'a [Bucket];
 
     unsafe fn parts_mut<'a>(self, base: *mut u8) -> Self::Mut<'a> {
-        // SAFETY: `base` is the block `shmem_init` laid out as `BUCKETS` buckets, and the
-        // caller holds it exclusively (`Parts::parts_mut`).
-        unsafe { std::slice::from_raw_parts_mut(base as *mut Bucket, BUCKETS) }
+        // SAFETY: `base` is the block `shmem_init` laid out as a count, then `BUCKETS`
+        // buckets 8-byte aligned after it; the caller holds it exclusively
+        // (`Parts::parts_mut`).
+        unsafe {
+            Buckets {
+                used: &mut *(base as *mut u32),
+                slots: std::slice::from_raw_parts_mut(base.add(buckets_at()) as *mut Bucket, BUCKETS),
+            }
+        }
     }
 
     unsafe fn parts_ref<'a>(self, base: *const u8) -> Self::Ref<'a> {
         // SAFETY: as above, with nobody writing meanwhile (`Parts::parts_ref`).
-        unsafe { std::slice::from_raw_parts(base as *const Bucket, BUCKETS) }
+        unsafe { std::slice::from_raw_parts(base.add(buckets_at()) as *const Bucket, BUCKETS) }
     }
 }
 
 static mut SHARED: Option<Region<Layout>> = None;
 
 pub fn shmem_size() -> usize {
-    BUCKETS * std::mem::size_of::<Bucket>()
+    buckets_at() + BUCKETS * std::mem::size_of::<Bucket>()
 }
 
 /// Sets the buckets up (or attaches to them): `hooks` calls this once per process.
@@ -67,7 +79,9 @@ pub unsafe fn shmem_init((base, found): (*mut u8, bool)) {
         let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
         let region = Region::new(lock, base, Layout);
         if !found {
-            region.parts_for_format().fill(Bucket::default());
+            let b = region.parts_for_format();
+            *b.used = 0;
+            b.slots.fill(Bucket::default());
         }
         SHARED = Some(region);
     }
@@ -103,7 +117,6 @@ pub fn read_limits(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> Ve
 
 /// What one lane's admission took from one bucket.
 struct Taken {
-    bucket: usize,
     key: BucketKey,
     tokens: i64,
     capacity: i64,
@@ -198,13 +211,12 @@ impl Gate {
         }
         // Counted before the lock is taken.
         let got: Vec<i64> = self.granted.iter().map(|(p, ..)| delivered(p)).collect();
-        shared().exclusive(|buckets| {
+        shared().exclusive(|mut buckets| {
             for ((p, granted, taken), &got) in self.granted.iter().zip(&got) {
                 for t in taken {
-                    let b = &mut buckets[t.bucket];
-                    if b.used == 0 || b.key != t.key {
-                        continue; // reused for another key meanwhile (it was idle)
-                    }
+                    let Some(b) = buckets.get(&t.key) else {
+                        continue; // removed meanwhile (it was idle)
+                    };
                     if t.tokens > 0 {
                         b.refund((granted - got).clamp(0, t.tokens), t.capacity);
                     }
@@ -221,7 +233,7 @@ impl Gate {
 /// lane in (flight) and grants tokens, or the lane takes nothing and what was taken goes
 /// back. Pure Rust: no ERROR may be raised while the lock is held.
 fn take(
-    buckets: &mut [Bucket],
+    mut buckets: Buckets<'_>,
     matching: &[(BucketKey, &Limit)],
     p: [u8; 16],
     leases: bool,
@@ -241,13 +253,12 @@ fn take(
     let mut taken: Vec<Taken> = Vec::new();
     let mut held = Held::No;
     for &(key, l) in matching {
-        let Some(i) = Buckets(buckets).find_or_make(&key, l.capacity(), now, flying) else {
+        let Some(b) = buckets.find_or_make(&key, l.capacity(), now, flying) else {
             held = Held::Full;
             n = 0;
             break;
         };
-        let b = &mut buckets[i];
-        let mut t = Taken { bucket: i, key, tokens: 0, capacity: l.capacity(), flight: false };
+        let mut t = Taken { key, tokens: 0, capacity: l.capacity(), flight: false };
         if let (Some(max), true) = (l.max_in_flight, leases) {
             let already = b.flight[..b.flying as usize].contains(&p);
             if !b.admit_flight(p, max as usize, |q| flying(&key, q)) {
@@ -272,7 +283,8 @@ fn take(
     }
     // Buckets that granted more than the lane takes in the end give the rest back.
     for t in &mut taken {
-        let b = &mut buckets[t.bucket];
+        // (Looked up again: a later limit's new bucket may have moved it, `table::Removal`.)
+        let Some(b) = buckets.get(&t.key) else { continue };
         if t.tokens > n {
             b.refund(t.tokens - n, t.capacity);
             t.tokens = n;
