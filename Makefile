@@ -27,7 +27,9 @@ PSQL_TEST := psql -X -q -v ON_ERROR_STOP=1 -h $(TEST_DIR)/sock -p $(TEST_PORT) -
 REGRESS_TESTS := $(sort $(filter-out nopreload,$(basename $(notdir $(wildcard pg_test/sql/*.sql)))) readme)
 # Run again on a cluster without shared_preload_libraries (scripts/nopreload.conf): every
 # test whose output does not depend on gaps (offsets and compaction show them).
-NOPRELOAD_TESTS := $(filter-out offsets compaction rate_limits,$(REGRESS_TESTS)) nopreload
+NOPRELOAD_TESTS := $(filter-out offsets compaction,$(REGRESS_TESTS)) nopreload
+# Isolation specs also run without preloading: their table fallbacks.
+NOPRELOAD_ISOLATION := limit_in_flight
 NOPRELOAD_DIR  ?= /tmp/queen-nopreload
 NOPRELOAD_PORT ?= 5490
 POOLER_DIR ?= /tmp/queen-pooler
@@ -172,6 +174,10 @@ regress: readme-sql
 	$(REGRESS)/pg_regress --host=$(NOPRELOAD_DIR)/sock --port=$(NOPRELOAD_PORT) --user=postgres \
 	  --inputdir=pg_test --outputdir=/tmp/queen-nopreload-out --dbname=queen_regress \
 	  $(NOPRELOAD_TESTS) || { cat /tmp/queen-nopreload-out/regression.diffs; bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT); exit 1; }
+	$(REGRESS)/../isolation/pg_isolation_regress --host=$(NOPRELOAD_DIR)/sock --port=$(NOPRELOAD_PORT) \
+	  --user=postgres --inputdir=pg_test --outputdir=/tmp/queen-nopreload-out/isolation \
+	  --dbname=queen_isolation $(NOPRELOAD_ISOLATION) \
+	  || { cat /tmp/queen-nopreload-out/isolation/regression.diffs; bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT); exit 1; }
 	@bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT)
 
 integration:

@@ -151,7 +151,7 @@ pub struct Bucket {
 
 impl Bucket {
     /// A new bucket starts full.
-    fn fresh(key: BucketKey, capacity: i64, now: i64) -> Bucket {
+    pub fn fresh(key: BucketKey, capacity: i64, now: i64) -> Bucket {
         Bucket { used: 1, key, micro: capacity.saturating_mul(MICRO), at: now, capacity, ..Bucket::default() }
     }
 

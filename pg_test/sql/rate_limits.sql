@@ -2,6 +2,8 @@
 -- at most the tokens its bucket holds; other keys are not held back; a changed limit
 -- applies from the next pop; every limit NULL removes it. (The cap on lanes in flight is
 -- the isolation spec limit_in_flight; the rate over ten seconds is tests/tests/rate_limits.rs.)
+-- It runs with the library preloaded (buckets in shared memory) and without it (buckets in
+-- queen.limit_buckets), with the same results.
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
 CREATE EXTENSION queen;
@@ -60,3 +62,25 @@ SELECT count(*) AS the_two_left FROM queen.pop('cap', 'g', batch => 100, max_par
 -- Dropping the group drops its limits.
 SELECT queen.drop_group('each', 'g') ->> 'dropped' AS dropped;
 SELECT key FROM queen.limits ORDER BY 1;
+
+-- More keys than shared memory has buckets (1,536): a '*' limit over 1,600 partitions. The
+-- buckets that do not fit go to queen.limit_buckets (all of them without preloading), and
+-- every partition still delivers its burst, once.
+SELECT count(*) FROM generate_series(1, 3200) i,
+  queen.push('wide', i::text::jsonb, partition => 'w' || (i % 1600));
+SELECT queen.configure_limit('wide', 'g', '*', rate => 0.001, burst => 1) ->> 'key' AS key;
+CREATE TEMP TABLE wide_got (partition text, msg_offset bigint);
+DO $$
+BEGIN
+  FOR i IN 1..6 LOOP
+    INSERT INTO wide_got SELECT partition, msg_offset FROM queen.pop('wide', 'g', batch => 1000, max_partitions => 1000, auto_ack => true);
+  END LOOP;
+END $$;
+SELECT count(*) AS delivered, count(DISTINCT partition) AS partitions, min(msg_offset) AS first_only_min,
+       max(msg_offset) AS first_only_max FROM wide_got;
+SELECT count(*) > 0 AS some_buckets_in_the_table FROM queen.limit_buckets
+ WHERE queue_id = (SELECT queue_id FROM queen.queues WHERE name = 'wide');
+-- Removing the limit drops its table buckets too.
+SELECT queen.configure_limit('wide', 'g', '*') ->> 'removed' AS removed;
+SELECT count(*) AS buckets_left FROM queen.limit_buckets
+ WHERE queue_id = (SELECT queue_id FROM queen.queues WHERE name = 'wide');

@@ -64,6 +64,28 @@ CREATE TABLE queen.limits (
 COMMENT ON TABLE queen.limits IS 'queen: rate limits and concurrency caps per consumer group and key';
 REVOKE ALL ON queen.limits FROM PUBLIC;
 
+-- Rate-limit buckets kept in a table (src/lane/limits.rs): every bucket when the library
+-- is not preloaded, and a key's bucket when the shared-memory ones are all in use. A pop
+-- locks the rows it draws from. `micro` is the tokens in millionths as of `at`
+-- (microseconds), counted for `rate` and `capacity`; `flight` the lanes the bucket let be
+-- claimed that may still be in flight; `partition_id` is NULL for a prefix key.
+CREATE TABLE queen.limit_buckets (
+    queue_id        bigint  NOT NULL,
+    consumer_group  text    NOT NULL,
+    key             text    NOT NULL,
+    partition_id    uuid    REFERENCES queen.partitions ON DELETE CASCADE,
+    micro           bigint  NOT NULL,
+    at              bigint  NOT NULL,
+    rate            float8  NOT NULL,
+    capacity        bigint  NOT NULL,
+    flight          uuid[]  NOT NULL DEFAULT '{}',
+    UNIQUE NULLS NOT DISTINCT (queue_id, consumer_group, key, partition_id),
+    FOREIGN KEY (queue_id, consumer_group, key) REFERENCES queen.limits ON DELETE CASCADE
+);
+CREATE INDEX limit_buckets_partition ON queen.limit_buckets (partition_id);
+COMMENT ON TABLE queen.limit_buckets IS 'queen: rate-limit buckets kept in a table (without preloading, or when shared memory is full)';
+REVOKE ALL ON queen.limit_buckets FROM PUBLIC;
+
 -- Messages a group's pops dropped because they outlived the queue's ttl on a queue that
 -- keeps no dead-letter queue (no row records them otherwise): per partition and group, how
 -- many, and the last offset counted (a later pop that meets them again counts them once).

@@ -4,7 +4,7 @@
 //! (`lane::limits`).
 
 use pgrx::prelude::*;
-use pgrx::{AnyNumeric, JsonB, PgSqlErrorCode};
+use pgrx::{AnyNumeric, JsonB};
 use queen_core::limits::Limit;
 use serde_json::json;
 
@@ -46,13 +46,6 @@ fn configure_limit(
     let limit = Limit { key: key.to_string(), rate, burst, max_in_flight };
     if let Err(v) = queen_core::limits::check(&limit) {
         errors::violation(v);
-    }
-    if !crate::lane::limits::enabled() {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "queen: rate limits and concurrency caps need the library preloaded (shared_preload_libraries = 'queen')"
-                .to_string(),
-        );
     }
     let remove = rate.is_none() && burst.is_none() && max_in_flight.is_none();
     // Pops cache whether their group has limits (`pop::group_info`), and the limits

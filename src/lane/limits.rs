@@ -9,10 +9,14 @@
 //! (`Gate::settle`). A token spent by a pop that then rolls back is not given back: a limit
 //! errs on the side of delivering less.
 //!
-//! The buckets need the library preloaded. Without it, `configure_limit` refuses (0A000).
-//! There are `BUCKETS` of them; one untouched for a minute with nothing in flight is
-//! reused, and when none is free a lane of a limited key is held back (with a WARNING)
-//! until one is.
+//! With the library preloaded the buckets live in shared memory: `BUCKETS` slots, three
+//! quarters of which may be used; one untouched for a minute with nothing in flight is
+//! reused. The **table fallback** is `queen.limit_buckets`: every bucket when the library
+//! is not preloaded, and a key's bucket when every shared-memory one is in use. A pop
+//! locks the rows it draws from (`FOR UPDATE SKIP LOCKED`: a key whose row another
+//! transaction holds is held back for this pop, never waited for) and writes them back in
+//! `settle`, in its own transaction: a pop that rolls back spends nothing there. The rules
+//! are the same `queen_core::limits` code either way (`take`).
 
 use std::ffi::CStr;
 
@@ -124,6 +128,15 @@ struct Taken {
     flight: bool,
 }
 
+/// A bucket of `queen.limit_buckets` a pop locked: written back by `settle`.
+struct Row {
+    key: BucketKey,
+    limit_key: String,
+    /// The partition, for a `*` key.
+    partition: Option<pgrx::Uuid>,
+    bucket: Bucket,
+}
+
 /// One pop's passage through its group's limits.
 pub struct Gate {
     database: u32,
@@ -134,8 +147,12 @@ pub struct Gate {
     limits: std::rc::Rc<Vec<Limit>>,
     /// Whether the pop leases (an auto-ack pop leaves nothing in flight).
     leases: bool,
-    /// Per admitted lane: (partition, granted, what it took).
-    granted: Vec<([u8; 16], i64, Vec<Taken>)>,
+    /// Per admitted lane: (partition, granted, what it took, whether from table rows).
+    granted: Vec<([u8; 16], i64, Vec<Taken>, bool)>,
+    /// The table buckets this pop holds (`Row`), and the lanes of their in-flight lists
+    /// that hold a live lease (read from `queen.lanes` without the registry).
+    rows: Vec<Row>,
+    live: std::collections::HashSet<[u8; 16]>,
 }
 
 /// Why `admit` let a lane take nothing, when it did not.
@@ -145,8 +162,10 @@ enum Held {
     Tokens(i64),
     /// Too many lanes of the key in flight.
     Flight,
-    /// No bucket was free.
+    /// No shared-memory bucket was free (the table is used instead).
     Full,
+    /// Another transaction holds the key's table bucket.
+    Busy,
 }
 
 impl Gate {
@@ -159,20 +178,23 @@ impl Gate {
             limits,
             leases,
             granted: Vec::new(),
+            rows: Vec::new(),
+            live: Default::default(),
         }
     }
 
     /// How many of `want` messages lane `partition` (named `name`) may take now, taking
-    /// that many tokens (and a place in flight) from each bucket of a limit it matches.
-    /// A lane held back notes when a token is due (`wake::due_at`), so that a long-poll
-    /// sleeps until then. When no bucket is free the lane is held back too, with a WARNING.
-    pub fn admit(&mut self, partition: pgrx::Uuid, name: &str, want: i64, now: i64) -> i64 {
+    /// that many tokens (and a place in flight) from each bucket of a limit it matches:
+    /// in shared memory, or in `queen.limit_buckets` without it or when it is full. A lane
+    /// held back notes when a token is due (`wake::due_at`), so that a long-poll sleeps
+    /// until then.
+    pub fn admit(&mut self, client: &mut SpiClient<'_>, partition: pgrx::Uuid, name: &str, want: i64, now: i64) -> i64 {
         if want <= 0 {
             return 0;
         }
         let p = *partition.as_bytes();
-        let matching: Vec<(BucketKey, &Limit)> = self
-            .limits
+        let limits = std::rc::Rc::clone(&self.limits);
+        let matching: Vec<(BucketKey, &Limit)> = limits
             .iter()
             .filter(|l| l.matches(name))
             .map(|l| (BucketKey::new((self.database, self.install), self.queue_id, &self.group, l, p), l))
@@ -181,40 +203,82 @@ impl Gate {
             return want;
         }
         let leases = self.leases;
-        let (n, taken, held) = shared().exclusive(|buckets| take(buckets, &matching, p, leases, want, now));
+        let mut from_table = !enabled();
+        let (mut n, mut taken, mut held) = if from_table {
+            (0, Vec::new(), Held::Full)
+        } else {
+            shared().exclusive(|mut buckets| take(&mut buckets, &matching, p, leases, want, now, registry_flying(now)))
+        };
+        if let Held::Full = held {
+            from_table = true;
+            (n, taken, held) = self.take_from_table(client, &matching, partition, want, now);
+        }
         match held {
             Held::No => {}
             Held::Tokens(at) => crate::pg::wake::due_at(at),
-            // A lease ends by an ack (which does not wake pops) or by expiring: look again soon.
-            Held::Flight => crate::pg::wake::due_at(now + 50_000),
-            // The lane is held back (other keys are still served), and said so.
-            Held::Full => {
-                pgrx::warning!(
-                    "queen: every rate-limit bucket is in use ({BUCKETS}): a lane of a limited key was not claimed; \
-                     it is claimed once a bucket is free (one untouched for a minute with no lane in flight)"
-                );
-                crate::pg::wake::due_at(now + 1_000_000);
-            }
+            // A lease ends by an ack (which does not wake pops) or by expiring, and a
+            // bucket row another pop holds is free once it commits: look again soon.
+            Held::Flight | Held::Busy | Held::Full => crate::pg::wake::due_at(now + 50_000),
         }
         if n > 0 {
-            self.granted.push((p, n, taken));
+            self.granted.push((p, n, taken, from_table));
         }
         n
     }
 
+    /// `admit` through `queen.limit_buckets`: locks (making them when missing) the rows of
+    /// the matching limits' buckets, unless another transaction holds one (`Held::Busy`),
+    /// then applies the same rules to them.
+    fn take_from_table(
+        &mut self,
+        client: &mut SpiClient<'_>,
+        matching: &[(BucketKey, &Limit)],
+        partition: pgrx::Uuid,
+        want: i64,
+        now: i64,
+    ) -> (i64, Vec<Taken>, Held) {
+        for &(key, l) in matching {
+            if self.rows.iter().any(|r| r.key == key) {
+                continue;
+            }
+            let each = (l.key == queen_core::limits::EACH).then_some(partition);
+            let Some(bucket) = lock_row(client, self.queue_id, &self.group, &l.key, each, key, l.capacity(), now)
+            else {
+                return (0, Vec::new(), Held::Busy);
+            };
+            if !crate::lane::registry::enabled() && bucket.flying > 0 {
+                let listed: Vec<pgrx::Uuid> =
+                    bucket.flight[..bucket.flying as usize].iter().map(|b| pgrx::Uuid::from_bytes(*b)).collect();
+                self.live.extend(live_leases(client, self.queue_id, &self.group, listed, now));
+            }
+            self.rows.push(Row { key, limit_key: l.key.clone(), partition: each, bucket });
+        }
+        // In flight: a lane with a live lease (the registry, or `queen.lanes`), or one this
+        // pop let in already (its claim is not written yet).
+        let registry = crate::lane::registry::enabled();
+        let (live, granted) = (&self.live, &self.granted);
+        let flying = |b: &BucketKey, q: &[u8; 16]| {
+            granted.iter().any(|g| &g.0 == q) || if registry { registry_flying(now)(b, q) } else { live.contains(q) }
+        };
+        take(&mut self.rows, matching, *partition.as_bytes(), self.leases, want, now, flying)
+    }
+
     /// After the read: gives back the tokens of messages a lane was granted but did not
-    /// deliver (`delivered(partition)`), and takes a lane that claimed nothing out of
-    /// flight.
-    pub fn settle(self, delivered: impl Fn(&[u8; 16]) -> i64) {
+    /// deliver (`delivered(partition)`), takes a lane that claimed nothing out of flight,
+    /// and writes the table buckets back.
+    pub fn settle(mut self, client: &mut SpiClient<'_>, delivered: impl Fn(&[u8; 16]) -> i64) {
         if self.granted.is_empty() {
-            return;
+            return; // nothing taken (a table bucket only refilled: nothing to write)
         }
         // Counted before the lock is taken.
         let got: Vec<i64> = self.granted.iter().map(|(p, ..)| delivered(p)).collect();
-        shared().exclusive(|mut buckets| {
-            for ((p, granted, taken), &got) in self.granted.iter().zip(&got) {
+        let give_back = |store: &mut dyn Store, table: bool| {
+            for ((p, granted, taken, from_table), &got) in self.granted.iter().zip(&got) {
+                if *from_table != table {
+                    continue;
+                }
                 for t in taken {
-                    let Some(b) = buckets.get(&t.key) else {
+                    let Some(b) = store.get(&t.key) else {
                         continue; // removed meanwhile (it was idle)
                     };
                     if t.tokens > 0 {
@@ -225,35 +289,90 @@ impl Gate {
                     }
                 }
             }
-        });
+        };
+        if self.granted.iter().any(|g| !g.3) {
+            shared().exclusive(|mut buckets| give_back(&mut buckets, false));
+        }
+        let mut rows = std::mem::take(&mut self.rows);
+        give_back(&mut rows, true);
+        for r in &rows {
+            write_row(client, self.queue_id, &self.group, r);
+        }
     }
 }
 
-/// `Gate::admit`'s work under the buckets' lock: every matching limit's bucket lets the
-/// lane in (flight) and grants tokens, or the lane takes nothing and what was taken goes
-/// back. Pure Rust: no ERROR may be raised while the lock is held.
+/// Whether a lane a bucket let in is still in flight, by the lane registry (read in shared
+/// mode; under the buckets' lock, the one place queen nests two of its LWLocks, always in
+/// this order, docs/locking.md).
+fn registry_flying(now: i64) -> impl Fn(&BucketKey, &[u8; 16]) -> bool {
+    move |b: &BucketKey, q: &[u8; 16]| {
+        crate::lane::registry::maybe_in_flight(
+            &queen_core::lanes::LaneKey { database: b.database, partition: *q, group: b.group },
+            now,
+        )
+    }
+}
+
+/// Where `take` finds buckets: the shared-memory table, or the rows a pop locked.
+trait Store {
+    fn get(&mut self, key: &BucketKey) -> Option<&mut Bucket>;
+    fn find_or_make(
+        &mut self,
+        key: &BucketKey,
+        capacity: i64,
+        now: i64,
+        flying: &dyn Fn(&BucketKey, &[u8; 16]) -> bool,
+    ) -> Option<&mut Bucket>;
+}
+
+impl Store for Buckets<'_> {
+    fn get(&mut self, key: &BucketKey) -> Option<&mut Bucket> {
+        Buckets::get(self, key)
+    }
+    fn find_or_make(
+        &mut self,
+        key: &BucketKey,
+        capacity: i64,
+        now: i64,
+        flying: &dyn Fn(&BucketKey, &[u8; 16]) -> bool,
+    ) -> Option<&mut Bucket> {
+        Buckets::find_or_make(self, key, capacity, now, flying)
+    }
+}
+
+/// The rows were locked and loaded before `take` runs: each matching key has one.
+impl Store for Vec<Row> {
+    fn get(&mut self, key: &BucketKey) -> Option<&mut Bucket> {
+        self.iter_mut().find(|r| &r.key == key).map(|r| &mut r.bucket)
+    }
+    fn find_or_make(
+        &mut self,
+        key: &BucketKey,
+        _: i64,
+        _: i64,
+        _: &dyn Fn(&BucketKey, &[u8; 16]) -> bool,
+    ) -> Option<&mut Bucket> {
+        self.get(key)
+    }
+}
+
+/// `Gate::admit`'s work on the buckets: every matching limit's bucket lets the lane in
+/// (flight) and grants tokens, or the lane takes nothing and what was taken goes back.
+/// Pure Rust: no ERROR may be raised while the shared-memory buckets' lock is held.
 fn take(
-    mut buckets: Buckets<'_>,
+    buckets: &mut dyn Store,
     matching: &[(BucketKey, &Limit)],
     p: [u8; 16],
     leases: bool,
     want: i64,
     now: i64,
+    flying: impl Fn(&BucketKey, &[u8; 16]) -> bool,
 ) -> (i64, Vec<Taken>, Held) {
-    // Whether a lane a bucket let in is still in flight (the lane registry, read in shared
-    // mode under the buckets' lock: the one place queen nests two of its LWLocks, always
-    // in this order, docs/locking.md).
-    let flying = |b: &BucketKey, q: &[u8; 16]| {
-        crate::lane::registry::maybe_in_flight(
-            &queen_core::lanes::LaneKey { database: b.database, partition: *q, group: b.group },
-            now,
-        )
-    };
     let mut n = want;
     let mut taken: Vec<Taken> = Vec::new();
     let mut held = Held::No;
     for &(key, l) in matching {
-        let Some(b) = buckets.find_or_make(&key, l.capacity(), now, flying) else {
+        let Some(b) = buckets.find_or_make(&key, l.capacity(), now, &flying) else {
             held = Held::Full;
             n = 0;
             break;
@@ -295,4 +414,134 @@ fn take(
         }
     }
     (n, taken, held)
+}
+
+/// `lock_row`'s read: the row's bucket, locked.
+macro_rules! bucket_columns {
+    () => {
+        "SELECT micro, at, rate, capacity, flight FROM queen.limit_buckets
+          WHERE queue_id = $1 AND consumer_group = $2 AND key = $3"
+    };
+}
+
+/// `write_row`'s statement.
+macro_rules! update_bucket {
+    () => {
+        "UPDATE queen.limit_buckets SET micro = $5, at = $6, rate = $7, capacity = $8, flight = $9
+          WHERE queue_id = $1 AND consumer_group = $2 AND key = $3"
+    };
+}
+
+/// Locks the `queen.limit_buckets` row of (queue, group, limit key, partition for `*`),
+/// making it (a full bucket) when there is none; None when another transaction holds it.
+#[allow(clippy::too_many_arguments)]
+fn lock_row(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    group: &str,
+    limit_key: &str,
+    each: Option<pgrx::Uuid>,
+    key: BucketKey,
+    capacity: i64,
+    now: i64,
+) -> Option<Bucket> {
+    let read = |client: &mut SpiClient<'_>| {
+        let args = [queue_id.into(), group.into(), limit_key.into(), each.into()];
+        let sql = match each {
+            Some(_) => concat!(bucket_columns!(), " AND partition_id = $4 FOR UPDATE SKIP LOCKED"),
+            None => concat!(bucket_columns!(), " AND partition_id IS NULL AND $4::uuid IS NULL FOR UPDATE SKIP LOCKED"),
+        };
+        run(client, sql, &args).next().map(|r| {
+            let flight: Vec<pgrx::Uuid> = r.get(5).or_raise().unwrap_or_default();
+            let mut b = Bucket {
+                used: 1,
+                key,
+                micro: r.get(1).or_raise().unwrap(),
+                at: r.get(2).or_raise().unwrap(),
+                rate: r.get::<f64>(3).or_raise().unwrap().to_bits(),
+                capacity: r.get(4).or_raise().unwrap(),
+                ..Bucket::default()
+            };
+            for q in flight.iter().take(queen_core::limits::MAX_IN_FLIGHT) {
+                b.flight[b.flying as usize] = *q.as_bytes();
+                b.flying += 1;
+            }
+            b
+        })
+    };
+    if let Some(b) = read(client) {
+        return Some(b);
+    }
+    // Another transaction holds it (it is there, unlocked), or there is none yet: then it
+    // is made (an insert waits only for a transaction making the same row right now).
+    let sql = match each {
+        Some(_) => concat!(bucket_columns!(), " AND partition_id = $4"),
+        None => concat!(bucket_columns!(), " AND partition_id IS NULL AND $4::uuid IS NULL"),
+    };
+    if run(client, sql, &[queue_id.into(), group.into(), limit_key.into(), each.into()]).next().is_some() {
+        return None;
+    }
+    let fresh = Bucket::fresh(key, capacity, now);
+    let made = run(
+        client,
+        "INSERT INTO queen.limit_buckets (queue_id, consumer_group, key, partition_id, micro, at, rate, capacity)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING true",
+        &[
+            queue_id.into(),
+            group.into(),
+            limit_key.into(),
+            each.into(),
+            fresh.micro.into(),
+            fresh.at.into(),
+            f64::from_bits(fresh.rate).into(),
+            fresh.capacity.into(),
+        ],
+    )
+    .next()
+    .is_some();
+    made.then_some(fresh)
+}
+
+/// Of the lanes `listed`, those of (queue, group) under a live lease in `queen.lanes`
+/// (without the registry, where leases are kept).
+fn live_leases(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    group: &str,
+    listed: Vec<pgrx::Uuid>,
+    now: i64,
+) -> Vec<[u8; 16]> {
+    run(
+        client,
+        concat!(
+            "SELECT partition_id FROM queen.lanes
+              WHERE queue_id = $1 AND consumer_group = $2 AND partition_id = ANY($3) AND NOT ",
+            queen_core::lease_free_sql!("lanes", "$4")
+        ),
+        &[queue_id.into(), group.into(), listed.into(), crate::pg::clock::timestamptz(now).into()],
+    )
+    .map(|r| *r.get::<pgrx::Uuid>(1).or_raise().unwrap().as_bytes())
+    .collect()
+}
+
+/// Writes a table bucket back (its row is locked by this transaction).
+fn write_row(client: &mut SpiClient<'_>, queue_id: i64, group: &str, r: &Row) {
+    let b = &r.bucket;
+    let flight: Vec<pgrx::Uuid> = b.flight[..b.flying as usize].iter().map(|q| pgrx::Uuid::from_bytes(*q)).collect();
+    let args = [
+        queue_id.into(),
+        group.into(),
+        r.limit_key.as_str().into(),
+        r.partition.into(),
+        b.micro.into(),
+        b.at.into(),
+        f64::from_bits(b.rate).into(),
+        b.capacity.into(),
+        flight.into(),
+    ];
+    let sql = match r.partition {
+        Some(_) => concat!(update_bucket!(), " AND partition_id = $4"),
+        None => concat!(update_bucket!(), " AND partition_id IS NULL AND $4::uuid IS NULL"),
+    };
+    run(client, sql, &args);
 }

@@ -351,10 +351,9 @@ thread_local! {
         Default::default();
 }
 
-/// A pop's gate through its group's limits (`lane::limits`), when it has some and the
-/// library is preloaded (without it `configure_limit` refuses to set one).
+/// A pop's gate through its group's limits (`lane::limits`), when it has some.
 fn gate(client: &mut SpiClient<'_>, a: &PopArgs, info: &GroupInfo) -> Option<crate::lane::limits::Gate> {
-    if !info.limited || !crate::lane::limits::enabled() {
+    if !info.limited {
         return None;
     }
     let read = || Some(std::rc::Rc::new(crate::lane::limits::read_limits(client, info.queue_id, a.group)));
@@ -408,15 +407,18 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     };
     let now = clock_now();
     let registry = crate::lane::registry::enabled();
-    let gate = gate(client, a, &info);
-    let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now, gate));
+    let mut gate = gate(client, a, &info);
+    let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now, gate.take()));
     // Lanes a concurrent partition and group creation both missed are added here, at most
     // once a second per backend and group, busy or not: a missed partition waits at most
     // about a second after both creations committed, never for the group to go idle.
     lookup::repair_lanes(client, info.queue_id, a.group);
     let candidates = match &mut scan {
         Some(scan) => scan.lock_lanes(client, i64::from(a.batch)),
-        None => claim_candidates(client, a, info.queue_id, now),
+        None => {
+            let found = claim_candidates(client, a, info.queue_id, now);
+            admit_candidates(client, gate.as_mut(), found, i64::from(a.batch), now)
+        }
     };
     if candidates.is_empty() {
         return Vec::new();
@@ -434,14 +436,42 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     while reading.next_lane(client, scan.as_mut()) {}
     let rows = reading.claim(client, a, info.queue_id, registry, now);
     // Tokens of messages not delivered go back; lanes not claimed leave the in-flight list.
-    if let Some(gate) = scan.and_then(|s| s.gate) {
+    if let Some(gate) = scan.and_then(|s| s.gate).or(gate) {
         let mut delivered: std::collections::HashMap<[u8; 16], i64> = std::collections::HashMap::new();
         for d in &rows {
             *delivered.entry(*d.partition_id.as_bytes()).or_default() += 1;
         }
-        gate.settle(|p| delivered.get(p).copied().unwrap_or(0));
+        gate.settle(client, |p| delivered.get(p).copied().unwrap_or(0));
     }
     rows
+}
+
+/// Without the lane registry: the locked lanes `claim_candidates` found, each taking what
+/// the group's limits let it (`Gate::admit`) of what the batch still needs; a lane that
+/// may take none is left out (its row lock ends with the transaction).
+fn admit_candidates(
+    client: &mut SpiClient<'_>,
+    gate: Option<&mut crate::lane::limits::Gate>,
+    found: Vec<Candidate>,
+    batch: i64,
+    now: i64,
+) -> Vec<Candidate> {
+    let Some(gate) = gate else {
+        return found;
+    };
+    let mut covering = 0i64;
+    let mut admitted = Vec::new();
+    for mut c in found {
+        if covered(batch, covering) {
+            break;
+        }
+        c.available = gate.admit(client, c.partition_id, &c.partition, c.available.min(batch - covering), now);
+        if c.available > 0 {
+            covering += c.available;
+            admitted.push(c);
+        }
+    }
+    admitted
 }
 
 /// The queue's and group's settings for a pop, once the pop may go on: the queue exists,
@@ -844,7 +874,7 @@ impl<'a> LaneScan<'a> {
                 self.left += 1;
                 continue;
             }
-            let available = self.admit(partition_id, &partition, readable - s.committed, need - covering);
+            let available = self.admit(client, partition_id, &partition, readable - s.committed, need - covering);
             if available == 0 {
                 continue;
             }
@@ -872,9 +902,16 @@ impl<'a> LaneScan<'a> {
     /// buckets hold tokens for) or none (no token, or its key's lanes in flight at the
     /// cap). A lane that may take none is left out, and the scan goes on to the next one,
     /// so other keys are served.
-    fn admit(&mut self, partition_id: pgrx::Uuid, partition: &str, available: i64, left: i64) -> i64 {
+    fn admit(
+        &mut self,
+        client: &mut SpiClient<'_>,
+        partition_id: pgrx::Uuid,
+        partition: &str,
+        available: i64,
+        left: i64,
+    ) -> i64 {
         match &mut self.gate {
-            Some(gate) => gate.admit(partition_id, partition, available.min(left), self.now),
+            Some(gate) => gate.admit(client, partition_id, partition, available.min(left), self.now),
             None => available,
         }
     }
