@@ -196,9 +196,11 @@ integration:
 	  || { bash scripts/exporter.sh stop $(EXPORTER_DIR) $(EXPORTER_PORT); \
 	       bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
 	@bash scripts/exporter.sh stop $(EXPORTER_DIR) $(EXPORTER_PORT)
-	@# The README's client examples: psycopg 3, SQLAlchemy text(), node-postgres.
+	@# The README's client examples (psycopg 3, SQLAlchemy text(), node-postgres) and the
+	@# Python package's suite, directly and through PgBouncer.
 	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
-	  || { $(MAKE) -s test-cluster-stop; exit 1; }
+	  "host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_it" \
+	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
 	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"
 	cargo run -q -p queen-bench -- --dsn "$(TEST_DSN) dbname=queen_bench" --smoke \

@@ -1,0 +1,164 @@
+"""What the sync and asyncio APIs share: the SQL, the message type, the handler's
+decisions and the ack a claim ends with (docs/concepts.md, "Acks")."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+POP = ("SELECT lease_id, lease_expires_at, partition_id, partition, msg_offset, message_id,"
+       " transaction_id, payload, attempt, headers, created_at"
+       " FROM queen.pop(%(queue)s, %(group)s, batch => %(batch)s, partition => %(partition)s,"
+       " lease_seconds => %(lease_seconds)s, wait_ms => %(wait_ms)s,"
+       " max_partitions => %(max_partitions)s)")
+ACK = "SELECT queen.ack(%s, %s)"
+EXTEND = "SELECT queen.extend_lease(%s, %s)"
+MAY_START = "SELECT queen.may_start(%s, %s)"
+PUSH = ("SELECT idx, status, message_id, transaction_id, partition_id, msg_offset"
+        " FROM queen.push(%s, %s, partition => %s, transaction_id => %s, headers => %s, deliver_at => %s)")
+PUSH_BATCH = "SELECT idx, status, message_id, transaction_id, partition_id, msg_offset FROM queen.push_batch(%s)"
+
+#: The queue's shared default consumer group.
+QUEUE_MODE = "__QUEUE_MODE__"
+#: The SQLSTATE and message prefix of may_start's warning.
+SQL0105 = "SQL0105"
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One claimed message (a row of ``queen.pop``)."""
+    lease_id: Optional[uuid.UUID]
+    lease_expires_at: Optional[_dt.datetime]
+    partition_id: uuid.UUID
+    partition: str
+    offset: int
+    message_id: uuid.UUID
+    transaction_id: str
+    payload: Any
+    attempt: int
+    headers: Optional[Dict[str, Any]]
+    created_at: _dt.datetime
+
+    @classmethod
+    def from_row(cls, r: Sequence[Any]) -> "Message":
+        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+
+    @property
+    def traceparent(self) -> Optional[str]:
+        """The producer's W3C ``traceparent`` header, when the message carries one."""
+        t = (self.headers or {}).get("traceparent")
+        return t if isinstance(t, str) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PushResult:
+    """A row of ``queen.push`` / ``queen.push_batch``."""
+    idx: int
+    status: str
+    message_id: uuid.UUID
+    transaction_id: str
+    partition_id: uuid.UUID
+    offset: int
+
+
+# ---- what a handler decided ------------------------------------------------------------
+
+class RetryLater(Exception):
+    """Raise from a handler: deliver this message again (``retry``: no retry budget is
+    charged), after ``after`` seconds or at once."""
+
+    def __init__(self, after: Optional[float] = None):
+        super().__init__(f"retry later ({after} s)" if after else "retry later")
+        self.after = after
+
+
+class Poison(Exception):
+    """Raise from a handler: never try this message again; file it as a dead letter now
+    (``dlq``) with this error."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How a message that did not complete is acked: ``status`` is ``failed``, ``retry``
+    or ``dlq``; ``retry_after`` in seconds (None: the queue's backoff for ``failed``, none
+    for ``retry``)."""
+    status: str
+    error: Optional[str] = None
+    retry_after: Optional[float] = None
+
+
+#: An error policy: what to do with a message whose handler raised this exception.
+ErrorPolicy = Callable[[BaseException, Message], Decision]
+
+
+def default_error_policy(exc: BaseException, message: Message) -> Decision:
+    """``RetryLater`` -> ``retry``; ``Poison`` -> ``dlq``; anything else -> ``failed``,
+    which charges the lane's retry budget (the queue's ``retry_limit``; past it the
+    message is dead-lettered) and waits the queue's ``retry_backoff``."""
+    if isinstance(exc, RetryLater):
+        return Decision("retry", retry_after=exc.after)
+    if isinstance(exc, Poison):
+        return Decision("dlq", error=str(exc) or "poison")
+    return Decision("failed", error=f"{type(exc).__name__}: {exc}")
+
+
+def backoff_policy(base: float = 1.0, cap: float = 300.0) -> ErrorPolicy:
+    """Like the default, with an exponential ``retry_after`` for ``failed``:
+    ``base * 2**attempt`` seconds, at most ``cap``."""
+    def policy(exc: BaseException, message: Message) -> Decision:
+        d = default_error_policy(exc, message)
+        if d.status == "failed":
+            return dataclasses.replace(d, retry_after=min(cap, base * 2 ** message.attempt))
+        return d
+    return policy
+
+
+class LaneResult:
+    """What became of one lane of a claim: the last offset completed, and the first one
+    that did not complete (its decision), if any. The ack needs no more: completions are
+    cumulative, and the lowest explicit signal decides the lane."""
+
+    def __init__(self, partition_id: uuid.UUID):
+        self.partition_id = partition_id
+        self.completed: Optional[int] = None
+        self.stopped: Optional[tuple] = None  # (offset, Decision)
+
+    def complete(self, offset: int) -> None:
+        self.completed = offset
+
+    def stop(self, offset: int, decision: Decision) -> None:
+        if self.stopped is None:
+            self.stopped = (offset, decision)
+
+    def items(self) -> List[Dict[str, Any]]:
+        pid = str(self.partition_id)
+        if self.stopped is not None:
+            offset, d = self.stopped
+            item: Dict[str, Any] = {"partitionId": pid, "offset": offset, "status": d.status}
+            if d.error is not None:
+                item["error"] = d.error
+            if d.retry_after is not None:
+                item["retryAfter"] = d.retry_after
+            return [item]
+        if self.completed is not None:
+            return [{"partitionId": pid, "offset": self.completed, "status": "completed"}]
+        return []
+
+
+def lanes_of(messages: Sequence[Message]) -> List[List[Message]]:
+    """A claim's messages by lane (partition), each in offset order, lanes in the order
+    the pop returned them."""
+    by: Dict[uuid.UUID, List[Message]] = {}
+    for m in messages:
+        by.setdefault(m.partition_id, []).append(m)
+    return [sorted(v, key=lambda m: m.offset) for v in by.values()]
+
+
+#: How a message that was not started is acked (a stop, or ``may_start`` said no): given
+#: back at once, charging nothing.
+RELEASE = Decision("retry")
+
+
+def interval(seconds: Optional[float]) -> Optional[_dt.timedelta]:
+    return None if seconds is None else _dt.timedelta(seconds=seconds)

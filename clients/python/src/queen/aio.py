@@ -1,0 +1,320 @@
+"""The asyncio API: ``AsyncProducer`` and ``AsyncConsumer``, the same surface and the same
+semantics as ``Producer`` and ``Consumer`` (see their docs), on psycopg's
+``AsyncConnection``. Handlers are coroutines; ``concurrency`` workers are tasks."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import logging
+import signal
+import uuid
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from . import errors, tracing
+from ._common import (ACK, EXTEND, MAY_START, POP, PUSH, PUSH_BATCH, QUEUE_MODE, RELEASE, SQL0105, Decision,
+                      ErrorPolicy, LaneResult, Message, PushResult, default_error_policy, interval, lanes_of)
+from .consumer import Event
+
+log = logging.getLogger("queen")
+
+
+class AsyncProducer:
+    """Pushes messages on an ``AsyncConnection`` (yours: its transactions are yours), or on
+    one of its own made by ``await AsyncProducer.connect(conninfo)``."""
+
+    def __init__(self, conn: psycopg.AsyncConnection):
+        self.conn = conn
+        self._owned = False
+
+    @classmethod
+    async def connect(cls, conninfo: str, **kwargs: Any) -> "AsyncProducer":
+        kwargs.setdefault("autocommit", True)
+        kwargs.setdefault("prepare_threshold", None)
+        p = cls(await psycopg.AsyncConnection.connect(conninfo, **kwargs))
+        p._owned = True
+        return p
+
+    async def push(self, queue: str, payload: Any, *, partition: str = "Default",
+                   transaction_id: Optional[str] = None, headers: Optional[Dict[str, Any]] = None,
+                   deliver_at: Optional[_dt.datetime] = None) -> PushResult:
+        with tracing.send_span(queue, headers) as h:
+            try:
+                cur = await self.conn.execute(PUSH, (queue, Jsonb(payload), partition, transaction_id,
+                                                     None if h is None else Jsonb(h), deliver_at))
+                r = await cur.fetchone()
+            except psycopg.Error as e:
+                errors.raise_typed(e)
+        return PushResult(*r)
+
+    async def push_batch(self, items: Iterable[Dict[str, Any]], *, queue: Optional[str] = None) -> List[PushResult]:
+        out = [dict(it, **({"queue": it.get("queue", queue)} if queue else {})) for it in items]
+        for it in out:
+            if isinstance(it.get("deliverAt"), _dt.datetime):
+                it["deliverAt"] = it["deliverAt"].isoformat()
+        with tracing.send_span(str(queue or (out[0].get("queue") if out else "batch")), None) as h:
+            if h and "traceparent" in h:
+                for it in out:
+                    it["headers"] = {"traceparent": h["traceparent"], **(it.get("headers") or {})}
+            try:
+                cur = await self.conn.execute(PUSH_BATCH, (Jsonb(out),))
+                rows = await cur.fetchall()
+            except psycopg.Error as e:
+                errors.raise_typed(e)
+        return [PushResult(*r) for r in rows]
+
+    async def close(self) -> None:
+        if self._owned:
+            await self.conn.close()
+
+    async def __aenter__(self) -> "AsyncProducer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+class AsyncConsumer:
+    """``Consumer`` for asyncio: ``handler`` / ``batch_handler`` are coroutine functions."""
+
+    def __init__(self, conninfo: str, queue: str, group: str = QUEUE_MODE, *,
+                 handler: Optional[Callable[[Message], Awaitable[Any]]] = None,
+                 batch_handler: Optional[Callable[[List[Message]], Awaitable[Any]]] = None,
+                 batch: int = 10, concurrency: int = 1, wait_ms: int = 2000,
+                 lease_seconds: Optional[int] = None, partition: Optional[str] = None,
+                 max_partitions: int = 1, handler_timeout: Optional[float] = None,
+                 check_may_start: bool = True, heartbeat: bool = True,
+                 error_policy: ErrorPolicy = default_error_policy,
+                 on_event: Optional[Callable[[Event], None]] = None,
+                 **connect_kwargs: Any):
+        if (handler is None) == (batch_handler is None):
+            raise TypeError("give exactly one of handler and batch_handler")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.conninfo, self.queue, self.group = conninfo, queue, group
+        self.handler, self.batch_handler = handler, batch_handler
+        self.params = {"queue": queue, "group": group, "batch": batch, "partition": partition,
+                       "lease_seconds": lease_seconds or 0, "wait_ms": wait_ms,
+                       "max_partitions": max_partitions}
+        self.concurrency, self.lease_seconds = concurrency, lease_seconds
+        self.handler_timeout, self.check_may_start = handler_timeout, check_may_start
+        self.heartbeat, self.error_policy, self.on_event = heartbeat, error_policy, on_event
+        connect_kwargs.setdefault("autocommit", True)
+        connect_kwargs.setdefault("prepare_threshold", None)
+        self.connect_kwargs = connect_kwargs
+        self._stop = asyncio.Event()
+        self._polling: set = set()
+        self._hb_conn: Optional[psycopg.AsyncConnection] = None
+        self._hb_lock = asyncio.Lock()
+
+    async def run(self, install_signal_handlers: bool = True) -> None:
+        """Runs the workers until ``stop()`` (or SIGTERM / SIGINT with
+        ``install_signal_handlers``)."""
+        loop = asyncio.get_running_loop()
+        installed = []
+        if install_signal_handlers:
+            for s in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(s, self.stop)
+                    installed.append(s)
+        try:
+            await asyncio.gather(*(self._work() for _ in range(self.concurrency)))
+        finally:
+            self.stop()
+            for s in installed:
+                loop.remove_signal_handler(s)
+            if self._hb_conn is not None:
+                await self._hb_conn.close()
+
+    def stop(self) -> None:
+        """Stops gracefully (see ``Consumer.stop``)."""
+        self._stop.set()
+        for conn in list(self._polling):
+            with contextlib.suppress(Exception):
+                conn.cancel()
+
+    async def run_once(self) -> int:
+        conn = await self._connect()
+        try:
+            rows = await self._pop(conn)
+            if rows:
+                await self._claim(conn, [Message.from_row(r) for r in rows])
+            return len(rows)
+        finally:
+            await conn.close()
+
+    async def _connect(self) -> psycopg.AsyncConnection:
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.connect_kwargs)
+        conn.add_notice_handler(self._notice)
+        return conn
+
+    def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        if (diag.message_primary or "").startswith(SQL0105):
+            self._warning = diag.message_primary + (f" ({diag.message_detail})" if diag.message_detail else "")
+
+    async def _work(self) -> None:
+        conn = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if conn is None or conn.broken:
+                        conn = await self._connect()
+                    rows = await self._pop(conn)
+                    if rows:
+                        await self._claim(conn, [Message.from_row(r) for r in rows])
+                except (psycopg.Error, errors.QueenError) as e:
+                    if not errors.transient(e):
+                        raise
+                    log.warning("queen: connection lost (%s); reconnecting", e)
+                    if conn is not None:
+                        await conn.close()
+                    conn = None
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), 1.0)
+        finally:
+            self.stop()  # one worker's error stops the others
+            if conn is not None:
+                await conn.close()
+
+    async def _pop(self, conn) -> list:
+        if self._stop.is_set():
+            return []
+        self._polling.add(conn)
+        try:
+            cur = await conn.execute(POP, self.params)
+            return await cur.fetchall()
+        except psycopg.errors.QueryCanceled:
+            if self._stop.is_set():
+                return []
+            raise
+        except psycopg.Error as e:
+            errors.raise_typed(e)
+        finally:
+            self._polling.discard(conn)
+
+    async def _claim(self, conn, messages: List[Message]) -> None:
+        lease = messages[0].lease_id
+        lanes = lanes_of(messages)
+        results = [LaneResult(lane[0].partition_id) for lane in lanes]
+        try:
+            if self.batch_handler is not None:
+                await self._run_batch(conn, lanes, results)
+            else:
+                await self._run_each(conn, lanes, results)
+        finally:
+            for lane, r in zip(lanes, results):
+                rest = [m for m in lane if r.completed is None or m.offset > r.completed]
+                if rest:
+                    r.stop(rest[0].offset, RELEASE)
+            if lease is not None:
+                await self._ack(conn, lease, results, messages)
+
+    async def _run_each(self, conn, lanes, results) -> None:
+        for lane, r in zip(lanes, results):
+            for m in lane:
+                if self._stop.is_set() or not await self._may_start(conn, m):
+                    return
+                try:
+                    async with self._handling(m):
+                        with tracing.process_span(self.queue, self.group, m):
+                            await self.handler(m)  # type: ignore[misc]
+                except Exception as exc:
+                    r.stop(m.offset, self._failed(exc, m))
+                    break
+                r.complete(m.offset)
+
+    async def _run_batch(self, conn, lanes, results) -> None:
+        messages = [m for lane in lanes for m in lane]
+        if self._stop.is_set() or not await self._may_start(conn, messages[0]):
+            return
+        try:
+            async with self._handling(messages[0]):
+                with tracing.process_span(self.queue, self.group, messages[0]):
+                    await self.batch_handler(messages)  # type: ignore[misc]
+        except Exception as exc:
+            for lane, r in zip(lanes, results):
+                r.stop(lane[0].offset, self._failed(exc, lane[0]))
+            return
+        for lane, r in zip(lanes, results):
+            r.complete(lane[-1].offset)
+
+    @contextlib.asynccontextmanager
+    async def _handling(self, m: Message):
+        """A heartbeat task extends the lease every third of its length while the handler
+        runs."""
+        if not self.heartbeat or m.lease_id is None:
+            yield
+            return
+        seconds = self._lease_length(m)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(seconds / 3)
+                try:
+                    async with self._hb_lock:
+                        if self._hb_conn is None or self._hb_conn.broken:
+                            self._hb_conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.connect_kwargs)
+                        await self._hb_conn.execute(EXTEND, (m.lease_id, seconds))
+                except psycopg.Error as e:
+                    log.warning("queen: heartbeat of lease %s failed: %s", m.lease_id, e)
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _lease_length(self, m: Message) -> int:
+        if self.lease_seconds:
+            return self.lease_seconds
+        if m.lease_expires_at is not None:
+            left = (m.lease_expires_at - _dt.datetime.now(_dt.timezone.utc)).total_seconds()
+            if left >= 1:
+                return int(left + 0.999)
+        return 60
+
+    async def _may_start(self, conn, m: Message) -> bool:
+        if not self.check_may_start or m.lease_id is None:
+            return True
+        self._warning = None
+        try:
+            cur = await conn.execute(MAY_START, (m.lease_id, interval(self.handler_timeout)))
+            ok = (await cur.fetchone())[0]
+        except psycopg.Error as e:
+            errors.raise_typed(e)
+        if not ok:
+            log.warning("queen: message %s/%s may not start: %s", m.partition, m.offset,
+                        self._warning or "may_start returned false")
+            self._emit(Event("may_not_start", message=m, warning=self._warning))
+        return bool(ok)
+
+    def _failed(self, exc: BaseException, m: Message) -> Decision:
+        decision = self.error_policy(exc, m)
+        self._emit(Event("handler_failed", message=m, error=exc, decision=decision))
+        return decision
+
+    async def _ack(self, conn, lease: uuid.UUID, results: List[LaneResult], messages: List[Message]) -> None:
+        items = [i for r in results for i in r.items()]
+        if not items:
+            return
+        for attempt in range(3):
+            try:
+                cur = await conn.execute(ACK, (lease, Jsonb(items)))
+                report = (await cur.fetchone())[0]
+                break
+            except psycopg.errors.QueryCanceled:
+                if attempt == 2:
+                    raise
+            except psycopg.Error as e:
+                errors.raise_typed(e)
+        if any(not i.get("success") for i in report.get("items", [])):
+            self._emit(Event("lease_lost", message=messages[0]))
+
+    def _emit(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
