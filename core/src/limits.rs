@@ -264,11 +264,25 @@ impl Buckets<'_> {
         Some(&mut self.slots[i])
     }
 
-    /// `key`'s bucket, made (full) when it has none. When the table is at its load limit,
-    /// an idle bucket is removed first: untouched for a minute, with no lane still in
-    /// flight (`flying(bucket key, partition)`; its list is pruned only when its own key is
-    /// admitted again). Nothing is lost: should its key come back, it starts full. None
-    /// when no bucket is idle.
+    /// How many buckets may be in use when `key`'s is made: three quarters of the slots for
+    /// a prefix key, half for a `*` key (one per partition, so there may be thousands).
+    /// The quarter between is kept for prefix keys, which are as many as the limits
+    /// configured: a `*` limit over many partitions moves its own buckets to the table
+    /// fallback, never a prefix key's.
+    pub fn room(&self, key: &BucketKey) -> usize {
+        let n = self.slots.len();
+        if key.partition == [0; 16] {
+            n - n / 4
+        } else {
+            n / 2
+        }
+    }
+
+    /// `key`'s bucket, made (full) when it has none. When the table holds as many as
+    /// `room` allows, an idle bucket is removed first: untouched for a minute, with no lane
+    /// still in flight (`flying(bucket key, partition)`; its list is pruned only when its
+    /// own key is admitted again). Nothing is lost: should its key come back, it starts
+    /// full. None when no bucket is idle.
     pub fn find_or_make(
         &mut self,
         key: &BucketKey,
@@ -276,10 +290,9 @@ impl Buckets<'_> {
         now: i64,
         flying: impl Fn(&BucketKey, &[u8; 16]) -> bool,
     ) -> Option<&mut Bucket> {
-        let n = self.slots.len();
         let i = match table::find(self.slots, key) {
             Ok(i) => return Some(&mut self.slots[i]),
-            Err(i) if (*self.used as usize) < n - n / 4 => i,
+            Err(i) if (*self.used as usize) < self.room(key) => i,
             Err(_) => {
                 let idle = self.slots.iter().position(|b| {
                     b.used != 0
@@ -413,6 +426,24 @@ mod tests {
         assert!(t.find_or_make(&key(5), 1, 122_000_000, none).is_some(), "its lane landed since: reused");
         assert_eq!(*t.used, 3);
         assert!(t.get(&key(5)).is_some());
+    }
+
+    #[test]
+    fn each_partition_keys_leave_room_for_prefix_keys() {
+        // Eight slots: six may be used, four of them by '*' keys.
+        let (mut used, mut slots) = (0u32, vec![Bucket::default(); 8]);
+        let mut t = Buckets { used: &mut used, slots: &mut slots };
+        let each = |p: u8| BucketKey { queue_id: 1, partition: [p; 16], ..BucketKey::default() };
+        let prefix = |q| BucketKey { queue_id: q, ..BucketKey::default() };
+        let none = |_: &BucketKey, _: &[u8; 16]| false;
+        for p in 1..=4 {
+            assert!(t.find_or_make(&each(p), 1, 0, none).is_some());
+        }
+        assert!(t.find_or_make(&each(5), 1, 0, none).is_none(), "the '*' keys' half is full");
+        assert!(t.find_or_make(&prefix(2), 1, 0, none).is_some());
+        assert!(t.find_or_make(&prefix(3), 1, 0, none).is_some());
+        assert!(t.find_or_make(&prefix(4), 1, 0, none).is_none(), "three quarters in use");
+        assert!(t.find_or_make(&each(1), 1, 0, none).is_some(), "a key that has a bucket finds it");
     }
 
     proptest! {

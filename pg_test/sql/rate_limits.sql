@@ -80,6 +80,20 @@ SELECT count(*) AS delivered, count(DISTINCT partition) AS partitions, min(msg_o
        max(msg_offset) AS first_only_max FROM wide_got;
 SELECT count(*) > 0 AS some_buckets_in_the_table FROM queen.limit_buckets
  WHERE queue_id = (SELECT queue_id FROM queen.queues WHERE name = 'wide');
+-- A prefix key over the same partitions keeps one bucket, wherever the partitions' own
+-- '*' buckets live: a burst of 100 delivers 100 in all (the '*' buckets, changed, start
+-- full: 2 tokens each).
+SELECT queen.configure_limit('wide', 'g', '*', rate => 0.001, burst => 2) ->> 'key' AS key;
+SELECT queen.configure_limit('wide', 'g', 'w', rate => 0.001, burst => 100) ->> 'key' AS key;
+DELETE FROM wide_got;
+DO $$
+BEGIN
+  FOR i IN 1..4 LOOP
+    INSERT INTO wide_got SELECT partition, msg_offset FROM queen.pop('wide', 'g', batch => 1000, max_partitions => 1000, auto_ack => true);
+  END LOOP;
+END $$;
+SELECT count(*) AS delivered_under_the_prefix_burst, count(DISTINCT partition) AS partitions FROM wide_got;
+SELECT queen.configure_limit('wide', 'g', 'w') ->> 'removed' AS removed;
 -- Removing the limit drops its table buckets too.
 SELECT queen.configure_limit('wide', 'g', '*') ->> 'removed' AS removed;
 SELECT count(*) AS buckets_left FROM queen.limit_buckets

@@ -71,6 +71,17 @@ fn configure_limit(
                updated_at = now()",
             &[queue_id.into(), group.into(), key.into(), rate.into(), burst.into(), max_in_flight.into()],
         );
+        // A prefix key's table bucket (used without preloading, or when shared memory has
+        // no room) is made here, so that pops never make one concurrently (lane::limits).
+        // It is counted for no rate yet: its first pop starts it full.
+        if key != queen_core::limits::EACH {
+            run(
+                client,
+                "INSERT INTO queen.limit_buckets (queue_id, consumer_group, key, partition_id, micro, at, rate, capacity)
+                 VALUES ($1, $2, $3, NULL, 0, 0, 0, 0) ON CONFLICT DO NOTHING",
+                &[queue_id.into(), group.into(), key.into()],
+            );
+        }
         false
     });
     let mut out = json!({"queue": queue, "consumerGroup": group, "key": key});

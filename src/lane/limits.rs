@@ -128,13 +128,17 @@ struct Taken {
     flight: bool,
 }
 
-/// A bucket of `queen.limit_buckets` a pop locked: written back by `settle`.
+/// A bucket of `queen.limit_buckets` this pop read: written back by `settle` when `locked`.
+#[derive(Clone)]
 struct Row {
     key: BucketKey,
     limit_key: String,
     /// The partition, for a `*` key.
     partition: Option<pgrx::Uuid>,
     bucket: Bucket,
+    /// Locked by this transaction (else read only, to see whether a lane would be held
+    /// back before locking anything).
+    locked: bool,
 }
 
 /// One pop's passage through its group's limits.
@@ -147,9 +151,9 @@ pub struct Gate {
     limits: std::rc::Rc<Vec<Limit>>,
     /// Whether the pop leases (an auto-ack pop leaves nothing in flight).
     leases: bool,
-    /// Per admitted lane: (partition, granted, what it took, whether from table rows).
-    granted: Vec<([u8; 16], i64, Vec<Taken>, bool)>,
-    /// The table buckets this pop holds (`Row`), and the lanes of their in-flight lists
+    /// Per admitted lane: (partition, granted, what it took).
+    granted: Vec<([u8; 16], i64, Vec<Taken>)>,
+    /// The table buckets this pop read (`Row`), and the lanes of their in-flight lists
     /// that hold a live lease (read from `queen.lanes` without the registry).
     rows: Vec<Row>,
     live: std::collections::HashSet<[u8; 16]>,
@@ -162,8 +166,9 @@ enum Held {
     Tokens(i64),
     /// Too many lanes of the key in flight.
     Flight,
-    /// No shared-memory bucket was free (the table is used instead).
-    Full,
+    /// The key has no bucket here: none in shared memory and no room for one there, or
+    /// its table row was not read yet.
+    Full(BucketKey),
     /// Another transaction holds the key's table bucket.
     Busy,
 }
@@ -184,10 +189,11 @@ impl Gate {
     }
 
     /// How many of `want` messages lane `partition` (named `name`) may take now, taking
-    /// that many tokens (and a place in flight) from each bucket of a limit it matches:
-    /// in shared memory, or in `queen.limit_buckets` without it or when it is full. A lane
-    /// held back notes when a token is due (`wake::due_at`), so that a long-poll sleeps
-    /// until then.
+    /// that many tokens (and a place in flight) from each bucket of a limit it matches.
+    /// A key's bucket is in shared memory, or in `queen.limit_buckets` when the library is
+    /// not preloaded or shared memory has no room for it (`Buckets::room`). A lane held
+    /// back notes when a token is due (`wake::due_at`), so that a long-poll sleeps until
+    /// then.
     pub fn admit(&mut self, client: &mut SpiClient<'_>, partition: pgrx::Uuid, name: &str, want: i64, now: i64) -> i64 {
         if want <= 0 {
             return 0;
@@ -202,34 +208,26 @@ impl Gate {
         if matching.is_empty() {
             return want;
         }
-        let leases = self.leases;
-        let mut from_table = !enabled();
-        let (mut n, mut taken, mut held) = if from_table {
-            (0, Vec::new(), Held::Full)
-        } else {
-            shared().exclusive(|mut buckets| take(&mut buckets, &matching, p, leases, want, now, registry_flying(now)))
-        };
-        if let Held::Full = held {
-            from_table = true;
-            (n, taken, held) = self.take_from_table(client, &matching, partition, want, now);
-        }
+        let (n, taken, held) = self.take_anywhere(client, &matching, partition, want, now);
         match held {
             Held::No => {}
             Held::Tokens(at) => crate::pg::wake::due_at(at),
             // A lease ends by an ack (which does not wake pops) or by expiring, and a
             // bucket row another pop holds is free once it commits: look again soon.
-            Held::Flight | Held::Busy | Held::Full => crate::pg::wake::due_at(now + 50_000),
+            Held::Flight | Held::Busy | Held::Full(_) => crate::pg::wake::due_at(now + 50_000),
         }
         if n > 0 {
-            self.granted.push((p, n, taken, from_table));
+            self.granted.push((p, n, taken));
         }
         n
     }
 
-    /// `admit` through `queen.limit_buckets`: locks (making them when missing) the rows of
-    /// the matching limits' buckets, unless another transaction holds one (`Held::Busy`),
-    /// then applies the same rules to them.
-    fn take_from_table(
+    /// `admit`'s passage: `take` over the buckets of the matching limits, reading a key's
+    /// table row when it has no bucket in shared memory (`Held::Full`) and trying again.
+    /// Without shared memory, rows are first read without a lock: a lane held back locks
+    /// nothing; one that may take locks its rows (SKIP LOCKED: `Busy` when another
+    /// transaction holds one) and takes for real.
+    fn take_anywhere(
         &mut self,
         client: &mut SpiClient<'_>,
         matching: &[(BucketKey, &Limit)],
@@ -237,46 +235,98 @@ impl Gate {
         want: i64,
         now: i64,
     ) -> (i64, Vec<Taken>, Held) {
-        for &(key, l) in matching {
-            if self.rows.iter().any(|r| r.key == key) {
+        let p = *partition.as_bytes();
+        let (shm, leases) = (enabled(), self.leases);
+        for _ in 0..=matching.len() * 2 {
+            // With shared memory a row is read only for a key that has no room there, and
+            // locked at once (the shared buckets' changes cannot be tried and undone).
+            let mut trial = if shm { None } else { Some(self.rows.clone()) };
+            let (n, taken, held) = {
+                let registry = crate::lane::registry::enabled();
+                let (live, granted) = (&self.live, &self.granted);
+                let flying = |b: &BucketKey, q: &[u8; 16]| {
+                    granted.iter().any(|g| &g.0 == q)
+                        || if registry { registry_flying(now)(b, q) } else { live.contains(q) }
+                };
+                let rows = trial.as_mut().unwrap_or(&mut self.rows);
+                if shm {
+                    shared().exclusive(|buckets| {
+                        take(&mut Mixed { shm: Some(buckets), rows }, matching, p, leases, want, now, &flying)
+                    })
+                } else {
+                    take(&mut Mixed { shm: None, rows }, matching, p, leases, want, now, &flying)
+                }
+            };
+            if let Held::Full(key) = held {
+                let l = matching.iter().find(|(k, _)| *k == key).expect("a matching key").1;
+                if !self.read_row(client, key, l, partition, now, shm) {
+                    return (0, Vec::new(), Held::Busy);
+                }
                 continue;
             }
-            let each = (l.key == queen_core::limits::EACH).then_some(partition);
-            let Some(bucket) = lock_row(client, self.queue_id, &self.group, &l.key, each, key, l.capacity(), now)
-            else {
-                return (0, Vec::new(), Held::Busy);
+            let Some(trial) = trial else {
+                return (n, taken, held);
             };
-            if !crate::lane::registry::enabled() && bucket.flying > 0 {
-                let listed: Vec<pgrx::Uuid> =
-                    bucket.flight[..bucket.flying as usize].iter().map(|b| pgrx::Uuid::from_bytes(*b)).collect();
-                self.live.extend(live_leases(client, self.queue_id, &self.group, listed, now));
+            if n == 0 {
+                // Held back: nothing locked for it, and its rows are read afresh next time.
+                self.rows.retain(|r| r.locked);
+                return (n, taken, held);
             }
-            self.rows.push(Row { key, limit_key: l.key.clone(), partition: each, bucket });
+            let unlocked: Vec<BucketKey> =
+                taken.iter().map(|t| t.key).filter(|k| trial.iter().any(|r| &r.key == k && !r.locked)).collect();
+            if unlocked.is_empty() {
+                self.rows = trial;
+                return (n, taken, held);
+            }
+            // It may take: lock the rows it read without a lock, and take again.
+            for key in unlocked {
+                let l = matching.iter().find(|(k, _)| *k == key).expect("a matching key").1;
+                self.rows.retain(|r| r.key != key);
+                if !self.read_row(client, key, l, partition, now, true) {
+                    return (0, Vec::new(), Held::Busy);
+                }
+            }
         }
-        // In flight: a lane with a live lease (the registry, or `queen.lanes`), or one this
-        // pop let in already (its claim is not written yet).
-        let registry = crate::lane::registry::enabled();
-        let (live, granted) = (&self.live, &self.granted);
-        let flying = |b: &BucketKey, q: &[u8; 16]| {
-            granted.iter().any(|g| &g.0 == q) || if registry { registry_flying(now)(b, q) } else { live.contains(q) }
+        (0, Vec::new(), Held::Busy) // not reached: each round reads a row it did not have
+    }
+
+    /// Reads the table row of `key` (making it when there is none) into `rows`, locked when
+    /// `lock`; false when another transaction holds it.
+    fn read_row(
+        &mut self,
+        client: &mut SpiClient<'_>,
+        key: BucketKey,
+        l: &Limit,
+        partition: pgrx::Uuid,
+        now: i64,
+        lock: bool,
+    ) -> bool {
+        let each = (l.key == queen_core::limits::EACH).then_some(partition);
+        let Some(bucket) = read_row(client, self.queue_id, &self.group, &l.key, each, key, l.capacity(), now, lock)
+        else {
+            return false;
         };
-        take(&mut self.rows, matching, *partition.as_bytes(), self.leases, want, now, flying)
+        if !crate::lane::registry::enabled() && bucket.flying > 0 {
+            let listed: Vec<pgrx::Uuid> =
+                bucket.flight[..bucket.flying as usize].iter().map(|b| pgrx::Uuid::from_bytes(*b)).collect();
+            self.live.extend(live_leases(client, self.queue_id, &self.group, listed, now));
+        }
+        self.rows.push(Row { key, limit_key: l.key.clone(), partition: each, bucket, locked: lock });
+        true
     }
 
     /// After the read: gives back the tokens of messages a lane was granted but did not
     /// deliver (`delivered(partition)`), takes a lane that claimed nothing out of flight,
-    /// and writes the table buckets back.
+    /// and writes the locked table buckets back.
     pub fn settle(mut self, client: &mut SpiClient<'_>, delivered: impl Fn(&[u8; 16]) -> i64) {
         if self.granted.is_empty() {
             return; // nothing taken (a table bucket only refilled: nothing to write)
         }
         // Counted before the lock is taken.
         let got: Vec<i64> = self.granted.iter().map(|(p, ..)| delivered(p)).collect();
-        let give_back = |store: &mut dyn Store, table: bool| {
-            for ((p, granted, taken, from_table), &got) in self.granted.iter().zip(&got) {
-                if *from_table != table {
-                    continue;
-                }
+        let granted = &self.granted;
+        let give_back = |store: &mut Mixed<'_, '_>| {
+            for ((p, granted, taken), &got) in granted.iter().zip(&got) {
                 for t in taken {
                     let Some(b) = store.get(&t.key) else {
                         continue; // removed meanwhile (it was idle)
@@ -290,12 +340,13 @@ impl Gate {
                 }
             }
         };
-        if self.granted.iter().any(|g| !g.3) {
-            shared().exclusive(|mut buckets| give_back(&mut buckets, false));
+        let rows = &mut self.rows;
+        if enabled() {
+            shared().exclusive(|buckets| give_back(&mut Mixed { shm: Some(buckets), rows }));
+        } else {
+            give_back(&mut Mixed { shm: None, rows });
         }
-        let mut rows = std::mem::take(&mut self.rows);
-        give_back(&mut rows, true);
-        for r in &rows {
+        for r in self.rows.iter().filter(|r| r.locked) {
             write_row(client, self.queue_id, &self.group, r);
         }
     }
@@ -313,22 +364,21 @@ fn registry_flying(now: i64) -> impl Fn(&BucketKey, &[u8; 16]) -> bool {
     }
 }
 
-/// Where `take` finds buckets: the shared-memory table, or the rows a pop locked.
-trait Store {
-    fn get(&mut self, key: &BucketKey) -> Option<&mut Bucket>;
-    fn find_or_make(
-        &mut self,
-        key: &BucketKey,
-        capacity: i64,
-        now: i64,
-        flying: &dyn Fn(&BucketKey, &[u8; 16]) -> bool,
-    ) -> Option<&mut Bucket>;
+/// Where `take` finds buckets: a key's table row when this pop read one, else its bucket
+/// in shared memory (when the library is preloaded and there is room for it there).
+struct Mixed<'s, 'r> {
+    shm: Option<Buckets<'s>>,
+    rows: &'r mut Vec<Row>,
 }
 
-impl Store for Buckets<'_> {
+impl Mixed<'_, '_> {
     fn get(&mut self, key: &BucketKey) -> Option<&mut Bucket> {
-        Buckets::get(self, key)
+        if let Some(i) = self.rows.iter().position(|r| &r.key == key) {
+            return Some(&mut self.rows[i].bucket);
+        }
+        self.shm.as_mut()?.get(key)
     }
+
     fn find_or_make(
         &mut self,
         key: &BucketKey,
@@ -336,23 +386,10 @@ impl Store for Buckets<'_> {
         now: i64,
         flying: &dyn Fn(&BucketKey, &[u8; 16]) -> bool,
     ) -> Option<&mut Bucket> {
-        Buckets::find_or_make(self, key, capacity, now, flying)
-    }
-}
-
-/// The rows were locked and loaded before `take` runs: each matching key has one.
-impl Store for Vec<Row> {
-    fn get(&mut self, key: &BucketKey) -> Option<&mut Bucket> {
-        self.iter_mut().find(|r| &r.key == key).map(|r| &mut r.bucket)
-    }
-    fn find_or_make(
-        &mut self,
-        key: &BucketKey,
-        _: i64,
-        _: i64,
-        _: &dyn Fn(&BucketKey, &[u8; 16]) -> bool,
-    ) -> Option<&mut Bucket> {
-        self.get(key)
+        if let Some(i) = self.rows.iter().position(|r| &r.key == key) {
+            return Some(&mut self.rows[i].bucket);
+        }
+        self.shm.as_mut()?.find_or_make(key, capacity, now, flying)
     }
 }
 
@@ -360,20 +397,20 @@ impl Store for Vec<Row> {
 /// (flight) and grants tokens, or the lane takes nothing and what was taken goes back.
 /// Pure Rust: no ERROR may be raised while the shared-memory buckets' lock is held.
 fn take(
-    buckets: &mut dyn Store,
+    buckets: &mut Mixed<'_, '_>,
     matching: &[(BucketKey, &Limit)],
     p: [u8; 16],
     leases: bool,
     want: i64,
     now: i64,
-    flying: impl Fn(&BucketKey, &[u8; 16]) -> bool,
+    flying: &dyn Fn(&BucketKey, &[u8; 16]) -> bool,
 ) -> (i64, Vec<Taken>, Held) {
     let mut n = want;
     let mut taken: Vec<Taken> = Vec::new();
     let mut held = Held::No;
     for &(key, l) in matching {
-        let Some(b) = buckets.find_or_make(&key, l.capacity(), now, &flying) else {
-            held = Held::Full;
+        let Some(b) = buckets.find_or_make(&key, l.capacity(), now, flying) else {
+            held = Held::Full(key);
             n = 0;
             break;
         };
@@ -432,10 +469,11 @@ macro_rules! update_bucket {
     };
 }
 
-/// Locks the `queen.limit_buckets` row of (queue, group, limit key, partition for `*`),
-/// making it (a full bucket) when there is none; None when another transaction holds it.
+/// Reads the `queen.limit_buckets` row of (queue, group, limit key, partition for `*`),
+/// locked when `lock`, making it (a full bucket) when there is none; None when another
+/// transaction holds it and `lock` asks for it.
 #[allow(clippy::too_many_arguments)]
-fn lock_row(
+fn read_row(
     client: &mut SpiClient<'_>,
     queue_id: i64,
     group: &str,
@@ -444,12 +482,17 @@ fn lock_row(
     key: BucketKey,
     capacity: i64,
     now: i64,
+    lock: bool,
 ) -> Option<Bucket> {
     let read = |client: &mut SpiClient<'_>| {
         let args = [queue_id.into(), group.into(), limit_key.into(), each.into()];
-        let sql = match each {
-            Some(_) => concat!(bucket_columns!(), " AND partition_id = $4 FOR UPDATE SKIP LOCKED"),
-            None => concat!(bucket_columns!(), " AND partition_id IS NULL AND $4::uuid IS NULL FOR UPDATE SKIP LOCKED"),
+        let sql = match (each, lock) {
+            (Some(_), true) => concat!(bucket_columns!(), " AND partition_id = $4 FOR UPDATE SKIP LOCKED"),
+            (None, true) => {
+                concat!(bucket_columns!(), " AND partition_id IS NULL AND $4::uuid IS NULL FOR UPDATE SKIP LOCKED")
+            }
+            (Some(_), false) => concat!(bucket_columns!(), " AND partition_id = $4"),
+            (None, false) => concat!(bucket_columns!(), " AND partition_id IS NULL AND $4::uuid IS NULL"),
         };
         run(client, sql, &args).next().map(|r| {
             let flight: Vec<pgrx::Uuid> = r.get(5).or_raise().unwrap_or_default();
@@ -472,8 +515,14 @@ fn lock_row(
     if let Some(b) = read(client) {
         return Some(b);
     }
+    let fresh = Bucket::fresh(key, capacity, now);
+    if !lock {
+        return Some(fresh); // none yet: made when it is locked
+    }
     // Another transaction holds it (it is there, unlocked), or there is none yet: then it
-    // is made (an insert waits only for a transaction making the same row right now).
+    // is made. The insert waits only for a transaction making the same row right now:
+    // `configure_limit` makes a prefix key's row, so that happens only to a `*` key's,
+    // whose lane this pop holds.
     let sql = match each {
         Some(_) => concat!(bucket_columns!(), " AND partition_id = $4"),
         None => concat!(bucket_columns!(), " AND partition_id IS NULL AND $4::uuid IS NULL"),
@@ -481,7 +530,6 @@ fn lock_row(
     if run(client, sql, &[queue_id.into(), group.into(), limit_key.into(), each.into()]).next().is_some() {
         return None;
     }
-    let fresh = Bucket::fresh(key, capacity, now);
     let made = run(
         client,
         "INSERT INTO queen.limit_buckets (queue_id, consumer_group, key, partition_id, micro, at, rate, capacity)
