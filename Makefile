@@ -199,7 +199,7 @@ integration:
 	@# The README's client examples (psycopg 3, SQLAlchemy text(), node-postgres) and the
 	@# Python package's suite, directly and through PgBouncer.
 	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
-	  "host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_it" \
+	  "postgresql://postgres@127.0.0.1:$(POOLER_PORT)/queen_it" \
 	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
 	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"

@@ -5,7 +5,7 @@
 # Then the Python package (clients/python): a wheel built with the standard tools, the
 # package installed from it, and its pytest suite, directly and through PgBouncer when a
 # pooler DSN is given.
-# Usage: clients.sh POSTGRES_URL [POOLER_DSN]
+# Usage: clients.sh POSTGRES_URL [POOLER_URL]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 url=$1
@@ -13,7 +13,7 @@ pooler=${2:-}
 python3 scripts/readme_clients.py   # the README shows these files verbatim
 if [ ! -x clients/.venv/bin/python ]; then python3 -m venv clients/.venv; fi
 clients/.venv/bin/pip install -q --disable-pip-version-check -r clients/python/requirements.txt
-(cd clients/node && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+(cd clients/node && npm install --no-audit --no-fund --loglevel=error >/dev/null && npm run -s build)
 export QUEEN_DSN="$url"
 clients/.venv/bin/python clients/python/core_loop.py
 clients/.venv/bin/python clients/python/sqlalchemy_loop.py
@@ -25,3 +25,7 @@ rm -rf clients/python/dist
 clients/.venv/bin/pip wheel -q --disable-pip-version-check --no-deps -w clients/python/dist ./clients/python
 clients/.venv/bin/pip install -q --disable-pip-version-check --force-reinstall --no-deps clients/python/dist/queen_pg-*.whl
 (cd clients/python && QUEEN_DSN="$url" QUEEN_POOLER_DSN="$pooler" ../.venv/bin/python -m pytest -q -p no:cacheprovider)
+
+# The Node.js package (clients/node): built above (tsc: JavaScript plus .d.ts); node's
+# test runner against the cluster, directly and through PgBouncer.
+(cd clients/node && QUEEN_DSN="$url" QUEEN_POOLER_URL="$pooler" node --test --test-concurrency=1 test/*.test.mjs)

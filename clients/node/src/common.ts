@@ -3,7 +3,8 @@
 
 export const POP =
   "SELECT lease_id, lease_expires_at, partition_id, partition, msg_offset, message_id, transaction_id," +
-  " payload, attempt, headers, created_at FROM queen.pop($1, $2, batch => $3, partition => $4," +
+  " payload, attempt, headers, created_at, extract(epoch FROM lease_expires_at - clock_timestamp())::float8 AS lease_left" +
+  " FROM queen.pop($1, $2, batch => $3, partition => $4," +
   " lease_seconds => $5, wait_ms => $6, max_partitions => $7)";
 export const ACK = "SELECT queen.ack($1, $2::jsonb) AS report";
 export const EXTEND = "SELECT queen.extend_lease($1, $2)";
@@ -31,13 +32,15 @@ export interface Message {
   attempt: number;
   headers: Record<string, unknown> | null;
   createdAt: Date;
+  /** Seconds the lease had left when the pop returned, by the server's clock. */
+  leaseSecondsLeft: number | null;
 }
 
 export function messageOf(r: Record<string, any>): Message {
   return {
     leaseId: r.lease_id, leaseExpiresAt: r.lease_expires_at, partitionId: r.partition_id, partition: r.partition,
     offset: Number(r.msg_offset), messageId: r.message_id, transactionId: r.transaction_id, payload: r.payload,
-    attempt: r.attempt, headers: r.headers, createdAt: r.created_at,
+    attempt: r.attempt, headers: r.headers, createdAt: r.created_at, leaseSecondsLeft: r.lease_left,
   };
 }
 
@@ -96,6 +99,23 @@ export function backoffPolicy(base = 1, cap = 300): ErrorPolicy {
     const d = defaultErrorPolicy(error, message);
     return d.status === "failed" ? { ...d, retryAfter: Math.min(cap, base * 2 ** message.attempt) } : d;
   };
+}
+
+/** A policy's decision as an ack can take it: `failed` for an unknown status; no
+ * `retryAfter` with `dlq`. */
+export function checked(d: Decision): Decision {
+  if (!["failed", "retry", "dlq"].includes(d?.status)) {
+    return { status: "failed", error: d?.error ?? `error policy returned status ${JSON.stringify(d?.status)}` };
+  }
+  return d.status === "dlq" ? { status: "dlq", error: d.error } : d;
+}
+
+/** The lease a heartbeat keeps renewing: the pop's leaseSeconds, else what the lease had
+ * left when the pop returned (server clock), else 60. */
+export function leaseLength(leaseSeconds: number | undefined, m: Message): number {
+  if (leaseSeconds) return leaseSeconds;
+  if (m.leaseSecondsLeft !== null && m.leaseSecondsLeft >= 1) return Math.ceil(m.leaseSecondsLeft);
+  return 60;
 }
 
 /** How a message that was not started is acked (a stop, or `may_start` said no). */

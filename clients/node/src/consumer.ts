@@ -18,10 +18,10 @@
  */
 import { Client, ClientConfig } from "pg";
 import {
-  ACK, Decision, defaultErrorPolicy, ErrorPolicy, EXTEND, LaneResult, lanesOf, MAY_START, Message, messageOf, POP,
-  QUEUE_MODE, RELEASE, SQL0105,
+  ACK, checked, Decision, defaultErrorPolicy, ErrorPolicy, EXTEND, LaneResult, lanesOf, leaseLength, MAY_START, Message,
+  messageOf, POP, QUEUE_MODE, RELEASE, SQL0105,
 } from "./common";
-import { isTransient, typed } from "./errors";
+import { isRetryable, isTransient, typed } from "./errors";
 import { processSpan } from "./tracing";
 
 /** What the loop reports to `onEvent`: `may_not_start` (with the server's SQL0105 text as
@@ -140,10 +140,14 @@ export class Consumer {
           const rows = await this.pop(w);
           if (rows.length) await this.claim(w, rows.map(messageOf));
         } catch (e) {
-          if (!isTransient(e) || this.stopping) throw e;
-          // The connection is gone: a claim not acked comes back when its lease expires.
-          await w?.client.end().catch(() => undefined);
-          w = undefined;
+          if (!isRetryable(e) || this.stopping) throw e;
+          // A lost connection, a deadlock, a timeout: a claim not acked comes back when its
+          // lease expires. Go on after a pause, on a new client if the connection is gone.
+          console.warn(`queen: ${e}; going on`);
+          if (isTransient(e)) {
+            await w?.client.end().catch(() => undefined);
+            w = undefined;
+          }
           await new Promise((r) => setTimeout(r, 1000));
         }
       }
@@ -219,7 +223,7 @@ export class Consumer {
   /** Runs `f` with a heartbeat extending the lease every third of its length. */
   private async handling<T>(m: Message, f: () => Promise<T>): Promise<T> {
     if (this.o.heartbeat === false || !m.leaseId) return f();
-    const seconds = this.leaseLength(m);
+    const seconds = leaseLength(this.o.leaseSeconds, m);
     const timer = setInterval(() => {
       this.hbChain = this.hbChain.then(async () => {
         try {
@@ -244,15 +248,6 @@ export class Consumer {
     }
   }
 
-  private leaseLength(m: Message): number {
-    if (this.o.leaseSeconds) return this.o.leaseSeconds;
-    if (m.leaseExpiresAt) {
-      const left = (m.leaseExpiresAt.getTime() - Date.now()) / 1000;
-      if (left >= 1) return Math.ceil(left);
-    }
-    return 60;
-  }
-
   private async mayStart(w: Worker, m: Message): Promise<boolean> {
     if (this.o.checkMayStart === false || !m.leaseId) return true;
     w.warning = undefined;
@@ -269,7 +264,7 @@ export class Consumer {
   }
 
   private failed(e: unknown, m: Message): Decision {
-    const decision = (this.o.errorPolicy ?? defaultErrorPolicy)(e, m);
+    const decision = checked((this.o.errorPolicy ?? defaultErrorPolicy)(e, m));
     this.emit({ kind: "handler_failed", message: m, error: e, decision });
     return decision;
   }

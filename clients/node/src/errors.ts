@@ -60,6 +60,14 @@ export function isTransient(e: unknown): boolean {
   return code.startsWith("08") || code.startsWith("57");
 }
 
+/** Worth another round rather than stopping the consumer: `isTransient`, a
+ * serialization failure or deadlock (class 40), a statement timeout (57014). */
+export function isRetryable(e: unknown): boolean {
+  if (isTransient(e)) return true;
+  const code = e instanceof QueenError ? e.sqlstate : (e as PgLike | undefined)?.code;
+  return code?.startsWith("40") === true || code === "57014";
+}
+
 /** The typed error for a server error; a transient one is returned as it is. */
 export function typed(e: unknown): unknown {
   const pe = e as PgLike;

@@ -54,12 +54,13 @@ for (const [via, dsn] of DSNS) {
     const c = new queen.Consumer({ connection: dsn, queue: q, group: "g", leaseSeconds: 2, waitMs: 200,
       handler: async (m) => { runs.push(m.attempt); await sleep(4500); finished = true; } });
     const running = c.run({ signals: false });
-    while (!runs.length) await sleep(50);
+    for (let i = 0; i < 600 && !runs.length; i++) await sleep(50);
+    assert.ok(runs.length, "the handler never started");
     for (let i = 0; i < 4; i++) {
       await sleep(1000);
       assert.deepEqual(await popAll(q, "g"), []); // past its first lease, nobody else gets it
     }
-    while (!finished) await sleep(50);
+    for (let i = 0; i < 600 && !finished; i++) await sleep(50);
     await sleep(300);
     c.stop();
     await running;
@@ -168,6 +169,7 @@ for (const [via, dsn] of DSNS) {
     const path = join(mkdtempSync(join(tmpdir(), "queen-")), "log");
     const { child, exited } = spawnWorker(dsn, q, 600, 1.5, path);
     for (let i = 0; i < 600 && !log(path).includes("start 1"); i++) await sleep(50);
+    assert.ok(log(path).includes("start 1"));
     child.kill("SIGTERM");
     const { code, out } = await exited;
     assert.equal(code, 0);
@@ -184,6 +186,7 @@ for (const [via, dsn] of DSNS) {
     const path = join(mkdtempSync(join(tmpdir(), "queen-")), "log");
     const { child, exited } = spawnWorker(dsn, q, 2, 60, path);
     for (let i = 0; i < 600 && !log(path).includes("start 1"); i++) await sleep(50);
+    assert.ok(log(path).includes("start 1"));
     child.kill("SIGKILL"); // kill -9 mid-handler
     await exited;
     const got = [];
@@ -196,11 +199,19 @@ for (const [via, dsn] of DSNS) {
 test("SIGTERM cancels a long-poll", async () => {
   const q = queueName();
   const path = join(mkdtempSync(join(tmpdir(), "queen-")), "log");
-  const { child, exited } = spawnWorker(DSN, q, 60, 0, path, 60000);
-  await sleep(1500); // in its 60-second long-poll by now
+  const app = `queen-${q}`;
+  const url = `${DSN}${DSN.includes("?") ? "&" : "?"}application_name=${app}`;
+  const { child, exited } = spawnWorker(url, q, 60, 0, path, 60000);
+  // Wait until its pop is running on the server: a SIGTERM then has a long-poll to cancel.
+  for (let i = 0; i < 600; i++) {
+    const [{ n }] = await sql("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1" +
+      " AND state = 'active' AND query LIKE '%queen.pop%'", [app]);
+    if (n) break;
+    await sleep(50);
+  }
   const t0 = Date.now();
   child.kill("SIGTERM");
   const { code } = await exited;
   assert.equal(code, 0);
-  assert.ok(Date.now() - t0 < 20000, `it did not wait out its long-poll (${Date.now() - t0} ms)`);
+  assert.ok(Date.now() - t0 < 20000, `it did not wait out its 60-second long-poll (${Date.now() - t0} ms)`);
 });

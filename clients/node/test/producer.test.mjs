@@ -45,7 +45,7 @@ test("deliverAt in a batch", async () => {
 test("typed errors by SQLSTATE", async () => {
   const q = queueName();
   const p = new queen.Producer(DSN);
-  await assert.rejects(p.push("bad name!", {}), (e) => e instanceof queen.InvalidArgument && e.sqlstate === "22023" && e.cause);
+  await assert.rejects(p.push("bad name!", {}), (e) => e instanceof queen.InvalidArgument && e.sqlstate === "22023" && e.cause !== undefined);
   await sql("SELECT queen.configure($1, max_depth => 1)", [q]);
   await p.push(q, 1);
   await assert.rejects(p.push(q, 2), queen.CapacityExceeded);

@@ -119,22 +119,24 @@ def test_heartbeat_keeps_a_slow_handlers_lease(any_dsn, conn, queue):
     t = threading.Thread(target=c.run, kwargs={"install_signal_handlers": False})
     t.start()
     try:
-        while not runs:
+        deadline = time.monotonic() + 30
+        while not runs and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert runs, "the handler never started"
         # While it runs, past its first lease, nobody else may claim the message.
         for _ in range(4):
             time.sleep(1)
             assert pop_all(conn, queue, "g") == []
+        time.sleep(1)  # the handler ends (4.5 s) and its claim is acked
     finally:
-        while len(runs) == 1 and c._heartbeat._leases:
-            time.sleep(0.05)
         c.stop()
         t.join(30)
     assert runs == [0]
     assert pop_all(conn, queue, "g") == []  # it was acked, never delivered again
 
 
-def test_without_heartbeat_the_lease_expires(dsn, conn, queue):
+@pytest.mark.parametrize("heartbeat", [True, False])
+def test_run_once_heartbeat_or_expiry(dsn, conn, queue, heartbeat):
     push(dsn, queue, 1)
     started = threading.Event()
 
@@ -142,16 +144,16 @@ def test_without_heartbeat_the_lease_expires(dsn, conn, queue):
         started.set()
         time.sleep(3)
 
-    c = queen.Consumer(dsn, queue, "g", handler=slow, lease_seconds=1, wait_ms=200, heartbeat=False,
-                       on_event=lambda e: None)
+    c = queen.Consumer(dsn, queue, "g", handler=slow, lease_seconds=1, wait_ms=200, heartbeat=heartbeat)
     t = threading.Thread(target=c.run_once)
     t.start()
-    started.wait(10)
+    assert started.wait(10)
     time.sleep(1.5)
-    # The lease expired under the handler: another consumer gets the message (attempt 1).
+    # Past its 1-second lease: with the heartbeat nobody else gets the message; without
+    # it, the lease expired under the handler and another consumer gets it (attempt 1).
     rows = conn.execute("SELECT attempt FROM queen.pop(%s, 'g', auto_ack => true)", (queue,)).fetchall()
     t.join(30)
-    assert rows == [(1,)]
+    assert rows == ([] if heartbeat else [(1,)])
 
 
 def test_may_start_no_releases_the_claim_with_the_servers_warning(dsn, conn, queue):
@@ -222,6 +224,7 @@ def test_sigterm_stops_gracefully(any_dsn, conn, queue, tmp_path):
     deadline = time.monotonic() + 30
     while "start 1" not in _log(log) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert "start 1" in _log(log)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in out
@@ -231,18 +234,23 @@ def test_sigterm_stops_gracefully(any_dsn, conn, queue, tmp_path):
     assert [r[1] for r in pop_all(conn, queue, "g")] == [2, 3, 4, 5]
 
 
-def test_sigterm_cancels_a_long_poll(dsn, queue, tmp_path):
+def test_sigterm_cancels_a_long_poll(dsn, conn, queue, tmp_path):
+    app = f"queen-{queue}"
     proc = subprocess.Popen([sys.executable, "-c", (
-        "import queen, sys; c = queen.Consumer(sys.argv[1], sys.argv[2], handler=print, wait_ms=60000);"
-        " print('ready', flush=True); c.run(); print('stopped', flush=True)"), dsn, queue],
+        "import queen, sys; c = queen.Consumer(sys.argv[1], sys.argv[2], handler=print, wait_ms=60000,"
+        " application_name=sys.argv[3]); c.run(); print('stopped', flush=True)"), dsn, queue, app],
         stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(1)  # in its 60-second long-poll by now
+    # Wait until its pop is running on the server: a SIGTERM then has a long-poll to cancel.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
+            " AND query LIKE '%%queen.pop%%'", (app,)).fetchone()[0]:
+        time.sleep(0.05)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in out
-    assert time.monotonic() - t0 < 20  # it did not wait out the long-poll
+    assert time.monotonic() - t0 < 20  # it did not wait out the 60-second long-poll
 
 
 def test_a_killed_worker_is_redelivered_after_its_lease(any_dsn, conn, queue, tmp_path):
@@ -252,6 +260,7 @@ def test_a_killed_worker_is_redelivered_after_its_lease(any_dsn, conn, queue, tm
     deadline = time.monotonic() + 30
     while "start 1" not in _log(log) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert "start 1" in _log(log)
     proc.kill()  # kill -9 mid-handler
     proc.wait()
     got = []

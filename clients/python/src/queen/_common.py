@@ -8,7 +8,8 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 POP = ("SELECT lease_id, lease_expires_at, partition_id, partition, msg_offset, message_id,"
-       " transaction_id, payload, attempt, headers, created_at"
+       " transaction_id, payload, attempt, headers, created_at,"
+       " extract(epoch FROM lease_expires_at - clock_timestamp())::float8"
        " FROM queen.pop(%(queue)s, %(group)s, batch => %(batch)s, partition => %(partition)s,"
        " lease_seconds => %(lease_seconds)s, wait_ms => %(wait_ms)s,"
        " max_partitions => %(max_partitions)s)")
@@ -39,10 +40,12 @@ class Message:
     attempt: int
     headers: Optional[Dict[str, Any]]
     created_at: _dt.datetime
+    #: Seconds the lease had left when the pop returned, by the server's clock.
+    lease_seconds_left: Optional[float] = None
 
     @classmethod
     def from_row(cls, r: Sequence[Any]) -> "Message":
-        return cls(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10])
+        return cls(*r[:12])
 
     @property
     def traceparent(self) -> Optional[str]:
@@ -90,6 +93,37 @@ class Decision:
 
 #: An error policy: what to do with a message whose handler raised this exception.
 ErrorPolicy = Callable[[BaseException, Message], Decision]
+
+
+def checked(d: Decision) -> Decision:
+    """A policy's decision as an ack can take it: ``failed`` for a status that is not
+    ``failed``, ``retry`` or ``dlq``; no ``retry_after`` with ``dlq``."""
+    if d.status not in ("failed", "retry", "dlq"):
+        return Decision("failed", error=d.error or f"error policy returned status {d.status!r}")
+    if d.status == "dlq" and d.retry_after is not None:
+        return dataclasses.replace(d, retry_after=None)
+    return d
+
+
+def lease_length(lease_seconds: Optional[int], m: Message) -> int:
+    """The lease a heartbeat keeps renewing: the pop's ``lease_seconds``, else what the
+    lease had left when the pop returned (server clock), else 60."""
+    if lease_seconds:
+        return lease_seconds
+    if m.lease_seconds_left is not None and m.lease_seconds_left >= 1:
+        return int(m.lease_seconds_left + 0.999)
+    return 60
+
+
+def retryable(e: BaseException) -> bool:
+    """Worth another round rather than stopping the consumer: a lost connection or a
+    server going down, a serialization failure or deadlock (class 40), a statement
+    timeout (57014)."""
+    from . import errors
+    if errors.transient(e):
+        return True
+    state = getattr(e, "sqlstate", None) or ""
+    return state[:2] == "40" or state == "57014"
 
 
 def default_error_policy(exc: BaseException, message: Message) -> Decision:

@@ -16,7 +16,8 @@ from psycopg.types.json import Jsonb
 
 from . import errors, tracing
 from ._common import (ACK, EXTEND, MAY_START, POP, PUSH, PUSH_BATCH, QUEUE_MODE, RELEASE, SQL0105, Decision,
-                      ErrorPolicy, LaneResult, Message, PushResult, default_error_policy, interval, lanes_of)
+                      ErrorPolicy, LaneResult, Message, PushResult, checked, default_error_policy, interval, lanes_of,
+                      lease_length, retryable)
 from .consumer import Event
 
 log = logging.getLogger("queen")
@@ -109,6 +110,7 @@ class AsyncConsumer:
         self._polling: set = set()
         self._hb_conn: Optional[psycopg.AsyncConnection] = None
         self._hb_lock = asyncio.Lock()
+        self._warnings: Dict[int, Optional[str]] = {}  # per connection: the last SQL0105
 
     async def run(self, install_signal_handlers: bool = True) -> None:
         """Runs the workers until ``stop()`` (or SIGTERM / SIGINT with
@@ -121,7 +123,12 @@ class AsyncConsumer:
                     loop.add_signal_handler(s, self.stop)
                     installed.append(s)
         try:
-            await asyncio.gather(*(self._work() for _ in range(self.concurrency)))
+            # Every worker finishes its claim before run() returns, even when one failed.
+            results = await asyncio.gather(*(self._work() for _ in range(self.concurrency)),
+                                           return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
         finally:
             self.stop()
             for s in installed:
@@ -148,12 +155,14 @@ class AsyncConsumer:
 
     async def _connect(self) -> psycopg.AsyncConnection:
         conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.connect_kwargs)
-        conn.add_notice_handler(self._notice)
-        return conn
 
-    def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
-        if (diag.message_primary or "").startswith(SQL0105):
-            self._warning = diag.message_primary + (f" ({diag.message_detail})" if diag.message_detail else "")
+        def notice(diag: psycopg.errors.Diagnostic) -> None:
+            # Per connection: each worker task has its own.
+            if (diag.message_primary or "").startswith(SQL0105):
+                text = diag.message_primary + (f" ({diag.message_detail})" if diag.message_detail else "")
+                self._warnings[id(conn)] = text
+        conn.add_notice_handler(notice)
+        return conn
 
     async def _work(self) -> None:
         conn = None
@@ -166,12 +175,12 @@ class AsyncConsumer:
                     if rows:
                         await self._claim(conn, [Message.from_row(r) for r in rows])
                 except (psycopg.Error, errors.QueenError) as e:
-                    if not errors.transient(e):
+                    if not retryable(e):
                         raise
-                    log.warning("queen: connection lost (%s); reconnecting", e)
-                    if conn is not None:
+                    log.warning("queen: %s; going on", e)
+                    if conn is not None and conn.broken:
                         await conn.close()
-                    conn = None
+                        conn = None
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), 1.0)
         finally:
@@ -221,8 +230,11 @@ class AsyncConsumer:
                     async with self._handling(m):
                         with tracing.process_span(self.queue, self.group, m):
                             await self.handler(m)  # type: ignore[misc]
-                except Exception as exc:
+                except BaseException as exc:
+                    # Started and did not finish: the policy decides (never a free retry).
                     r.stop(m.offset, self._failed(exc, m))
+                    if not isinstance(exc, Exception):
+                        raise
                     break
                 r.complete(m.offset)
 
@@ -234,9 +246,12 @@ class AsyncConsumer:
             async with self._handling(messages[0]):
                 with tracing.process_span(self.queue, self.group, messages[0]):
                     await self.batch_handler(messages)  # type: ignore[misc]
-        except Exception as exc:
+        except BaseException as exc:
+            # Which message failed is not known: every lane's first is charged.
             for lane, r in zip(lanes, results):
                 r.stop(lane[0].offset, self._failed(exc, lane[0]))
+            if not isinstance(exc, Exception):
+                raise
             return
         for lane, r in zip(lanes, results):
             r.complete(lane[-1].offset)
@@ -248,14 +263,14 @@ class AsyncConsumer:
         if not self.heartbeat or m.lease_id is None:
             yield
             return
-        seconds = self._lease_length(m)
+        seconds = lease_length(self.lease_seconds, m)
 
         async def beat() -> None:
             while True:
                 await asyncio.sleep(seconds / 3)
                 try:
                     async with self._hb_lock:
-                        if self._hb_conn is None or self._hb_conn.broken:
+                        if self._hb_conn is None or self._hb_conn.broken or self._hb_conn.closed:
                             self._hb_conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.connect_kwargs)
                         await self._hb_conn.execute(EXTEND, (m.lease_id, seconds))
                 except psycopg.Error as e:
@@ -269,32 +284,24 @@ class AsyncConsumer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _lease_length(self, m: Message) -> int:
-        if self.lease_seconds:
-            return self.lease_seconds
-        if m.lease_expires_at is not None:
-            left = (m.lease_expires_at - _dt.datetime.now(_dt.timezone.utc)).total_seconds()
-            if left >= 1:
-                return int(left + 0.999)
-        return 60
-
     async def _may_start(self, conn, m: Message) -> bool:
         if not self.check_may_start or m.lease_id is None:
             return True
-        self._warning = None
+        self._warnings[id(conn)] = None
         try:
             cur = await conn.execute(MAY_START, (m.lease_id, interval(self.handler_timeout)))
             ok = (await cur.fetchone())[0]
         except psycopg.Error as e:
             errors.raise_typed(e)
         if not ok:
+            warning = self._warnings.get(id(conn))
             log.warning("queen: message %s/%s may not start: %s", m.partition, m.offset,
-                        self._warning or "may_start returned false")
-            self._emit(Event("may_not_start", message=m, warning=self._warning))
+                        warning or "may_start returned false")
+            self._emit(Event("may_not_start", message=m, warning=warning))
         return bool(ok)
 
     def _failed(self, exc: BaseException, m: Message) -> Decision:
-        decision = self.error_policy(exc, m)
+        decision = checked(self.error_policy(exc, m))
         self._emit(Event("handler_failed", message=m, error=exc, decision=decision))
         return decision
 

@@ -38,7 +38,8 @@ from psycopg.types.json import Jsonb
 
 from . import errors, tracing
 from ._common import (ACK, EXTEND, MAY_START, POP, QUEUE_MODE, RELEASE, SQL0105, Decision, ErrorPolicy,
-                      LaneResult, Message, default_error_policy, interval, lanes_of)
+                      LaneResult, Message, checked, default_error_policy, interval, lanes_of, lease_length,
+                      retryable)
 
 log = logging.getLogger("queen")
 
@@ -79,6 +80,8 @@ class _Heartbeat:
     def watch(self, lease: uuid.UUID, seconds: int) -> None:
         with self._lock:
             self._leases[lease] = (seconds, time.monotonic() + seconds / 3)
+            if self._thread is None:
+                self.start()
         self._wake.set()
 
     def unwatch(self, lease: uuid.UUID) -> None:
@@ -90,6 +93,7 @@ class _Heartbeat:
         self._wake.set()
         if self._thread:
             self._thread.join()
+        self._thread, self._stop = None, False
 
     def _run(self) -> None:
         conn = None
@@ -167,8 +171,6 @@ class Consumer:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for s in (signal.SIGTERM, signal.SIGINT):
                 old[s] = signal.signal(s, lambda *_: self.stop())
-        if self._heartbeat:
-            self._heartbeat.start()
         errors_seen: List[BaseException] = []
         workers = [threading.Thread(target=self._work, args=(errors_seen,), name=f"queen-worker-{i}")
                    for i in range(self.concurrency)]
@@ -194,11 +196,12 @@ class Consumer:
         released. Safe from a signal handler and from any thread."""
         self._stop.set()
         with self._lock:
-            for conn in list(self._polling):
-                try:
-                    (getattr(conn, "cancel_safe", None) or conn.cancel)()
-                except Exception:  # the pop ends by itself at its wait_ms
-                    pass
+            polling = list(self._polling)
+        for conn in polling:  # (not under the lock: a second signal may call stop() again)
+            try:
+                (getattr(conn, "cancel_safe", None) or conn.cancel)()
+            except Exception:  # the pop ends by itself at its wait_ms
+                pass
 
     @property
     def stopping(self) -> bool:
@@ -217,6 +220,8 @@ class Consumer:
         finally:
             if own:
                 conn.close()
+            if self._heartbeat:
+                self._heartbeat.close()
 
     # ---- one worker ---------------------------------------------------------------------
 
@@ -242,14 +247,15 @@ class Consumer:
                     if rows:
                         self._claim(conn, [Message.from_row(r) for r in rows])
                 except (psycopg.Error, errors.QueenError) as e:
-                    if not errors.transient(e):
+                    if not retryable(e):
                         raise
-                    # The connection is gone (a restart, a pooler): a claim not acked comes
-                    # back when its lease expires. Reconnect after a pause.
-                    log.warning("queen: connection lost (%s); reconnecting", e)
-                    if conn is not None:
+                    # A lost connection (a restart, a pooler), a deadlock, a timeout: a claim
+                    # not acked comes back when its lease expires. Go on after a pause, on a
+                    # new connection if this one is gone.
+                    log.warning("queen: %s; going on", e)
+                    if conn is not None and conn.broken:
                         conn.close()
-                    conn = None
+                        conn = None
                     self._stop.wait(1.0)
         except BaseException as e:  # noqa: BLE001 - reported by run()
             errors_seen.append(e)
@@ -302,8 +308,11 @@ class Consumer:
                 try:
                     with self._handling(m), tracing.process_span(self.queue, self.group, m):
                         self.handler(m)  # type: ignore[misc]
-                except Exception as exc:
+                except BaseException as exc:
+                    # Started and did not finish: the policy decides (never a free retry).
                     r.stop(m.offset, self._failed(exc, m))
+                    if not isinstance(exc, Exception):
+                        raise
                     break
                 r.complete(m.offset)
 
@@ -314,9 +323,12 @@ class Consumer:
         try:
             with self._handling(messages[0]), tracing.process_span(self.queue, self.group, messages[0]):
                 self.batch_handler(messages)  # type: ignore[misc]
-        except Exception as exc:
+        except BaseException as exc:
+            # Which message failed is not known: every lane's first is charged.
             for lane, r in zip(lanes, results):
                 r.stop(lane[0].offset, self._failed(exc, lane[0]))
+            if not isinstance(exc, Exception):
+                raise
             return
         for lane, r in zip(lanes, results):
             r.complete(lane[-1].offset)
@@ -328,20 +340,11 @@ class Consumer:
         if hb is None or lease is None:
             yield
             return
-        hb.watch(lease, self._lease_length(m))
+        hb.watch(lease, lease_length(self.lease_seconds, m))
         try:
             yield
         finally:
             hb.unwatch(lease)
-
-    def _lease_length(self, m: Message) -> int:
-        if self.lease_seconds:
-            return self.lease_seconds
-        if m.lease_expires_at is not None:
-            left = (m.lease_expires_at - _dt.datetime.now(_dt.timezone.utc)).total_seconds()
-            if left >= 1:
-                return int(left + 0.999)
-        return 60
 
     def _may_start(self, conn: psycopg.Connection, m: Message) -> bool:
         if not self.check_may_start or m.lease_id is None:
@@ -359,7 +362,7 @@ class Consumer:
         return bool(ok)
 
     def _failed(self, exc: BaseException, m: Message) -> Decision:
-        decision = self.error_policy(exc, m)
+        decision = checked(self.error_policy(exc, m))
         log.info("queen: handler failed on %s/%s: %r -> %s", m.partition, m.offset, exc, decision.status)
         self._emit(Event("handler_failed", message=m, error=exc, decision=decision))
         return decision
