@@ -27,6 +27,21 @@
 //! A design choice: messages that may not start are not left to wait for the lease to
 //! expire before another instance reclaims them. The consumer releases them in its ack,
 //! so they come back immediately, to this instance or another.
+//!
+//! - **Heartbeat.** While a handler runs, the lease is extended every third of its length
+//!   ([`Builder::heartbeat`], on by default), so a handler slower than the lease keeps its
+//!   message. Messages waiting their turn do not extend it.
+//! - **A lane stops at its first message that does not complete**: the rest of that
+//!   partition's claim is not run (the ack's lowest signal decides the lane, and what
+//!   follows is delivered again).
+//! - **Graceful stop.** Cancel [`Consumer::shutdown_token`] (on SIGTERM, say): the running
+//!   handler finishes, the rest of the claim is released with `retry`, and [`Consumer::run`]
+//!   returns. A long-poll in progress ends at its `wait`.
+//! - **Concurrency.** One consumer runs one handler at a time; run N consumers, each on
+//!   its own connection, for N at once (`examples/pool.rs`).
+//!
+//! The same scenarios run against this crate, the Python package and the Node.js package:
+//! `clients/conformance/scenarios.json`.
 
 use queen_core::policy::DEFAULT_BUDGET;
 use std::future::Future;
@@ -153,6 +168,12 @@ pub struct Config {
     pub timeout_grace: Duration,
     /// Time kept to record the results.
     pub record_margin: Duration,
+    /// The pop's `lease_seconds`; None: the group's budget (which `build` stores).
+    pub lease: Option<Duration>,
+    /// Extend the lease while a handler runs (every third of its length).
+    pub heartbeat: bool,
+    /// Ask `queen.may_start` before each message.
+    pub check_may_start: bool,
 }
 
 fn micros(us: i64) -> Duration {
@@ -180,6 +201,9 @@ impl Builder {
                 queue_margin: micros(DEFAULT_BUDGET.queue_margin),
                 timeout_grace: micros(DEFAULT_BUDGET.timeout_grace),
                 record_margin: micros(DEFAULT_BUDGET.record_margin),
+                lease: None,
+                heartbeat: true,
+                check_may_start: true,
             },
             events: None,
         }
@@ -214,6 +238,24 @@ impl Builder {
     }
     pub fn record_margin(mut self, d: Duration) -> Self {
         self.cfg.record_margin = d;
+        self
+    }
+    /// Lease each claim for this long (`pop`'s `lease_seconds`, whole seconds) instead of
+    /// the group's budget.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.cfg.lease = Some(d);
+        self
+    }
+    /// Extend the lease while a handler runs (on by default): every third of the lease,
+    /// `queen.extend_lease` renews it for its length, so a handler slower than the lease
+    /// keeps its message. Messages waiting their turn do not extend it.
+    pub fn heartbeat(mut self, on: bool) -> Self {
+        self.cfg.heartbeat = on;
+        self
+    }
+    /// Ask `queen.may_start` before each message (on by default).
+    pub fn check_may_start(mut self, on: bool) -> Self {
+        self.cfg.check_may_start = on;
         self
     }
     /// Receive [`Event`]s.
@@ -357,6 +399,32 @@ impl Consumer {
         Ok((may, if may { None } else { warning }))
     }
 
+    /// Waits for a handler up to `timeout` (None: it timed out), extending the lease every
+    /// third of `lease_length` seconds meanwhile when the heartbeat is on. A failed
+    /// extension is not an error here: the ack reports a lease that was lost.
+    async fn wait_beating(
+        &self,
+        task: &mut tokio::task::JoinHandle<HandlerResult>,
+        timeout: Duration,
+        lease: Uuid,
+        lease_length: i32,
+    ) -> Option<Result<HandlerResult, tokio::task::JoinError>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let beat = Duration::from_secs_f64(f64::from(lease_length) / 3.0);
+        loop {
+            let next = if self.cfg.heartbeat { deadline.min(tokio::time::Instant::now() + beat) } else { deadline };
+            tokio::select! {
+                joined = &mut *task => return Some(joined),
+                _ = tokio::time::sleep_until(next) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return None;
+                    }
+                    let _ = self.client.execute("SELECT queen.extend_lease($1, $2)", &[&lease, &lease_length]).await;
+                }
+            }
+        }
+    }
+
     fn emit(&self, e: Event) {
         if let Some(tx) = &self.events {
             let _ = tx.send(e);
@@ -390,13 +458,23 @@ impl Consumer {
         F: Future<Output = HandlerResult> + Send + 'static,
     {
         let c = &self.cfg;
+        let lease_seconds = c.lease.map_or(0, |d| d.as_secs().max(1) as i32);
         let rows = self
             .client
             .query(
                 "SELECT lease_id, partition_id, partition, msg_offset, message_id, transaction_id, payload, attempt,
-                        headers
-                   FROM queen.pop($1, $2, batch => $3, partition => $4, wait_ms => $5, max_partitions => $6)",
-                &[&c.queue, &c.group, &c.batch, &c.partition, &(c.wait.as_millis() as i32), &c.max_partitions],
+                        headers, extract(epoch FROM lease_expires_at - clock_timestamp())::float8
+                   FROM queen.pop($1, $2, batch => $3, partition => $4, wait_ms => $5, max_partitions => $6,
+                                  lease_seconds => $7)",
+                &[
+                    &c.queue,
+                    &c.group,
+                    &c.batch,
+                    &c.partition,
+                    &(c.wait.as_millis() as i32),
+                    &c.max_partitions,
+                    &lease_seconds,
+                ],
             )
             .await?;
         if rows.is_empty() {
@@ -418,30 +496,45 @@ impl Consumer {
             .collect();
         self.emit(Event::Claimed { messages: messages.len() });
         let lease = messages[0].lease_id;
+        // The lease a heartbeat renews: the pop's, else what it had left (server clock).
+        let lease_length = match lease_seconds {
+            0 => rows[0].get::<_, Option<f64>>(9).filter(|s| *s >= 1.0).map_or(60, |s| s.ceil() as i32),
+            n => n,
+        };
 
         let mut acks: Vec<Value> = Vec::new();
         let mut stopped = false;
+        // Lanes whose message did not complete: the rest of such a lane is not run (the
+        // ack's lowest signal decides the lane; what follows is delivered again).
+        let mut ended_lanes: Vec<Uuid> = Vec::new();
         for m in &messages {
             if stopped || self.shutdown.is_cancelled() {
                 stopped = true;
                 break;
             }
+            if ended_lanes.contains(&m.partition_id) {
+                continue;
+            }
             let timeout =
                 timeout_override.and_then(|f| f(m)).map(|t| t.min(c.handler_timeout)).unwrap_or(c.handler_timeout);
-            let (may, warning) = self.may_start(lease, timeout).await?;
-            if !may {
-                self.emit(Event::MayNotStart { offset: m.offset, warning });
-                // The message did not run: release it (and the rest) at once.
-                acks.push(json!({"partitionId": m.partition_id.to_string(), "offset": m.offset, "status": "retry"}));
-                stopped = true;
-                continue;
+            if c.check_may_start {
+                let (may, warning) = self.may_start(lease, timeout).await?;
+                if !may {
+                    self.emit(Event::MayNotStart { offset: m.offset, warning });
+                    // The message did not run: release it (and the rest) at once.
+                    acks.push(
+                        json!({"partitionId": m.partition_id.to_string(), "offset": m.offset, "status": "retry"}),
+                    );
+                    stopped = true;
+                    continue;
+                }
             }
             self.emit(Event::Started { offset: m.offset });
             let token = CancellationToken::new();
             let mut task = tokio::spawn(handler(m.clone(), token.clone()));
-            let result = match tokio::time::timeout(timeout, &mut task).await {
-                Ok(joined) => joined.unwrap_or_else(|e| Err(format!("handler panicked: {e}"))),
-                Err(_) => {
+            let result = match self.wait_beating(&mut task, timeout, lease, lease_length).await {
+                Some(joined) => joined.unwrap_or_else(|e| Err(format!("handler panicked: {e}"))),
+                None => {
                     self.emit(Event::TimedOut { offset: m.offset });
                     token.cancel();
                     match tokio::time::timeout(c.timeout_grace, &mut task).await {
@@ -460,6 +553,9 @@ impl Consumer {
                 Err(e) => ("failed", Some(e)),
             };
             self.emit(Event::Finished { offset: m.offset, status });
+            if status != "completed" {
+                ended_lanes.push(m.partition_id);
+            }
             acks.push(json!({"partitionId": m.partition_id.to_string(), "offset": m.offset,
                              "status": status, "error": error}));
         }

@@ -383,10 +383,15 @@ async fn the_producers_traceparent_reaches_the_handler() {
 #[tokio::test]
 async fn per_message_timeout_override_is_capped_at_the_ceiling() {
     let queue = unique("override");
-    push_n(&queue, 2).await;
+    // Two lanes: a message that does not complete ends its own lane's claim, not the other.
+    let c = client().await;
+    let items =
+        json!([{"queue": queue, "partition": "a", "payload": 1}, {"queue": queue, "partition": "b", "payload": 2}]);
+    c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&items]).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let consumer = Builder::new(&queue, "g")
         .batch(2)
+        .max_partitions(2)
         .wait(Duration::from_millis(0))
         .handler_timeout(Duration::from_millis(600))
         .queue_margin(Duration::from_secs(5))
@@ -396,10 +401,10 @@ async fn per_message_timeout_override_is_capped_at_the_ceiling() {
         .build(client().await)
         .await
         .unwrap();
-    // Message 1 gets 200 ms (it needs 400: times out); message 2 asks for 10 s but is
-    // capped at the 600 ms ceiling (it needs 400: completes).
+    // Lane a's message gets 200 ms (it needs 400: times out); lane b's asks for 10 s but
+    // is capped at the 600 ms ceiling (it needs 400: completes).
     let override_fn = |m: &queen_consumer::Message| {
-        Some(if m.offset == 1 { Duration::from_millis(200) } else { Duration::from_secs(10) })
+        Some(if m.partition == "a" { Duration::from_millis(200) } else { Duration::from_secs(10) })
     };
     consumer
         .run_once(
@@ -414,9 +419,10 @@ async fn per_message_timeout_override_is_capped_at_the_ceiling() {
         .await
         .unwrap();
     let events = drain(&mut rx);
-    assert!(events.contains(&Event::TimedOut { offset: 1 }), "{events:?}");
-    assert!(events.contains(&Event::Finished { offset: 2, status: "completed" }), "{events:?}");
-    assert!(!events.contains(&Event::TimedOut { offset: 2 }), "{events:?}");
+    let count = |e: &Event| events.iter().filter(|x| *x == e).count();
+    assert_eq!(count(&Event::TimedOut { offset: 1 }), 1, "{events:?}");
+    assert_eq!(count(&Event::Finished { offset: 1, status: "failed" }), 1, "{events:?}");
+    assert_eq!(count(&Event::Finished { offset: 1, status: "completed" }), 1, "{events:?}");
 }
 
 /// A claim whose lease is exactly what a start needs (no queue margin): by the time the
