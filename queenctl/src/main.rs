@@ -1,0 +1,471 @@
+//! `queenctl`: queen from a shell. Every verb is one or a few calls of queen's SQL API
+//! (docs/functions.md), run with the privileges of the role it connects as.
+//!
+//! It connects with `--dsn`, or libpq's usual environment (`PGHOST`, `PGPORT`, `PGUSER`,
+//! `PGDATABASE`, `PGPASSWORD`). Output is a table for people, or `--json` (one JSON array,
+//! or one object, per command) for scripts.
+
+mod conn;
+mod output;
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use postgres::types::ToSql;
+use postgres::Client;
+use serde_json::{json, Map, Value};
+
+use output::{print, Progress, Rows};
+
+#[derive(Parser)]
+#[command(name = "queenctl", version, about = "queen, the message queue inside PostgreSQL, from a shell")]
+struct Cli {
+    /// A libpq connection string or URL; without it, PGHOST, PGPORT, PGUSER, PGDATABASE and
+    /// PGPASSWORD as libpq reads them.
+    #[arg(long, global = true)]
+    dsn: Option<String>,
+    /// JSON for scripts instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Queues and their groups (queen.totals), or one queue's lanes (queen.status).
+    Status { queue: Option<String> },
+    /// Live lag and rates, refreshing: per queue and group, messages pushed and acked per
+    /// second since the last refresh.
+    Top {
+        queue: Option<String>,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+        /// Stop after this many refreshes (default: until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+    },
+    /// Messages without consuming them (queen.peek); --follow keeps printing new ones.
+    Tail {
+        queue: String,
+        #[arg(long)]
+        partition: Option<String>,
+        /// Start at this group's cursor.
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long)]
+        from: Option<i64>,
+        #[arg(long, default_value_t = 20)]
+        limit: i32,
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Pushes a payload (JSON), a file of NDJSON (--file), or NDJSON from stdin (no payload,
+    /// or `-`). Each line is a payload, or an object with "payload" and optionally
+    /// "partition", "transactionId", "headers", "deliverAt".
+    Push {
+        queue: String,
+        payload: Option<String>,
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+        #[arg(long)]
+        partition: Option<String>,
+        /// Messages per push_batch call.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+    },
+    /// The dead-letter queue.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Pauses a queue, or one group (queen.pause).
+    Pause {
+        queue: String,
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// Resumes it (queen.resume).
+    Resume {
+        queue: String,
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// Moves every cursor (or one group's) to the end, recorded as `purged` spans (queen.purge).
+    Purge {
+        queue: String,
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Sets (or, with no limit given, removes) a group's rate limit and cap for a key
+    /// (queen.configure_limit).
+    Limit {
+        queue: String,
+        group: String,
+        key: String,
+        #[arg(long)]
+        rate: Option<f64>,
+        #[arg(long)]
+        burst: Option<i32>,
+        #[arg(long)]
+        max_in_flight: Option<i32>,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Dead letters, newest first (queen.dlq).
+    List {
+        queue: Option<String>,
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i32,
+    },
+    /// One dead letter, by its id (`dlq list` shows them), with its payload and headers.
+    Show { id: uuid::Uuid },
+    /// Pushes one dead letter's payload again, to every group (queen.dlq_replay).
+    Replay { id: uuid::Uuid },
+    /// Redrives dead letters in bulk (queen.dlq_redrive), by rounds, showing progress.
+    Redrive {
+        queue: String,
+        #[arg(long)]
+        group: Option<String>,
+        #[arg(long)]
+        partition: Option<String>,
+        #[arg(long)]
+        error_like: Option<String>,
+        /// At most this many in all.
+        #[arg(long, default_value_t = 10000)]
+        limit: i64,
+        /// `failing_group` (only the group that gave up on each) or `all`.
+        #[arg(long, default_value = "failing_group")]
+        to: String,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Deletes one dead letter (queen.dlq_delete).
+    Delete { id: uuid::Uuid },
+}
+
+fn main() {
+    // A closed pipe (`queenctl status | head`) ends the program quietly, as it does `cat`.
+    // SAFETY: restores the default action of SIGPIPE before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let cli = Cli::parse();
+    let mut client = match conn::connect(cli.dsn.as_deref()) {
+        Ok(c) => c,
+        Err(e) => fail(&format!("cannot connect: {e}")),
+    };
+    if let Err(e) = run(&mut client, &cli) {
+        fail(&conn::describe(&e));
+    }
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("queenctl: {message}");
+    std::process::exit(1);
+}
+
+type Result<T> = std::result::Result<T, postgres::Error>;
+
+fn run(c: &mut Client, cli: &Cli) -> Result<()> {
+    let json = cli.json;
+    match &cli.command {
+        Command::Status { queue: None } => {
+            let rows = query(c, "SELECT * FROM queen.totals()", &[])?;
+            print(json, &rows);
+        }
+        Command::Status { queue: Some(q) } => {
+            let rows = query(
+                c,
+                "SELECT partition, consumer_group, head, committed, lag, lease_expires_at, retry_count, \
+                        dead_letters, paused FROM queen.status($1) ORDER BY partition, consumer_group",
+                &[q],
+            )?;
+            print(json, &rows);
+        }
+        Command::Top { queue, interval, iterations } => top(c, queue.as_deref(), *interval, *iterations, json)?,
+        Command::Tail { queue, partition, group, from, limit, follow } => {
+            tail(c, queue, partition.as_deref(), group.as_deref(), *from, *limit, *follow, json)?
+        }
+        Command::Push { queue, payload, file, partition, batch } => {
+            push(c, queue, payload.as_deref(), file.as_deref(), partition.as_deref(), *batch, json)?
+        }
+        Command::Dlq { command } => dlq(c, command, json)?,
+        Command::Pause { queue, group } => one(c, json, "SELECT queen.pause($1, $2)", &[queue, group])?,
+        Command::Resume { queue, group } => one(c, json, "SELECT queen.resume($1, $2)", &[queue, group])?,
+        Command::Purge { queue, group, force } => {
+            one(c, json, "SELECT queen.purge($1, $2, force => $3)", &[queue, group, force])?
+        }
+        Command::Limit { queue, group, key, rate, burst, max_in_flight } => one(
+            c,
+            json,
+            "SELECT queen.configure_limit($1, $2, $3, rate => $4::float8::numeric, burst => $5, max_in_flight => $6)",
+            &[queue, group, key, rate, burst, max_in_flight],
+        )?,
+    }
+    Ok(())
+}
+
+/// The rows of `sql` as objects, and its columns in order (for tables).
+pub fn query(c: &mut Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Rows> {
+    let columns: Vec<String> = c.prepare(sql)?.columns().iter().map(|col| col.name().to_string()).collect();
+    let wrapped = format!("SELECT to_jsonb(t) FROM ({sql}) t");
+    let rows = c.query(&wrapped, params)?;
+    let rows = rows.iter().map(|r| r.get::<_, Value>(0).as_object().cloned().unwrap_or_default()).collect();
+    Ok(Rows { columns, rows })
+}
+
+/// A call that returns one jsonb report.
+fn one(c: &mut Client, json: bool, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<()> {
+    let v: Value = c.query_one(sql, params)?.get(0);
+    output::print_object(json, &v);
+    Ok(())
+}
+
+fn top(c: &mut Client, queue: Option<&str>, interval: f64, iterations: Option<u64>, json: bool) -> Result<()> {
+    let mut last: Option<(Instant, Vec<Map<String, Value>>)> = None;
+    let mut n = 0;
+    loop {
+        let rows = query(
+            c,
+            "SELECT queue, consumer_group, partitions, messages, committed, lag, leased_lanes, dead_letters, paused \
+               FROM queen.totals($1) ORDER BY queue, consumer_group",
+            &[&queue],
+        )?;
+        let now = Instant::now();
+        let mut shown = Vec::new();
+        for r in &rows.rows {
+            let mut r = r.clone();
+            let (pushed, acked) = match &last {
+                Some((t, before)) => {
+                    let secs = now.duration_since(*t).as_secs_f64().max(0.001);
+                    let prev =
+                        before.iter().find(|b| b["queue"] == r["queue"] && b["consumer_group"] == r["consumer_group"]);
+                    let rate = |k: &str| {
+                        prev.and_then(|p| Some((r[k].as_f64()? - p[k].as_f64()?) / secs))
+                            .map(|x| json!((x * 10.0).round() / 10.0))
+                    };
+                    (rate("messages"), rate("committed"))
+                }
+                None => (None, None),
+            };
+            r.insert("pushed_per_s".into(), pushed.unwrap_or(Value::Null));
+            r.insert("acked_per_s".into(), acked.unwrap_or(Value::Null));
+            shown.push(r);
+        }
+        let mut columns = rows.columns.clone();
+        columns.extend(["pushed_per_s".to_string(), "acked_per_s".to_string()]);
+        let shown = Rows { columns, rows: shown };
+        if json {
+            print(true, &shown);
+        } else {
+            if std::io::stdout().is_terminal() {
+                print!("\x1b[2J\x1b[H"); // clear the screen
+            }
+            println!("queen top, every {interval} s");
+            output::print_table(&shown);
+        }
+        std::io::stdout().flush().ok();
+        n += 1;
+        if iterations.is_some_and(|k| n >= k) {
+            return Ok(());
+        }
+        last = Some((now, rows.rows));
+        std::thread::sleep(Duration::from_secs_f64(interval));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tail(
+    c: &mut Client,
+    queue: &str,
+    partition: Option<&str>,
+    group: Option<&str>,
+    from: Option<i64>,
+    limit: i32,
+    follow: bool,
+    json: bool,
+) -> Result<()> {
+    const PEEK: &str = "SELECT partition, msg_offset, created_at, transaction_id, payload, headers \
+                          FROM queen.peek($1, $2, $3, $4, $5) ORDER BY created_at, partition, msg_offset";
+    let rows = query(c, PEEK, &[&queue, &partition, &group, &from, &limit])?;
+    if !follow {
+        print(json, &rows);
+        return Ok(());
+    }
+    // Follow: print each message once, then ask each partition for what comes after the
+    // last offset printed.
+    let mut next: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+    emit(&mut next, &rows, json);
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        // Every partition from the lowest offset still to print (peek's from_offset applies
+        // to each); what was printed is skipped. A partition that appears later shows from
+        // that offset on.
+        let start = next.values().min().copied().or(from);
+        let rows = query(c, PEEK, &[&queue, &partition, &group, &start, &limit.max(1000)])?;
+        emit(&mut next, &rows, json);
+    }
+}
+
+/// Prints the rows not printed yet (by partition, each offset once), noting where each
+/// partition goes on.
+fn emit(next: &mut std::collections::BTreeMap<String, i64>, rows: &Rows, json: bool) {
+    for r in &rows.rows {
+        let (p, o) = (r["partition"].as_str().unwrap_or("").to_string(), r["msg_offset"].as_i64().unwrap_or(0));
+        if next.get(&p).is_some_and(|n| o < *n) {
+            continue;
+        }
+        next.insert(p, o + 1);
+        output::print_line(json, &rows.columns, r);
+    }
+}
+
+fn push(
+    c: &mut Client,
+    queue: &str,
+    payload: Option<&str>,
+    file: Option<&std::path::Path>,
+    partition: Option<&str>,
+    batch: usize,
+    json: bool,
+) -> Result<()> {
+    let item = |line: &str| -> std::result::Result<Value, String> {
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}: {line}"))?;
+        let mut item = match v {
+            Value::Object(m) if m.contains_key("payload") => m,
+            other => {
+                let mut m = Map::new();
+                m.insert("payload".into(), other);
+                m
+            }
+        };
+        item.insert("queue".into(), json!(queue));
+        if let (Some(p), false) = (partition, item.contains_key("partition")) {
+            item.insert("partition".into(), json!(p));
+        }
+        Ok(Value::Object(item))
+    };
+    let lines: Box<dyn Iterator<Item = String>> = match (payload, file) {
+        (Some(p), None) if p != "-" => Box::new(std::iter::once(p.to_string())),
+        (None | Some("-"), Some(f)) => match std::fs::File::open(f) {
+            Ok(f) => Box::new(std::io::BufReader::new(f).lines().map_while(|l| l.ok())),
+            Err(e) => fail(&format!("{}: {e}", f.display())),
+        },
+        (Some(_), Some(_)) => fail("give a payload or --file, not both"),
+        _ => Box::new(std::io::stdin().lock().lines().map_while(|l| l.ok())),
+    };
+    // Only a file has a known size for the bar; stdin counts.
+    let total =
+        file.and_then(|f| std::fs::read_to_string(f).ok()).map(|s| s.lines().filter(|l| !l.trim().is_empty()).count());
+    let mut progress = Progress::new("pushed", total);
+    let (mut pushed, mut duplicates, mut pending) = (0u64, 0u64, Vec::new());
+    let mut flush = |c: &mut Client, pending: &mut Vec<Value>| -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let rows = c.query("SELECT status FROM queen.push_batch($1)", &[&Value::Array(std::mem::take(pending))])?;
+        for r in rows {
+            if r.get::<_, String>(0) == "duplicate" {
+                duplicates += 1;
+            }
+            pushed += 1;
+        }
+        progress.set(pushed);
+        Ok(())
+    };
+    for line in lines {
+        if line.trim().is_empty() {
+            continue;
+        }
+        pending.push(item(&line).unwrap_or_else(|e| fail(&e)));
+        if pending.len() >= batch.max(1) {
+            flush(c, &mut pending)?;
+        }
+    }
+    flush(c, &mut pending)?;
+    progress.done();
+    output::print_object(json, &json!({"queue": queue, "pushed": pushed, "duplicates": duplicates}));
+    Ok(())
+}
+
+/// The dead letter `id`'s row (found through queen.dlq, page by page).
+fn dead_letter(c: &mut Client, id: uuid::Uuid) -> Result<Map<String, Value>> {
+    let id = id.to_string();
+    for page in 0.. {
+        let rows = query(c, "SELECT * FROM queen.dlq(NULL, NULL, 10000, $1)", &[&(page * 10000)])?.rows;
+        if rows.is_empty() {
+            break;
+        }
+        if let Some(r) = rows.into_iter().find(|r| r["id"].as_str() == Some(id.as_str())) {
+            return Ok(r);
+        }
+    }
+    fail(&format!("no dead letter has id {id} (queenctl dlq list shows them)"))
+}
+
+fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
+    match command {
+        DlqCommand::List { queue, group, limit } => {
+            let rows = query(
+                c,
+                "SELECT id, queue, partition, consumer_group, reason, error_message, retry_count, failed_at, data \
+                   FROM queen.dlq($1, $2, $3)",
+                &[queue, group, limit],
+            )?;
+            print(json, &rows);
+        }
+        DlqCommand::Show { id } => output::print_object(json, &Value::Object(dead_letter(c, *id)?)),
+        DlqCommand::Replay { id } | DlqCommand::Delete { id } => {
+            let d = dead_letter(c, *id)?;
+            let pid: uuid::Uuid = d["partition_id"].as_str().and_then(|s| s.parse().ok()).unwrap_or_default();
+            let tx = d["transaction_id"].as_str().unwrap_or_default().to_string();
+            let sql = match command {
+                DlqCommand::Replay { .. } => "SELECT queen.dlq_replay($1, $2)",
+                _ => "SELECT queen.dlq_delete($1, $2)",
+            };
+            one(c, json, sql, &[&pid, &tx])?;
+        }
+        DlqCommand::Redrive { queue, group, partition, error_like, limit, to, force } => {
+            // Rounds of at most 1,000: each commits on its own and shows progress; a call
+            // stopped part way is resumed by running the command again.
+            let mut progress = Progress::new("redriven", None);
+            let (mut redriven, mut unopenable, mut last) = (0i64, 0i64, Value::Null);
+            loop {
+                let round = (limit - redriven).min(1000);
+                if round <= 0 {
+                    break;
+                }
+                let r: Value = c
+                    .query_one(
+                        "SELECT queen.dlq_redrive($1, $2, $3, $4, max_messages => $5, deliver_to => $6, force => $7)",
+                        &[queue, group, partition, error_like, &(round as i32), to, force],
+                    )?
+                    .get(0);
+                redriven += r["redriven"].as_i64().unwrap_or(0);
+                unopenable += r["unopenable"].as_i64().unwrap_or(0);
+                if !r["last"].is_null() {
+                    last = r["last"].clone();
+                }
+                progress.set(redriven as u64);
+                if r["more"] != json!(true) {
+                    break;
+                }
+            }
+            progress.done();
+            output::print_object(
+                json,
+                &json!({"queue": queue, "deliverTo": to, "redriven": redriven, "unopenable": unopenable, "last": last}),
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! `queenctl` against a real cluster: each verb's output checked against the database.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use queen_it::{dsn, unique};
+use serde_json::{json, Value};
+
+fn bin() -> String {
+    format!("{}/../target/debug/queenctl", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `queenctl --dsn … --json ARGS` (with `stdin`), returning its JSON output; panics
+/// when it fails.
+fn ctl(args: &[&str], stdin: Option<&str>) -> Value {
+    let (ok, out, err) = ctl_raw(args, stdin);
+    assert!(ok, "queenctl {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("queenctl {args:?}: not JSON ({e}): {out}"))
+}
+
+fn ctl_raw(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut child = Command::new(bin())
+        .args(["--dsn", &dsn(), "--json"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (make integration builds it first)", bin()));
+    child.stdin.take().unwrap().write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn db() -> postgres::Client {
+    postgres::Client::connect(&dsn(), postgres::NoTls).unwrap()
+}
+
+#[test]
+fn push_from_an_argument_a_file_and_stdin_then_tail_and_status() {
+    let q = unique("ctl");
+    assert_eq!(ctl(&["push", &q, r#"{"n": 1}"#, "--partition", "a"], None)["pushed"], 1);
+    let file = std::env::temp_dir().join(format!("{q}.ndjson"));
+    std::fs::write(&file, "{\"n\": 2}\n\n{\"payload\": {\"n\": 3}, \"partition\": \"b\", \"transactionId\": \"t3\"}\n")
+        .unwrap();
+    assert_eq!(ctl(&["push", &q, "--file", file.to_str().unwrap(), "--partition", "a"], None)["pushed"], 2);
+    let r = ctl(
+        &["push", &q, "--batch", "2"],
+        Some("4\n5\n6\n{\"payload\": 7, \"partition\": \"b\", \"transactionId\": \"t3\"}\n"),
+    );
+    assert_eq!((r["pushed"].as_i64(), r["duplicates"].as_i64()), (Some(4), Some(1)));
+
+    // What the database holds, by peek, equals what tail shows.
+    let mut c = db();
+    let want: Vec<(String, i64, Value)> = c
+        .query("SELECT partition, msg_offset, payload FROM queen.peek($1, max_messages => 100)", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(want.len(), 6);
+    let tail = ctl(&["tail", &q, "--limit", "100"], None);
+    let mut got: Vec<(String, i64, Value)> = tail
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["partition"].as_str().unwrap().into(), r["msg_offset"].as_i64().unwrap(), r["payload"].clone()))
+        .collect();
+    got.sort_by(|x, y| (&x.0, x.1).cmp(&(&y.0, y.1)));
+    let mut want = want;
+    want.sort_by(|x, y| (&x.0, x.1).cmp(&(&y.0, y.1)));
+    assert_eq!(got, want);
+    assert!(got.contains(&("a".into(), 2, json!({"n": 2}))) && got.contains(&("b".into(), 1, json!({"n": 3}))));
+
+    // status = queen.totals; status QUEUE = queen.status.
+    c.execute("SELECT count(*) FROM queen.pop($1, 'g', batch => 2, auto_ack => true)", &[&q]).unwrap();
+    let totals = ctl(&["status"], None);
+    let mine: Vec<&Value> = totals.as_array().unwrap().iter().filter(|r| r["queue"] == json!(q)).collect();
+    let (messages, committed): (i64, i64) = c
+        .query_one("SELECT messages, committed FROM queen.totals($1) WHERE consumer_group = 'g'", &[&q])
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(mine.len(), 1);
+    assert_eq!((mine[0]["messages"].as_i64(), mine[0]["committed"].as_i64()), (Some(messages), Some(committed)));
+    let lanes = ctl(&["status", &q], None);
+    assert_eq!(lanes.as_array().unwrap().len(), 3); // partitions a, b and Default; group g
+}
+
+#[test]
+fn flow_control_verbs() {
+    let q = unique("ctl-flow");
+    ctl(&["push", &q, "1"], None);
+    let mut c = db();
+    c.execute("SELECT count(*) FROM queen.pop($1, 'g', auto_ack => true)", &[&q]).unwrap();
+    assert_eq!(ctl(&["pause", &q, "--group", "g"], None)["paused"], true);
+    let paused: bool =
+        c.query_one("SELECT paused FROM queen.totals($1) WHERE consumer_group = 'g'", &[&q]).unwrap().get(0);
+    assert!(paused);
+    assert_eq!(ctl(&["resume", &q, "--group", "g"], None)["paused"], false);
+    ctl(&["push", &q, "2"], None);
+    ctl(&["purge", &q, "--group", "g"], None);
+    let lag: i64 = c.query_one("SELECT lag FROM queen.totals($1) WHERE consumer_group = 'g'", &[&q]).unwrap().get(0);
+    assert_eq!(lag, 0);
+    let r = ctl(&["limit", &q, "g", "*", "--rate", "2.5", "--burst", "3"], None);
+    assert_eq!((r["rate"].as_f64(), r["burst"].as_i64()), (Some(2.5), Some(3)));
+    let stored: f64 = c.query_one("SELECT rate::float8 FROM queen.limits WHERE key = '*' AND consumer_group = 'g' AND queue_id = (SELECT queue_id FROM queen.queues WHERE name = $1)", &[&q]).unwrap().get(0);
+    assert_eq!(stored, 2.5);
+    assert_eq!(ctl(&["limit", &q, "g", "*"], None)["removed"], true);
+    // top: two refreshes, the second with rates.
+    let (ok, out, err) = ctl_raw(&["top", &q, "--iterations", "2", "--interval", "0.2"], None);
+    assert!(ok, "{err}");
+    let frames: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(frames.len(), 2);
+    assert!(frames[0][0]["acked_per_s"].is_null() && frames[1][0]["acked_per_s"].is_number(), "{frames:?}");
+}
+
+#[test]
+fn dead_letters_list_show_replay_delete() {
+    let q = unique("ctl-dlq");
+    let mut c = db();
+    c.execute("SELECT count(*) FROM queen.push($1, '{\"bad\": 1}')", &[&q]).unwrap();
+    c.execute("SELECT count(*) FROM queen.push($1, '{\"bad\": 2}')", &[&q]).unwrap();
+    for _ in 0..2 {
+        let r = c.query_one("SELECT lease_id, partition_id, msg_offset FROM queen.pop($1, 'g')", &[&q]).unwrap();
+        let (lease, pid, off): (uuid::Uuid, uuid::Uuid, i64) = (r.get(0), r.get(1), r.get(2));
+        c.execute("SELECT queen.ack($1, $2, $3, 'dlq', 'broken')", &[&lease, &pid, &off]).unwrap();
+    }
+    let list = ctl(&["dlq", "list", &q], None);
+    let rows = list.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r["error_message"] == "broken" && r["consumer_group"] == "g"));
+    let id = rows[0]["id"].as_str().unwrap().to_string();
+    let shown = ctl(&["dlq", "show", &id], None);
+    assert_eq!(shown["id"], rows[0]["id"]);
+    assert_eq!(shown["data"], rows[0]["data"]);
+    let replayed = ctl(&["dlq", "replay", &id], None);
+    assert_eq!(replayed["replayed"], true);
+    let other = rows[1]["id"].as_str().unwrap().to_string();
+    ctl(&["dlq", "delete", &other], None);
+    let left: i64 = c.query_one("SELECT count(*) FROM queen.dlq($1)", &[&q]).unwrap().get(0);
+    assert_eq!(left, 0);
+    // The replayed payload is delivered again.
+    let again: Value = c.query_one("SELECT payload FROM queen.pop($1, 'g', auto_ack => true)", &[&q]).unwrap().get(0);
+    assert_eq!(again, shown["data"]);
+    let (ok, _, err) = ctl_raw(&["dlq", "show", &uuid::Uuid::nil().to_string()], None);
+    assert!(!ok && err.contains("no dead letter has id"), "{err}");
+}
+
+#[test]
+fn redrive_in_rounds_and_errors_with_their_sqlstate() {
+    let q = unique("ctl-redrive");
+    let mut c = db();
+    let items: Vec<Value> = (0..1500).map(|i| json!({"queue": q, "payload": i})).collect();
+    c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&json!(items)]).unwrap();
+    let rows = c.query("SELECT lease_id, partition_id FROM queen.pop($1, 'g', batch => 1500)", &[&q]).unwrap();
+    assert_eq!(rows.len(), 1500);
+    let (lease, pid): (uuid::Uuid, uuid::Uuid) = (rows[0].get(0), rows[0].get(1));
+    // Dead-letter all 1,500 (one dlq per ack: each files E and releases the lease).
+    c.execute("SELECT queen.ack($1, $2, 1, 'dlq', 'x')", &[&lease, &pid]).unwrap();
+    for off in 2..=1500i64 {
+        let r = c.query_one("SELECT lease_id FROM queen.pop($1, 'g')", &[&q]).unwrap();
+        let lease: uuid::Uuid = r.get(0);
+        c.execute("SELECT queen.ack($1, $2, $3, 'dlq', 'x')", &[&lease, &pid, &off]).unwrap();
+    }
+    let r = ctl(&["dlq", "redrive", &q, "--group", "g"], None);
+    assert_eq!(r["redriven"], 1500, "{r}");
+    let redriven: i64 =
+        c.query_one("SELECT count(*) FROM queen.pop($1, 'g', batch => 5000, auto_ack => true)", &[&q]).unwrap().get(0);
+    assert_eq!(redriven, 1500);
+    let (ok, _, err) = ctl_raw(&["push", "bad name!", "1"], None);
+    assert!(!ok && err.contains("SQLSTATE 22023"), "{err}");
+}
