@@ -201,6 +201,9 @@ integration:
 	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
 	  "postgresql://postgres@127.0.0.1:$(POOLER_PORT)/queen_it" \
 	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
+	@# The web console in headless Chromium (screenshots in target/console-screenshots).
+	bash scripts/console_test.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
+	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
 	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"
 	cargo run -q -p queen-bench -- --dsn "$(TEST_DSN) dbname=queen_bench" --smoke \

@@ -7,6 +7,7 @@
 
 mod conn;
 mod output;
+mod serve;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -101,6 +102,17 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// A web console (server-rendered HTML): queues, one queue, the dead-letter queue.
+    /// Read-only unless --allow-writes (replay, delete, pause, resume).
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        #[arg(long)]
+        allow_writes: bool,
+        /// Seconds between the readings that draw rates and lag over time.
+        #[arg(long, default_value_t = 2.0)]
+        sample: f64,
+    },
     /// Sets (or, with no limit given, removes) a group's rate limit and cap for a key
     /// (queen.configure_limit).
     Limit {
@@ -153,12 +165,18 @@ enum DlqCommand {
 }
 
 fn main() {
+    let cli = Cli::parse();
+    if let Command::Serve { listen, allow_writes, sample } = &cli.command {
+        if let Err(e) = serve::serve(cli.dsn.as_deref(), listen, *allow_writes, *sample) {
+            fail(&format!("serve: {e}"));
+        }
+        return;
+    }
     // A closed pipe (`queenctl status | head`) ends the program quietly, as it does `cat`.
     // SAFETY: restores the default action of SIGPIPE before any other thread exists.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
     let mut client = match conn::connect(cli.dsn.as_deref()) {
         Ok(c) => c,
         Err(e) => fail(&format!("cannot connect: {e}")),
@@ -204,6 +222,7 @@ fn run(c: &mut Client, cli: &Cli) -> Result<()> {
         Command::Purge { queue, group, force } => {
             one(c, json, "SELECT queen.purge($1, $2, force => $3)", &[queue, group, force])?
         }
+        Command::Serve { .. } => unreachable!("handled in main"),
         Command::Limit { queue, group, key, rate, burst, max_in_flight } => one(
             c,
             json,
