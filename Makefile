@@ -181,7 +181,8 @@ regress: readme-sql
 	@bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT)
 
 integration:
-	cargo build -q -p queen-consumer --examples -p queenctl
+	cargo build -q -p queen-consumer --examples
+	cargo build -q -p queenctl
 	@$(MAKE) -s test-cluster-start
 	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
 	@# A real PgBouncer in transaction pooling mode, 4 server connections per database.

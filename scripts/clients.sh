@@ -2,9 +2,10 @@
 # Runs the README's client examples (clients/) against a real cluster: Python with
 # psycopg 3 and with SQLAlchemy text(), Node.js with node-postgres. Installs the clients
 # from PyPI and npm into clients/.venv and clients/node/node_modules once (idempotent).
-# Then the Python package (clients/python): a wheel built with the standard tools, the
-# package installed from it, and its pytest suite, directly and through PgBouncer when a
-# pooler DSN is given.
+# Then the Python package (clients/python: a wheel built with the standard tools, the
+# package installed from it, its pytest suite) and the Node.js package (clients/node:
+# built with tsc, node's test runner), each directly and through PgBouncer when a pooler
+# URL is given (QUEEN_POOLER_DSN for Python, QUEEN_POOLER_URL for Node: the same URL).
 # Usage: clients.sh POSTGRES_URL [POOLER_URL]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -181,7 +181,7 @@ COMMENT ON TABLE queen.limits IS 'queen: rate limits and concurrency caps per co
 REVOKE ALL ON queen.limits FROM PUBLIC;
 
 -- Rate-limit buckets kept in a table (src/lane/limits.rs): every bucket when the library
--- is not preloaded, and a key's bucket when the shared-memory ones are all in use. A pop
+-- is not preloaded, and a key's bucket when shared memory has no room for it. A pop
 -- locks the rows it draws from. `micro` is the tokens in millionths as of `at`
 -- (microseconds), counted for `rate` and `capacity`; `flight` the lanes the bucket let be
 -- claimed that may still be in flight; `partition_id` is NULL for a prefix key.
@@ -199,7 +199,7 @@ CREATE TABLE queen.limit_buckets (
     FOREIGN KEY (queue_id, consumer_group, key) REFERENCES queen.limits ON DELETE CASCADE
 );
 CREATE INDEX limit_buckets_partition ON queen.limit_buckets (partition_id);
-COMMENT ON TABLE queen.limit_buckets IS 'queen: rate-limit buckets kept in a table (without preloading, or when shared memory is full)';
+COMMENT ON TABLE queen.limit_buckets IS 'queen: rate-limit buckets kept in a table (without preloading, or when shared memory has no room)';
 REVOKE ALL ON queen.limit_buckets FROM PUBLIC;
 
 -- Messages a group's pops dropped because they outlived the queue's ttl on a queue that

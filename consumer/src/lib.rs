@@ -37,8 +37,12 @@
 //! - **Graceful stop.** Cancel [`Consumer::shutdown_token`] (on SIGTERM, say): the running
 //!   handler finishes, the rest of the claim is released with `retry`, and [`Consumer::run`]
 //!   returns. A long-poll in progress ends at its `wait`.
-//! - **Concurrency.** One consumer runs one handler at a time; run N consumers, each on
-//!   its own connection, for N at once (`examples/pool.rs`).
+//! - **Errors.** `Err(text)` (and a panic or a timeout) is acked as the error policy
+//!   decides ([`Builder::error_policy`]: `failed` by default; [`backoff_policy`] for an
+//!   exponential `retryAfter`); [`Outcome::RetryAfter`] asks for a `retry` later.
+//! - **Concurrency.** One consumer runs one handler at a time; [`Builder::build_pool`]
+//!   makes N consumers on N connections that run together under one shutdown token
+//!   ([`Pool`], `examples/pool.rs`).
 //!
 //! The same scenarios run against this crate, the Python package and the Node.js package:
 //! `clients/conformance/scenarios.json`.
@@ -63,8 +67,36 @@ pub enum Outcome {
     Completed,
     /// It can succeed later: redeliver at once, charge no retry budget (`retry`).
     RetryLater,
+    /// It can succeed later, not before this long: `retry` with a `retryAfter`.
+    RetryAfter(Duration),
     /// Never again: dead-letter it now with this error (`dlq`).
     Poison(String),
+}
+
+/// How a handler's error (`Err(text)`, a panic, a timeout) is acked: the error policy's
+/// answer ([`Builder::error_policy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// `failed`: charges the lane's retry budget; past the queue's `retry_limit` the message
+    /// is dead-lettered. `retry_after` None: the queue's backoff.
+    Failed { retry_after: Option<Duration> },
+    /// `retry`: no budget charged.
+    Retry { after: Option<Duration> },
+    /// `dlq`: dead-lettered now.
+    DeadLetter,
+}
+
+/// An error policy: what to do with a message whose handler failed with this text.
+pub type ErrorPolicy = dyn Fn(&Message, &str) -> Decision + Send + Sync;
+
+/// The default policy: `failed`, the queue's backoff.
+pub fn default_error_policy(_: &Message, _: &str) -> Decision {
+    Decision::Failed { retry_after: None }
+}
+
+/// `failed` with an exponential `retry_after`: `base` × 2^attempt, at most `cap`.
+pub fn backoff_policy(base: Duration, cap: Duration) -> impl Fn(&Message, &str) -> Decision + Send + Sync {
+    move |m, _| Decision::Failed { retry_after: Some(base.saturating_mul(1u32 << m.attempt.clamp(0, 20)).min(cap)) }
 }
 
 /// One claimed message.
@@ -182,9 +214,11 @@ fn micros(us: i64) -> Duration {
 
 /// Builds a [`Consumer`]; the budget defaults are queen's (`queen_core::policy::DEFAULT_BUDGET`,
 /// the same as `queen.configure_group`'s).
+#[derive(Clone)]
 pub struct Builder {
     cfg: Config,
     events: Option<mpsc::UnboundedSender<Event>>,
+    policy: Arc<ErrorPolicy>,
 }
 
 impl Builder {
@@ -206,6 +240,7 @@ impl Builder {
                 check_may_start: true,
             },
             events: None,
+            policy: Arc::new(default_error_policy),
         }
     }
     pub fn batch(mut self, n: i32) -> Self {
@@ -256,6 +291,12 @@ impl Builder {
     /// Ask `queen.may_start` before each message (on by default).
     pub fn check_may_start(mut self, on: bool) -> Self {
         self.cfg.check_may_start = on;
+        self
+    }
+    /// How a handler's error is acked (default: `failed`, the queue's backoff). See
+    /// [`backoff_policy`].
+    pub fn error_policy(mut self, policy: impl Fn(&Message, &str) -> Decision + Send + Sync + 'static) -> Self {
+        self.policy = Arc::new(policy);
         self
     }
     /// Receive [`Event`]s.
@@ -318,6 +359,7 @@ impl Builder {
             notices: notices.map(Mutex::new),
             events: self.events,
             shutdown: CancellationToken::new(),
+            policy: self.policy,
         })
     }
 }
@@ -351,6 +393,7 @@ pub struct Consumer {
     notices: Option<Mutex<mpsc::UnboundedReceiver<DbError>>>,
     events: Option<mpsc::UnboundedSender<Event>>,
     shutdown: CancellationToken,
+    policy: Arc<ErrorPolicy>,
 }
 
 /// A handler's result: an outcome, or an error message (recorded as `failed`).
@@ -546,18 +589,28 @@ impl Consumer {
                     }
                 }
             };
-            let (status, error) = match result {
-                Ok(Outcome::Completed) => ("completed", None),
-                Ok(Outcome::RetryLater) => ("retry", None),
-                Ok(Outcome::Poison(e)) => ("dlq", Some(e)),
-                Err(e) => ("failed", Some(e)),
+            let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+            let (status, error, retry_after) = match result {
+                Ok(Outcome::Completed) => ("completed", None, None),
+                Ok(Outcome::RetryLater) => ("retry", None, None),
+                Ok(Outcome::RetryAfter(d)) => ("retry", None, Some(d.as_secs_f64())),
+                Ok(Outcome::Poison(e)) => ("dlq", Some(e), None),
+                Err(e) => match (self.policy)(m, &e) {
+                    Decision::Failed { retry_after } => ("failed", Some(e), secs(retry_after)),
+                    Decision::Retry { after } => ("retry", Some(e), secs(after)),
+                    Decision::DeadLetter => ("dlq", Some(e), None),
+                },
             };
             self.emit(Event::Finished { offset: m.offset, status });
             if status != "completed" {
                 ended_lanes.push(m.partition_id);
             }
-            acks.push(json!({"partitionId": m.partition_id.to_string(), "offset": m.offset,
-                             "status": status, "error": error}));
+            let mut item = json!({"partitionId": m.partition_id.to_string(), "offset": m.offset,
+                                  "status": status, "error": error});
+            if let Some(s) = retry_after {
+                item["retryAfter"] = json!(s);
+            }
+            acks.push(item);
         }
         if stopped {
             // Shutting down or out of time: release what never started in each lane.
@@ -577,6 +630,64 @@ impl Consumer {
             self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
         self.emit(Event::Recorded { ack });
         Ok(messages.len())
+    }
+}
+
+/// `n` consumers of one queue and group, each on a connection of its own, run together:
+/// `n` handlers at once. One shutdown token stops them all.
+pub struct Pool {
+    consumers: Vec<Consumer>,
+    shutdown: CancellationToken,
+}
+
+impl Builder {
+    /// Connects `n` times to `dsn` (without TLS) and builds a consumer on each
+    /// ([`Builder::build_with_connection`]).
+    pub async fn build_pool(self, dsn: &str, n: usize) -> Result<Pool, tokio_postgres::Error> {
+        let shutdown = CancellationToken::new();
+        let mut consumers = Vec::with_capacity(n);
+        for _ in 0..n.max(1) {
+            let (client, connection) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+            let mut c = self.clone().build_with_connection(client, connection).await?;
+            c.shutdown = shutdown.child_token();
+            consumers.push(c);
+        }
+        Ok(Pool { consumers, shutdown })
+    }
+}
+
+impl Pool {
+    /// Cancelling it stops every consumer after the claim in hand is recorded.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs every consumer until shut down; the first error stops the others and is
+    /// returned once all have stopped.
+    pub async fn run<H, F>(self, handler: H) -> Result<(), tokio_postgres::Error>
+    where
+        H: Fn(Message, CancellationToken) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = HandlerResult> + Send + 'static,
+    {
+        let mut tasks = Vec::new();
+        for c in self.consumers {
+            let (h, stop) = (handler.clone(), self.shutdown.clone());
+            tasks.push(tokio::spawn(async move {
+                let r = c.run(h).await;
+                if r.is_err() {
+                    stop.cancel();
+                }
+                r
+            }));
+        }
+        let mut first = Ok(());
+        for t in tasks {
+            let r = t.await.expect("a consumer task panicked");
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     }
 }
 

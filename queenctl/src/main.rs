@@ -326,12 +326,34 @@ fn tail(
     emit(&mut next, &rows, json);
     loop {
         std::thread::sleep(Duration::from_millis(500));
-        // Every partition from the lowest offset still to print (peek's from_offset applies
-        // to each); what was printed is skipped. A partition that appears later shows from
-        // that offset on.
-        let start = next.values().min().copied().or(from);
-        let rows = query(c, PEEK, &[&queue, &partition, &group, &start, &limit.max(1000)])?;
-        emit(&mut next, &rows, json);
+        // Each partition from its own next offset: those printed so far, and those the
+        // queue's lanes name (a queue with groups). A queue without groups has no lanes to
+        // name its partitions: a partition first seen there is read from the lowest offset
+        // being followed.
+        let mut parts: std::collections::BTreeSet<String> = next.keys().cloned().collect();
+        match partition {
+            Some(p) => {
+                parts.insert(p.to_string());
+            }
+            None => parts.extend(
+                query(c, "SELECT DISTINCT partition FROM queen.status($1)", &[&queue])?
+                    .rows
+                    .iter()
+                    .filter_map(|r| r["partition"].as_str().map(str::to_string)),
+            ),
+        }
+        for p in &parts {
+            let start = next.get(p).copied().or(from);
+            let rows = query(c, PEEK, &[&queue, &Some(p.as_str()), &group, &start, &limit.max(1000)])?;
+            emit(&mut next, &rows, json);
+        }
+        if partition.is_none() {
+            let lowest = next.values().min().copied().or(from);
+            let rows = query(c, PEEK, &[&queue, &None::<&str>, &group, &lowest, &limit.max(1000)])?;
+            let new: Vec<_> =
+                rows.rows.into_iter().filter(|r| !r["partition"].as_str().is_some_and(|p| parts.contains(p))).collect();
+            emit(&mut next, &Rows { columns: rows.columns, rows: new }, json);
+        }
     }
 }
 
@@ -373,18 +395,35 @@ fn push(
         }
         Ok(Value::Object(item))
     };
-    let lines: Box<dyn Iterator<Item = String>> = match (payload, file) {
-        (Some(p), None) if p != "-" => Box::new(std::iter::once(p.to_string())),
+    // Numbered lines; a line that cannot be read (not UTF-8, an I/O error) stops the push
+    // with its number, as a bad JSON line does.
+    let read_all = |r: Box<dyn BufRead>| -> Vec<(usize, std::io::Result<String>)> {
+        r.lines().enumerate().map(|(i, l)| (i + 1, l)).collect()
+    };
+    let numbered: Box<dyn Iterator<Item = (usize, std::io::Result<String>)>> = match (payload, file) {
+        (Some(p), None) if p != "-" => Box::new(std::iter::once((1, Ok(p.to_string())))),
         (None | Some("-"), Some(f)) => match std::fs::File::open(f) {
-            Ok(f) => Box::new(std::io::BufReader::new(f).lines().map_while(|l| l.ok())),
+            // A file is read and checked whole before anything is pushed.
+            Ok(f) => Box::new(read_all(Box::new(std::io::BufReader::new(f))).into_iter()),
             Err(e) => fail(&format!("{}: {e}", f.display())),
         },
         (Some(_), Some(_)) => fail("give a payload or --file, not both"),
-        _ => Box::new(std::io::stdin().lock().lines().map_while(|l| l.ok())),
+        _ => Box::new(std::io::stdin().lock().lines().enumerate().map(|(i, l)| (i + 1, l))),
     };
-    // Only a file has a known size for the bar; stdin counts.
-    let total =
-        file.and_then(|f| std::fs::read_to_string(f).ok()).map(|s| s.lines().filter(|l| !l.trim().is_empty()).count());
+    let mut items: Box<dyn Iterator<Item = (usize, std::result::Result<Value, String>)>> = Box::new(
+        numbered
+            .filter(|(_, l)| !matches!(l, Ok(s) if s.trim().is_empty()))
+            .map(|(n, l)| (n, l.map_err(|e| format!("cannot read it: {e}")).and_then(|l| item(&l)))),
+    );
+    let mut total = None;
+    if file.is_some() {
+        let all: Vec<_> = items.collect();
+        if let Some((n, Err(e))) = all.iter().find(|(_, r)| r.is_err()) {
+            fail(&format!("line {n}: {e}; nothing was pushed"));
+        }
+        total = Some(all.len());
+        items = Box::new(all.into_iter());
+    }
     let mut progress = Progress::new("pushed", total);
     let (mut pushed, mut duplicates, mut pending) = (0u64, 0u64, Vec::new());
     let mut flush = |c: &mut Client, pending: &mut Vec<Value>| -> Result<()> {
@@ -401,11 +440,16 @@ fn push(
         progress.set(pushed);
         Ok(())
     };
-    for line in lines {
-        if line.trim().is_empty() {
-            continue;
+    for (n, it) in items {
+        match it {
+            Ok(v) => pending.push(v),
+            Err(e) => {
+                // The batches before it are committed: say how far the push got.
+                flush(c, &mut pending)?;
+                progress.done();
+                fail(&format!("line {n}: {e}; the {pushed} messages before it were pushed"));
+            }
         }
-        pending.push(item(&line).unwrap_or_else(|e| fail(&e)));
         if pending.len() >= batch.max(1) {
             flush(c, &mut pending)?;
         }
@@ -416,8 +460,38 @@ fn push(
     Ok(())
 }
 
+/// Replays (or deletes) the dead letter `id`. `dlq_replay` and `dlq_delete` take an
+/// address (partition, transaction id), and act on the oldest row there: two groups'
+/// letters of one message share it, and so do two spans over the same offsets. So the
+/// call runs in a transaction that is kept only if the row it removed is `id`'s.
+pub fn act_on_dead_letter(c: &mut Client, id: uuid::Uuid, replay: bool) -> std::result::Result<Value, String> {
+    let describe = |e: postgres::Error| conn::describe(&e);
+    let d = dead_letter(c, id)
+        .map_err(describe)?
+        .ok_or_else(|| format!("no dead letter has id {id} (dlq list shows them)"))?;
+    let pid: uuid::Uuid = d["partition_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("dead letter {id} has no partition id: {}", d["partition_id"]))?;
+    let tx = d["transaction_id"].as_str().unwrap_or_default().to_string();
+    let sql = if replay { "SELECT queen.dlq_replay($1, $2)" } else { "SELECT queen.dlq_delete($1, $2)" };
+    c.batch_execute("BEGIN").map_err(describe)?;
+    let done = (|| -> std::result::Result<Value, String> {
+        let v: Value = c.query_one(sql, &[&pid, &tx]).map_err(describe)?.get(0);
+        if dead_letter(c, id).map_err(describe)?.is_some() {
+            return Err(format!(
+                "dead letter {id} shares its address with an older one (another group's letter of the same \
+                 message, or another span): the server acts on the oldest first; nothing was changed"
+            ));
+        }
+        Ok(v)
+    })();
+    c.batch_execute(if done.is_ok() { "COMMIT" } else { "ROLLBACK" }).map_err(describe)?;
+    done
+}
+
 /// The dead letter `id`'s row (found through queen.dlq, page by page).
-fn dead_letter(c: &mut Client, id: uuid::Uuid) -> Result<Map<String, Value>> {
+fn dead_letter(c: &mut Client, id: uuid::Uuid) -> Result<Option<Map<String, Value>>> {
     let id = id.to_string();
     for page in 0.. {
         let rows = query(c, "SELECT * FROM queen.dlq(NULL, NULL, 10000, $1)", &[&(page * 10000)])?.rows;
@@ -425,10 +499,10 @@ fn dead_letter(c: &mut Client, id: uuid::Uuid) -> Result<Map<String, Value>> {
             break;
         }
         if let Some(r) = rows.into_iter().find(|r| r["id"].as_str() == Some(id.as_str())) {
-            return Ok(r);
+            return Ok(Some(r));
         }
     }
-    fail(&format!("no dead letter has id {id} (queenctl dlq list shows them)"))
+    Ok(None)
 }
 
 fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
@@ -442,24 +516,26 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
             )?;
             print(json, &rows);
         }
-        DlqCommand::Show { id } => output::print_object(json, &Value::Object(dead_letter(c, *id)?)),
+        DlqCommand::Show { id } => match dead_letter(c, *id)? {
+            Some(d) => output::print_object(json, &Value::Object(d)),
+            None => fail(&format!("no dead letter has id {id} (queenctl dlq list shows them)")),
+        },
         DlqCommand::Replay { id } | DlqCommand::Delete { id } => {
-            let d = dead_letter(c, *id)?;
-            let pid: uuid::Uuid = d["partition_id"].as_str().and_then(|s| s.parse().ok()).unwrap_or_default();
-            let tx = d["transaction_id"].as_str().unwrap_or_default().to_string();
-            let sql = match command {
-                DlqCommand::Replay { .. } => "SELECT queen.dlq_replay($1, $2)",
-                _ => "SELECT queen.dlq_delete($1, $2)",
-            };
-            one(c, json, sql, &[&pid, &tx])?;
+            match act_on_dead_letter(c, *id, matches!(command, DlqCommand::Replay { .. })) {
+                Ok(v) => output::print_object(json, &v),
+                Err(e) => fail(&e),
+            }
         }
         DlqCommand::Redrive { queue, group, partition, error_like, limit, to, force } => {
-            // Rounds of at most 1,000: each commits on its own and shows progress; a call
-            // stopped part way is resumed by running the command again.
+            // Without --force: rounds of at most 1,000, each committed on its own, with
+            // progress; the rows a round redrove are marked, so the next round (or the
+            // command run again) goes on after them. With --force the marks do not stop a
+            // later call, so it is one call of at most 10,000 (the server's own rounds).
             let mut progress = Progress::new("redriven", None);
             let (mut redriven, mut unopenable, mut last) = (0i64, 0i64, Value::Null);
+            let round_size = if *force { limit.min(&10_000) } else { limit.min(&1000) };
             loop {
-                let round = (limit - redriven).min(1000);
+                let round = (limit - redriven).min(*round_size);
                 if round <= 0 {
                     break;
                 }
@@ -475,7 +551,7 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
                     last = r["last"].clone();
                 }
                 progress.set(redriven as u64);
-                if r["more"] != json!(true) {
+                if *force || r["more"] != json!(true) {
                     break;
                 }
             }

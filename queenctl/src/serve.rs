@@ -7,7 +7,8 @@
 //! - pause and resume of a queue or a group.
 //!
 //! Read-only unless started with `--allow-writes`: without it no form is shown and every
-//! POST is refused (403). It runs with the privileges of the role it connects as: what the
+//! POST is refused (403). With it, each form carries a token made when the console
+//! started, and a POST without it (another site's form, say) is refused too. It runs with the privileges of the role it connects as: what the
 //! role may not see, the page shows as the server's error. The rates and lag over time
 //! come from a sampler thread that reads `queen.totals()` every `--sample` seconds and
 //! keeps the last 150 readings in memory.
@@ -30,13 +31,20 @@ const KEEP: usize = 150;
 struct Console {
     dsn: Option<String>,
     writes: bool,
+    /// The forms' token: random, made at start (a POST must carry it).
+    token: String,
     history: Mutex<History>,
     started: Instant,
 }
 
 pub fn serve(dsn: Option<&str>, listen: &str, writes: bool, sample: f64) -> std::io::Result<()> {
-    let console =
-        Arc::new(Console { dsn: dsn.map(str::to_string), writes, history: Mutex::default(), started: Instant::now() });
+    let console = Arc::new(Console {
+        dsn: dsn.map(str::to_string),
+        writes,
+        token: random_token()?,
+        history: Mutex::default(),
+        started: Instant::now(),
+    });
     let sampler = console.clone();
     std::thread::spawn(move || sampler.sample_forever(sample));
     let listener = TcpListener::bind(listen)?;
@@ -93,7 +101,8 @@ impl Console {
 
     fn handle(&self, stream: TcpStream) -> std::io::Result<()> {
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut reader = BufReader::new(stream.try_clone()?);
+        // A request's head is at most 64 KiB, its body at most 1 MiB.
+        let mut reader = BufReader::new(stream.try_clone()?.take(64 << 10));
         let mut line = String::new();
         reader.read_line(&mut line)?;
         let mut parts = line.split_whitespace();
@@ -110,6 +119,7 @@ impl Console {
                 }
             }
         }
+        reader.get_mut().set_limit(1 << 20);
         let mut body = vec![0u8; length.min(1 << 20)];
         reader.read_exact(&mut body)?;
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
@@ -134,9 +144,16 @@ impl Console {
             if !self.writes {
                 return ("403 Forbidden", String::new(), page("Read-only", "<p>This console is read-only: start it with <code>--allow-writes</code> to change anything.</p>"));
             }
+            if body.get("token") != Some(&self.token) {
+                return (
+                    "403 Forbidden",
+                    String::new(),
+                    page("Refused", "<p>This form did not come from this console.</p>"),
+                );
+            }
             return match self.write(path, body) {
                 Ok(()) => {
-                    let back = body.get("back").filter(|b| b.starts_with('/')).cloned().unwrap_or_else(|| "/".into());
+                    let back = body.get("back").filter(|b| local_path(b)).cloned().unwrap_or_else(|| "/".into());
                     ("303 See Other", format!("Location: {back}\r\n"), String::new())
                 }
                 Err(e) => ("400 Bad Request", String::new(), page("Error", &format!("<p class=error>{}</p>", esc(&e)))),
@@ -163,14 +180,9 @@ impl Console {
             "/pause" => c.execute("SELECT queen.pause($1, $2)", &[&arg("queue"), &arg("group")]),
             "/resume" => c.execute("SELECT queen.resume($1, $2)", &[&arg("queue"), &arg("group")]),
             "/dlq/replay" | "/dlq/delete" => {
-                let pid: uuid::Uuid =
-                    arg("partition_id").and_then(|p| p.parse().ok()).ok_or("a partition_id is needed")?;
-                let sql = if path == "/dlq/replay" {
-                    "SELECT queen.dlq_replay($1, $2)"
-                } else {
-                    "SELECT queen.dlq_delete($1, $2)"
-                };
-                c.execute(sql, &[&pid, &arg("transaction_id")])
+                // By the letter's id, checked (another letter may share its address).
+                let id: uuid::Uuid = arg("id").and_then(|p| p.parse().ok()).ok_or("a dead letter id is needed")?;
+                return crate::act_on_dead_letter(&mut c, id, path == "/dlq/replay").map(|_| ());
             }
             _ => return Err(format!("no such action: {path}")),
         };
@@ -244,8 +256,8 @@ impl Console {
         if self.writes {
             html += &format!(
                 "<p>{} {}</p>",
-                action("/pause", "Pause the queue", &[("queue", name), ("back", &back)]),
-                action("/resume", "Resume the queue", &[("queue", name), ("back", &back)])
+                action(&self.token, "/pause", "Pause the queue", &[("queue", name), ("back", &back)]),
+                action(&self.token, "/resume", "Resume the queue", &[("queue", name), ("back", &back)])
             );
         }
         html += "<h2>Groups</h2>";
@@ -256,7 +268,7 @@ impl Console {
                 return format!(
                     "{} {}",
                     text(v),
-                    action(url, label, &[("queue", name), ("group", &g), ("back", &back)])
+                    action(&self.token, url, label, &[("queue", name), ("group", &g), ("back", &back)])
                 );
             }
             esc(&text(v))
@@ -290,15 +302,42 @@ impl Console {
         let mut c = self.connect()?;
         let arg = |k: &str| f.get(k).filter(|v| !v.is_empty()).cloned();
         let (queue, group, error) = (arg("queue"), arg("group"), arg("error"));
-        let page_no: i32 = arg("page").and_then(|p| p.parse().ok()).unwrap_or(0).max(0);
-        let rows = crate::query(
-            &mut c,
-            "SELECT id, queue, partition, consumer_group, reason, error_message, retry_count, failed_at, data, \
-                    partition_id, transaction_id \
-               FROM queen.dlq($1, $2, 100, $3) WHERE $4::text IS NULL OR error_message ILIKE '%' || $4 || '%'",
-            &[&queue, &group, &(page_no * 100), &error],
-        )
-        .map_err(|e| crate::conn::describe(&e))?;
+        let page_no: i32 = arg("page").and_then(|p| p.parse().ok()).unwrap_or(0).clamp(0, 10_000);
+        // The error filter is a plain substring (no wildcards, any case), applied while
+        // reading the DLQ 1,000 at a time, so that a page of the console holds up to 100
+        // matches (it reads at most a million letters).
+        let mut rows = Rows { columns: Vec::new(), rows: Vec::new() };
+        let (mut skip, mut offset, mut more) = (page_no as usize * 100, 0i32, false);
+        let needle = error.as_deref().map(str::to_lowercase);
+        loop {
+            let chunk = crate::query(
+                &mut c,
+                "SELECT id, queue, partition, consumer_group, reason, error_message, retry_count, failed_at, data, \
+                        partition_id, transaction_id \
+                   FROM queen.dlq($1, $2, 1000, $3)",
+                &[&queue, &group, &offset],
+            )
+            .map_err(|e| crate::conn::describe(&e))?;
+            let scanned = chunk.rows.len();
+            for r in chunk.rows {
+                let matches =
+                    needle.as_ref().is_none_or(|n| text(&r["error_message"]).to_lowercase().contains(n.as_str()));
+                if !matches {
+                    continue;
+                }
+                if skip > 0 {
+                    skip -= 1;
+                } else if rows.rows.len() < 100 {
+                    rows.rows.push(r);
+                } else {
+                    more = true;
+                }
+            }
+            if more || scanned < 1000 || offset >= 1_000_000 {
+                break;
+            }
+            offset += 1000;
+        }
         let mut html = format!(
             "<form method=get action=/dlq class=filter>queue <input name=queue value=\"{}\"> group <input name=group value=\"{}\"> \
              error contains <input name=error value=\"{}\"> <button>Filter</button></form>",
@@ -306,12 +345,7 @@ impl Console {
             esc(group.as_deref().unwrap_or("")),
             esc(error.as_deref().unwrap_or(""))
         );
-        let back = format!(
-            "/dlq?queue={}&group={}&error={}&page={page_no}",
-            enc(queue.as_deref().unwrap_or("")),
-            enc(group.as_deref().unwrap_or("")),
-            enc(error.as_deref().unwrap_or(""))
-        );
+        let back = dlq_href(&queue, &group, &error, page_no);
         let shown = Rows {
             columns: [
                 "id",
@@ -338,33 +372,28 @@ impl Console {
                     if !self.writes {
                         return String::new();
                     }
-                    let (pid, tx) = (text(&r["partition_id"]), text(&r["transaction_id"]));
-                    let fields =
-                        [("partition_id", pid.as_str()), ("transaction_id", tx.as_str()), ("back", back.as_str())];
-                    format!("{} {}", action("/dlq/replay", "replay", &fields), action("/dlq/delete", "delete", &fields))
+                    let id = text(&r["id"]);
+                    let fields = [("id", id.as_str()), ("back", back.as_str())];
+                    format!(
+                        "{} {}",
+                        action(&self.token, "/dlq/replay", "replay", &fields),
+                        action(&self.token, "/dlq/delete", "delete", &fields)
+                    )
                 },
             );
         }
-        html += &format!(
-            "<p>{}<a href=\"/dlq?queue={}&group={}&error={}&page={}\">next page</a></p>",
-            if page_no > 0 {
-                format!(
-                    "<a href=\"/dlq?queue={}&group={}&error={}&page={}\">previous page</a> ",
-                    enc(queue.as_deref().unwrap_or("")),
-                    enc(group.as_deref().unwrap_or("")),
-                    enc(error.as_deref().unwrap_or("")),
-                    page_no - 1
-                )
-            } else {
-                String::new()
-            },
-            enc(queue.as_deref().unwrap_or("")),
-            enc(group.as_deref().unwrap_or("")),
-            enc(error.as_deref().unwrap_or("")),
-            page_no + 1
-        );
+        let prev = (page_no > 0)
+            .then(|| format!("<a href=\"{}\">previous page</a> ", dlq_href(&queue, &group, &error, page_no - 1)));
+        let next = more.then(|| format!("<a href=\"{}\">next page</a>", dlq_href(&queue, &group, &error, page_no + 1)));
+        html += &format!("<p>{}{}</p>", prev.unwrap_or_default(), next.unwrap_or_default());
         Ok(page("Dead letters", &html))
     }
+}
+
+/// The DLQ page's address for these filters.
+fn dlq_href(queue: &Option<String>, group: &Option<String>, error: &Option<String>, page: i32) -> String {
+    let e = |v: &Option<String>| enc(v.as_deref().unwrap_or(""));
+    format!("/dlq?queue={}&group={}&error={}&page={page}", e(queue), e(group), e(error))
 }
 
 /// Pushed and acked per second over the last two readings.
@@ -436,11 +465,28 @@ fn table_with(
     html + "</table>"
 }
 
-/// A one-button form posting `fields`.
-fn action(url: &str, label: &str, fields: &[(&str, &str)]) -> String {
-    let inputs: String =
-        fields.iter().map(|(k, v)| format!("<input type=hidden name={k} value=\"{}\">", esc(v))).collect();
+/// A one-button form posting `fields` and the console's `token`.
+fn action(token: &str, url: &str, label: &str, fields: &[(&str, &str)]) -> String {
+    let inputs: String = fields
+        .iter()
+        .chain(&[("token", token)])
+        .map(|(k, v)| format!("<input type=hidden name={k} value=\"{}\">", esc(v)))
+        .collect();
     format!("<form method=post action={url} class=inline>{inputs}<button>{}</button></form>", esc(label))
+}
+
+/// A path of this site to go back to: `/` then anything but `/` or `\`, and no control
+/// characters (a header cannot be split, nor another site named).
+fn local_path(p: &str) -> bool {
+    let b = p.as_bytes();
+    b.first() == Some(&b'/') && !matches!(b.get(1), Some(b'/' | b'\\')) && !p.chars().any(char::is_control)
+}
+
+/// 16 random bytes from the OS, as hex.
+fn random_token() -> std::io::Result<String> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 fn page(title: &str, body: &str) -> String {
@@ -510,4 +556,30 @@ fn form(s: &str) -> BTreeMap<String, String> {
             (decode(k), decode(v))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_and_addresses() {
+        assert_eq!(decode("a%20b+c%2Fd%zz%"), "a b c/d%zz%");
+        let f = form("queue=q+1&back=%2Fdlq%3Fqueue%3Dq&empty=&flag");
+        assert_eq!(f["queue"], "q 1");
+        assert_eq!(f["back"], "/dlq?queue=q");
+        assert_eq!((f["empty"].as_str(), f["flag"].as_str()), ("", ""));
+        assert_eq!(enc("a b/ü"), "a%20b%2F%C3%BC");
+        assert_eq!(decode(&enc("tenant-42:x y")), "tenant-42:x y");
+        assert_eq!(esc("<a href=\"x\">'&'</a>"), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+    }
+
+    #[test]
+    fn only_local_paths_are_followed_back() {
+        assert!(local_path("/dlq?queue=a"));
+        assert!(local_path("/"));
+        for bad in ["//evil.example/", "/\\evil.example", "http://evil.example/", "/x\r\nSet-Cookie: a=b", ""] {
+            assert!(!local_path(bad), "{bad:?}");
+        }
+    }
 }

@@ -10,9 +10,10 @@
 //! errs on the side of delivering less.
 //!
 //! With the library preloaded the buckets live in shared memory: `BUCKETS` slots, three
-//! quarters of which may be used; one untouched for a minute with nothing in flight is
-//! reused. The **table fallback** is `queen.limit_buckets`: every bucket when the library
-//! is not preloaded, and a key's bucket when every shared-memory one is in use. A pop
+//! quarters of which may be used, half by `*` keys (`Buckets::room`); one untouched for a
+//! minute with nothing in flight is reused. The **table fallback** is
+//! `queen.limit_buckets`: every bucket when the library is not preloaded, and a key's
+//! bucket when shared memory has no room for it. A pop
 //! locks the rows it draws from (`FOR UPDATE SKIP LOCKED`: a key whose row another
 //! transaction holds is held back for this pop, never waited for) and writes them back in
 //! `settle`, in its own transaction: a pop that rolls back spends nothing there. The rules
@@ -287,7 +288,8 @@ impl Gate {
                 }
             }
         }
-        (0, Vec::new(), Held::Busy) // not reached: each round reads a row it did not have
+        debug_assert!(false, "not reached: each round reads a row it did not have");
+        (0, Vec::new(), Held::Busy)
     }
 
     /// Reads the table row of `key` (making it when there is none) into `rows`, locked when
@@ -453,7 +455,7 @@ fn take(
     (n, taken, held)
 }
 
-/// `lock_row`'s read: the row's bucket, locked.
+/// `read_row`'s statement: the row's bucket (locked or not, by what follows).
 macro_rules! bucket_columns {
     () => {
         "SELECT micro, at, rate, capacity, flight FROM queen.limit_buckets

@@ -68,7 +68,8 @@ test("the pages show what the database holds; a dead letter is replayed and a gr
   assert.equal(mine[6], String(t.dead_letters));
   await new Promise((r) => setTimeout(r, 1000)); // a few readings for the sparklines
   await page.reload();
-  assert.ok(await page.$(`svg.spark polyline`), "a sparkline is drawn");
+  const drawn = await page.$$eval("tr", (trs, q) => trs.some((tr) => tr.querySelector("td a")?.textContent === q && tr.querySelector("svg.spark polyline")), Q);
+  assert.ok(drawn, "our queue's row has a sparkline");
   await page.screenshot({ path: `${SHOTS}/queues.png`, fullPage: true });
 
   // One queue: a row per lane, as queen.status has them, and the charts.
@@ -111,6 +112,14 @@ test("the pages show what the database holds; a dead letter is replayed and a gr
   const { rows: again } = await db.query("SELECT payload FROM queen.pop($1, 'g', batch => 10, max_partitions => 2, auto_ack => true)", [Q]);
   assert.ok(again.some((r) => r.payload.i === letter.data.i), JSON.stringify([letter, again]));
   await page.screenshot({ path: `${SHOTS}/dlq-after-replay.png`, fullPage: true });
+});
+
+test("a POST without the console's token is refused", async () => {
+  const base = "http://127.0.0.1:18181"; // the console of the first test, writes allowed
+  const r = await fetch(`${base}/pause`, { method: "POST", body: `queue=${Q}&back=/`, headers: { "content-type": "application/x-www-form-urlencoded" }, redirect: "manual" });
+  assert.equal(r.status, 403);
+  const { rows: [p] } = await db.query("SELECT bool_or(paused) AS paused FROM queen.totals($1)", [Q]);
+  assert.equal(p.paused, false);
 });
 
 test("a read-only console shows no form and refuses a POST", async () => {

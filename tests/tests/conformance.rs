@@ -53,49 +53,39 @@ async fn run_scenario(s: &Value) {
     let started: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
     let ended: Arc<Mutex<usize>> = Arc::default();
     let failed_once: Arc<Mutex<Vec<i64>>> = Arc::default();
-    let workers = cfg["workers"].as_u64().unwrap_or(1);
-    let mut consumers = Vec::new();
-    let mut tokens = Vec::new();
-    for _ in 0..workers {
-        let (client, connection) = tokio_postgres::connect(&dsn(), tokio_postgres::NoTls).await.unwrap();
-        let mut b = Builder::new(&queue, "conformance")
-            .batch(cfg["batch"].as_i64().unwrap_or(10) as i32)
-            .wait(Duration::from_millis(200))
-            .check_may_start(cfg["check_may_start"].as_bool().unwrap_or(true));
-        if let Some(l) = cfg["lease_seconds"].as_u64() {
-            b = b.lease(Duration::from_secs(l));
-        }
-        let consumer = b.build_with_connection(client, connection).await.unwrap();
-        tokens.push(consumer.shutdown_token());
-        let (started, ended, failed_once, h) = (started.clone(), ended.clone(), failed_once.clone(), h.clone());
-        consumers.push(tokio::spawn(async move {
-            consumer
-                .run(move |m, _cancel| {
-                    let (started, ended, failed_once, h) =
-                        (started.clone(), ended.clone(), failed_once.clone(), h.clone());
-                    async move {
-                        started.lock().unwrap().push((m.partition.clone(), m.offset));
-                        if let Some(ms) = h["sleep_ms"].as_u64() {
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
-                        }
-                        let result = {
-                            let mut once = failed_once.lock().unwrap();
-                            if h["fail_once_at"].as_i64() == Some(m.offset) && !once.contains(&m.offset) {
-                                once.push(m.offset);
-                                Err("fails once".to_string())
-                            } else if let Some(e) = h["always_fail"].as_str() {
-                                Err(e.to_string())
-                            } else {
-                                Ok(Outcome::Completed)
-                            }
-                        };
-                        *ended.lock().unwrap() += 1;
-                        result
-                    }
-                })
-                .await
-        }));
+    let workers = cfg["workers"].as_u64().unwrap_or(1) as usize;
+    let mut b = Builder::new(&queue, "conformance")
+        .batch(cfg["batch"].as_i64().unwrap_or(10) as i32)
+        .wait(Duration::from_millis(200))
+        .check_may_start(cfg["check_may_start"].as_bool().unwrap_or(true));
+    if let Some(l) = cfg["lease_seconds"].as_u64() {
+        b = b.lease(Duration::from_secs(l));
     }
+    let pool = b.build_pool(&dsn(), workers).await.unwrap();
+    let stop_all = pool.shutdown_token();
+    let (s2, e2, f2) = (started.clone(), ended.clone(), failed_once.clone());
+    let running = tokio::spawn(pool.run(move |m, _cancel| {
+        let (started, ended, failed_once, h) = (s2.clone(), e2.clone(), f2.clone(), h.clone());
+        async move {
+            started.lock().unwrap().push((m.partition.clone(), m.offset));
+            if let Some(ms) = h["sleep_ms"].as_u64() {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let result = {
+                let mut once = failed_once.lock().unwrap();
+                if h["fail_once_at"].as_i64() == Some(m.offset) && !once.contains(&m.offset) {
+                    once.push(m.offset);
+                    Err("fails once".to_string())
+                } else if let Some(e) = h["always_fail"].as_str() {
+                    Err(e.to_string())
+                } else {
+                    Ok(Outcome::Completed)
+                }
+            };
+            *ended.lock().unwrap() += 1;
+            result
+        }
+    }));
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut probes: Vec<Vec<i64>> = Vec::new();
@@ -125,12 +115,8 @@ async fn run_scenario(s: &Value) {
         assert!(Instant::now() < deadline, "{name}: stop condition {stop} not reached");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for t in &tokens {
-        t.cancel();
-    }
-    for w in consumers {
-        w.await.unwrap().unwrap();
-    }
+    stop_all.cancel();
+    running.await.unwrap().unwrap();
 
     let e = &s["expect"];
     let started = started.lock().unwrap().clone();

@@ -473,3 +473,45 @@ async fn may_not_start_reports_the_servers_warning_or_none() {
         assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), vec![1, 2]);
     }
 }
+
+/// The error policy decides how a handler's error is acked: an exponential `retryAfter`
+/// holds the lane back; `DeadLetter` files the message now.
+#[tokio::test]
+async fn the_error_policy_decides_how_an_error_is_acked() {
+    use queen_consumer::{backoff_policy, Decision};
+    let queue = unique("policy");
+    push_n(&queue, 1).await;
+    let consumer = Builder::new(&queue, "g")
+        .wait(Duration::from_millis(0))
+        .error_policy(backoff_policy(Duration::from_secs(30), Duration::from_secs(60)))
+        .build(client().await)
+        .await
+        .unwrap();
+    let failing = |_m, _c| async { Err::<Outcome, String>("down".to_string()) };
+    assert_eq!(consumer.run_once(failing, None).await.unwrap(), 1);
+    let c = client().await;
+    let row = c.query_one("SELECT retry_at IS NOT NULL, retry_count FROM queen.status($1)", &[&queue]).await.unwrap();
+    assert_eq!((row.get::<_, bool>(0), row.get::<_, i32>(1)), (true, 1), "backed off, budget charged");
+    assert_eq!(consumer.run_once(failing, None).await.unwrap(), 0, "not claimable during the backoff");
+
+    let queue = unique("policy-dlq");
+    push_n(&queue, 1).await;
+    let consumer = Builder::new(&queue, "g")
+        .wait(Duration::from_millis(0))
+        .error_policy(
+            |_m: &queen_consumer::Message, e: &str| {
+                if e.starts_with("fatal") {
+                    Decision::DeadLetter
+                } else {
+                    Decision::Retry { after: None }
+                }
+            },
+        )
+        .build(client().await)
+        .await
+        .unwrap();
+    consumer.run_once(|_m, _c| async { Err::<Outcome, String>("fatal: bad input".to_string()) }, None).await.unwrap();
+    let dead: Vec<String> =
+        c.query("SELECT error_message FROM queen.dlq($1)", &[&queue]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(dead, vec!["fatal: bad input".to_string()]);
+}

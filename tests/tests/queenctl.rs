@@ -170,3 +170,106 @@ fn redrive_in_rounds_and_errors_with_their_sqlstate() {
     let (ok, _, err) = ctl_raw(&["push", "bad name!", "1"], None);
     assert!(!ok && err.contains("SQLSTATE 22023"), "{err}");
 }
+
+#[test]
+fn tail_follow_prints_new_messages_of_old_and_new_partitions_once() {
+    let q = unique("ctl-follow");
+    let mut c = db();
+    c.execute("SELECT count(*) FROM queen.push($1, '1', partition => 'a')", &[&q]).unwrap();
+    c.execute("SELECT count(*) FROM queen.pop($1, 'g', auto_ack => true)", &[&q]).unwrap(); // a group: lanes name partitions
+    let mut child = Command::new(bin())
+        .args(["--dsn", &dsn(), "--json", "tail", &q, "--follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    c.execute("SELECT count(*) FROM queen.push($1, '2', partition => 'a')", &[&q]).unwrap();
+    c.execute("SELECT count(*) FROM queen.push($1, '3', partition => 'b')", &[&q]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let mut got: Vec<(String, i64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|r| (r["partition"].as_str().unwrap().to_string(), r["msg_offset"].as_i64().unwrap()))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![("a".to_string(), 1), ("a".to_string(), 2), ("b".to_string(), 1)]);
+}
+
+#[test]
+fn a_dead_letter_that_shares_its_address_is_not_mistaken_for_another() {
+    let q = unique("ctl-shared");
+    let mut c = db();
+    c.execute("SELECT count(*) FROM queen.push($1, '{\"m\": 1}')", &[&q]).unwrap();
+    // Groups a then b dead-letter the same message: two rows, one address.
+    for g in ["a", "b"] {
+        let r = c.query_one("SELECT lease_id, partition_id, msg_offset FROM queen.pop($1, $2)", &[&q, &g]).unwrap();
+        let (lease, pid, off): (uuid::Uuid, uuid::Uuid, i64) = (r.get(0), r.get(1), r.get(2));
+        c.execute("SELECT queen.ack($1, $2, $3, 'dlq', $4)", &[&lease, &pid, &off, &format!("by {g}")]).unwrap();
+    }
+    let list = ctl(&["dlq", "list", &q], None);
+    let id_of = |g: &str| {
+        list.as_array().unwrap().iter().find(|r| r["consumer_group"] == g).unwrap()["id"].as_str().unwrap().to_string()
+    };
+    // b's letter is the newer: the server would act on a's. Refused, nothing changed.
+    let (ok, _, err) = ctl_raw(&["dlq", "delete", &id_of("b")], None);
+    assert!(!ok && err.contains("shares its address"), "{err}");
+    let groups: Vec<String> = c
+        .query("SELECT consumer_group FROM queen.dlq($1) ORDER BY consumer_group", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(groups, ["a", "b"]);
+    // a's goes; then b's is the oldest there and goes too.
+    ctl(&["dlq", "delete", &id_of("a")], None);
+    ctl(&["dlq", "delete", &id_of("b")], None);
+    let left: i64 = c.query_one("SELECT count(*) FROM queen.dlq($1)", &[&q]).unwrap().get(0);
+    assert_eq!(left, 0);
+}
+
+#[test]
+fn a_bad_line_stops_a_push_and_says_where() {
+    let q = unique("ctl-badline");
+    let file = std::env::temp_dir().join(format!("{q}.ndjson"));
+    std::fs::write(&file, "1\n2\nnot json\n4\n").unwrap();
+    let (ok, _, err) = ctl_raw(&["push", &q, "--file", file.to_str().unwrap()], None);
+    assert!(!ok && err.contains("line 3") && err.contains("nothing was pushed"), "{err}");
+    let mut c = db();
+    let stored = |c: &mut postgres::Client| -> i64 {
+        c.query_one("SELECT coalesce(sum(messages), 0)::int8 FROM queen.totals($1)", &[&q]).unwrap().get(0)
+    };
+    assert_eq!(stored(&mut c), 0);
+    // From stdin the lines before it are pushed, and the message says how many.
+    let (ok, _, err) = ctl_raw(&["push", &q, "--batch", "1"], Some("1\n2\nnot json\n4\n"));
+    assert!(!ok && err.contains("line 3") && err.contains("the 2 messages before it were pushed"), "{err}");
+    assert_eq!(stored(&mut c), 2);
+}
+
+#[test]
+fn a_forced_redrive_redrives_each_letter_once() {
+    let q = unique("ctl-force");
+    let mut c = db();
+    let items: Vec<Value> = (0..30).map(|i| json!({"queue": q, "payload": i})).collect();
+    c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&json!(items)]).unwrap();
+    for off in 1..=30i64 {
+        let r = c.query_one("SELECT lease_id, partition_id FROM queen.pop($1, 'g')", &[&q]).unwrap();
+        let (lease, pid): (uuid::Uuid, uuid::Uuid) = (r.get(0), r.get(1));
+        c.execute("SELECT queen.ack($1, $2, $3, 'dlq', 'x')", &[&lease, &pid, &off]).unwrap();
+    }
+    assert_eq!(ctl(&["dlq", "redrive", &q, "--group", "g"], None)["redriven"], 30);
+    c.execute("SELECT count(*) FROM queen.pop($1, 'g', batch => 100, auto_ack => true)", &[&q]).unwrap();
+    // Forced: every letter again, once each.
+    assert_eq!(ctl(&["dlq", "redrive", &q, "--group", "g", "--force"], None)["redriven"], 30);
+    let again: Vec<i64> = c
+        .query("SELECT (payload)::text::int8 FROM queen.pop($1, 'g', batch => 100, auto_ack => true)", &[&q])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut sorted = again.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..30).collect::<Vec<i64>>());
+}

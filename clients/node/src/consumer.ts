@@ -91,11 +91,16 @@ export class Consumer {
     } finally {
       process.removeListener("SIGTERM", onSignal);
       process.removeListener("SIGINT", onSignal);
-      const hb = this.hb;
-      this.hb = undefined;
-      await this.hbChain.catch(() => undefined);
-      if (hb) await hb.end().catch(() => undefined);
+      await this.closeHeartbeat();
     }
+  }
+
+  /** Ends the heartbeat's client once its last extension is done. */
+  private async closeHeartbeat(): Promise<void> {
+    await this.hbChain.catch(() => undefined);
+    const hb = this.hb;
+    this.hb = undefined;
+    if (hb) await hb.end().catch(() => undefined);
   }
 
   /** Stops gracefully: no new pops; running handlers finish; what was not started is released. */
@@ -116,6 +121,7 @@ export class Consumer {
       return rows.length;
     } finally {
       await w.client.end();
+      await this.closeHeartbeat();
     }
   }
 

@@ -57,7 +57,8 @@ interface PgLike { code?: string; message: string; detail?: string; hint?: strin
 export function isTransient(e: unknown): boolean {
   const code = e instanceof QueenError ? e.sqlstate : (e as PgLike | undefined)?.code;
   if (!code || !/^[0-9A-Z]{5}$/.test(code)) return true; // no SQLSTATE: the socket, not the server
-  return code.startsWith("08") || code.startsWith("57");
+  // 57014 is a cancelled statement (a timeout, a cancel request), not a lost server.
+  return code.startsWith("08") || (code.startsWith("57") && code !== "57014");
 }
 
 /** Worth another round rather than stopping the consumer: `isTransient`, a

@@ -203,12 +203,14 @@ test("SIGTERM cancels a long-poll", async () => {
   const url = `${DSN}${DSN.includes("?") ? "&" : "?"}application_name=${app}`;
   const { child, exited } = spawnWorker(url, q, 60, 0, path, 60000);
   // Wait until its pop is running on the server: a SIGTERM then has a long-poll to cancel.
-  for (let i = 0; i < 600; i++) {
+  let polling = false;
+  for (let i = 0; i < 600 && !polling; i++) {
     const [{ n }] = await sql("SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1" +
       " AND state = 'active' AND query LIKE '%queen.pop%'", [app]);
-    if (n) break;
-    await sleep(50);
+    polling = n > 0;
+    if (!polling) await sleep(50);
   }
+  assert.ok(polling, "the worker's long-poll never showed up");
   const t0 = Date.now();
   child.kill("SIGTERM");
   const { code } = await exited;

@@ -242,10 +242,13 @@ def test_sigterm_cancels_a_long_poll(dsn, conn, queue, tmp_path):
         stdout=subprocess.PIPE, text=True)
     # Wait until its pop is running on the server: a SIGTERM then has a long-poll to cancel.
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
-            " AND query LIKE '%%queen.pop%%'", (app,)).fetchone()[0]:
+    polling = False
+    while time.monotonic() < deadline and not polling:
+        polling = conn.execute(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
+            " AND query LIKE '%%queen.pop%%'", (app,)).fetchone()[0]
         time.sleep(0.05)
+    assert polling, "the consumer's long-poll never showed up"
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)

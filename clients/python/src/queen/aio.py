@@ -9,7 +9,7 @@ import datetime as _dt
 import logging
 import signal
 import uuid
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -230,6 +230,10 @@ class AsyncConsumer:
                     async with self._handling(m):
                         with tracing.process_span(self.queue, self.group, m):
                             await self.handler(m)  # type: ignore[misc]
+                except asyncio.CancelledError:
+                    # Cancelled from outside (run() itself was): the message did not fail.
+                    r.stop(m.offset, RELEASE)
+                    raise
                 except BaseException as exc:
                     # Started and did not finish: the policy decides (never a free retry).
                     r.stop(m.offset, self._failed(exc, m))
@@ -246,6 +250,10 @@ class AsyncConsumer:
             async with self._handling(messages[0]):
                 with tracing.process_span(self.queue, self.group, messages[0]):
                     await self.batch_handler(messages)  # type: ignore[misc]
+        except asyncio.CancelledError:
+            for lane, r in zip(lanes, results):
+                r.stop(lane[0].offset, RELEASE)
+            raise
         except BaseException as exc:
             # Which message failed is not known: every lane's first is charged.
             for lane, r in zip(lanes, results):

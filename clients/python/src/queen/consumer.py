@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as _dt
 import logging
 import signal
 import threading
@@ -376,7 +375,8 @@ class Consumer:
                 report = conn.execute(ACK, (lease, Jsonb(items))).fetchone()[0]
                 break
             except psycopg.errors.QueryCanceled:
-                if attempt == 2:  # a stop's cancel that came late: try again
+                # A stop's cancel that came late: try again (twice).
+                if attempt == 2:
                     raise
             except psycopg.Error as e:
                 errors.raise_typed(e)

@@ -111,14 +111,18 @@ def from_psycopg(e: psycopg.Error) -> QueenError:
 
 
 def transient(e: BaseException) -> bool:
-    """A lost connection or a server going down (SQLSTATE classes 08 and 57, or no
-    SQLSTATE at all): a consumer reconnects and goes on."""
+    """A lost connection or a server going down (SQLSTATE class 08, class 57 but for
+    57014, or no SQLSTATE at all): a consumer reconnects and goes on."""
     if isinstance(e, QueenError):
-        return (e.sqlstate or "")[:2] in ("08", "57")
-    if isinstance(e, psycopg.Error):
+        state = e.sqlstate or ""
+    elif isinstance(e, psycopg.Error):
         state = getattr(e, "sqlstate", None)
-        return state is None or state[:2] in ("08", "57")
-    return False
+        if state is None:
+            return True  # no SQLSTATE: the socket, not the server
+    else:
+        return False
+    # 57014 is a cancelled statement (a timeout, a cancel request), not a lost server.
+    return state[:2] == "08" or (state[:2] == "57" and state != "57014")
 
 
 def raise_typed(e: psycopg.Error) -> "NoReturn":
