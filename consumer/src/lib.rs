@@ -40,6 +40,8 @@
 //! - **Errors.** `Err(text)` (and a panic or a timeout) is acked as the error policy
 //!   decides ([`Builder::error_policy`]: `failed` by default; [`backoff_policy`] for an
 //!   exponential `retryAfter`); [`Outcome::RetryAfter`] asks for a `retry` later.
+//! - **Batches.** [`Consumer::run_batch`] hands a whole claim to one handler; an outcome
+//!   other than `Completed` applies to each lane's first message.
 //! - **Concurrency.** One consumer runs one handler at a time; [`Builder::build_pool`]
 //!   makes N consumers on N connections that run together under one shutdown token
 //!   ([`Pool`], `examples/pool.rs`).
@@ -488,18 +490,10 @@ impl Consumer {
         Ok(())
     }
 
-    /// One claim: pop, run handlers one at a time under the budget, record in one ack.
-    /// `timeout_override` gives a message its own timeout (capped at the group's).
-    /// Returns the number of messages claimed.
-    pub async fn run_once<H, F>(
-        &self,
-        handler: H,
-        timeout_override: Option<&TimeoutOverride<'_>>,
-    ) -> Result<usize, tokio_postgres::Error>
-    where
-        H: Fn(Message, CancellationToken) -> F,
-        F: Future<Output = HandlerResult> + Send + 'static,
-    {
+    /// One pop: the claimed messages (None: nothing came within the wait) and the lease
+    /// length a heartbeat renews (the pop's `lease_seconds`, else what the lease had left
+    /// by the server's clock).
+    async fn claim(&self) -> Result<Option<(Vec<Message>, i32)>, tokio_postgres::Error> {
         let c = &self.cfg;
         let lease_seconds = c.lease.map_or(0, |d| d.as_secs().max(1) as i32);
         let rows = self
@@ -521,7 +515,7 @@ impl Consumer {
             )
             .await?;
         if rows.is_empty() {
-            return Ok(0);
+            return Ok(None);
         }
         let messages: Vec<Message> = rows
             .iter()
@@ -538,12 +532,128 @@ impl Consumer {
             })
             .collect();
         self.emit(Event::Claimed { messages: messages.len() });
-        let lease = messages[0].lease_id;
-        // The lease a heartbeat renews: the pop's, else what it had left (server clock).
         let lease_length = match lease_seconds {
             0 => rows[0].get::<_, Option<f64>>(9).filter(|s| *s >= 1.0).map_or(60, |s| s.ceil() as i32),
             n => n,
         };
+        Ok(Some((messages, lease_length)))
+    }
+
+    /// One claim handled as a whole: `handler` gets every message of it at once (after
+    /// `may_start` for the first), under the heartbeat and the handler timeout. `Completed`
+    /// commits every lane; anything else is applied to each lane's first message (which
+    /// message failed is not known): `RetryLater` / `RetryAfter` as `retry`, `Poison` as
+    /// `dlq`, an error through the error policy. Returns the number of messages claimed.
+    pub async fn run_batch_once<H, F>(&self, handler: H) -> Result<usize, tokio_postgres::Error>
+    where
+        H: Fn(Vec<Message>, CancellationToken) -> F,
+        F: Future<Output = HandlerResult> + Send + 'static,
+    {
+        let c = &self.cfg;
+        let Some((messages, lease_length)) = self.claim().await? else {
+            return Ok(0);
+        };
+        let lease = messages[0].lease_id;
+        let mut firsts: Vec<&Message> = Vec::new(); // each lane's first message
+        let mut lasts: Vec<&Message> = Vec::new();
+        for m in &messages {
+            match firsts.iter().position(|f| f.partition_id == m.partition_id) {
+                None => {
+                    firsts.push(m);
+                    lasts.push(m);
+                }
+                Some(i) if m.offset > lasts[i].offset => lasts[i] = m,
+                Some(_) => {}
+            }
+        }
+        let item = |m: &Message, status: &str, error: Option<&str>, after: Option<f64>| {
+            let mut v = json!({"partitionId": m.partition_id.to_string(), "offset": m.offset, "status": status,
+                               "error": error});
+            if let Some(s) = after {
+                v["retryAfter"] = json!(s);
+            }
+            v
+        };
+        let may = if self.shutdown.is_cancelled() {
+            false
+        } else if c.check_may_start {
+            let (may, warning) = self.may_start(lease, c.handler_timeout).await?;
+            if !may {
+                self.emit(Event::MayNotStart { offset: messages[0].offset, warning });
+            }
+            may
+        } else {
+            true
+        };
+        let acks: Vec<Value> = if !may {
+            firsts.iter().map(|m| item(m, "retry", None, None)).collect()
+        } else {
+            self.emit(Event::Started { offset: messages[0].offset });
+            let token = CancellationToken::new();
+            let mut task = tokio::spawn(handler(messages.clone(), token.clone()));
+            let result = match self.wait_beating(&mut task, c.handler_timeout, lease, lease_length).await {
+                Some(joined) => joined.unwrap_or_else(|e| Err(format!("handler panicked: {e}"))),
+                None => {
+                    self.emit(Event::TimedOut { offset: messages[0].offset });
+                    token.cancel();
+                    let _ = tokio::time::timeout(c.timeout_grace, &mut task).await;
+                    Err(format!("handler timed out after {:?}", c.handler_timeout))
+                }
+            };
+            let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+            let (status, error, after) = match &result {
+                Ok(Outcome::Completed) => ("completed", None, None),
+                Ok(Outcome::RetryLater) => ("retry", None, None),
+                Ok(Outcome::RetryAfter(d)) => ("retry", None, Some(d.as_secs_f64())),
+                Ok(Outcome::Poison(e)) => ("dlq", Some(e.clone()), None),
+                Err(e) => match (self.policy)(&messages[0], e) {
+                    Decision::Failed { retry_after } => ("failed", Some(e.clone()), secs(retry_after)),
+                    Decision::Retry { after } => ("retry", Some(e.clone()), secs(after)),
+                    Decision::DeadLetter => ("dlq", Some(e.clone()), None),
+                },
+            };
+            self.emit(Event::Finished { offset: messages[0].offset, status });
+            if status == "completed" {
+                lasts.iter().map(|m| item(m, "completed", None, None)).collect()
+            } else {
+                firsts.iter().map(|m| item(m, status, error.as_deref(), after)).collect()
+            }
+        };
+        let ack: Value =
+            self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
+        self.emit(Event::Recorded { ack });
+        Ok(messages.len())
+    }
+
+    /// [`Consumer::run_batch_once`] until shut down.
+    pub async fn run_batch<H, F>(&self, handler: H) -> Result<(), tokio_postgres::Error>
+    where
+        H: Fn(Vec<Message>, CancellationToken) -> F,
+        F: Future<Output = HandlerResult> + Send + 'static,
+    {
+        while !self.shutdown.is_cancelled() {
+            self.run_batch_once(&handler).await?;
+        }
+        Ok(())
+    }
+
+    /// One claim: pop, run handlers one at a time under the budget, record in one ack.
+    /// `timeout_override` gives a message its own timeout (capped at the group's).
+    /// Returns the number of messages claimed.
+    pub async fn run_once<H, F>(
+        &self,
+        handler: H,
+        timeout_override: Option<&TimeoutOverride<'_>>,
+    ) -> Result<usize, tokio_postgres::Error>
+    where
+        H: Fn(Message, CancellationToken) -> F,
+        F: Future<Output = HandlerResult> + Send + 'static,
+    {
+        let c = &self.cfg;
+        let Some((messages, lease_length)) = self.claim().await? else {
+            return Ok(0);
+        };
+        let lease = messages[0].lease_id;
 
         let mut acks: Vec<Value> = Vec::new();
         let mut stopped = false;

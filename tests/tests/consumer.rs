@@ -515,3 +515,55 @@ async fn the_error_policy_decides_how_an_error_is_acked() {
         c.query("SELECT error_message FROM queen.dlq($1)", &[&queue]).await.unwrap().iter().map(|r| r.get(0)).collect();
     assert_eq!(dead, vec!["fatal: bad input".to_string()]);
 }
+
+/// A batch handler gets the whole claim; a failure charges each lane's first message and
+/// the claim comes back whole; a completion commits every lane.
+#[tokio::test]
+async fn a_batch_handler_gets_the_whole_claim() {
+    let queue = unique("batch");
+    let c = client().await;
+    let items: Vec<_> =
+        (0..6).map(|i| json!({"queue": queue, "partition": format!("p{}", i % 2), "payload": i})).collect();
+    c.execute("SELECT count(*) FROM queen.push_batch($1)", &[&json!(items)]).await.unwrap();
+    let consumer = Builder::new(&queue, "g")
+        .batch(10)
+        .max_partitions(2)
+        .wait(Duration::from_millis(0))
+        .build(client().await)
+        .await
+        .unwrap();
+    let seen: Arc<Mutex<Vec<Vec<i64>>>> = Arc::default();
+    for round in 0..2 {
+        let seen = seen.clone();
+        let n = consumer
+            .run_batch_once(move |ms, _c| {
+                let mut payloads: Vec<i64> = ms.iter().map(|m| m.payload.as_i64().unwrap()).collect();
+                payloads.sort();
+                seen.lock().unwrap().push(payloads);
+                async move {
+                    if round == 0 {
+                        Err("the batch fails once".to_string())
+                    } else {
+                        Ok(Outcome::Completed)
+                    }
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 6);
+    }
+    assert_eq!(*seen.lock().unwrap(), vec![vec![0, 1, 2, 3, 4, 5], vec![0, 1, 2, 3, 4, 5]]);
+    let retries: Vec<i32> = c
+        .query("SELECT retry_count FROM queen.status($1)", &[&queue])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(retries, vec![0, 0], "completed: the budget resets");
+    let left = c
+        .query("SELECT 1 FROM queen.pop($1, 'g', batch => 10, max_partitions => 2, auto_ack => true)", &[&queue])
+        .await
+        .unwrap();
+    assert!(left.is_empty());
+}
