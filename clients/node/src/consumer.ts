@@ -58,6 +58,11 @@ export interface ConsumerOptions {
 
 interface Worker { client: Client; warning?: string }
 
+/** A client for a connection string or a `pg` config. */
+function clientFor(c: string | ClientConfig): Client {
+  return new Client(typeof c === "string" ? { connectionString: c } : c);
+}
+
 export class Consumer {
   readonly queue: string;
   readonly group: string;
@@ -126,8 +131,7 @@ export class Consumer {
   }
 
   private async connect(): Promise<Worker> {
-    const c = this.o.connection;
-    const client = new Client(typeof c === "string" ? { connectionString: c } : c);
+    const client = clientFor(this.o.connection);
     const w: Worker = { client };
     client.on("notice", (n: { message?: string; detail?: string }) => {
       if ((n.message ?? "").startsWith(SQL0105)) w.warning = n.message + (n.detail ? ` (${n.detail})` : "");
@@ -234,8 +238,7 @@ export class Consumer {
       this.hbChain = this.hbChain.then(async () => {
         try {
           if (!this.hb) {
-            const c = this.o.connection;
-            const hb = new Client(typeof c === "string" ? { connectionString: c } : c);
+            const hb = clientFor(this.o.connection);
             hb.on("error", () => undefined);
             await hb.connect();
             this.hb = hb;

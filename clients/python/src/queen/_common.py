@@ -196,3 +196,55 @@ RELEASE = Decision("retry")
 
 def interval(seconds: Optional[float]) -> Optional[_dt.timedelta]:
     return None if seconds is None else _dt.timedelta(seconds=seconds)
+
+
+# ---- what both consumer loops do without I/O -----------------------------------------
+
+class LoopSettings:
+    """The consumer settings the sync and asyncio loops share (see ``Consumer``)."""
+
+    def _settle_settings(self, conninfo: str, queue: str, group: str, handler: Any, batch_handler: Any,
+                         batch: int, concurrency: int, wait_ms: int, lease_seconds: Optional[int],
+                         partition: Optional[str], max_partitions: int, handler_timeout: Optional[float],
+                         check_may_start: bool, heartbeat: bool, error_policy: "ErrorPolicy",
+                         on_event: Any, connect_kwargs: Dict[str, Any]) -> None:
+        if (handler is None) == (batch_handler is None):
+            raise TypeError("give exactly one of handler and batch_handler")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.conninfo, self.queue, self.group = conninfo, queue, group
+        self.handler, self.batch_handler = handler, batch_handler
+        self.params = {"queue": queue, "group": group, "batch": batch, "partition": partition,
+                       "lease_seconds": lease_seconds or 0, "wait_ms": wait_ms, "max_partitions": max_partitions}
+        self.concurrency, self.lease_seconds = concurrency, lease_seconds
+        self.handler_timeout, self.check_may_start = handler_timeout, check_may_start
+        self.heartbeat, self.error_policy, self.on_event = heartbeat, error_policy, on_event
+        # PgBouncer-safe by default: no prepared statements.
+        connect_kwargs.setdefault("autocommit", True)
+        connect_kwargs.setdefault("prepare_threshold", None)
+        self.connect_kwargs = connect_kwargs
+
+
+def release_unstarted(lanes: Sequence[Sequence[Message]], results: Sequence[LaneResult]) -> None:
+    """Whatever of a claim was not run (a stop, ``may_start``, an exception out of the
+    loop) is given back at once."""
+    for lane, r in zip(lanes, results):
+        rest = [m for m in lane if r.completed is None or m.offset > r.completed]
+        if rest:
+            r.stop(rest[0].offset, RELEASE)
+
+
+def ack_items(results: Sequence[LaneResult]) -> List[Dict[str, Any]]:
+    return [i for r in results for i in r.items()]
+
+
+def lease_lost(report: Dict[str, Any]) -> bool:
+    """An ack report with an item not applied: the lease had expired or was replaced."""
+    return any(not i.get("success") for i in report.get("items", []))
+
+
+def sql0105(diag: Any) -> Optional[str]:
+    """The server's ``may_start`` warning (message and DETAIL), or None for another notice."""
+    if not (diag.message_primary or "").startswith(SQL0105):
+        return None
+    return diag.message_primary + (f" ({diag.message_detail})" if diag.message_detail else "")

@@ -15,9 +15,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from . import errors, tracing
-from ._common import (ACK, EXTEND, MAY_START, POP, PUSH, PUSH_BATCH, QUEUE_MODE, RELEASE, SQL0105, Decision,
-                      ErrorPolicy, LaneResult, Message, PushResult, checked, default_error_policy, interval, lanes_of,
-                      lease_length, retryable)
+from ._common import (ACK, EXTEND, MAY_START, POP, PUSH, PUSH_BATCH, QUEUE_MODE, RELEASE, Decision, ErrorPolicy,
+                      LaneResult, LoopSettings, Message, PushResult, ack_items, checked, default_error_policy,
+                      interval, lanes_of, lease_length, lease_lost, release_unstarted, retryable, sql0105)
 from .consumer import Event
 
 log = logging.getLogger("queen")
@@ -78,7 +78,7 @@ class AsyncProducer:
         await self.close()
 
 
-class AsyncConsumer:
+class AsyncConsumer(LoopSettings):
     """``Consumer`` for asyncio: ``handler`` / ``batch_handler`` are coroutine functions."""
 
     def __init__(self, conninfo: str, queue: str, group: str = QUEUE_MODE, *,
@@ -91,21 +91,9 @@ class AsyncConsumer:
                  error_policy: ErrorPolicy = default_error_policy,
                  on_event: Optional[Callable[[Event], None]] = None,
                  **connect_kwargs: Any):
-        if (handler is None) == (batch_handler is None):
-            raise TypeError("give exactly one of handler and batch_handler")
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        self.conninfo, self.queue, self.group = conninfo, queue, group
-        self.handler, self.batch_handler = handler, batch_handler
-        self.params = {"queue": queue, "group": group, "batch": batch, "partition": partition,
-                       "lease_seconds": lease_seconds or 0, "wait_ms": wait_ms,
-                       "max_partitions": max_partitions}
-        self.concurrency, self.lease_seconds = concurrency, lease_seconds
-        self.handler_timeout, self.check_may_start = handler_timeout, check_may_start
-        self.heartbeat, self.error_policy, self.on_event = heartbeat, error_policy, on_event
-        connect_kwargs.setdefault("autocommit", True)
-        connect_kwargs.setdefault("prepare_threshold", None)
-        self.connect_kwargs = connect_kwargs
+        self._settle_settings(conninfo, queue, group, handler, batch_handler, batch, concurrency, wait_ms,
+                              lease_seconds, partition, max_partitions, handler_timeout, check_may_start,
+                              heartbeat, error_policy, on_event, connect_kwargs)
         self._stop = asyncio.Event()
         self._polling: set = set()
         self._hb_conn: Optional[psycopg.AsyncConnection] = None
@@ -158,8 +146,8 @@ class AsyncConsumer:
 
         def notice(diag: psycopg.errors.Diagnostic) -> None:
             # Per connection: each worker task has its own.
-            if (diag.message_primary or "").startswith(SQL0105):
-                text = diag.message_primary + (f" ({diag.message_detail})" if diag.message_detail else "")
+            text = sql0105(diag)
+            if text is not None:
                 self._warnings[id(conn)] = text
         conn.add_notice_handler(notice)
         return conn
@@ -214,10 +202,7 @@ class AsyncConsumer:
             else:
                 await self._run_each(conn, lanes, results)
         finally:
-            for lane, r in zip(lanes, results):
-                rest = [m for m in lane if r.completed is None or m.offset > r.completed]
-                if rest:
-                    r.stop(rest[0].offset, RELEASE)
+            release_unstarted(lanes, results)
             if lease is not None:
                 await self._ack(conn, lease, results, messages)
 
@@ -314,7 +299,7 @@ class AsyncConsumer:
         return decision
 
     async def _ack(self, conn, lease: uuid.UUID, results: List[LaneResult], messages: List[Message]) -> None:
-        items = [i for r in results for i in r.items()]
+        items = ack_items(results)
         if not items:
             return
         for attempt in range(3):
@@ -327,7 +312,7 @@ class AsyncConsumer:
                     raise
             except psycopg.Error as e:
                 errors.raise_typed(e)
-        if any(not i.get("success") for i in report.get("items", [])):
+        if lease_lost(report):
             self._emit(Event("lease_lost", message=messages[0]))
 
     def _emit(self, event: Event) -> None:

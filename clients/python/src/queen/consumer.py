@@ -36,9 +36,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from . import errors, tracing
-from ._common import (ACK, EXTEND, MAY_START, POP, QUEUE_MODE, RELEASE, SQL0105, Decision, ErrorPolicy,
-                      LaneResult, Message, checked, default_error_policy, interval, lanes_of, lease_length,
-                      retryable)
+from ._common import (ACK, EXTEND, MAY_START, POP, QUEUE_MODE, Decision, ErrorPolicy, LaneResult, LoopSettings,
+                      Message, ack_items, checked, default_error_policy, interval, lanes_of, lease_length, lease_lost,
+                      release_unstarted, retryable, sql0105)
 
 log = logging.getLogger("queen")
 
@@ -117,7 +117,7 @@ class _Heartbeat:
             conn.close()
 
 
-class Consumer:
+class Consumer(LoopSettings):
     """Consumes ``queue`` as consumer group ``group``.
 
     Give either ``handler(message)`` (one message at a time; return to complete it, raise to
@@ -136,24 +136,9 @@ class Consumer:
                  error_policy: ErrorPolicy = default_error_policy,
                  on_event: Optional[Callable[[Event], None]] = None,
                  **connect_kwargs: Any):
-        if (handler is None) == (batch_handler is None):
-            raise TypeError("give exactly one of handler and batch_handler")
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        self.conninfo, self.queue, self.group = conninfo, queue, group
-        self.handler, self.batch_handler = handler, batch_handler
-        self.params = {"queue": queue, "group": group, "batch": batch, "partition": partition,
-                       "lease_seconds": lease_seconds or 0, "wait_ms": wait_ms,
-                       "max_partitions": max_partitions}
-        self.concurrency = concurrency
-        self.lease_seconds = lease_seconds
-        self.handler_timeout = handler_timeout
-        self.check_may_start = check_may_start
-        self.error_policy = error_policy
-        self.on_event = on_event
-        connect_kwargs.setdefault("autocommit", True)
-        connect_kwargs.setdefault("prepare_threshold", None)
-        self.connect_kwargs = connect_kwargs
+        self._settle_settings(conninfo, queue, group, handler, batch_handler, batch, concurrency, wait_ms,
+                              lease_seconds, partition, max_partitions, handler_timeout, check_may_start,
+                              heartbeat, error_policy, on_event, connect_kwargs)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._polling: set = set()  # connections in a pop, cancelled by stop()
@@ -230,10 +215,8 @@ class Consumer:
         return conn
 
     def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
-        if (diag.message_primary or "").startswith(SQL0105):
-            text = diag.message_primary
-            if diag.message_detail:
-                text += f" ({diag.message_detail})"
+        text = sql0105(diag)
+        if text is not None:
             self._local.warning = text
 
     def _work(self, errors_seen: List[BaseException]) -> None:
@@ -290,12 +273,7 @@ class Consumer:
             else:
                 self._run_each(conn, lanes, results)
         finally:
-            # Whatever was not run (a stop, may_start, an exception out of the loop) is
-            # given back at once.
-            for lane, r in zip(lanes, results):
-                rest = [m for m in lane if r.completed is None or m.offset > r.completed]
-                if rest:
-                    r.stop(rest[0].offset, RELEASE)
+            release_unstarted(lanes, results)
             if lease is not None:
                 self._ack(conn, lease, results, messages)
 
@@ -367,7 +345,7 @@ class Consumer:
         return decision
 
     def _ack(self, conn, lease: uuid.UUID, results: List[LaneResult], messages: List[Message]) -> None:
-        items = [i for r in results for i in r.items()]
+        items = ack_items(results)
         if not items:
             return
         for attempt in range(3):
@@ -380,7 +358,7 @@ class Consumer:
                     raise
             except psycopg.Error as e:
                 errors.raise_typed(e)
-        if any(not i.get("success") for i in report.get("items", [])):
+        if lease_lost(report):
             self._emit(Event("lease_lost", message=messages[0]))
 
     def _emit(self, event: Event) -> None:
