@@ -484,12 +484,27 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
     // SAFETY: a plain read of this process's pid; the exit callback is registered once.
     let pid = unsafe { pg_sys::MyProcPid };
-    dbs::with(database, true, |s| {
+    // One worker per database, and none while a statement needs the database to itself.
+    // Under the slot's lock, so that either `leave_database` sees this pid (and stops this
+    // worker) or this worker sees its pause (and leaves at once): a worker the launcher
+    // started just before the pause, or a second one started while the first was still
+    // connecting, never stays in the way of a `CREATE DATABASE ... TEMPLATE`.
+    let now = crate::pg::clock::clock_now();
+    let taken = dbs::with(database, true, |s| {
+        if s.paused_until > now || (s.worker_pid != 0 && s.worker_pid != pid && alive(s.worker_pid)) {
+            return false;
+        }
         s.worker = dbs::WORKER_RUNNING;
         s.worker_pid = pid;
         s.requested = 0;
         s.absent_at = 0;
+        true
     });
+    if taken == Some(false) {
+        // SAFETY: ending the process before anything was registered; exit code 0 (a
+        // dynamic worker is not restarted).
+        unsafe { pg_sys::proc_exit(0) };
+    }
     // SAFETY: registering a process-exit callback once, with the database as its argument.
     unsafe { pg_sys::before_shmem_exit(Some(worker_exit), pg_sys::Datum::from(database)) };
     configure_session();
