@@ -1,6 +1,6 @@
 //! The soak (issue: `make soak`): two runs of the invariants harness at once, on two
-//! databases, for QUEEN_SOAK_SECONDS (default 60: what `make integration` runs; `make soak`
-//! runs 600). Each run pushes (batches and single messages, some rolled back) and consumes
+//! databases, for QUEEN_SOAK_SECONDS (default 60; `make integration` runs 30 to keep `make test`
+//! within its 20 minutes, `make soak` runs 600). Each run pushes (batches and single messages, some rolled back) and consumes
 //! in two groups with every ack outcome, pauses and resumes of the queue and its groups,
 //! acks that roll back while retention (`retention => 1`), compaction and rotation run,
 //! fail points armed now and then in the sessions' own calls, and half of its sessions
