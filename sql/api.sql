@@ -2,8 +2,9 @@
 -- defaults and named result types. Every function has a fixed search_path.
 
 -- queen.push, queen.push_batch and queen.pop are C functions that return their rows all at
--- once and pin their search path themselves (src/ops/push.rs, src/ops/pop.rs); pop also sets two
--- planner settings for its own statements (see there).
+-- once and pin their search path themselves (src/ops/push.rs, src/ops/pop.rs); pop, ack and
+-- extend_lease also set two planner settings for their own statements, without a SET clause
+-- (src/pg/spi.rs, with_kept_plan_settings).
 
 -- Privileges: the API is granted to queen's roles, function by function; internals are not.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
@@ -85,12 +86,6 @@ END $$;
 COMMENT ON FUNCTION queen.dlq(text, text, int, int) IS
   'queen: list dead-lettered messages, newest first, paged';
 REVOKE ALL ON FUNCTION queen.dlq(text, text, int, int) FROM PUBLIC;
-
--- The same for the API functions that pgrx defines (see the comment at the top).
-ALTER FUNCTION queen.ack(uuid) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
-ALTER FUNCTION queen.ack(uuid, jsonb) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
-ALTER FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
-ALTER FUNCTION queen.extend_lease(uuid, int) SET plan_cache_mode = force_generic_plan SET enable_seqscan = off;
 
 -- jit = off on status, totals and metrics: over many lanes their plans cost enough for
 -- PostgreSQL's JIT (jit_above_cost), whose compilation took 0.7 s of a 1 s metrics call on
@@ -520,7 +515,7 @@ DECLARE
 BEGIN
   FOR g IN SELECT * FROM (VALUES
     -- producers
-    ('push', 'queen_producer'), ('push_batch', 'queen_producer'),
+    ('push', 'queen_producer'), ('push_batch', 'queen_producer'), ('send', 'queen_producer'),
     -- consumers
     ('pop', 'queen_consumer'), ('ack', 'queen_consumer'), ('extend_lease', 'queen_consumer'),
     ('may_start', 'queen_consumer'), ('dlq', 'queen_consumer'), ('peek', 'queen_consumer'), ('get', 'queen_consumer'),

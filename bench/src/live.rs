@@ -90,6 +90,15 @@ impl Outcome {
     }
 }
 
+/// queen's pop in the live rounds (QUEEN_BENCH_LIVE_POP replaces it, for experiments).
+fn live_pop() -> &'static str {
+    static POP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    POP.get_or_init(|| {
+        std::env::var("QUEEN_BENCH_LIVE_POP")
+            .unwrap_or_else(|_| "SELECT lease_id, payload FROM queen.pop('lq', batch => 10, wait_ms => 200)".into())
+    })
+}
+
 /// One round of `system` for `secs`: producers at full speed (`rate` None) or paced to
 /// `rate` messages per second in all; every session with `synchronous_commit = off` when
 /// `sync_off`.
@@ -116,7 +125,8 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
             }
         }
         assert_eq!(n, PARTITIONS as usize, "the warm-up messages");
-        c.batch_execute("VACUUM ANALYZE; CHECKPOINT").unwrap();
+        c.batch_execute("VACUUM ANALYZE").unwrap();
+        c.batch_execute("CHECKPOINT").unwrap();
     }
     // Per message (by its orderId, from 1): when its push returned and when its ack did, in
     // microseconds since `t0` (0: not yet).
@@ -197,10 +207,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
         handles.push(thread::spawn(move || {
             let mut c = session(&dsn);
             let (pop, ack) = match system {
-                System::Queen => (
-                    prepared(&mut c, "SELECT lease_id, payload FROM queen.pop('lq', batch => 10, wait_ms => 200)"),
-                    prepared(&mut c, "SELECT queen.ack($1)"),
-                ),
+                System::Queen => (prepared(&mut c, live_pop()), prepared(&mut c, "SELECT queen.ack($1)")),
                 System::Table => (
                     prepared(&mut c, "SELECT id, payload FROM bench_jobs ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED"),
                     prepared(&mut c, "DELETE FROM bench_jobs WHERE id = ANY($1)"),

@@ -482,10 +482,12 @@ fn main() {
     let dsn = opts.dsn.clone();
     let want = |g: &str| (opts.only.is_empty() && g != "held") || opts.only.iter().any(|o| o == g);
     let held_on = want("held") || (opts.smoke && opts.only.is_empty());
-    let others_on =
-        ["push1", "push1cpu", "push1000", "pop", "pop1", "limit", "live", "fanout", "wake", "disk", "disk1", "scaling", "rotation"]
-            .iter()
-            .any(|g| want(g));
+    let others_on = [
+        "push1", "push1cpu", "push1000", "pop", "pop1", "limit", "live", "fanout", "wake", "disk", "disk1", "scaling",
+        "rotation",
+    ]
+    .iter()
+    .any(|g| want(g));
     let mut jsonb_floor = f64::NAN;
     let mut single_bytes = f64::NAN;
     // queen one partition / PgQ, / INSERT, then 16 partitions / PgQ, / INSERT (alone,
@@ -501,7 +503,7 @@ fn main() {
     // The same with `synchronous_commit = off` (CPU-bound).
     let (mut queen_pop1_cpu, mut skip_pop1_cpu) = (f64::NAN, f64::NAN);
     // Single pushes CPU-bound, queen's rate over a plain INSERT's.
-    let mut push1_cpu = f64::NAN;
+    let (mut push1_cpu, mut send1_cpu) = (f64::NAN, f64::NAN);
     let (mut queen_push1000, mut raw_insert, mut queen_pop, mut skip_pop, mut fan_rate, mut push_rate) =
         (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
     let (mut queen_bytes, mut raw_bytes, mut small_backlog, mut big_backlog, mut few, mut many) =
@@ -758,29 +760,41 @@ fn main() {
         // most 1.1x an INSERT's, so a rate at least 0.91x).
         let off = format!("{dsn} options='-c synchronous_commit=off'");
         let repeats = if opts.smoke { 1 } else { POP_REPEATS };
-        let (mut q, mut t) = (Vec::new(), Vec::new());
+        // queen.push, queen.send (its scalar form), the INSERT; in rotating orders.
+        let statements = [
+            "SELECT 1 FROM queen.push('bq', $1)",
+            "SELECT queen.send('bq', $1)",
+            "INSERT INTO bench_jobs (payload) VALUES ($1)",
+        ];
+        let mut runs: [Vec<f64>; 3] = Default::default();
         for r in 0..repeats {
-            for queen_turn in if r % 2 == 0 { [true, false] } else { [false, true] } {
+            for k in 0..3 {
+                let which = (r + k) % 3;
                 reset(&mut c);
-                if queen_turn {
-                    q.push(run_clients(&off, 8, s.secs, |c, _, i| {
-                        let push = prepared(c, "SELECT 1 FROM queen.push('bq', $1)");
-                        c.execute(&push, &[&payload(i)]).unwrap();
-                        1
-                    }));
-                } else {
-                    t.push(run_clients(&off, 8, s.secs, |c, _, i| {
-                        let insert = prepared(c, "INSERT INTO bench_jobs (payload) VALUES ($1)");
-                        c.execute(&insert, &[&payload(i)]).unwrap();
-                        1
-                    }));
-                }
+                let sql = statements[which];
+                runs[which].push(run_clients(&off, 8, s.secs, move |c, _, i| {
+                    let stmt = prepared(c, sql);
+                    c.execute(&stmt, &[&payload(i)]).unwrap();
+                    1
+                }));
             }
         }
-        println!("  (push 1 CPU-bound runs: queen {q:?}, plain INSERT {t:?})");
+        println!(
+            "  (push 1 CPU-bound runs: queen.push {:?}, queen.send {:?}, plain INSERT {:?})",
+            runs[0], runs[1], runs[2]
+        );
+        let [mut q, mut qs, mut t] = runs;
         push1_cpu = median(&mut q) / median(&mut t);
-        say(&mut rows, "push, batch 1, 8 clients, CPU-bound", "queen", median(&mut q), "msg/s");
-        say(&mut rows, "push, batch 1, 8 clients, CPU-bound", "plain INSERT (bigserial + jsonb)", median(&mut t), "msg/s");
+        send1_cpu = median(&mut qs) / median(&mut t);
+        say(&mut rows, "push, batch 1, 8 clients, CPU-bound", "queen (push)", median(&mut q), "msg/s");
+        say(&mut rows, "push, batch 1, 8 clients, CPU-bound", "queen (send)", median(&mut qs), "msg/s");
+        say(
+            &mut rows,
+            "push, batch 1, 8 clients, CPU-bound",
+            "plain INSERT (bigserial + jsonb)",
+            median(&mut t),
+            "msg/s",
+        );
     }
     if want("pop1") {
         // ---- pop + ack, batch 1, 4 consumers, 16 partitions: one message per call, as a
@@ -1163,7 +1177,8 @@ fn main() {
         );
         live_flush = full[0].consumed_rate() / full[1].consumed_rate();
         live_flush_backlog = lag_secs(&full[0]);
-        let half_rate = full[1].consumed_rate() / 2.0;
+        // (Without the table's rounds, QUEEN_BENCH_LIVE_SYSTEM=queen: half of queen's.)
+        let half_rate = if full[1].secs > 0.0 { full[1].consumed_rate() } else { full[0].consumed_rate() } / 2.0;
         let half = live::alternate(&mut c, &dsn, "live, half the table's rate", rounds, secs, Some(half_rate), false);
         report(
             &mut rows,
@@ -1212,6 +1227,7 @@ fn main() {
         ("  head to head, 16 partitions / PgQ", h2h(2), "(sharing every flush)"),
         ("  head to head, 16 partitions / plain INSERT", h2h(3), "(sharing every flush)"),
         ("push 1 CPU-bound / plain INSERT (CPU per push <= 1.1x)", push1_cpu, ">= 0.91"),
+        ("  send (push's scalar form) CPU-bound / plain INSERT", send1_cpu, ">= 0.91"),
         ("push batch 1000, one partition / raw insert limit", queen_push1000 / raw_insert, ">= 0.9"),
         ("  jsonb receive floor / raw insert limit", jsonb_floor / raw_insert, "(ceiling of the above)"),
         ("  push batch 1000 / jsonb receive floor", queen_push1000 / jsonb_floor, "(share of the ceiling)"),

@@ -20,33 +20,36 @@ COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS
     requires = [extend_lease]
 );
 
+/// Pins its search path and planner settings itself (`spi::with_kept_plan_settings`), as
+/// pop and ack do: no `SET` clause.
 #[pg_extern(security_definer)]
-#[search_path(pg_catalog, pg_temp)]
 fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonOut {
-    let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-    crate::queue::citus::ensure_id_home("lease", &lease_id);
-    let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
-    if let Err(v) = queen_core::policy::check_extend_seconds(seconds, crate::pg::settings::max_lease()) {
-        errors::violation(v);
-    }
-    let now = clock_now();
-    let target = now.saturating_add(i64::from(seconds) * 1_000_000);
-    // Renew every live lane of the lease; never shorten one. An unknown or expired lease
-    // renews nothing and is no error.
-    let (renewed, earliest) = if crate::lane::registry::enabled() {
-        extend_registry(lease_id, target, now)
-    } else {
-        extend_table(lease_id, target, now)
-    };
-    let ts = earliest.map(Value::from).unwrap_or(Value::Null);
-    JsonOut(json!({
-        "leaseId": from_pg_uuid(&lease_id).to_string(),
-        "success": renewed > 0,
-        "renewed": renewed,
-        "newExpiresAt": ts,
-        "expiresAt": ts,
-        "lease_expires_at": ts,
-    }))
+    crate::pg::spi::with_kept_plan_settings(|| {
+        let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
+        crate::queue::citus::ensure_id_home("lease", &lease_id);
+        let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
+        if let Err(v) = queen_core::policy::check_extend_seconds(seconds, crate::pg::settings::max_lease()) {
+            errors::violation(v);
+        }
+        let now = clock_now();
+        let target = now.saturating_add(i64::from(seconds) * 1_000_000);
+        // Renew every live lane of the lease; never shorten one. An unknown or expired lease
+        // renews nothing and is no error.
+        let (renewed, earliest) = if crate::lane::registry::enabled() {
+            extend_registry(lease_id, target, now)
+        } else {
+            extend_table(lease_id, target, now)
+        };
+        let ts = earliest.map(Value::from).unwrap_or(Value::Null);
+        JsonOut(json!({
+            "leaseId": from_pg_uuid(&lease_id).to_string(),
+            "success": renewed > 0,
+            "renewed": renewed,
+            "newExpiresAt": ts,
+            "expiresAt": ts,
+            "lease_expires_at": ts,
+        }))
+    })
 }
 
 /// With the lane registry: every live lane of the lease, locked (waiting for another

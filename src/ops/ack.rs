@@ -79,7 +79,6 @@ COMMENT ON FUNCTION queen.ack(uuid, uuid, bigint, text, text, interval) IS
 );
 
 #[pg_extern(name = "ack", security_definer)]
-#[search_path(pg_catalog, pg_temp)]
 fn ack_one(
     lease_id: Option<pgrx::Uuid>,
     partition_id: Option<pgrx::Uuid>,
@@ -111,7 +110,6 @@ COMMENT ON FUNCTION queen.ack(uuid, jsonb) IS
 );
 
 #[pg_extern(name = "ack", security_definer)]
-#[search_path(pg_catalog, pg_temp)]
 fn ack_many(lease_id: Option<pgrx::Uuid>, acks: Option<JsonbArg>) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     let acks = acks.unwrap_or_else(|| errors::null_arg("acks"));
@@ -195,16 +193,19 @@ COMMENT ON FUNCTION queen.ack(uuid) IS
 );
 
 #[pg_extern(name = "ack", security_definer)]
-#[search_path(pg_catalog, pg_temp)]
 fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     JsonOut(ack(lease_id, None))
 }
 
 /// Applies `items` (or, with None, completes every lane of the lease) and reports.
+/// Pins its search path and planner settings itself (`spi::with_kept_plan_settings`): the
+/// three forms of `queen.ack` carry no `SET` clause.
 fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
-    crate::queue::citus::ensure_id_home("lease", &lease_id);
-    Spi::connect_mut(|client| ack_in(client, lease_id, items))
+    crate::pg::spi::with_kept_plan_settings(|| {
+        crate::queue::citus::ensure_id_home("lease", &lease_id);
+        Spi::connect_mut(|client| ack_in(client, lease_id, items))
+    })
 }
 
 fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {

@@ -108,8 +108,6 @@ CREATE FUNCTION queen.pop(
     max_bytes bigint DEFAULT 33554432
 ) RETURNS SETOF queen.message
 LANGUAGE c VOLATILE SECURITY DEFINER
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
 AS 'MODULE_PATHNAME', 'pop_wrapper';
 COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) IS
   'queen: claim up to batch messages (and max_bytes of payload) under one lease (or auto_ack); returns queen.message rows';
@@ -120,16 +118,8 @@ COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, 
 function_info_v1!(pg_finfo_pop_wrapper);
 
 /// `queen.pop(...)`: its rows, `queen.message`, all at once (`srf`). It pins its search
-/// path itself, as push does (`spi::with_pinned_search_path`). Its two SET clauses run
-/// once per call, since the function returns once:
-/// - `plan_cache_mode = force_generic_plan`: queen's statements are kept plans over
-///   indexes whose best plan does not depend on the parameter values; without it
-///   PostgreSQL re-plans them for every call (custom plans), which cost about a sixth of a
-///   pop;
-/// - `enable_seqscan = off`: a generic plan is made once per session, from the statistics
-///   of that moment; on a young queue's tiny tables they favour sequential scans and hash
-///   joins, which the kept plan then repeats as the tables grow. Every hot statement of
-///   queen has an index made for it.
+/// path and its two planner settings itself (`spi::with_kept_plan_settings`): no `SET`
+/// clause, whose cost on every call was a tenth of a small pop's.
 ///
 /// # Safety
 /// Called by PostgreSQL only, as the function declared above.
@@ -153,7 +143,7 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
             max_bytes: arg::<i64>(fcinfo, 9).unwrap_or_else(|| errors::null_arg("max_bytes")),
         }
     };
-    let rows = crate::pg::spi::with_pinned_search_path(|| {
+    let rows = crate::pg::spi::with_kept_plan_settings(|| {
         validate(&args);
         lookup::CREATED_HERE.with(|c| c.set(false));
         PASSED_HERE.with(|c| c.set(false));

@@ -168,7 +168,18 @@ function_info_v1!(pg_finfo_push_one_wrapper);
 pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
     let out = unsafe { PushRows::begin(fcinfo, "queen.push_result") };
-    // SAFETY: the arguments' SQL types are those of the declaration above.
+    // SAFETY: the arguments are those of queen.push.
+    let item = unsafe { one_item(fcinfo) };
+    let rows = crate::pg::spi::with_pinned_search_path(|| push_items(vec![item]));
+    finish(out, rows)
+}
+
+/// The message of a `queen.push` or `queen.send` call, checked.
+///
+/// # Safety
+/// `fcinfo` is the call's, with the arguments (and SQL types) of `queen.push`.
+unsafe fn one_item(fcinfo: pg_sys::FunctionCallInfo) -> PushItem {
+    // SAFETY: as the caller promises.
     let (queue, payload, partition, transaction_id, headers, deliver_at) = unsafe {
         (
             arg::<&str>(fcinfo, 0).unwrap_or_else(|| errors::null_arg("queue")),
@@ -188,8 +199,42 @@ pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInf
         deliver_at: deliver_at.map(i64::from),
     };
     check_item(&item, &String::new);
+    item
+}
+
+extension_sql!(
+    r#"
+CREATE FUNCTION queen.send(
+    queue text,
+    payload jsonb,
+    partition text DEFAULT 'Default',
+    transaction_id text DEFAULT NULL,
+    headers jsonb DEFAULT NULL,
+    deliver_at timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE c VOLATILE SECURITY DEFINER
+AS 'MODULE_PATHNAME', 'send_wrapper';
+COMMENT ON FUNCTION queen.send(text, jsonb, text, text, jsonb, timestamptz) IS
+  'queen: push one message and return its offset in its partition (a duplicate: the original''s); push''s scalar form';
+"#,
+    name = "send"
+);
+
+function_info_v1!(pg_finfo_send_wrapper);
+
+/// `queen.send(...)`: `queen.push` with the same arguments, returning only the message's
+/// offset as a scalar. A single push called as a set-returning function pays for a
+/// function scan, a result tuplestore and its row on every call; a scalar pays for none.
+///
+/// # Safety
+/// Called by PostgreSQL only, as the function declared above.
+#[no_mangle]
+#[pg_guard]
+pub unsafe extern "C-unwind" fn send_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: the arguments are those of queen.push (the declaration above).
+    let item = unsafe { one_item(fcinfo) };
     let rows = crate::pg::spi::with_pinned_search_path(|| push_items(vec![item]));
-    finish(out, rows)
+    pg_sys::Datum::from(rows[0].msg_offset)
 }
 
 /// The keys a push_batch item may have; anything else is refused (a typo such as

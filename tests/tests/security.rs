@@ -86,8 +86,8 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
     );
 }
 
-/// `queen.push` and `queen.push_batch` carry no `SET search_path` clause: they pin the
-/// search path inside the library. A caller who puts a schema of its own first, with an
+/// `queen.push`, `queen.push_batch`, `queen.pop`, `queen.ack` and `queen.extend_lease`
+/// carry no `SET search_path` clause: they pin the search path inside the library. A caller who puts a schema of its own first, with an
 /// operator that would run as the function's owner if it were picked, gets nothing from
 /// it: the push works and the operator never runs.
 #[test]
@@ -104,6 +104,12 @@ fn a_callers_search_path_cannot_hijack_a_push() {
          CREATE FUNCTION {app}.texteq(a text, b text) RETURNS bool LANGUAGE plpgsql AS $$
            BEGIN INSERT INTO {app}.calls VALUES (current_user); RETURN a OPERATOR(pg_catalog.=) b; END $$;
          CREATE OPERATOR {app}.= (LEFTARG = text, RIGHTARG = text, FUNCTION = {app}.texteq);
+         CREATE FUNCTION {app}.uuideq(a uuid, b uuid) RETURNS bool LANGUAGE plpgsql AS $$
+           BEGIN INSERT INTO {app}.calls VALUES (current_user); RETURN a OPERATOR(pg_catalog.=) b; END $$;
+         CREATE OPERATOR {app}.= (LEFTARG = uuid, RIGHTARG = uuid, FUNCTION = {app}.uuideq);
+         CREATE FUNCTION {app}.int8eq(a bigint, b bigint) RETURNS bool LANGUAGE plpgsql AS $$
+           BEGIN INSERT INTO {app}.calls VALUES (current_user); RETURN a OPERATOR(pg_catalog.=) b; END $$;
+         CREATE OPERATOR {app}.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = {app}.int8eq);
          SET search_path = {app}, pg_catalog;"
     ))
     .unwrap();
@@ -121,8 +127,22 @@ fn a_callers_search_path_cannot_hijack_a_push() {
         )
         .unwrap();
     }
-    let n = c.query("SELECT 1 FROM queen.pop($1, batch => 10, auto_ack => true)", &[&queue]).unwrap().len();
-    assert_eq!(n, 6);
+    // pop, extend_lease and ack (each form) pin their search path in the library too.
+    let rows = c.query("SELECT lease_id, partition_id, msg_offset FROM queen.pop($1, batch => 2)", &[&queue]).unwrap();
+    assert_eq!(rows.len(), 2);
+    let (lease, pid, first): (uuid::Uuid, uuid::Uuid, i64) = (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+    let ext: serde_json::Value = c.query_one("SELECT queen.extend_lease($1, 30)", &[&lease]).unwrap().get(0);
+    assert_eq!(ext["renewed"], 1, "{ext}");
+    let one: serde_json::Value = c.query_one("SELECT queen.ack($1, $2, $3)", &[&lease, &pid, &first]).unwrap().get(0);
+    assert_eq!(one["lanes"][0]["committed"], first, "{one}");
+    let items = serde_json::json!([{"partitionId": pid.to_string(), "offset": first + 1}]);
+    let many: serde_json::Value = c.query_one("SELECT queen.ack($1, $2)", &[&lease, &items]).unwrap().get(0);
+    assert_eq!(many["lanes"][0]["committed"], first + 1, "{many}");
+    let rows = c.query("SELECT lease_id FROM queen.pop($1, batch => 10)", &[&queue]).unwrap();
+    assert_eq!(rows.len(), 4);
+    let whole: serde_json::Value =
+        c.query_one("SELECT queen.ack($1)", &[&rows[0].get::<_, uuid::Uuid>(0)]).unwrap().get(0);
+    assert_eq!(whole["lanes"][0]["committed"], first + 5, "{whole}");
     let after: i64 = c.query_one(&format!("SELECT count(*) FROM {app}.calls"), &[]).unwrap().get(0);
     assert_eq!(after, 1, "queen's SQL ran the caller's operator");
     drop(c);
