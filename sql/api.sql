@@ -1,10 +1,11 @@
 -- queen's SQL API: thin SQL wrappers that give the Rust entry points their documented names,
--- defaults and named result types. Every function has a fixed search_path.
+-- defaults and named result types. Every function has a fixed search_path: a SET clause,
+-- or (the C functions and the consumer's calls) one pinned in the library.
 
--- queen.push, queen.push_batch and queen.pop are C functions that return their rows all at
--- once and pin their search path themselves (src/ops/push.rs, src/ops/pop.rs); pop, ack and
+-- queen.push, queen.send, queen.push_batch and queen.pop are C functions that return their
+-- rows all at once and pin their search path themselves (src/ops/push.rs, src/ops/pop.rs); pop, ack and
 -- extend_lease also set two planner settings for their own statements, without a SET clause
--- (src/pg/spi.rs, with_kept_plan_settings).
+-- (src/pg/spi.rs, with_queen_plan_settings).
 
 -- Privileges: the API is granted to queen's roles, function by function; internals are not.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;

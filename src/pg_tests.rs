@@ -211,3 +211,34 @@ fn rule_sql_forms_agree_with_core() {
         assert_eq!(Spi::get_one::<i64>(&sql).unwrap(), Some(queen_core::overflow::lag(c, r, e)), "lag({c}, {r}, {e})");
     }
 }
+
+/// `spi::with_queen_plan_settings`: inside, the statements see `enable_seqscan = off`,
+/// `plan_cache_mode = force_generic_plan` and a search path of `pg_catalog` alone; after it
+/// returns, and after it unwinds from a panic (how an ERROR inside reaches it), the
+/// caller's values are back.
+#[pg_test]
+fn queen_plan_settings_apply_inside_and_come_back() {
+    let settings = || {
+        Spi::get_one::<String>(
+            "SELECT current_setting('enable_seqscan') || ', ' || current_setting('plan_cache_mode')
+                    || ', ' || array_to_string(current_schemas(false), ',')",
+        )
+        .unwrap()
+        .unwrap()
+    };
+    Spi::run("SET LOCAL search_path = public").unwrap();
+    let before = settings();
+    assert_eq!(before, "on, auto, public");
+    let inside = crate::pg::spi::with_queen_plan_settings(settings);
+    assert_eq!(inside, "off, force_generic_plan, ");
+    assert_eq!(settings(), before);
+    let unwound = std::panic::catch_unwind(|| {
+        crate::pg::spi::with_queen_plan_settings(|| -> () { panic!("an ERROR inside") })
+    });
+    assert!(unwound.is_err());
+    // SAFETY: the panic above unwound before the pinned search path was popped; the
+    // transaction would pop it at its end, here it is popped by hand so the checks below
+    // read the caller's path.
+    unsafe { pgrx::pg_sys::PopOverrideSearchPath() };
+    assert_eq!(settings(), before);
+}

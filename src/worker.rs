@@ -129,6 +129,13 @@ fn stop_worker(pid: i32, database: u32) -> bool {
 
 const SIGTERM: i32 = 15;
 
+/// Whether no worker may start in a slot's database now (other than process `me`, 0 for
+/// none): a statement that needs the database to itself paused it, or a live worker holds
+/// it. The launcher asks before it starts a worker, and a starting worker asks again.
+fn kept_away(slot: &dbs::Slot, now: i64, me: i32) -> bool {
+    slot.paused_until > now || (slot.worker_pid != 0 && slot.worker_pid != me && alive(slot.worker_pid))
+}
+
 /// Whether a process still runs.
 fn alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks that the process exists.
@@ -270,7 +277,7 @@ impl Launcher {
         };
         self.starved.remove(&db.oid);
         self.absent.remove(&db.oid);
-        if slot.paused_until > now || (slot.worker_pid != 0 && alive(slot.worker_pid)) {
+        if kept_away(&slot, now, 0) {
             return false;
         }
         if slot.absent_at != 0 && slot.requested == 0 {
@@ -491,7 +498,7 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
     // connecting, never stays in the way of a `CREATE DATABASE ... TEMPLATE`.
     let now = crate::pg::clock::clock_now();
     let taken = dbs::with(database, true, |s| {
-        if s.paused_until > now || (s.worker_pid != 0 && s.worker_pid != pid && alive(s.worker_pid)) {
+        if kept_away(s, now, pid) {
             return false;
         }
         s.worker = dbs::WORKER_RUNNING;

@@ -7,17 +7,27 @@
 //!   `queen.pop('lq', batch => 10, wait_ms => 200)` (the default group and its one lane
 //!   per call, as a newcomer writes it) and `queen.ack(lease)`; the table with the SKIP
 //!   LOCKED pattern in one transaction (claim up to 10 rows `FOR UPDATE SKIP LOCKED`, then
-//!   `DELETE` them), and a 5 ms sleep when it found nothing (a table has no long-poll; a
-//!   shorter sleep only burns the CPU the producers need).
+//!   `DELETE` them: the rows stay claimed while they are processed, so a crash
+//!   redelivers them, as queen's lease does; the one-statement `DELETE ... RETURNING` is
+//!   fewer round trips but loses what a crashed worker held), and a 5 ms sleep when it
+//!   found nothing: the table's consumers poll (job libraries add a LISTEN/NOTIFY wake-up
+//!   on top, which this does not measure), so at low load the 5 ms is part of their
+//!   latency.
 //! - Rounds alternate the two systems (queen first in odd rounds, the table first in even
-//!   ones), each from a fresh start (`reset`: the extension and the table recreated, a
-//!   CHECKPOINT). The worker compacts queen's segments during its rounds, as in production.
+//!   ones), each from a fresh start (`reset`: the extension and the table recreated; then
+//!   VACUUM ANALYZE and a CHECKPOINT). The worker compacts queen's segments during its
+//!   rounds, as in production.
 //! - Every statement is prepared once per connection, and both push the same payload.
+//! - For experiments, not for the published figures: QUEEN_BENCH_LIVE_SYSTEM=queen (or
+//!   table) runs that system's rounds only (the half-rate rounds then take half of its
+//!   rate), and QUEEN_BENCH_LIVE_POP replaces queen's pop statement.
 //!
 //! Measured per round: messages consumed (acked, committed) and pushed per second, the
-//! backlog (pushed minus consumed) at the end and at its largest, and for each consumed
-//! message the time from its push's commit (when the producer's call returned) to its
-//! ack's commit (when the consumer's call returned).
+//! backlog (pushed minus consumed) at the end and at its largest, and for each message
+//! pushed within the round the time from its push's commit (when the producer's call
+//! returned) to its ack's commit (when the consumer's call returned); a message still not
+//! acknowledged when the round ends counts with its age then (a lower bound), so a system
+//! that falls behind is not flattered by leaving its slowest messages out.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -56,11 +66,12 @@ pub struct Outcome {
     pub consumed: u64,
     pub pushed: u64,
     pub secs: f64,
-    /// Backlog when the round ended (the largest over rounds).
+    /// Backlog when the round ended (over several rounds: the largest of their ends).
     pub backlog_end: u64,
     /// Largest backlog seen during the round (sampled every 100 ms).
     pub backlog_max: u64,
-    /// Push commit to ack commit, in ms, one per consumed message.
+    /// Push commit to ack commit, in ms, one per message pushed in the round (not acked
+    /// by its end: its age then).
     pub latencies: Vec<f64>,
 }
 
@@ -104,6 +115,10 @@ fn live_pop() -> &'static str {
 /// `sync_off`.
 pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<f64>, sync_off: bool) -> Outcome {
     reset(c);
+    let check = |c: &mut Client| {
+        c.batch_execute("VACUUM ANALYZE").unwrap();
+        c.batch_execute("CHECKPOINT").unwrap();
+    };
     if system == System::Queen {
         // The queue, its 16 partitions and the default group exist before the clock
         // starts (their creation is not what this measures).
@@ -125,12 +140,11 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
             }
         }
         assert_eq!(n, PARTITIONS as usize, "the warm-up messages");
-        c.batch_execute("VACUUM ANALYZE").unwrap();
-        c.batch_execute("CHECKPOINT").unwrap();
     }
+    check(c);
     // Per message (by its orderId, from 1): when its push returned and when its ack did, in
     // microseconds since `t0` (0: not yet).
-    let cap = (secs * 60_000.0) as usize + 100_000;
+    let cap = (secs * 200_000.0) as usize + 100_000;
     let pushed_at: Arc<Vec<AtomicU64>> = Arc::new((0..cap).map(|_| AtomicU64::new(0)).collect());
     let acked_at: Arc<Vec<AtomicU64>> = Arc::new((0..cap).map(|_| AtomicU64::new(0)).collect());
     let next_id = Arc::new(AtomicU64::new(1));
@@ -140,13 +154,8 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     let ready = Arc::new(Barrier::new(PRODUCERS + CONSUMERS + 1));
     let clock: Arc<Mutex<Option<(Instant, Instant)>>> = Arc::new(Mutex::new(None));
     let micros = |t0: Instant| t0.elapsed().as_micros() as u64 + 1;
-    let session = move |dsn: &str| {
-        let mut c = connect(dsn);
-        if sync_off {
-            c.batch_execute("SET synchronous_commit = off").unwrap();
-        }
-        c
-    };
+    let dsn = if sync_off { crate::sync_off(dsn) } else { dsn.to_string() };
+    let dsn = dsn.as_str();
     let mut handles = Vec::new();
     for k in 0..PRODUCERS {
         let (dsn, pushed_at, next_id, pushed, stop, ready, clock) = (
@@ -159,7 +168,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
             clock.clone(),
         );
         handles.push(thread::spawn(move || {
-            let mut c = session(&dsn);
+            let mut c = connect(&dsn);
             let sql = match system {
                 System::Queen => "SELECT 1 FROM queen.push('lq', $1, $2)",
                 System::Table => "INSERT INTO bench_jobs (payload) VALUES ($1)",
@@ -182,9 +191,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
                     next += e;
                 }
                 let id = next_id.fetch_add(1, Ordering::Relaxed);
-                if id as usize >= pushed_at.len() {
-                    break;
-                }
+                assert!((id as usize) < pushed_at.len(), "more than {} pushes in a round", pushed_at.len());
                 match system {
                     System::Queen => {
                         let partition = format!("p{}", (k as u64 * 7 + i) % PARTITIONS);
@@ -205,7 +212,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
         let (dsn, acked_at, consumed, stop, ready, clock) =
             (dsn.to_string(), acked_at.clone(), consumed.clone(), stop.clone(), ready.clone(), clock.clone());
         handles.push(thread::spawn(move || {
-            let mut c = session(&dsn);
+            let mut c = connect(&dsn);
             let (pop, ack) = match system {
                 System::Queen => (prepared(&mut c, live_pop()), prepared(&mut c, "SELECT queen.ack($1)")),
                 System::Table => (
@@ -215,7 +222,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
             };
             ready.wait();
             let (t0, deadline) = clock.lock().unwrap().expect("clock");
-            let order_id = |v: &Value| v["orderId"].as_u64().unwrap_or(0) as usize;
+            let order_id = |v: &Value| v["orderId"].as_u64().expect("the bench's payload has an orderId") as usize;
             while !stop.load(Ordering::Relaxed) {
                 let ids: Vec<usize> = match system {
                     System::Queen => {
@@ -273,16 +280,18 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     for h in handles {
         h.join().unwrap();
     }
-    // Latencies of the messages whose push and ack both returned within the round.
+    // Latencies of the messages pushed within the round: to their ack, or, not acked by
+    // the round's end, to the end (their age then: a lower bound).
     let end = (secs * 1e6) as u64 + 1;
     let latencies = pushed_at
         .iter()
         .zip(acked_at.iter())
         .filter_map(|(p, a)| {
             let (p, a) = (p.load(Ordering::Relaxed), a.load(Ordering::Relaxed));
+            let done = if a == 0 || a > end { end } else { a };
             // A consumer may ack a message before its producer's call has returned (the
             // commit is visible first): such a message's latency is counted as 0.
-            (p != 0 && a != 0 && a <= end).then(|| a.saturating_sub(p) as f64 / 1000.0)
+            (p != 0 && p <= end).then(|| done.saturating_sub(p) as f64 / 1000.0)
         })
         .collect();
     Outcome {
@@ -309,10 +318,18 @@ pub fn alternate(
     let mut out = [Outcome::default(), Outcome::default()];
     // QUEEN_BENCH_LIVE_SYSTEM=queen (or table): that system's rounds only, for a profile.
     let only = std::env::var("QUEEN_BENCH_LIVE_SYSTEM").ok();
+    assert!(
+        only.as_deref().is_none_or(|o| o == "queen" || o == "table"),
+        "QUEEN_BENCH_LIVE_SYSTEM must be queen or table"
+    );
     for r in 0..rounds {
         let order = if r % 2 == 0 { [System::Queen, System::Table] } else { [System::Table, System::Queen] };
         for system in order {
-            if only.as_deref().is_some_and(|o| o != system.name().split(' ').next_back().unwrap_or("")) {
+            let key = match system {
+                System::Queen => "queen",
+                System::Table => "table",
+            };
+            if only.as_deref().is_some_and(|o| o != key) {
                 continue;
             }
             let o = round(c, dsn, system, secs, rate, sync_off);
@@ -327,7 +344,11 @@ pub fn alternate(
                 o.percentile(0.5),
                 o.percentile(0.99)
             );
-            out[(system == System::Table) as usize].add(o);
+            let slot = match system {
+                System::Queen => 0,
+                System::Table => 1,
+            };
+            out[slot].add(o);
         }
     }
     out

@@ -1,6 +1,6 @@
 -- pop, ack and extend_lease run their statements with plan_cache_mode =
 -- force_generic_plan and enable_seqscan = off, set in the library for the length of the
--- call (src/pg/spi.rs, with_kept_plan_settings) instead of by SET clauses: the caller's
+-- call (src/pg/spi.rs, with_queen_plan_settings) instead of by SET clauses: the caller's
 -- values are back after every call, after a call that raised, and whatever the caller
 -- had set.
 SET client_min_messages = warning;
@@ -45,12 +45,24 @@ BEGIN;
 SELECT pg_temp.err($$SELECT * FROM queen.pop('ps', max_partitions => 0)$$);
 SELECT pg_temp.settings() AS after_pop_error_in_a_transaction;
 ROLLBACK;
+-- An ERROR that PostgreSQL raises inside the call (a statement timeout during a
+-- long-poll) too.
+CREATE FUNCTION pg_temp.canceled(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE q;
+  RETURN 'not canceled';
+EXCEPTION WHEN query_canceled THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+SELECT count(*) FROM queen.configure('ps-empty');
+SET statement_timeout = '200ms';
+SELECT pg_temp.canceled($$SELECT * FROM queen.pop('ps-empty', wait_ms => 5000)$$);
+RESET statement_timeout;
+SELECT pg_temp.settings() AS after_a_timeout;
 
--- The caller's own values, whatever they are, come back too.
-SET enable_seqscan = off;
+-- The caller's own values come back too.
 SET plan_cache_mode = force_custom_plan;
 SELECT count(*) AS the_last_one FROM queen.pop('ps', batch => 10, max_partitions => 4, auto_ack => true);
 SELECT pg_temp.settings() AS callers_own;
-RESET enable_seqscan;
 RESET plan_cache_mode;
 SELECT pg_temp.settings() AS reset;

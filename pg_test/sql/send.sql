@@ -23,19 +23,19 @@ SELECT queen.send('sent', '{"n": 4}', transaction_id => 'order-4') AS queued;
 SELECT queen.send('sent', '{"n": 4, "again": true}', transaction_id => 'order-4') AS duplicate;
 -- Headers and a delivery time, as push takes them.
 SELECT queen.send('sent', '{"n": 5}', headers => '{"tenant": "acme"}') AS with_headers;
-SELECT queen.send('sent', '{"n": 6}', deliver_at => now() + interval '1 hour') AS later;
+SELECT queen.send('sent', '{"n": 6}', partition => 'later', deliver_at => now() + interval '1 hour') AS later;
 
 -- The consumer sees what was sent: in order, headers kept, the duplicate absent, the
 -- delayed one not yet.
 SELECT partition, msg_offset, payload, headers
-  FROM queen.pop('sent', batch => 10, max_partitions => 2, auto_ack => true)
+  FROM queen.pop('sent', batch => 10, max_partitions => 3, auto_ack => true)
  ORDER BY partition, msg_offset;
 
 -- Rolled back: nothing delivered.
 BEGIN;
 SELECT queen.send('sent', '{"n": 7}') > 0 AS sent_in_tx;
 ROLLBACK;
-SELECT count(*) AS after_rollback FROM queen.pop('sent', batch => 10, auto_ack => true);
+SELECT count(*) AS after_rollback FROM queen.pop('sent', batch => 10, max_partitions => 3, auto_ack => true);
 
 -- Bad input gets push's errors, and stores nothing.
 SELECT pg_temp.err($$SELECT queen.send(NULL, '1')$$);
@@ -44,7 +44,11 @@ SELECT pg_temp.err($$SELECT queen.send('bad name!', '1')$$);
 SELECT pg_temp.err($$SELECT queen.send('sent', '1', transaction_id => '')$$);
 SELECT pg_temp.err($$SELECT queen.send('sent', '1', headers => '[1]')$$);
 SELECT pg_temp.err($$SELECT queen.send('sent', '1', deliver_at => now() + interval '400 days')$$);
-SELECT count(*) AS nothing_stored FROM queen.pop('sent', batch => 10, max_partitions => 2, auto_ack => true);
+SELECT count(*) AS nothing_stored FROM queen.pop('sent', batch => 10, max_partitions => 3, auto_ack => true);
+-- (The same pop sees a message sent now: the two checks above could have seen one.)
+-- (Its offset is 6 or 7: the rolled-back send leaves a gap with the library preloaded.)
+SELECT queen.send('sent', '{"n": 8}') IN (6, 7) AS after_the_errors;
+SELECT partition, payload FROM queen.pop('sent', batch => 10, max_partitions => 3, auto_ack => true);
 
 -- Granted with push: to queen_producer, not to PUBLIC nor to consumers.
 SELECT has_function_privilege('queen_producer', 'queen.send(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE') AS producer,

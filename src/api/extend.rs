@@ -20,11 +20,11 @@ COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS
     requires = [extend_lease]
 );
 
-/// Pins its search path and planner settings itself (`spi::with_kept_plan_settings`), as
+/// Pins its search path and planner settings itself (`spi::with_queen_plan_settings`), as
 /// pop and ack do: no `SET` clause.
 #[pg_extern(security_definer)]
 fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonOut {
-    crate::pg::spi::with_kept_plan_settings(|| {
+    crate::pg::spi::with_queen_plan_settings(|| {
         let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
         crate::queue::citus::ensure_id_home("lease", &lease_id);
         let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));

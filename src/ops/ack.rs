@@ -199,10 +199,10 @@ fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
 }
 
 /// Applies `items` (or, with None, completes every lane of the lease) and reports.
-/// Pins its search path and planner settings itself (`spi::with_kept_plan_settings`): the
+/// Pins its search path and planner settings itself (`spi::with_queen_plan_settings`): the
 /// three forms of `queen.ack` carry no `SET` clause.
 fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
-    crate::pg::spi::with_kept_plan_settings(|| {
+    crate::pg::spi::with_queen_plan_settings(|| {
         crate::queue::citus::ensure_id_home("lease", &lease_id);
         Spi::connect_mut(|client| ack_in(client, lease_id, items))
     })

@@ -118,7 +118,7 @@ COMMENT ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, 
 function_info_v1!(pg_finfo_pop_wrapper);
 
 /// `queen.pop(...)`: its rows, `queen.message`, all at once (`srf`). It pins its search
-/// path and its two planner settings itself (`spi::with_kept_plan_settings`): no `SET`
+/// path and its two planner settings itself (`spi::with_queen_plan_settings`): no `SET`
 /// clause, whose cost on every call was a tenth of a small pop's.
 ///
 /// # Safety
@@ -143,7 +143,7 @@ pub unsafe extern "C-unwind" fn pop_wrapper(fcinfo: pg_sys::FunctionCallInfo) ->
             max_bytes: arg::<i64>(fcinfo, 9).unwrap_or_else(|| errors::null_arg("max_bytes")),
         }
     };
-    let rows = crate::pg::spi::with_kept_plan_settings(|| {
+    let rows = crate::pg::spi::with_queen_plan_settings(|| {
         validate(&args);
         lookup::CREATED_HERE.with(|c| c.set(false));
         PASSED_HERE.with(|c| c.set(false));

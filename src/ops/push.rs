@@ -169,9 +169,20 @@ pub unsafe extern "C-unwind" fn push_one_wrapper(fcinfo: pg_sys::FunctionCallInf
     // SAFETY: this call's fcinfo, of a function returning SETOF queen.push_result.
     let out = unsafe { PushRows::begin(fcinfo, "queen.push_result") };
     // SAFETY: the arguments are those of queen.push.
+    let row = unsafe { push_one(fcinfo) };
+    finish(out, vec![row])
+}
+
+/// Pushes the one message of a `queen.push` or `queen.send` call (the two declarations'
+/// arguments are the same: keep them in step) and returns its result.
+///
+/// # Safety
+/// `fcinfo` is the call's, with the arguments (and SQL types) of `queen.push`.
+unsafe fn push_one(fcinfo: pg_sys::FunctionCallInfo) -> PushRow {
+    // SAFETY: as the caller promises.
     let item = unsafe { one_item(fcinfo) };
-    let rows = crate::pg::spi::with_pinned_search_path(|| push_items(vec![item]));
-    finish(out, rows)
+    let mut rows = crate::pg::spi::with_pinned_search_path(|| push_items(vec![item]));
+    rows.pop().expect("one item, one result")
 }
 
 /// The message of a `queen.push` or `queen.send` call, checked.
@@ -232,9 +243,8 @@ function_info_v1!(pg_finfo_send_wrapper);
 #[pg_guard]
 pub unsafe extern "C-unwind" fn send_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
     // SAFETY: the arguments are those of queen.push (the declaration above).
-    let item = unsafe { one_item(fcinfo) };
-    let rows = crate::pg::spi::with_pinned_search_path(|| push_items(vec![item]));
-    pg_sys::Datum::from(rows[0].msg_offset)
+    let row = unsafe { push_one(fcinfo) };
+    pg_sys::Datum::from(row.msg_offset)
 }
 
 /// The keys a push_batch item may have; anything else is refused (a typo such as

@@ -249,9 +249,16 @@ pub fn with_pinned_search_path<R>(f: impl FnOnce() -> R) -> R {
 ///   queen has an index made for it.
 ///
 /// The two settings are the server's own variables, written directly and put back when
-/// `f` returns or unwinds (an ERROR inside `f` reaches here as a Rust panic, so the guard
-/// restores them before the ERROR propagates; nothing between sets either setting).
-pub fn with_kept_plan_settings<R>(f: impl FnOnce() -> R) -> R {
+/// `f` returns or unwinds: an ERROR inside `f` reaches here as a Rust panic, so the guard
+/// restores them before the ERROR propagates. (The search path, by contrast, is a stack
+/// that transaction cleanup pops; these variables have no such cleanup, hence the guard.)
+///
+/// Rule: nothing inside `f` may set either setting: no `SET LOCAL` or `set_config` of
+/// them in queen's statements, and no call of a function with a `SET` clause of them (as
+/// `queen.peek` has). Such a change saves the forced value as its prior one, and the
+/// transaction's end (or an ERROR's) would put that forced value back after this guard
+/// ran: the session would keep it.
+pub fn with_queen_plan_settings<R>(f: impl FnOnce() -> R) -> R {
     struct Restore {
         seqscan: bool,
         mode: std::ffi::c_int,

@@ -86,12 +86,13 @@ fn an_api_role_works_end_to_end_and_others_are_refused() {
     );
 }
 
-/// `queen.push`, `queen.push_batch`, `queen.pop`, `queen.ack` and `queen.extend_lease`
-/// carry no `SET search_path` clause: they pin the search path inside the library. A caller who puts a schema of its own first, with an
-/// operator that would run as the function's owner if it were picked, gets nothing from
-/// it: the push works and the operator never runs.
+/// `queen.push`, `queen.send`, `queen.push_batch`, `queen.pop`, `queen.ack` and
+/// `queen.extend_lease` carry no `SET search_path` clause: they pin the search path inside
+/// the library. A caller who puts a schema of its own first, with operators that would run
+/// as the function's owner if they were picked, gets nothing from it: every call works and
+/// the operators never run.
 #[test]
-fn a_callers_search_path_cannot_hijack_a_push() {
+fn a_callers_search_path_cannot_hijack_queens_calls() {
     let mut admin = connect();
     let app = format!("app_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     admin_ddl(&mut admin, &format!("CREATE ROLE {app} LOGIN; CREATE SCHEMA {app} AUTHORIZATION {app};"));
@@ -121,6 +122,7 @@ fn a_callers_search_path_cannot_hijack_a_push() {
     // ... but not inside queen's functions, whatever the caller's search path.
     for _ in 0..3 {
         c.execute("SELECT * FROM queen.push($1, '1')", &[&queue]).unwrap();
+        c.execute("SELECT queen.send($1, '1')", &[&queue]).unwrap();
         c.execute(
             "SELECT * FROM queen.push_batch(jsonb_build_array(jsonb_build_object('queue', $1::text, 'payload', 2)))",
             &[&queue],
@@ -139,10 +141,10 @@ fn a_callers_search_path_cannot_hijack_a_push() {
     let many: serde_json::Value = c.query_one("SELECT queen.ack($1, $2)", &[&lease, &items]).unwrap().get(0);
     assert_eq!(many["lanes"][0]["committed"], first + 1, "{many}");
     let rows = c.query("SELECT lease_id FROM queen.pop($1, batch => 10)", &[&queue]).unwrap();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 7);
     let whole: serde_json::Value =
         c.query_one("SELECT queen.ack($1)", &[&rows[0].get::<_, uuid::Uuid>(0)]).unwrap().get(0);
-    assert_eq!(whole["lanes"][0]["committed"], first + 5, "{whole}");
+    assert_eq!(whole["lanes"][0]["committed"], first + 8, "{whole}");
     let after: i64 = c.query_one(&format!("SELECT count(*) FROM {app}.calls"), &[]).unwrap().get(0);
     assert_eq!(after, 1, "queen's SQL ran the caller's operator");
     drop(c);
