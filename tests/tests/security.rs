@@ -23,6 +23,7 @@ fn connect_as(role: &str) -> Client {
 const APP_GRANTS: &str = "
     GRANT USAGE ON SCHEMA queen TO {role};
     GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz), queen.push_batch(jsonb),
+        queen.send(text, jsonb, text, text, jsonb, timestamptz),
         queen.pop(text, text, int, text, int, bool, int, int, text, bigint),
         queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text, interval),
         queen.extend_lease(uuid, int), queen.may_start(uuid, interval),
@@ -111,6 +112,8 @@ fn a_callers_search_path_cannot_hijack_queens_calls() {
          CREATE FUNCTION {app}.int8eq(a bigint, b bigint) RETURNS bool LANGUAGE plpgsql AS $$
            BEGIN INSERT INTO {app}.calls VALUES (current_user); RETURN a OPERATOR(pg_catalog.=) b; END $$;
          CREATE OPERATOR {app}.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = {app}.int8eq);
+         CREATE FUNCTION {app}.to_char(t timestamptz, f text) RETURNS text LANGUAGE plpgsql AS $$
+           BEGIN INSERT INTO {app}.calls VALUES (current_user); RETURN pg_catalog.to_char(t, f); END $$;
          SET search_path = {app}, pg_catalog;"
     ))
     .unwrap();
