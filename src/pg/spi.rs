@@ -150,9 +150,16 @@ fn kept_plan(client: &mut SpiClient<'_>, sql: &'static str, args: &[DatumWithOid
 }
 
 /// Runs `sql` (a constant, never built from input) as a kept plan with `args`.
+///
+/// Not through pgrx's `update`: that asks for a transaction id first (`mark_mutable`), so a
+/// read would give its transaction an xid, and with it a commit record, a clog entry and a
+/// WAL writer wake-up at commit: the cost of a write, for a pop that writes nothing. The
+/// plan is prepared as mutating (`kept_plan`), so SPI runs it read-write either way (a
+/// new snapshot, and the command counter moved on after it); a statement that writes gets
+/// its xid from PostgreSQL when it writes, as any statement does.
 pub fn run<'conn>(client: &mut SpiClient<'conn>, sql: &'static str, args: &[DatumWithOid<'_>]) -> SpiTupleTable<'conn> {
     let plan = kept_plan(client, sql, args);
-    client.update(&*plan, None, args).or_raise()
+    client.select(&*plan, None, args).or_raise()
 }
 
 /// Runs `sql` like `run`, maps its rows with `f`, and frees its result at once rather than
@@ -182,7 +189,8 @@ pub fn run_map<T>(
 /// read with `fetch_one`. It is closed when dropped.
 pub fn cursor<'conn>(client: &mut SpiClient<'conn>, sql: &'static str, args: &[DatumWithOid<'_>]) -> SpiCursor<'conn> {
     let plan = kept_plan(client, sql, args);
-    client.try_open_cursor_mut(&*plan, args).or_raise()
+    // Read-write, without asking for an xid first (see `run`).
+    client.try_open_cursor(&*plan, args).or_raise()
 }
 
 /// Reads the next row of `cursor` with `read` (None at the end), then frees the row. pgrx
