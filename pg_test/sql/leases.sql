@@ -131,3 +131,32 @@ SELECT queen.delete_queue('dq') ->> 'deleted' AS deleted;
 ROLLBACK;
 SELECT lease_id IS NOT NULL AS still_leased FROM queen.status('dq');
 SELECT queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed' AS committed FROM dq;
+
+-- With preloading, a leasing pop writes nothing (its lease lives in shared memory): its
+-- transaction gets no transaction id, so its commit writes no WAL. Nor do the reads of
+-- peek and status. Without preloading the pop writes its lease row. A push, an ack and an
+-- auto-ack pop write, and get one.
+SELECT count(*) FROM queen.push('nx', '1');
+SELECT count(*) FROM queen.push('nx', '2', 'b');
+SELECT count(*) FROM queen.pop('nx', lease_seconds => 600);
+BEGIN;
+SELECT lease_id AS nx_lease FROM queen.pop('nx', lease_seconds => 600) \gset
+SELECT :'nx_lease'::uuid IS NOT NULL AS popped;
+SELECT count(*) FROM queen.peek('nx');
+SELECT count(*) FROM queen.status('nx');
+SELECT (pg_current_xact_id_if_assigned() IS NULL) = (current_setting('shared_preload_libraries') ~ 'queen')
+    AS xid_only_without_preloading;
+COMMIT;
+BEGIN;
+SELECT queen.ack(:'nx_lease') -> 'lanes' -> 0 ->> 'committed' AS committed;
+SELECT pg_current_xact_id_if_assigned() IS NOT NULL AS ack_has_xid;
+COMMIT;
+BEGIN;
+SELECT count(*) FROM queen.push('nx', '3');
+SELECT pg_current_xact_id_if_assigned() IS NOT NULL AS push_has_xid;
+COMMIT;
+SELECT count(*) FROM queen.push('nx', '4', 'b');
+BEGIN;
+SELECT msg_offset FROM queen.pop('nx', auto_ack => true);
+SELECT pg_current_xact_id_if_assigned() IS NOT NULL AS auto_ack_has_xid;
+COMMIT;
