@@ -242,3 +242,73 @@ fn queen_plan_settings_apply_inside_and_come_back() {
     unsafe { pgrx::pg_sys::PopOverrideSearchPath() };
     assert_eq!(settings(), before);
 }
+
+/// A pop reads segments by direct index scans (`pg::scan`); the statement it replaces is
+/// kept for tables this library does not know. Both read the same rows: over both tiers
+/// (single pushes in the fresh tier, a batch and a compacted run in the other), spans that
+/// start inside, before and after segments, across both, and of a partition with none.
+#[pg_test]
+fn direct_segment_reads_match_the_statement() {
+    for i in 0..30 {
+        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"n\": {i}}}', 'a')")).unwrap();
+    }
+    Spi::run(
+        "SELECT * FROM queen.push_batch('dr', (SELECT jsonb_agg(jsonb_build_object('payload', i, 'partition', 'b'))
+                                                 FROM generate_series(1, 500) i))",
+    )
+    .unwrap();
+    Spi::run("SELECT queen.compact('dr')").unwrap();
+    for i in 0..12 {
+        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'a')")).unwrap();
+        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'b')")).unwrap();
+    }
+    let pid = |name: &str| {
+        Spi::get_one::<pgrx::Uuid>(&format!(
+            "SELECT partition_id FROM queen.partitions p JOIN queen.queues q USING (queue_id)
+              WHERE q.name = 'dr' AND p.name = '{name}'"
+        ))
+        .unwrap()
+        .unwrap()
+    };
+    let (a, b) = (pid("a"), pid("b"));
+    let none = pgrx::Uuid::from_bytes([7; 16]);
+    let spans = [
+        (a, 0, 100),
+        (a, 5, 5),
+        (a, 28, 35),
+        (a, 31, 31),
+        (a, 41, 60),
+        (b, 0, 0),
+        (b, 100, 130),
+        (b, 499, 505),
+        (b, 510, 600),
+        (none, 0, 10),
+    ];
+    let [direct, sql] = crate::storage::segments::both_ways(&spans);
+    assert_eq!(direct, sql);
+    // The reads found segments of both tiers: a span over all of a holds every offset.
+    let covered: i64 = direct[0].iter().map(|r| r.1 - r.0 + 1).sum();
+    assert_eq!(covered, 42, "a's 42 messages, in a compacted run and fresh segments");
+    assert!(direct[0].len() > 2 && direct[9].is_empty());
+}
+
+/// A pop's scan of its lanes reads them by direct index scans
+/// (`registry::claimable_lanes`); the statement it replaces is kept for tables this
+/// library does not know. Both find the same lanes, with the same readable ends, when some
+/// are leased, some empty and some claimable.
+#[pg_test]
+fn direct_lane_scan_matches_the_statement() {
+    for p in 0..12 {
+        Spi::run(&format!("SELECT * FROM queen.push('ls', '{{\"p\": {p}}}', 'p{p}')")).unwrap();
+        if p % 3 == 0 {
+            Spi::run(&format!("SELECT * FROM queen.push('ls', '{{\"p\": {p}}}', 'p{p}')")).unwrap();
+        }
+    }
+    Spi::run("CREATE TEMP TABLE ls AS SELECT * FROM queen.pop('ls', batch => 4, max_partitions => 4)").unwrap();
+    Spi::run("SELECT queen.ack(lease_id) FROM (SELECT DISTINCT lease_id FROM ls) l").unwrap();
+    Spi::run("SELECT * FROM queen.pop('ls', batch => 3, max_partitions => 3)").unwrap();
+    let queue = Spi::get_one::<i64>("SELECT queue_id FROM queen.queues WHERE name = 'ls'").unwrap().unwrap();
+    let [direct, sql] = crate::lane::registry::claimable_both_ways(queue, "__QUEUE_MODE__");
+    assert_eq!(direct, sql);
+    assert!(!direct.is_empty() && direct.len() < 12, "some lanes claimable, some not: {direct:?}");
+}

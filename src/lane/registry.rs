@@ -905,6 +905,100 @@ COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS
 /// A backoff's end is noted for a waiting pop (`wake::due_at`).
 #[pg_extern(name = "_claimable", volatile, parallel_unsafe)]
 fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
+    claimable(partition_id, consumer_group, head)
+}
+
+/// The lanes of `group` of queue `queue_id` that a pop's scan may claim now
+/// (`queen._claimable`), in partition-id order within `(lower, upper]`, at most `limit`:
+/// (partition, its name, its readable end). The lanes of the group are read in the order
+/// of `lanes_queue_group`, each with its partition's row, by direct index scans
+/// (`pg::scan`): a pop's scan without an SQL statement. None, having read nothing, when
+/// those tables are not as this library knows them (the caller runs the statement).
+pub fn claimable_lanes(
+    queue_id: i64,
+    group: &str,
+    (lower, upper): (pgrx::Uuid, pgrx::Uuid),
+    limit: i64,
+) -> Option<Vec<(pgrx::Uuid, String, i64)>> {
+    use crate::pg::catalog::queen_table;
+    use crate::pg::scan::{Key, Statement, Table};
+    let lanes = Table::open(
+        queen_table(c"lanes"),
+        Some(queen_table(c"lanes_queue_group")),
+        &[c"queue_id", c"consumer_group", c"partition_id"],
+    )?;
+    let partitions = Table::open(queen_table(c"partitions"), None, &[c"partition_id"])?;
+    let (lane_partition, name, head) =
+        (lanes.column(c"partition_id")?, partitions.column(c"name")?, partitions.column(c"head")?);
+    let statement = Statement::start();
+    let eq = pg_sys::BTEqualStrategyNumber;
+    let mut scan = lanes.scan(
+        &statement,
+        &[
+            Key::new(1, eq, pg_sys::F_INT8EQ, pg_sys::Datum::from(queue_id)),
+            Key::new(2, eq, pg_sys::F_TEXTEQ, group.into_datum().unwrap()),
+            Key::new(3, pg_sys::BTGreaterStrategyNumber, pg_sys::F_UUID_GT, lower.into_datum().unwrap()),
+            Key::new(3, pg_sys::BTLessEqualStrategyNumber, pg_sys::F_UUID_LE, upper.into_datum().unwrap()),
+        ],
+        false,
+    );
+    let by_id = |pid: pgrx::Uuid| [Key::new(1, eq, pg_sys::F_UUID_EQ, pid.into_datum().unwrap())];
+    let mut partition: Option<crate::pg::scan::Scan<'_>> = None;
+    let mut out = Vec::new();
+    while (out.len() as i64) < limit && scan.next() {
+        // SAFETY: a non-null datum of a uuid column (the lane's key).
+        let Some(pid) = scan.get(lane_partition).and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) }) else {
+            continue;
+        };
+        // The partition's row (a lane without one, being deleted, is not a lane to claim).
+        let p = match &mut partition {
+            Some(p) => {
+                p.rescan(&by_id(pid));
+                p
+            }
+            None => partition.insert(partitions.scan(&statement, &by_id(pid), false)),
+        };
+        if !p.next() {
+            continue;
+        }
+        let head = p.get(head).map_or(0, |d| d.value() as i64);
+        // SAFETY: a non-null datum of a text column; `from_datum` copies it into a String.
+        let Some(name) = p.get(name).and_then(|d| unsafe { String::from_datum(d, false) }) else {
+            continue;
+        };
+        if let Some(readable) = claimable(pid, group, head) {
+            out.push((pid, name, readable));
+        }
+    }
+    Some(out)
+}
+
+/// For the in-server tests: `claimable_lanes` and the statement a pop runs without it, over
+/// all the lanes of (queue, group).
+#[cfg(any(test, feature = "pg_test"))]
+#[allow(clippy::type_complexity)]
+pub fn claimable_both_ways(queue_id: i64, group: &str) -> [Vec<(pgrx::Uuid, String, i64)>; 2] {
+    let all = (pgrx::Uuid::from_bytes([0; 16]), pgrx::Uuid::from_bytes([0xff; 16]));
+    let direct = claimable_lanes(queue_id, group, all, 1_000).expect("queen's tables read directly");
+    let sql = Spi::connect_mut(|client| {
+        run(
+            client,
+            "SELECT l.partition_id, p.name, r.readable
+               FROM queen.lanes l
+               JOIN queen.partitions p ON p.partition_id = l.partition_id
+              CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
+              WHERE l.queue_id = $1 AND l.consumer_group = $2 AND r.readable IS NOT NULL
+              ORDER BY l.partition_id",
+            &[queue_id.into(), group.into()],
+        )
+        .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
+        .collect()
+    });
+    [direct, sql]
+}
+
+/// `queen._claimable` (above).
+fn claimable(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
     let (s, held) = view(partition_id, consumer_group);
     let now = crate::pg::clock::clock_now();
     if held || s.live_lease(now) {

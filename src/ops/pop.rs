@@ -906,7 +906,9 @@ impl<'a> LaneScan<'a> {
         }
     }
 
-    /// The next claimable lane the scan reads, querying a chunk when none is pending.
+    /// The next claimable lane the scan reads, reading a chunk when none is pending: by
+    /// direct index scans (`registry::claimable_lanes`), or by the statement below when the
+    /// tables are not as this library knows them.
     fn next_row(&mut self, client: &mut SpiClient<'_>) -> Option<(pgrx::Uuid, String, i64)> {
         loop {
             if let Some(row) = self.pending.pop_front() {
@@ -917,24 +919,28 @@ impl<'a> LaneScan<'a> {
             if limit <= 0 {
                 return None;
             }
-            let rows = run(
-                client,
-                "SELECT l.partition_id, p.name, r.readable
-                   FROM queen.lanes l
-                   JOIN queen.partitions p ON p.partition_id = l.partition_id
-                  CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
-                  WHERE l.queue_id = $1 AND l.consumer_group = $2
-                    AND l.partition_id > $4 AND l.partition_id <= $5
-                    AND r.readable IS NOT NULL
-                  ORDER BY l.partition_id
-                  LIMIT $3",
-                &[self.queue_id.into(), self.a.group.into(), limit.into(), lower.into(), upper.into()],
-            );
+            let rows = crate::lane::registry::claimable_lanes(self.queue_id, self.a.group, (lower, upper), limit)
+                .unwrap_or_else(|| {
+                    run(
+                        client,
+                        "SELECT l.partition_id, p.name, r.readable
+                           FROM queen.lanes l
+                           JOIN queen.partitions p ON p.partition_id = l.partition_id
+                          CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
+                          WHERE l.queue_id = $1 AND l.consumer_group = $2
+                            AND l.partition_id > $4 AND l.partition_id <= $5
+                            AND r.readable IS NOT NULL
+                          ORDER BY l.partition_id
+                          LIMIT $3",
+                        &[self.queue_id.into(), self.a.group.into(), limit.into(), lower.into(), upper.into()],
+                    )
+                    .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
+                    .collect()
+                });
             let n = rows.len() as i64;
-            for r in rows {
-                let partition_id: pgrx::Uuid = r.get(1).or_raise().unwrap();
-                self.spans[0].0 = partition_id; // the next query reads after it
-                self.pending.push_back((partition_id, r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()));
+            for row in rows {
+                self.spans[0].0 = row.0; // the next query reads after it
+                self.pending.push_back(row);
             }
             self.left -= n;
             if n < limit {

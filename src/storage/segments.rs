@@ -19,7 +19,7 @@
 
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
-use pgrx::spi::{SpiClient, SpiHeapTupleData};
+use pgrx::spi::SpiClient;
 use queen_core::compaction::FRESH_MAX;
 use queen_core::segment::{CodecError, Directory, Entry, Frame, Place};
 
@@ -97,12 +97,13 @@ impl Scratch {
         })
     }
 
-    /// Bytes `[start, start + len)` of a bytea datum of `_row`, fetched from TOAST without
-    /// reading the rest, into this context: valid until the next `reset` (the borrow of
-    /// `self` says so).
-    fn slice(&self, _row: &SpiHeapTupleData<'_>, datum: pg_sys::Datum, start: usize, len: usize) -> &[u8] {
-        // SAFETY: `datum` is a non-null bytea of `_row`, valid while that SPI result is
-        // (the whole read). detoast_attr_slice pallocs the copy, and whatever else it
+    /// Bytes `[start, start + len)` of the stored bytes of `segment`, fetched from TOAST
+    /// without reading the rest, into this context: valid until the next `reset` (the
+    /// borrow of `self` says so).
+    fn slice(&self, segment: &Segment<'_>, start: usize, len: usize) -> &[u8] {
+        let datum = segment.data;
+        // SAFETY: `datum` is a non-null bytea of the segment's row, valid for the read's
+        // connection ('conn: an SPI result, or a copy of the row in its memory context). detoast_attr_slice pallocs the copy, and whatever else it
         // allocates, in the current memory context: this one while it runs. An ERROR
         // leaves this context current; `drop` handles that.
         unsafe {
@@ -177,74 +178,58 @@ pub fn read_or_skip(
     read_rows(fetch(client, partition_id, start, end), partition_id, start, end, room, emit, corrupt);
 }
 
+/// One segment row of a read: its offsets, its time, and its stored bytes (a TOAST
+/// pointer, or the value itself when small), valid while the SPI connection of the read
+/// lasts (`'conn`): a value of an SPI result, or of a copy of the row made in the
+/// connection's memory context.
+pub(crate) struct Segment<'conn> {
+    first: i64,
+    last: i64,
+    created_at: TimestampWithTimeZone,
+    data: pg_sys::Datum,
+    _conn: std::marker::PhantomData<&'conn ()>,
+}
+
 /// The segment rows a read of offsets `lo..=hi` of one partition needs: the segment of each
 /// tier that holds `lo`, and those that begin after it up to `hi`. `data` stays a TOAST
 /// pointer until a read slices it.
 pub struct Rows<'conn> {
     pub lo: i64,
     pub hi: i64,
-    rows: Vec<(i64, i64, SpiHeapTupleData<'conn>)>,
-    /// Columns before `first_offset, last_offset, created_at, data` in each row.
-    skip: usize,
+    rows: Vec<Segment<'conn>>,
 }
 
-/// The rows of one partition's read, in one statement. The fresh tier is skipped when no
-/// push wrote there at or after `start` (`offsets`).
+/// The rows of one partition's read (`fetch_many` of one span).
 pub fn fetch<'conn>(client: &mut SpiClient<'conn>, partition_id: pgrx::Uuid, start: i64, end: i64) -> Rows<'conn> {
-    // Per tier: the segment that holds `start`, then the ones that begin inside the span:
-    // tight range scans of the primary keys.
-    let rows = if crate::offsets::may_be_fresh(partition_id, start) {
-        // A fresh segment holds fewer than FRESH_MAX offsets, so the one holding `start`
-        // begins after `start - FRESH_MAX`. The bound keeps the probe off the index entries
-        // of segments compaction has replaced: while a snapshot holds the xmin horizon
-        // back they cannot be removed, and an unbounded probe would walk them all.
-        let floor = start - FRESH_MAX as i64;
-        run(
-            client,
-            "(SELECT first_offset, last_offset, created_at, data FROM queen.segments
-               WHERE partition_id = $1 AND first_offset <= $2
-               ORDER BY first_offset DESC LIMIT 1)
-             UNION ALL
-             (SELECT first_offset, last_offset, created_at, data FROM queen.segments
-               WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)
-             UNION ALL
-             (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
-               WHERE partition_id = $1 AND first_offset <= $2 AND first_offset > $4
-               ORDER BY first_offset DESC LIMIT 1)
-             UNION ALL
-             (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
-               WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)",
-            &[partition_id.into(), start.into(), end.into(), floor.into()],
-        )
-    } else {
-        run(
-            client,
-            "(SELECT first_offset, last_offset, created_at, data FROM queen.segments
-               WHERE partition_id = $1 AND first_offset <= $2
-               ORDER BY first_offset DESC LIMIT 1)
-             UNION ALL
-             (SELECT first_offset, last_offset, created_at, data FROM queen.segments
-               WHERE partition_id = $1 AND first_offset > $2 AND first_offset <= $3)",
-            &[partition_id.into(), start.into(), end.into()],
-        )
-    };
-    let rows =
-        rows.map(|row| (row.get::<i64>(1).or_raise().unwrap(), row.get::<i64>(2).or_raise().unwrap(), row)).collect();
-    Rows { lo: start, hi: end, rows, skip: 0 }
+    fetch_many(client, &[(partition_id, start, end)]).pop().expect("one span, one result")
 }
 
-/// `fetch` for several partitions at once (a pop's lanes), in one statement: each span
-/// `(partition, lo, hi)` gets its rows, in the order given. One statement instead of one
-/// per lane: starting an executor for a read of the two tiers over both segment
-/// generations was most of the cost of a pop that reads many lanes. Like `fetch`, one
-/// statement sees a compaction whole or not at all.
+/// The rows of several partitions' reads (a pop's lanes): each span `(partition, lo, hi)`
+/// gets its rows, in the order given, all read under one snapshot, so that a compaction or
+/// a generation move that commits meanwhile is seen whole or not at all. The fresh tier of
+/// a partition is skipped when no push wrote there at or after `lo` (`offsets`).
+///
+/// Read by direct index scans of the tiers' tables (`pg::scan`); by one SQL statement when
+/// those tables are not as this library knows them (a schema older or newer than it).
 pub fn fetch_many<'conn>(client: &mut SpiClient<'conn>, spans: &[(pgrx::Uuid, i64, i64)]) -> Vec<Rows<'conn>> {
+    let fresh: Vec<bool> = spans.iter().map(|s| crate::offsets::may_be_fresh(s.0, s.1)).collect();
+    direct::fetch_many(spans, &fresh).unwrap_or_else(|| fetch_many_sql(client, spans, &fresh))
+}
+
+/// `fetch_many` in one statement: per span, tight range scans of each tier's primary key.
+/// A fresh segment holds fewer than FRESH_MAX offsets, so the one holding `lo` begins after
+/// `lo - FRESH_MAX`. The bound keeps the probe off the index entries of segments compaction
+/// has replaced: while a snapshot holds the xmin horizon back they cannot be removed, and
+/// an unbounded probe would walk them all.
+fn fetch_many_sql<'conn>(
+    client: &mut SpiClient<'conn>,
+    spans: &[(pgrx::Uuid, i64, i64)],
+    fresh: &[bool],
+) -> Vec<Rows<'conn>> {
     let pids: Vec<pgrx::Uuid> = spans.iter().map(|s| s.0).collect();
     let los: Vec<i64> = spans.iter().map(|s| s.1).collect();
     let his: Vec<i64> = spans.iter().map(|s| s.2).collect();
-    let fresh: Vec<bool> = spans.iter().map(|s| crate::offsets::may_be_fresh(s.0, s.1)).collect();
-    let mut out: Vec<Rows<'conn>> =
-        spans.iter().map(|&(_, lo, hi)| Rows { lo, hi, rows: Vec::new(), skip: 1 }).collect();
+    let mut out: Vec<Rows<'conn>> = spans.iter().map(|&(_, lo, hi)| Rows { lo, hi, rows: Vec::new() }).collect();
     for row in run(
         client,
         "SELECT l.i, s.first_offset, s.last_offset, s.created_at, s.data
@@ -264,14 +249,149 @@ pub fn fetch_many<'conn>(client: &mut SpiClient<'conn>, spans: &[(pgrx::Uuid, i6
             (SELECT first_offset, last_offset, created_at, data FROM queen.fresh_segments
               WHERE l.fresh AND partition_id = l.pid AND first_offset > l.lo AND first_offset <= l.hi)
           ) s",
-        &[pids.into(), los.into(), his.into(), fresh.into(), (FRESH_MAX as i64).into()],
+        &[pids.into(), los.into(), his.into(), fresh.to_vec().into(), (FRESH_MAX as i64).into()],
     ) {
         let i = row.get::<i64>(1).or_raise().unwrap() as usize - 1;
-        let first = row.get::<i64>(2).or_raise().unwrap();
-        let last = row.get::<i64>(3).or_raise().unwrap();
-        out[i].rows.push((first, last, row));
+        let StoredBytea(data) = row.get(5).or_raise().unwrap();
+        out[i].rows.push(Segment {
+            first: row.get(2).or_raise().unwrap(),
+            last: row.get(3).or_raise().unwrap(),
+            created_at: row.get(4).or_raise().unwrap(),
+            data,
+            _conn: std::marker::PhantomData,
+        });
     }
     out
+}
+
+/// `fetch_many` by direct index scans (`pg::scan`), the same rows the statement reads.
+mod direct {
+    use std::ffi::CStr;
+
+    use pgrx::datum::TimestampWithTimeZone;
+    use pgrx::pg_sys;
+    use pgrx::{FromDatum, IntoDatum};
+    use queen_core::compaction::FRESH_MAX;
+
+    use super::{Rows, Segment};
+    use crate::pg::scan::{Key, Statement, Table};
+
+    /// One table of a tier (a generation's partition of `queen.segments` or
+    /// `queen.fresh_segments`), open for scans of its primary key, and where its columns
+    /// are.
+    struct Part {
+        table: Table,
+        first: i16,
+        last: i16,
+        created_at: i16,
+        data: i16,
+    }
+
+    /// The tables of the tier `parent` (a partitioned table of queen's): its partitions,
+    /// each with a primary key led by (partition_id, first_offset). None when the tier is
+    /// not like that, or a partition lacks a column a read needs.
+    fn tier(parent: &'static CStr) -> Option<Vec<Part>> {
+        let relid = crate::pg::catalog::queen_table(parent);
+        if relid == pg_sys::InvalidOid {
+            return None;
+        }
+        // SAFETY: the parent is opened under AccessShareLock (kept to the end of the
+        // transaction, as a statement keeps it) to read its partition descriptor, which
+        // the relcache keeps while the relation is open; the OIDs are copied out first.
+        let parts: Vec<pg_sys::Oid> = unsafe {
+            let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let desc = if (*(*rel).rd_rel).relkind == pg_sys::RELKIND_PARTITIONED_TABLE as std::ffi::c_char {
+                pg_sys::RelationGetPartitionDesc(rel, true)
+            } else {
+                std::ptr::null_mut()
+            };
+            let oids = if desc.is_null() {
+                None
+            } else {
+                Some(std::slice::from_raw_parts((*desc).oids, (*desc).nparts as usize).to_vec())
+            };
+            pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            oids?
+        };
+        parts
+            .into_iter()
+            .map(|oid| {
+                let table = Table::open(oid, None, &[c"partition_id", c"first_offset"])?;
+                Some(Part {
+                    first: table.column(c"first_offset")?,
+                    last: table.column(c"last_offset")?,
+                    created_at: table.column(c"created_at")?,
+                    data: table.column(c"data")?,
+                    table,
+                })
+            })
+            .collect()
+    }
+
+    impl Part {
+        /// Appends to `out` the rows of this table a read of `lo..=hi` of `partition_id`
+        /// needs: those that begin in `(lo, hi]` and the one holding `lo` (the last that
+        /// begins at or before it), above `floor` when given. One backward scan, from `hi`
+        /// down to the row holding `lo`.
+        fn read<'conn>(
+            &self,
+            statement: &Statement,
+            partition_id: pgrx::Uuid,
+            (lo, hi): (i64, i64),
+            floor: Option<i64>,
+            out: &mut Vec<Segment<'conn>>,
+        ) {
+            let mut keys = vec![
+                Key::new(1, pg_sys::BTEqualStrategyNumber, pg_sys::F_UUID_EQ, partition_id.into_datum().unwrap()),
+                Key::new(2, pg_sys::BTLessEqualStrategyNumber, pg_sys::F_INT8LE, pg_sys::Datum::from(hi)),
+            ];
+            if let Some(floor) = floor {
+                keys.push(Key::new(2, pg_sys::BTGreaterStrategyNumber, pg_sys::F_INT8GT, pg_sys::Datum::from(floor)));
+            }
+            let mut scan = self.table.scan(statement, &keys, true);
+            while scan.next() {
+                let int8 = |d: Option<pg_sys::Datum>| d.map_or(0, |d| d.value() as i64);
+                let first = int8(scan.get(self.first));
+                let created_at = scan
+                    .get(self.created_at)
+                    // SAFETY: a non-null datum of a timestamptz column.
+                    .and_then(|d| unsafe { TimestampWithTimeZone::from_datum(d, false) })
+                    .expect("created_at is not null");
+                out.push(Segment {
+                    first,
+                    last: int8(scan.get(self.last)),
+                    created_at,
+                    data: scan.copy(self.data).expect("data is not null"),
+                    _conn: std::marker::PhantomData,
+                });
+                if first <= lo {
+                    break; // the segment holding `lo`: nothing below it is read
+                }
+            }
+        }
+    }
+
+    /// The rows of every span, or None (having read nothing) when the tiers are not as
+    /// this library knows them.
+    pub(super) fn fetch_many<'conn>(spans: &[(pgrx::Uuid, i64, i64)], fresh: &[bool]) -> Option<Vec<Rows<'conn>>> {
+        let plain = tier(c"segments")?;
+        let fresh_parts = if fresh.iter().any(|&f| f) { tier(c"fresh_segments")? } else { Vec::new() };
+        let statement = Statement::start();
+        let mut out = Vec::with_capacity(spans.len());
+        for (&(pid, lo, hi), &fresh) in spans.iter().zip(fresh) {
+            let mut rows = Vec::new();
+            for part in &plain {
+                part.read(&statement, pid, (lo, hi), None, &mut rows);
+            }
+            if fresh {
+                for part in &fresh_parts {
+                    part.read(&statement, pid, (lo, hi), Some(lo - FRESH_MAX as i64), &mut rows);
+                }
+            }
+            out.push(Rows { lo, hi, rows });
+        }
+        Some(out)
+    }
 }
 
 /// `read_or_skip` over rows fetched before (`fetch`, `fetch_many`) for a span that holds
@@ -296,16 +416,15 @@ pub fn read_rows(
     debug_assert!(rows.lo == start && end <= rows.hi);
     // In offset order (sorted here: a Sort node in the statement costs more than these
     // few rows do).
-    let skip = rows.skip;
     let mut rows = rows.rows;
-    rows.sort_unstable_by_key(|r| r.0);
+    rows.sort_unstable_by_key(|r| r.first);
     let mut scratch = Scratch::new();
     let mut next = start;
-    for (first, last, row) in rows {
+    for row in &rows {
+        let (first, last) = (row.first, row.last);
         if last < next {
             continue; // ends before the span (the segment before `start`)
         }
-        let created_at: TimestampWithTimeZone = row.get(3 + skip).or_raise().unwrap();
         // Offsets no segment covers, up to this one.
         while next < first && next <= end {
             if !emit(next, None) {
@@ -316,8 +435,7 @@ pub fn read_rows(
         if next > end {
             break;
         }
-        let StoredBytea(datum) = row.get(4 + skip).or_raise().unwrap();
-        let segment = Stored { row: &row, datum, partition_id, first, last, created_at };
+        let segment = Stored { row, partition_id };
         match segment.read(&mut scratch, room, end, &mut next, &mut emit) {
             Read::Done => {}
             Read::Stopped => return,
@@ -327,7 +445,7 @@ pub fn read_rows(
                     errors::corrupted(format_args!("{error} (partition {partition_id})"))
                 };
                 scratch.reset();
-                let bytes = scratch.slice(&row, datum, 0, segment.total()).to_vec();
+                let bytes = scratch.slice(row, 0, segment.total()).to_vec();
                 scratch.reset();
                 handler(Corrupt { segment_first: first, from: next, last, error, bytes });
                 next = last + 1;
@@ -343,14 +461,10 @@ pub fn read_rows(
     }
 }
 
-/// One segment row of a read.
+/// One segment row of a read, of a partition.
 struct Stored<'a, 'conn> {
-    row: &'a SpiHeapTupleData<'conn>,
-    datum: pg_sys::Datum,
+    row: &'a Segment<'conn>,
     partition_id: pgrx::Uuid,
-    first: i64,
-    last: i64,
-    created_at: TimestampWithTimeZone,
 }
 
 /// How a read of one segment ended.
@@ -366,23 +480,23 @@ enum Read {
 impl Stored<'_, '_> {
     /// Its stored size.
     fn total(&self) -> usize {
-        // SAFETY: `datum` is a non-null bytea of this row.
-        unsafe { pg_sys::toast_raw_datum_size(self.datum) - pg_sys::VARHDRSZ }
+        // SAFETY: `data` is a non-null bytea of this row.
+        unsafe { pg_sys::toast_raw_datum_size(self.row.data) - pg_sys::VARHDRSZ }
     }
 
     /// Its directory, parsed from a prefix of its bytes (fetched into `scratch`, longer
     /// until the header fits), and that prefix; Err (why) when the header is corrupt or
     /// counts other offsets than the segment row's.
     fn directory<'s>(&self, scratch: &'s mut Scratch) -> Result<(Directory, &'s [u8]), String> {
-        let (first, last) = (self.first, self.last);
+        let (first, last) = (self.row.first, self.row.last);
         let total = self.total();
         scratch.reset();
-        let mut head = scratch.slice(self.row, self.datum, 0, HEAD_BYTES.min(total));
+        let mut head = scratch.slice(self.row, 0, HEAD_BYTES.min(total));
         let dir = loop {
             match Directory::parse(head, total) {
                 Ok(dir) => break dir,
                 Err(CodecError::Truncated(_)) if head.len() < total => {
-                    head = scratch.slice(self.row, self.datum, 0, (head.len() * 8).min(total));
+                    head = scratch.slice(self.row, 0, (head.len() * 8).min(total));
                 }
                 Err(e) => return Err(format!("segment {first}..{last}: {e}")),
             }
@@ -403,7 +517,7 @@ impl Stored<'_, '_> {
         next: &mut i64,
         emit: &mut impl FnMut(i64, Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool,
     ) -> Read {
-        let (first, last) = (self.first, self.last);
+        let (first, last) = (self.row.first, self.row.last);
         if room().limit().is_none() {
             return Read::Stopped;
         }
@@ -427,7 +541,7 @@ impl Stored<'_, '_> {
                 _ => {
                     head = None;
                     scratch.reset();
-                    scratch.slice(self.row, self.datum, chunk.start, chunk.end - chunk.start)
+                    scratch.slice(self.row, chunk.start, chunk.end - chunk.start)
                 }
             };
             let mut go_on = true;
@@ -440,7 +554,7 @@ impl Stored<'_, '_> {
                 go_on = match entry {
                     Entry::Message(f) => {
                         // Version 1 segments keep no time per message: the row's applies.
-                        let at = f.created_at.map(crate::pg::clock::timestamptz).unwrap_or(self.created_at);
+                        let at = f.created_at.map(crate::pg::clock::timestamptz).unwrap_or(self.row.created_at);
                         emit(offset, Some((f, at)))
                     }
                     Entry::Gap => emit(offset, None),
@@ -457,4 +571,35 @@ impl Stored<'_, '_> {
             at = chunk.to;
         }
     }
+}
+
+/// For the in-server tests: the rows of `spans` (every span reading the fresh tier too)
+/// read both ways, by direct scans and by the statement, each row as (first, last,
+/// created_at, its stored bytes), in offset order.
+#[cfg(any(test, feature = "pg_test"))]
+#[allow(clippy::type_complexity)]
+pub fn both_ways(spans: &[(pgrx::Uuid, i64, i64)]) -> [Vec<Vec<(i64, i64, String, Vec<u8>)>>; 2] {
+    let fresh = vec![true; spans.len()];
+    let flat = |all: Vec<Rows<'_>>| -> Vec<Vec<(i64, i64, String, Vec<u8>)>> {
+        let scratch = Scratch::new();
+        all.into_iter()
+            .map(|rows| {
+                let mut v: Vec<_> = rows
+                    .rows
+                    .iter()
+                    .map(|r| {
+                        let total = Stored { row: r, partition_id: pgrx::Uuid::from_bytes([0; 16]) }.total();
+                        (r.first, r.last, r.created_at.to_string(), scratch.slice(r, 0, total).to_vec())
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .collect()
+    };
+    pgrx::Spi::connect_mut(|client| {
+        let direct = flat(direct::fetch_many(spans, &fresh).expect("queen's tables read directly"));
+        let sql = flat(fetch_many_sql(client, spans, &fresh));
+        [direct, sql]
+    })
 }
