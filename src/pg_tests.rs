@@ -271,6 +271,15 @@ fn direct_segment_reads_match_the_statement() {
         .unwrap()
     };
     let (a, b) = (pid("a"), pid("b"));
+    // A row of b's in the other generation's table, below its first segment (as a rotation
+    // leaves while it runs): each generation's table gives a segment holding a span's
+    // start, and the read keeps the last one, as the statement does.
+    Spi::run(&format!(
+        "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+         SELECT '{b}', -10, -1, now(), '\\x00', 1 - generation FROM queen.segments
+          WHERE partition_id = '{b}' LIMIT 1"
+    ))
+    .unwrap();
     let none = pgrx::Uuid::from_bytes([7; 16]);
     let spans = [
         (a, 0, 100),
@@ -279,6 +288,8 @@ fn direct_segment_reads_match_the_statement() {
         (a, 31, 31),
         (a, 41, 60),
         (b, 0, 0),
+        (b, 1, 1),
+        (b, -5, 3),
         (b, 100, 130),
         (b, 499, 505),
         (b, 510, 600),
@@ -289,15 +300,21 @@ fn direct_segment_reads_match_the_statement() {
     // The reads found segments of both tiers: a span over all of a holds every offset.
     let covered: i64 = direct[0].iter().map(|r| r.1 - r.0 + 1).sum();
     assert_eq!(covered, 42, "a's 42 messages, in a compacted run and fresh segments");
-    assert!(direct[0].len() > 2 && direct[9].is_empty());
+    assert!(direct[0].len() > 2 && direct[11].is_empty());
+    let firsts = |i: usize| direct[i].iter().map(|r| r.0).collect::<Vec<_>>();
+    assert_eq!(firsts(6), [1], "b's 1..=1: one holder, the current generation's batch");
+    assert_eq!(firsts(7), [-10, 1], "b's -5..=3: the other generation's row holds -5");
 }
 
-/// A pop's scan of its lanes reads them by direct index scans
-/// (`registry::claimable_lanes`); the statement it replaces is kept for tables this
-/// library does not know. Both find the same lanes, with the same readable ends, when some
-/// are leased, some empty and some claimable.
+/// A pop's scan of its lanes reads them by direct index scans (`lane::claimable`); the
+/// statement it replaces is kept for tables this library does not know. Both find the same
+/// lanes, with the same readable ends, when some are leased, some empty and some
+/// claimable, over all the lanes and within bounds and a limit. With the index the direct
+/// scan needs replaced by another, the scan falls back to the statement and a pop still
+/// delivers.
 #[pg_test]
 fn direct_lane_scan_matches_the_statement() {
+    use crate::lane::claimable::{by_statement, direct};
     for p in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('ls', '{{\"p\": {p}}}', 'p{p}')")).unwrap();
         if p % 3 == 0 {
@@ -308,7 +325,27 @@ fn direct_lane_scan_matches_the_statement() {
     Spi::run("SELECT queen.ack(lease_id) FROM (SELECT DISTINCT lease_id FROM ls) l").unwrap();
     Spi::run("SELECT * FROM queen.pop('ls', batch => 3, max_partitions => 3)").unwrap();
     let queue = Spi::get_one::<i64>("SELECT queue_id FROM queen.queues WHERE name = 'ls'").unwrap().unwrap();
-    let [direct, sql] = crate::lane::registry::claimable_both_ways(queue, "__QUEUE_MODE__");
-    assert_eq!(direct, sql);
-    assert!(!direct.is_empty() && direct.len() < 12, "some lanes claimable, some not: {direct:?}");
+    let group = "__QUEUE_MODE__";
+    let all = (pgrx::Uuid::from_bytes([0; 16]), pgrx::Uuid::from_bytes([0xff; 16]));
+    let both = |bounds, limit| {
+        let d = direct(queue, group, bounds, limit).expect("queen's tables read directly");
+        let s = Spi::connect_mut(|client| by_statement(client, queue, group, bounds, limit));
+        assert_eq!(d, s);
+        d
+    };
+    let found = both(all, 1_000);
+    assert!(!found.is_empty() && found.len() < 12, "some lanes claimable, some not: {found:?}");
+    if found.len() >= 3 {
+        let within = both((found[0].partition_id, all.1), 1);
+        assert_eq!(within, vec![found[1].clone()], "after the first, at most one");
+    }
+    Spi::run("DROP INDEX queen.lanes_queue_group").unwrap();
+    Spi::run("CREATE INDEX lanes_queue_group ON queen.lanes (consumer_group, queue_id, partition_id)").unwrap();
+    assert!(direct(queue, group, all, 1_000).is_none(), "an index of other columns is not read directly");
+    // The pop scans by the statement now, and takes a message or more from every lane
+    // found claimable above.
+    let lanes = Spi::get_one::<i64>(
+        "SELECT count(DISTINCT partition_id) FROM queen.pop('ls', batch => 20, max_partitions => 12)",
+    );
+    assert_eq!(lanes.unwrap().unwrap(), found.len() as i64);
 }

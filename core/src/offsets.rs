@@ -1643,7 +1643,10 @@ mod tests {
                                     && r.begin_load(&k, owner) == Load::Mine
                                 {
                                     r.finish_load(&k, owner, 3, 1, 0);
-                                    r.reserve(&k, n, owner, sub, all, fresh).unwrap();
+                                    // Loaded now: taken, or refused because every record
+                                    // is in use (a small registry fills up).
+                                    let again = r.reserve(&k, n, owner, sub, all, fresh);
+                                    assert!(matches!(again, Ok(_) | Err(Refusal::Full)), "{again:?}");
                                 }
                             }
                             FOp::Wrote { owner, back } => {

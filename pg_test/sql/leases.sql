@@ -139,6 +139,9 @@ SELECT queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed' AS committed FROM dq;
 SELECT count(*) FROM queen.push('nx', '1');
 SELECT count(*) FROM queen.push('nx', '2', 'b');
 SELECT count(*) FROM queen.pop('nx', lease_seconds => 600);
+-- A new session: its first pop also looks for lanes to repair, which it does without a lock
+-- when none is missing.
+\c
 BEGIN;
 SELECT lease_id AS nx_lease FROM queen.pop('nx', lease_seconds => 600) \gset
 SELECT :'nx_lease'::uuid IS NOT NULL AS popped;

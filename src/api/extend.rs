@@ -85,12 +85,15 @@ fn extend_registry(lease_id: pgrx::Uuid, target: i64, now: i64) -> (i64, Option<
 /// A timestamp (microseconds since 2000-01-01) as `YYYY-MM-DDTHH:MM:SS.ffffffZ`, as the
 /// table path formats it.
 fn iso(micros: i64) -> String {
-    Spi::get_one_with_args::<String>(
-        "SELECT to_char($1 AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
-        &[timestamptz(micros).into()],
-    )
-    .ok()
-    .flatten()
+    // Through `spi::run` (a kept plan, no transaction id asked for): the registry path of
+    // extend_lease writes nothing to the database.
+    Spi::connect_mut(|client| {
+        crate::pg::spi::first_value::<String>(crate::pg::spi::run(
+            client,
+            "SELECT to_char($1 AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[timestamptz(micros).into()],
+        ))
+    })
     .unwrap_or_default()
 }
 

@@ -9,6 +9,7 @@ use queen_core::lane::Lane;
 use queen_core::lanes::State as LaneState;
 use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
 
+use crate::lane::claimable::claimable_lanes;
 use crate::lane::rows::Claims;
 use crate::pg::clock::{clock_now, timestamptz};
 use crate::pg::errors::{self, SpiExt};
@@ -222,6 +223,16 @@ pub unsafe extern "C-unwind" fn pop_sql_wrapper(_fcinfo: pg_sys::FunctionCallInf
 }
 
 fn validate(a: &PopArgs) {
+    // A standby's shared memory is not the primary's: a lease claimed there would hold
+    // nothing back on the primary. Refused as PostgreSQL refuses a write in recovery.
+    // SAFETY: a plain read of whether this server is in recovery.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            "queen: pop claims messages, which a server in recovery (a standby) cannot do; pop on the primary"
+                .to_string(),
+        );
+    }
     check_queue_name("queue", a.queue);
     crate::queue::citus::ensure_home(a.queue);
     crate::queue::privileges::require(Some(a.queue), crate::queue::privileges::Privilege::Consume);
@@ -774,7 +785,7 @@ const LANES_UP_TO_CURSOR: &str = concat!(
 /// `claim_candidates` (from the shared cursor, wrapping), that locks them for this
 /// transaction a few at a time, only as far as a pop needs (`lock_lanes`). It reads lane
 /// rows that no pop or ack updates, and asks the registry about each
-/// (`queen._claimable`); a lane another pop takes meanwhile is skipped, never waited for.
+/// (`lane::claimable`); a lane another pop takes meanwhile is skipped, never waited for.
 struct LaneScan<'a> {
     a: &'a PopArgs<'a>,
     queue_id: i64,
@@ -785,9 +796,9 @@ struct LaneScan<'a> {
     /// Lanes the scan may still read (`max_partitions` in all, not counting lanes another
     /// pop took between the read and the lock).
     left: i64,
-    /// Rows the next query reads at most: `SCAN_CHUNK`, then twice as many each time.
+    /// Rows the next chunk reads at most: `SCAN_CHUNK`, then twice as many each time.
     chunk: i64,
-    /// Rows read but not examined yet (the last query's rest).
+    /// Rows read but not examined yet (the last chunk's rest).
     pending: std::collections::VecDeque<(pgrx::Uuid, String, i64)>,
     /// The last lane examined: where the cursor goes when the pop claims nothing.
     last_seen: Option<pgrx::Uuid>,
@@ -797,7 +808,7 @@ struct LaneScan<'a> {
     gate: Option<crate::lane::limits::Gate>,
 }
 
-/// Lanes a pop's first scan query reads (at most `max_partitions`); each further query of
+/// Lanes a pop's first scan chunk reads (at most `max_partitions`); each further chunk of
 /// the same scan reads twice as many as the one before.
 const SCAN_CHUNK: i64 = 4;
 
@@ -906,9 +917,8 @@ impl<'a> LaneScan<'a> {
         }
     }
 
-    /// The next claimable lane the scan reads, reading a chunk when none is pending: by
-    /// direct index scans (`registry::claimable_lanes`), or by the statement below when the
-    /// tables are not as this library knows them.
+    /// The next claimable lane the scan reads, reading a chunk (`lane::claimable`) when
+    /// none is pending.
     fn next_row(&mut self, client: &mut SpiClient<'_>) -> Option<(pgrx::Uuid, String, i64)> {
         loop {
             if let Some(row) = self.pending.pop_front() {
@@ -919,28 +929,11 @@ impl<'a> LaneScan<'a> {
             if limit <= 0 {
                 return None;
             }
-            let rows = crate::lane::registry::claimable_lanes(self.queue_id, self.a.group, (lower, upper), limit)
-                .unwrap_or_else(|| {
-                    run(
-                        client,
-                        "SELECT l.partition_id, p.name, r.readable
-                           FROM queen.lanes l
-                           JOIN queen.partitions p ON p.partition_id = l.partition_id
-                          CROSS JOIN LATERAL (SELECT queen._claimable(l.partition_id, $2, p.head) AS readable) r
-                          WHERE l.queue_id = $1 AND l.consumer_group = $2
-                            AND l.partition_id > $4 AND l.partition_id <= $5
-                            AND r.readable IS NOT NULL
-                          ORDER BY l.partition_id
-                          LIMIT $3",
-                        &[self.queue_id.into(), self.a.group.into(), limit.into(), lower.into(), upper.into()],
-                    )
-                    .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
-                    .collect()
-                });
+            let rows = claimable_lanes(client, self.queue_id, self.a.group, (lower, upper), limit);
             let n = rows.len() as i64;
             for row in rows {
-                self.spans[0].0 = row.0; // the next query reads after it
-                self.pending.push_back(row);
+                self.spans[0].0 = row.partition_id; // the next chunk reads after it
+                self.pending.push_back((row.partition_id, row.partition, row.readable));
             }
             self.left -= n;
             if n < limit {

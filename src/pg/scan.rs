@@ -7,50 +7,55 @@
 //! statements to be a quarter of a consumer's CPU. This reads the same rows the way
 //! PostgreSQL's own catalog code does (`systable_beginscan`): the table and one of its
 //! btree indexes opened under AccessShareLock (held to the end of the transaction, as a
-//! statement would), an index scan with scan keys, and a slot for each row.
+//! statement would), an index scan with scan keys, and one slot per scan, refilled for
+//! each row.
 //!
-//! `Statement` gives the scans of one read the snapshot a statement would have had: the
-//! command counter advanced (earlier writes of the transaction are seen) and, under READ
-//! COMMITTED, a new snapshot; under REPEATABLE READ the transaction's. All the scans of one
-//! `Statement` see the same committed state, as the tables of one statement do.
+//! `StatementSnapshot` gives the scans of one read the snapshot a statement would have
+//! had: the command counter advanced (earlier writes of the transaction are seen) and,
+//! under READ COMMITTED, a new snapshot; under REPEATABLE READ the transaction's. All the
+//! scans under one `StatementSnapshot` see the same committed state, as the tables of one
+//! statement do. Callers open their tables (`Table::open`, which locks them) before they
+//! take the snapshot, as a statement takes its locks before its snapshot
+//! (docs/concepts.md, "Segment generations", relies on that order).
+
+use std::ffi::CStr;
 
 use pgrx::pg_sys;
 
 /// The snapshot of one read made of several scans, active while it lives.
-pub struct Statement(());
+pub struct StatementSnapshot(pg_sys::Snapshot);
 
-impl Statement {
+impl StatementSnapshot {
     /// Advances the command counter and pushes the snapshot a new statement would get.
-    pub fn start() -> Statement {
+    pub fn take() -> StatementSnapshot {
         // SAFETY: inside a transaction, as any SPI statement is; the pushed snapshot is
         // popped by `drop`, or by the transaction's abort after an ERROR.
         unsafe {
             pg_sys::CommandCounterIncrement();
             pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
             pg_sys::UpdateActiveSnapshotCommandId();
+            StatementSnapshot(pg_sys::GetActiveSnapshot())
         }
-        Statement(())
-    }
-
-    fn snapshot(&self) -> pg_sys::Snapshot {
-        // SAFETY: `start` pushed it, and it is popped only when `self` goes.
-        unsafe { pg_sys::GetActiveSnapshot() }
     }
 }
 
-impl Drop for Statement {
+impl Drop for StatementSnapshot {
     fn drop(&mut self) {
-        // After an ERROR (unwinding) the abort pops it; popping here too would pop twice.
+        // While unwinding from an ERROR, PostgreSQL is not called: the transaction's (or
+        // subtransaction's) abort pops every snapshot pushed since it began, this one too.
         if !std::thread::panicking() {
-            // SAFETY: the snapshot `start` pushed is still the active one: every scan that
-            // used it has ended (they borrow `self`).
-            unsafe { pg_sys::PopActiveSnapshot() };
+            // SAFETY: the snapshot `take` pushed is still the active one: every scan that
+            // used it has ended (they borrow `self`), and nothing here pushes another.
+            unsafe {
+                debug_assert!(pg_sys::GetActiveSnapshot() == self.0, "the read's snapshot is on top");
+                pg_sys::PopActiveSnapshot();
+            }
         }
     }
 }
 
 /// A table open for scans of one of its btree indexes. Callers find their columns by name
-/// (`column`): a partition's columns may sit elsewhere than its parent's.
+/// and type (`column`): a partition's columns may sit elsewhere than its parent's.
 pub struct Table {
     rel: pg_sys::Relation,
     index: pg_sys::Relation,
@@ -74,67 +79,111 @@ impl Key {
     }
 }
 
+/// The attribute number of column `name` of the open relation `rel`, None when it has none.
+///
+/// # Safety
+/// `rel` is open.
+unsafe fn column_of(rel: pg_sys::Relation, name: &CStr) -> Option<i16> {
+    // SAFETY: the caller's promise; the tuple descriptor lives while the relation is open.
+    unsafe {
+        let desc = (*rel).rd_att;
+        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        attrs
+            .iter()
+            .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name)
+            .map(|i| i as i16 + 1)
+    }
+}
+
 impl Table {
+    const LOCK: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+
     /// Opens the table `relid` and its index `index` (None: its primary key) under
-    /// AccessShareLock. None (with nothing left open) when the table or index is missing,
-    /// the index is not a valid btree index of the table, or its leading columns are not
-    /// the table's columns `leading`, by name.
-    pub fn open(relid: pg_sys::Oid, index: Option<pg_sys::Oid>, leading: &[&std::ffi::CStr]) -> Option<Table> {
+    /// AccessShareLock. None (with nothing left open, but the locks kept) when `relid` is
+    /// InvalidOid or not a plain table, the table has no such index, or the index is not a
+    /// valid, ready, plain (no expression, no predicate) btree index of the table whose
+    /// leading key columns are the table's columns `leading`, by name and type. An OID that
+    /// names no relation any more is an ERROR, as for a statement.
+    ///
+    /// A read that trusted an index it should not (a partial one, say) would miss rows, and
+    /// a message missed is a gap a pop passes over: hence the checks, and the callers'
+    /// statements when they fail.
+    pub fn open(relid: pg_sys::Oid, index: Option<pg_sys::Oid>, leading: &[(&CStr, pg_sys::Oid)]) -> Option<Table> {
         if relid == pg_sys::InvalidOid {
             return None;
         }
-        // SAFETY: opening relations by OID under a lock inside a transaction; an OID
-        // that no longer names a relation raises an ERROR (through pgrx), as a statement
-        // would. The index is checked to belong to the table before it is used.
+        // SAFETY: opening relations by OID under a lock inside a transaction (an OID that
+        // names no relation raises an ERROR, through pgrx). The index is checked to belong
+        // to the table, and to be what the scans expect, before a `Table` is made of them;
+        // when it is not, both are closed here once (their locks kept, as a statement's
+        // would be), and no `Table` exists to close them again.
         unsafe {
             let rel = pg_sys::table_open(relid, Self::LOCK);
             let index = index.unwrap_or_else(|| pg_sys::RelationGetPrimaryKeyIndex(rel));
             if index == pg_sys::InvalidOid {
-                pg_sys::table_close(rel, Self::LOCK);
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
                 return None;
             }
             let index = pg_sys::index_open(index, Self::LOCK);
-            let t = Table { rel, index };
             let form = (*index).rd_index;
             let keys = (*form).indkey.values.as_slice((*form).indnkeyatts as usize);
-            let fits = (*form).indrelid == relid
+            let kind = |r: pg_sys::Relation, k: u8| (*(*r).rd_rel).relkind == k as std::ffi::c_char;
+            let typed = |attno: i16| {
+                let desc = (*rel).rd_att;
+                (1..=(*desc).natts as i16)
+                    .contains(&attno)
+                    .then(|| (*desc).attrs.as_slice((*desc).natts as usize)[attno as usize - 1].atttypid)
+            };
+            let fits = kind(rel, pg_sys::RELKIND_RELATION)
+                && kind(index, pg_sys::RELKIND_INDEX)
+                && (*form).indrelid == relid
                 && (*form).indisvalid
+                && (*form).indisready
+                && (*form).indislive
                 && (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
+                && pg_sys::heap_attisnull(
+                    (*index).rd_indextuple,
+                    pg_sys::Anum_pg_index_indexprs as i32,
+                    std::ptr::null_mut(),
+                )
+                && pg_sys::heap_attisnull(
+                    (*index).rd_indextuple,
+                    pg_sys::Anum_pg_index_indpred as i32,
+                    std::ptr::null_mut(),
+                )
                 && keys.len() >= leading.len()
-                && leading.iter().zip(keys).all(|(name, &attno)| t.column(name) == Some(attno));
+                && leading
+                    .iter()
+                    .zip(keys)
+                    .all(|(&(name, ty), &attno)| column_of(rel, name) == Some(attno) && typed(attno) == Some(ty));
             if !fits {
-                pg_sys::index_close(index, Self::LOCK);
-                pg_sys::table_close(rel, Self::LOCK);
+                pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
                 return None;
             }
-            Some(t)
+            Some(Table { rel, index })
         }
     }
 
-    const LOCK: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-
-    /// The attribute number of column `name`, None when the table has none.
-    pub fn column(&self, name: &std::ffi::CStr) -> Option<i16> {
-        // SAFETY: the relation is open; its tuple descriptor lives while it is.
+    /// The attribute number of column `name` of type `ty`, None when the table has none.
+    pub fn column(&self, name: &CStr, ty: pg_sys::Oid) -> Option<i16> {
+        // SAFETY: the relation is open while `self` lives; `column_of` gives a valid
+        // attribute number of its descriptor.
         unsafe {
+            let attno = column_of(self.rel, name)?;
             let desc = (*self.rel).rd_att;
-            let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-            attrs
-                .iter()
-                .position(|a| !a.attisdropped && std::ffi::CStr::from_ptr(a.attname.data.as_ptr()) == name)
-                .map(|i| i as i16 + 1)
+            ((*desc).attrs.as_slice((*desc).natts as usize)[attno as usize - 1].atttypid == ty).then_some(attno)
         }
     }
 
-    /// Starts a scan of the index with `keys`, under `statement`'s snapshot, backward
-    /// (from the highest key) when `backward`.
-    pub fn scan<'s>(&'s self, statement: &'s Statement, keys: &[Key], backward: bool) -> Scan<'s> {
-        // SAFETY: the table and index are open and locked; the scan keys are filled in
-        // place (ScanKeyEntryInitialize) with the index column's collation, as the planner
-        // gives a statement's index quals; the slot fits the table's rows. Everything is
-        // ended by `Scan::drop`, or by the transaction's resource owner after an ERROR.
+    /// Starts a scan of the index with `keys`, under `snapshot`, backward (from the highest
+    /// key) when `backward`.
+    pub fn scan<'s>(&'s self, snapshot: &'s StatementSnapshot, keys: &[Key], backward: bool) -> Scan<'s> {
+        // SAFETY: the table and index are open and locked; the slot fits the table's rows.
+        // Everything is ended by `Scan::drop`, or by the transaction's resource owner
+        // after an ERROR.
         unsafe {
-            let desc = pg_sys::index_beginscan(self.rel, self.index, statement.snapshot(), keys.len() as i32, 0);
+            let desc = pg_sys::index_beginscan(self.rel, self.index, snapshot.0, keys.len() as i32, 0);
             let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
             let direction = if backward {
                 pg_sys::ScanDirection::BackwardScanDirection
@@ -150,10 +199,11 @@ impl Table {
 
 impl Drop for Table {
     fn drop(&mut self) {
+        // While unwinding from an ERROR, PostgreSQL is not called: the abort's resource
+        // owner closes them.
         if !std::thread::panicking() {
             // SAFETY: both are open; their locks are kept to the end of the transaction
-            // (NoLock), as a statement keeps them. After an ERROR the resource owner closes
-            // them.
+            // (NoLock), as a statement keeps them.
             unsafe {
                 pg_sys::index_close(self.index, pg_sys::NoLock as pg_sys::LOCKMODE);
                 pg_sys::table_close(self.rel, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -175,9 +225,9 @@ impl Scan<'_> {
     /// Starts the scan again with `keys` (as many as it was begun with): cheaper than a
     /// new scan, for a probe per row of another scan.
     pub fn rescan(&mut self, keys: &[Key]) {
-        // SAFETY: the scan keys are filled in place with the index column's collation, as
-        // the planner gives a statement's index quals, and copied by index_rescan; the
-        // scan was begun with `keys.len()` keys (`Table::scan`).
+        // SAFETY: the scan was begun with `keys.len()` keys (`Table::scan`, checked); the
+        // scan keys are filled in place with the index column's collation, as the planner
+        // gives a statement's index quals, and index_rescan copies them.
         unsafe {
             assert_eq!((*self.desc).numberOfKeys as usize, keys.len(), "a rescan with as many keys");
             let mut data: Vec<pg_sys::ScanKeyData> = keys.iter().map(|_| std::mem::zeroed()).collect();
@@ -198,26 +248,49 @@ impl Scan<'_> {
         }
     }
 
-    /// Moves to the next row visible to the snapshot; false at the end.
-    pub fn next(&mut self) -> bool {
+    /// The next row visible to the snapshot, None at the end.
+    pub fn next(&mut self) -> Option<Row<'_>> {
         // SAFETY: a scan begun by `Table::scan`, with its slot.
-        unsafe { pg_sys::index_getnext_slot(self.desc, self.direction, self.slot) }
+        let found = unsafe { pg_sys::index_getnext_slot(self.desc, self.direction, self.slot) };
+        found.then_some(Row { slot: self.slot, _scan: std::marker::PhantomData })
     }
+}
 
-    /// Column `attno` of the current row (None: null), valid until the next `next`.
-    pub fn get(&mut self, attno: i16) -> Option<pg_sys::Datum> {
+impl Drop for Scan<'_> {
+    fn drop(&mut self) {
+        // While unwinding from an ERROR, PostgreSQL is not called: the abort ends the scan
+        // and releases its buffer pin.
+        if !std::thread::panicking() {
+            // SAFETY: begun by `Table::scan` and ended once here.
+            unsafe {
+                pg_sys::ExecDropSingleTupleTableSlot(self.slot);
+                pg_sys::index_endscan(self.desc);
+            }
+        }
+    }
+}
+
+/// The row a scan is on, until its next `next`.
+pub struct Row<'r> {
+    slot: *mut pg_sys::TupleTableSlot,
+    _scan: std::marker::PhantomData<&'r mut ()>,
+}
+
+impl Row<'_> {
+    /// Column `attno` (None: null), valid while the scan stays on this row.
+    pub fn get(&self, attno: i16) -> Option<pg_sys::Datum> {
         let mut null = false;
-        // SAFETY: the slot holds the current row (`next` returned true).
+        // SAFETY: the slot holds this row (the scan has not moved: `self` borrows it).
         let d = unsafe { pg_sys::slot_getattr(self.slot, attno as i32, &mut null) };
         (!null).then_some(d)
     }
 
-    /// A copy of the current row, in the current memory context (it outlives the scan),
-    /// and column `attno` of it (None: null): for a column read after the scan ends.
-    pub fn copy(&mut self, attno: i16) -> Option<pg_sys::Datum> {
-        // SAFETY: the slot holds the current row; the copy is palloc'd in the current
-        // memory context, and the datum points into it (a varlena column), so it lives as
-        // long as that context does. The copy's descriptor is the table's.
+    /// Column `attno` (None: null) of a copy of the row made in the current memory
+    /// context: valid for as long as that context lives, after the scan moves on or ends
+    /// (a varlena column points into the copy).
+    pub fn copy(&self, attno: i16) -> Option<pg_sys::Datum> {
+        // SAFETY: the slot holds this row; the copy is palloc'd in the current memory
+        // context and deformed with the slot's (the table's) descriptor.
         unsafe {
             let tuple = pg_sys::ExecCopySlotHeapTuple(self.slot);
             let desc = (*self.slot).tts_tupleDescriptor;
@@ -226,19 +299,6 @@ impl Scan<'_> {
             pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
             let i = attno as usize - 1;
             (!nulls[i]).then_some(values[i])
-        }
-    }
-}
-
-impl Drop for Scan<'_> {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            // SAFETY: begun by `Table::scan` and ended once here; after an ERROR the
-            // transaction's abort ends it.
-            unsafe {
-                pg_sys::ExecDropSingleTupleTableSlot(self.slot);
-                pg_sys::index_endscan(self.desc);
-            }
         }
     }
 }

@@ -103,7 +103,8 @@ impl Scratch {
     fn slice(&self, segment: &Segment<'_>, start: usize, len: usize) -> &[u8] {
         let datum = segment.data;
         // SAFETY: `datum` is a non-null bytea of the segment's row, valid for the read's
-        // connection ('conn: an SPI result, or a copy of the row in its memory context). detoast_attr_slice pallocs the copy, and whatever else it
+        // SPI connection (an SPI result, or a copy of the row made in the connection's
+        // memory context). detoast_attr_slice pallocs the copy, and whatever else it
         // allocates, in the current memory context: this one while it runs. An ERROR
         // leaves this context current; `drop` handles that.
         unsafe {
@@ -213,7 +214,7 @@ pub fn fetch<'conn>(client: &mut SpiClient<'conn>, partition_id: pgrx::Uuid, sta
 /// those tables are not as this library knows them (a schema older or newer than it).
 pub fn fetch_many<'conn>(client: &mut SpiClient<'conn>, spans: &[(pgrx::Uuid, i64, i64)]) -> Vec<Rows<'conn>> {
     let fresh: Vec<bool> = spans.iter().map(|s| crate::offsets::may_be_fresh(s.0, s.1)).collect();
-    direct::fetch_many(spans, &fresh).unwrap_or_else(|| fetch_many_sql(client, spans, &fresh))
+    direct::fetch_many(client, spans, &fresh).unwrap_or_else(|| fetch_many_sql(client, spans, &fresh))
 }
 
 /// `fetch_many` in one statement: per span, tight range scans of each tier's primary key.
@@ -221,7 +222,7 @@ pub fn fetch_many<'conn>(client: &mut SpiClient<'conn>, spans: &[(pgrx::Uuid, i6
 /// `lo - FRESH_MAX`. The bound keeps the probe off the index entries of segments compaction
 /// has replaced: while a snapshot holds the xmin horizon back they cannot be removed, and
 /// an unbounded probe would walk them all.
-fn fetch_many_sql<'conn>(
+pub(crate) fn fetch_many_sql<'conn>(
     client: &mut SpiClient<'conn>,
     spans: &[(pgrx::Uuid, i64, i64)],
     fresh: &[bool],
@@ -270,11 +271,12 @@ mod direct {
 
     use pgrx::datum::TimestampWithTimeZone;
     use pgrx::pg_sys;
+    use pgrx::spi::SpiClient;
     use pgrx::{FromDatum, IntoDatum};
     use queen_core::compaction::FRESH_MAX;
 
     use super::{Rows, Segment};
-    use crate::pg::scan::{Key, Statement, Table};
+    use crate::pg::scan::{Key, StatementSnapshot, Table};
 
     /// One table of a tier (a generation's partition of `queen.segments` or
     /// `queen.fresh_segments`), open for scans of its primary key, and where its columns
@@ -316,12 +318,13 @@ mod direct {
         parts
             .into_iter()
             .map(|oid| {
-                let table = Table::open(oid, None, &[c"partition_id", c"first_offset"])?;
+                let table =
+                    Table::open(oid, None, &[(c"partition_id", pg_sys::UUIDOID), (c"first_offset", pg_sys::INT8OID)])?;
                 Some(Part {
-                    first: table.column(c"first_offset")?,
-                    last: table.column(c"last_offset")?,
-                    created_at: table.column(c"created_at")?,
-                    data: table.column(c"data")?,
+                    first: table.column(c"first_offset", pg_sys::INT8OID)?,
+                    last: table.column(c"last_offset", pg_sys::INT8OID)?,
+                    created_at: table.column(c"created_at", pg_sys::TIMESTAMPTZOID)?,
+                    data: table.column(c"data", pg_sys::BYTEAOID)?,
                     table,
                 })
             })
@@ -335,7 +338,7 @@ mod direct {
         /// down to the row holding `lo`.
         fn read<'conn>(
             &self,
-            statement: &Statement,
+            snapshot: &StatementSnapshot,
             partition_id: pgrx::Uuid,
             (lo, hi): (i64, i64),
             floor: Option<i64>,
@@ -348,20 +351,21 @@ mod direct {
             if let Some(floor) = floor {
                 keys.push(Key::new(2, pg_sys::BTGreaterStrategyNumber, pg_sys::F_INT8GT, pg_sys::Datum::from(floor)));
             }
-            let mut scan = self.table.scan(statement, &keys, true);
-            while scan.next() {
-                let int8 = |d: Option<pg_sys::Datum>| d.map_or(0, |d| d.value() as i64);
-                let first = int8(scan.get(self.first));
-                let created_at = scan
+            let mut scan = self.table.scan(snapshot, &keys, true);
+            let int8 = |d: Option<pg_sys::Datum>| d.map_or(0, |d| d.value() as i64);
+            while let Some(row) = scan.next() {
+                let first = int8(row.get(self.first));
+                let created_at = row
                     .get(self.created_at)
                     // SAFETY: a non-null datum of a timestamptz column.
                     .and_then(|d| unsafe { TimestampWithTimeZone::from_datum(d, false) })
                     .expect("created_at is not null");
                 out.push(Segment {
                     first,
-                    last: int8(scan.get(self.last)),
+                    last: int8(row.get(self.last)),
                     created_at,
-                    data: scan.copy(self.data).expect("data is not null"),
+                    // A copy in the current memory context: the SPI connection's.
+                    data: row.copy(self.data).expect("data is not null"),
                     _conn: std::marker::PhantomData,
                 });
                 if first <= lo {
@@ -372,25 +376,50 @@ mod direct {
     }
 
     /// The rows of every span, or None (having read nothing) when the tiers are not as
-    /// this library knows them.
-    pub(super) fn fetch_many<'conn>(spans: &[(pgrx::Uuid, i64, i64)], fresh: &[bool]) -> Option<Vec<Rows<'conn>>> {
+    /// this library knows them. The copies of the rows are made in the current memory
+    /// context, the procedure context of `_client`'s SPI connection, so they live as long
+    /// as an SPI result of it would (`'conn`).
+    pub(crate) fn fetch_many<'conn>(
+        _client: &SpiClient<'conn>,
+        spans: &[(pgrx::Uuid, i64, i64)],
+        fresh: &[bool],
+    ) -> Option<Vec<Rows<'conn>>> {
+        // The tables first (their locks), then the snapshot, as a statement does.
         let plain = tier(c"segments")?;
         let fresh_parts = if fresh.iter().any(|&f| f) { tier(c"fresh_segments")? } else { Vec::new() };
-        let statement = Statement::start();
+        let snapshot = StatementSnapshot::take();
         let mut out = Vec::with_capacity(spans.len());
         for (&(pid, lo, hi), &fresh) in spans.iter().zip(fresh) {
             let mut rows = Vec::new();
             for part in &plain {
-                part.read(&statement, pid, (lo, hi), None, &mut rows);
+                part.read(&snapshot, pid, (lo, hi), None, &mut rows);
             }
+            holder_once(&mut rows, 0, lo);
             if fresh {
+                let from = rows.len();
                 for part in &fresh_parts {
-                    part.read(&statement, pid, (lo, hi), Some(lo - FRESH_MAX as i64), &mut rows);
+                    part.read(&snapshot, pid, (lo, hi), Some(lo - FRESH_MAX as i64), &mut rows);
                 }
+                holder_once(&mut rows, from, lo);
             }
             out.push(Rows { lo, hi, rows });
         }
         Some(out)
+    }
+
+    /// Of the rows `rows[from..]` of one tier (read from each of its tables), keeps one
+    /// segment beginning at or before `lo`, the last: each generation's table gave its own,
+    /// and the statement's `ORDER BY first_offset DESC LIMIT 1` keeps one per tier.
+    fn holder_once(rows: &mut Vec<Segment<'_>>, from: usize, lo: i64) {
+        let holder = rows[from..].iter().filter(|r| r.first <= lo).map(|r| r.first).max();
+        let mut i = from;
+        while i < rows.len() {
+            if rows[i].first <= lo && Some(rows[i].first) != holder {
+                rows.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
     }
 }
 
@@ -598,7 +627,7 @@ pub fn both_ways(spans: &[(pgrx::Uuid, i64, i64)]) -> [Vec<Vec<(i64, i64, String
             .collect()
     };
     pgrx::Spi::connect_mut(|client| {
-        let direct = flat(direct::fetch_many(spans, &fresh).expect("queen's tables read directly"));
+        let direct = flat(direct::fetch_many(client, spans, &fresh).expect("queen's tables read directly"));
         let sql = flat(fetch_many_sql(client, spans, &fresh));
         [direct, sql]
     })
