@@ -285,20 +285,22 @@ impl Row<'_> {
         (!null).then_some(d)
     }
 
-    /// Column `attno` (None: null) of a copy of the row made in the current memory
-    /// context: valid for as long as that context lives, after the scan moves on or ends
-    /// (a varlena column points into the copy).
-    pub fn copy(&self, attno: i16) -> Option<pg_sys::Datum> {
-        // SAFETY: the slot holds this row; the copy is palloc'd in the current memory
-        // context and deformed with the slot's (the table's) descriptor.
+    /// Varlena column `attno` (None: null), copied into the current memory context: valid
+    /// for as long as that context lives, after the scan moves on or ends. A TOAST pointer
+    /// is copied as the pointer (the value stays in TOAST until it is sliced).
+    pub fn copy_varlena(&self, attno: i16) -> Option<pg_sys::Datum> {
+        let d = self.get(attno)?;
+        // SAFETY: the slot holds this row; the column is a varlena (checked below), so `d`
+        // points at a varlena of `varsize_any` bytes (inline, short or an external
+        // pointer), copied whole into a palloc'd block of that size.
         unsafe {
-            let tuple = pg_sys::ExecCopySlotHeapTuple(self.slot);
             let desc = (*self.slot).tts_tupleDescriptor;
-            let natts = (*desc).natts as usize;
-            let (mut values, mut nulls) = (vec![pg_sys::Datum::from(0usize); natts], vec![false; natts]);
-            pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-            let i = attno as usize - 1;
-            (!nulls[i]).then_some(values[i])
+            assert_eq!((*desc).attrs.as_slice((*desc).natts as usize)[attno as usize - 1].attlen, -1, "a varlena");
+            let from = d.cast_mut_ptr::<pg_sys::varlena>();
+            let len = pgrx::varlena::varsize_any(from);
+            let to = pg_sys::palloc(len);
+            std::ptr::copy_nonoverlapping(from.cast::<u8>(), to.cast::<u8>(), len);
+            Some(pg_sys::Datum::from(to))
         }
     }
 }

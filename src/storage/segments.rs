@@ -365,7 +365,7 @@ mod direct {
                     last: int8(row.get(self.last)),
                     created_at,
                     // A copy in the current memory context: the SPI connection's.
-                    data: row.copy(self.data).expect("data is not null"),
+                    data: row.copy_varlena(self.data).expect("data is not null"),
                     _conn: std::marker::PhantomData,
                 });
                 if first <= lo {
@@ -474,7 +474,7 @@ pub fn read_rows(
                     errors::corrupted(format_args!("{error} (partition {partition_id})"))
                 };
                 scratch.reset();
-                let bytes = scratch.slice(row, 0, segment.total()).to_vec();
+                let bytes = scratch.slice(row, 0, row.total()).to_vec();
                 scratch.reset();
                 handler(Corrupt { segment_first: first, from: next, last, error, bytes });
                 next = last + 1;
@@ -506,19 +506,21 @@ enum Read {
     Corrupt(String),
 }
 
-impl Stored<'_, '_> {
+impl Segment<'_> {
     /// Its stored size.
     fn total(&self) -> usize {
         // SAFETY: `data` is a non-null bytea of this row.
-        unsafe { pg_sys::toast_raw_datum_size(self.row.data) - pg_sys::VARHDRSZ }
+        unsafe { pg_sys::toast_raw_datum_size(self.data) - pg_sys::VARHDRSZ }
     }
+}
 
+impl Stored<'_, '_> {
     /// Its directory, parsed from a prefix of its bytes (fetched into `scratch`, longer
     /// until the header fits), and that prefix; Err (why) when the header is corrupt or
     /// counts other offsets than the segment row's.
     fn directory<'s>(&self, scratch: &'s mut Scratch) -> Result<(Directory, &'s [u8]), String> {
         let (first, last) = (self.row.first, self.row.last);
-        let total = self.total();
+        let total = self.row.total();
         scratch.reset();
         let mut head = scratch.slice(self.row, 0, HEAD_BYTES.min(total));
         let dir = loop {
@@ -617,7 +619,7 @@ pub fn both_ways(spans: &[(pgrx::Uuid, i64, i64)]) -> [Vec<Vec<(i64, i64, String
                     .rows
                     .iter()
                     .map(|r| {
-                        let total = Stored { row: r, partition_id: pgrx::Uuid::from_bytes([0; 16]) }.total();
+                        let total = r.total();
                         (r.first, r.last, r.created_at.to_string(), scratch.slice(r, 0, total).to_vec())
                     })
                     .collect();
