@@ -20,7 +20,8 @@
 //! - Every statement is prepared once per connection, and both push the same payload.
 //! - For experiments, not for the published figures: QUEEN_BENCH_LIVE_SYSTEM=queen (or
 //!   table) runs that system's rounds only (the half-rate rounds then take half of its
-//!   rate), and QUEEN_BENCH_LIVE_POP replaces queen's pop statement.
+//!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement, and
+//!   QUEEN_BENCH_LIVE_CONSUMERS the number of consumers (both systems).
 //!
 //! Measured per round: messages consumed (acked, committed) and pushed per second, the
 //! backlog (pushed minus consumed) at the end and at its largest, and for each message
@@ -41,6 +42,15 @@ use crate::{connect, payload, prepared, reset};
 
 const PRODUCERS: usize = 8;
 const CONSUMERS: usize = 4;
+
+/// The consumers of a round: `CONSUMERS`, or QUEEN_BENCH_LIVE_CONSUMERS (experiments only).
+fn consumers() -> usize {
+    std::env::var("QUEEN_BENCH_LIVE_CONSUMERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(CONSUMERS)
+}
 const PARTITIONS: u64 = 16;
 /// How long a table consumer sleeps after finding nothing.
 pub const TABLE_IDLE_SLEEP: Duration = Duration::from_millis(5);
@@ -151,7 +161,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     let pushed = Arc::new(AtomicU64::new(0));
     let consumed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let ready = Arc::new(Barrier::new(PRODUCERS + CONSUMERS + 1));
+    let ready = Arc::new(Barrier::new(PRODUCERS + consumers() + 1));
     let clock: Arc<Mutex<Option<(Instant, Instant)>>> = Arc::new(Mutex::new(None));
     let micros = |t0: Instant| t0.elapsed().as_micros() as u64 + 1;
     let dsn = if sync_off { crate::sync_off(dsn) } else { dsn.to_string() };
@@ -208,7 +218,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
             }
         }));
     }
-    for _ in 0..CONSUMERS {
+    for _ in 0..consumers() {
         let (dsn, acked_at, consumed, stop, ready, clock) =
             (dsn.to_string(), acked_at.clone(), consumed.clone(), stop.clone(), ready.clone(), clock.clone());
         handles.push(thread::spawn(move || {
