@@ -21,7 +21,7 @@
 //! - For experiments, not for the published figures: QUEEN_BENCH_LIVE_SYSTEM=queen (or
 //!   table) runs that system's rounds only (the half-rate rounds then take half of its
 //!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement, and
-//!   QUEEN_BENCH_LIVE_CONSUMERS the number of consumers (both systems).
+//!   QUEEN_BENCH_LIVE_CONSUMERS sets the number of consumers (both systems).
 //!
 //! Measured per round: messages consumed (acked, committed) and pushed per second, the
 //! backlog (pushed minus consumed) at the end and at its largest, and for each message
@@ -42,18 +42,18 @@ use crate::{connect, payload, prepared, reset};
 
 const PRODUCERS: usize = 8;
 const CONSUMERS: usize = 4;
-
-/// The consumers of a round: `CONSUMERS`, or QUEEN_BENCH_LIVE_CONSUMERS (experiments only).
-fn consumers() -> usize {
-    std::env::var("QUEEN_BENCH_LIVE_CONSUMERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(CONSUMERS)
-}
 const PARTITIONS: u64 = 16;
 /// How long a table consumer sleeps after finding nothing.
 pub const TABLE_IDLE_SLEEP: Duration = Duration::from_millis(5);
+
+/// The consumers of a round: `CONSUMERS`, or QUEEN_BENCH_LIVE_CONSUMERS (experiments
+/// only: the report's text still says 4).
+fn consumers() -> usize {
+    match std::env::var("QUEEN_BENCH_LIVE_CONSUMERS") {
+        Ok(v) => v.parse().ok().filter(|&n: &usize| n > 0).expect("QUEEN_BENCH_LIVE_CONSUMERS must be a count above 0"),
+        Err(_) => CONSUMERS,
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum System {
