@@ -223,16 +223,7 @@ pub unsafe extern "C-unwind" fn pop_sql_wrapper(_fcinfo: pg_sys::FunctionCallInf
 }
 
 fn validate(a: &PopArgs) {
-    // A standby's shared memory is not the primary's: a lease claimed there would hold
-    // nothing back on the primary. Refused as PostgreSQL refuses a write in recovery.
-    // SAFETY: a plain read of whether this server is in recovery.
-    if unsafe { pg_sys::RecoveryInProgress() } {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
-            "queen: pop claims messages, which a server in recovery (a standby) cannot do; pop on the primary"
-                .to_string(),
-        );
-    }
+    errors::refuse_in_recovery("pop", "claims messages");
     check_queue_name("queue", a.queue);
     crate::queue::citus::ensure_home(a.queue);
     crate::queue::privileges::require(Some(a.queue), crate::queue::privileges::Privilege::Consume);

@@ -655,6 +655,8 @@ impl Writes {
 /// the original. A duplicate found only after offsets were reserved (a concurrent push of
 /// the same id won) leaves a gap at its offset.
 pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
+    // Before the offsets registry (shared memory) is touched.
+    errors::refuse_in_recovery("push", "stores messages");
     // (queue, partition) name order: the order partition rows are locked in without the
     // registry, so that two batches cannot deadlock.
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();

@@ -75,6 +75,20 @@ pub fn read_committed_only(call: &str, why: &str) {
     }
 }
 
+/// Refuses (`25006`, as PostgreSQL refuses a write there) a call that changes queen's
+/// state on a server in recovery (a hot standby): `call` `does` what a standby cannot. A
+/// standby's shared memory is its own, not the primary's: a lease claimed or a cursor moved
+/// there would hold nothing back on the primary. Runs before the call touches anything.
+pub fn refuse_in_recovery(call: &str, does: &str) {
+    // SAFETY: a plain read of whether this server is in recovery.
+    if unsafe { pgrx::pg_sys::RecoveryInProgress() } {
+        raise(
+            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            format!("queen: {call} {does}, which a server in recovery (a standby) cannot do; {call} on the primary"),
+        );
+    }
+}
+
 /// Raises 55000 from a C symbol that an older release's SQL still names: the database has
 /// not run `ALTER EXTENSION queen UPDATE` since the library was upgraded.
 pub fn older_sql() -> ! {

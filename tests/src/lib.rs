@@ -82,3 +82,47 @@ pub fn connect() -> Client {
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
+
+/// A cluster of this test's own (a private data directory and port), started with
+/// `settings`, stopped and removed when dropped.
+pub struct OwnCluster {
+    pub dir: String,
+    pub port: String,
+}
+
+impl OwnCluster {
+    pub fn start(port: u16, settings: &str) -> OwnCluster {
+        let dir = format!("/tmp/queen-own-{port}");
+        let conf = format!("{dir}.conf");
+        std::fs::write(&conf, settings).unwrap();
+        let c = OwnCluster { dir, port: port.to_string() };
+        c.run("stop");
+        let _ = std::fs::remove_dir_all(&c.dir);
+        let ok = std::process::Command::new("bash")
+            .args(["scripts/cluster.sh", "start", &c.dir, &c.port, &conf])
+            .current_dir("..")
+            .status()
+            .unwrap();
+        assert!(ok.success(), "start a cluster of the test's own");
+        c
+    }
+
+    pub fn run(&self, cmd: &str) {
+        let _ = std::process::Command::new("bash")
+            .args(["scripts/cluster.sh", cmd, &self.dir, &self.port])
+            .current_dir("..")
+            .status();
+    }
+
+    pub fn dsn(&self, db: &str) -> String {
+        format!("host={}/sock port={} user=postgres dbname={db}", self.dir, self.port)
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        self.run("stop");
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(format!("{}.conf", self.dir));
+    }
+}

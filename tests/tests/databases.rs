@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls};
-use queen_it::{connect, dsn};
+use queen_it::{connect, dsn, OwnCluster};
 
 /// A new database (no extension), its name and DSN.
 fn new_database(prefix: &str) -> (String, String) {
@@ -160,50 +160,6 @@ fn more_lanes_than_the_registry_holds_are_served_in_any_database() {
     assert_eq!(lag, 0);
     drop(c);
     connect().batch_execute(&format!("DROP DATABASE {db}")).unwrap();
-}
-
-/// A cluster of this test's own (a private data directory and port), started with
-/// `settings`, stopped and removed when dropped.
-struct OwnCluster {
-    dir: String,
-    port: String,
-}
-
-impl OwnCluster {
-    fn start(port: u16, settings: &str) -> OwnCluster {
-        let dir = format!("/tmp/queen-dbslots-{port}");
-        let conf = format!("{dir}.conf");
-        std::fs::write(&conf, settings).unwrap();
-        let c = OwnCluster { dir, port: port.to_string() };
-        c.run("stop");
-        let _ = std::fs::remove_dir_all(&c.dir);
-        let ok = std::process::Command::new("bash")
-            .args(["scripts/cluster.sh", "start", &c.dir, &c.port, &conf])
-            .current_dir("..")
-            .status()
-            .unwrap();
-        assert!(ok.success(), "start a cluster of the test's own");
-        c
-    }
-
-    fn run(&self, cmd: &str) {
-        let _ = std::process::Command::new("bash")
-            .args(["scripts/cluster.sh", cmd, &self.dir, &self.port])
-            .current_dir("..")
-            .status();
-    }
-
-    fn dsn(&self, db: &str) -> String {
-        format!("host={}/sock port={} user=postgres dbname={db}", self.dir, self.port)
-    }
-}
-
-impl Drop for OwnCluster {
-    fn drop(&mut self) {
-        self.run("stop");
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = std::fs::remove_file(format!("{}.conf", self.dir));
-    }
 }
 
 /// Databases without queen do not use up `queen.max_databases`: a worker looks whether
