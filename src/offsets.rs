@@ -134,10 +134,13 @@ impl Parts for Layout {
     }
 }
 
-/// True when the registry exists (the library was preloaded).
+/// True when the registry is in use: the library was preloaded, and the server is not in
+/// recovery.
 pub fn enabled() -> bool {
     // SAFETY: SHARED is written once per process, before any query runs.
-    unsafe { (*std::ptr::addr_of!(SHARED)).is_some() }
+    let preloaded = unsafe { (*std::ptr::addr_of!(SHARED)).is_some() };
+    // Not on a standby (`shmem::in_recovery`): its reads go to the tables.
+    preloaded && !crate::pg::shmem::in_recovery()
 }
 
 fn shared() -> &'static Region<Layout> {

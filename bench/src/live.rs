@@ -161,7 +161,8 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     let pushed = Arc::new(AtomicU64::new(0));
     let consumed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let ready = Arc::new(Barrier::new(PRODUCERS + consumers() + 1));
+    let consumers = consumers();
+    let ready = Arc::new(Barrier::new(PRODUCERS + consumers + 1));
     let clock: Arc<Mutex<Option<(Instant, Instant)>>> = Arc::new(Mutex::new(None));
     let micros = |t0: Instant| t0.elapsed().as_micros() as u64 + 1;
     let dsn = if sync_off { crate::sync_off(dsn) } else { dsn.to_string() };
@@ -218,7 +219,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
             }
         }));
     }
-    for _ in 0..consumers() {
+    for _ in 0..consumers {
         let (dsn, acked_at, consumed, stop, ready, clock) =
             (dsn.to_string(), acked_at.clone(), consumed.clone(), stop.clone(), ready.clone(), clock.clone());
         handles.push(thread::spawn(move || {

@@ -910,6 +910,8 @@ fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Ta
 /// input order, or None when every queue lives here (or the database is not distributed):
 /// the caller then pushes locally.
 fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
+    // As `push_items` does, before any item goes to another node.
+    errors::refuse_in_recovery("push", "stores messages");
     let mut by_queue: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
     for (i, q) in queues.iter().enumerate() {
         by_queue.entry(q).or_default().push(i as i32);

@@ -75,13 +75,13 @@ pub fn read_committed_only(call: &str, why: &str) {
     }
 }
 
-/// Refuses (`25006`, as PostgreSQL refuses a write there) a call that changes queen's
-/// state on a server in recovery (a hot standby): `call` `does` what a standby cannot. A
-/// standby's shared memory is its own, not the primary's: a lease claimed or a cursor moved
-/// there would hold nothing back on the primary. Runs before the call touches anything.
+/// Refuses a call that changes queen's state on a server in recovery (a hot standby) with
+/// `25006`, as PostgreSQL refuses a write there: `queen: {call} {does}, which a server in
+/// recovery (a standby) cannot do; {call} on the primary`. A standby's shared memory is its
+/// own, not the primary's: a lease claimed, a message's offset reserved or a cursor moved
+/// there would hold nothing back on the primary. Call it before anything is touched.
 pub fn refuse_in_recovery(call: &str, does: &str) {
-    // SAFETY: a plain read of whether this server is in recovery.
-    if unsafe { pgrx::pg_sys::RecoveryInProgress() } {
+    if crate::pg::shmem::in_recovery() {
         raise(
             PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
             format!("queen: {call} {does}, which a server in recovery (a standby) cannot do; {call} on the primary"),

@@ -3,6 +3,17 @@
 
 use pgrx::pg_sys;
 
+/// True on a server in recovery (a hot standby, or a primary before its startup ends).
+/// The registries are not used there (`offsets::enabled`, `lane::registry::enabled`): a
+/// standby's reads answer from the tables, as without preloading, so that nothing it
+/// caches goes stale while WAL is replayed or outlives a promotion; and the calls that
+/// change state refuse (`errors::refuse_in_recovery`).
+pub fn in_recovery() -> bool {
+    // SAFETY: a plain read of whether this server is in recovery (a cached flag once it
+    // is over).
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
 /// How a registry's block of shared memory divides into its parts (a header and slot
 /// arrays): writable parts for a writer, shared references only for a reader.
 pub trait Parts: Copy + 'static {

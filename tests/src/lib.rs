@@ -86,18 +86,23 @@ pub fn unique(prefix: &str) -> String {
 /// A cluster of this test's own (a private data directory and port), started with
 /// `settings`, stopped and removed when dropped.
 pub struct OwnCluster {
-    pub dir: String,
-    pub port: String,
+    dir: String,
+    port: String,
 }
 
 impl OwnCluster {
-    pub fn start(port: u16, settings: &str) -> OwnCluster {
-        let dir = format!("/tmp/queen-own-{port}");
-        let conf = format!("{dir}.conf");
-        std::fs::write(&conf, settings).unwrap();
-        let c = OwnCluster { dir, port: port.to_string() };
+    /// Stopped and removed first, if a run before this one left it behind.
+    fn fresh(port: u16) -> OwnCluster {
+        let c = OwnCluster { dir: format!("/tmp/queen-own-{port}"), port: port.to_string() };
         c.run("stop");
         let _ = std::fs::remove_dir_all(&c.dir);
+        c
+    }
+
+    pub fn start(port: u16, settings: &str) -> OwnCluster {
+        let c = OwnCluster::fresh(port);
+        let conf = format!("{}.conf", c.dir);
+        std::fs::write(&conf, settings).unwrap();
         let ok = std::process::Command::new("bash")
             .args(["scripts/cluster.sh", "start", &c.dir, &c.port, &conf])
             .current_dir("..")
@@ -116,6 +121,24 @@ impl OwnCluster {
 
     pub fn dsn(&self, db: &str) -> String {
         format!("host={}/sock port={} user=postgres dbname={db}", self.dir, self.port)
+    }
+
+    /// A streaming standby of this cluster on `port` (`scripts/cluster.sh standby`:
+    /// pg_basebackup -R), started; stopped and removed when dropped.
+    pub fn standby(&self, port: u16) -> OwnCluster {
+        let c = OwnCluster::fresh(port);
+        let ok = std::process::Command::new("bash")
+            .args(["scripts/cluster.sh", "standby", &c.dir, &c.port, &format!("{}/sock", self.dir), &self.port])
+            .current_dir("..")
+            .status()
+            .unwrap();
+        assert!(ok.success(), "start a standby");
+        c
+    }
+
+    /// Promotes this standby (`scripts/cluster.sh promote`), waiting until it is done.
+    pub fn promote(&self) {
+        self.run("promote");
     }
 }
 
