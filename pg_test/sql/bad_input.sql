@@ -79,6 +79,20 @@ SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), NULL::jsonb)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '1e309'::jsonb)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1e30}]'::jsonb)$$);
 
+-- In a read-only transaction every call that changes state refuses with 25006, although
+-- queen writes its hottest rows past the executor's read-only check; reads still work.
+BEGIN READ ONLY;
+SELECT pg_temp.err($$SELECT queen.send('good', '{}')$$);
+SELECT pg_temp.err($$SELECT queen.push('good', '{}')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good", "payload": {}}]')$$);
+SELECT pg_temp.err($$SELECT count(*) FROM queen.pop('good')$$);
+SELECT pg_temp.err($$SELECT count(*) FROM queen.pop('good', auto_ack => true)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid())$$);
+SELECT pg_temp.err($$SELECT queen.extend_lease(gen_random_uuid(), 60)$$);
+SELECT pg_temp.err($$SELECT queen.revoke_lease(gen_random_uuid())$$);
+SELECT count(*) AS peeked FROM queen.peek('good');
+COMMIT;
+
 -- Nothing above changed the stored state.
 SELECT (SELECT count(*) FROM queen.queues) = queues AS same_queues,
        (SELECT count(*) FROM queen.partitions) = partitions AS same_partitions,

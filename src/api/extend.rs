@@ -26,7 +26,7 @@ COMMENT ON FUNCTION queen.extend_lease(uuid, int) IS
 fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)) -> JsonOut {
     crate::pg::spi::with_queen_plan_settings(|| {
         let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-        errors::refuse_in_recovery("extend_lease", "renews leases");
+        errors::refuse_read_only("extend_lease", "renews leases");
         crate::queue::citus::ensure_id_home("lease", &lease_id);
         let seconds = seconds.unwrap_or_else(|| errors::null_arg("seconds"));
         if let Err(v) = queen_core::policy::check_extend_seconds(seconds, crate::pg::settings::max_lease()) {
@@ -135,7 +135,7 @@ COMMENT ON FUNCTION queen.revoke_lease(uuid) IS
 #[search_path(pg_catalog, pg_temp)]
 fn revoke_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
-    errors::refuse_in_recovery("revoke_lease", "ends leases");
+    errors::refuse_read_only("revoke_lease", "ends leases");
     crate::queue::citus::ensure_id_home("lease", &lease_id);
     let (queue, revoked) = if crate::lane::registry::enabled() {
         match crate::lane::registry::lease(lease_id) {

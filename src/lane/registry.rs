@@ -315,6 +315,17 @@ fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
     true
 }
 
+/// Without the registry, on a standby (`shmem::in_recovery`) of a primary that had it: the
+/// lane's stored state with the journal's newest entry (`stored`), since the primary's acks
+/// reach `queen.lanes` only when its worker saves the journal. None on a primary (its acks
+/// without the registry update the row, which the caller has) or for a lane with no row.
+fn journaled(partition_id: pgrx::Uuid, group: &str) -> Option<State> {
+    if !crate::pg::shmem::in_recovery() {
+        return None;
+    }
+    Spi::connect_mut(|client| stored(client, partition_id, group)).map(|(state, _)| state)
+}
+
 /// A lane's stored state: its cursor, retry count and journal number (from `queen.lanes`,
 /// or the newest journal entry when it is newer), the lease the row still carries from a
 /// version without the registry (taken over if live), and the lane's queue.
@@ -770,6 +781,10 @@ fn lane_state(
 > {
     let now = crate::pg::clock::clock_now();
     if !enabled() {
+        let (committed, retry_count) = match journaled(partition_id, consumer_group) {
+            Some(s) => (s.committed, s.retry_count),
+            None => (committed, retry_count),
+        };
         let (expires, retry_at) = if lease_id.is_some() { (lease_expires_at, None) } else { (None, lease_expires_at) };
         let leased = lease_live(expires.map(pg_sys::TimestampTz::from), now);
         return TableIterator::once((
@@ -946,7 +961,7 @@ COMMENT ON FUNCTION queen._committed(uuid, text, bigint) IS
 #[pg_extern(name = "_committed", volatile, parallel_unsafe)]
 fn committed_sql(partition_id: pgrx::Uuid, consumer_group: &str, committed: i64) -> i64 {
     if !enabled() {
-        return committed;
+        return journaled(partition_id, consumer_group).map_or(committed, |s| s.committed);
     }
     lane_committed(partition_id, consumer_group).committed
 }

@@ -202,7 +202,7 @@ fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
 /// Pins its search path and planner settings itself (`spi::with_queen_plan_settings`): the
 /// three forms of `queen.ack` carry no `SET` clause.
 fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
-    errors::refuse_in_recovery("ack", "moves cursors");
+    errors::refuse_read_only("ack", "moves cursors");
     crate::pg::spi::with_queen_plan_settings(|| {
         crate::queue::citus::ensure_id_home("lease", &lease_id);
         Spi::connect_mut(|client| ack_in(client, lease_id, items))

@@ -223,7 +223,7 @@ pub unsafe extern "C-unwind" fn pop_sql_wrapper(_fcinfo: pg_sys::FunctionCallInf
 }
 
 fn validate(a: &PopArgs) {
-    errors::refuse_in_recovery("pop", "claims messages");
+    errors::refuse_read_only("pop", "claims messages");
     check_queue_name("queue", a.queue);
     crate::queue::citus::ensure_home(a.queue);
     crate::queue::privileges::require(Some(a.queue), crate::queue::privileges::Privilege::Consume);

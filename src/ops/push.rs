@@ -656,7 +656,7 @@ impl Writes {
 /// the same id won) leaves a gap at its offset.
 pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     // Before the offsets registry (shared memory) is touched.
-    errors::refuse_in_recovery("push", "stores messages");
+    errors::refuse_read_only("push", "stores messages");
     // (queue, partition) name order: the order partition rows are locked in without the
     // registry, so that two batches cannot deadlock.
     let mut groups: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
@@ -911,7 +911,7 @@ fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Ta
 /// the caller then pushes locally.
 fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
     // As `push_items` does, before any item goes to another node.
-    errors::refuse_in_recovery("push", "stores messages");
+    errors::refuse_read_only("push", "stores messages");
     let mut by_queue: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
     for (i, q) in queues.iter().enumerate() {
         by_queue.entry(q).or_default().push(i as i32);

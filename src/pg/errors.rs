@@ -75,16 +75,25 @@ pub fn read_committed_only(call: &str, why: &str) {
     }
 }
 
-/// Refuses a call that changes queen's state on a server in recovery (a hot standby) with
-/// `25006`, as PostgreSQL refuses a write there: `queen: {call} {does}, which a server in
-/// recovery (a standby) cannot do; {call} on the primary`. A standby's shared memory is its
-/// own, not the primary's: a lease claimed, a message's offset reserved or a cursor moved
-/// there would hold nothing back on the primary. Call it before anything is touched.
-pub fn refuse_in_recovery(call: &str, does: &str) {
+/// Refuses, with `25006` as PostgreSQL refuses a write there, a call that changes queen's
+/// state in a read-only transaction: on a server in recovery (a hot standby: `queen: {call}
+/// {does}, which a server in recovery (a standby) cannot do; {call} on the primary`), or
+/// in a transaction declared READ ONLY. A standby's shared memory is its own, not the
+/// primary's: a lease claimed, an offset reserved or a cursor moved there would hold nothing
+/// back on the primary. And queen writes its hottest rows directly (`heap`), past the
+/// executor's read-only check. Call it before anything is touched.
+pub fn refuse_read_only(call: &str, does: &str) {
     if crate::pg::shmem::in_recovery() {
         raise(
             PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
             format!("queen: {call} {does}, which a server in recovery (a standby) cannot do; {call} on the primary"),
+        );
+    }
+    // SAFETY: a plain read of the current transaction's read-only flag.
+    if unsafe { pgrx::pg_sys::XactReadOnly } {
+        raise(
+            PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            format!("queen: {call} {does}, which a read-only transaction cannot do"),
         );
     }
 }

@@ -7,7 +7,7 @@ use pgrx::pg_sys;
 /// The registries are not used there (`offsets::enabled`, `lane::registry::enabled`): a
 /// standby's reads answer from the tables, as without preloading, so that nothing it
 /// caches goes stale while WAL is replayed or outlives a promotion; and the calls that
-/// change state refuse (`errors::refuse_in_recovery`).
+/// change state refuse (`errors::refuse_read_only`).
 pub fn in_recovery() -> bool {
     // SAFETY: a plain read of whether this server is in recovery (a cached flag once it
     // is over).

@@ -106,11 +106,15 @@ fn a_standby_refuses_what_changes_state_reads_current_data_and_carries_on_once_p
     assert_eq!(acked["lanes"][0]["committed"], 1, "the ack on the primary: {acked}");
     let end: pg_lsn_text::Lsn = pg_lsn_text::current(&mut p);
     drop(p);
+    // The standby's status shows the ack as soon as it is replayed (from the journal: the
+    // primary's worker copies it into queen.lanes only later).
+    pg_lsn_text::wait_replayed(&mut s, &end);
+    let committed: i64 = s.query_one("SELECT max(committed) FROM queen.status('sq')", &[]).unwrap().get(0);
+    assert_eq!(committed, 1, "the standby's cursor once the ack is replayed");
 
     // Failover: the standby, once it has replayed everything, becomes the primary. It
     // cached nothing while it was a standby: its next push takes the next offset, and a
     // pop delivers every message the old primary had not acked, in order.
-    pg_lsn_text::wait_replayed(&mut s, &end);
     drop(primary);
     standby.promote();
     let mut s = connect_within(&standby.dsn("app"), 30);
