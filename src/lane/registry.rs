@@ -319,10 +319,14 @@ fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
 /// lane's stored state with the journal's newest entry (`stored`), since the primary's acks
 /// reach `queen.lanes` only when its worker saves the journal. None on a primary (its acks
 /// without the registry update the row, which the caller has) or for a lane with no row.
+/// The journal tables' locks are taken without waiting: replay holds a TRUNCATE's lock
+/// until its commit is replayed (for as long as `recovery_min_apply_delay`, or a paused
+/// replay, says), and a read then shows the row's cursor rather than wait.
 fn journaled(partition_id: pgrx::Uuid, group: &str) -> Option<State> {
     if !crate::pg::shmem::in_recovery() {
         return None;
     }
+    let _journal = JournalLocks::try_take()?;
     Spi::connect_mut(|client| stored(client, partition_id, group)).map(|(state, _)| state)
 }
 
@@ -343,14 +347,14 @@ fn stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str) -> 
            FROM queen.lanes l
           CROSS JOIN LATERAL (
              SELECT x.committed, x.retry_count, x.seq FROM (
-               SELECT l.committed, l.batch_retry_count AS retry_count, l.journal_seq AS seq
+               SELECT l.committed, l.batch_retry_count AS retry_count, l.journal_seq AS seq, 0 AS src
                UNION ALL
-               (SELECT committed, retry_count, seq FROM queen.lane_journal_0
+               (SELECT committed, retry_count, seq, 1 FROM queen.lane_journal_0
                  WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
                UNION ALL
-               (SELECT committed, retry_count, seq FROM queen.lane_journal_1
+               (SELECT committed, retry_count, seq, 1 FROM queen.lane_journal_1
                  WHERE partition_id = $1 AND consumer_group = $2 ORDER BY seq DESC LIMIT 1)
-             ) x ORDER BY x.seq DESC LIMIT 1) j
+             ) x ORDER BY x.seq DESC, x.src LIMIT 1) j
           WHERE l.partition_id = $1 AND l.consumer_group = $2",
         &[partition_id.into(), group.into()],
         |r| {
@@ -386,7 +390,16 @@ struct JournalLocks {
 
 impl JournalLocks {
     fn take() -> JournalLocks {
-        let mut tables = Vec::new();
+        Self::lock(true).expect("a waiting lock is always taken")
+    }
+
+    /// As `take`, without waiting: None (and nothing held) when a lock is not free now.
+    fn try_take() -> Option<JournalLocks> {
+        Self::lock(false)
+    }
+
+    fn lock(wait: bool) -> Option<JournalLocks> {
+        let mut locks = JournalLocks { tables: Vec::new() };
         // The tables and the primary-key indexes the read scans: a TRUNCATE needs both.
         for name in [c"lane_journal_0", c"lane_journal_1", c"lane_journal_0_pkey", c"lane_journal_1_pkey"] {
             let oid = crate::pg::catalog::queen_table(name);
@@ -397,11 +410,15 @@ impl JournalLocks {
                 {
                     continue;
                 }
-                pg_sys::LockRelationOid(oid, pg_sys::AccessShareLock as i32);
+                if wait {
+                    pg_sys::LockRelationOid(oid, pg_sys::AccessShareLock as i32);
+                } else if !pg_sys::ConditionalLockRelationOid(oid, pg_sys::AccessShareLock as i32) {
+                    return None; // `locks` drops: what it took is released
+                }
             }
-            tables.push(oid);
+            locks.tables.push(oid);
         }
-        JournalLocks { tables }
+        Some(locks)
     }
 }
 
