@@ -83,6 +83,19 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// Polls `probe` every 100 ms until it gives a value, for at most `secs` seconds; panics
+/// with the probe's last complaint when the time is up.
+pub fn eventually<T>(secs: u64, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(why) if std::time::Instant::now() >= deadline => panic!("after {secs} s: {why}"),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+}
+
 /// A cluster of this test's own (a private data directory and port), started with
 /// `settings`, stopped and removed when dropped.
 pub struct OwnCluster {
@@ -112,7 +125,7 @@ impl OwnCluster {
         c
     }
 
-    pub fn run(&self, cmd: &str) {
+    fn run(&self, cmd: &str) {
         let _ = std::process::Command::new("bash")
             .args(["scripts/cluster.sh", cmd, &self.dir, &self.port])
             .current_dir("..")

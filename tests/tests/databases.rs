@@ -29,15 +29,10 @@ fn workers(admin: &mut Client, db: &str) -> i64 {
 
 /// Waits (up to `secs`) until `db` has `n` maintenance workers.
 fn wait_workers(admin: &mut Client, db: &str, n: i64, secs: u64) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let got = workers(admin, db);
-        if got == n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "database {db}: {got} maintenance workers, expected {n}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    queen_it::eventually(secs, || match workers(admin, db) {
+        got if got == n => Ok(()),
+        got => Err(format!("database {db}: {got} maintenance workers, expected {n}")),
+    })
 }
 
 #[test]

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use postgres::Client;
-use queen_it::OwnCluster;
+use queen_it::{eventually, OwnCluster};
 
 fn connect_within(dsn: &str, secs: u64) -> Client {
     queen_it::connect_to_retrying(dsn, Instant::now() + Duration::from_secs(secs))
@@ -30,15 +30,12 @@ fn refusal(c: &mut Client, sql: &str) -> (String, String) {
 
 /// Waits (up to 30 s) until `c` peeks `n` messages of queue `sq`.
 fn wait_peek(c: &mut Client, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got: i64 = c.query_one("SELECT count(*) FROM queen.peek('sq', max_messages => 100)", &[]).unwrap().get(0);
-        if got == n {
-            return;
+    eventually(30, || {
+        match c.query_one("SELECT count(*) FROM queen.peek('sq', max_messages => 100)", &[]).unwrap().get::<_, i64>(0) {
+            got if got == n => Ok(()),
+            got => Err(format!("{got} messages to peek, expected {n}")),
         }
-        assert!(Instant::now() < deadline, "{got} messages to peek, expected {n}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
 }
 
 /// A primary with 5 messages and a lease, and its streaming standby: the standby's reads
@@ -104,11 +101,17 @@ fn a_standby_refuses_what_changes_state_reads_current_data_and_carries_on_once_p
     // The primary's lease is as it was: acked there, it moves the cursor.
     let acked: serde_json::Value = p.query_one("SELECT queen.ack($1)", &[&lease]).unwrap().get(0);
     assert_eq!(acked["lanes"][0]["committed"], 1, "the ack on the primary: {acked}");
-    let end: pg_lsn_text::Lsn = pg_lsn_text::current(&mut p);
+    let end: String = p.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).unwrap().get(0);
     drop(p);
     // The standby's status shows the ack as soon as it is replayed (from the journal: the
     // primary's worker copies it into queen.lanes only later).
-    pg_lsn_text::wait_replayed(&mut s, &end);
+    eventually(30, || {
+        let sql = "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn";
+        match s.query_one(sql, &[&end]).unwrap().get::<_, bool>(0) {
+            true => Ok(()),
+            false => Err(format!("the standby did not replay up to {end}")),
+        }
+    });
     let committed: i64 = s.query_one("SELECT max(committed) FROM queen.status('sq')", &[]).unwrap().get(0);
     assert_eq!(committed, 1, "the standby's cursor once the ack is replayed");
 
@@ -124,29 +127,4 @@ fn a_standby_refuses_what_changes_state_reads_current_data_and_carries_on_once_p
     let rows = s.query("SELECT msg_offset FROM queen.pop('sq', batch => 10)", &[]).unwrap();
     let offsets: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(offsets, vec![2, 3, 4, 5, 6, 7], "after the promotion");
-}
-
-/// The WAL position a standby must replay to, as text (no pg_lsn type in the client).
-mod pg_lsn_text {
-    use super::*;
-
-    pub struct Lsn(String);
-
-    pub fn current(c: &mut Client) -> Lsn {
-        Lsn(c.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).unwrap().get(0))
-    }
-
-    /// Waits (up to 30 s) until the standby behind `c` has replayed `lsn`.
-    pub fn wait_replayed(c: &mut Client, lsn: &Lsn) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let done: bool =
-                c.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn.0]).unwrap().get(0);
-            if done {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the standby did not replay up to {}", lsn.0);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
 }
