@@ -201,6 +201,25 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
     .collect()
 }
 
+/// The idle partitions of queue `$1` (id, head, retained through): the newest segment of
+/// either tier (or the partition itself, with none) is older than the queue's
+/// `partition_idle_ttl`. The caller adds the rest of the WHERE clause, the order and the
+/// limit (`$2`).
+macro_rules! idle_partitions_sql {
+    () => {
+        "SELECT p.partition_id, p.head, p.retained_through
+           FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
+          WHERE p.queue_id = $1 AND q.partition_idle_ttl > '0s'
+            AND greatest(p.created_at,
+                         (SELECT max(s.created_at) FROM (
+                            (SELECT created_at FROM queen.segments s WHERE s.partition_id = p.partition_id
+                              ORDER BY first_offset DESC LIMIT 1)
+                            UNION ALL
+                            (SELECT created_at FROM queen.fresh_segments f WHERE f.partition_id = p.partition_id
+                              ORDER BY first_offset DESC LIMIT 1)) s)) < now() - q.partition_idle_ttl"
+    };
+}
+
 /// One queue's expiry (the background worker, in a transaction of its own): dedup entries
 /// older than the queue's window go, and, with a `partition_idle_ttl`, partitions that
 /// nobody pushed to for that long and that are empty, as many as hold `EXPIRE_LANES` lanes
@@ -243,33 +262,76 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     }
     let groups = groups_of(client, queue_id);
     let limit = (EXPIRE_LANES / groups.len().max(1) as i64).max(1);
-    // Idle: the newest segment of either tier (or the partition itself, with none) is
-    // older than the TTL. Locked without waiting; a busy one waits for the next pass (and
-    // one whose producer ids are still inside the dedup window, for a later one:
-    // `check_empty`).
-    let idle: Vec<pgrx::Uuid> = run(
+    // The idle partitions after the last step's, read without locking anything: most
+    // steps on a queue with a backlog find partitions that still hold messages, and
+    // locking their lanes to check them would keep pops off those lanes until this step's
+    // transaction ends (a pop passes over a lane another transaction holds). Each step
+    // goes on from where the last one stopped, so a queue with more idle partitions that
+    // hold messages than one step examines still gets its consumed ones dropped.
+    let from = EXPIRY_FROM.with_borrow(|m| m.get(&queue_id).copied()).unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
+    let idle: Vec<(pgrx::Uuid, i64, i64)> = run(
         client,
-        "SELECT p.partition_id FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
-          WHERE p.queue_id = $1 AND q.partition_idle_ttl > '0s'
-            AND greatest(p.created_at,
-                         (SELECT max(s.created_at) FROM (
-                            (SELECT created_at FROM queen.segments s WHERE s.partition_id = p.partition_id
-                              ORDER BY first_offset DESC LIMIT 1)
-                            UNION ALL
-                            (SELECT created_at FROM queen.fresh_segments f WHERE f.partition_id = p.partition_id
-                              ORDER BY first_offset DESC LIMIT 1)) s)) < now() - q.partition_idle_ttl
-          ORDER BY p.partition_id
-          LIMIT $2
-            FOR UPDATE OF p SKIP LOCKED",
-        &[queue_id.into(), limit.into()],
+        concat!(idle_partitions_sql!(), " AND p.partition_id > $3 ORDER BY p.partition_id LIMIT $2"),
+        &[queue_id.into(), limit.into(), from.into()],
+    )
+    .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap_or(0), r.get(3).or_raise().unwrap_or(0)))
+    .collect();
+    let full = idle.len() as i64 == limit;
+    EXPIRY_FROM.with_borrow_mut(|m| match idle.last().filter(|_| full) {
+        Some(&(last, _, _)) => m.insert(queue_id, last),
+        None => m.remove(&queue_id), // the next step starts again from the first partition
+    });
+    let consumed: Vec<pgrx::Uuid> = idle
+        .into_iter()
+        .filter(|&(pid, head, retained)| looks_consumed(client, pid, head, retained, &groups))
+        .map(|(pid, _, _)| pid)
+        .collect();
+    if consumed.is_empty() {
+        return (dedup, 0, full);
+    }
+    // Those that look consumed are locked (still idle; a busy one waits for a later step)
+    // and checked again under their locks (`check_empty`).
+    let locked: Vec<pgrx::Uuid> = run(
+        client,
+        concat!(
+            idle_partitions_sql!(),
+            " AND p.partition_id = ANY($3) ORDER BY p.partition_id LIMIT $2 FOR UPDATE OF p SKIP LOCKED"
+        ),
+        &[queue_id.into(), limit.into(), consumed.into()],
     )
     .map(|r| r.get(1).or_raise().unwrap())
     .collect();
-    let full = idle.len() as i64 == limit;
     let empty: Vec<pgrx::Uuid> =
-        idle.into_iter().filter(|&pid| check_empty(client, pid, &groups, false).is_ok()).collect();
+        locked.into_iter().filter(|&pid| check_empty(client, pid, &groups, false).is_ok()).collect();
     if !empty.is_empty() {
         delete(client, &empty, &groups);
     }
     (dedup, empty.len() as i64, full)
+}
+
+thread_local! {
+    /// The background worker's expiry steps: per queue, the last partition the last step
+    /// examined, when it stopped at its limit (the next step goes on after it).
+    static EXPIRY_FROM: std::cell::RefCell<std::collections::HashMap<i64, pgrx::Uuid>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Whether every group of partition `pid` looks done with it, read without locking: its
+/// committed cursor (or, for a missing lane, where retention left off) is at the
+/// partition's readable end. Only such a partition is locked and checked (`check_empty`).
+fn looks_consumed(client: &mut SpiClient<'_>, pid: pgrx::Uuid, head: i64, retained: i64, groups: &[String]) -> bool {
+    let readable = crate::offsets::readable(pid, head);
+    groups.iter().all(|group| {
+        let committed = if crate::lane::registry::enabled() {
+            crate::lane::registry::lane_committed(pid, group).committed
+        } else {
+            first_value::<i64>(run(
+                client,
+                "SELECT committed FROM queen.lanes WHERE partition_id = $1 AND consumer_group = $2",
+                &[pid.into(), group.as_str().into()],
+            ))
+            .unwrap_or(0)
+        };
+        committed.max(retained) >= readable
+    }) && (!groups.is_empty() || readable <= retained)
 }
