@@ -37,6 +37,11 @@ CONF
       as_pg "$BIN/pg_ctl" -D "$dir" -m fast -w stop >/dev/null
     fi
     ;;
+  crash)
+    # An immediate stop: no shutdown checkpoint, and queen's worker saves nothing (as after
+    # a kill -9 of the server); the next start replays the WAL.
+    as_pg "$BIN/pg_ctl" -D "$dir" -m immediate -w stop >/dev/null
+    ;;
   status)
     as_pg "$BIN/pg_ctl" -D "$dir" status
     ;;
@@ -53,5 +58,5 @@ CONF
   promote)
     as_pg "$BIN/pg_ctl" -D "$dir" -w promote >/dev/null
     ;;
-  *) echo "usage: $0 start|stop|status|promote DATADIR PORT | standby DATADIR PORT PRIMARY_SOCKET_DIR PRIMARY_PORT" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|crash|status|promote DATADIR PORT | standby DATADIR PORT PRIMARY_SOCKET_DIR PRIMARY_PORT" >&2; exit 2 ;;
 esac

@@ -373,6 +373,49 @@ pub fn drop_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str) {
     );
 }
 
+thread_local! {
+    /// Without the registry: this backend found the lane journal empty (it stays so: only
+    /// a server with the library preloaded writes it).
+    static JOURNAL_EMPTY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Without the lane registry, on a primary: the lane journal a preloaded server left behind
+/// when it stopped without saving it (a crash, an immediate stop, then a restart without
+/// the library preloaded) goes into `queen.lanes` before a pop or a cursor change reads
+/// the rows, and is emptied. Otherwise the rows' older cursors would deliver again what
+/// was acked (a lane acked all the time never has its row updated while the registry runs),
+/// and a later restart with the library preloaded would prefer the journal's entries to
+/// what was acked or sought since (`registry::stored` takes the newest journal number).
+/// The journal tables are locked against another session doing the same; a transaction
+/// that cannot write (read only) leaves it for the next one that can.
+pub fn settle_journal(client: &mut SpiClient<'_>) {
+    if JOURNAL_EMPTY.with(|e| e.get()) || crate::pg::shmem::in_recovery() {
+        return;
+    }
+    // SAFETY: a plain read of the current transaction's read-only flag.
+    if unsafe { pg_sys::XactReadOnly } {
+        return;
+    }
+    let any = |client: &mut SpiClient<'_>| {
+        first_value::<bool>(run(
+            client,
+            "SELECT EXISTS (SELECT 1 FROM queen.lane_journal_0) OR EXISTS (SELECT 1 FROM queen.lane_journal_1)",
+            &[],
+        ))
+        .unwrap_or(false)
+    };
+    if !any(client) {
+        JOURNAL_EMPTY.with(|e| e.set(true));
+        return;
+    }
+    run(client, "LOCK TABLE queen.lane_journal_0, queen.lane_journal_1 IN SHARE ROW EXCLUSIVE MODE", &[]);
+    if !any(client) {
+        return; // another session saved it meanwhile
+    }
+    save_journal(client);
+    run(client, "WITH j0 AS (DELETE FROM queen.lane_journal_0) DELETE FROM queen.lane_journal_1", &[]);
+}
+
 /// Copies every lane's newest journal entry (of both tables) into `queen.lanes` where the
 /// row is older, dropping any lease the row carried: a clean stop of the worker, so that a
 /// restart without the library preloaded (no registry, no journal) finds every cursor in

@@ -70,6 +70,9 @@ macro_rules! lane_rows {
 /// journal rotation, which waits for us); without it, the rows are the lanes.
 pub fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, which: Which<'_>, busy: Busy) -> Vec<Lane> {
     let registry = crate::lane::registry::enabled();
+    if !registry {
+        crate::lane::rows::settle_journal(client);
+    }
     let now = clock_now();
     let (partition, ids) = match which {
         Which::All => (None, None),

@@ -399,6 +399,9 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     };
     let now = clock_now();
     let registry = crate::lane::registry::enabled();
+    if !registry {
+        crate::lane::rows::settle_journal(client);
+    }
     let mut gate = gate(client, a, &info);
     let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now, gate.take()));
     // Lanes a concurrent partition and group creation both missed are added here, at most

@@ -153,6 +153,25 @@ impl OwnCluster {
     pub fn promote(&self) {
         self.run("promote");
     }
+
+    /// Stops the server at once (`scripts/cluster.sh crash`: an immediate stop).
+    pub fn crash(&self) {
+        self.run("crash");
+    }
+
+    /// Starts the stopped server again with `settings` added to its configuration (a later
+    /// line wins over an earlier one).
+    pub fn start_again(&self, settings: &str) {
+        use std::io::Write;
+        let mut conf = std::fs::OpenOptions::new().append(true).open(format!("{}/postgresql.conf", self.dir)).unwrap();
+        writeln!(conf, "{settings}").unwrap();
+        let ok = std::process::Command::new("bash")
+            .args(["scripts/cluster.sh", "start", &self.dir, &self.port])
+            .current_dir("..")
+            .status()
+            .unwrap();
+        assert!(ok.success(), "start the cluster again");
+    }
 }
 
 impl Drop for OwnCluster {

@@ -88,3 +88,58 @@ fn a_hot_lanes_cursor_survives_a_crash_and_the_rotations_after_it() {
     assert!(released);
     assert_eq!(committed(&mut c, &queue), acked + 5);
 }
+
+/// A crash of a server with the library preloaded, then a restart without it (as an
+/// operator might do after that crash), then with it again: no ack is undone and no seek
+/// either. Without preloading there is no registry and no worker to save the journal, so
+/// the first pop (or cursor change) saves it into `queen.lanes` (`rows::settle_journal`).
+#[test]
+fn a_crash_then_a_restart_without_preloading_keeps_every_ack() {
+    let cluster = queen_it::OwnCluster::start(5489, "");
+    let dsn = cluster.dsn("postgres");
+    let connect = || connect_to(&dsn);
+    let mut c = connect();
+    c.batch_execute("CREATE EXTENSION queen").unwrap();
+    c.execute(
+        "SELECT count(*) FROM queen.push_batch('j', (SELECT jsonb_agg(jsonb_build_object('payload', i))
+                                                       FROM generate_series(1, 100) i))",
+        &[],
+    )
+    .unwrap();
+    for _ in 0..3 {
+        c.execute("SELECT queen.ack((SELECT lease_id FROM queen.pop('j', batch => 10) LIMIT 1))", &[]).unwrap();
+    }
+    assert_eq!(committed(&mut c, "j"), 30);
+    let row: i64 = c.query_one("SELECT committed FROM queen.lanes", &[]).unwrap().get(0);
+    assert!(row < 30, "the lane's row holds the newest cursor already: the test would prove nothing");
+    drop(c);
+    cluster.crash();
+    cluster.start_again("shared_preload_libraries = ''");
+    let mut c = connect();
+    let next: i64 =
+        c.query_one("SELECT msg_offset FROM queen.pop('j', batch => 1, auto_ack => true)", &[]).unwrap().get(0);
+    assert_eq!(next, 31, "an ack was undone by the restart without preloading");
+    let left: i64 = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the journal was not emptied");
+    // A seek back, without the registry; then a clean restart with the library preloaded.
+    c.execute("SELECT queen.seek('j', '__QUEUE_MODE__', to_offset => 20)", &[]).unwrap();
+    assert_eq!(committed(&mut c, "j"), 19, "the next pop delivers offset 20");
+    drop(c);
+    cluster.crash();
+    cluster.start_again("shared_preload_libraries = 'queen'");
+    let mut c = connect();
+    assert_eq!(committed(&mut c, "j"), 19, "the seek was undone by the restart with preloading");
+    let next: i64 =
+        c.query_one("SELECT msg_offset FROM queen.pop('j', batch => 1, auto_ack => true)", &[]).unwrap().get(0);
+    assert_eq!(next, 20);
+}
+
+fn connect_to(dsn: &str) -> Client {
+    queen_it::connect_to_retrying(dsn, Instant::now() + Duration::from_secs(30))
+}
