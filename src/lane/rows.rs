@@ -374,12 +374,28 @@ pub fn drop_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str) {
 }
 
 thread_local! {
-    /// Without the registry: this backend found the lane journal empty (it stays so: only
-    /// a server with the library preloaded writes it).
+    /// Without the registry: this backend found the lane journal empty in a transaction
+    /// that had not emptied it itself, so as committed (it stays so: only a server with the
+    /// library preloaded writes it).
     static JOURNAL_EMPTY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The transaction (local id) that last saved and emptied the journal here: until it
+    /// ends, the journal it sees empty may come back (a rollback, of it or of a savepoint).
+    static SAVED_IN: std::cell::Cell<Option<pg_sys::LocalTransactionId>> = const { std::cell::Cell::new(None) };
 }
 
-/// Without the lane registry, on a primary: the lane journal a preloaded server left behind
+fn local_xid() -> pg_sys::LocalTransactionId {
+    // SAFETY: MyProc is this backend's own PGPROC, set before any query runs; lxid is the
+    // current (or last) top-level transaction's local id.
+    unsafe { (*pg_sys::MyProc).lxid }
+}
+
+/// Whether the current transaction saved the lane journal (`settle_journal`): it holds the
+/// journal tables' lock until it ends, so a pop that did returns without waiting.
+pub fn saved_journal_here() -> bool {
+    SAVED_IN.with(|s| s.get()) == Some(local_xid())
+}
+
+/// Without the lane registry (the caller checks), on a primary: the lane journal a preloaded server left behind
 /// when it stopped without saving it (a crash, an immediate stop, then a restart without
 /// the library preloaded) goes into `queen.lanes` before a pop or a cursor change reads
 /// the rows, and is emptied. Otherwise the rows' older cursors would deliver again what
@@ -405,21 +421,27 @@ pub fn settle_journal(client: &mut SpiClient<'_>) {
         .unwrap_or(false)
     };
     if !any(client) {
-        JOURNAL_EMPTY.with(|e| e.set(true));
+        if !saved_journal_here() {
+            JOURNAL_EMPTY.with(|e| e.set(true));
+        }
         return;
     }
+    // DELETE under a lock that only this conflicts with, where the worker's rotation
+    // (`queen._empty_journal`) TRUNCATEs under an exclusive one: this runs in a caller's
+    // transaction, which may last, and must not keep readers of the journal waiting.
     run(client, "LOCK TABLE queen.lane_journal_0, queen.lane_journal_1 IN SHARE ROW EXCLUSIVE MODE", &[]);
     if !any(client) {
         return; // another session saved it meanwhile
     }
     save_journal(client);
     run(client, "WITH j0 AS (DELETE FROM queen.lane_journal_0) DELETE FROM queen.lane_journal_1", &[]);
+    SAVED_IN.with(|s| s.set(Some(local_xid())));
 }
 
 /// Copies every lane's newest journal entry (of both tables) into `queen.lanes` where the
 /// row is older, dropping any lease the row carried: a clean stop of the worker, so that a
 /// restart without the library preloaded (no registry, no journal) finds every cursor in
-/// the table. Each table's pass skips the entries the other holds newer, so the two passes
+/// the table, and `settle_journal` after a stop that did not. Each table's pass skips the entries the other holds newer, so the two passes
 /// together save each lane's newest. Returns how many rows.
 pub fn save_journal(client: &mut SpiClient<'_>) -> i64 {
     save_journal_from(client, 0) + save_journal_from(client, 1)

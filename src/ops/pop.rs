@@ -266,7 +266,13 @@ fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
         // A pop that passed a cursor over messages it may not deliver (expired, unreadable,
         // redriven to another group) holds those lanes until its transaction ends: it
         // returns now, empty, so that the next pop reads on past them.
-        if !rows.is_empty() || deadline <= now || CURSOR_PASSED.with(|c| c.get()) {
+        // One that saved the lane journal (`rows::settle_journal`, once after a crash and a
+        // restart without preloading) returns too: other sessions' pops wait for its lock.
+        if !rows.is_empty()
+            || deadline <= now
+            || CURSOR_PASSED.with(|c| c.get())
+            || crate::lane::rows::saved_journal_here()
+        {
             wake::cancel();
             return rows;
         }
@@ -397,11 +403,12 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let Some(info) = admit(client, a) else {
         return Vec::new();
     };
-    let now = clock_now();
     let registry = crate::lane::registry::enabled();
     if !registry {
+        // (It may wait for another session saving the journal: before the clock is read.)
         crate::lane::rows::settle_journal(client);
     }
+    let now = clock_now();
     let mut gate = gate(client, a, &info);
     let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now, gate.take()));
     // Lanes a concurrent partition and group creation both missed are added here, at most

@@ -16,6 +16,14 @@
 //! partition. A push that comes after a drop creates the partition anew, with offsets from
 //! 1 and a new partition id.
 //!
+//! **The worker's expiry** reads idle partitions without locking anything, a page of them
+//! per step, going on from the last page in the next step (`RESUME_AFTER`), and locks and
+//! checks only those whose cursors all look at the end (`looks_consumed`): locking the
+//! lanes of a partition that still holds messages would keep pops off them until the
+//! step's transaction ends (a pop passes over a lane another transaction holds), and a
+//! queue whose first page holds messages would never have the consumed partitions after
+//! it dropped.
+//!
 //! **Safety against a push at the same moment.** With the offset registry the partition is
 //! marked as being dropped (`offsets::begin_drop`), refused while pushes are in flight;
 //! a push that comes meanwhile waits for the dropping transaction and then looks its
@@ -27,9 +35,18 @@ use pgrx::spi::SpiClient;
 use crate::pg::errors::SpiExt;
 use crate::pg::spi::{first_value, run};
 
-/// Most lanes an expiry step locks in one transaction (each partition's lanes are locked
-/// while it is checked, until the transaction ends): well below `queen.tracked_lanes`.
+/// Most lanes an expiry step examines (it loads them into the lane registry) and locks in
+/// one transaction (each partition's lanes are locked while it is checked, until the
+/// transaction ends): well below `queen.tracked_lanes`.
 const EXPIRE_LANES: i64 = 1000;
+
+thread_local! {
+    /// The background worker's expiry steps: per queue, the last partition the last step
+    /// examined when it stopped at its limit; the next step goes on after it. A queue
+    /// without an entry is read from its first partition.
+    static RESUME_AFTER: std::cell::RefCell<std::collections::HashMap<i64, pgrx::Uuid>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
 
 /// Why a partition is not dropped.
 pub enum Kept {
@@ -203,8 +220,8 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
 
 /// The idle partitions of queue `$1` (id, head, retained through): the newest segment of
 /// either tier (or the partition itself, with none) is older than the queue's
-/// `partition_idle_ttl`. The caller adds the rest of the WHERE clause, the order and the
-/// limit (`$2`).
+/// `partition_idle_ttl`. The caller adds the rest of the WHERE clause (from `$2` on) and
+/// the order.
 macro_rules! idle_partitions_sql {
     () => {
         "SELECT p.partition_id, p.head, p.retained_through
@@ -221,10 +238,11 @@ macro_rules! idle_partitions_sql {
 }
 
 /// One queue's expiry (the background worker, in a transaction of its own): dedup entries
-/// older than the queue's window go, and, with a `partition_idle_ttl`, partitions that
-/// nobody pushed to for that long and that are empty, as many as hold `EXPIRE_LANES` lanes
-/// between them. It never waits: a partition someone holds is left for the next pass.
-/// Returns (dedup entries deleted, partitions dropped, whether it stopped at its limit).
+/// older than the queue's window go, and, with a `partition_idle_ttl`, the partitions that
+/// nobody pushed to for that long and that are empty, among the next idle ones (as many as
+/// hold `EXPIRE_LANES` lanes between them; see the module docs). It never waits: a
+/// partition someone holds is left for a later pass. Returns (dedup entries deleted,
+/// partitions dropped, whether it stopped at its limit: there are more to examine).
 pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, bool) {
     // The queue lock first, as every call takes it before the queue's rows (a dedup row
     // locked before it would deadlock with a delete_queue); a queue being deleted waits
@@ -262,42 +280,40 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     }
     let groups = groups_of(client, queue_id);
     let limit = (EXPIRE_LANES / groups.len().max(1) as i64).max(1);
-    // The idle partitions after the last step's, read without locking anything: most
-    // steps on a queue with a backlog find partitions that still hold messages, and
-    // locking their lanes to check them would keep pops off those lanes until this step's
-    // transaction ends (a pop passes over a lane another transaction holds). Each step
-    // goes on from where the last one stopped, so a queue with more idle partitions that
-    // hold messages than one step examines still gets its consumed ones dropped.
-    let from = EXPIRY_FROM.with_borrow(|m| m.get(&queue_id).copied()).unwrap_or(pgrx::Uuid::from_bytes([0; 16]));
+    // The next idle partitions, read without locking anything (see the module docs).
+    let after = RESUME_AFTER.with_borrow(|m| m.get(&queue_id).copied());
     let idle: Vec<(pgrx::Uuid, i64, i64)> = run(
         client,
-        concat!(idle_partitions_sql!(), " AND p.partition_id > $3 ORDER BY p.partition_id LIMIT $2"),
-        &[queue_id.into(), limit.into(), from.into()],
+        concat!(
+            idle_partitions_sql!(),
+            " AND ($3::uuid IS NULL OR p.partition_id > $3) ORDER BY p.partition_id LIMIT $2"
+        ),
+        &[queue_id.into(), limit.into(), after.into()],
     )
     .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap_or(0), r.get(3).or_raise().unwrap_or(0)))
     .collect();
     let full = idle.len() as i64 == limit;
-    EXPIRY_FROM.with_borrow_mut(|m| match idle.last().filter(|_| full) {
+    RESUME_AFTER.with_borrow_mut(|m| match idle.last().filter(|_| full) {
         Some(&(last, _, _)) => m.insert(queue_id, last),
         None => m.remove(&queue_id), // the next step starts again from the first partition
     });
     let consumed: Vec<pgrx::Uuid> = idle
         .into_iter()
-        .filter(|&(pid, head, retained)| looks_consumed(client, pid, head, retained, &groups))
+        .filter(|&(pid, head, retained)| looks_consumed(pid, head, retained, &groups))
         .map(|(pid, _, _)| pid)
         .collect();
     if consumed.is_empty() {
         return (dedup, 0, full);
     }
-    // Those that look consumed are locked (still idle; a busy one waits for a later step)
-    // and checked again under their locks (`check_empty`).
+    // Those that look consumed are locked (if still idle; a busy one waits for a later
+    // step) and checked under their locks (`check_empty`), which decides.
     let locked: Vec<pgrx::Uuid> = run(
         client,
         concat!(
             idle_partitions_sql!(),
-            " AND p.partition_id = ANY($3) ORDER BY p.partition_id LIMIT $2 FOR UPDATE OF p SKIP LOCKED"
+            " AND p.partition_id = ANY($2) ORDER BY p.partition_id FOR UPDATE OF p SKIP LOCKED"
         ),
-        &[queue_id.into(), limit.into(), consumed.into()],
+        &[queue_id.into(), consumed.into()],
     )
     .map(|r| r.get(1).or_raise().unwrap())
     .collect();
@@ -309,29 +325,16 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     (dedup, empty.len() as i64, full)
 }
 
-thread_local! {
-    /// The background worker's expiry steps: per queue, the last partition the last step
-    /// examined, when it stopped at its limit (the next step goes on after it).
-    static EXPIRY_FROM: std::cell::RefCell<std::collections::HashMap<i64, pgrx::Uuid>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
-}
-
-/// Whether every group of partition `pid` looks done with it, read without locking: its
-/// committed cursor (or, for a missing lane, where retention left off) is at the
-/// partition's readable end. Only such a partition is locked and checked (`check_empty`).
-fn looks_consumed(client: &mut SpiClient<'_>, pid: pgrx::Uuid, head: i64, retained: i64, groups: &[String]) -> bool {
+/// Whether partition `pid` looks empty, read without locking anything (the registry's
+/// committed cursors; the worker runs only with the library preloaded): as `check_empty`
+/// has it, every group's cursor is at the readable end, or, with no group, retention
+/// deleted everything. A cursor behind `retained` counts as there (retention deleted what
+/// it had left), so this may let through a partition `check_empty` keeps: it only spares
+/// the lock to those that still hold messages.
+fn looks_consumed(pid: pgrx::Uuid, head: i64, retained: i64, groups: &[String]) -> bool {
     let readable = crate::offsets::readable(pid, head);
-    groups.iter().all(|group| {
-        let committed = if crate::lane::registry::enabled() {
-            crate::lane::registry::lane_committed(pid, group).committed
-        } else {
-            first_value::<i64>(run(
-                client,
-                "SELECT committed FROM queen.lanes WHERE partition_id = $1 AND consumer_group = $2",
-                &[pid.into(), group.as_str().into()],
-            ))
-            .unwrap_or(0)
-        };
-        committed.max(retained) >= readable
-    }) && (!groups.is_empty() || readable <= retained)
+    if groups.is_empty() {
+        return readable <= retained;
+    }
+    groups.iter().all(|group| crate::lane::registry::lane_committed(pid, group).committed.max(retained) >= readable)
 }

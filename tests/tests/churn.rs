@@ -150,9 +150,14 @@ fn dedup_entries_expire_by_time_in_a_partition_that_stays() {
 }
 
 /// A queue with more idle partitions that hold messages than one expiry step examines
-/// (1,000 lanes) still gets its consumed ones dropped: each step goes on from the last.
+/// (the worker's page: 1,000 lanes, here one group's) still gets its consumed ones dropped:
+/// each step goes on from the last. The worker reads the partitions in id order, so the
+/// ones that keep their message are the first `KEPT` by id: on the old code every step
+/// read those again and dropped nothing.
 #[test]
 fn consumed_partitions_behind_many_that_hold_messages_are_dropped() {
+    const KEPT: i64 = 1200; // more than a page
+    const CONSUMED: i64 = 1300;
     let mut c = queen_it::connect();
     let queue = queen_it::unique("behind");
     let count_partitions = |c: &mut Client| -> i64 {
@@ -167,36 +172,33 @@ fn consumed_partitions_behind_many_that_hold_messages_are_dropped() {
     c.execute("SELECT queen.create_group($1, 'g')", &[&queue]).unwrap();
     c.execute(
         "SELECT count(*) FROM queen.push_batch($1, (SELECT jsonb_agg(jsonb_build_object('partition', 'p' || i, 'payload', i))
-           FROM generate_series(1, 2500) i))",
-        &[&queue],
+           FROM generate_series(1, $2::int8) i))",
+        &[&queue, &(KEPT + CONSUMED)],
     )
     .unwrap();
-    // The 1,200 first partitions in the order the worker examines them (by id) keep their
-    // message; the other 1,300 are consumed.
     let consumed: i64 = c
         .query_one(
             "SELECT count(*) FROM (SELECT p.name FROM queen.partitions p JOIN queen.queues q USING (queue_id)
-                                    WHERE q.name = $1 ORDER BY p.partition_id OFFSET 1200) p,
+                                    WHERE q.name = $1 ORDER BY p.partition_id OFFSET $2) p,
                     LATERAL queen.pop($1, 'g', partition => p.name, auto_ack => true) m",
-            &[&queue],
+            &[&queue, &KEPT],
         )
         .unwrap()
         .get(0);
-    assert_eq!(consumed, 1300);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    assert_eq!(consumed, CONSUMED);
+    queen_it::eventually(60, || {
         let left = count_partitions(&mut c);
-        if left == 1200 {
-            break;
+        assert!(left >= KEPT, "a partition that holds a message was dropped ({left} left)");
+        if left == KEPT {
+            Ok(())
+        } else {
+            Err(format!("{left} partitions left, {KEPT} hold messages"))
         }
-        assert!(left > 1200, "a partition that holds a message was dropped ({left} left)");
-        assert!(Instant::now() < deadline, "{left} partitions left, 1200 hold messages");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    });
     // Nothing that was not consumed is lost.
     let rest = c
         .query("SELECT 1 FROM queen.pop($1, 'g', batch => 5000, max_partitions => 5000, auto_ack => true)", &[&queue])
         .unwrap()
-        .len();
-    assert_eq!(rest, 1200);
+        .len() as i64;
+    assert_eq!(rest, KEPT);
 }

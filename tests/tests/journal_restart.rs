@@ -90,11 +90,11 @@ fn a_hot_lanes_cursor_survives_a_crash_and_the_rotations_after_it() {
 }
 
 /// A crash of a server with the library preloaded, then a restart without it (as an
-/// operator might do after that crash), then with it again: no ack is undone and no seek
-/// either. Without preloading there is no registry and no worker to save the journal, so
+/// operator might do after that crash), then a crash and a restart with it again: no ack
+/// is undone, and no seek either. Without preloading there is no registry and no worker to save the journal, so
 /// the first pop (or cursor change) saves it into `queen.lanes` (`rows::settle_journal`).
 #[test]
-fn a_crash_then_a_restart_without_preloading_keeps_every_ack() {
+fn restarts_without_and_with_preloading_after_crashes_undo_no_ack_and_no_seek() {
     let cluster = queen_it::OwnCluster::start(5489, "");
     let dsn = cluster.dsn("postgres");
     let connect = || connect_to(&dsn);
@@ -116,9 +116,17 @@ fn a_crash_then_a_restart_without_preloading_keeps_every_ack() {
     cluster.crash();
     cluster.start_again("shared_preload_libraries = ''");
     let mut c = connect();
+    // A transaction that saves the journal (its first pop) and rolls back: the journal is
+    // back, and this session's next pop saves it again.
+    let mut tx = c.transaction().unwrap();
+    let first: i64 = tx.query_one("SELECT msg_offset FROM queen.pop('j', batch => 1)", &[]).unwrap().get(0);
+    assert_eq!(first, 31, "an ack was undone by the restart without preloading");
+    // (A second pop in it finds the journal empty, by its own doing; the lane is leased.)
+    assert!(tx.query("SELECT 1 FROM queen.pop('j')", &[]).unwrap().is_empty());
+    tx.rollback().unwrap();
     let next: i64 =
         c.query_one("SELECT msg_offset FROM queen.pop('j', batch => 1, auto_ack => true)", &[]).unwrap().get(0);
-    assert_eq!(next, 31, "an ack was undone by the restart without preloading");
+    assert_eq!(next, 31, "an ack was undone by a rolled-back transaction that had saved the journal");
     let left: i64 = c
         .query_one(
             "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
@@ -126,8 +134,10 @@ fn a_crash_then_a_restart_without_preloading_keeps_every_ack() {
         )
         .unwrap()
         .get(0);
+    // (How: the journal was saved into the rows and emptied.)
     assert_eq!(left, 0, "the journal was not emptied");
-    // A seek back, without the registry; then a clean restart with the library preloaded.
+    // A seek back, without the registry; then a crash and a restart with the library
+    // preloaded: the registry loads the lane from the row and the journal (the newest).
     c.execute("SELECT queen.seek('j', '__QUEUE_MODE__', to_offset => 20)", &[]).unwrap();
     assert_eq!(committed(&mut c, "j"), 19, "the next pop delivers offset 20");
     drop(c);
