@@ -384,8 +384,8 @@ thread_local! {
 }
 
 fn local_xid() -> pg_sys::LocalTransactionId {
-    // SAFETY: MyProc is this backend's own PGPROC, set before any query runs; lxid is the
-    // current (or last) top-level transaction's local id.
+    // SAFETY: MyProc is this backend's own PGPROC, set before any query runs; inside a
+    // transaction, lxid is its top-level transaction's local id (new for each one).
     unsafe { (*pg_sys::MyProc).lxid }
 }
 
@@ -395,22 +395,26 @@ pub fn saved_journal_here() -> bool {
     SAVED_IN.with(|s| s.get()) == Some(local_xid())
 }
 
-/// Without the lane registry (the caller checks), on a primary: the lane journal a preloaded server left behind
-/// when it stopped without saving it (a crash, an immediate stop, then a restart without
-/// the library preloaded) goes into `queen.lanes` before a pop or a cursor change reads
-/// the rows, and is emptied. Otherwise the rows' older cursors would deliver again what
-/// was acked (a lane acked all the time never has its row updated while the registry runs),
-/// and a later restart with the library preloaded would prefer the journal's entries to
-/// what was acked or sought since (`registry::stored` takes the newest journal number).
-/// The journal tables are locked against another session doing the same; a transaction
-/// that cannot write (read only) leaves it for the next one that can.
-pub fn settle_journal(client: &mut SpiClient<'_>) {
+/// Without the lane registry (the caller checks), on a primary: the lane journal a
+/// preloaded server left behind when it stopped without saving it (a crash, an immediate
+/// stop, then a restart without the library preloaded) goes into `queen.lanes`, and is
+/// emptied, before a pop, a cursor change, retention or a partition's drop reads the rows.
+/// Otherwise the rows' cursors would be older than what was acked (a lane acked all the
+/// time never has its row updated while the registry runs: delivered again), or newer than
+/// a `seek` back (retention would delete what the seek wants again), and a later restart
+/// with the library preloaded would prefer the journal's entries to what was acked or
+/// sought since (`registry::stored` takes the newest journal number).
+/// The journal tables are locked until the transaction ends, against another session
+/// doing the same. `wait`: wait for a session that holds them; else (a pop) false when
+/// one does, and the caller reads nothing (its transaction may last: a consumer's own).
+/// A transaction that cannot write (read only) leaves it for the next one that can.
+pub fn settle_journal(client: &mut SpiClient<'_>, wait: bool) -> bool {
     if JOURNAL_EMPTY.with(|e| e.get()) || crate::pg::shmem::in_recovery() {
-        return;
+        return true;
     }
     // SAFETY: a plain read of the current transaction's read-only flag.
     if unsafe { pg_sys::XactReadOnly } {
-        return;
+        return true;
     }
     let any = |client: &mut SpiClient<'_>| {
         first_value::<bool>(run(
@@ -424,25 +428,42 @@ pub fn settle_journal(client: &mut SpiClient<'_>) {
         if !saved_journal_here() {
             JOURNAL_EMPTY.with(|e| e.set(true));
         }
-        return;
+        return true;
     }
     // DELETE under a lock that only this conflicts with, where the worker's rotation
     // (`queen._empty_journal`) TRUNCATEs under an exclusive one: this runs in a caller's
     // transaction, which may last, and must not keep readers of the journal waiting.
-    run(client, "LOCK TABLE queen.lane_journal_0, queen.lane_journal_1 IN SHARE ROW EXCLUSIVE MODE", &[]);
+    // Table 0 before table 1, always.
+    let mode = pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE;
+    let tables = [c"lane_journal_0", c"lane_journal_1"].map(crate::pg::catalog::queen_table);
+    for (i, &oid) in tables.iter().enumerate() {
+        if wait {
+            // SAFETY: a relation lock taken by oid, held until the transaction ends.
+            unsafe { pg_sys::LockRelationOid(oid, mode) };
+        // SAFETY: as above, without waiting.
+        } else if !unsafe { pg_sys::ConditionalLockRelationOid(oid, mode) } {
+            for &held in &tables[..i] {
+                // SAFETY: a lock this loop just took, given back.
+                unsafe { pg_sys::UnlockRelationOid(held, mode) };
+            }
+            return false;
+        }
+    }
     if !any(client) {
-        return; // another session saved it meanwhile
+        return true; // another session saved it meanwhile
     }
     save_journal(client);
     run(client, "WITH j0 AS (DELETE FROM queen.lane_journal_0) DELETE FROM queen.lane_journal_1", &[]);
     SAVED_IN.with(|s| s.set(Some(local_xid())));
+    true
 }
 
 /// Copies every lane's newest journal entry (of both tables) into `queen.lanes` where the
 /// row is older, dropping any lease the row carried: a clean stop of the worker, so that a
 /// restart without the library preloaded (no registry, no journal) finds every cursor in
-/// the table, and `settle_journal` after a stop that did not. Each table's pass skips the entries the other holds newer, so the two passes
-/// together save each lane's newest. Returns how many rows.
+/// the table; and `settle_journal`, after a stop that did not. Each table's pass skips the
+/// entries the other holds newer, so the two passes together save each lane's newest.
+/// Returns how many rows.
 pub fn save_journal(client: &mut SpiClient<'_>) -> i64 {
     save_journal_from(client, 0) + save_journal_from(client, 1)
 }

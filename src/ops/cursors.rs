@@ -71,7 +71,7 @@ macro_rules! lane_rows {
 pub fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, which: Which<'_>, busy: Busy) -> Vec<Lane> {
     let registry = crate::lane::registry::enabled();
     if !registry {
-        crate::lane::rows::settle_journal(client);
+        crate::lane::rows::settle_journal(client, true);
     }
     let now = clock_now();
     let (partition, ids) = match which {

@@ -404,9 +404,10 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         return Vec::new();
     };
     let registry = crate::lane::registry::enabled();
-    if !registry {
-        // (It may wait for another session saving the journal: before the clock is read.)
-        crate::lane::rows::settle_journal(client);
+    // Without the registry, after a crash: not while another session saves the lane
+    // journal (the rows are not yet right); nothing is claimed, as for a held lane.
+    if !registry && !crate::lane::rows::settle_journal(client, false) {
+        return Vec::new();
     }
     let now = clock_now();
     let mut gate = gate(client, a, &info);

@@ -75,6 +75,11 @@ pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -
     if !crate::pg::locks::try_share_queue(queue_id) || !crate::pg::locks::lanes_creation(queue_id, true, false) {
         return None;
     }
+    // Without the registry, after a crash: the cursors the journal holds first (a seek
+    // back is only there; the row's newer cursor would let this delete what it rewinds to).
+    if !crate::lane::registry::enabled() {
+        crate::lane::rows::settle_journal(client, true);
+    }
     // The queue's partitions that nothing else holds.
     let pids: Vec<pgrx::Uuid> = run(
         client,

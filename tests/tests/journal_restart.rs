@@ -95,11 +95,32 @@ fn a_hot_lanes_cursor_survives_a_crash_and_the_rotations_after_it() {
 /// the first pop (or cursor change) saves it into `queen.lanes` (`rows::settle_journal`).
 #[test]
 fn restarts_without_and_with_preloading_after_crashes_undo_no_ack_and_no_seek() {
-    let cluster = queen_it::OwnCluster::start(5489, "");
+    // No retention pass by the worker: the test runs one itself, after the restart.
+    let cluster = queen_it::OwnCluster::start(5489, "queen.retention_interval = 0\n");
     let dsn = cluster.dsn("postgres");
     let connect = || connect_to(&dsn);
     let mut c = connect();
     c.batch_execute("CREATE EXTENSION queen").unwrap();
+    c.batch_execute("CREATE DATABASE d2").unwrap();
+    // In a database of its own (its own journal): a seek back that only the journal holds,
+    // the row having the cursor from before it.
+    let d2 = cluster.dsn("d2");
+    let mut c2 = connect_to(&d2);
+    c2.batch_execute(
+        "CREATE EXTENSION queen;
+         SELECT queen.configure('j2', retention => 1);
+         SELECT queen.create_group('j2', 'g');
+         SELECT count(*) FROM queen.push_batch('j2', (SELECT jsonb_agg(jsonb_build_object('payload', i))
+                                                        FROM generate_series(1, 100) i));
+         SELECT count(*) FROM queen.pop('j2', 'g', batch => 100, auto_ack => true);",
+    )
+    .unwrap();
+    let row = |c: &mut Client| -> i64 { c.query_one("SELECT committed FROM queen.lanes", &[]).unwrap().get(0) };
+    queen_it::eventually(60, || match row(&mut c2) {
+        100 => Ok(()),
+        r => Err(format!("the worker saved cursor {r} of 100 into the row")),
+    });
+    c2.execute("SELECT queen.seek('j2', 'g', to_offset => 11)", &[]).unwrap();
     c.execute(
         "SELECT count(*) FROM queen.push_batch('j', (SELECT jsonb_agg(jsonb_build_object('payload', i))
                                                        FROM generate_series(1, 100) i))",
@@ -110,11 +131,24 @@ fn restarts_without_and_with_preloading_after_crashes_undo_no_ack_and_no_seek() 
         c.execute("SELECT queen.ack((SELECT lease_id FROM queen.pop('j', batch => 10) LIMIT 1))", &[]).unwrap();
     }
     assert_eq!(committed(&mut c, "j"), 30);
-    let row: i64 = c.query_one("SELECT committed FROM queen.lanes", &[]).unwrap().get(0);
-    assert!(row < 30, "the lane's row holds the newest cursor already: the test would prove nothing");
-    drop(c);
+    let row_j: i64 = c.query_one("SELECT committed FROM queen.lanes", &[]).unwrap().get(0);
+    assert!(row_j < 30, "the lane's row holds the newest cursor already: the test would prove nothing");
+    assert_eq!(committed(&mut c2, "j2"), 10);
+    assert_eq!(row(&mut c2), 100, "the row has the seek already: the test would prove nothing");
+    drop((c, c2));
     cluster.crash();
     cluster.start_again("shared_preload_libraries = ''");
+    // Retention first: it must keep what the seek rewound to.
+    let mut c2 = connect_to(&d2);
+    c2.execute("SELECT queen.retain('j2')", &[]).unwrap();
+    let next: Vec<i64> = c2
+        .query("SELECT msg_offset FROM queen.pop('j2', 'g', batch => 1, auto_ack => true)", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(next, [11], "retention deleted what a seek rewound to");
+    drop(c2);
     let mut c = connect();
     // A transaction that saves the journal (its first pop) and rolls back: the journal is
     // back, and this session's next pop saves it again.
@@ -123,6 +157,11 @@ fn restarts_without_and_with_preloading_after_crashes_undo_no_ack_and_no_seek() 
     assert_eq!(first, 31, "an ack was undone by the restart without preloading");
     // (A second pop in it finds the journal empty, by its own doing; the lane is leased.)
     assert!(tx.query("SELECT 1 FROM queen.pop('j')", &[]).unwrap().is_empty());
+    // Another session's pop meanwhile does not wait for that transaction (it would fail
+    // here, at its lock_timeout): it claims nothing.
+    let mut other = connect();
+    other.batch_execute("SET lock_timeout = '2s'").unwrap();
+    assert!(other.query("SELECT 1 FROM queen.pop('j')", &[]).unwrap().is_empty());
     tx.rollback().unwrap();
     let next: i64 =
         c.query_one("SELECT msg_offset FROM queen.pop('j', batch => 1, auto_ack => true)", &[]).unwrap().get(0);
