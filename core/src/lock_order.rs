@@ -11,6 +11,10 @@
 //!    ever waits for `delete_queue` while holding one of its rows.
 //!    A transaction that touches several queues takes their locks as it reaches them;
 //!    push_batch reaches them in queue-name order.
+//!    Without the lane registry, once after a crash of a preloaded server: the **lane
+//!    journal's tables** (SHARE ROW EXCLUSIVE, while the journal is saved into the lanes'
+//!    rows) right after the queue lock, before any other; a pop and a retention step
+//!    without waiting.
 //!    The **lane-creation lock** (a second heavyweight lock per queue) comes next:
 //!    share mode to create lanes (a pop without waiting, a new group's lanes, `seek`
 //!    back), exclusive by a retention step and the partition expiry (without waiting) and

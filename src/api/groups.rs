@@ -18,9 +18,15 @@ use crate::pg::ids::from_pg_uuid;
 use crate::pg::spi::{first_value, run};
 use crate::queue::names::{check_lane_name, check_queue_name};
 
+/// The queue's id, its lock taken (share mode); then, without the registry after a
+/// crash, the lane journal saved (`cursors::settle_journal`), before any other lock.
 fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
     let id = crate::queue::lookup::queue_id(client, queue)?;
-    crate::pg::locks::share_queue(id).then_some(id)
+    if !crate::pg::locks::share_queue(id) {
+        return None;
+    }
+    crate::ops::cursors::settle_journal(client);
+    Some(id)
 }
 
 fn refuse_leased(lanes: &[Lane], force: bool, what: &str) {

@@ -339,6 +339,9 @@ fn lock_rows(
     if !locked {
         return Vec::new(); // unknown lease, or its queue was deleted while this waited
     }
+    // A lease a version without the registry took, still live across a preloaded run and
+    // a crash: the journal's cursors first, or this ack's would be overwritten by them.
+    crate::ops::cursors::settle_journal(client);
     run(
         client,
         concat!(

@@ -62,11 +62,6 @@ pub enum Kept {
 /// here are all there are until the transaction ends) and the partition's row. `wait`: wait for another transaction that holds one of its lanes (else it is
 /// busy). Returns the segments deleted.
 pub fn try_drop(client: &mut SpiClient<'_>, queue_id: i64, pid: pgrx::Uuid, wait: bool) -> Result<i64, Kept> {
-    // Without the registry, after a crash: the cursors the journal holds first (the row's
-    // may be past a seek back).
-    if !crate::lane::registry::enabled() {
-        crate::lane::rows::settle_journal(client, true);
-    }
     let groups = groups_of(client, queue_id);
     check_empty(client, pid, &groups, wait)?;
     Ok(delete(client, &[pid], &groups))

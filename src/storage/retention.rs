@@ -72,13 +72,18 @@ pub fn retain_in(client: &mut SpiClient<'_>, queue: Option<&str>) -> (i64, i64, 
 /// holds the others: they wait for the next pass).
 pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -> Option<(i64, i64)> {
     queen_core::fail::point("retention.queue");
-    if !crate::pg::locks::try_share_queue(queue_id) || !crate::pg::locks::lanes_creation(queue_id, true, false) {
+    if !crate::pg::locks::try_share_queue(queue_id) {
         return None;
     }
     // Without the registry, after a crash: the cursors the journal holds first (a seek
-    // back is only there; the row's newer cursor would let this delete what it rewinds to).
-    if !crate::lane::registry::enabled() {
-        crate::lane::rows::settle_journal(client, true);
+    // back is only there; the row's newer cursor would let this delete what it rewinds
+    // to). Without waiting, as for every lock here: a session saving it now makes this
+    // queue wait for the next pass.
+    if !crate::lane::registry::enabled() && !crate::lane::rows::settle_journal(client, false) {
+        return None;
+    }
+    if !crate::pg::locks::lanes_creation(queue_id, true, false) {
+        return None;
     }
     // The queue's partitions that nothing else holds.
     let pids: Vec<pgrx::Uuid> = run(
