@@ -13,8 +13,10 @@
 //!    push_batch reaches them in queue-name order.
 //!    Without the lane registry, once after a crash of a preloaded server: the **lane
 //!    journal's tables** (SHARE ROW EXCLUSIVE, while the journal is saved into the lanes'
-//!    rows) right after the queue lock, before any other; a pop and a retention step
-//!    without waiting.
+//!    rows) right after the queue lock, before any other; a pop, a retention step and a
+//!    skip group's overflow step without waiting. (The save updates lane rows of every
+//!    queue: a transaction that holds lane rows of a lease and then acks may meet it in a
+//!    deadlock, which PostgreSQL breaks; only once, after such a restart.)
 //!    The **lane-creation lock** (a second heavyweight lock per queue) comes next:
 //!    share mode to create lanes (a pop without waiting, a new group's lanes, `seek`
 //!    back), exclusive by a retention step and the partition expiry (without waiting) and

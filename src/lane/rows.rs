@@ -450,7 +450,12 @@ pub fn settle_journal(client: &mut SpiClient<'_>, wait: bool) -> bool {
         }
     }
     if !any(client) {
-        return true; // another session saved it meanwhile
+        // Another session saved it meanwhile: nothing to hold the tables for.
+        for oid in tables {
+            // SAFETY: a lock this call took above, given back; nothing was written under it.
+            unsafe { pg_sys::UnlockRelationOid(oid, mode) };
+        }
+        return true;
     }
     save_journal(client);
     run(client, "WITH j0 AS (DELETE FROM queen.lane_journal_0) DELETE FROM queen.lane_journal_1", &[]);
