@@ -40,7 +40,7 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
         let Some(queue_id) = found.filter(|&id| crate::pg::locks::share_queue(id)) else {
             return json!({"queue": queue, "partition": partition, "dropped": false});
         };
-        crate::ops::cursors::settle_journal(client);
+        crate::lane::settle_journal(client, true);
         // Before the partition's row, as the lock order has it (`try_drop`).
         crate::pg::locks::lanes_creation(queue_id, true, true);
         // The partition row (waits for a push without the offset registry, a compaction

@@ -19,13 +19,13 @@ use crate::pg::spi::{first_value, run};
 use crate::queue::names::{check_lane_name, check_queue_name};
 
 /// The queue's id, its lock taken (share mode); then, without the registry after a
-/// crash, the lane journal saved (`cursors::settle_journal`), before any other lock.
+/// crash, the lane journal saved (`lane::settle_journal`), before any other lock.
 fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
     let id = crate::queue::lookup::queue_id(client, queue)?;
     if !crate::pg::locks::share_queue(id) {
         return None;
     }
-    crate::ops::cursors::settle_journal(client);
+    crate::lane::settle_journal(client, true);
     Some(id)
 }
 

@@ -10,3 +10,13 @@ pub mod claimable;
 pub mod limits;
 pub mod registry;
 pub mod rows;
+
+/// Before a call reads lane cursors to act on them: without the registry, the lane journal
+/// a crash of a preloaded server left behind goes into the rows first
+/// (`rows::settle_journal`; with the registry there is nothing to do). Called right after
+/// the queue lock, before any other lock of the queue (`queen_core::lock_order`). `wait`:
+/// wait for another session saving it; else false while one does (the caller reads no
+/// cursor: a pop claims nothing, a retention step passes the queue by).
+pub fn settle_journal(client: &mut pgrx::spi::SpiClient<'_>, wait: bool) -> bool {
+    registry::enabled() || rows::settle_journal(client, wait)
+}

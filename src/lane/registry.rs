@@ -319,7 +319,7 @@ fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
 /// lane's stored state with the journal's newest entry (`stored`), since the primary's acks
 /// reach `queen.lanes` only when its worker saves the journal. None on a primary (its acks
 /// without the registry update the row, which the caller has; a journal a crash left
-/// behind goes into the rows at the first pop or cursor change, `rows::settle_journal`) or for a lane with no row.
+/// behind goes into the rows first, `lane::settle_journal`) or for a lane with no row.
 /// The journal tables' locks are taken without waiting: replay holds a TRUNCATE's lock
 /// until its commit is replayed (for as long as `recovery_min_apply_delay`, or a paused
 /// replay, says), and a read then shows the row's cursor rather than wait.

@@ -341,7 +341,7 @@ fn lock_rows(
     }
     // A lease a version without the registry took, still live across a preloaded run and
     // a crash: the journal's cursors first, or this ack's would be overwritten by them.
-    crate::ops::cursors::settle_journal(client);
+    crate::lane::settle_journal(client, true);
     run(
         client,
         concat!(

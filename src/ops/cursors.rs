@@ -65,27 +65,16 @@ macro_rules! lane_rows {
     };
 }
 
-/// Without the lane registry, after a crash: the lane journal saved into the rows
-/// (`rows::settle_journal`, waiting for another session doing it), right after the queue
-/// lock and before any other lock of the queue (`queen_core::lock_order`). A call that
-/// reads cursors to act on them without a pop first (seek, purge, drop_group,
-/// drop_partition, an ack) calls it.
-pub fn settle_journal(client: &mut SpiClient<'_>) {
-    if !crate::lane::registry::enabled() {
-        crate::lane::rows::settle_journal(client, true);
-    }
-}
-
 /// The group's lanes (`which`), locked in partition order. With the registry the lanes are
 /// locked there (the rows carry nothing live, and locking them could wait for the worker's
 /// journal rotation, which waits for us); without it, the rows are the lanes.
 pub fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, which: Which<'_>, busy: Busy) -> Vec<Lane> {
-    let registry = crate::lane::registry::enabled();
-    // (Its callers with `Busy::Wait` saved the journal right after the queue lock, by
-    // `settle_journal`, so this does not wait here; a skip group's overflow step skips.)
-    if !registry && !crate::lane::rows::settle_journal(client, matches!(busy, Busy::Wait)) {
+    // (Its callers with `Busy::Wait` saved the journal right after the queue lock, so this
+    // does not wait here; a skip group's overflow step skips.)
+    if !crate::lane::settle_journal(client, matches!(busy, Busy::Wait)) {
         return Vec::new();
     }
+    let registry = crate::lane::registry::enabled();
     let now = clock_now();
     let (partition, ids) = match which {
         Which::All => (None, None),

@@ -403,12 +403,12 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
     let Some(info) = admit(client, a) else {
         return Vec::new();
     };
-    let registry = crate::lane::registry::enabled();
-    // Without the registry, after a crash: not while another session saves the lane
-    // journal (the rows are not yet right); nothing is claimed, as for a held lane.
-    if !registry && !crate::lane::rows::settle_journal(client, false) {
+    // Not while another session saves the lane journal (without the registry, after a
+    // crash: the rows are not yet right); nothing is claimed, as for a held lane.
+    if !crate::lane::settle_journal(client, false) {
         return Vec::new();
     }
+    let registry = crate::lane::registry::enabled();
     let now = clock_now();
     let mut gate = gate(client, a, &info);
     let mut scan = registry.then(|| LaneScan::new(a, info.queue_id, now, gate.take()));

@@ -79,7 +79,7 @@ pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -
     // back is only there; the row's newer cursor would let this delete what it rewinds
     // to). Without waiting, as for every lock here: a session saving it now makes this
     // queue wait for the next pass.
-    if !crate::lane::registry::enabled() && !crate::lane::rows::settle_journal(client, false) {
+    if !crate::lane::settle_journal(client, false) {
         return None;
     }
     if !crate::pg::locks::lanes_creation(queue_id, true, false) {

@@ -890,13 +890,7 @@ pub fn run_report(cfg: &Config) -> Report {
     }
     if let Some((mut h, pid, held_at)) = holder {
         report.journal_written = journal_written(&mut admin) - written_before;
-        report.journal_left = admin
-            .query_one(
-                "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
-                &[],
-            )
-            .unwrap()
-            .get(0);
+        report.journal_left = crate::journal_entries(&mut admin);
         // Still the same snapshot, open all along.
         let xmin_held: bool = admin
             .query_one(

@@ -96,6 +96,13 @@ pub fn eventually<T>(secs: u64, mut probe: impl FnMut() -> Result<T, String>) ->
     }
 }
 
+/// How many entries the lane journal holds (both tables).
+pub fn journal_entries(c: &mut Client) -> i64 {
+    c.query_one("SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)", &[])
+        .unwrap()
+        .get(0)
+}
+
 /// A cluster of this test's own (a private data directory and port), started with
 /// `settings`, stopped and removed when dropped.
 pub struct OwnCluster {

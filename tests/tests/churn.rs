@@ -97,11 +97,7 @@ fn partitions_created_consumed_and_expired_leave_nothing_behind() {
     }
     // The journal empties within a few rounds.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while count(
-        &mut c,
-        "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
-    ) > 0
-    {
+    while queen_it::journal_entries(&mut c) > 0 {
         assert!(Instant::now() < deadline, "the lane journal kept entries");
         std::thread::sleep(Duration::from_millis(300));
     }

@@ -101,13 +101,7 @@ fn the_journal_empties_while_a_transaction_that_loaded_lanes_stays_open() {
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let left: i64 = c
-            .query_one(
-                "SELECT (SELECT count(*) FROM queen.lane_journal_0) + (SELECT count(*) FROM queen.lane_journal_1)",
-                &[],
-            )
-            .unwrap()
-            .get(0);
+        let left = queen_it::journal_entries(&mut c);
         if left == 0 {
             break;
         }
