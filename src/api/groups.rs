@@ -131,6 +131,13 @@ fn seek(
     if at.is_some_and(|t| t == i64::MIN || t == i64::MAX) {
         errors::invalid("to_time", "must be a finite time");
     }
+    // The readable end comes from the offset registry, which is current, and `to_time`'s
+    // search reads the segments: with an older snapshot it misses messages pushed since,
+    // and the cursor would go past them.
+    errors::read_committed_only(
+        "seek",
+        "the transaction's snapshot misses messages committed since it was taken, and the cursor could pass over them",
+    );
     let moved = Spi::connect_mut(|client| {
         let Some(queue_id) = queue_id(client, queue) else { no_group(queue, group) };
         // The lane-creation lock, as lane creation takes it: a retention step skips the

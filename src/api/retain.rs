@@ -28,6 +28,13 @@ fn retain(queue: default!(Option<&str>, "NULL")) -> JsonB {
         crate::queue::citus::ensure_home(q);
     }
     crate::queue::privileges::require(queue, crate::queue::privileges::Privilege::Admin);
+    // What a pass may delete is decided by the groups and cursors it reads: with an older
+    // snapshot it misses a group created or a cursor moved back since, and would delete
+    // what they still need. (The worker runs its passes under READ COMMITTED.)
+    crate::pg::errors::read_committed_only(
+        "retain",
+        "the transaction's snapshot misses groups created and cursors moved back since it was taken, and the pass would delete what they still need",
+    );
     let (skipped, queues, segments, bytes, rotated) = Spi::connect_mut(|client| {
         // Skip groups past their max_lag move first (`ops::overflow`).
         let skipping = match queue {

@@ -129,9 +129,9 @@ fn rotations_keep_the_segment_tables_bounded_under_a_held_snapshot() {
 
 /// A REPEATABLE READ transaction whose snapshot predates a rotation sees the rotated
 /// generation empty and the rows copied out of it not yet: its pop must not skip them
-/// (it stops, as at any offset its snapshot cannot see), a seek by time is a serialization
-/// failure, and a later transaction delivers every message once, in order.
-/// `queen.compact` refuses to run under such a snapshot.
+/// (it stops, as at any offset its snapshot cannot see), and a later transaction delivers
+/// every message once, in order. `queen.seek` and `queen.compact` refuse to run under such
+/// a snapshot.
 #[test]
 fn a_snapshot_older_than_a_rotation_skips_nothing() {
     let dsn = database_without_worker_rotation();
@@ -207,11 +207,11 @@ fn a_snapshot_older_than_a_rotation_skips_nothing() {
         .map(|r| r.get(0))
         .collect();
     assert!(early.is_empty(), "the old snapshot's pop stepped over moved rows: {early:?}");
-    // A seek by time must find its message: under this snapshot it is a serialization
-    // failure, not a position past unread messages.
+    // A seek by time must find its message: under this snapshot it refuses, rather than
+    // put the cursor past unread messages.
     old.batch_execute("SAVEPOINT s").unwrap();
     let seek = old.execute("SELECT queen.seek('keep', 'g', to_time => now() - interval '1 hour')", &[]).unwrap_err();
-    assert_eq!(seek.code().map(|c| c.code()), Some("40001"), "seek by time after a rotation: {seek}");
+    assert_eq!(seek.code().map(|c| c.code()), Some("0A000"), "seek under REPEATABLE READ: {seek}");
     old.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
     let compact = old.execute("SELECT queen.compact()", &[]).unwrap_err();
     assert_eq!(compact.code().map(|c| c.code()), Some("0A000"), "compact under REPEATABLE READ: {compact}");

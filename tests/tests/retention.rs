@@ -116,3 +116,73 @@ fn worker_compacts_small_segments() {
     let got: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(got, (0..5).map(|i| (i as i64 + 1, i.to_string())).collect::<Vec<_>>());
 }
+
+/// `retain` decides what to delete from the groups and cursors it reads: under REPEATABLE
+/// READ, a group created after the snapshot was invisible to it, and the pass deleted the
+/// messages that group still had to read (an outside review reproduced it). It refuses
+/// those levels (`0A000`), and the new group gets every message.
+#[test]
+fn retain_refuses_an_old_snapshot_and_a_group_created_since_keeps_its_messages() {
+    let mut c = connect();
+    let queue = unique("rr_retain");
+    c.execute("SELECT queen.configure($1, retention => 2)", &[&queue]).unwrap();
+    c.execute("SELECT queen.create_group($1, 'g1')", &[&queue]).unwrap();
+    for i in 1..=10 {
+        c.execute("SELECT count(*) FROM queen.push($1, to_jsonb($2::int))", &[&queue, &i]).unwrap();
+    }
+    let n = c.query("SELECT 1 FROM queen.pop($1, 'g1', batch => 100, auto_ack => true)", &[&queue]).unwrap().len();
+    assert_eq!(n, 10);
+    // A snapshot taken while g1 is the only group, then g2 created (from the start): the
+    // segments are younger than the retention, so nothing was deleted yet.
+    let mut old = connect();
+    old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM queen.groups").unwrap();
+    c.execute("SELECT queen.create_group($1, 'g2', 'all')", &[&queue]).unwrap();
+    std::thread::sleep(Duration::from_millis(2500)); // past the retention
+    let refused = old.query_one("SELECT queen.retain($1)", &[&queue]).unwrap_err();
+    assert_eq!(refused.code().map(|s| s.code()), Some("0A000"), "retain under REPEATABLE READ: {refused}");
+    old.batch_execute("ROLLBACK").unwrap();
+    let got: Vec<i64> = c
+        .query("SELECT msg_offset FROM queen.pop($1, 'g2', batch => 100, auto_ack => true)", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(got, (1..=10).collect::<Vec<i64>>(), "the group created after the old snapshot");
+}
+
+/// `seek(to_time)` takes the readable end from the offset registry (current) and searches
+/// the segments: under REPEATABLE READ it missed messages pushed after the snapshot and put
+/// the cursor past them, so they were never delivered (an outside review reproduced it).
+/// It refuses those levels (`0A000`), and the messages are delivered.
+#[test]
+fn seek_refuses_an_old_snapshot_and_messages_pushed_since_are_delivered() {
+    let mut c = connect();
+    let queue = unique("rr_seek");
+    c.execute("SELECT queen.create_group($1, 'g1')", &[&queue]).unwrap();
+    for i in 1..=3 {
+        c.execute("SELECT count(*) FROM queen.push($1, to_jsonb($2::int))", &[&queue, &i]).unwrap();
+    }
+    let n = c.query("SELECT 1 FROM queen.pop($1, 'g1', batch => 100, auto_ack => true)", &[&queue]).unwrap().len();
+    assert_eq!(n, 3);
+    let at: String = c.query_one("SELECT clock_timestamp()::text", &[]).unwrap().get(0);
+    let mut old = connect();
+    old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM queen.groups").unwrap();
+    for i in 4..=8 {
+        c.execute("SELECT count(*) FROM queen.push($1, to_jsonb($2::int))", &[&queue, &i]).unwrap();
+    }
+    let refused =
+        old.query_one("SELECT queen.seek($1, 'g1', to_time => $2::text::timestamptz)", &[&queue, &at]).unwrap_err();
+    assert_eq!(refused.code().map(|s| s.code()), Some("0A000"), "seek under REPEATABLE READ: {refused}");
+    old.batch_execute("ROLLBACK").unwrap();
+    // Under READ COMMITTED the same seek sees them, and they are delivered.
+    let moved: serde_json::Value =
+        c.query_one("SELECT queen.seek($1, 'g1', to_time => $2::text::timestamptz)", &[&queue, &at]).unwrap().get(0);
+    assert_eq!(moved["lanes"][0]["committed"], 3, "{moved}");
+    let got: Vec<i64> = c
+        .query("SELECT msg_offset FROM queen.pop($1, 'g1', batch => 100, auto_ack => true)", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(got, (4..=8).collect::<Vec<i64>>());
+}
