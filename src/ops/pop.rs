@@ -1176,8 +1176,10 @@ struct Due<'a> {
 /// every push that could write it has ended, and this read's snapshot, taken after the
 /// readable end was read, sees every one that committed. So the read steps over it. Under
 /// REPEATABLE READ or SERIALIZABLE the snapshot is the transaction's, older than the
-/// readable end: a missing offset may be a message committed since, so the read stops
-/// before it instead and delivers only what comes before.
+/// readable end: a missing offset may be a message committed since. There the read asks
+/// `segments::gaps_from` (a gap entry of a segment it sees, or an offset no segment holds
+/// even now, is a gap for good) and steps over gaps; before a message it cannot see, it
+/// stops and delivers only what comes before.
 ///
 /// Reads within `budget`: it fetches nothing once the budget is spent, and holds at most
 /// one chunk of stored bytes at a time (see `Budget`).
@@ -1194,7 +1196,20 @@ fn read_span<'conn>(
 ) -> Span {
     // SAFETY: a plain read of the transaction's isolation level.
     let fixed_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
-    let mut r = SpanRead { c, take, due, budget, poison, emit, fixed_snapshot, delivered: 0, last: None, seen: None };
+    let mut r = SpanRead {
+        c,
+        take,
+        due,
+        budget,
+        poison,
+        emit,
+        fixed_snapshot,
+        gaps_through: c.committed,
+        missing: None,
+        delivered: 0,
+        last: None,
+        seen: None,
+    };
     let mut next = c.committed + 1;
     while r.delivered < take && next <= c.readable {
         // Assume no gaps; a gap costs one more (short) read.
@@ -1226,6 +1241,18 @@ fn read_span<'conn>(
             Some(&mut corrupt),
         );
         let past_corrupt = corrupts.into_iter().fold(end + 1, |past, k| past.max(r.corrupt(k)));
+        // A fixed snapshot found no message at `missing`: read on from there if it is a
+        // gap for good, else stop before it.
+        if let Some(missing) = r.missing.take() {
+            match segments::gaps_from(client, c.partition_id, missing, c.readable) {
+                Some(through) => {
+                    r.gaps_through = through;
+                    next = missing;
+                    continue;
+                }
+                None => break,
+            }
+        }
         // A spent budget: the read fetched no further (`segments::read_rows`).
         if stop || budget.full() {
             break;
@@ -1247,8 +1274,11 @@ struct SpanRead<'a, E> {
     budget: &'a Budget,
     poison: &'a mut Vec<Poison>,
     emit: E,
-    /// REPEATABLE READ or SERIALIZABLE: a missing offset stops the read (see `read_span`).
+    /// REPEATABLE READ or SERIALIZABLE: a missing offset past `gaps_through` stops the
+    /// read, at `missing`, until `segments::gaps_from` says what it is (see `read_span`).
     fixed_snapshot: bool,
+    gaps_through: i64,
+    missing: Option<i64>,
     delivered: i64,
     last: Option<i64>,
     seen: Option<i64>,
@@ -1258,7 +1288,11 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
     /// One offset of the span: a message, or a gap (None). Returns whether the read goes on.
     fn offset(&mut self, offset: i64, message: Option<(Frame<'_>, TimestampWithTimeZone)>) -> bool {
         let Some((f, created_at)) = message else {
-            return !self.fixed_snapshot;
+            if !self.fixed_snapshot || offset <= self.gaps_through {
+                return true; // a gap
+            }
+            self.missing = Some(offset);
+            return false;
         };
         let (payload, headers) = match crate::queue::encryption::open_frame(&f) {
             Ok(opened) => opened,

@@ -154,6 +154,59 @@ pub fn read(
     read_or_skip(client, partition_id, start, end, &|| Room::Unlimited, emit, None);
 }
 
+/// The first segment of either tier that ends at or after `offset`: the one that holds it,
+/// else the next one. (Segments of a partition never overlap, so the one that starts last
+/// at or before `offset` is the only one that may hold it.)
+macro_rules! segment_at_or_after_sql {
+    () => {
+        "SELECT first_offset, last_offset FROM (
+           (SELECT first_offset, last_offset FROM queen.segments
+             WHERE partition_id = $1 AND first_offset <= $2 ORDER BY first_offset DESC LIMIT 1)
+           UNION ALL
+           (SELECT first_offset, last_offset FROM queen.fresh_segments
+             WHERE partition_id = $1 AND first_offset <= $2 ORDER BY first_offset DESC LIMIT 1)
+           UNION ALL
+           (SELECT first_offset, last_offset FROM queen.segments
+             WHERE partition_id = $1 AND first_offset > $2 ORDER BY first_offset LIMIT 1)
+           UNION ALL
+           (SELECT first_offset, last_offset FROM queen.fresh_segments
+             WHERE partition_id = $1 AND first_offset > $2 ORDER BY first_offset LIMIT 1)
+         ) s WHERE last_offset >= $2 ORDER BY first_offset LIMIT 1"
+    };
+}
+
+/// Under REPEATABLE READ or SERIALIZABLE, a read found no message at `offset` (at or below
+/// the readable end `readable`), which may be a gap for good or a message its snapshot
+/// cannot see. Returns `Some(through)` when every offset in `offset..=through` at which
+/// this snapshot finds no message is a gap for good, so that a pop may step over them;
+/// None when a segment that holds `offset` has committed since the snapshot (a push, or
+/// a rotation's copy), so that the pop stops before it, as for any message it cannot see.
+///
+/// - A segment this snapshot sees holds `offset`: the read found a gap entry in it (a
+///   push that aborted before a compaction, a duplicate left out), and so is every offset
+///   of that segment the read finds empty.
+/// - Else, with the latest snapshot (`first_row_now`): no segment holds `offset` now, and
+///   none ever will (every push that could write up to the readable end has ended): the
+///   offsets up to the next segment, or to `readable`, are gaps.
+pub fn gaps_from(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, offset: i64, readable: i64) -> Option<i64> {
+    let seen = run(client, segment_at_or_after_sql!(), &[partition_id.into(), offset.into()])
+        .next()
+        .map(|r| (r.get::<i64>(1).or_raise().unwrap(), r.get::<i64>(2).or_raise().unwrap()));
+    if let Some((first, last)) = seen.filter(|&(first, _)| first <= offset) {
+        debug_assert!(first <= offset && offset <= last);
+        return Some(last);
+    }
+    let now = crate::pg::spi::first_row_now(client, segment_at_or_after_sql!(), &[partition_id.into(), offset.into()], |r| {
+        r.get::<i64>(1)
+    })
+    .flatten();
+    match now {
+        None => Some(readable),
+        Some(first) if first > offset => Some(first - 1),
+        Some(_) => None,
+    }
+}
+
 /// A segment that cannot be decoded: its offsets (`from..=last` were not handed out),
 /// why, and its stored bytes.
 pub struct Corrupt {
