@@ -678,6 +678,12 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
             // Once more when the partition was dropped under this push (`reserve`): the
             // target is looked up again, and the partition created anew.
             while !call.push_to(client, queue, partition, idxs) {
+                // Under REPEATABLE READ or SERIALIZABLE the lookup reads the transaction's
+                // snapshot, which still shows the dropped partition: it would find it
+                // again, for ever.
+                if errors::fixed_snapshot() {
+                    errors::serialization_failure("the partition was dropped by a concurrent transaction");
+                }
                 crate::pg::cache::on_abort(); // forget the dropped partition's target
             }
         }

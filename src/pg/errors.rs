@@ -66,13 +66,25 @@ impl<T> SpiExt<T> for Result<T, pgrx::spi::SpiError> {
 /// what committed up to then (`why`), which a REPEATABLE READ or SERIALIZABLE snapshot
 /// does not.
 pub fn read_committed_only(call: &str, why: &str) {
-    // SAFETY: a plain read of the transaction's isolation level.
-    if unsafe { pgrx::pg_sys::XactIsoLevel } >= pgrx::pg_sys::XACT_REPEATABLE_READ as i32 {
+    if fixed_snapshot() {
         raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             format!("queen: {call} needs READ COMMITTED: under REPEATABLE READ or SERIALIZABLE {why}"),
         );
     }
+}
+
+/// Whether the transaction reads every statement with one snapshot (REPEATABLE READ or
+/// SERIALIZABLE), which may predate commits it must act on.
+pub fn fixed_snapshot() -> bool {
+    // SAFETY: a plain read of the transaction's isolation level.
+    unsafe { pgrx::pg_sys::XactIsoLevel >= pgrx::pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// Raises `40001`: under a fixed snapshot, the call must act on a commit its snapshot
+/// does not see (`what`); the transaction is to be retried.
+pub fn serialization_failure(what: &str) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE, format!("queen: could not serialize access: {what}"))
 }
 
 /// Refuses, with `25006` as PostgreSQL refuses a write there, a call that changes queen's

@@ -66,7 +66,9 @@ fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
 /// A `delete_queue` that committed between the caller's lookup of the queue and this lock
 /// made the caller wait, or (if it ended just before) sent an invalidation that arrives
 /// here: either way the queue is looked up again. Otherwise the lookup stands, with no
-/// extra query.
+/// extra query; except under REPEATABLE READ or SERIALIZABLE, where the lookup read the
+/// transaction's snapshot, which may predate a `delete_queue` whose invalidation an earlier
+/// lock of the transaction took: there the first lock of each queue looks again.
 pub fn share_queue(queue_id: i64) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true) {
         Took::Held => true,
@@ -74,8 +76,16 @@ pub fn share_queue(queue_id: i64) -> bool {
             crate::pg::cache::changed_since();
             still_there(queue_id)
         }
-        _ => !crate::pg::cache::changed_since() || still_there(queue_id),
+        _ => fresh_lookup_stands() || still_there(queue_id),
     }
+}
+
+/// After a queue lock taken without waiting: whether the caller's lookup of the queue
+/// stands without looking again (see `share_queue`). Reads and clears the invalidation flag
+/// in any case.
+fn fresh_lookup_stands() -> bool {
+    let changed = crate::pg::cache::changed_since();
+    !changed && !crate::pg::errors::fixed_snapshot()
 }
 
 /// The queue lock in share mode, if it can be taken without waiting (a retention step:
@@ -85,7 +95,7 @@ pub fn try_share_queue(queue_id: i64) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, false) {
         Took::No => false,
         Took::Held => true,
-        _ => !crate::pg::cache::changed_since() || still_there(queue_id),
+        _ => fresh_lookup_stands() || still_there(queue_id),
     }
 }
 
@@ -122,12 +132,8 @@ fn still_there(queue_id: i64) -> bool {
         )
     })
     .is_some();
-    // SAFETY: a plain read of the transaction's isolation level.
-    if !there && unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
-        crate::pg::errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-            "queen: could not serialize access: the queue was deleted by a concurrent transaction".to_string(),
-        );
+    if !there && crate::pg::errors::fixed_snapshot() {
+        crate::pg::errors::serialization_failure("the queue was deleted by a concurrent transaction");
     }
     there
 }

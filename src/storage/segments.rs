@@ -196,10 +196,11 @@ pub fn gaps_from(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, offset: i
         debug_assert!(first <= offset && offset <= last);
         return Some(last);
     }
-    let now = crate::pg::spi::first_row_now(client, segment_at_or_after_sql!(), &[partition_id.into(), offset.into()], |r| {
-        r.get::<i64>(1)
-    })
-    .flatten();
+    let now =
+        crate::pg::spi::first_row_now(client, segment_at_or_after_sql!(), &[partition_id.into(), offset.into()], |r| {
+            r.get::<i64>(1)
+        })
+        .flatten();
     match now {
         None => Some(readable),
         Some(first) if first > offset => Some(first - 1),
