@@ -63,8 +63,8 @@ fn no_group(queue: &str, group: &str) -> ! {
 /// The first offset of a partition whose message is at least `at` old (microseconds),
 /// or None when every message is older. A segment's `created_at` is its newest message's
 /// time, so the first segment at or after `at` holds the answer.
+/// (Under READ COMMITTED only: `seek` refuses the other levels.)
 fn first_offset_at(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, at: i64) -> Option<i64> {
-    crate::storage::generations::check_snapshot(client);
     let seg = run(
         client,
         "SELECT first_offset, last_offset FROM (

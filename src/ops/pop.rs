@@ -248,15 +248,7 @@ fn validate(a: &PopArgs) {
 /// queue (see `wake`), or a retry backoff it met ends, until messages come or `wait_ms`
 /// passes.
 fn pop_waiting(a: &PopArgs) -> Vec<Delivered> {
-    // SAFETY: a plain read of the transaction's isolation level.
-    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            "queen: pop with wait_ms > 0 needs READ COMMITTED: under REPEATABLE READ or SERIALIZABLE \
-             the transaction's snapshot would never see a new message"
-                .to_string(),
-        );
-    }
+    errors::read_committed_only("pop with wait_ms > 0", "the transaction's snapshot would never see a new message");
     let deadline = clock_now().saturating_add(i64::from(a.wait_ms) * 1000);
     loop {
         wake::prepare(a.queue);
@@ -1194,8 +1186,7 @@ fn read_span<'conn>(
     poison: &mut Vec<Poison>,
     emit: impl FnMut(Delivered),
 ) -> Span {
-    // SAFETY: a plain read of the transaction's isolation level.
-    let fixed_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
+    let fixed_snapshot = errors::fixed_snapshot();
     let mut r = SpanRead {
         c,
         take,
@@ -1277,7 +1268,9 @@ struct SpanRead<'a, E> {
     /// REPEATABLE READ or SERIALIZABLE: a missing offset past `gaps_through` stops the
     /// read, at `missing`, until `segments::gaps_from` says what it is (see `read_span`).
     fixed_snapshot: bool,
+    /// Offsets up to here that hold no message are gaps for good (`segments::gaps_from`).
     gaps_through: i64,
+    /// The missing offset the read stopped at, for `read_span` to ask about.
     missing: Option<i64>,
     delivered: i64,
     last: Option<i64>,

@@ -468,7 +468,7 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
         let pid = r.get::<pgrx::Uuid>(4).or_raise();
         // The queue lock before the partition row's foreign key locks the queue row
         // (`queen_core::lock_order`); a queue deleted while this waited is created again.
-        if pid.is_none() && !crate::pg::locks::share_queue(queue_id) {
+        if pid.is_none() && !crate::pg::locks::share_queue_to_push(queue_id) {
             continue;
         }
         // A partition another session creates at the same moment: look it up again.
@@ -902,7 +902,7 @@ impl<'a> Call<'a> {
 fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
     loop {
         let t = lookup::target(queue, partition, || locate(client, queue, partition));
-        if crate::pg::locks::share_queue(t.queue_id) {
+        if crate::pg::locks::share_queue_to_push(t.queue_id) {
             return t;
         }
         crate::pg::cache::on_abort(); // forget the deleted queue's targets

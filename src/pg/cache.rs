@@ -74,8 +74,7 @@ pub fn cached<K: std::hash::Hash + Eq, V: Clone>(
 /// SERIALIZABLE transaction, whose snapshot may predate a change whose invalidation this
 /// backend has already taken in (the row read would be the old one, kept as current).
 fn cacheable() -> bool {
-    // SAFETY: a plain read of the current transaction's isolation level.
-    unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 }
+    !crate::pg::errors::fixed_snapshot()
 }
 
 /// Follows `queen.queues` to its current OID (the extension dropped and created again

@@ -66,26 +66,32 @@ fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
 /// A `delete_queue` that committed between the caller's lookup of the queue and this lock
 /// made the caller wait, or (if it ended just before) sent an invalidation that arrives
 /// here: either way the queue is looked up again. Otherwise the lookup stands, with no
-/// extra query; except under REPEATABLE READ or SERIALIZABLE, where the lookup read the
-/// transaction's snapshot, which may predate a `delete_queue` whose invalidation an earlier
-/// lock of the transaction took: there the first lock of each queue looks again.
+/// extra query.
 pub fn share_queue(queue_id: i64) -> bool {
+    share_queue_checked(queue_id, false)
+}
+
+/// `share_queue` for a push, which stores into the queue: under REPEATABLE READ or
+/// SERIALIZABLE its lookup read the transaction's snapshot, which may predate a
+/// `delete_queue` whose invalidation an earlier queue lock of the transaction already took,
+/// so there the first lock of each queue looks the queue up again (a reader may go on
+/// with its snapshot's view; a push would store a message in a deleted queue).
+pub fn share_queue_to_push(queue_id: i64) -> bool {
+    share_queue_checked(queue_id, crate::pg::errors::fixed_snapshot())
+}
+
+fn share_queue_checked(queue_id: i64, look_again: bool) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true) {
         Took::Held => true,
         Took::Waited => {
             crate::pg::cache::changed_since();
             still_there(queue_id)
         }
-        _ => fresh_lookup_stands() || still_there(queue_id),
+        _ => {
+            let changed = crate::pg::cache::changed_since();
+            (!changed && !look_again) || still_there(queue_id)
+        }
     }
-}
-
-/// After a queue lock taken without waiting: whether the caller's lookup of the queue
-/// stands without looking again (see `share_queue`). Reads and clears the invalidation flag
-/// in any case.
-fn fresh_lookup_stands() -> bool {
-    let changed = crate::pg::cache::changed_since();
-    !changed && !crate::pg::errors::fixed_snapshot()
 }
 
 /// The queue lock in share mode, if it can be taken without waiting (a retention step:
@@ -95,7 +101,7 @@ pub fn try_share_queue(queue_id: i64) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, false) {
         Took::No => false,
         Took::Held => true,
-        _ => fresh_lookup_stands() || still_there(queue_id),
+        _ => !crate::pg::cache::changed_since() || still_there(queue_id),
     }
 }
 

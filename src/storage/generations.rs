@@ -29,7 +29,6 @@
 
 use std::cell::Cell;
 
-use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use queen_core::generations::{live_bytes, next, rotation_due, Sizes};
 
@@ -59,13 +58,12 @@ pub fn current(client: &mut SpiClient<'_>) -> i16 {
 }
 
 /// Under REPEATABLE READ or SERIALIZABLE, refuses (40001) a read of segments that must
-/// find what it looks for (a message to dead-letter, the first message at a time) when a
-/// rotation committed after the transaction's snapshot: the rows it moved are then neither
-/// where the snapshot saw them nor visible where they went. A pop needs no such check: it
-/// stops at any offset its snapshot cannot see.
+/// find what it looks for (a message to dead-letter) when a rotation committed after the
+/// transaction's snapshot: the rows it moved are then neither where the snapshot saw them
+/// nor visible where they went. A pop needs no such check: it stops before an offset a
+/// segment holds now that its snapshot cannot see (`segments::gaps_from`).
 pub fn check_snapshot(client: &mut SpiClient<'_>) {
-    // SAFETY: a plain read of the transaction's isolation level.
-    if unsafe { pg_sys::XactIsoLevel } < pg_sys::XACT_REPEATABLE_READ as i32 {
+    if !crate::pg::errors::fixed_snapshot() {
         return;
     }
     let seen = first_value::<i64>(run(client, "SELECT rotations FROM queen.generations", &[]));
@@ -73,11 +71,8 @@ pub fn check_snapshot(client: &mut SpiClient<'_>) {
         crate::pg::spi::first_row_now(client, "SELECT rotations FROM queen.generations", &[], |r| r.get::<i64>(1))
             .flatten();
     if seen != latest {
-        crate::pg::errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-            "queen: could not serialize access: the segment generations were rotated after this transaction's \
-             snapshot was taken; retry the transaction"
-                .to_string(),
+        crate::pg::errors::serialization_failure(
+            "the segment generations were rotated after this transaction's snapshot was taken; retry the transaction",
         );
     }
 }
@@ -153,9 +148,9 @@ pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
         return Rotated::No;
     };
     // A fixed snapshot would copy only the rows it sees, and drop the others with the
-    // TRUNCATE.
-    // SAFETY: a plain read of the transaction's isolation level.
-    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+    // TRUNCATE. (Its callers run under READ COMMITTED: `retain` refuses the other levels,
+    // the worker sets it. This stays as the defence of a rule that loses rows if broken.)
+    if crate::pg::errors::fixed_snapshot() {
         return Rotated::No;
     }
     let Some(current) =

@@ -156,7 +156,10 @@ pub fn read(
 
 /// The first segment of either tier that ends at or after `offset`: the one that holds it,
 /// else the next one. (Segments of a partition never overlap, so the one that starts last
-/// at or before `offset` is the only one that may hold it.)
+/// at or before `offset` is the only one that may hold it.) The fresh tier's probe back is
+/// bounded as `fetch_many_sql`'s is (`$3`: FRESH_MAX): a REPEATABLE READ reader holds the
+/// xmin horizon back, and an unbounded probe would walk the index entries of every fresh
+/// segment compaction merged meanwhile.
 macro_rules! segment_at_or_after_sql {
     () => {
         "SELECT first_offset, last_offset FROM (
@@ -164,7 +167,8 @@ macro_rules! segment_at_or_after_sql {
              WHERE partition_id = $1 AND first_offset <= $2 ORDER BY first_offset DESC LIMIT 1)
            UNION ALL
            (SELECT first_offset, last_offset FROM queen.fresh_segments
-             WHERE partition_id = $1 AND first_offset <= $2 ORDER BY first_offset DESC LIMIT 1)
+             WHERE partition_id = $1 AND first_offset <= $2 AND first_offset > $2 - $3
+             ORDER BY first_offset DESC LIMIT 1)
            UNION ALL
            (SELECT first_offset, last_offset FROM queen.segments
              WHERE partition_id = $1 AND first_offset > $2 ORDER BY first_offset LIMIT 1)
@@ -182,25 +186,24 @@ macro_rules! segment_at_or_after_sql {
 /// None when a segment that holds `offset` has committed since the snapshot (a push, or
 /// a rotation's copy), so that the pop stops before it, as for any message it cannot see.
 ///
-/// - A segment this snapshot sees holds `offset`: the read found a gap entry in it (a
-///   push that aborted before a compaction, a duplicate left out), and so is every offset
-///   of that segment the read finds empty.
+/// - A segment this snapshot sees holds `offset`: the read, which fetched every segment the
+///   snapshot sees (`fetch_many`), found a gap entry in it (a push that aborted before a
+///   compaction), and so is every offset of that segment the read finds empty.
 /// - Else, with the latest snapshot (`first_row_now`): no segment holds `offset` now, and
 ///   none ever will (every push that could write up to the readable end has ended): the
 ///   offsets up to the next segment, or to `readable`, are gaps.
 pub fn gaps_from(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, offset: i64, readable: i64) -> Option<i64> {
-    let seen = run(client, segment_at_or_after_sql!(), &[partition_id.into(), offset.into()])
-        .next()
-        .map(|r| (r.get::<i64>(1).or_raise().unwrap(), r.get::<i64>(2).or_raise().unwrap()));
+    let args = || [partition_id.into(), offset.into(), (FRESH_MAX as i64).into()];
+    let seen = crate::pg::spi::run_map(client, segment_at_or_after_sql!(), &args(), |r| {
+        (r.get::<i64>(1).or_raise().unwrap(), r.get::<i64>(2).or_raise().unwrap())
+    })
+    .into_iter()
+    .next();
     if let Some((first, last)) = seen.filter(|&(first, _)| first <= offset) {
         debug_assert!(first <= offset && offset <= last);
         return Some(last);
     }
-    let now =
-        crate::pg::spi::first_row_now(client, segment_at_or_after_sql!(), &[partition_id.into(), offset.into()], |r| {
-            r.get::<i64>(1)
-        })
-        .flatten();
+    let now = crate::pg::spi::first_row_now(client, segment_at_or_after_sql!(), &args(), |r| r.get::<i64>(1)).flatten();
     match now {
         None => Some(readable),
         Some(first) if first > offset => Some(first - 1),
@@ -262,12 +265,16 @@ pub fn fetch<'conn>(client: &mut SpiClient<'conn>, partition_id: pgrx::Uuid, sta
 /// The rows of several partitions' reads (a pop's lanes): each span `(partition, lo, hi)`
 /// gets its rows, in the order given, all read under one snapshot, so that a compaction or
 /// a generation move that commits meanwhile is seen whole or not at all. The fresh tier of
-/// a partition is skipped when no push wrote there at or after `lo` (`offsets`).
+/// a partition is skipped when no push wrote there at or after `lo` (`offsets`), except
+/// under REPEATABLE READ or SERIALIZABLE: what the registry knows is current, the snapshot
+/// may be older (a fresh segment compacted since is still there for it), and `gaps_from`
+/// relies on the read having fetched every segment its snapshot sees.
 ///
 /// Read by direct index scans of the tiers' tables (`pg::scan`); by one SQL statement when
 /// those tables are not as this library knows them (a schema older or newer than it).
 pub fn fetch_many<'conn>(client: &mut SpiClient<'conn>, spans: &[(pgrx::Uuid, i64, i64)]) -> Vec<Rows<'conn>> {
-    let fresh: Vec<bool> = spans.iter().map(|s| crate::offsets::may_be_fresh(s.0, s.1)).collect();
+    let fixed = errors::fixed_snapshot();
+    let fresh: Vec<bool> = spans.iter().map(|s| fixed || crate::offsets::may_be_fresh(s.0, s.1)).collect();
     direct::fetch_many(client, spans, &fresh).unwrap_or_else(|| fetch_many_sql(client, spans, &fresh))
 }
 

@@ -125,7 +125,9 @@ fn worker_compacts_small_segments() {
 fn retain_refuses_an_old_snapshot_and_a_group_created_since_keeps_its_messages() {
     let mut c = connect();
     let queue = unique("rr_retain");
-    c.execute("SELECT queen.configure($1, retention => 2)", &[&queue]).unwrap();
+    // (Long enough that the worker's own passes, every second, delete nothing before g2
+    // exists, even on a slow machine.)
+    c.execute("SELECT queen.configure($1, retention => 5)", &[&queue]).unwrap();
     c.execute("SELECT queen.create_group($1, 'g1')", &[&queue]).unwrap();
     for i in 1..=10 {
         c.execute("SELECT count(*) FROM queen.push($1, to_jsonb($2::int))", &[&queue, &i]).unwrap();
@@ -137,7 +139,7 @@ fn retain_refuses_an_old_snapshot_and_a_group_created_since_keeps_its_messages()
     let mut old = connect();
     old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM queen.groups").unwrap();
     c.execute("SELECT queen.create_group($1, 'g2', 'all')", &[&queue]).unwrap();
-    std::thread::sleep(Duration::from_millis(2500)); // past the retention
+    std::thread::sleep(Duration::from_millis(5500)); // past the retention
     let refused = old.query_one("SELECT queen.retain($1)", &[&queue]).unwrap_err();
     assert_eq!(refused.code().map(|s| s.code()), Some("0A000"), "retain under REPEATABLE READ: {refused}");
     old.batch_execute("ROLLBACK").unwrap();
