@@ -68,30 +68,25 @@ fn queue_tag(queue_id: i64) -> pg_sys::LOCKTAG {
 /// here: either way the queue is looked up again. Otherwise the lookup stands, with no
 /// extra query.
 pub fn share_queue(queue_id: i64) -> bool {
-    share_queue_checked(queue_id, false)
-}
-
-/// `share_queue` for a push, which stores into the queue: under REPEATABLE READ or
-/// SERIALIZABLE its lookup read the transaction's snapshot, which may predate a
-/// `delete_queue` whose invalidation an earlier queue lock of the transaction already took,
-/// so there the first lock of each queue looks the queue up again (a reader may go on
-/// with its snapshot's view; a push would store a message in a deleted queue).
-pub fn share_queue_to_push(queue_id: i64) -> bool {
-    share_queue_checked(queue_id, crate::pg::errors::fixed_snapshot())
-}
-
-fn share_queue_checked(queue_id: i64, look_again: bool) -> bool {
     match acquire(&queue_tag(queue_id), pg_sys::AccessShareLock, true) {
         Took::Held => true,
         Took::Waited => {
             crate::pg::cache::changed_since();
             still_there(queue_id)
         }
-        _ => {
-            let changed = crate::pg::cache::changed_since();
-            (!changed && !look_again) || still_there(queue_id)
-        }
+        _ => !crate::pg::cache::changed_since() || still_there(queue_id),
     }
+}
+
+/// `share_queue` for a push, which stores into the queue. Under REPEATABLE READ or
+/// SERIALIZABLE its lookup read the transaction's snapshot, which may predate a
+/// `delete_queue` whose invalidation an earlier call of the transaction already took (a
+/// push or a pop of another queue, or of this one, which then holds the lock already), so
+/// there every push looks the queue up again, with a snapshot taken now (one query): a
+/// reader may go on with its snapshot's view, a push would store a message in a deleted
+/// queue. (`still_there` raises 40001 there when it is gone.)
+pub fn share_queue_to_push(queue_id: i64) -> bool {
+    share_queue(queue_id) && (!crate::pg::errors::fixed_snapshot() || still_there(queue_id))
 }
 
 /// The queue lock in share mode, if it can be taken without waiting (a retention step:

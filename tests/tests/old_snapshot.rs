@@ -29,11 +29,16 @@ fn a_push_into_a_queue_deleted_after_the_snapshot_is_a_serialization_failure() {
     for q in [&queue, &other] {
         c.execute("SELECT count(*) FROM queen.push($1, '1', 'p1')", &[q]).unwrap();
     }
+    // A group of the first queue, so that a pop of it below needs no group created.
+    c.execute("SELECT count(*) FROM queen.pop($1, 'g', auto_ack => true)", &[&queue]).unwrap();
     let mut old = old_snapshot();
     c.execute("SELECT queen.delete_queue($1)", &[&queue]).unwrap();
     // A push to another queue first: its queue lock takes the delete's invalidation, so
-    // that only a lookup made afresh can tell the first queue is gone.
+    // that only a lookup made afresh can tell the first queue is gone. Then a pop of the
+    // deleted queue, which reads with the snapshot's view and takes its queue lock: the
+    // push after it finds that lock held.
     old.execute("SELECT count(*) FROM queen.push($1, '2', 'p1')", &[&other]).unwrap();
+    old.query("SELECT * FROM queen.pop($1, 'g')", &[&queue]).unwrap();
     let e = old.execute("SELECT count(*) FROM queen.push($1, '2', 'p1')", &[&queue]).unwrap_err();
     assert_eq!(sqlstate(&e), Some("40001"), "a push into the deleted queue: {e}");
     old.batch_execute("ROLLBACK").unwrap();
