@@ -468,7 +468,9 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
         let pid = r.get::<pgrx::Uuid>(4).or_raise();
         // The queue lock before the partition row's foreign key locks the queue row
         // (`queen_core::lock_order`); a queue deleted while this waited is created again.
-        if pid.is_none() && !crate::pg::locks::share_queue_to_push(queue_id) {
+        // (Under REPEATABLE READ that foreign key fails on a queue deleted since the
+        // snapshot, and `target_locked` checks again in any case.)
+        if pid.is_none() && !crate::pg::locks::share_queue(queue_id) {
             continue;
         }
         // A partition another session creates at the same moment: look it up again.

@@ -28,6 +28,15 @@ fn stored(c: &mut Client, queue: &str) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
+/// The offsets one auto-ack pop of up to 100 delivers to `group`.
+fn auto_acked_offsets(c: &mut Client, queue: &str, group: &str) -> Vec<i64> {
+    c.query("SELECT msg_offset FROM queen.pop($1, $2, batch => 100, auto_ack => true)", &[&queue, &group])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 #[test]
 fn worker_deletes_consumed_segments_past_the_retention() {
     let mut c = connect();
@@ -143,12 +152,7 @@ fn retain_refuses_an_old_snapshot_and_a_group_created_since_keeps_its_messages()
     let refused = old.query_one("SELECT queen.retain($1)", &[&queue]).unwrap_err();
     assert_eq!(refused.code().map(|s| s.code()), Some("0A000"), "retain under REPEATABLE READ: {refused}");
     old.batch_execute("ROLLBACK").unwrap();
-    let got: Vec<i64> = c
-        .query("SELECT msg_offset FROM queen.pop($1, 'g2', batch => 100, auto_ack => true)", &[&queue])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let got = auto_acked_offsets(&mut c, &queue, "g2");
     assert_eq!(got, (1..=10).collect::<Vec<i64>>(), "the group created after the old snapshot");
 }
 
@@ -180,11 +184,6 @@ fn seek_refuses_an_old_snapshot_and_messages_pushed_since_are_delivered() {
     let moved: serde_json::Value =
         c.query_one("SELECT queen.seek($1, 'g1', to_time => $2::text::timestamptz)", &[&queue, &at]).unwrap().get(0);
     assert_eq!(moved["lanes"][0]["committed"], 3, "{moved}");
-    let got: Vec<i64> = c
-        .query("SELECT msg_offset FROM queen.pop($1, 'g1', batch => 100, auto_ack => true)", &[&queue])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let got = auto_acked_offsets(&mut c, &queue, "g1");
     assert_eq!(got, (4..=8).collect::<Vec<i64>>());
 }
