@@ -126,6 +126,7 @@ COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS
 #[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
+    errors::refuse_read_only("dlq_replay", "stores a message");
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
     let (id, queue, partition, (payload, headers)) = Spi::connect_mut(|client| {
         let (id, queue, partition) = lock_row(client, partition_id, transaction_id);
@@ -162,6 +163,7 @@ COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS
 #[pg_extern(security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_delete(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
+    errors::refuse_read_only("dlq_delete", "removes a dead letter");
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
     let id = Spi::connect_mut(|client| {
         let (id, ..) = lock_row(client, partition_id, transaction_id);
@@ -213,6 +215,7 @@ fn dlq_redrive(
     deliver_to: default!(Option<&str>, "'failing_group'"),
     force: default!(Option<bool>, false),
 ) -> JsonB {
+    errors::refuse_read_only("dlq_redrive", "stores messages");
     let queue = queue.unwrap_or_else(|| errors::null_arg("queue"));
     let limit = max_messages.unwrap_or_else(|| errors::null_arg("max_messages"));
     let to_arg = deliver_to.unwrap_or_else(|| errors::null_arg("deliver_to"));

@@ -92,6 +92,9 @@ fn a_standby_refuses_what_changes_state_reads_current_data_and_carries_on_once_p
         ("ack", format!("SELECT queen.ack('{lease}', '{partition}', 1)")),
         ("extend_lease", format!("SELECT queen.extend_lease('{lease}', 600)")),
         ("revoke_lease", format!("SELECT queen.revoke_lease('{lease}')")),
+        ("dlq_replay", format!("SELECT queen.dlq_replay('{partition}', 'tx')")),
+        ("dlq_delete", format!("SELECT queen.dlq_delete('{partition}', 'tx')")),
+        ("dlq_redrive", "SELECT queen.dlq_redrive('sq')".into()),
     ];
     for (call, sql) in &refused {
         let (code, message) = refusal(&mut s, sql);
