@@ -293,6 +293,9 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap_or(0), r.get(3).or_raise().unwrap_or(0)))
     .collect();
     let full = idle.len() as i64 == limit;
+    // Set before the step's work, on purpose: a step that raises (and rolls back) does not
+    // hold the queue's later partitions up. Its own are examined again once the steps come
+    // round to the first partition (a step that stops below its limit starts them over).
     RESUME_AFTER.with_borrow_mut(|m| match idle.last().filter(|_| full) {
         Some(&(last, _, _)) => m.insert(queue_id, last),
         None => m.remove(&queue_id), // the next step starts again from the first partition
