@@ -36,7 +36,8 @@
 //!   follows is delivered again).
 //! - **Graceful stop.** Cancel [`Consumer::shutdown_token`] (on SIGTERM, say): the running
 //!   handler finishes, the rest of the claim is released with `retry`, and [`Consumer::run`]
-//!   returns. A long-poll in progress ends at its `wait`.
+//!   returns. A long-poll in progress ends within a second: a long `wait` is a series of
+//!   pops of at most a second each, and the token is checked between them.
 //! - **Errors.** `Err(text)` (and a panic or a timeout) is acked as the error policy
 //!   decides ([`Builder::error_policy`]: `failed` by default; [`backoff_policy`] for an
 //!   exponential `retryAfter`); [`Outcome::RetryAfter`] asks for a `retry` later.
@@ -257,6 +258,8 @@ impl Builder {
         self.cfg.max_partitions = n;
         self
     }
+    /// How long a claim waits for messages (the pop's `wait_ms`, sent as pops of at most a
+    /// second each).
     pub fn wait(mut self, d: Duration) -> Self {
         self.cfg.wait = d;
         self
@@ -386,6 +389,10 @@ where
     }
 }
 
+/// The longest one pop of the consumer waits: a longer [`Builder::wait`] is several pops,
+/// so that a shutdown ends a long-poll within this.
+const WAIT_SLICE: Duration = Duration::from_secs(1);
+
 /// A worker bound to one queue and consumer group.
 pub struct Consumer {
     cfg: Config,
@@ -496,24 +503,35 @@ impl Consumer {
     async fn claim(&self) -> Result<Option<(Vec<Message>, i32)>, tokio_postgres::Error> {
         let c = &self.cfg;
         let lease_seconds = c.lease.map_or(0, |d| d.as_secs().max(1) as i32);
-        let rows = self
-            .client
-            .query(
-                "SELECT lease_id, partition_id, partition, msg_offset, message_id, transaction_id, payload, attempt,
-                        headers, extract(epoch FROM lease_expires_at - clock_timestamp())::float8
-                   FROM queen.pop($1, $2, batch => $3, partition => $4, wait_ms => $5, max_partitions => $6,
-                                  lease_seconds => $7)",
-                &[
-                    &c.queue,
-                    &c.group,
-                    &c.batch,
-                    &c.partition,
-                    &(c.wait.as_millis() as i32),
-                    &c.max_partitions,
-                    &lease_seconds,
-                ],
-            )
-            .await?;
+        // The wait as pops of at most WAIT_SLICE each, the shutdown token checked between
+        // them. (Cancelling a pop in flight instead would race: a cancel request that
+        // arrives after the pop returned could cancel the statement after it.)
+        let deadline = tokio::time::Instant::now() + c.wait;
+        let rows = loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let slice = left.min(WAIT_SLICE);
+            let rows = self
+                .client
+                .query(
+                    "SELECT lease_id, partition_id, partition, msg_offset, message_id, transaction_id, payload, attempt,
+                            headers, extract(epoch FROM lease_expires_at - clock_timestamp())::float8
+                       FROM queen.pop($1, $2, batch => $3, partition => $4, wait_ms => $5, max_partitions => $6,
+                                      lease_seconds => $7)",
+                    &[
+                        &c.queue,
+                        &c.group,
+                        &c.batch,
+                        &c.partition,
+                        &(slice.as_millis() as i32),
+                        &c.max_partitions,
+                        &lease_seconds,
+                    ],
+                )
+                .await?;
+            if !rows.is_empty() || left <= WAIT_SLICE || self.shutdown.is_cancelled() {
+                break rows;
+            }
+        };
         if rows.is_empty() {
             return Ok(None);
         }

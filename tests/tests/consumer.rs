@@ -567,3 +567,28 @@ async fn a_batch_handler_gets_the_whole_claim() {
         .unwrap();
     assert!(left.is_empty());
 }
+
+/// A shutdown ends a long-poll in progress within about a second, not at the end of the
+/// consumer's `wait` (30 s here): the wait is sent as pops of at most a second each.
+#[tokio::test]
+async fn a_shutdown_ends_a_long_poll_in_progress() {
+    let queue = unique("longpoll_stop");
+    let consumer = Builder::new(&queue, "g").wait(Duration::from_secs(30)).build(client().await).await.unwrap();
+    let stop = consumer.shutdown_token();
+    let started = std::time::Instant::now();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.cancel();
+    });
+    let ran = tokio::time::timeout(Duration::from_secs(10), consumer.run(|_m, _c| async { Ok(Outcome::Completed) }))
+        .await
+        .expect("run returns long before the 30 s wait ends");
+    ran.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Nothing was claimed: a message pushed now is there for the group.
+    push_n(&queue, 1).await;
+    let c = client().await;
+    let rows =
+        c.query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
+    assert_eq!(rows.len(), 1);
+}
