@@ -3,11 +3,12 @@
 # PostgreSQL 15 with its server headers, PgQ (a benchmark baseline), PgBouncer (the pooler
 # tests and benchmark), prometheus-postgres-exporter and curl (the metrics test), Chromium and Node.js (the
 # web console's browser test, the Node.js client), clang (for pgrx's bindgen), sudo (for
-# `cargo pgrx test --runas`), cargo-pgrx 0.18.1, and pgrx's config for Debian's pg_config.
+# `cargo pgrx test --runas`), OpenSSL's headers and command (queenctl's TLS, and its test's
+# certificates), cargo-pgrx 0.18.1, and pgrx's config for Debian's pg_config.
 set -euo pipefail
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 PKGS=(postgresql-15 postgresql-server-dev-15 postgresql-15-pgq3 libclang-dev clang pkg-config sudo pgbouncer
-      prometheus-postgres-exporter curl chromium nodejs)
+      prometheus-postgres-exporter curl chromium nodejs libssl-dev openssl)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -65,7 +65,7 @@ pub fn serve(dsn: Option<&str>, listen: &str, writes: bool, sample: f64) -> std:
 
 impl Console {
     fn connect(&self) -> Result<postgres::Client, String> {
-        crate::conn::connect(self.dsn.as_deref()).map_err(|e| crate::conn::describe(&e))
+        crate::conn::connect(self.dsn.as_deref())
     }
 
     fn sample_forever(&self, every: f64) {

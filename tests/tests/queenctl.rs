@@ -273,3 +273,139 @@ fn a_forced_redrive_redrives_each_letter_once() {
     sorted.sort();
     assert_eq!(sorted, (0..30).collect::<Vec<i64>>());
 }
+
+/// Runs queenctl with `dsn` and the environment `env` added; (succeeded, stdout, stderr).
+fn ctl_at(dsn: &str, env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin())
+        .args(["--dsn", dsn, "--json"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (make integration builds it first)", bin()));
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn openssl(dir: &str, args: &[&str]) {
+    let ok = Command::new("openssl").args(args).current_dir(dir).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    assert!(ok.is_ok_and(|s| s.success()), "openssl {args:?}");
+}
+
+/// queenctl over TLS, as libpq's sslmode has it: a cluster of the test's own that takes
+/// TCP connections only over TLS (pg_hba: `hostnossl ... reject`), with a server
+/// certificate for `localhost` signed by a CA of the test's. `sslmode=require` connects
+/// (the certificate unchecked, as libpq's `require`); `disable` is refused by the server;
+/// with `PGSSLROOTCERT` naming the CA, the certificate is checked and passes, and naming
+/// another CA it fails.
+#[test]
+fn queenctl_connects_over_tls_and_checks_the_certificate_against_pgsslrootcert() {
+    let dir = "/tmp/queen-tls-5482";
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=queen test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=another CA",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.crt",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(format!("{dir}/san.ext"), "subjectAltName = DNS:localhost\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ],
+    );
+    // The server reads its key as the postgres user, and only a key no one else can read.
+    let owned =
+        Command::new("chown").args(["postgres:", &format!("{dir}/server.key"), &format!("{dir}/server.crt")]).status();
+    assert!(owned.is_ok_and(|s| s.success()));
+    let cluster = queen_it::OwnCluster::start(
+        5482,
+        &format!("ssl = on\nssl_cert_file = '{dir}/server.crt'\nssl_key_file = '{dir}/server.key'\n"),
+    );
+    let hba = "/tmp/queen-own-5482/pg_hba.conf";
+    let rules = std::fs::read_to_string(hba).unwrap();
+    std::fs::write(hba, format!("hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n{rules}")).unwrap();
+    let mut admin = postgres::Client::connect(&cluster.dsn("postgres"), postgres::NoTls).unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    admin.batch_execute("CREATE DATABASE tls").unwrap();
+    let mut c = postgres::Client::connect(&cluster.dsn("tls"), postgres::NoTls).unwrap();
+    c.batch_execute("CREATE EXTENSION queen; SELECT count(*) FROM queen.push('tq', '{\"n\": 1}')").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300)); // the reload
+
+    let at = |mode: &str| format!("host=localhost port=5482 user=postgres dbname=tls sslmode={mode}");
+    let (ok, out, err) = ctl_at(&at("require"), &[], &["status"]);
+    assert!(ok, "sslmode=require: {err}");
+    assert!(out.contains("\"tq\""), "status over TLS lists the queue: {out}");
+    let (ok, _, err) = ctl_at(&at("disable"), &[], &["status"]);
+    assert!(!ok, "without TLS the server refuses the connection");
+    assert!(err.contains("no encryption") || err.contains("pg_hba.conf"), "{err}");
+    let ca = format!("{dir}/ca.crt");
+    let (ok, _, err) = ctl_at(&at("require"), &[("PGSSLROOTCERT", &ca)], &["status"]);
+    assert!(ok, "the certificate chains to PGSSLROOTCERT and names localhost: {err}");
+    let other = format!("{dir}/other.crt");
+    let (ok, _, err) = ctl_at(&at("require"), &[("PGSSLROOTCERT", &other)], &["status"]);
+    assert!(!ok, "a certificate that does not chain to PGSSLROOTCERT is refused");
+    assert!(err.contains("certificate verify failed"), "{err}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(dir);
+}
