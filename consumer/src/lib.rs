@@ -506,7 +506,8 @@ impl Consumer {
         // The wait as pops of at most WAIT_SLICE each, the shutdown token checked between
         // them. (Cancelling a pop in flight instead would race: a cancel request that
         // arrives after the pop returned could cancel the statement after it.)
-        let deadline = tokio::time::Instant::now() + c.wait;
+        let now = tokio::time::Instant::now();
+        let deadline = now.checked_add(c.wait).unwrap_or(now + Duration::from_secs(365 * 86_400));
         let rows = loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let slice = left.min(WAIT_SLICE);

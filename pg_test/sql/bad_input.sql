@@ -90,6 +90,9 @@ SELECT pg_temp.err($$SELECT count(*) FROM queen.pop('good', auto_ack => true)$$)
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid())$$);
 SELECT pg_temp.err($$SELECT queen.extend_lease(gen_random_uuid(), 60)$$);
 SELECT pg_temp.err($$SELECT queen.revoke_lease(gen_random_uuid())$$);
+SELECT pg_temp.err($$SELECT queen.dlq_replay(gen_random_uuid(), 'tx')$$);
+SELECT pg_temp.err($$SELECT queen.dlq_delete(gen_random_uuid(), 'tx')$$);
+SELECT pg_temp.err($$SELECT queen.dlq_redrive('good')$$);
 SELECT count(*) AS peeked FROM queen.peek('good');
 COMMIT;
 

@@ -3,30 +3,56 @@
 //! TLS as libpq's `sslmode` has it, for the modes the DSN parser knows: `disable`,
 //! `prefer` (the default: TLS when the server offers it over TCP) and `require` (TLS or
 //! no connection). As with libpq's `require`, the server's certificate is not checked,
-//! unless `PGSSLROOTCERT` names a file of CA certificates: then it must chain to one of
-//! them and name the host connected to (libpq's `verify-full`).
+//! unless `PGSSLROOTCERT` names a file of CA certificates: then TLS is required over TCP
+//! (`prefer` becomes `require`), and the certificate must chain to one of those CAs (those only, not
+//! the system's) and name the host connected to: libpq's `verify-full`.
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+use openssl::x509::store::X509StoreBuilder;
+use openssl::x509::X509;
 use postgres::config::SslMode;
-use postgres::{Client, Config};
+use postgres::{Client, Config, NoTls};
 use postgres_openssl::MakeTlsConnector;
 
 pub fn connect(dsn: Option<&str>) -> Result<Client, String> {
-    let config: Config = match dsn {
+    let mut config: Config = match dsn {
         Some(d) => d.parse().map_err(|e: postgres::Error| describe(&e))?,
         None => from_env()?,
     };
-    config.connect(tls()?).map_err(|e| describe(&e))
+    let root = std::env::var("PGSSLROOTCERT").ok().filter(|v| !v.is_empty());
+    let connected = match config.get_ssl_mode() {
+        SslMode::Disable => config.connect(NoTls),
+        mode => {
+            // A checked certificate or no connection; but a Unix socket never has TLS.
+            let tcp = config.get_hosts().iter().all(|h| matches!(h, postgres::config::Host::Tcp(_)));
+            if root.is_some() && mode == SslMode::Prefer && tcp {
+                config.ssl_mode(SslMode::Require);
+            }
+            config.connect(tls(root.as_deref())?)
+        }
+    };
+    connected.map_err(|e| describe(&e))
 }
 
-/// The TLS connector: the certificate checked against `PGSSLROOTCERT` when it is set,
-/// else not checked (libpq's `require`).
-fn tls() -> Result<MakeTlsConnector, String> {
+/// The TLS connector: the certificate checked against the CAs of the file `root` (and
+/// those only), else not checked (libpq's `require`).
+fn tls(root: Option<&str>) -> Result<MakeTlsConnector, String> {
     let fail = |e: openssl::error::ErrorStack| format!("TLS setup: {e}");
     let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(fail)?;
-    let root = std::env::var("PGSSLROOTCERT").ok().filter(|v| !v.is_empty());
-    match &root {
-        Some(file) => builder.set_ca_file(file).map_err(|e| format!("PGSSLROOTCERT {file}: {e}"))?,
+    match root {
+        Some(file) => {
+            let pem = std::fs::read(file).map_err(|e| format!("PGSSLROOTCERT {file}: {e}"))?;
+            let certs = X509::stack_from_pem(&pem).map_err(|e| format!("PGSSLROOTCERT {file}: {e}"))?;
+            if certs.is_empty() {
+                return Err(format!("PGSSLROOTCERT {file}: no certificate in it"));
+            }
+            // A store of these CAs alone: the builder's default one holds the system's too.
+            let mut store = X509StoreBuilder::new().map_err(fail)?;
+            for cert in certs {
+                store.add_cert(cert).map_err(fail)?;
+            }
+            builder.set_cert_store(store.build());
+        }
         None => builder.set_verify(SslVerifyMode::NONE),
     }
     let mut connector = MakeTlsConnector::new(builder.build());
@@ -41,7 +67,8 @@ fn tls() -> Result<MakeTlsConnector, String> {
 
 /// libpq's environment: PGHOST (a socket directory or a host name; default the Debian
 /// socket directory), PGPORT (5432), PGUSER (the OS user), PGDATABASE (the user's name),
-/// PGPASSWORD, PGAPPNAME, PGSSLMODE (`disable`, `prefer`, `require`).
+/// PGPASSWORD, PGAPPNAME, PGSSLMODE (`disable`, `prefer`, `require`); PGSSLROOTCERT is read
+/// by `connect`, for a DSN too.
 fn from_env() -> Result<Config, String> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let mut c = Config::new();
@@ -82,9 +109,13 @@ pub fn describe(e: &postgres::Error) -> String {
         None => {
             // The causes too ("error performing TLS handshake: ... certificate verify failed").
             let mut s = e.to_string();
+            // A cause that repeats what is already said (OpenSSL's errors do) is left out.
             let mut cause = std::error::Error::source(e);
             while let Some(c) = cause {
-                s.push_str(&format!(": {c}"));
+                let text = c.to_string();
+                if !s.contains(&text) {
+                    s.push_str(&format!(": {text}"));
+                }
                 cause = c.source();
             }
             s

@@ -2,7 +2,8 @@
 //! (docs/functions.md), run with the privileges of the role it connects as.
 //!
 //! It connects with `--dsn`, or libpq's usual environment (`PGHOST`, `PGPORT`, `PGUSER`,
-//! `PGDATABASE`, `PGPASSWORD`). Output is a table for people, or `--json` (one JSON array,
+//! `PGDATABASE`, `PGPASSWORD`, `PGSSLMODE`; `PGSSLROOTCERT` for a checked certificate, see
+//! `conn`). Output is a table for people, or `--json` (one JSON array,
 //! or one object, per command) for scripts.
 
 mod conn;
@@ -22,8 +23,8 @@ use output::{print, Progress, Rows};
 #[derive(Parser)]
 #[command(name = "queenctl", version, about = "queen, the message queue inside PostgreSQL, from a shell")]
 struct Cli {
-    /// A libpq connection string or URL; without it, PGHOST, PGPORT, PGUSER, PGDATABASE and
-    /// PGPASSWORD as libpq reads them.
+    /// A libpq connection string or URL; without it, PGHOST, PGPORT, PGUSER, PGDATABASE,
+    /// PGPASSWORD and PGSSLMODE as libpq reads them (PGSSLROOTCERT applies to both).
     #[arg(long, global = true)]
     dsn: Option<String>,
     /// JSON for scripts instead of a table.

@@ -139,6 +139,11 @@ impl OwnCluster {
             .status();
     }
 
+    /// The data directory (its `pg_hba.conf`, `server.log`).
+    pub fn dir(&self) -> &str {
+        &self.dir
+    }
+
     pub fn dsn(&self, db: &str) -> String {
         format!("host={}/sock port={} user=postgres dbname={db}", self.dir, self.port)
     }

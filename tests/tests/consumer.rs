@@ -569,26 +569,44 @@ async fn a_batch_handler_gets_the_whole_claim() {
 }
 
 /// A shutdown ends a long-poll in progress within about a second, not at the end of the
-/// consumer's `wait` (30 s here): the wait is sent as pops of at most a second each.
+/// consumer's `wait` (30 s here): the wait is sent as pops of at most a second each. A
+/// message that arrives right after the shutdown, while the last pop still waits, is
+/// claimed by it and released at once (`retry`), not run and not left leased.
 #[tokio::test]
 async fn a_shutdown_ends_a_long_poll_in_progress() {
     let queue = unique("longpoll_stop");
-    let consumer = Builder::new(&queue, "g").wait(Duration::from_secs(30)).build(client().await).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let consumer =
+        Builder::new(&queue, "g").wait(Duration::from_secs(30)).events(tx).build(client().await).await.unwrap();
     let stop = consumer.shutdown_token();
     let started = std::time::Instant::now();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.cancel();
-    });
+    let pusher = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop.cancel();
+            push_n(&queue, 1).await; // wakes the pop in flight (its slice ends at 1 s)
+        })
+    };
     let ran = tokio::time::timeout(Duration::from_secs(10), consumer.run(|_m, _c| async { Ok(Outcome::Completed) }))
         .await
         .expect("run returns long before the 30 s wait ends");
     ran.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(10));
-    // Nothing was claimed: a message pushed now is there for the group.
-    push_n(&queue, 1).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "stopped after {:?}", started.elapsed());
+    pusher.await.unwrap();
+    let events = drain(&mut rx);
+    // The message: claimed by the pop in flight and released (attempt 1), or not claimed
+    // at all if the pop had ended first (attempt 0); either way it is there at once.
+    let claimed = events.iter().any(|e| matches!(e, Event::Claimed { .. }));
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Started { .. })),
+        "no handler runs after the shutdown: {events:?}"
+    );
     let c = client().await;
-    let rows =
-        c.query("SELECT msg_offset FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue]).await.unwrap();
-    assert_eq!(rows.len(), 1);
+    let rows = c
+        .query("SELECT msg_offset, attempt FROM queen.pop($1, 'g', batch => 10, auto_ack => true)", &[&queue])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "the message is free for the group: {events:?}");
+    assert_eq!(rows[0].get::<_, i32>(1), i32::from(claimed), "{events:?}");
 }

@@ -224,6 +224,8 @@ fn a_snapshot_older_than_a_rotation_skips_nothing() {
         .execute("SELECT queen.ack($1, $2, 1, 'dlq', 'boom')", &[&lease, &partition])
         .expect_err("a dead-lettering ack under a snapshot older than the rotation");
     assert_eq!(dead.code().map(|c| c.code()), Some("40001"), "dead-lettering ack under REPEATABLE READ: {dead}");
+    let said = dead.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
+    assert!(said.contains("generations were rotated"), "the 40001 is the rotation's: {said}");
     old.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
     let compact = old.execute("SELECT queen.compact()", &[]).unwrap_err();
     assert_eq!(compact.code().map(|c| c.code()), Some("0A000"), "compact under REPEATABLE READ: {compact}");

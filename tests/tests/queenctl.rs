@@ -19,9 +19,16 @@ fn ctl(args: &[&str], stdin: Option<&str>) -> Value {
 }
 
 fn ctl_raw(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    ctl_at(&dsn(), &[], args, stdin)
+}
+
+/// Runs `queenctl --dsn DSN --json ARGS` with the environment `env` added and `stdin`;
+/// (succeeded, stdout, stderr).
+fn ctl_at(dsn: &str, env: &[(&str, &str)], args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     let mut child = Command::new(bin())
-        .args(["--dsn", &dsn(), "--json"])
+        .args(["--dsn", dsn, "--json"])
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -274,70 +281,39 @@ fn a_forced_redrive_redrives_each_letter_once() {
     assert_eq!(sorted, (0..30).collect::<Vec<i64>>());
 }
 
-/// Runs queenctl with `dsn` and the environment `env` added; (succeeded, stdout, stderr).
-fn ctl_at(dsn: &str, env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(bin())
-        .args(["--dsn", dsn, "--json"])
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e} (make integration builds it first)", bin()));
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+fn openssl(dir: &str, args: &[&str]) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn openssl(dir: &str, args: &[&str]) {
-    let ok = Command::new("openssl").args(args).current_dir(dir).stdout(Stdio::null()).stderr(Stdio::null()).status();
-    assert!(ok.is_ok_and(|s| s.success()), "openssl {args:?}");
+/// A self-signed CA certificate `{name}.crt` (and its key) in `dir`.
+fn ca(dir: &str, name: &str, cn: &str) {
+    let (key, crt, subject) = (format!("{name}.key"), format!("{name}.crt"), format!("/CN={cn}"));
+    openssl(
+        dir,
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", &subject, "-keyout", &key, "-out",
+            &crt,
+        ],
+    );
 }
 
 /// queenctl over TLS, as libpq's sslmode has it: a cluster of the test's own that takes
 /// TCP connections only over TLS (pg_hba: `hostnossl ... reject`), with a server
 /// certificate for `localhost` signed by a CA of the test's. `sslmode=require` connects
-/// (the certificate unchecked, as libpq's `require`); `disable` is refused by the server;
-/// with `PGSSLROOTCERT` naming the CA, the certificate is checked and passes, and naming
-/// another CA it fails.
+/// (the certificate unchecked, as libpq's `require`); `disable` is refused by the server.
+/// With `PGSSLROOTCERT` naming the CA the certificate is checked and passes; naming another
+/// CA it fails, even when the system's CAs (`SSL_CERT_FILE`) include the right one; and
+/// against a server without TLS, the default `prefer` does not fall back to plain text.
 #[test]
 fn queenctl_connects_over_tls_and_checks_the_certificate_against_pgsslrootcert() {
-    let dir = "/tmp/queen-tls-5482";
+    const PORT: u16 = 5482;
+    let dir = format!("/tmp/queen-tls-{PORT}");
+    let dir = dir.as_str();
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=queen test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=another CA",
-            "-keyout",
-            "other.key",
-            "-out",
-            "other.crt",
-        ],
-    );
+    ca(dir, "ca", "queen test CA");
+    ca(dir, "other", "another CA");
     openssl(
         dir,
         &[
@@ -379,33 +355,43 @@ fn queenctl_connects_over_tls_and_checks_the_certificate_against_pgsslrootcert()
         Command::new("chown").args(["postgres:", &format!("{dir}/server.key"), &format!("{dir}/server.crt")]).status();
     assert!(owned.is_ok_and(|s| s.success()));
     let cluster = queen_it::OwnCluster::start(
-        5482,
+        PORT,
         &format!("ssl = on\nssl_cert_file = '{dir}/server.crt'\nssl_key_file = '{dir}/server.key'\n"),
     );
-    let hba = "/tmp/queen-own-5482/pg_hba.conf";
-    let rules = std::fs::read_to_string(hba).unwrap();
-    std::fs::write(hba, format!("hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n{rules}")).unwrap();
+    let hba = format!("{}/pg_hba.conf", cluster.dir());
+    let rules = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(&hba, format!("hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n{rules}"))
+        .unwrap();
     let mut admin = postgres::Client::connect(&cluster.dsn("postgres"), postgres::NoTls).unwrap();
     admin.batch_execute("SELECT pg_reload_conf()").unwrap();
     admin.batch_execute("CREATE DATABASE tls").unwrap();
     let mut c = postgres::Client::connect(&cluster.dsn("tls"), postgres::NoTls).unwrap();
     c.batch_execute("CREATE EXTENSION queen; SELECT count(*) FROM queen.push('tq', '{\"n\": 1}')").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300)); // the reload
+    let at = |mode: &str| format!("host=localhost port={PORT} user=postgres dbname=tls sslmode={mode}");
+    // Once the reload is in, a connection without TLS is refused.
+    let err = queen_it::eventually(10, || match ctl_at(&at("disable"), &[], &["status"], None) {
+        (false, _, err) => Ok(err),
+        (true, ..) => Err("a connection without TLS still gets in (the reload is not in yet)".to_string()),
+    });
+    assert!(err.contains("no encryption"), "refused by hostnossl: {err}");
 
-    let at = |mode: &str| format!("host=localhost port=5482 user=postgres dbname=tls sslmode={mode}");
-    let (ok, out, err) = ctl_at(&at("require"), &[], &["status"]);
+    let (ok, out, err) = ctl_at(&at("require"), &[], &["status"], None);
     assert!(ok, "sslmode=require: {err}");
     assert!(out.contains("\"tq\""), "status over TLS lists the queue: {out}");
-    let (ok, _, err) = ctl_at(&at("disable"), &[], &["status"]);
-    assert!(!ok, "without TLS the server refuses the connection");
-    assert!(err.contains("no encryption") || err.contains("pg_hba.conf"), "{err}");
-    let ca = format!("{dir}/ca.crt");
-    let (ok, _, err) = ctl_at(&at("require"), &[("PGSSLROOTCERT", &ca)], &["status"]);
+    let (ca_file, other) = (format!("{dir}/ca.crt"), format!("{dir}/other.crt"));
+    let (ok, _, err) = ctl_at(&at("require"), &[("PGSSLROOTCERT", &ca_file)], &["status"], None);
     assert!(ok, "the certificate chains to PGSSLROOTCERT and names localhost: {err}");
-    let other = format!("{dir}/other.crt");
-    let (ok, _, err) = ctl_at(&at("require"), &[("PGSSLROOTCERT", &other)], &["status"]);
-    assert!(!ok, "a certificate that does not chain to PGSSLROOTCERT is refused");
+    let (ok, _, err) =
+        ctl_at(&at("prefer"), &[("PGSSLROOTCERT", &other), ("SSL_CERT_FILE", &ca_file)], &["status"], None);
+    assert!(!ok, "a certificate that does not chain to PGSSLROOTCERT is refused, whatever the system trusts");
     assert!(err.contains("certificate verify failed"), "{err}");
     drop(cluster);
+    // The shared test cluster has no TLS: with PGSSLROOTCERT, prefer (the default) means
+    // a checked certificate or no connection.
+    let port = std::env::var("QUEEN_TEST_PORT").expect("QUEEN_TEST_PORT (set by make integration)");
+    let plain = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let (ok, _, err) = ctl_at(&plain, &[("PGSSLROOTCERT", &ca_file)], &["status"], None);
+    assert!(!ok, "no plain-text fallback with PGSSLROOTCERT set");
+    assert!(err.contains("TLS"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
