@@ -2,9 +2,10 @@
 //!
 //! TLS as libpq's `sslmode` has it, for the modes the DSN parser knows: `disable`,
 //! `prefer` (the default: TLS when the server offers it over TCP) and `require` (TLS or
-//! no connection). As with libpq's `require`, the server's certificate is not checked,
-//! unless `PGSSLROOTCERT` names a file of CA certificates: then TLS is required over TCP
-//! (`prefer` becomes `require`), and the certificate must chain to one of those CAs (those only, not
+//! no connection); over a Unix socket, as in libpq, no TLS whatever the mode. As with
+//! libpq's `require`, the server's certificate is not checked, unless `PGSSLROOTCERT`
+//! names a file of CA certificates: then TLS is required over TCP (`prefer` becomes
+//! `require`), and the certificate must chain to one of those CAs (those only, not
 //! the system's) and name the host connected to: libpq's `verify-full`.
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
@@ -19,13 +20,19 @@ pub fn connect(dsn: Option<&str>) -> Result<Client, String> {
         Some(d) => d.parse().map_err(|e: postgres::Error| describe(&e))?,
         None => from_env()?,
     };
-    let root = std::env::var("PGSSLROOTCERT").ok().filter(|v| !v.is_empty());
+    // A Unix socket never has TLS: there sslmode is ignored, as libpq ignores it.
+    let tcp = !config.get_hostaddrs().is_empty()
+        || config.get_hosts().iter().any(|h| matches!(h, postgres::config::Host::Tcp(_)));
+    if !tcp {
+        config.ssl_mode(SslMode::Disable);
+    }
     let connected = match config.get_ssl_mode() {
         SslMode::Disable => config.connect(NoTls),
         mode => {
-            // A checked certificate or no connection; but a Unix socket never has TLS.
-            let tcp = config.get_hosts().iter().all(|h| matches!(h, postgres::config::Host::Tcp(_)));
-            if root.is_some() && mode == SslMode::Prefer && tcp {
+            let root = std::env::var("PGSSLROOTCERT").ok().filter(|v| !v.is_empty());
+            // A checked certificate or no connection (a socket in the host list then fails
+            // over to the next host).
+            if root.is_some() && mode == SslMode::Prefer {
                 config.ssl_mode(SslMode::Require);
             }
             config.connect(tls(root.as_deref())?)

@@ -381,6 +381,10 @@ fn queenctl_connects_over_tls_and_checks_the_certificate_against_pgsslrootcert()
     let (ca_file, other) = (format!("{dir}/ca.crt"), format!("{dir}/other.crt"));
     let (ok, _, err) = ctl_at(&at("require"), &[("PGSSLROOTCERT", &ca_file)], &["status"], None);
     assert!(ok, "the certificate chains to PGSSLROOTCERT and names localhost: {err}");
+    let by_address = format!("host=127.0.0.1 port={PORT} user=postgres dbname=tls");
+    let (ok, _, err) = ctl_at(&by_address, &[("PGSSLROOTCERT", &ca_file)], &["status"], None);
+    assert!(!ok, "the certificate names localhost, not 127.0.0.1: the host name is checked");
+    assert!(err.contains("certificate verify failed"), "{err}");
     let (ok, _, err) =
         ctl_at(&at("prefer"), &[("PGSSLROOTCERT", &other), ("SSL_CERT_FILE", &ca_file)], &["status"], None);
     assert!(!ok, "a certificate that does not chain to PGSSLROOTCERT is refused, whatever the system trusts");
@@ -389,9 +393,11 @@ fn queenctl_connects_over_tls_and_checks_the_certificate_against_pgsslrootcert()
     // The shared test cluster has no TLS: with PGSSLROOTCERT, prefer (the default) means
     // a checked certificate or no connection.
     let port = std::env::var("QUEEN_TEST_PORT").expect("QUEEN_TEST_PORT (set by make integration)");
-    let plain = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let plain = format!("host=127.0.0.1 port={port} user=postgres dbname=queen_it");
     let (ok, _, err) = ctl_at(&plain, &[("PGSSLROOTCERT", &ca_file)], &["status"], None);
     assert!(!ok, "no plain-text fallback with PGSSLROOTCERT set");
-    assert!(err.contains("TLS"), "{err}");
+    assert!(err.contains("does not support TLS"), "{err}");
+    let (ok, _, err) = ctl_at(&plain, &[], &["status"], None);
+    assert!(ok, "without it, prefer connects in plain text to a server without TLS: {err}");
     let _ = std::fs::remove_dir_all(dir);
 }
