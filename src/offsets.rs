@@ -285,12 +285,11 @@ pub fn wrote(partition_id: pgrx::Uuid, last: i64) {
 /// The readable end of a partition as this transaction sees it (see the module docs; its
 /// own pushes count as committed for itself). Without the registry: the
 /// highest offset a committed segment holds (pushes then commit in offset order, under
-/// their partition row lock, so nothing below it is in flight). `head` is the partition
-/// row's head, which only the registry's absence keeps current; it is not needed here.
+/// their partition row lock, so nothing below it is in flight; the partition row's head
+/// is not used: a reserved head may end in a gap, and only stored segments count).
 /// A partition that no longer exists reads as what the database still holds (nothing).
-pub fn readable(partition_id: pgrx::Uuid, head: i64) -> i64 {
+pub fn readable(partition_id: pgrx::Uuid) -> i64 {
     if !enabled() {
-        let _ = head; // a reserved head may end in a gap; only stored segments count
         return Spi::connect_mut(|client| stored_ends(client, partition_id).readable);
     }
     let key = key(partition_id);
@@ -446,7 +445,8 @@ COMMENT ON FUNCTION queen._readable(uuid, bigint) IS
 /// SQL (the claim query of pop, status, totals, group creation). Not granted.
 #[pg_extern(name = "_readable", volatile, parallel_unsafe)]
 fn readable_sql(partition_id: pgrx::Uuid, head: i64) -> i64 {
-    readable(partition_id, head)
+    let _ = head; // not needed (see `readable`); the SQL signature keeps it
+    readable(partition_id)
 }
 
 // ---- dropping a partition (`churn::drop_partition`) ----

@@ -90,6 +90,26 @@ pub fn plan(segs: &[Seg], readable: i64, now: i64, limits: Limits) -> Vec<std::o
     runs
 }
 
+/// Whether the segments `spans` (first and last offsets, in any order) of one tier hold
+/// every offset of `lo..=hi` between them. A read that finds the fresh tier covering its
+/// span under one snapshot needs nothing of the durable tier: a compaction moves a run
+/// from one tier to the other in one transaction, so a snapshot never sees an offset in
+/// both, and a durable segment written by a large push never overlaps another segment.
+pub fn covers(spans: &mut [(i64, i64)], lo: i64, hi: i64) -> bool {
+    spans.sort_unstable_by_key(|s| s.0);
+    let mut next = lo; // the first offset not covered yet
+    for &(first, last) in spans.iter() {
+        if next > hi {
+            break;
+        }
+        if first > next {
+            return false; // `next` is in no segment
+        }
+        next = next.max(last.saturating_add(1));
+    }
+    next > hi
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +125,31 @@ mod tests {
     }
     fn durable(first: i64, last: i64) -> Seg {
         Seg { fresh: false, first, last, created_at: 0, bytes: 0 }
+    }
+
+    #[test]
+    fn covers_needs_every_offset_of_the_span() {
+        assert!(covers(&mut [(5, 9), (1, 4)], 2, 9));
+        assert!(covers(&mut [(1, 20)], 5, 6));
+        assert!(!covers(&mut [(1, 4), (6, 9)], 2, 9), "5 is in neither");
+        assert!(!covers(&mut [(3, 9)], 2, 9), "the segment holding 2 is missing");
+        assert!(!covers(&mut [(1, 8)], 2, 9), "9 is past the last");
+        assert!(!covers(&mut [], 2, 9));
+        assert!(covers(&mut [(1, 3), (2, 2), (4, 4)], 1, 4), "nested and adjacent");
+    }
+
+    proptest! {
+        #[test]
+        fn covers_is_every_offset_in_some_segment(
+            spans in proptest::collection::vec((0i64..40, 0i64..6), 0..8),
+            lo in 0i64..40,
+            len in 0i64..12,
+        ) {
+            let mut spans: Vec<(i64, i64)> = spans.into_iter().map(|(f, n)| (f, f + n)).collect();
+            let hi = lo + len;
+            let every = (lo..=hi).all(|o| spans.iter().any(|&(f, l)| f <= o && o <= l));
+            prop_assert_eq!(covers(&mut spans, lo, hi), every);
+        }
     }
 
     #[test]

@@ -173,7 +173,7 @@ fn seek_lanes(
     let mut journal = Vec::new();
     let mut out = Vec::new();
     for l in lanes {
-        let readable = crate::offsets::readable(l.partition_id, l.head);
+        let readable = crate::offsets::readable(l.partition_id);
         let next = match (to_offset, at) {
             (Some(o), _) => o,
             (None, Some(t)) => first_offset_at(client, l.partition_id, t).unwrap_or(readable + 1),
@@ -261,7 +261,7 @@ fn purge_lanes(client: &mut SpiClient<'_>, queue_id: i64, lanes: &[Lane], group:
     let mut journal = Vec::new();
     let mut out = Vec::new();
     for l in lanes {
-        let readable = crate::offsets::readable(l.partition_id, l.head);
+        let readable = crate::offsets::readable(l.partition_id);
         let from = l.committed.max(l.retained_through) + 1;
         if readable < from {
             continue; // nothing past the cursor

@@ -1,9 +1,9 @@
 //! A pop's scan of its group's lanes (with the lane registry): the lanes it may claim now,
 //! in partition-id order, a chunk at a time (`ops::pop`'s `LaneScan` calls this).
 //!
-//! The lanes of the group are read in the order of the index `lanes_queue_group`, each
-//! with its partition's row (its name, and its head for the readable end), and each lane is
-//! asked of the registry (`registry::claimable`, also `queen._claimable`). They are read by
+//! The lanes of the group are read in the order of the index `lanes_queue_group`; each lane
+//! is asked of the registry (`registry::claimable`, also `queen._claimable`), and a lane it
+//! may claim gets its partition's row (its name). They are read by
 //! direct index scans (`pg::scan`), not an SQL statement: on a live queue, where a pop takes
 //! one to three messages, the statement's executor was a large share of a pop. The
 //! statement stays for tables that are not as this library knows them (a schema older or
@@ -54,11 +54,8 @@ pub(crate) fn direct(
         &[(c"queue_id", pg_sys::INT8OID), (c"consumer_group", pg_sys::TEXTOID), (c"partition_id", pg_sys::UUIDOID)],
     )?;
     let partitions = Table::open(queen_table(c"partitions"), None, &[(c"partition_id", pg_sys::UUIDOID)])?;
-    let (lane_partition, name, head) = (
-        lanes.column(c"partition_id", pg_sys::UUIDOID)?,
-        partitions.column(c"name", pg_sys::TEXTOID)?,
-        partitions.column(c"head", pg_sys::INT8OID)?,
-    );
+    let (lane_partition, name) =
+        (lanes.column(c"partition_id", pg_sys::UUIDOID)?, partitions.column(c"name", pg_sys::TEXTOID)?);
     let snapshot = StatementSnapshot::take();
     let eq = pg_sys::BTEqualStrategyNumber;
     let mut scan = lanes.scan(
@@ -72,7 +69,7 @@ pub(crate) fn direct(
         false,
     );
     let by_id = |pid: pgrx::Uuid| [Key::new(1, eq, pg_sys::F_UUID_EQ, pid.into_datum().unwrap())];
-    // One scan of the partitions' primary key, started again for each lane.
+    // One scan of the partitions' primary key, started again for each claimable lane.
     let mut partition: Option<Scan<'_>> = None;
     let mut out = Vec::new();
     while (out.len() as i64) < limit {
@@ -81,6 +78,9 @@ pub(crate) fn direct(
         let Some(pid) = lane.get(lane_partition).and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) }) else {
             continue;
         };
+        // The registry first: on a live queue most lanes a scan passes have nothing to
+        // claim, and they need no probe of their partition's row.
+        let Some(readable) = registry::claimable(pid, group) else { continue };
         let p = match &mut partition {
             Some(p) => {
                 p.rescan(&by_id(pid));
@@ -91,14 +91,11 @@ pub(crate) fn direct(
         // A lane whose partition row is gone (being deleted) is not one to claim: the
         // statement's join leaves it out too.
         let Some(row) = p.next() else { continue };
-        let head = row.get(head).map_or(0, |d| d.value() as i64);
         // SAFETY: a non-null datum of a text column; `from_datum` copies it into a String.
         let Some(partition) = row.get(name).and_then(|d| unsafe { String::from_datum(d, false) }) else {
             continue;
         };
-        if let Some(readable) = registry::claimable(pid, group, head) {
-            out.push(Claimable { partition_id: pid, partition, readable });
-        }
+        out.push(Claimable { partition_id: pid, partition, readable });
     }
     Some(out)
 }

@@ -941,18 +941,19 @@ COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS
 /// A backoff's end is noted for a waiting pop (`wake::due_at`).
 #[pg_extern(name = "_claimable", volatile, parallel_unsafe)]
 fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
-    claimable(partition_id, consumer_group, head)
+    let _ = head; // not needed: the offsets registry or the stored segments say where it ends
+    claimable(partition_id, consumer_group)
 }
 
 /// `queen._claimable` (above); a pop's scan of its lanes (`lane::claimable`) asks it
 /// directly.
-pub fn claimable(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
+pub fn claimable(partition_id: pgrx::Uuid, consumer_group: &str) -> Option<i64> {
     let (s, held) = view(partition_id, consumer_group);
     let now = crate::pg::clock::clock_now();
     if held || s.live_lease(now) {
         return None;
     }
-    let readable = crate::offsets::readable(partition_id, head);
+    let readable = crate::offsets::readable(partition_id);
     let lane = queen_core::lane::Lane::from_registry(&s);
     match lane.claimability(readable, now) {
         c if c.claimable() => Some(readable),

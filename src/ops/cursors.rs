@@ -14,7 +14,6 @@ pub struct Lane {
     pub partition_id: pgrx::Uuid,
     pub partition: String,
     pub retained_through: i64,
-    pub head: i64,
     /// The cursor and whether a live lease holds the lane.
     pub committed: i64,
     pub leased: bool,
@@ -42,7 +41,7 @@ pub enum Busy {
     Skip,
 }
 
-const LANES: &str = "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, false
+const LANES: &str = "SELECT l.partition_id, p.name, p.retained_through, l.committed, false
        FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
       WHERE l.queue_id = $1 AND l.consumer_group = $2 AND ($3::text IS NULL OR p.name = $3)
         AND $4::timestamptz IS NOT NULL AND ($5::uuid[] IS NULL OR l.partition_id = ANY($5))
@@ -52,7 +51,7 @@ const LANES: &str = "SELECT l.partition_id, p.name, p.retained_through, p.head, 
 macro_rules! lane_rows {
     ($lock:literal) => {
         concat!(
-            "SELECT l.partition_id, p.name, p.retained_through, p.head, l.committed, coalesce(",
+            "SELECT l.partition_id, p.name, p.retained_through, l.committed, coalesce(",
             queen_core::lease_live_sql!("l", "$4"),
             ", false)
                FROM queen.lanes l JOIN queen.partitions p ON p.partition_id = l.partition_id
@@ -92,9 +91,8 @@ pub fn lock_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, which:
             partition_id: r.get::<pgrx::Uuid>(1).or_raise().unwrap(),
             partition: r.get::<String>(2).or_raise().unwrap(),
             retained_through: r.get::<i64>(3).or_raise().unwrap(),
-            head: r.get::<i64>(4).or_raise().unwrap(),
-            committed: r.get::<i64>(5).or_raise().unwrap(),
-            leased: r.get::<bool>(6).or_raise().unwrap(),
+            committed: r.get::<i64>(4).or_raise().unwrap(),
+            leased: r.get::<bool>(5).or_raise().unwrap(),
             registry: None,
         })
         .collect();

@@ -253,7 +253,7 @@ fn skip_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, pids: &[pg
         if l.leased {
             continue;
         }
-        let readable = crate::offsets::readable(l.partition_id, l.head);
+        let readable = crate::offsets::readable(l.partition_id);
         let Some((from, to)) = overflow::skip_span(l.committed, l.retained_through, readable, max_lag) else {
             continue;
         };

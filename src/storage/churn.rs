@@ -84,15 +84,10 @@ fn check_empty(client: &mut SpiClient<'_>, pid: pgrx::Uuid, groups: &[String], w
     if crate::offsets::begin_drop(client, pid).is_err() {
         return Err(Kept::Busy("pushes to it are in flight".into()));
     }
-    let row = run(
-        client,
-        "SELECT p.head, p.retained_through FROM queen.partitions p WHERE p.partition_id = $1",
-        &[pid.into()],
-    );
+    let row = run(client, "SELECT p.retained_through FROM queen.partitions p WHERE p.partition_id = $1", &[pid.into()]);
     let row = row.first();
-    let head: i64 = row.get(1).or_raise().unwrap_or(0);
-    let retained: i64 = row.get(2).or_raise().unwrap_or(0);
-    let readable = crate::offsets::readable(pid, head);
+    let retained: i64 = row.get(1).or_raise().unwrap_or(0);
+    let readable = crate::offsets::readable(pid);
     if groups.is_empty() && readable > retained {
         return Err(Kept::NotEmpty("the queue has no consumer group, and it holds messages".into()));
     }
@@ -218,13 +213,13 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
     .collect()
 }
 
-/// The idle partitions of queue `$1` (id, head, retained through): the newest segment of
+/// The idle partitions of queue `$1` (id, retained through): the newest segment of
 /// either tier (or the partition itself, with none) is older than the queue's
 /// `partition_idle_ttl`. The caller adds the rest of the WHERE clause (from `$2` on) and
 /// the order.
 macro_rules! idle_partitions_sql {
     () => {
-        "SELECT p.partition_id, p.head, p.retained_through
+        "SELECT p.partition_id, p.retained_through
            FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
           WHERE p.queue_id = $1 AND q.partition_idle_ttl > '0s'
             AND greatest(p.created_at,
@@ -282,7 +277,7 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     let limit = (EXPIRE_LANES / groups.len().max(1) as i64).max(1);
     // The next idle partitions, read without locking anything (see the module docs).
     let after = RESUME_AFTER.with_borrow(|m| m.get(&queue_id).copied());
-    let idle: Vec<(pgrx::Uuid, i64, i64)> = run(
+    let idle: Vec<(pgrx::Uuid, i64)> = run(
         client,
         concat!(
             idle_partitions_sql!(),
@@ -290,20 +285,20 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
         ),
         &[queue_id.into(), limit.into(), after.into()],
     )
-    .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap_or(0), r.get(3).or_raise().unwrap_or(0)))
+    .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap_or(0)))
     .collect();
     let full = idle.len() as i64 == limit;
     // Set before the step's work, on purpose: a step that raises (and rolls back) does not
     // hold the queue's later partitions up. Its own are examined again once the steps come
     // round to the first partition (a step that stops below its limit starts them over).
     RESUME_AFTER.with_borrow_mut(|m| match idle.last().filter(|_| full) {
-        Some(&(last, _, _)) => m.insert(queue_id, last),
+        Some(&(last, _)) => m.insert(queue_id, last),
         None => m.remove(&queue_id), // the next step starts again from the first partition
     });
     let consumed: Vec<pgrx::Uuid> = idle
         .into_iter()
-        .filter(|&(pid, head, retained)| looks_consumed(pid, head, retained, &groups))
-        .map(|(pid, _, _)| pid)
+        .filter(|&(pid, retained)| looks_consumed(pid, retained, &groups))
+        .map(|(pid, _)| pid)
         .collect();
     if consumed.is_empty() {
         return (dedup, 0, full);
@@ -334,8 +329,8 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
 /// deleted everything. A cursor behind `retained` counts as there (retention deleted what
 /// it had left), so this may let through a partition `check_empty` keeps: it only spares
 /// the lock to those that still hold messages.
-fn looks_consumed(pid: pgrx::Uuid, head: i64, retained: i64, groups: &[String]) -> bool {
-    let readable = crate::offsets::readable(pid, head);
+fn looks_consumed(pid: pgrx::Uuid, retained: i64, groups: &[String]) -> bool {
+    let readable = crate::offsets::readable(pid);
     if groups.is_empty() {
         return readable <= retained;
     }

@@ -88,13 +88,13 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid, from: i64)
         &[pid.into()],
         |r| r.get::<i64>(1).or_raise().unwrap(),
     );
-    let Some(head) = locked.first().copied() else {
+    if locked.is_empty() {
         return (Done::default(), None); // busy (or gone): the next pass
-    };
+    }
     queen_core::fail::point("compaction.partition");
     // Every fresh segment at or below the readable end is committed (its reservation has
     // ended), and any later one starts above it.
-    let readable = crate::offsets::readable(pid, head);
+    let readable = crate::offsets::readable(pid);
     let fresh: Vec<Seg> = run_map(
         client,
         "SELECT first_offset, last_offset, created_at, octet_length(data)

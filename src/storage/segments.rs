@@ -268,7 +268,10 @@ pub fn fetch<'conn>(client: &mut SpiClient<'conn>, partition_id: pgrx::Uuid, sta
 /// a partition is skipped when no push wrote there at or after `lo` (`offsets`), except
 /// under REPEATABLE READ or SERIALIZABLE: what the registry knows is current, the snapshot
 /// may be older (a fresh segment compacted since is still there for it), and `gaps_from`
-/// relies on the read having fetched every segment its snapshot sees.
+/// relies on the read having fetched every segment its snapshot sees. The durable tier of
+/// a span whose fresh rows hold every offset of it is not read (`compaction::covers`):
+/// under one snapshot it holds none of those offsets, so the read still has every segment
+/// that holds one.
 ///
 /// Read by direct index scans of the tiers' tables (`pg::scan`); by one SQL statement when
 /// those tables are not as this library knows them (a schema older or newer than it).
@@ -334,7 +337,7 @@ mod direct {
     use pgrx::pg_sys;
     use pgrx::spi::SpiClient;
     use pgrx::{FromDatum, IntoDatum};
-    use queen_core::compaction::FRESH_MAX;
+    use queen_core::compaction::{covers, FRESH_MAX};
 
     use super::{Rows, Segment};
     use crate::pg::scan::{Key, StatementSnapshot, Table};
@@ -452,14 +455,19 @@ mod direct {
         let mut out = Vec::with_capacity(spans.len());
         for (&(pid, lo, hi), &fresh) in spans.iter().zip(fresh) {
             let mut rows = Vec::new();
-            for part in &plain {
-                part.read(&snapshot, pid, (lo, hi), None, &mut rows);
-            }
-            holder_once(&mut rows, 0, lo);
             if fresh {
-                let from = rows.len();
                 for part in &fresh_parts {
                     part.read(&snapshot, pid, (lo, hi), Some(lo - FRESH_MAX as i64), &mut rows);
+                }
+                holder_once(&mut rows, 0, lo);
+            }
+            // The fresh tier first: on a live queue it holds the whole span, and then the
+            // durable tier has nothing of it under this snapshot (`compaction::covers`).
+            let mut spans: Vec<(i64, i64)> = rows.iter().map(|r| (r.first, r.last)).collect();
+            if !(fresh && covers(&mut spans, lo, hi)) {
+                let from = rows.len();
+                for part in &plain {
+                    part.read(&snapshot, pid, (lo, hi), None, &mut rows);
                 }
                 holder_once(&mut rows, from, lo);
             }
