@@ -285,8 +285,8 @@ pub fn wrote(partition_id: pgrx::Uuid, last: i64) {
 /// The readable end of a partition as this transaction sees it (see the module docs; its
 /// own pushes count as committed for itself). Without the registry: the
 /// highest offset a committed segment holds (pushes then commit in offset order, under
-/// their partition row lock, so nothing below it is in flight; the partition row's head
-/// is not used: a reserved head may end in a gap, and only stored segments count).
+/// their partition row lock, so nothing below it is in flight). The partition row's head
+/// is not used: a reserved head may end in a gap, and only stored segments count.
 /// A partition that no longer exists reads as what the database still holds (nothing).
 pub fn readable(partition_id: pgrx::Uuid) -> i64 {
     if !enabled() {
@@ -442,10 +442,11 @@ COMMENT ON FUNCTION queen._readable(uuid, bigint) IS
 );
 
 /// `queen._readable(partition_id, head)`: the readable end of a partition, for queen's own
-/// SQL (the claim query of pop, status, totals, group creation). Not granted.
+/// SQL (the claim query of pop, status, totals, group creation). Not granted. `head` is
+/// ignored; it stays so that the installed SQL signature does not change.
 #[pg_extern(name = "_readable", volatile, parallel_unsafe)]
 fn readable_sql(partition_id: pgrx::Uuid, head: i64) -> i64 {
-    let _ = head; // not needed (see `readable`); the SQL signature keeps it
+    let _ = head; // ignored (see above)
     readable(partition_id)
 }
 

@@ -244,13 +244,21 @@ fn queen_plan_settings_apply_inside_and_come_back() {
 }
 
 /// A pop reads segments by direct index scans (`pg::scan`); the statement it replaces is
-/// kept for tables this library does not know. Both read the same rows: over both tiers
-/// (single pushes in the fresh tier, a batch and a compacted run in the other), spans that
-/// start inside, before and after segments, across both, and of a partition with none.
+/// kept for tables this library does not know. Both read the same rows that hold an offset
+/// of the span: over both tiers (single pushes in the fresh tier, a batch and a compacted
+/// run in the other), spans that start inside, before and after segments, across both, and
+/// of a partition with none. Where the fresh rows hold the whole span, the direct read
+/// leaves the durable tier out (`compaction::covers`), and the statement's extra row there
+/// holds no offset of it.
 #[pg_test]
 fn direct_segment_reads_match_the_statement() {
     for i in 0..30 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"n\": {i}}}', 'a')")).unwrap();
+    }
+    // c: 300 single pushes, merged into one durable segment (a run that long is merged at
+    // once), then 5 more in the fresh tier.
+    for i in 0..300 {
+        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"c\": {i}}}', 'c')")).unwrap();
     }
     Spi::run(
         "SELECT * FROM queen.push_batch('dr', (SELECT jsonb_agg(jsonb_build_object('payload', i, 'partition', 'b'))
@@ -258,6 +266,9 @@ fn direct_segment_reads_match_the_statement() {
     )
     .unwrap();
     Spi::run("SELECT queen.compact('dr')").unwrap();
+    for i in 0..5 {
+        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"c\": {i}}}', 'c')")).unwrap();
+    }
     for i in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'a')")).unwrap();
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'b')")).unwrap();
@@ -270,7 +281,7 @@ fn direct_segment_reads_match_the_statement() {
         .unwrap()
         .unwrap()
     };
-    let (a, b) = (pid("a"), pid("b"));
+    let (a, b, c) = (pid("a"), pid("b"), pid("c"));
     // A row of b's in the other generation's table, below its first segment (as a rotation
     // leaves while it runs): each generation's table gives a segment holding a span's
     // start, and the read keeps the last one, as the statement does.
@@ -294,9 +305,22 @@ fn direct_segment_reads_match_the_statement() {
         (b, 499, 505),
         (b, 510, 600),
         (none, 0, 10),
+        (c, 302, 304),
+        (c, 299, 302),
     ];
     let [direct, sql] = crate::storage::segments::both_ways(&spans);
-    assert_eq!(direct, sql);
+    // The rows a read uses: those that end at or after the span's start.
+    use crate::storage::segments::ReadRow;
+    let used = |all: &[Vec<ReadRow>]| -> Vec<Vec<ReadRow>> {
+        all.iter().zip(&spans).map(|(rows, s)| rows.iter().filter(|r| r.1 >= s.1).cloned().collect()).collect()
+    };
+    assert_eq!(used(&direct), used(&sql));
+    let bounds = |all: &[Vec<ReadRow>], i: usize| {
+        all[i].iter().map(|r| (r.0, r.1)).collect::<Vec<_>>()
+    };
+    assert_eq!(bounds(&sql, 12), [(1, 300), (302, 302), (303, 303), (304, 304)], "c's merged run holds 302 back");
+    assert_eq!(bounds(&direct, 12), [(302, 302), (303, 303), (304, 304)], "the fresh rows hold 302..=304");
+    assert_eq!(bounds(&direct, 13), [(1, 300), (301, 301), (302, 302)], "299..=302 needs the merged run");
     // The reads found segments of both tiers: a span over all of a holds every offset.
     let covered: i64 = direct[0].iter().map(|r| r.1 - r.0 + 1).sum();
     assert_eq!(covered, 42, "a's 42 messages, in a compacted run and fresh segments");

@@ -7,7 +7,8 @@
 //! merged one, and every offset holds what it held (gaps stay gaps). Once the fresh tier is
 //! empty, VACUUM can hand its pages back.
 //!
-//! `plan` takes a partition's segments of both tiers in offset order and picks the runs. A
+//! `plan` takes a partition's segments of both tiers in offset order and picks the runs.
+//! `covers` tells a reader when the fresh tier alone holds what it reads. A
 //! run is bounded in offsets and in stored bytes, so the merge (which streams the run into
 //! one segment, `segment::Encoder`) holds at most about `max_bytes` of output.
 
@@ -90,8 +91,8 @@ pub fn plan(segs: &[Seg], readable: i64, now: i64, limits: Limits) -> Vec<std::o
     runs
 }
 
-/// Whether the segments `spans` (first and last offsets, in any order) of one tier hold
-/// every offset of `lo..=hi` between them. A read that finds the fresh tier covering its
+/// Whether the segments `spans` of one tier, each as (first offset, last offset) and given
+/// in any order (sorted here, in place), hold every offset of `lo..=hi` between them. A read that finds the fresh tier covering its
 /// span under one snapshot needs nothing of the durable tier: a compaction moves a run
 /// from one tier to the other in one transaction, so a snapshot never sees an offset in
 /// both, and a durable segment written by a large push never overlaps another segment.

@@ -3,11 +3,11 @@
 //!
 //! The lanes of the group are read in the order of the index `lanes_queue_group`; each lane
 //! is asked of the registry (`registry::claimable`, also `queen._claimable`), and a lane it
-//! may claim gets its partition's row (its name). They are read by
-//! direct index scans (`pg::scan`), not an SQL statement: on a live queue, where a pop takes
-//! one to three messages, the statement's executor was a large share of a pop. The
-//! statement stays for tables that are not as this library knows them (a schema older or
-//! newer than it), and the in-server tests check that both find the same lanes.
+//! may claim gets its partition's row (its name). Both the lanes and the partition rows are
+//! read by direct index scans (`pg::scan`), not an SQL statement: on a live queue, where a
+//! pop takes one to three messages, the statement's executor was a large share of a pop.
+//! The statement stays for tables that are not as this library knows them (a schema older
+//! or newer than it), and the in-server tests check that both find the same lanes.
 
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;

@@ -938,10 +938,11 @@ COMMENT ON FUNCTION queen._claimable(uuid, text, bigint) IS
 /// `queen._claimable(partition_id, consumer_group, head)`: for a pop's scan of its lanes,
 /// the partition's readable end when the lane can be claimed now (no live lease, no retry
 /// backoff running, no other transaction holding it, messages past its cursor), else NULL.
-/// A backoff's end is noted for a waiting pop (`wake::due_at`).
+/// A backoff's end is noted for a waiting pop (`wake::due_at`). `head` is ignored; it stays
+/// so that the installed SQL signature does not change.
 #[pg_extern(name = "_claimable", volatile, parallel_unsafe)]
 fn claimable_sql(partition_id: pgrx::Uuid, consumer_group: &str, head: i64) -> Option<i64> {
-    let _ = head; // not needed: the offsets registry or the stored segments say where it ends
+    let _ = head; // ignored (see above)
     claimable(partition_id, consumer_group)
 }
 

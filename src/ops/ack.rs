@@ -262,10 +262,11 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     } else if !plans.is_empty() {
         crate::lane::rows::apply_acks(client, lease_id, &group, plans);
     }
+    // Moved in as arrays: `json!` would copy each list through serde's serializer.
     json!({
         "leaseId": from_pg_uuid(&lease_id).to_string(),
-        "items": item_json,
-        "lanes": lane_json,
+        "items": Value::Array(item_json),
+        "lanes": Value::Array(lane_json),
     })
 }
 

@@ -84,9 +84,9 @@ pub fn compact_partition(client: &mut SpiClient<'_>, pid: pgrx::Uuid, from: i64)
     // none of them.)
     let locked = run_map(
         client,
-        "SELECT p.head FROM queen.partitions p WHERE p.partition_id = $1 FOR NO KEY UPDATE SKIP LOCKED",
+        "SELECT true FROM queen.partitions p WHERE p.partition_id = $1 FOR NO KEY UPDATE SKIP LOCKED",
         &[pid.into()],
-        |r| r.get::<i64>(1).or_raise().unwrap(),
+        |_| (),
     );
     if locked.is_empty() {
         return (Done::default(), None); // busy (or gone): the next pass

@@ -187,7 +187,7 @@ macro_rules! segment_at_or_after_sql {
 /// a rotation's copy), so that the pop stops before it, as for any message it cannot see.
 ///
 /// - A segment this snapshot sees holds `offset`: the read, which fetched every segment the
-///   snapshot sees (`fetch_many`), found a gap entry in it (a push that aborted before a
+///   snapshot sees that holds an offset of its span (`fetch_many`), found a gap entry in it (a push that aborted before a
 ///   compaction), and so is every offset of that segment the read finds empty.
 /// - Else, with the latest snapshot (`first_row_now`): no segment holds `offset` now, and
 ///   none ever will (every push that could write up to the readable end has ended): the
@@ -268,10 +268,10 @@ pub fn fetch<'conn>(client: &mut SpiClient<'conn>, partition_id: pgrx::Uuid, sta
 /// a partition is skipped when no push wrote there at or after `lo` (`offsets`), except
 /// under REPEATABLE READ or SERIALIZABLE: what the registry knows is current, the snapshot
 /// may be older (a fresh segment compacted since is still there for it), and `gaps_from`
-/// relies on the read having fetched every segment its snapshot sees. The durable tier of
-/// a span whose fresh rows hold every offset of it is not read (`compaction::covers`):
-/// under one snapshot it holds none of those offsets, so the read still has every segment
-/// that holds one.
+/// relies on the read having fetched every segment its snapshot sees that holds an offset
+/// of the span. By direct scans, the durable tier of a span whose fresh rows hold every
+/// offset of it is not read (`compaction::covers`): under one snapshot it holds none of
+/// those offsets.
 ///
 /// Read by direct index scans of the tiers' tables (`pg::scan`); by one SQL statement when
 /// those tables are not as this library knows them (a schema older or newer than it).
@@ -329,7 +329,9 @@ pub(crate) fn fetch_many_sql<'conn>(
     out
 }
 
-/// `fetch_many` by direct index scans (`pg::scan`), the same rows the statement reads.
+/// `fetch_many` by direct index scans (`pg::scan`): the rows the statement reads, except
+/// that a span whose fresh rows hold all of it gets no durable row (the statement's holds
+/// none of its offsets there).
 mod direct {
     use std::ffi::CStr;
 
@@ -455,16 +457,17 @@ mod direct {
         let mut out = Vec::with_capacity(spans.len());
         for (&(pid, lo, hi), &fresh) in spans.iter().zip(fresh) {
             let mut rows = Vec::new();
+            // The fresh tier first: on a live queue it holds the whole span, and then the
+            // durable tier has nothing of it under this snapshot (`compaction::covers`).
             if fresh {
                 for part in &fresh_parts {
                     part.read(&snapshot, pid, (lo, hi), Some(lo - FRESH_MAX as i64), &mut rows);
                 }
                 holder_once(&mut rows, 0, lo);
             }
-            // The fresh tier first: on a live queue it holds the whole span, and then the
-            // durable tier has nothing of it under this snapshot (`compaction::covers`).
-            let mut spans: Vec<(i64, i64)> = rows.iter().map(|r| (r.first, r.last)).collect();
-            if !(fresh && covers(&mut spans, lo, hi)) {
+            let mut held: Vec<(i64, i64)> = rows.iter().map(|r| (r.first, r.last)).collect();
+            let covered = fresh && covers(&mut held, lo, hi);
+            if !covered {
                 let from = rows.len();
                 for part in &plain {
                     part.read(&snapshot, pid, (lo, hi), None, &mut rows);
@@ -673,14 +676,17 @@ impl Stored<'_, '_> {
     }
 }
 
+/// A row as `both_ways` gives it: first, last, created_at, its stored bytes.
+#[cfg(any(test, feature = "pg_test"))]
+pub type ReadRow = (i64, i64, String, Vec<u8>);
+
 /// For the in-server tests: the rows of `spans` (every span reading the fresh tier too)
 /// read both ways, by direct scans and by the statement, each row as (first, last,
 /// created_at, its stored bytes), in offset order.
 #[cfg(any(test, feature = "pg_test"))]
-#[allow(clippy::type_complexity)]
-pub fn both_ways(spans: &[(pgrx::Uuid, i64, i64)]) -> [Vec<Vec<(i64, i64, String, Vec<u8>)>>; 2] {
+pub fn both_ways(spans: &[(pgrx::Uuid, i64, i64)]) -> [Vec<Vec<ReadRow>>; 2] {
     let fresh = vec![true; spans.len()];
-    let flat = |all: Vec<Rows<'_>>| -> Vec<Vec<(i64, i64, String, Vec<u8>)>> {
+    let flat = |all: Vec<Rows<'_>>| -> Vec<Vec<ReadRow>> {
         let scratch = Scratch::new();
         all.into_iter()
             .map(|rows| {
