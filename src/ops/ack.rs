@@ -262,12 +262,12 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     } else if !plans.is_empty() {
         crate::lane::rows::apply_acks(client, lease_id, &group, plans);
     }
-    // Moved in as arrays: `json!` would copy each list through serde's serializer.
-    json!({
-        "leaseId": from_pg_uuid(&lease_id).to_string(),
-        "items": Value::Array(item_json),
-        "lanes": Value::Array(lane_json),
-    })
+    // Built by hand: `json!` would copy each list through serde's serializer.
+    let mut report = serde_json::Map::new();
+    report.insert("leaseId".into(), Value::from(from_pg_uuid(&lease_id).to_string()));
+    report.insert("items".into(), Value::Array(item_json));
+    report.insert("lanes".into(), Value::Array(lane_json));
+    Value::Object(report)
 }
 
 /// One live lane's acks (`items[i]` for each `i` of `idxs`): its plan (`plan_lane`), the
