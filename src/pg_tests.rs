@@ -256,7 +256,9 @@ fn direct_segment_reads_match_the_statement() {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"n\": {i}}}', 'a')")).unwrap();
     }
     // c: 300 single pushes, merged into one durable segment (a run that long is merged at
-    // once), then 5 more in the fresh tier.
+    // once: `compaction::LIMITS.min_entries`), then 5 more in the fresh tier, a batch of 70
+    // (a durable segment of its own, 306..=375) and one more single push (376).
+    const _: () = assert!(queen_core::compaction::LIMITS.min_entries <= 300);
     for i in 0..300 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"c\": {i}}}', 'c')")).unwrap();
     }
@@ -269,6 +271,12 @@ fn direct_segment_reads_match_the_statement() {
     for i in 0..5 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"c\": {i}}}', 'c')")).unwrap();
     }
+    Spi::run(
+        "SELECT * FROM queen.push_batch('dr', (SELECT jsonb_agg(jsonb_build_object('payload', i, 'partition', 'c'))
+                                                 FROM generate_series(1, 70) i))",
+    )
+    .unwrap();
+    Spi::run("SELECT * FROM queen.push('dr', '{\"c\": 376}', 'c')").unwrap();
     for i in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'a')")).unwrap();
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'b')")).unwrap();
@@ -307,6 +315,8 @@ fn direct_segment_reads_match_the_statement() {
         (none, 0, 10),
         (c, 302, 304),
         (c, 299, 302),
+        (c, 303, 376),
+        (c, 304, 310),
     ];
     let [direct, sql] = crate::storage::segments::both_ways(&spans);
     // The rows a read uses: those that end at or after the span's start.
@@ -321,9 +331,12 @@ fn direct_segment_reads_match_the_statement() {
     assert_eq!(bounds(&sql, 12), [(1, 300), (302, 302), (303, 303), (304, 304)], "c's merged run holds 302 back");
     assert_eq!(bounds(&direct, 12), [(302, 302), (303, 303), (304, 304)], "the fresh rows hold 302..=304");
     assert_eq!(bounds(&direct, 13), [(1, 300), (301, 301), (302, 302)], "299..=302 needs the merged run");
-    // The reads found segments of both tiers: a span over all of a holds every offset.
+    // Fresh rows at both ends, the batch's durable segment between them: not covered.
+    assert_eq!(bounds(&direct, 14), [(1, 300), (303, 303), (304, 304), (305, 305), (306, 375), (376, 376)]);
+    assert_eq!(bounds(&direct, 15), [(1, 300), (304, 304), (305, 305), (306, 375)]);
+    // A span over all of a (single pushes only: too few to merge yet) holds every offset.
     let covered: i64 = direct[0].iter().map(|r| r.1 - r.0 + 1).sum();
-    assert_eq!(covered, 42, "a's 42 messages, in a compacted run and fresh segments");
+    assert_eq!(covered, 42, "a's 42 messages, in fresh segments");
     assert!(direct[0].len() > 2 && direct[11].is_empty());
     let firsts = |i: usize| direct[i].iter().map(|r| r.0).collect::<Vec<_>>();
     assert_eq!(firsts(6), [1], "b's 1..=1: one holder, the current generation's batch");
