@@ -187,8 +187,9 @@ macro_rules! segment_at_or_after_sql {
 /// a rotation's copy), so that the pop stops before it, as for any message it cannot see.
 ///
 /// - A segment this snapshot sees holds `offset`: the read, which fetched every segment the
-///   snapshot sees that holds an offset of its span (`fetch_many`), found a gap entry in it (a push that aborted before a
-///   compaction), and so is every offset of that segment the read finds empty.
+///   snapshot sees that holds an offset of its span (`fetch_many`), found a gap entry in
+///   it (a push that aborted before a compaction), and so is every offset of that segment
+///   the read finds empty.
 /// - Else, with the latest snapshot (`first_row_now`): no segment holds `offset` now, and
 ///   none ever will (every push that could write up to the readable end has ended): the
 ///   offsets up to the next segment, or to `readable`, are gaps.
