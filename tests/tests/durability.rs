@@ -4,12 +4,18 @@
 //! cursor), a pop that creates its consumer group (its cursor start must survive a crash)
 //! and any transaction that also wrote something else wait for it. Counted with the backend's WAL fsyncs
 //! (`pg_stat_wal.wal_sync`). This file is its own test binary, so no other test of the
-//! suite runs beside it; the WAL writer may still add a sync or two, hence the margins.
+//! suite runs beside it. The count is the cluster's, so it is off by a few either way:
+//! the WAL writer and the maintenance worker may add a sync or two, and a commit of theirs
+//! flushed in the same group as one of ours (group commit: one `fdatasync` for both)
+//! takes one away, hence the margins (`WAITED` and `N / 4`, far apart).
 
 use postgres::Client;
 use queen_it::{connect, unique};
 
 const N: i64 = 20;
+/// Fewest syncs that count as "each of the N commits waited for its flush": a commit of
+/// a background process may share one of ours (CI saw 19 of 20 for pops that wait).
+const WAITED: i64 = N - 3;
 
 /// Cluster-wide WAL fsyncs so far, including this session's own.
 fn wal_syncs(c: &mut Client) -> i64 {
@@ -62,7 +68,7 @@ fn leasing_pop_alone_commits_without_flush_wait_everything_else_waits() {
     let auto = syncs_during(&mut c, |c| {
         pop_one(c, &queue, true);
     });
-    assert!(auto >= N, "auto-ack pops waited for only {auto} WAL flushes out of {N}");
+    assert!(auto >= WAITED, "auto-ack pops waited for only {auto} WAL flushes out of {N}");
     // A leasing pop: no flush wait.
     let mut leases = Vec::new();
     let leased = syncs_during(&mut c, |c| leases.push(pop_one(c, &queue, false).unwrap()));
@@ -73,7 +79,7 @@ fn leasing_pop_alone_commits_without_flush_wait_everything_else_waits() {
     let acks = syncs_during(&mut c, |c| {
         c.execute("SELECT queen.ack($1)", &[&it.next().unwrap()]).unwrap();
     });
-    assert!(acks >= N, "acks waited for only {acks} WAL flushes out of {N}");
+    assert!(acks >= WAITED, "acks waited for only {acks} WAL flushes out of {N}");
 
     // A pop in a transaction that wrote something else, before or after it: the user's
     // write keeps its durability.
@@ -83,14 +89,14 @@ fn leasing_pop_alone_commits_without_flush_wait_everything_else_waits() {
         tx.execute("INSERT INTO durability_side VALUES (1)", &[]).unwrap();
         tx.commit().unwrap();
     });
-    assert!(after >= N, "pop then insert waited for only {after} WAL flushes out of {N}");
+    assert!(after >= WAITED, "pop then insert waited for only {after} WAL flushes out of {N}");
     let before = syncs_during(&mut c, |c| {
         let mut tx = c.transaction().unwrap();
         tx.execute("INSERT INTO durability_side VALUES (2)", &[]).unwrap();
         tx.query("SELECT 1 FROM queen.pop($1, auto_ack => true)", &[&queue]).unwrap();
         tx.commit().unwrap();
     });
-    assert!(before >= N, "insert then pop waited for only {before} WAL flushes out of {N}");
+    assert!(before >= WAITED, "insert then pop waited for only {before} WAL flushes out of {N}");
 
     // A pop that creates its group waits: a group forgotten in a crash would be created
     // again later (a 'new' one at a later end, skipping what came between).
@@ -99,7 +105,7 @@ fn leasing_pop_alone_commits_without_flush_wait_everything_else_waits() {
         g += 1;
         pop_group(c, &queue, &format!("new{g}"), false);
     });
-    assert!(creating >= N, "group-creating pops waited for only {creating} WAL flushes out of {N}");
+    assert!(creating >= WAITED, "group-creating pops waited for only {creating} WAL flushes out of {N}");
     let setting: String = c.query_one("SHOW synchronous_commit", &[]).unwrap().get(0);
     assert_eq!(setting, "on", "the session's synchronous_commit is left as it was");
 }
