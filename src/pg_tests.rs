@@ -252,31 +252,31 @@ fn queen_plan_settings_apply_inside_and_come_back() {
 /// holds no offset of it.
 #[pg_test]
 fn direct_segment_reads_match_the_statement() {
-    for i in 0..30 {
-        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"n\": {i}}}', 'a')")).unwrap();
-    }
+    // Single pushes (each a fresh segment of one message) and batches (a durable segment
+    // of their own) into partition `partition` of queue 'dr'.
+    let pushes = |partition: &str, key: &str, n: i32| {
+        for i in 0..n {
+            Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"{key}\": {i}}}', '{partition}')")).unwrap();
+        }
+    };
+    let batch = |partition: &str, n: i32| {
+        Spi::run(&format!(
+            "SELECT * FROM queen.push_batch('dr', (SELECT jsonb_agg(jsonb_build_object('payload', i, 'partition', '{partition}'))
+                                                     FROM generate_series(1, {n}) i))"
+        ))
+        .unwrap();
+    };
+    pushes("a", "n", 30);
     // c: 300 single pushes, merged into one durable segment (a run that long is merged at
     // once: `compaction::LIMITS.min_entries`), then 5 more in the fresh tier, a batch of 70
     // (a durable segment of its own, 306..=375) and one more single push (376).
     const _: () = assert!(queen_core::compaction::LIMITS.min_entries <= 300);
-    for i in 0..300 {
-        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"c\": {i}}}', 'c')")).unwrap();
-    }
-    Spi::run(
-        "SELECT * FROM queen.push_batch('dr', (SELECT jsonb_agg(jsonb_build_object('payload', i, 'partition', 'b'))
-                                                 FROM generate_series(1, 500) i))",
-    )
-    .unwrap();
+    pushes("c", "c", 300);
+    batch("b", 500);
     Spi::run("SELECT queen.compact('dr')").unwrap();
-    for i in 0..5 {
-        Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"c\": {i}}}', 'c')")).unwrap();
-    }
-    Spi::run(
-        "SELECT * FROM queen.push_batch('dr', (SELECT jsonb_agg(jsonb_build_object('payload', i, 'partition', 'c'))
-                                                 FROM generate_series(1, 70) i))",
-    )
-    .unwrap();
-    Spi::run("SELECT * FROM queen.push('dr', '{\"c\": 376}', 'c')").unwrap();
+    pushes("c", "c", 5);
+    batch("c", 70);
+    pushes("c", "c", 1);
     for i in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'a')")).unwrap();
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'b')")).unwrap();

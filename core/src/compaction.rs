@@ -92,10 +92,11 @@ pub fn plan(segs: &[Seg], readable: i64, now: i64, limits: Limits) -> Vec<std::o
 }
 
 /// Whether the segments `spans` of one tier, each as (first offset, last offset) and given
-/// in any order (sorted here, in place), hold every offset of `lo..=hi` between them. A read that finds the fresh tier covering its
-/// span under one snapshot needs nothing of the durable tier: a compaction moves a run
-/// from one tier to the other in one transaction, so a snapshot never sees an offset in
-/// both, and a durable segment written by a large push never overlaps another segment.
+/// in any order (sorted here, in place), hold every offset of `lo..=hi` between them. A
+/// read that finds the fresh tier covering its span under one snapshot needs nothing of
+/// the durable tier: a compaction moves a run from one tier to the other in one
+/// transaction, so a snapshot never sees an offset in both, and a durable segment written
+/// by a large push never overlaps another segment.
 pub fn covers(spans: &mut [(i64, i64)], lo: i64, hi: i64) -> bool {
     spans.sort_unstable_by_key(|s| s.0);
     let mut next = lo; // the first offset not covered yet

@@ -58,6 +58,17 @@ fn assert_woken_at_once(what: &str, mut trial: impl FnMut(Duration) -> Duration)
     assert!(slow <= 1, "{what}: woke {latencies:?} after the wake-ups");
 }
 
+/// Commits `tx` (the wake-up), then waits for `waiter`'s pop, which must return the one
+/// message: how long after the commit returned the pop did.
+fn commit_and_time(tx: postgres::Transaction<'_>, waiter: thread::JoinHandle<(usize, Duration, Instant)>) -> Duration {
+    tx.commit().unwrap();
+    let committed_at = Instant::now();
+    let (rows, elapsed, returned_at) = waiter.join().unwrap();
+    assert_eq!(rows, 1);
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+    returned_at.saturating_duration_since(committed_at)
+}
+
 #[test]
 fn waiting_pop_wakes_on_push_commit() {
     let mut c = connect();
@@ -70,12 +81,7 @@ fn waiting_pop_wakes_on_push_commit() {
         tx.execute("SELECT * FROM queen.push($1, '{\"hello\": 1}')", &[&queue]).unwrap();
         thread::sleep(Duration::from_millis(300) + delay);
         assert!(!waiter.is_finished(), "a pop returned before the push committed");
-        tx.commit().unwrap();
-        let committed_at = Instant::now();
-        let (rows, elapsed, returned_at) = waiter.join().unwrap();
-        assert_eq!(rows, 1);
-        assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
-        returned_at.saturating_duration_since(committed_at)
+        commit_and_time(tx, waiter)
     });
 }
 
@@ -182,12 +188,7 @@ fn waiting_pop_on_a_paused_queue_wakes_on_resume() {
         tx.execute("SELECT queen.resume($1)", &[&queue]).unwrap();
         thread::sleep(Duration::from_millis(200) + delay); // not committed: still paused for the waiter
         assert!(!waiter.is_finished(), "the pop returned before the resume committed");
-        tx.commit().unwrap();
-        let committed_at = Instant::now();
-        let (rows, elapsed, returned_at) = waiter.join().unwrap();
-        assert_eq!(rows, 1);
-        assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
-        returned_at.saturating_duration_since(committed_at)
+        commit_and_time(tx, waiter)
     });
 }
 
