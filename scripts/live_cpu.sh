@@ -4,10 +4,10 @@
 # Starts a fresh private cluster (/tmp/queen-live-cpu, port 5485, scripts/bench.conf) with
 # the installed queen.so (`make install` first: a release build), runs the bench's live
 # scenario for one system with CONSUMERS consumers, and in its first flush-bound round
-# samples 3 s of the consumers' and the producers' backend CPU (/proc/PID/stat) and, for
-# queen, the calls of queen.ack (pg_stat_user_functions, track_functions = 'all'; a
-# backend reports them about once a second, so they are approximate). Prints one line:
-# the round's rate, both roles' CPU per message, and for queen the cycles (acks) per second.
+# samples 3 s of the consumers' and the producers' backend CPU (/proc/PID/stat). Prints
+# one line: the round's rate and consumer batches (cycles that took messages) per second,
+# both roles' CPU per message, and the consumers' CPU per batch. The CPU is of 3 s inside
+# the round, the rates are the whole round's.
 set -euo pipefail
 system=$1 consumers=$2
 cd "$(dirname "$0")/.."
@@ -18,7 +18,6 @@ rm -rf $D
 bash scripts/cluster.sh start $D $P scripts/bench.conf >/dev/null
 trap 'kill $bench 2>/dev/null || true; bash scripts/cluster.sh stop $D $P >/dev/null 2>&1 || true' EXIT
 Q="psql -X -A -t -q -h $D/sock -p $P -U postgres"
-$Q -c "ALTER SYSTEM SET track_functions = 'all'" -c "SELECT pg_reload_conf()" >/dev/null
 $Q -c "CREATE DATABASE queen_bench" >/dev/null
 out=$(mktemp)
 QUEEN_BENCH_LIVE_CONSUMERS=$consumers QUEEN_BENCH_LIVE_SYSTEM=$system ./target/release/queen-bench \
@@ -36,26 +35,24 @@ pids() {
 }
 cons=$(pids "NOT") prod=$(pids "")
 ticks() { local s=0 f; for p in $1; do read -r -a f < /proc/$p/stat; s=$((s + f[13] + f[14])); done; echo $s; }
-acks() { $Q -d queen_bench -c "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE funcname = 'ack'"; }
-c0=$(ticks "$cons") p0=$(ticks "$prod") a0=$(acks) t0=$(date +%s.%N)
+c0=$(ticks "$cons") p0=$(ticks "$prod") t0=$(date +%s.%N)
 sleep 3
-c1=$(ticks "$cons") p1=$(ticks "$prod") a1=$(acks) t1=$(date +%s.%N)
+c1=$(ticks "$cons") p1=$(ticks "$prod") t1=$(date +%s.%N)
 while ! grep -q "flush-bound, round 1" "$out"; do
   kill -0 $bench 2>/dev/null || { cat "$out"; exit 1; }
   sleep 1
 done
-rate=$(grep -m1 "flush-bound, round 1" "$out" | sed -E 's/.*consumed +([0-9]+).*/\1/')
+round1=$(grep -m1 "flush-bound, round 1" "$out")
+rate=$(sed -E 's/.*consumed +([0-9]+).*/\1/' <<< "$round1")
+batches=$(sed -E 's/.*batches +([0-9]+).*/\1/' <<< "$round1")
 hz=$(getconf CLK_TCK)
-python3 - "$system" "$consumers" "$rate" "$t0" "$t1" $((c1 - c0)) $((p1 - p0)) $((a1 - a0)) "$hz" \
+python3 - "$system" "$consumers" "$rate" "$batches" "$t0" "$t1" $((c1 - c0)) $((p1 - p0)) "$hz" \
   "$(echo $cons | wc -w)" "$(echo $prod | wc -w)" <<'PY'
 import sys
-system, n, rate, t0, t1, c, p, a, hz, nc, np_ = sys.argv[1:]
-secs, rate, hz = float(t1) - float(t0), float(rate), float(hz)
-c, p, a = int(c) / hz, int(p) / hz, int(a)
-line = (f"{system}, {n} consumers ({nc} found, {np_} producers): {rate:,.0f} msg/s; consumers "
-        f"{c / secs:.2f} cores, {c / (rate * secs) * 1e6:.0f} us/msg; producers {p / secs:.2f} cores, "
-        f"{p / (rate * secs) * 1e6:.0f} us/msg")
-if a:
-    line += f"; {a / secs:,.0f} acks/s, {rate * secs / a:.1f} msg per ack, {c / a * 1e6:.0f} us per cycle"
-print(line)
+system, n, rate, batches, t0, t1, c, p, hz, nc, np_ = sys.argv[1:]
+secs, rate, batches, hz = float(t1) - float(t0), float(rate), float(batches), float(hz)
+c, p = int(c) / hz, int(p) / hz
+print(f"{system}, {n} consumers ({nc} found, {np_} producers): {rate:,.0f} msg/s in {batches:,.0f} batches/s "
+      f"({rate / batches:.1f} each); consumers {c / secs:.2f} cores, {c / (rate * secs) * 1e6:.0f} us/msg, "
+      f"{c / (batches * secs) * 1e6:.0f} us/batch; producers {p / secs:.2f} cores, {p / (rate * secs) * 1e6:.0f} us/msg")
 PY

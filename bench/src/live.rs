@@ -24,6 +24,8 @@
 //!   QUEEN_BENCH_LIVE_CONSUMERS sets the number of consumers (both systems).
 //!
 //! Measured per round: messages consumed (acked, committed) and pushed per second, the
+//! consumers' batches (a queen pop that returned messages and its acks, or a table
+//! transaction that deleted some) per second, the
 //! backlog (pushed minus consumed) at the end and at its largest, and for each message
 //! pushed within the round the time from its push's commit (when the producer's call
 //! returned) to its ack's commit (when the consumer's call returned); a message still not
@@ -75,6 +77,8 @@ impl System {
 pub struct Outcome {
     pub consumed: u64,
     pub pushed: u64,
+    /// Consumer cycles that took messages (acked or deleted them) within the round.
+    pub batches: u64,
     pub secs: f64,
     /// Backlog when the round ended (over several rounds: the largest of their ends).
     pub backlog_end: u64,
@@ -92,6 +96,9 @@ impl Outcome {
     pub fn pushed_rate(&self) -> f64 {
         self.pushed as f64 / self.secs
     }
+    pub fn batch_rate(&self) -> f64 {
+        self.batches as f64 / self.secs
+    }
 
     pub fn percentile(&self, p: f64) -> f64 {
         let mut v = self.latencies.clone();
@@ -104,6 +111,7 @@ impl Outcome {
     fn add(&mut self, o: Outcome) {
         self.consumed += o.consumed;
         self.pushed += o.pushed;
+        self.batches += o.batches;
         self.secs += o.secs;
         self.backlog_end = self.backlog_end.max(o.backlog_end);
         self.backlog_max = self.backlog_max.max(o.backlog_max);
@@ -160,6 +168,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     let next_id = Arc::new(AtomicU64::new(1));
     let pushed = Arc::new(AtomicU64::new(0));
     let consumed = Arc::new(AtomicU64::new(0));
+    let batches = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let consumers = consumers();
     let ready = Arc::new(Barrier::new(PRODUCERS + consumers + 1));
@@ -220,8 +229,15 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
         }));
     }
     for _ in 0..consumers {
-        let (dsn, acked_at, consumed, stop, ready, clock) =
-            (dsn.to_string(), acked_at.clone(), consumed.clone(), stop.clone(), ready.clone(), clock.clone());
+        let (dsn, acked_at, consumed, batches, stop, ready, clock) = (
+            dsn.to_string(),
+            acked_at.clone(),
+            consumed.clone(),
+            batches.clone(),
+            stop.clone(),
+            ready.clone(),
+            clock.clone(),
+        );
         handles.push(thread::spawn(move || {
             let mut c = connect(&dsn);
             let (pop, ack) = match system {
@@ -272,6 +288,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
                 }
                 if now <= deadline {
                     consumed.fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    batches.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }));
@@ -308,6 +325,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     Outcome {
         consumed: k,
         pushed: p,
+        batches: batches.load(Ordering::Relaxed),
         secs,
         backlog_end: p.saturating_sub(k),
         backlog_max: backlog_max.max(p.saturating_sub(k)),
@@ -345,11 +363,13 @@ pub fn alternate(
             }
             let o = round(c, dsn, system, secs, rate, sync_off);
             println!(
-                "  ({label}, round {}: {:<11} consumed {:>6.0}/s, pushed {:>6.0}/s, backlog end {:>6} max {:>6}, p50 {:.2} ms p99 {:.2} ms)",
+                "  ({label}, round {}: {:<11} consumed {:>6.0}/s, pushed {:>6.0}/s, batches {:>5.0}/s of {:.1}, backlog end {:>6} max {:>6}, p50 {:.2} ms p99 {:.2} ms)",
                 r + 1,
                 system.name(),
                 o.consumed_rate(),
                 o.pushed_rate(),
+                o.batch_rate(),
+                o.consumed as f64 / o.batches.max(1) as f64,
                 o.backlog_end,
                 o.backlog_max,
                 o.percentile(0.5),
