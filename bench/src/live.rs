@@ -23,10 +23,10 @@
 //!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement, and
 //!   QUEEN_BENCH_LIVE_CONSUMERS sets the number of consumers (both systems).
 //!
-//! Measured per round: messages consumed (acked, committed) and pushed per second, the
-//! consumers' batches (a queen pop that returned messages and its acks, or a table
-//! transaction that deleted some) per second, the
-//! backlog (pushed minus consumed) at the end and at its largest, and for each message
+//! Measured per round: messages consumed (acked, committed) and pushed per second; the
+//! consumers' batches per second (a queen pop that returned messages, with its acks; a
+//! table transaction that deleted rows; empty polls are not batches); the backlog (pushed
+//! minus consumed) at the end and at its largest; and for each message
 //! pushed within the round the time from its push's commit (when the producer's call
 //! returned) to its ack's commit (when the consumer's call returned); a message still not
 //! acknowledged when the round ends counts with its age then (a lower bound), so a system
@@ -303,7 +303,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
         let backlog = pushed.load(Ordering::Relaxed).saturating_sub(consumed.load(Ordering::Relaxed));
         backlog_max = backlog_max.max(backlog);
     }
-    let (p, k) = (pushed.load(Ordering::Relaxed), consumed.load(Ordering::Relaxed));
+    let (p, k, b) = (pushed.load(Ordering::Relaxed), consumed.load(Ordering::Relaxed), batches.load(Ordering::Relaxed));
     stop.store(true, Ordering::Relaxed);
     for h in handles {
         h.join().unwrap();
@@ -325,7 +325,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     Outcome {
         consumed: k,
         pushed: p,
-        batches: batches.load(Ordering::Relaxed),
+        batches: b,
         secs,
         backlog_end: p.saturating_sub(k),
         backlog_max: backlog_max.max(p.saturating_sub(k)),

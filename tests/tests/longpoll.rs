@@ -58,8 +58,8 @@ fn assert_woken_at_once(what: &str, mut trial: impl FnMut(Duration) -> Duration)
     assert!(slow <= 1, "{what}: woke {latencies:?} after the wake-ups");
 }
 
-/// Commits `tx` (the wake-up), then waits for `waiter`'s pop, which must return the one
-/// message: how long after the commit returned the pop did.
+/// Commits `tx` (the wake-up) and waits for `waiter`'s pop, which must return the one
+/// message. Returns the time from the commit's return to the pop's.
 fn commit_and_time(tx: postgres::Transaction<'_>, waiter: thread::JoinHandle<(usize, Duration, Instant)>) -> Duration {
     tx.commit().unwrap();
     let committed_at = Instant::now();
