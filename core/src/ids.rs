@@ -125,16 +125,25 @@ pub fn secure_v7(now_ms: u64, random: [u8; 10]) -> [u8; 16] {
 
 /// Formats 16 bytes as a canonical lowercase UUID string.
 pub fn uuid_string(b: &[u8; 16]) -> String {
+    let text = uuid_text(b);
+    // The text is ASCII: hex digits and hyphens.
+    String::from_utf8(text.to_vec()).expect("a UUID's text is ASCII")
+}
+
+/// The canonical lowercase text of 16 bytes as a UUID (`uuid_string`), without allocating.
+pub fn uuid_text(b: &[u8; 16]) -> [u8; 36] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(36);
+    let mut out = [b'-'; 36];
+    let mut at = 0;
     for (i, byte) in b.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
-            s.push('-');
+            at += 1; // the hyphen already there
         }
-        s.push(HEX[(byte >> 4) as usize] as char);
-        s.push(HEX[(byte & 0xf) as usize] as char);
+        out[at] = HEX[(byte >> 4) as usize];
+        out[at + 1] = HEX[(byte & 0xf) as usize];
+        at += 2;
     }
-    s
+    out
 }
 
 #[cfg(test)]

@@ -23,10 +23,13 @@
 //! kind 0's fields, then `flags u8` and, in flag order, `headers_len | headers` (flag 1:
 //! jsonb bytes, or an envelope when the queue is encrypted) and `deliver_at` (flag 2: the
 //! time before which it is not delivered, a zigzag varint of microseconds after
-//! base_time). A flag this code does not know is an error. A segment is written as
-//! version 3 only when one of its messages has headers or a delivery time, so other
-//! segments keep the version 2 bytes, and a reader that knows only versions 1 and 2
-//! refuses a version 3 segment instead of misreading it. Any other kind is an error, so a
+//! base_time), and flag 4: the transaction id is the message id's canonical text
+//! (lowercase, hyphenated), which is not stored (its `txid_len` is 0): a push that is given
+//! no transaction id uses that text, so most messages do not carry 36 more bytes that
+//! compress badly. A flag this code does not know is an error. A segment is written as
+//! version 3 only when one of its messages has headers, a delivery time or such a
+//! transaction id, so other segments keep the version 2 bytes, and a reader that knows
+//! only versions 1 and 2 refuses a version 3 segment instead of misreading it. Any other kind is an error, so a
 //! later kind cannot be misread.
 //! Blocks are compressed one by one so that a pop decodes only the blocks it needs, not
 //! the whole segment. A block is kept raw when zstd would not make it smaller. The CRC32
@@ -50,6 +53,8 @@ const KIND_EXTENDED: u8 = 2;
 /// Flags of an extended message: what follows its payload.
 const HAS_HEADERS: u8 = 1;
 const HAS_DELIVER_AT: u8 = 2;
+/// The transaction id is the message id's text (`ids::uuid_text`), not stored.
+const TX_FROM_ID: u8 = 4;
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
 
@@ -162,6 +167,22 @@ impl Frame<'_> {
     fn flags(&self) -> u8 {
         (if self.headers.is_some() { HAS_HEADERS } else { 0 })
             | (if self.deliver_at.is_some() { HAS_DELIVER_AT } else { 0 })
+            | (if self.tx_from_id() { TX_FROM_ID } else { 0 })
+    }
+
+    /// Whether the transaction id is exactly the message id's canonical text, so that it
+    /// need not be stored (flag `TX_FROM_ID`): a decoder gives back the same string.
+    fn tx_from_id(&self) -> bool {
+        self.transaction_id.as_bytes() == crate::ids::uuid_text(&self.message_id)
+    }
+
+    /// The transaction id as stored: empty when it is derived from the message id.
+    fn stored_tx(&self, flags: u8) -> &[u8] {
+        if flags & TX_FROM_ID != 0 {
+            &[]
+        } else {
+            self.transaction_id.as_bytes()
+        }
     }
 }
 
@@ -190,6 +211,7 @@ pub enum CodecError {
     Checksum,
     UnknownKind(u8),
     UnknownFlags(u8),
+    TxStoredAndDerived,
 }
 
 impl fmt::Display for CodecError {
@@ -210,6 +232,9 @@ impl fmt::Display for CodecError {
             CodecError::Checksum => write!(f, "block checksum mismatch"),
             CodecError::UnknownKind(k) => write!(f, "unknown entry kind {k}"),
             CodecError::UnknownFlags(k) => write!(f, "unknown message flags {k:#04x}"),
+            CodecError::TxStoredAndDerived => {
+                write!(f, "a message's transaction id is both stored and derived from its message id")
+            }
         }
     }
 }
@@ -389,14 +414,13 @@ impl Encoder {
                 }
                 let raw = &mut self.open;
                 // One allocation per frame at most (five varints of up to 10 bytes each).
-                raw.reserve(
-                    18 + 50 + frame.transaction_id.len() + frame.payload.len() + frame.headers.map_or(0, <[u8]>::len),
-                );
+                let tx = frame.stored_tx(flags);
+                raw.reserve(18 + 50 + tx.len() + frame.payload.len() + frame.headers.map_or(0, <[u8]>::len));
                 raw.push(if flags != 0 { KIND_EXTENDED } else { KIND_MESSAGE });
                 raw.extend_from_slice(&frame.message_id);
                 put_varint(raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
-                put_varint(raw, frame.transaction_id.len() as u64);
-                raw.extend_from_slice(frame.transaction_id.as_bytes());
+                put_varint(raw, tx.len() as u64);
+                raw.extend_from_slice(tx);
                 put_varint(raw, frame.payload.len() as u64);
                 raw.extend_from_slice(frame.payload);
                 if flags != 0 {
@@ -776,7 +800,8 @@ impl Directory {
             }
             let frame = self.message_frame(&mut r, kind)?;
             if wanted {
-                f(index, Entry::Message(frame.checked()?));
+                let mut text = [0u8; 36];
+                f(index, Entry::Message(frame.checked(&mut text)?));
             }
         }
         if !r.done() {
@@ -798,8 +823,12 @@ impl Directory {
         let pl_len = r.usize("payload length")?;
         let payload = r.bytes(pl_len, "payload")?;
         let flags = if kind == KIND_EXTENDED { r.u8("flags")? } else { 0 };
-        if flags & !(HAS_HEADERS | HAS_DELIVER_AT) != 0 {
+        if flags & !(HAS_HEADERS | HAS_DELIVER_AT | TX_FROM_ID) != 0 {
             return Err(CodecError::UnknownFlags(flags));
+        }
+        let tx_from_id = flags & TX_FROM_ID != 0;
+        if tx_from_id && !tx.is_empty() {
+            return Err(CodecError::TxStoredAndDerived);
         }
         let headers = if flags & HAS_HEADERS != 0 {
             let len = r.usize("headers length")?;
@@ -812,7 +841,7 @@ impl Directory {
         } else {
             None
         };
-        Ok(StoredFrame { id, created_at, tx, payload, headers, deliver_at })
+        Ok(StoredFrame { id, created_at, tx, tx_from_id, payload, headers, deliver_at })
     }
 }
 
@@ -838,17 +867,29 @@ struct StoredFrame<'r> {
     id: &'r [u8],
     created_at: Option<i64>,
     tx: &'r [u8],
+    /// The transaction id is the message id's text (flag `TX_FROM_ID`; `tx` is empty).
+    tx_from_id: bool,
     payload: &'r [u8],
     headers: Option<&'r [u8]>,
     deliver_at: Option<i64>,
 }
 
 impl<'r> StoredFrame<'r> {
-    /// The frame handed out: its transaction id must be UTF-8.
-    fn checked(self) -> Result<Frame<'r>, CodecError> {
-        let transaction_id = std::str::from_utf8(self.tx).map_err(|_| CodecError::InvalidUtf8)?;
+    /// The frame handed out: its transaction id must be UTF-8. One derived from the
+    /// message id is written into `text`, which the frame borrows.
+    fn checked<'s>(self, text: &'s mut [u8; 36]) -> Result<Frame<'s>, CodecError>
+    where
+        'r: 's,
+    {
         let mut message_id = [0u8; 16];
         message_id.copy_from_slice(self.id);
+        let tx: &'s [u8] = if self.tx_from_id {
+            *text = crate::ids::uuid_text(&message_id);
+            &text[..]
+        } else {
+            self.tx
+        };
+        let transaction_id = std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
         Ok(Frame {
             message_id,
             transaction_id,
@@ -1182,6 +1223,55 @@ mod tests {
     }
 
     #[test]
+    fn a_transaction_id_that_is_the_message_id_is_not_stored() {
+        let mut data = owned(10, 20);
+        for d in data.iter_mut().flatten() {
+            (d.4, d.5) = (None, None);
+        }
+        let plain = encode_uncompressed(entries(&data));
+        assert_eq!(plain[2], VERSION);
+        // Every message's transaction id becomes its message id's text: 36 bytes each
+        // left out, one flags byte each added, and version 3.
+        let stored: usize = data.iter().flatten().map(|d| d.1.len()).sum();
+        for d in data.iter_mut().flatten() {
+            d.1 = crate::ids::uuid_string(&d.0);
+        }
+        let derived = encode_uncompressed(entries(&data));
+        assert_eq!(derived[2], VERSION_3);
+        assert_eq!(derived.len(), plain.len() - stored + data.len(), "no transaction id bytes, a flags byte each");
+        assert_eq!(decode_all(&derived).unwrap(), data);
+        // Upper case is another string: stored as it is, and given back as it is.
+        let d3 = data[3].as_mut().unwrap();
+        d3.0 = [0xab; 16];
+        d3.1 = crate::ids::uuid_string(&d3.0).to_uppercase();
+        let mixed = encode_uncompressed(entries(&data));
+        assert_eq!(mixed.len(), derived.len() + 36 - 1, "36 bytes stored, no flags byte");
+        assert_eq!(decode_all(&mixed).unwrap(), data);
+        // A frame that has the flag and stores a transaction id too is refused.
+        let frame = |flags: u8, tx: &[u8]| {
+            let mut raw = vec![KIND_EXTENDED];
+            raw.extend_from_slice(&[7; 16]);
+            put_varint(&mut raw, 0);
+            put_varint(&mut raw, tx.len() as u64);
+            raw.extend_from_slice(tx);
+            put_varint(&mut raw, 2);
+            raw.extend_from_slice(b"{}");
+            raw.push(flags);
+            let mut seg = b"QS\x03\x00\x01\x01\x01".to_vec();
+            put_varint(&mut seg, raw.len() as u64);
+            put_varint(&mut seg, raw.len() as u64);
+            seg.push(CODEC_RAW);
+            seg.extend_from_slice(&block_crc(3, 0, &raw).to_le_bytes());
+            seg.extend_from_slice(&raw);
+            seg
+        };
+        assert_eq!(decode_all(&frame(TX_FROM_ID, b"x")).unwrap_err(), CodecError::TxStoredAndDerived);
+        let ok = decode_all(&frame(TX_FROM_ID, b"")).unwrap();
+        assert_eq!(ok[0].as_ref().unwrap().1, crate::ids::uuid_string(&[7; 16]));
+        assert_eq!(decode_all(&frame(8, b"")).unwrap_err(), CodecError::UnknownFlags(8));
+    }
+
+    #[test]
     fn extensions_make_a_version_3_segment_and_only_then() {
         let mut data = owned(10, 20);
         for d in data.iter_mut().flatten() {
@@ -1256,17 +1346,15 @@ mod tests {
                         version = VERSION_3;
                     }
                     // One allocation per frame at most (five varints of up to 10 bytes each).
-                    current.raw.reserve(
-                        18 + 50
-                            + frame.transaction_id.len()
-                            + frame.payload.len()
-                            + frame.headers.map_or(0, <[u8]>::len),
-                    );
+                    let tx = frame.stored_tx(flags);
+                    current
+                        .raw
+                        .reserve(18 + 50 + tx.len() + frame.payload.len() + frame.headers.map_or(0, <[u8]>::len));
                     current.raw.push(if flags != 0 { KIND_EXTENDED } else { KIND_MESSAGE });
                     current.raw.extend_from_slice(&frame.message_id);
                     put_varint(&mut current.raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
-                    put_varint(&mut current.raw, frame.transaction_id.len() as u64);
-                    current.raw.extend_from_slice(frame.transaction_id.as_bytes());
+                    put_varint(&mut current.raw, tx.len() as u64);
+                    current.raw.extend_from_slice(tx);
                     put_varint(&mut current.raw, frame.payload.len() as u64);
                     current.raw.extend_from_slice(frame.payload);
                     if flags != 0 {
@@ -1340,13 +1428,13 @@ mod tests {
             1 => (any::<u8>(), 30_000usize..70_000).prop_map(|(b, n)| vec![b; n]),
         ];
         let message = (
-            any::<[u8; 16]>(),
-            "[a-z0-9-]{0,40}",
+            id_and_tx(),
             payload,
             -1_000_000i64..1_000_000,
             proptest::option::weighted(0.01, proptest::collection::vec(any::<u8>(), 0..100)),
             proptest::option::weighted(0.01, any::<i64>()),
-        );
+        )
+            .prop_map(|((id, tx), p, t, h, d)| (id, tx, p, t, h, d));
         (0usize..200, proptest::collection::vec(proptest::option::weighted(0.8, message), 0..250)).prop_map(
             |(gaps, rest)| {
                 let mut v: Vec<Option<Owned>> = vec![None; gaps];
@@ -1356,18 +1444,39 @@ mod tests {
         )
     }
 
+    /// A message id and a transaction id: any text, the message id's own text (derived,
+    /// not stored: `TX_FROM_ID`), or texts that are close to it but not it (upper case, one
+    /// character changed, cut short), which must be stored as they are.
+    fn id_and_tx() -> impl Strategy<Value = ([u8; 16], String)> {
+        (any::<[u8; 16]>(), 0u8..6, "[a-z0-9-]{0,40}", 0usize..36).prop_map(|(id, k, any, at)| {
+            let own = crate::ids::uuid_string(&id);
+            let tx = match k {
+                0 | 1 => own,
+                2 => own.to_uppercase(),
+                3 => {
+                    let mut b = own.into_bytes();
+                    b[at] = if b[at] == b'0' { b'1' } else { b'0' };
+                    String::from_utf8(b).unwrap()
+                }
+                4 => own[..at].to_string(),
+                _ => any,
+            };
+            (id, tx)
+        })
+    }
+
     fn any_entries() -> impl Strategy<Value = Vec<Option<Owned>>> {
         proptest::collection::vec(
             proptest::option::weighted(
                 0.85,
                 (
-                    any::<[u8; 16]>(),
-                    "[a-z0-9-]{0,40}",
+                    id_and_tx(),
                     proptest::collection::vec(any::<u8>(), 0..600),
                     any::<i64>(),
                     proptest::option::of(proptest::collection::vec(any::<u8>(), 0..100)),
                     proptest::option::of(any::<i64>()),
-                ),
+                )
+                    .prop_map(|((id, tx), p, t, h, d)| (id, tx, p, t, h, d)),
             ),
             1..300,
         )

@@ -701,7 +701,7 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
 struct Call<'a> {
     items: &'a [PushItem],
     message_ids: Vec<uuid::Uuid>,
-    /// Each item's producer transaction id, or one minted for it.
+    /// Each item's producer transaction id, or its message id's text (`Call::new`).
     transaction_ids: Vec<String>,
     /// The segment rows' time and every frame's: the transaction's start, as now().
     now: i64,
@@ -716,14 +716,12 @@ struct Call<'a> {
 impl<'a> Call<'a> {
     fn new(items: &'a [PushItem]) -> Self {
         let message_ids: Vec<uuid::Uuid> = new_ids(items.len());
-        let minted = new_ids(items.iter().filter(|it| it.transaction_id.is_none()).count());
-        let mut minted = minted.iter();
+        // A message given no transaction id gets its message id's text: unique as the
+        // message id is, and not stored (the segment codec derives it, `TX_FROM_ID`).
         let transaction_ids: Vec<String> = items
             .iter()
-            .map(|it| match &it.transaction_id {
-                Some(t) => t.clone(),
-                None => queen_core::ids::uuid_string(minted.next().unwrap().as_bytes()),
-            })
+            .zip(&message_ids)
+            .map(|(it, id)| it.transaction_id.clone().unwrap_or_else(|| queen_core::ids::uuid_string(id.as_bytes())))
             .collect();
         // SAFETY: a plain read of the current transaction's start time.
         let now = unsafe { pgrx::pg_sys::GetCurrentTransactionStartTimestamp() };
