@@ -125,9 +125,7 @@ pub fn secure_v7(now_ms: u64, random: [u8; 10]) -> [u8; 16] {
 
 /// Formats 16 bytes as a canonical lowercase UUID string.
 pub fn uuid_string(b: &[u8; 16]) -> String {
-    let text = uuid_text(b);
-    // The text is ASCII: hex digits and hyphens.
-    String::from_utf8(text.to_vec()).expect("a UUID's text is ASCII")
+    String::from_utf8(uuid_text(b).to_vec()).expect("a UUID's text is ASCII")
 }
 
 /// The canonical lowercase text of 16 bytes as a UUID (`uuid_string`), without allocating.
@@ -187,7 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn formats_like_the_uuid_crate() {
+    fn formats_as_canonical_uuid_text() {
         let mut g = Uuid7Gen::from_entropy();
         for _ in 0..100 {
             let b = g.next_now();
@@ -196,5 +194,8 @@ mod tests {
             assert_eq!(&u[14..15], "7");
         }
         assert_eq!(uuid_string(&[0xab; 16]), "abababab-abab-abab-abab-abababababab");
+        let counting: [u8; 16] = std::array::from_fn(|i| (i as u8) * 0x11);
+        assert_eq!(uuid_string(&counting), "00112233-4455-6677-8899-aabbccddeeff");
+        assert_eq!(&uuid_text(&counting), b"00112233-4455-6677-8899-aabbccddeeff");
     }
 }

@@ -23,14 +23,13 @@
 //! kind 0's fields, then `flags u8` and, in flag order, `headers_len | headers` (flag 1:
 //! jsonb bytes, or an envelope when the queue is encrypted) and `deliver_at` (flag 2: the
 //! time before which it is not delivered, a zigzag varint of microseconds after
-//! base_time), and flag 4: the transaction id is the message id's canonical text
-//! (lowercase, hyphenated), which is not stored (its `txid_len` is 0): a push that is given
-//! no transaction id uses that text, so most messages do not carry 36 more bytes that
-//! compress badly. A flag this code does not know is an error. A segment is written as
-//! version 3 only when one of its messages has headers, a delivery time or such a
-//! transaction id, so other segments keep the version 2 bytes, and a reader that knows
-//! only versions 1 and 2 refuses a version 3 segment instead of misreading it. Any other kind is an error, so a
-//! later kind cannot be misread.
+//! base_time). Flag 4 adds no field: the transaction id is the message id's canonical
+//! text, and `txid_len` must be 0 (else `TxStoredAndDerived`). A flag this code does not
+//! know is an error. A segment is written as version 3 only when one of its messages has
+//! headers, a delivery time or a transaction id that is its message id's text (what a push
+//! given none gets), so other segments keep the version 2 bytes, and a reader that knows
+//! only versions 1 and 2 refuses a version 3 segment instead of misreading it. Any other
+//! kind is an error, so a later kind cannot be misread.
 //! Blocks are compressed one by one so that a pop decodes only the blocks it needs, not
 //! the whole segment. A block is kept raw when zstd would not make it smaller. The CRC32
 //! of each block's raw bytes (and, from version 2, of the base time) turns corruption into
@@ -53,7 +52,9 @@ const KIND_EXTENDED: u8 = 2;
 /// Flags of an extended message: what follows its payload.
 const HAS_HEADERS: u8 = 1;
 const HAS_DELIVER_AT: u8 = 2;
-/// The transaction id is the message id's text (`ids::uuid_text`), not stored.
+/// The transaction id is the message id's text (`ids::uuid_text`), not stored. A push
+/// given no transaction id uses that text, so most messages would otherwise carry 36
+/// bytes that compress badly (hex digits of random bits).
 const TX_FROM_ID: u8 = 4;
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
@@ -175,14 +176,30 @@ impl Frame<'_> {
     fn tx_from_id(&self) -> bool {
         self.transaction_id.as_bytes() == crate::ids::uuid_text(&self.message_id)
     }
+}
 
-    /// The transaction id as stored: empty when it is derived from the message id.
-    fn stored_tx(&self, flags: u8) -> &[u8] {
-        if flags & TX_FROM_ID != 0 {
-            &[]
-        } else {
-            self.transaction_id.as_bytes()
-        }
+/// Appends one message frame (version 2 or 3, as the layout above) with its `flags`
+/// (`Frame::flags`) to a block's raw bytes; its time is stored relative to `base`.
+fn put_frame(raw: &mut Vec<u8>, frame: &Frame<'_>, flags: u8, base: i64) {
+    let tx = if flags & TX_FROM_ID != 0 { &[][..] } else { frame.transaction_id.as_bytes() };
+    // One allocation per frame at most (five varints of up to 10 bytes each).
+    raw.reserve(18 + 50 + tx.len() + frame.payload.len() + frame.headers.map_or(0, <[u8]>::len));
+    raw.push(if flags != 0 { KIND_EXTENDED } else { KIND_MESSAGE });
+    raw.extend_from_slice(&frame.message_id);
+    put_varint(raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
+    put_varint(raw, tx.len() as u64);
+    raw.extend_from_slice(tx);
+    put_varint(raw, frame.payload.len() as u64);
+    raw.extend_from_slice(frame.payload);
+    if flags != 0 {
+        raw.push(flags);
+    }
+    if let Some(headers) = frame.headers {
+        put_varint(raw, headers.len() as u64);
+        raw.extend_from_slice(headers);
+    }
+    if let Some(at) = frame.deliver_at {
+        put_varint(raw, zigzag(at.wrapping_sub(base)));
     }
 }
 
@@ -412,27 +429,7 @@ impl Encoder {
                 if crc_salt(self.version, base) != salt {
                     self.recompute_crcs();
                 }
-                let raw = &mut self.open;
-                // One allocation per frame at most (five varints of up to 10 bytes each).
-                let tx = frame.stored_tx(flags);
-                raw.reserve(18 + 50 + tx.len() + frame.payload.len() + frame.headers.map_or(0, <[u8]>::len));
-                raw.push(if flags != 0 { KIND_EXTENDED } else { KIND_MESSAGE });
-                raw.extend_from_slice(&frame.message_id);
-                put_varint(raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
-                put_varint(raw, tx.len() as u64);
-                raw.extend_from_slice(tx);
-                put_varint(raw, frame.payload.len() as u64);
-                raw.extend_from_slice(frame.payload);
-                if flags != 0 {
-                    raw.push(flags);
-                }
-                if let Some(headers) = frame.headers {
-                    put_varint(raw, headers.len() as u64);
-                    raw.extend_from_slice(headers);
-                }
-                if let Some(at) = frame.deliver_at {
-                    put_varint(raw, zigzag(at.wrapping_sub(base)));
-                }
+                put_frame(&mut self.open, &frame, flags, base);
             }
         }
         self.open_entries += 1;
@@ -875,21 +872,21 @@ struct StoredFrame<'r> {
 }
 
 impl<'r> StoredFrame<'r> {
-    /// The frame handed out: its transaction id must be UTF-8. One derived from the
-    /// message id is written into `text`, which the frame borrows.
+    /// The frame handed out: a stored transaction id must be UTF-8. One derived from the
+    /// message id (`TX_FROM_ID`) is written into `text`, a buffer the caller keeps for as
+    /// long as it uses the frame, since a frame's transaction id is a borrowed `&str`.
     fn checked<'s>(self, text: &'s mut [u8; 36]) -> Result<Frame<'s>, CodecError>
     where
         'r: 's,
     {
         let mut message_id = [0u8; 16];
         message_id.copy_from_slice(self.id);
-        let tx: &'s [u8] = if self.tx_from_id {
+        let transaction_id: &'s str = if self.tx_from_id {
             *text = crate::ids::uuid_text(&message_id);
-            &text[..]
+            std::str::from_utf8(&text[..]).expect("a UUID's text is ASCII")
         } else {
-            self.tx
+            std::str::from_utf8(self.tx).map_err(|_| CodecError::InvalidUtf8)?
         };
-        let transaction_id = std::str::from_utf8(tx).map_err(|_| CodecError::InvalidUtf8)?;
         Ok(Frame {
             message_id,
             transaction_id,
@@ -1213,13 +1210,20 @@ mod tests {
         // An entry kind this version does not know is an error, never a misread.
         let mut raw = vec![9u8];
         raw.extend_from_slice(&[0; 20]);
-        let mut odd = b"QS\x02\x00\x01\x01\x01".to_vec();
-        put_varint(&mut odd, raw.len() as u64);
-        put_varint(&mut odd, raw.len() as u64);
-        odd.push(CODEC_RAW);
-        odd.extend_from_slice(&block_crc(2, 0, &raw).to_le_bytes());
-        odd.extend_from_slice(&raw);
-        assert_eq!(decode_all(&odd).unwrap_err(), CodecError::UnknownKind(9));
+        assert_eq!(decode_all(&raw_segment(VERSION, &raw)).unwrap_err(), CodecError::UnknownKind(9));
+    }
+
+    /// A segment of version `version` (2 or 3, base time 0) holding one raw block of one
+    /// entry, `raw`, built by hand.
+    fn raw_segment(version: u8, raw: &[u8]) -> Vec<u8> {
+        let mut seg = MAGIC.to_vec();
+        seg.extend_from_slice(&[version, 0x00, 0x01, 0x01, 0x01]);
+        put_varint(&mut seg, raw.len() as u64);
+        put_varint(&mut seg, raw.len() as u64);
+        seg.push(CODEC_RAW);
+        seg.extend_from_slice(&block_crc(version, 0, raw).to_le_bytes());
+        seg.extend_from_slice(raw);
+        seg
     }
 
     #[test]
@@ -1240,7 +1244,8 @@ mod tests {
         assert_eq!(derived[2], VERSION_3);
         assert_eq!(derived.len(), plain.len() - stored + data.len(), "no transaction id bytes, a flags byte each");
         assert_eq!(decode_all(&derived).unwrap(), data);
-        // Upper case is another string: stored as it is, and given back as it is.
+        // Upper case is another string: stored as it is, and given back as it is. (This
+        // message's id has letters in its text; the first ids of `owned` are all digits.)
         let d3 = data[3].as_mut().unwrap();
         d3.0 = [0xab; 16];
         d3.1 = crate::ids::uuid_string(&d3.0).to_uppercase();
@@ -1257,13 +1262,7 @@ mod tests {
             put_varint(&mut raw, 2);
             raw.extend_from_slice(b"{}");
             raw.push(flags);
-            let mut seg = b"QS\x03\x00\x01\x01\x01".to_vec();
-            put_varint(&mut seg, raw.len() as u64);
-            put_varint(&mut seg, raw.len() as u64);
-            seg.push(CODEC_RAW);
-            seg.extend_from_slice(&block_crc(3, 0, &raw).to_le_bytes());
-            seg.extend_from_slice(&raw);
-            seg
+            raw_segment(VERSION_3, &raw)
         };
         assert_eq!(decode_all(&frame(TX_FROM_ID, b"x")).unwrap_err(), CodecError::TxStoredAndDerived);
         let ok = decode_all(&frame(TX_FROM_ID, b"")).unwrap();
@@ -1322,7 +1321,9 @@ mod tests {
     }
 
     /// The encoder as it was before `Encoder` (every block built, then compressed): the
-    /// streaming encoder must write exactly its bytes.
+    /// streaming encoder must write exactly its bytes. It writes each frame with
+    /// `put_frame`, as `Encoder` does, so it checks the blocks, the version and the
+    /// checksums, not the frame layout (the hand-built segments of the tests above do).
     fn reference_encode<'a, I>(entries: I, compress: bool) -> Vec<u8>
     where
         I: IntoIterator<Item = Entry<'a>>,
@@ -1345,28 +1346,7 @@ mod tests {
                     if flags != 0 {
                         version = VERSION_3;
                     }
-                    // One allocation per frame at most (five varints of up to 10 bytes each).
-                    let tx = frame.stored_tx(flags);
-                    current
-                        .raw
-                        .reserve(18 + 50 + tx.len() + frame.payload.len() + frame.headers.map_or(0, <[u8]>::len));
-                    current.raw.push(if flags != 0 { KIND_EXTENDED } else { KIND_MESSAGE });
-                    current.raw.extend_from_slice(&frame.message_id);
-                    put_varint(&mut current.raw, zigzag(frame.created_at.unwrap_or(base).wrapping_sub(base)));
-                    put_varint(&mut current.raw, tx.len() as u64);
-                    current.raw.extend_from_slice(tx);
-                    put_varint(&mut current.raw, frame.payload.len() as u64);
-                    current.raw.extend_from_slice(frame.payload);
-                    if flags != 0 {
-                        current.raw.push(flags);
-                    }
-                    if let Some(headers) = frame.headers {
-                        put_varint(&mut current.raw, headers.len() as u64);
-                        current.raw.extend_from_slice(headers);
-                    }
-                    if let Some(at) = frame.deliver_at {
-                        put_varint(&mut current.raw, zigzag(at.wrapping_sub(base)));
-                    }
+                    put_frame(&mut current.raw, &frame, flags, base);
                 }
             }
             current.entries += 1;

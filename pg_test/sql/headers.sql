@@ -34,8 +34,8 @@ SELECT get_byte(data, 2) AS version, count(*)
  GROUP BY 1 ORDER BY 1;
 
 -- A message pushed without a transaction id gets its message id's text as one. Its segment
--- does not store that text (version 3, whose flags byte says to derive it): 36 bytes fewer
--- than the same push with a transaction id of that length. Pop gives it back, before and
+-- does not store that text (version 3, whose flags byte says to derive it): 35 bytes fewer
+-- than the same push with a transaction id of that length (36 not stored, a flags byte). Pop gives it back, before and
 -- after compaction, and a given transaction id stays as given.
 SELECT message_id::text = transaction_id AS derived FROM queen.push('minted', '{"n": 0}');
 SELECT message_id::text = transaction_id AS derived

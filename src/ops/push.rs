@@ -838,7 +838,11 @@ impl<'a> Call<'a> {
     ) -> Vec<bool> {
         let mut stored = Vec::with_capacity(fresh.len());
         for (k, &i) in fresh.iter().enumerate() {
-            let row = match lost.get(&self.transaction_ids[i]) {
+            // Only a given id can have been recorded first by another push: the text of a
+            // message id this push gave is never looked up, even if some producer gave the
+            // same text as its own id.
+            let given = self.items[i].transaction_id.is_some();
+            let row = match lost.get(&self.transaction_ids[i]).filter(|_| given) {
                 Some(&original) => self.duplicate(i, t.partition_id, original),
                 None => PushRow {
                     idx: i as i32,
