@@ -155,6 +155,20 @@ pub fn run(dsn: &str, live: i64) -> Figures {
     if tries != 1 {
         println!("rotation: the first rotation came after {tries} calls of retain (0: the worker's)");
     }
+    // What the scenario measures needs every row pushed above in the oldest generation: a
+    // rotation by the worker during the pushes (or two of them) would leave some in the
+    // current one, and the rotation measured below would move less than `live`.
+    let misplaced: i64 = c
+        .query_one(
+            "SELECT count(*) FROM queen.segments s JOIN queen.partitions p USING (partition_id)
+               JOIN queen.queues q USING (queue_id)
+              WHERE q.name IN ('rot-live', 'rot-dead')
+                AND s.generation = (SELECT current_generation FROM queen.generations)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(misplaced, 0, "segments of the scenario in the current generation: a rotation during the pushes");
     // rot-dead consumed and deleted: three quarters of the oldest generation are dead.
     c.batch_execute(
         "SELECT queen.seek('rot-dead', 'g', to_offset => 9223372036854775807);
