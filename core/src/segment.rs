@@ -950,6 +950,15 @@ mod tests {
             .collect()
     }
 
+    /// `owned` without headers or delivery times: messages a version 2 segment can hold.
+    fn plain_owned(n: usize, payload_len: usize) -> Vec<Option<Owned>> {
+        let mut data = owned(n, payload_len);
+        for d in data.iter_mut().flatten() {
+            (d.4, d.5) = (None, None);
+        }
+        data
+    }
+
     fn entries(v: &[Option<Owned>]) -> Vec<Entry<'_>> {
         v.iter()
             .map(|e| match e {
@@ -1228,10 +1237,7 @@ mod tests {
 
     #[test]
     fn a_transaction_id_that_is_the_message_id_is_not_stored() {
-        let mut data = owned(10, 20);
-        for d in data.iter_mut().flatten() {
-            (d.4, d.5) = (None, None);
-        }
+        let mut data = plain_owned(10, 20);
         let plain = encode_uncompressed(entries(&data));
         assert_eq!(plain[2], VERSION);
         // Every message's transaction id becomes its message id's text: 36 bytes each
@@ -1272,10 +1278,7 @@ mod tests {
 
     #[test]
     fn extensions_make_a_version_3_segment_and_only_then() {
-        let mut data = owned(10, 20);
-        for d in data.iter_mut().flatten() {
-            (d.4, d.5) = (None, None);
-        }
+        let mut data = plain_owned(10, 20);
         let plain = encode(entries(&data));
         assert_eq!(plain[2], VERSION, "no headers or delivery time: the version 2 bytes, as before");
         data[4].as_mut().unwrap().4 = Some(b"{\"traceparent\": \"00-ab-cd-01\"}".to_vec());
