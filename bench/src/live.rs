@@ -20,8 +20,10 @@
 //! - Every statement is prepared once per connection, and both push the same payload.
 //! - For experiments, not for the published figures: QUEEN_BENCH_LIVE_SYSTEM=queen (or
 //!   table) runs that system's rounds only (the half-rate rounds then take half of its
-//!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement, and
-//!   QUEEN_BENCH_LIVE_CONSUMERS sets the number of consumers (both systems).
+//!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement,
+//!   QUEEN_BENCH_LIVE_CONSUMERS sets the number of consumers (both systems), and
+//!   QUEEN_BENCH_LIVE_SHAPES picks the shapes to run (`flush`, `half`, `cpu`, comma
+//!   separated; `half` takes its rate from `flush`).
 //!
 //! Measured per round: messages consumed (acked, committed) and pushed per second; the
 //! consumers' batches per second (a queen pop that returned messages, with its acks; a
@@ -333,6 +335,26 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     }
 }
 
+/// Whether QUEEN_BENCH_LIVE_SHAPES (experiments; all shapes without it) names the shape
+/// of the rounds labelled `label`: `flush`, `half` or `cpu`.
+fn shape_wanted(label: &str) -> bool {
+    let Ok(shapes) = std::env::var("QUEEN_BENCH_LIVE_SHAPES") else { return true };
+    let shape = if label.contains("half") {
+        "half"
+    } else if label.contains("CPU-bound") {
+        "cpu"
+    } else {
+        "flush"
+    };
+    let wanted: Vec<&str> = shapes.split(',').map(str::trim).collect();
+    assert!(
+        wanted.iter().all(|w| ["flush", "half", "cpu"].contains(w)),
+        "QUEEN_BENCH_LIVE_SHAPES names shapes among flush, half and cpu"
+    );
+    assert!(!wanted.contains(&"half") || wanted.contains(&"flush"), "the half shape takes its rate from flush");
+    wanted.contains(&shape)
+}
+
 /// `rounds` rounds of each system, alternating (queen first in odd rounds); prints every
 /// round under `label`; returns queen's and the table's totals.
 pub fn alternate(
@@ -345,6 +367,9 @@ pub fn alternate(
     sync_off: bool,
 ) -> [Outcome; 2] {
     let mut out = [Outcome::default(), Outcome::default()];
+    if !shape_wanted(label) {
+        return out; // (its figures are NaN: not run)
+    }
     // QUEEN_BENCH_LIVE_SYSTEM=queen (or table): that system's rounds only, for a profile.
     let only = std::env::var("QUEEN_BENCH_LIVE_SYSTEM").ok();
     assert!(
