@@ -22,8 +22,7 @@
 //!   table) runs that system's rounds only (the half-rate rounds then take half of its
 //!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement,
 //!   QUEEN_BENCH_LIVE_CONSUMERS sets the number of consumers (both systems), and
-//!   QUEEN_BENCH_LIVE_SHAPES picks the shapes to run (`flush`, `half`, `cpu`, comma
-//!   separated; `half` takes its rate from `flush`).
+//!   QUEEN_BENCH_LIVE_SHAPES picks the shapes to run (`wanted`; all three without it).
 //!
 //! Measured per round: messages consumed (acked, committed) and pushed per second; the
 //! consumers' batches per second (a queen pop that returned messages, with its acks; a
@@ -335,24 +334,43 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
     }
 }
 
-/// Whether QUEEN_BENCH_LIVE_SHAPES (experiments; all shapes without it) names the shape
-/// of the rounds labelled `label`: `flush`, `half` or `cpu`.
-fn shape_wanted(label: &str) -> bool {
-    let Ok(shapes) = std::env::var("QUEEN_BENCH_LIVE_SHAPES") else { return true };
-    let shape = if label.contains("half") {
-        "half"
-    } else if label.contains("CPU-bound") {
-        "cpu"
-    } else {
-        "flush"
-    };
-    let wanted: Vec<&str> = shapes.split(',').map(str::trim).collect();
-    assert!(
-        wanted.iter().all(|w| ["flush", "half", "cpu"].contains(w)),
-        "QUEEN_BENCH_LIVE_SHAPES names shapes among flush, half and cpu"
-    );
-    assert!(!wanted.contains(&"half") || wanted.contains(&"flush"), "the half shape takes its rate from flush");
-    wanted.contains(&shape)
+/// A shape of the live rounds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Shape {
+    /// Producers at full speed, every commit waiting for its WAL flush.
+    Flush,
+    /// Producers paced to half the table's flush-bound rate.
+    Half,
+    /// Producers at full speed, `synchronous_commit = off`.
+    Cpu,
+}
+
+/// Whether the run includes `shape`: every shape, unless QUEEN_BENCH_LIVE_SHAPES
+/// (experiments) names some of `flush`, `half` and `cpu`, comma separated. A shape not
+/// run prints no rows and its targets read "not run".
+pub fn wanted(shape: Shape) -> bool {
+    static SHAPES: std::sync::OnceLock<Vec<Shape>> = std::sync::OnceLock::new();
+    SHAPES
+        .get_or_init(|| {
+            let Ok(list) = std::env::var("QUEEN_BENCH_LIVE_SHAPES") else {
+                return vec![Shape::Flush, Shape::Half, Shape::Cpu];
+            };
+            let shapes: Vec<Shape> = list
+                .split(',')
+                .map(|name| match name.trim() {
+                    "flush" => Shape::Flush,
+                    "half" => Shape::Half,
+                    "cpu" => Shape::Cpu,
+                    other => panic!("QUEEN_BENCH_LIVE_SHAPES: {other:?} is not one of flush, half and cpu"),
+                })
+                .collect();
+            assert!(
+                !shapes.contains(&Shape::Half) || shapes.contains(&Shape::Flush),
+                "QUEEN_BENCH_LIVE_SHAPES: half takes its rate from flush, which must run too"
+            );
+            shapes
+        })
+        .contains(&shape)
 }
 
 /// `rounds` rounds of each system, alternating (queen first in odd rounds); prints every
@@ -367,9 +385,6 @@ pub fn alternate(
     sync_off: bool,
 ) -> [Outcome; 2] {
     let mut out = [Outcome::default(), Outcome::default()];
-    if !shape_wanted(label) {
-        return out; // (its figures are NaN: not run)
-    }
     // QUEEN_BENCH_LIVE_SYSTEM=queen (or table): that system's rounds only, for a profile.
     let only = std::env::var("QUEEN_BENCH_LIVE_SYSTEM").ok();
     assert!(

@@ -1180,46 +1180,54 @@ fn main() {
                 say(rows, names[3], system[1], o.percentile(0.99), "ms");
             }
         };
-        let full = live::alternate(&mut c, &dsn, "live, flush-bound", rounds, secs, None, false);
-        report(
-            &mut rows,
-            [
-                "live queue, flush-bound: consumed",
-                "live queue, flush-bound: pushed",
-                "live queue, flush-bound: backlog at a round's end (largest)",
-                "live queue, flush-bound: push commit -> ack commit",
-            ],
-            &full,
-        );
-        live_flush = full[0].consumed_rate() / full[1].consumed_rate();
-        live_flush_backlog = lag_secs(&full[0]);
-        // (Without the table's rounds, QUEEN_BENCH_LIVE_SYSTEM=queen: half of queen's.)
-        let half_rate = if full[1].secs > 0.0 { full[1].consumed_rate() } else { full[0].consumed_rate() } / 2.0;
-        let half = live::alternate(&mut c, &dsn, "live, half the table's rate", rounds, secs, Some(half_rate), false);
-        report(
-            &mut rows,
-            [
-                "live queue, half the table's rate: consumed",
-                "live queue, half the table's rate: pushed",
-                "live queue, half the table's rate: backlog at a round's end (largest)",
-                "live queue, half the table's rate: push commit -> ack commit",
-            ],
-            &half,
-        );
-        live_half_p99 = half[0].percentile(0.99);
-        let cpu = live::alternate(&mut c, &dsn, "live, CPU-bound", rounds, secs, None, true);
-        report(
-            &mut rows,
-            [
-                "live queue, CPU-bound (synchronous_commit off): consumed",
-                "live queue, CPU-bound (synchronous_commit off): pushed",
-                "live queue, CPU-bound (synchronous_commit off): backlog at a round's end (largest)",
-                "live queue, CPU-bound (synchronous_commit off): push commit -> ack commit",
-            ],
-            &cpu,
-        );
-        live_cpu = cpu[0].consumed_rate() / cpu[1].consumed_rate();
-        live_cpu_backlog = lag_secs(&cpu[0]);
+        if live::wanted(live::Shape::Flush) {
+            let full = live::alternate(&mut c, &dsn, "live, flush-bound", rounds, secs, None, false);
+            report(
+                &mut rows,
+                [
+                    "live queue, flush-bound: consumed",
+                    "live queue, flush-bound: pushed",
+                    "live queue, flush-bound: backlog at a round's end (largest)",
+                    "live queue, flush-bound: push commit -> ack commit",
+                ],
+                &full,
+            );
+            live_flush = full[0].consumed_rate() / full[1].consumed_rate();
+            live_flush_backlog = lag_secs(&full[0]);
+            if live::wanted(live::Shape::Half) {
+                // (Without the table's rounds, QUEEN_BENCH_LIVE_SYSTEM=queen: half of queen's.)
+                let half_rate =
+                    if full[1].secs > 0.0 { full[1].consumed_rate() } else { full[0].consumed_rate() } / 2.0;
+                let half =
+                    live::alternate(&mut c, &dsn, "live, half the table's rate", rounds, secs, Some(half_rate), false);
+                report(
+                    &mut rows,
+                    [
+                        "live queue, half the table's rate: consumed",
+                        "live queue, half the table's rate: pushed",
+                        "live queue, half the table's rate: backlog at a round's end (largest)",
+                        "live queue, half the table's rate: push commit -> ack commit",
+                    ],
+                    &half,
+                );
+                live_half_p99 = half[0].percentile(0.99);
+            }
+        }
+        if live::wanted(live::Shape::Cpu) {
+            let cpu = live::alternate(&mut c, &dsn, "live, CPU-bound", rounds, secs, None, true);
+            report(
+                &mut rows,
+                [
+                    "live queue, CPU-bound (synchronous_commit off): consumed",
+                    "live queue, CPU-bound (synchronous_commit off): pushed",
+                    "live queue, CPU-bound (synchronous_commit off): backlog at a round's end (largest)",
+                    "live queue, CPU-bound (synchronous_commit off): push commit -> ack commit",
+                ],
+                &cpu,
+            );
+            live_cpu = cpu[0].consumed_rate() / cpu[1].consumed_rate();
+            live_cpu_backlog = lag_secs(&cpu[0]);
+        }
     }
     // ---- ratios against the targets ----
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
