@@ -7,6 +7,11 @@
 //! And a pop under REPEATABLE READ whose snapshot predates a compaction: it must still read
 //! the fresh segments its snapshot sees, even when the offsets registry, reloaded since,
 //! says the fresh tier holds nothing of the partition.
+//!
+//! And a dead-lettering ack under REPEATABLE READ whose snapshot predates the message: it
+//! cannot read the message it is to file, so it fails with `40001` rather than take the
+//! offset for a gap and move the cursor past a message it never filed. (Found by a
+//! review; reproduced on the code before the fix.)
 
 use postgres::{Client, NoTls};
 use queen_it::{connect, unique, OwnCluster};
@@ -134,4 +139,37 @@ fn a_pop_under_an_old_snapshot_reads_the_fresh_tier_after_a_compaction_and_a_reg
     let rest =
         offsets(c.query("SELECT msg_offset FROM queen.pop('rrq', 'g', batch => 1000, auto_ack => true)", &[]).unwrap());
     assert_eq!(rest, (11..=301).collect::<Vec<i64>>(), "a later pop delivers the rest, none skipped");
+}
+
+#[test]
+fn a_dead_lettering_ack_under_an_old_snapshot_is_a_serialization_failure() {
+    let mut c = connect();
+    let queue = unique("rr_dlq_ack");
+    c.execute("SELECT count(*) FROM queen.push($1, '1', 'p1')", &[&queue]).unwrap();
+    // The group, past offset 1, before the snapshot.
+    c.execute("SELECT count(*) FROM queen.pop($1, 'g', auto_ack => true)", &[&queue]).unwrap();
+    let mut old = old_snapshot();
+    // Offset 2, pushed and leased after the snapshot.
+    c.execute("SELECT count(*) FROM queen.push($1, '2', 'p1')", &[&queue]).unwrap();
+    let row = c.query_one("SELECT lease_id, partition_id, msg_offset FROM queen.pop($1, 'g')", &[&queue]).unwrap();
+    let (lease, partition, offset): (uuid::Uuid, uuid::Uuid, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(offset, 2);
+    let e = old
+        .query_one("SELECT queen.ack($1, $2, $3, 'dlq', 'boom')::text", &[&lease, &partition, &offset])
+        .expect_err("the message is not in the snapshot: the ack cannot file it");
+    assert_eq!(sqlstate(&e), Some("40001"), "{e}");
+    old.batch_execute("ROLLBACK").unwrap();
+    // Nothing moved: the cursor is before the message, and nothing was filed.
+    let committed: i64 =
+        c.query_one("SELECT committed FROM queen.status($1) WHERE consumer_group = 'g'", &[&queue]).unwrap().get(0);
+    assert_eq!(committed, 1, "the cursor did not pass the message");
+    // The same ack, retried as the 40001 asks, files it.
+    c.query_one("SELECT queen.ack($1, $2, $3, 'dlq', 'boom')::text", &[&lease, &partition, &offset]).unwrap();
+    let filed: Vec<(String, String)> = c
+        .query("SELECT data::text, error_message FROM queen.dlq($1, 'g')", &[&queue])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(filed, vec![("2".to_string(), "boom".to_string())], "the dead letter holds the message");
 }
