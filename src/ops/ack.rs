@@ -549,12 +549,13 @@ fn file_dead_letter(client: &mut SpiClient<'_>, lane: &LockedLane, offset: i64, 
     // An offset inside the span holds a message unless an aborted push left it empty:
     // then there is nothing to file, and the cursor passes it all the same. Under
     // REPEATABLE READ or SERIALIZABLE the read used the transaction's snapshot, which may
-    // predate the message (pushed, then leased by a pop, after it): that is no gap, and
-    // the cursor must not pass a message it did not file.
+    // predate the segment that holds the offset (a message pushed, then leased by a pop,
+    // after it; or a compaction's or rotation's copy): then it is not known to be a gap,
+    // and the cursor must not pass a message it did not file.
     let Some((message_id, transaction_id, payload, headers)) = frame else {
         if errors::fixed_snapshot() && segments::gaps_from(client, lane.partition_id, offset, offset).is_none() {
             errors::serialization_failure(&format!(
-                "the message at offset {offset} to dead-letter was stored after this transaction's snapshot"
+                "offset {offset} to dead-letter lies in a segment committed after this transaction's snapshot"
             ));
         }
         return false;

@@ -183,8 +183,10 @@ macro_rules! segment_at_or_after_sql {
 /// the readable end `readable`), which may be a gap for good or a message its snapshot
 /// cannot see. Returns `Some(through)` when every offset in `offset..=through` at which
 /// this snapshot finds no message is a gap for good, so that a pop may step over them;
-/// None when a segment that holds `offset` has committed since the snapshot (a push, or
-/// a rotation's copy), so that the pop stops before it, as for any message it cannot see.
+/// None when a segment that holds `offset` has committed since the snapshot (a push, a
+/// compaction, or a rotation's copy), so that the pop stops before it, as for any message
+/// it cannot see. A dead-lettering ack asks it too (`readable` = `offset`: a leased offset
+/// is at or below the readable end) and fails on None.
 ///
 /// - A segment this snapshot sees holds `offset`: the read, which fetched every segment the
 ///   snapshot sees that holds an offset of its span (`fetch_many`), found a gap entry in
