@@ -331,6 +331,11 @@ CREATE TABLE queen.log_dlq (
     CONSTRAINT log_dlq_check CHECK ((data IS NULL) <> (envelope IS NULL) OR last_offset IS NOT NULL)
 );
 CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);
+-- A group files a message once (src/ops/dlq.rs): the same message (or damaged segment,
+-- whose row has its own transaction id) is never filed twice, whatever the snapshots of
+-- the transactions that meet it. Spans (last_offset set) are not messages.
+CREATE UNIQUE INDEX log_dlq_message ON queen.log_dlq (partition_id, consumer_group, msg_offset, transaction_id)
+  WHERE last_offset IS NULL;
 CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);
 CREATE INDEX log_dlq_queue ON queen.log_dlq (queue_id, consumer_group);
 COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';

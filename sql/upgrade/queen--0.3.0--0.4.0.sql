@@ -43,6 +43,18 @@ ALTER TABLE queen.log_dlq ADD COLUMN reason text NOT NULL DEFAULT 'failed'
   CHECK (reason IN ('failed', 'unreadable', 'expired', 'purged', 'skipped'));
 ALTER TYPE queen.dead_letter ADD ATTRIBUTE reason text;
 
+-- A group files a message once (src/ops/dlq.rs), now by a unique index: 0.3.0 looked
+-- under the snapshot, so two pops under REPEATABLE READ could file the same message
+-- twice. Such a second copy (the later one) is removed first; the first stays.
+DELETE FROM queen.log_dlq d
+ USING queen.log_dlq e
+ WHERE d.last_offset IS NULL AND e.last_offset IS NULL
+   AND d.partition_id = e.partition_id AND d.consumer_group = e.consumer_group
+   AND d.msg_offset = e.msg_offset AND d.transaction_id = e.transaction_id
+   AND (d.failed_at, d.id) > (e.failed_at, e.id);
+CREATE UNIQUE INDEX log_dlq_message ON queen.log_dlq (partition_id, consumer_group, msg_offset, transaction_id)
+  WHERE last_offset IS NULL;
+
 -- Maximum depth (configure's max_depth) and each group's overflow policy (configure_group's
 -- max_lag and on_overflow): src/api/overflow.rs, queen_core::overflow.
 ALTER TABLE queen.queues ADD COLUMN max_depth bigint;

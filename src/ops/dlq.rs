@@ -29,6 +29,15 @@ pub struct Filing<'a> {
 
 /// Files a dead letter, unless the group already filed this offset (a message that could
 /// not be opened is filed once, however often a pop meets it). Returns whether it filed.
+///
+/// "Already filed" is the unique index `log_dlq_message` (partition, group, offset and
+/// transaction id of a message: a damaged segment's row has its own), not a look under the
+/// snapshot: a pop or ack under REPEATABLE READ whose
+/// snapshot predates another transaction's filing of the same offset cannot see that row,
+/// and would file it a second time. The index finds it; PostgreSQL then raises 40001
+/// (`ON CONFLICT DO NOTHING` at REPEATABLE READ or SERIALIZABLE, for a row the snapshot
+/// does not see), and the retry, in a new transaction, sees the row and passes the offset.
+/// A filing in flight in another transaction is waited for, as any unique insert waits.
 pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
     // Before `ALTER EXTENSION queen UPDATE`, the dead-letter table has no reason column.
     if !crate::pg::catalog::queen_column(c"log_dlq", c"reason") {
@@ -45,10 +54,8 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
         "INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset,
                                     message_id, transaction_id, data, error_message, retry_count, envelope,
                                     headers, reason)
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13
-          WHERE NOT EXISTS (SELECT 1 FROM queen.log_dlq d
-                             WHERE d.partition_id = $3 AND d.transaction_id = $7
-                               AND d.consumer_group = $4 AND d.msg_offset = $5)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+         ON CONFLICT (partition_id, consumer_group, msg_offset, transaction_id) WHERE last_offset IS NULL DO NOTHING
          RETURNING 1",
         &[
             crate::pg::ids::to_pg_uuid(crate::pg::ids::new_id()).into(),

@@ -48,7 +48,7 @@ DROP TABLE held;
 SELECT partition, msg_offset, payload, attempt FROM queen.pop('up', partition => 'a', auto_ack => true);
 -- audit's cursor on b survived (from the lane journal 0.3.0 wrote): nothing again there.
 SELECT partition, msg_offset FROM queen.pop('up', 'audit', batch => 10, max_partitions => 2, auto_ack => true);
--- The dead letter filed by 0.3.0.
+-- The dead letter filed by 0.3.0 (the upgrade removed its later copy).
 SELECT partition, consumer_group, data, error_message FROM queen.dlq('up');
 -- The producer id 0.3.0 recorded is still a duplicate; new offsets continue.
 SELECT status, msg_offset FROM queen.push('up', '4', 'a', transaction_id => 'once');

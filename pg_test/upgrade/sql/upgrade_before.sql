@@ -19,6 +19,14 @@ SELECT msg_offset, payload, lease_id IS NOT NULL AS leased FROM held;
 SELECT count(*) FROM queen.pop('up', 'audit', batch => 1, partition => 'b', auto_ack => true);
 SELECT queen.ack(lease_id, partition_id, msg_offset, 'dlq', 'old') -> 'items' -> 0 -> 'dlq' AS dlq
   FROM queen.pop('up', batch => 1, partition => 'b');
+-- A second copy of that dead letter, filed later, as two pops under REPEATABLE READ could
+-- file one in 0.3.0 (its check looked under the snapshot): the upgrade keeps the first.
+INSERT INTO queen.log_dlq (id, queue_id, partition_id, consumer_group, msg_offset, message_id, transaction_id,
+                           data, error_message, retry_count, failed_at, envelope, headers)
+SELECT gen_random_uuid(), queue_id, partition_id, consumer_group, msg_offset, message_id, transaction_id,
+       data, 'second copy', retry_count, failed_at + interval '1 second', envelope, headers
+  FROM queen.log_dlq;
+SELECT count(*) AS dead_letters FROM queen.log_dlq;
 
 -- Roles with the grants of 0.3.0: direct EXECUTE on functions (the "finer grants"). The
 -- upgrade replaces queen.configure (it gains create_groups and partition_idle_ttl) and
