@@ -403,7 +403,13 @@ fn machine() -> String {
         })
         .unwrap_or(0);
     let cores = thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    format!("{cores} cores ({cpu}), {mem} GiB RAM")
+    // With autogroups, the kernel shares the CPUs between sessions first: the bench client
+    // and the server (pg_ctl starts it in a session of its own) are two groups, which
+    // changes the CPU-bound live rounds (BENCHMARKS.md, the live queue's tenth round).
+    let autogroup = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .map(|s| format!(", kernel.sched_autogroup_enabled = {}", s.trim()))
+        .unwrap_or_default();
+    format!("{cores} cores ({cpu}), {mem} GiB RAM{autogroup}")
 }
 
 /// Wake latency samples in ms: a pop waits (`wait_ms`) on one connection, a push commits
