@@ -300,7 +300,8 @@ CREATE TYPE queen.message AS (
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 
 -- Dead-lettered messages: a snapshot of the frame, filed by the ack that gave up on it.
--- Retention never touches these rows; only dlq_replay, dlq_delete and delete_queue do.
+-- Retention never touches these rows; only dlq_replay, dlq_delete and delete_queue do
+-- (and the update to 0.4.0, which removed a group's later rows of a message already filed).
 CREATE TABLE queen.log_dlq (
     id             uuid   PRIMARY KEY,
     queue_id       bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,

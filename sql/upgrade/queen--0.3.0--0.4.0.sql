@@ -45,13 +45,26 @@ ALTER TYPE queen.dead_letter ADD ATTRIBUTE reason text;
 
 -- A group files a message once (src/ops/dlq.rs), now by a unique index: 0.3.0 looked
 -- under the snapshot, so two pops under REPEATABLE READ could file the same message
--- twice. Such a second copy (the later one) is removed first; the first stays.
-DELETE FROM queen.log_dlq d
- USING queen.log_dlq e
- WHERE d.last_offset IS NULL AND e.last_offset IS NULL
-   AND d.partition_id = e.partition_id AND d.consumer_group = e.consumer_group
-   AND d.msg_offset = e.msg_offset AND d.transaction_id = e.transaction_id
-   AND (d.failed_at, d.id) > (e.failed_at, e.id);
+-- twice, and 0.1.0 and 0.2.0 filed a message again each time a group failed it (after a
+-- seek back). Those later rows of the same message and group are removed first, with a
+-- WARNING of how many (an extension script's NOTICEs are not shown); the earliest stays
+-- (the one dlq_replay and dlq_delete take).
+DO $dedup$
+DECLARE
+  removed bigint;
+BEGIN
+  DELETE FROM queen.log_dlq d
+   USING queen.log_dlq e
+   WHERE d.last_offset IS NULL AND e.last_offset IS NULL
+     AND d.partition_id = e.partition_id AND d.consumer_group = e.consumer_group
+     AND d.msg_offset = e.msg_offset AND d.transaction_id = e.transaction_id
+     AND (d.failed_at, d.id) > (e.failed_at, e.id);
+  GET DIAGNOSTICS removed = ROW_COUNT;
+  IF removed > 0 THEN
+    RAISE WARNING 'queen: removed % later dead letters of messages a group had already filed (the earliest of each stays)', removed;
+  END IF;
+END
+$dedup$;
 CREATE UNIQUE INDEX log_dlq_message ON queen.log_dlq (partition_id, consumer_group, msg_offset, transaction_id)
   WHERE last_offset IS NULL;
 

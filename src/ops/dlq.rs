@@ -32,12 +32,11 @@ pub struct Filing<'a> {
 ///
 /// "Already filed" is the unique index `log_dlq_message` (partition, group, offset and
 /// transaction id of a message: a damaged segment's row has its own), not a look under the
-/// snapshot: a pop or ack under REPEATABLE READ whose
-/// snapshot predates another transaction's filing of the same offset cannot see that row,
-/// and would file it a second time. The index finds it; PostgreSQL then raises 40001
-/// (`ON CONFLICT DO NOTHING` at REPEATABLE READ or SERIALIZABLE, for a row the snapshot
-/// does not see), and the retry, in a new transaction, sees the row and passes the offset.
-/// A filing in flight in another transaction is waited for, as any unique insert waits.
+/// snapshot. A pop or ack under REPEATABLE READ whose snapshot predates another
+/// transaction's filing of the same offset cannot see that row, and a look would file it
+/// a second time. The index finds it: PostgreSQL then raises 40001 (`ON CONFLICT DO
+/// NOTHING` at REPEATABLE READ or SERIALIZABLE, for a row the snapshot does not see), and
+/// the retry, in a new transaction, sees the row and passes the offset.
 pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
     // Before `ALTER EXTENSION queen UPDATE`, the dead-letter table has no reason column.
     if !crate::pg::catalog::queen_column(c"log_dlq", c"reason") {

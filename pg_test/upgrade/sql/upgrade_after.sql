@@ -13,6 +13,8 @@ SELECT count(*) FROM queen.pop('up', 'audit');
 \set VERBOSITY default
 -- A push needs none of them: it works before the update (with no depth limit).
 SELECT count(*) FROM queen.push('up', '"before the update"', partition => 'pre');
+-- The update warns of the later copies of dead letters it removed (one:
+-- upgrade_before.sql filed a second copy).
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
 -- queen.configure and queen.configure_group were replaced (new options): who could call
