@@ -452,10 +452,14 @@ BEGIN
         FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
        WHERE (permitted IS NULL OR q.queue_id = ANY(permitted)) AND d.reason = 'expired'
        GROUP BY q.name, d.consumer_group;
-    -- And those dropped without a dead letter (a queue that keeps no DLQ).
+    -- And those dropped without a dead letter (a queue that keeps no DLQ), with those of
+    -- partitions since deleted.
     RETURN QUERY
       SELECT 'expired_dropped'::text, q.name, e.consumer_group, sum(e.dropped)::float8
-        FROM queen.expired_drops e JOIN queen.queues q ON q.queue_id = e.queue_id
+        FROM (SELECT x.queue_id, x.consumer_group, x.dropped FROM queen.expired_drops x
+              UNION ALL
+              SELECT f.queue_id, f.consumer_group, f.dropped FROM queen.expired_drops_folded f) e
+        JOIN queen.queues q ON q.queue_id = e.queue_id
        WHERE permitted IS NULL OR q.queue_id = ANY(permitted)
        GROUP BY q.name, e.consumer_group;
   END IF;

@@ -204,17 +204,28 @@ REVOKE ALL ON queen.limit_buckets FROM PUBLIC;
 
 -- Messages a group's pops dropped because they outlived the queue's ttl on a queue that
 -- keeps no dead-letter queue (no row records them otherwise): per partition and group, how
--- many, and the last offset counted (a later pop that meets them again counts them once).
+-- many, and which offsets past the group's cursor were counted (a later pop that meets
+-- them again, after a lease ended, counts them once; src/ops/pop.rs, count_dropped).
 CREATE TABLE queen.expired_drops (
     partition_id    uuid   NOT NULL REFERENCES queen.partitions ON DELETE CASCADE,
     consumer_group  text   NOT NULL,
     queue_id        bigint NOT NULL,
     dropped         bigint NOT NULL DEFAULT 0,
-    last_offset     bigint NOT NULL DEFAULT 0,
+    counted         int8multirange NOT NULL DEFAULT '{}',
     PRIMARY KEY (partition_id, consumer_group)
 );
 COMMENT ON TABLE queen.expired_drops IS 'queen: expired messages dropped without a dead letter, counted per partition and group';
 REVOKE ALL ON queen.expired_drops FROM PUBLIC;
+-- The counts of partitions since deleted (drop_partition, partition_idle_ttl), per queue and
+-- group, so that the count never goes down while the group exists (src/storage/churn.rs).
+CREATE TABLE queen.expired_drops_folded (
+    queue_id        bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
+    consumer_group  text   NOT NULL,
+    dropped         bigint NOT NULL,
+    PRIMARY KEY (queue_id, consumer_group)
+);
+COMMENT ON TABLE queen.expired_drops_folded IS 'queen: expired messages dropped without a dead letter in partitions since deleted';
+REVOKE ALL ON queen.expired_drops_folded FROM PUBLIC;
 
 -- One row per (partition, consumer group). Only non-indexed columns change on pop and
 -- ack, so those updates stay HOT; fillfactor leaves room for them on the page.

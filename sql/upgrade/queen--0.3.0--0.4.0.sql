@@ -119,11 +119,19 @@ CREATE TABLE queen.expired_drops (
     consumer_group  text   NOT NULL,
     queue_id        bigint NOT NULL,
     dropped         bigint NOT NULL DEFAULT 0,
-    last_offset     bigint NOT NULL DEFAULT 0,
+    counted         int8multirange NOT NULL DEFAULT '{}',
     PRIMARY KEY (partition_id, consumer_group)
 );
 COMMENT ON TABLE queen.expired_drops IS 'queen: expired messages dropped without a dead letter, counted per partition and group';
 REVOKE ALL ON queen.expired_drops FROM PUBLIC;
+CREATE TABLE queen.expired_drops_folded (
+    queue_id        bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
+    consumer_group  text   NOT NULL,
+    dropped         bigint NOT NULL,
+    PRIMARY KEY (queue_id, consumer_group)
+);
+COMMENT ON TABLE queen.expired_drops_folded IS 'queen: expired messages dropped without a dead letter in partitions since deleted';
+REVOKE ALL ON queen.expired_drops_folded FROM PUBLIC;
 
 -- Bulk redrive (queen.dlq_redrive): when a dead letter was pushed again.
 ALTER TABLE queen.log_dlq ADD COLUMN redriven_at timestamptz;

@@ -362,12 +362,15 @@ pub fn seek(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str, t
     );
 }
 
-/// `drop_group`: the group's lanes, leases and row go, in one statement.
+/// `drop_group`: the group's lanes, leases, counts of expired messages dropped and row go,
+/// in one statement (a group created again under the name starts its counts anew).
 pub fn drop_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str) {
     run(
         client,
         "WITH le AS (DELETE FROM queen.leases WHERE queue_id = $1 AND consumer_group = $2),
-              la AS (DELETE FROM queen.lanes WHERE queue_id = $1 AND consumer_group = $2)
+              la AS (DELETE FROM queen.lanes WHERE queue_id = $1 AND consumer_group = $2),
+              ed AS (DELETE FROM queen.expired_drops WHERE queue_id = $1 AND consumer_group = $2),
+              ef AS (DELETE FROM queen.expired_drops_folded WHERE queue_id = $1 AND consumer_group = $2)
          DELETE FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2",
         &[queue_id.into(), group.into()],
     );

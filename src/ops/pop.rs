@@ -1068,23 +1068,28 @@ struct Span {
 /// (once each), with a WARNING; and moves past them the cursors of lanes (`passed`) where
 /// they were all the pop found. Other lanes pass them with their lease's ack.
 /// Counts the expired messages this pop drops without a dead letter (a queue without a
-/// DLQ) in `queen.expired_drops`, per partition: only offsets past the last one counted,
-/// so a message met again after a lease expired counts once. In the pop's transaction: a
-/// pop that rolls back counts nothing.
-fn count_dropped(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, poison: &[Poison]) {
+/// DLQ) in `queen.expired_drops`, per partition, once each: the row keeps the offsets it
+/// counted past the group's cursor (`counted`), and a message met again (its lease ended
+/// before the cursor passed it; it can be met after a later offset was counted, when an
+/// earlier message came back for a retry) is not counted again. Offsets up to the lane's
+/// cursor are forgotten: no pop meets them again unless a `seek` moves the cursor back,
+/// and then they are dropped, and counted, again. In the pop's transaction: a pop that
+/// rolls back counts nothing.
+fn count_dropped(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, candidates: &[Candidate], poison: &[Poison]) {
     let mut by_partition: std::collections::BTreeMap<pgrx::Uuid, Vec<i64>> = std::collections::BTreeMap::new();
     for p in poison.iter().filter(|p| !p.file && p.reason == "expired") {
         by_partition.entry(p.partition_id).or_default().push(p.offset);
     }
     for (pid, offsets) in by_partition {
+        let c = candidates.iter().find(|c| c.partition_id == pid).expect("a dropped message's lane was a candidate");
         run(
             client,
-            "INSERT INTO queen.expired_drops AS e (partition_id, consumer_group, queue_id, dropped, last_offset)
-             SELECT $1, $2, $3, count(*), max(o) FROM unnest($4::int8[]) o
+            "INSERT INTO queen.expired_drops AS e (partition_id, consumer_group, queue_id, dropped, counted)
+             SELECT $1, $2, $3, count(*), range_agg(int8range(o, o, '[]')) FROM unnest($4::int8[]) o
              ON CONFLICT (partition_id, consumer_group) DO UPDATE SET
-               dropped = e.dropped + (SELECT count(*) FROM unnest($4::int8[]) o WHERE o > e.last_offset),
-               last_offset = greatest(e.last_offset, EXCLUDED.last_offset)",
-            &[pid.into(), a.group.into(), queue_id.into(), offsets.into()],
+               dropped = e.dropped + (SELECT count(*) FROM unnest($4::int8[]) o WHERE NOT e.counted @> o),
+               counted = (e.counted + EXCLUDED.counted) - int8multirange(int8range(NULL, $5, '[]'))",
+            &[pid.into(), a.group.into(), queue_id.into(), offsets.into(), c.committed.into()],
         );
     }
 }
@@ -1103,7 +1108,7 @@ fn file_poison(
     if !passed.is_empty() {
         CURSOR_PASSED.with(|c| c.set(true));
     }
-    count_dropped(client, a, queue_id, &poison);
+    count_dropped(client, a, queue_id, candidates, &poison);
     for p in poison.into_iter().filter(|p| p.file) {
         let filed = crate::ops::dlq::file(
             client,

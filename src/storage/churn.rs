@@ -182,8 +182,18 @@ fn nothing_else_held(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Result<(), 
 
 /// Deletes partitions and everything of theirs: segments of both tiers, dedup entries,
 /// lane journal entries, lanes and leases (the registry forgets the lanes when this
-/// commits), and the rows. Returns the segments deleted.
+/// commits), and the rows. Their counts of expired messages dropped without a dead letter
+/// are added to their queue's (`queen.expired_drops_folded`), so that a group's count never
+/// goes down. Returns the segments deleted.
 fn delete(client: &mut SpiClient<'_>, pids: &[pgrx::Uuid], groups: &[String]) -> i64 {
+    run(
+        client,
+        "INSERT INTO queen.expired_drops_folded AS f (queue_id, consumer_group, dropped)
+         SELECT queue_id, consumer_group, sum(dropped) FROM queen.expired_drops
+          WHERE partition_id = ANY($1) GROUP BY queue_id, consumer_group ORDER BY queue_id, consumer_group
+         ON CONFLICT (queue_id, consumer_group) DO UPDATE SET dropped = f.dropped + EXCLUDED.dropped",
+        &[pids.to_vec().into()],
+    );
     let segments = first_value::<i64>(run(
         client,
         "WITH s AS (DELETE FROM queen.segments WHERE partition_id = ANY($1) RETURNING 1),
