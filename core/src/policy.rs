@@ -312,6 +312,15 @@ pub enum RedriveTo {
     All,
 }
 
+impl RedriveTo {
+    /// Whether a dead letter is redriven only while the group that filed it exists: a copy
+    /// meant for that group alone would otherwise be passed over by every group, delivered
+    /// to none, while its row is marked redriven. Such rows stay in place.
+    pub fn needs_its_group(self) -> bool {
+        self == RedriveTo::FailingGroup
+    }
+}
+
 /// Checks `dlq_redrive`'s `max_messages` (1 to `REDRIVE_ROWS`) and `deliver_to`.
 pub fn check_redrive(limit: i32, to: &str) -> Result<RedriveTo, Violation> {
     if !(1..=limits::REDRIVE_ROWS).contains(&limit) {
@@ -598,6 +607,8 @@ mod tests {
         assert_eq!(check_redrive(0, "all").unwrap_err().argument, "max_messages");
         assert_eq!(check_redrive(limits::REDRIVE_ROWS + 1, "all").unwrap_err().argument, "max_messages");
         assert_eq!(check_redrive(1, "everyone").unwrap_err().argument, "deliver_to");
+        assert!(RedriveTo::FailingGroup.needs_its_group(), "a copy for a dropped group reaches no one");
+        assert!(!RedriveTo::All.needs_its_group(), "every group gets the copy");
     }
 
     #[test]

@@ -86,3 +86,17 @@ SELECT pg_temp.err($$SELECT queen.dlq_redrive('rd', deliver_to => 'everyone')$$)
 SELECT pg_temp.err($$SELECT queen.dlq_redrive('rd', 'billing', force => NULL)$$);
 SELECT pg_temp.err($$SELECT queen.dlq_redrive('rd', consumer_group => '')$$);
 SELECT (queen.dlq_redrive('no_such_queue') ->> 'redriven')::int AS unknown_queue;
+
+-- A dead letter whose group was dropped: a copy for that group alone would reach no one
+-- (every other group passes it), so the failing-group redrive leaves it in place, unmarked,
+-- and counts it; deliver_to => 'all' redrives it to every group.
+SELECT count(*) FROM queen.push('rg', '"for gone"');
+SELECT queen.ack(lease_id, partition_id, msg_offset, 'dlq', 'no') -> 'items' -> 0 ->> 'dlq' AS filed
+  FROM queen.pop('rg', 'gone');
+SELECT count(*) AS other_caught_up FROM queen.pop('rg', 'other', batch => 10, auto_ack => true);
+SELECT queen.drop_group('rg', 'gone') ->> 'dropped' AS gone_dropped;
+SELECT queen.dlq_redrive('rg') - 'last' AS to_failing_group;
+SELECT count(*) AS marked FROM queen.log_dlq d JOIN queen.queues q USING (queue_id)
+ WHERE q.name = 'rg' AND d.redriven_at IS NOT NULL;
+SELECT queen.dlq_redrive('rg', deliver_to => 'all') - 'last' AS to_all;
+SELECT msg_offset, payload FROM queen.pop('rg', 'other', batch => 10, auto_ack => true);

@@ -533,7 +533,9 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
             // command run again) goes on after them. With --force the marks do not stop a
             // later call, so it is one call of at most 10,000 (the server's own rounds).
             let mut progress = Progress::new("redriven", None);
-            let (mut redriven, mut unopenable, mut last) = (0i64, 0i64, Value::Null);
+            // `unopenable` and `groupGone` count the matching rows left in place, as of the
+            // last call (each call counts them all again).
+            let (mut redriven, mut unopenable, mut group_gone, mut last) = (0i64, 0i64, 0i64, Value::Null);
             let round_size = if *force { limit.min(&10_000) } else { limit.min(&1000) };
             loop {
                 let round = (limit - redriven).min(*round_size);
@@ -547,7 +549,8 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
                     )?
                     .get(0);
                 redriven += r["redriven"].as_i64().unwrap_or(0);
-                unopenable += r["unopenable"].as_i64().unwrap_or(0);
+                unopenable = r["unopenable"].as_i64().unwrap_or(0);
+                group_gone = r["groupGone"].as_i64().unwrap_or(0);
                 if !r["last"].is_null() {
                     last = r["last"].clone();
                 }
@@ -559,7 +562,8 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
             progress.done();
             output::print_object(
                 json,
-                &json!({"queue": queue, "deliverTo": to, "redriven": redriven, "unopenable": unopenable, "last": last}),
+                &json!({"queue": queue, "deliverTo": to, "redriven": redriven, "unopenable": unopenable,
+                        "groupGone": group_gone, "last": last}),
             );
         }
     }

@@ -247,14 +247,15 @@ fn dlq_redrive(
         redriven += n;
         last = at;
     }
-    let (more, unopenable) = match queue_id {
-        Some(_) => {
-            Spi::connect_mut(|client| (!matching(client, &filter, 1, false).is_empty(), unopenable(client, &filter)))
-        }
-        None => (false, 0),
+    let (more, unopenable, group_gone) = match queue_id {
+        Some(_) => Spi::connect_mut(|client| {
+            (!matching(client, &filter, 1, false).is_empty(), unopenable(client, &filter), group_gone(client, &filter))
+        }),
+        None => (false, 0, 0),
     };
     JsonB(json!({
         "queue": queue, "deliverTo": to_arg, "redriven": redriven, "last": last, "more": more, "unopenable": unopenable,
+        "groupGone": group_gone,
     }))
 }
 
@@ -270,10 +271,20 @@ struct RedriveFilter<'a> {
     to: queen_core::policy::RedriveTo,
 }
 
+impl RedriveFilter<'_> {
+    /// `matching_sql`'s `$10` for the rows to redrive: only those whose group exists when
+    /// each copy is for its group alone (`RedriveTo::needs_its_group`), else any.
+    fn live_groups_only(&self) -> Option<bool> {
+        self.to.needs_its_group().then_some(true)
+    }
+}
+
 /// The dead letters `f` selects, at most `$7`, in partition then offset order: rows that
 /// hold a message (not a purge's span), not redriven yet (or, with `force`, not by this
-/// call), and whose payload and headers can be opened, or (`$9` false) those that cannot.
-/// Returns (id, partition, offset, group).
+/// call), and whose payload and headers can be opened, or (`$9` false) those that cannot;
+/// with `$10` true, only rows whose group still exists, with `$10` false only those whose
+/// group is gone (`drop_group`), with `$10` NULL both. Returns (id, partition, offset,
+/// group).
 macro_rules! matching_sql {
     () => {
         "SELECT d.id, p.name, d.msg_offset, d.consumer_group
@@ -288,6 +299,9 @@ macro_rules! matching_sql {
             AND (d.reason <> 'unreadable'
                  AND (d.data IS NOT NULL OR queen._dead_letter_unopenable(d.envelope, d.message_id) IS NULL)
                  AND (d.headers IS NULL OR queen._dead_letter_headers(d.headers, d.message_id) IS NOT NULL)) = $9
+            AND ($10::bool IS NULL
+                 OR EXISTS (SELECT 1 FROM queen.groups g
+                             WHERE g.queue_id = d.queue_id AND g.consumer_group = d.consumer_group) = $10)
           ORDER BY p.name, d.msg_offset, d.consumer_group, d.id
           LIMIT $7"
     };
@@ -315,6 +329,7 @@ fn matching(
             want.into(),
             f.force.into(),
             true.into(),
+            f.live_groups_only().into(),
         ],
     )
     .map(|r| {
@@ -331,6 +346,26 @@ fn matching(
 /// How many matching dead letters cannot be opened (a corrupt segment's bytes, an envelope
 /// that does not authenticate, or one whose key is not configured): left in place.
 fn unopenable(client: &mut SpiClient<'_>, f: &RedriveFilter<'_>) -> i64 {
+    count_matching(client, f, false, None)
+}
+
+/// With `deliver_to => 'failing_group'`: how many matching dead letters that could be
+/// opened belong to a group that is gone (`drop_group`): no group would get their copies,
+/// so they are left in place (`deliver_to => 'all'` redrives them).
+fn group_gone(client: &mut SpiClient<'_>, f: &RedriveFilter<'_>) -> i64 {
+    if f.live_groups_only().is_none() {
+        return 0;
+    }
+    count_matching(client, f, true, Some(false))
+}
+
+/// The number of rows `matching_sql` selects with `$9` `openable` and `$10` `group_exists`.
+fn count_matching(
+    client: &mut SpiClient<'_>,
+    f: &RedriveFilter<'_>,
+    openable: bool,
+    group_exists: Option<bool>,
+) -> i64 {
     const COUNT: &str = concat!("SELECT count(*) FROM (", matching_sql!(), ") x");
     crate::pg::spi::first_value::<i64>(run(
         client,
@@ -344,7 +379,8 @@ fn unopenable(client: &mut SpiClient<'_>, f: &RedriveFilter<'_>) -> i64 {
             f.until.into(),
             i64::MAX.into(),
             f.force.into(),
-            false.into(),
+            openable.into(),
+            group_exists.into(),
         ],
     ))
     .unwrap_or(0)
