@@ -22,7 +22,7 @@
 //!    back), exclusive by a retention step and the partition expiry (without waiting) and
 //!    by `drop_partition` (waiting).
 //! 2. **The queue row** (`queen.queues`): FOR KEY SHARE by the foreign keys of a new
-//!    partition, group or dead letter; FOR UPDATE by `delete_queue`; UPDATE by
+//!    partition, group, dead letter or folded count of expired drops; FOR UPDATE by `delete_queue`; UPDATE by
 //!    `configure`. (Retention takes no queue row lock.)
 //!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts, FOR UPDATE by
 //!    `seek` and `drop_group`.
@@ -32,7 +32,7 @@
 //! 4. **Lanes**, in partition-id order (byte order of the UUID) within a lease: pop
 //!    (SKIP LOCKED), ack, extend_lease, seek, drop_group; `drop_partition` locks one
 //!    partition's lanes in group-name order (the expiry without waiting).
-//! 5. Everything else (dedup rows, dead letters, segments) last.
+//! 5. Everything else (dedup rows, dead letters, segments, counts of expired drops) last.
 //!
 //! Group creation is serialized by a second heavyweight lock, keyed by (queue id, group
 //! name), taken without waiting: [`group_key`] gives its key.

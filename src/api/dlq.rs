@@ -2,6 +2,7 @@
 //! delete one dead letter by its address (partition_id, transaction_id). Filing dead
 //! letters is `dlq`'s; listing is `queen.dlq` (sql/api.sql).
 
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::{JsonB, PgSqlErrorCode};
@@ -198,8 +199,9 @@ const REDRIVE_ROUND_BYTES: usize = 32 << 20;
 /// `deliver_to => 'failing_group'` each copy carries the `queen.redrive` header naming the
 /// group that dead-lettered it, and every other group's pops pass over it
 /// (`queen_core::policy::redrive_passes`); with `'all'` the header is taken off. A row is
-/// redriven once (`redriven_at`) unless `force`; span rows (purge) and rows that cannot be
-/// opened are left alone (the latter counted). Returns the count and the last row
+/// redriven once (`redriven_at`) unless `force`; span rows (purge), rows that cannot be
+/// opened, and, for `'failing_group'`, rows whose group is gone are left alone (the latter
+/// two counted: `unopenable`, `groupGone`). Returns the count and the last row
 /// redriven: a call that stopped at `max_messages` is resumed by calling again.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(security_definer)]
@@ -272,10 +274,28 @@ struct RedriveFilter<'a> {
 }
 
 impl RedriveFilter<'_> {
-    /// `matching_sql`'s `$10` for the rows to redrive: only those whose group exists when
-    /// each copy is for its group alone (`RedriveTo::needs_its_group`), else any.
-    fn live_groups_only(&self) -> Option<bool> {
+    /// `matching_sql`'s `$10` for the rows to redrive: `Some(true)` (only rows whose group
+    /// exists) when each copy is for its group alone (`RedriveTo::needs_its_group`), else
+    /// `None` (any).
+    fn group_exists_filter(&self) -> Option<bool> {
         self.to.needs_its_group().then_some(true)
+    }
+
+    /// `matching_sql`'s parameters: at most `limit` rows, openable ones or not (`$9`), and
+    /// `$10` `group_exists`.
+    fn args(&self, limit: i64, openable: bool, group_exists: Option<bool>) -> [DatumWithOid<'_>; 10] {
+        [
+            self.queue.into(),
+            self.group.into(),
+            self.partition.into(),
+            self.error_like.into(),
+            self.since.into(),
+            self.until.into(),
+            limit.into(),
+            self.force.into(),
+            openable.into(),
+            group_exists.into(),
+        ]
     }
 }
 
@@ -316,31 +336,16 @@ fn matching(
 ) -> Vec<(pgrx::Uuid, String, i64, String)> {
     const PEEK: &str = matching_sql!();
     const LOCK: &str = concat!(matching_sql!(), " FOR UPDATE OF d");
-    run(
-        client,
-        if lock { LOCK } else { PEEK },
-        &[
-            f.queue.into(),
-            f.group.into(),
-            f.partition.into(),
-            f.error_like.into(),
-            f.since.into(),
-            f.until.into(),
-            want.into(),
-            f.force.into(),
-            true.into(),
-            f.live_groups_only().into(),
-        ],
-    )
-    .map(|r| {
-        (
-            r.get(1).or_raise().unwrap(),
-            r.get(2).or_raise().unwrap(),
-            r.get(3).or_raise().unwrap(),
-            r.get(4).or_raise().unwrap(),
-        )
-    })
-    .collect()
+    run(client, if lock { LOCK } else { PEEK }, &f.args(want, true, f.group_exists_filter()))
+        .map(|r| {
+            (
+                r.get(1).or_raise().unwrap(),
+                r.get(2).or_raise().unwrap(),
+                r.get(3).or_raise().unwrap(),
+                r.get(4).or_raise().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// How many matching dead letters cannot be opened (a corrupt segment's bytes, an envelope
@@ -353,7 +358,7 @@ fn unopenable(client: &mut SpiClient<'_>, f: &RedriveFilter<'_>) -> i64 {
 /// opened belong to a group that is gone (`drop_group`): no group would get their copies,
 /// so they are left in place (`deliver_to => 'all'` redrives them).
 fn group_gone(client: &mut SpiClient<'_>, f: &RedriveFilter<'_>) -> i64 {
-    if f.live_groups_only().is_none() {
+    if f.group_exists_filter().is_none() {
         return 0;
     }
     count_matching(client, f, true, Some(false))
@@ -367,23 +372,7 @@ fn count_matching(
     group_exists: Option<bool>,
 ) -> i64 {
     const COUNT: &str = concat!("SELECT count(*) FROM (", matching_sql!(), ") x");
-    crate::pg::spi::first_value::<i64>(run(
-        client,
-        COUNT,
-        &[
-            f.queue.into(),
-            f.group.into(),
-            f.partition.into(),
-            f.error_like.into(),
-            f.since.into(),
-            f.until.into(),
-            i64::MAX.into(),
-            f.force.into(),
-            openable.into(),
-            group_exists.into(),
-        ],
-    ))
-    .unwrap_or(0)
+    crate::pg::spi::first_value::<i64>(run(client, COUNT, &f.args(i64::MAX, openable, group_exists))).unwrap_or(0)
 }
 
 /// The next round of dead letters to redrive, locked: at most `want` rows, and no more

@@ -369,7 +369,8 @@ pub fn drop_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str) {
         client,
         "WITH le AS (DELETE FROM queen.leases WHERE queue_id = $1 AND consumer_group = $2),
               la AS (DELETE FROM queen.lanes WHERE queue_id = $1 AND consumer_group = $2),
-              ed AS (DELETE FROM queen.expired_drops WHERE queue_id = $1 AND consumer_group = $2),
+              ed AS (DELETE FROM queen.expired_drops e USING queen.partitions p
+                      WHERE p.queue_id = $1 AND e.partition_id = p.partition_id AND e.consumer_group = $2),
               ef AS (DELETE FROM queen.expired_drops_folded WHERE queue_id = $1 AND consumer_group = $2)
          DELETE FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2",
         &[queue_id.into(), group.into()],

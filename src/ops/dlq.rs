@@ -27,8 +27,9 @@ pub struct Filing<'a> {
     pub reason: &'static str,
 }
 
-/// Files a dead letter, unless the group already filed this offset (a message that could
-/// not be opened is filed once, however often a pop meets it). Returns whether it filed.
+/// Files a dead letter, unless the group already filed this offset and transaction id (a
+/// message that could not be opened is filed once, however often a pop meets it). Returns
+/// whether it filed.
 ///
 /// "Already filed" is the unique index `log_dlq_message` (partition, group, offset and
 /// transaction id of a message: a damaged segment's row has its own), not a look under the

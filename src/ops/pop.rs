@@ -1064,17 +1064,14 @@ struct Span {
     seen: Option<i64>,
 }
 
-/// Files the messages a pop could not open as dead letters of its group, with the reason
-/// (once each), with a WARNING; and moves past them the cursors of lanes (`passed`) where
-/// they were all the pop found. Other lanes pass them with their lease's ack.
 /// Counts the expired messages this pop drops without a dead letter (a queue without a
 /// DLQ) in `queen.expired_drops`, per partition, once each: the row keeps the offsets it
 /// counted past the group's cursor (`counted`), and a message met again (its lease ended
 /// before the cursor passed it; it can be met after a later offset was counted, when an
-/// earlier message came back for a retry) is not counted again. Offsets up to the lane's
-/// cursor are forgotten: no pop meets them again unless a `seek` moves the cursor back,
-/// and then they are dropped, and counted, again. In the pop's transaction: a pop that
-/// rolls back counts nothing.
+/// earlier message came back for a retry) is not counted again. A count trims the offsets
+/// up to the lane's cursor, which no pop meets again unless a `seek` moves the cursor
+/// back: a message dropped again after a seek back may then be counted again. In the
+/// pop's transaction: a pop that rolls back counts nothing.
 fn count_dropped(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, candidates: &[Candidate], poison: &[Poison]) {
     let mut by_partition: std::collections::BTreeMap<pgrx::Uuid, Vec<i64>> = std::collections::BTreeMap::new();
     for p in poison.iter().filter(|p| !p.file && p.reason == "expired") {
@@ -1094,6 +1091,10 @@ fn count_dropped(client: &mut SpiClient<'_>, a: &PopArgs, queue_id: i64, candida
     }
 }
 
+/// Files the messages a pop could not open as dead letters of its group, with the reason
+/// (once each), with a WARNING, and counts the expired ones it drops (`count_dropped`);
+/// and moves past them the cursors of lanes (`passed`) where they were all the pop found.
+/// Other lanes pass them with their lease's ack.
 fn file_poison(
     client: &mut SpiClient<'_>,
     a: &PopArgs,

@@ -2,7 +2,8 @@
 //! removes them, so that queen's tables do not grow with the names ever used.
 //!
 //! - `queen.drop_partition(queue, partition)` removes an empty partition now: its
-//!   segments, lanes, journal entries and dedup entries go with its row.
+//!   segments, lanes, journal entries and dedup entries go with its row; its groups'
+//!   counts of expired messages dropped are added to the queue's (`delete`).
 //! - `configure(queue, partition_idle_ttl => interval)` lets the background worker drop,
 //!   the same way, every partition of the queue that nobody pushed to for that long and
 //!   that is empty (`expire_queue`).
@@ -186,6 +187,7 @@ fn nothing_else_held(client: &mut SpiClient<'_>, pid: pgrx::Uuid) -> Result<(), 
 /// are added to their queue's (`queen.expired_drops_folded`), so that a group's count never
 /// goes down. Returns the segments deleted.
 fn delete(client: &mut SpiClient<'_>, pids: &[pgrx::Uuid], groups: &[String]) -> i64 {
+    // In key order, so that two deletions folding into the same rows lock them in one order.
     run(
         client,
         "INSERT INTO queen.expired_drops_folded AS f (queue_id, consumer_group, dropped)
