@@ -22,8 +22,8 @@
 //!    back), exclusive by a retention step and the partition expiry (without waiting) and
 //!    by `drop_partition` (waiting).
 //! 2. **The queue row** (`queen.queues`): FOR KEY SHARE by the foreign keys of a new
-//!    partition, group, dead letter or folded count of expired drops; FOR UPDATE by `delete_queue`; UPDATE by
-//!    `configure`. (Retention takes no queue row lock.)
+//!    partition, group, dead letter or folded count of expired drops; FOR UPDATE by
+//!    `delete_queue`; UPDATE by `configure`. (Retention takes no queue row lock.)
 //!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts, FOR UPDATE by
 //!    `seek` and `drop_group`.
 //! 3. **Partition rows**, in partition-name order within a call (pushes without the
