@@ -79,6 +79,22 @@ for i in 0 1; do
 done
 
 # ---- distributed ----
+# A queue that exists before distribute() would be stranded where it is (routed calls go
+# to its hash home): distribute() refuses, on the coordinator's queues and on the workers'.
+for i in 0 1; do
+  psql_on "$i" -c "SELECT count(*) FROM queen.push('early', '{\"n\": 1}')" >/dev/null
+  if out=$(psql_on 0 -v VERBOSITY=verbose -c "SELECT queen.distribute()" 2>&1); then
+    echo "citus-test: distribute() ran with queue 'early' on ${names[$i]}: $out" >&2; exit 1
+  fi
+  case "$out" in
+    *"ERROR:  55000"*) ;;
+    *) echo "citus-test: distribute() with a queue on ${names[$i]} failed otherwise: $out" >&2; exit 1 ;;
+  esac
+  psql_on "$i" -c "SELECT queen.delete_queue('early')" >/dev/null
+done
+psql_on 0 -c "SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('queen_citus.queue_homes')" \
+  | grep -q 1 && { echo "citus-test: a refused distribute() left the routing table behind" >&2; exit 1; }
+echo "citus-test: distribute() refuses while a queue exists on the coordinator or a worker"
 distributed=$(psql_on 0 -c "SELECT queen.distribute()")
 echo "citus-test: distribute() = $distributed"
 # 23 functions routed by queue (every one whose first argument is a queue, among them
@@ -367,4 +383,8 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 [ "$(cat "$dir/woken")" = 777 ] || fail "the long-poll returned '$(cat "$dir/woken")'"
 [ "$ms" -lt 5000 ] || fail "the long-poll took $ms ms: not woken by the push"
 echo "citus-test: long-poll through the coordinator woken after $ms ms"
+# Run again once queues live on their workers, distribute() is a no-op that succeeds.
+again=$(psql_on 0 -c "SELECT queen.distribute()")
+case "$again" in *'"functions": 31'*) ;; *) fail "distribute() run again: $again" ;; esac
+echo "citus-test: distribute() runs again with queues on their workers"
 echo "citus-test: passed (coordinator and two workers, citus and queen on each, queues routed to their workers)"

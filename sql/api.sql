@@ -581,6 +581,28 @@ BEGIN
     RAISE EXCEPTION 'queen: distribute needs at least one active Citus worker (citus_add_node)'
       USING ERRCODE = '55000';
   END IF;
+  -- The first run only: a queue that already exists on a node lives there, whatever the
+  -- hash of its name says, and would be stranded once calls are routed (its messages left
+  -- where no routed call reads them, its leases routed nowhere). The SHARE lock waits for
+  -- a queue being created here and holds off the next one until this commits (that one
+  -- then meets the routing guard: src/queue/lookup.rs).
+  IF NOT EXISTS (SELECT 1 FROM pg_dist_partition
+                  WHERE logicalrelid = to_regclass('queen_citus.queue_homes')) THEN
+    LOCK TABLE queen.queues IN SHARE MODE;
+    SELECT count(*) INTO n FROM queen.queues;
+    IF n > 0 THEN
+      RAISE EXCEPTION 'queen: distribute found % queue(s) on the coordinator; once calls are routed to the workers their messages would be stranded here', n
+        USING ERRCODE = '55000',
+              HINT = 'Run queen.distribute() before any queue exists: consume and delete_queue these first (docs/citus.md).';
+    END IF;
+    SELECT coalesce(sum(result::bigint), 0) INTO shards
+      FROM run_command_on_workers('SELECT count(*) FROM queen.queues') WHERE success;
+    IF shards > 0 THEN
+      RAISE EXCEPTION 'queen: distribute found % queue(s) on the workers; once calls are routed by queue name they would be stranded where they are', shards
+        USING ERRCODE = '55000',
+              HINT = 'Run queen.distribute() before any queue exists: consume and delete_queue these on their workers first (docs/citus.md).';
+    END IF;
+  END IF;
   CREATE SCHEMA IF NOT EXISTS queen_citus;
   CREATE TABLE IF NOT EXISTS queen_citus.queue_homes (queue text PRIMARY KEY);
   COMMENT ON TABLE queen_citus.queue_homes IS

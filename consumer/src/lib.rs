@@ -28,9 +28,11 @@
 //! expire before another instance reclaims them. The consumer releases them in its ack,
 //! so they come back immediately, to this instance or another.
 //!
-//! - **Heartbeat.** While a handler runs, the lease is extended every third of its length
-//!   ([`Builder::heartbeat`], on by default), so a handler slower than the lease keeps its
-//!   message. Messages waiting their turn do not extend it.
+//! - **Heartbeat.** While a handler runs, the lease is extended a third of its length after
+//!   the handler started, then every third, and at once when less than a third of it is
+//!   left ([`Builder::heartbeat`], on by default), so a handler slower than the lease keeps
+//!   its message, also one that started late in the lease. Messages waiting their turn do
+//!   not extend it.
 //! - **A lane stops at its first message that does not complete**: the rest of that
 //!   partition's claim is not run (the ack's lowest signal decides the lane, and what
 //!   follows is delivered again).
@@ -41,8 +43,9 @@
 //! - **Errors.** `Err(text)` (and a panic or a timeout) is acked as the error policy
 //!   decides ([`Builder::error_policy`]: `failed` by default; [`backoff_policy`] for an
 //!   exponential `retryAfter`); [`Outcome::RetryAfter`] asks for a `retry` later.
-//! - **Batches.** [`Consumer::run_batch`] hands a whole claim to one handler; an outcome
-//!   other than `Completed` applies to each lane's first message.
+//! - **Batches.** [`Consumer::run_batch`] hands a whole claim to one handler. A `retry`
+//!   outcome applies to each lane's first message; a failure runs the claim again one
+//!   message at a time, so that only the message that fails is charged.
 //! - **Concurrency.** One consumer runs one handler at a time; [`Builder::build_pool`]
 //!   makes N consumers on N connections that run together under one shutdown token
 //!   ([`Pool`], `examples/pool.rs`).
@@ -286,9 +289,10 @@ impl Builder {
         self.cfg.lease = Some(d);
         self
     }
-    /// Extend the lease while a handler runs (on by default): every third of the lease,
-    /// `queen.extend_lease` renews it for its length, so a handler slower than the lease
-    /// keeps its message. Messages waiting their turn do not extend it.
+    /// Extend the lease while a handler runs (on by default): a third of the lease after the
+    /// handler started, then every third, and at once when less than a third of the lease is
+    /// left, `queen.extend_lease` renews it for its length, so a handler slower than the
+    /// lease keeps its message. Messages waiting their turn do not extend it.
     pub fn heartbeat(mut self, on: bool) -> Self {
         self.cfg.heartbeat = on;
         self
@@ -451,27 +455,36 @@ impl Consumer {
         Ok((may, if may { None } else { warning }))
     }
 
-    /// Waits for a handler up to `timeout` (None: it timed out), extending the lease every
-    /// third of `lease_length` seconds meanwhile when the heartbeat is on. A failed
-    /// extension is not an error here: the ack reports a lease that was lost.
+    /// Waits for a handler up to `timeout` (None: it timed out), extending the lease by
+    /// `lease_length` seconds meanwhile when the heartbeat is on: a third of the lease after
+    /// the handler started, then every third, and at once when less than a third of the
+    /// lease is left by `expires` (the claim's, updated here), so that a handler that
+    /// started late in the lease does not lose it. Waiting messages do not extend it. A
+    /// failed extension is not an error here: the ack reports a lease that was lost.
     async fn wait_beating(
         &self,
         task: &mut tokio::task::JoinHandle<HandlerResult>,
         timeout: Duration,
         lease: Uuid,
         lease_length: i32,
+        expires: &mut tokio::time::Instant,
     ) -> Option<Result<HandlerResult, tokio::task::JoinError>> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let start = tokio::time::Instant::now();
+        let deadline = start + timeout;
         let beat = Duration::from_secs_f64(f64::from(lease_length) / 3.0);
+        let mut due = (start + beat).min(expires.checked_sub(beat).unwrap_or(start));
         loop {
-            let next = if self.cfg.heartbeat { deadline.min(tokio::time::Instant::now() + beat) } else { deadline };
+            let next = if self.cfg.heartbeat { deadline.min(due) } else { deadline };
             tokio::select! {
                 joined = &mut *task => return Some(joined),
                 _ = tokio::time::sleep_until(next) => {
                     if tokio::time::Instant::now() >= deadline {
                         return None;
                     }
+                    let now = tokio::time::Instant::now();
                     let _ = self.client.execute("SELECT queen.extend_lease($1, $2)", &[&lease, &lease_length]).await;
+                    *expires = now + 3 * beat;
+                    due = now + beat;
                 }
             }
         }
@@ -497,10 +510,10 @@ impl Consumer {
         Ok(())
     }
 
-    /// One pop: the claimed messages (None: nothing came within the wait) and the lease
+    /// One pop: the claimed messages (None: nothing came within the wait), the lease
     /// length a heartbeat renews (the pop's `lease_seconds`, else what the lease had left
-    /// by the server's clock).
-    async fn claim(&self) -> Result<Option<(Vec<Message>, i32)>, tokio_postgres::Error> {
+    /// by the server's clock), and when the lease expires, by this process's clock.
+    async fn claim(&self) -> Result<Option<(Vec<Message>, i32, tokio::time::Instant)>, tokio_postgres::Error> {
         let c = &self.cfg;
         let lease_seconds = c.lease.map_or(0, |d| d.as_secs().max(1) as i32);
         // The wait as pops of at most WAIT_SLICE each, the shutdown token checked between
@@ -536,6 +549,7 @@ impl Consumer {
         if rows.is_empty() {
             return Ok(None);
         }
+        let popped = tokio::time::Instant::now();
         let messages: Vec<Message> = rows
             .iter()
             .map(|r| Message {
@@ -551,25 +565,30 @@ impl Consumer {
             })
             .collect();
         self.emit(Event::Claimed { messages: messages.len() });
+        let left = rows[0].get::<_, Option<f64>>(9);
         let lease_length = match lease_seconds {
-            0 => rows[0].get::<_, Option<f64>>(9).filter(|s| *s >= 1.0).map_or(60, |s| s.ceil() as i32),
+            0 => left.filter(|s| *s > 0.0).map_or(60, |s| s.ceil() as i32),
             n => n,
         };
-        Ok(Some((messages, lease_length)))
+        let left = left.unwrap_or(f64::from(lease_length)).clamp(0.0, 86_400.0);
+        Ok(Some((messages, lease_length, popped + Duration::from_secs_f64(left))))
     }
 
     /// One claim handled as a whole: `handler` gets every message of it at once (after
     /// `may_start` for the first), under the heartbeat and the handler timeout. `Completed`
-    /// commits every lane; anything else is applied to each lane's first message (which
-    /// message failed is not known): `RetryLater` / `RetryAfter` as `retry`, `Poison` as
-    /// `dlq`, an error through the error policy. Returns the number of messages claimed.
+    /// commits every lane; `RetryLater` / `RetryAfter` (or an error the policy retries)
+    /// releases each lane from its first message with `retry`. `Poison`, or an error the
+    /// policy fails or dead-letters, runs the claim again one message at a time (the
+    /// handler gets a one-message batch each time, as [`Consumer::run_once`] would run
+    /// them), so that only the message that fails is charged; a claim of one message is
+    /// acked at once. Returns the number of messages claimed.
     pub async fn run_batch_once<H, F>(&self, handler: H) -> Result<usize, tokio_postgres::Error>
     where
         H: Fn(Vec<Message>, CancellationToken) -> F,
         F: Future<Output = HandlerResult> + Send + 'static,
     {
         let c = &self.cfg;
-        let Some((messages, lease_length)) = self.claim().await? else {
+        let Some((messages, lease_length, mut expires)) = self.claim().await? else {
             return Ok(0);
         };
         let lease = messages[0].lease_id;
@@ -610,7 +629,8 @@ impl Consumer {
             self.emit(Event::Started { offset: messages[0].offset });
             let token = CancellationToken::new();
             let mut task = tokio::spawn(handler(messages.clone(), token.clone()));
-            let result = match self.wait_beating(&mut task, c.handler_timeout, lease, lease_length).await {
+            let result = match self.wait_beating(&mut task, c.handler_timeout, lease, lease_length, &mut expires).await
+            {
                 Some(joined) => joined.unwrap_or_else(|e| Err(format!("handler panicked: {e}"))),
                 None => {
                     self.emit(Event::TimedOut { offset: messages[0].offset });
@@ -619,11 +639,11 @@ impl Consumer {
                     Err(format!("handler timed out after {:?}", c.handler_timeout))
                 }
             };
-            let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+            let secs = |d: Option<Duration>| d.map(pause_secs);
             let (status, error, after) = match &result {
                 Ok(Outcome::Completed) => ("completed", None, None),
                 Ok(Outcome::RetryLater) => ("retry", None, None),
-                Ok(Outcome::RetryAfter(d)) => ("retry", None, Some(d.as_secs_f64())),
+                Ok(Outcome::RetryAfter(d)) => ("retry", None, Some(pause_secs(*d))),
                 Ok(Outcome::Poison(e)) => ("dlq", Some(e.clone()), None),
                 Err(e) => match (self.policy)(&messages[0], e) {
                     Decision::Failed { retry_after } => ("failed", Some(e.clone()), secs(retry_after)),
@@ -634,8 +654,14 @@ impl Consumer {
             self.emit(Event::Finished { offset: messages[0].offset, status });
             if status == "completed" {
                 lasts.iter().map(|m| item(m, "completed", None, None)).collect()
-            } else {
+            } else if status == "retry" || messages.len() == 1 {
+                // A free retry (or the one message that failed): every lane from its first.
                 firsts.iter().map(|m| item(m, status, error.as_deref(), after)).collect()
+            } else {
+                // Which message failed is not known, and charging each lane's first would
+                // dead-letter (or drop) messages that may be sound: run the claim again one
+                // message at a time, so that only the one that fails is charged.
+                self.run_each(&messages, lease_length, &mut expires, |m, t| handler(vec![m], t), None).await?
             }
         };
         let ack: Value =
@@ -668,18 +694,38 @@ impl Consumer {
         H: Fn(Message, CancellationToken) -> F,
         F: Future<Output = HandlerResult> + Send + 'static,
     {
-        let c = &self.cfg;
-        let Some((messages, lease_length)) = self.claim().await? else {
+        let Some((messages, lease_length, mut expires)) = self.claim().await? else {
             return Ok(0);
         };
         let lease = messages[0].lease_id;
+        let acks = self.run_each(&messages, lease_length, &mut expires, handler, timeout_override).await?;
+        let ack: Value =
+            self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
+        self.emit(Event::Recorded { ack });
+        Ok(messages.len())
+    }
 
+    /// Runs a claim's messages one at a time under the budget and returns the ack's items.
+    async fn run_each<H, F>(
+        &self,
+        messages: &[Message],
+        lease_length: i32,
+        expires: &mut tokio::time::Instant,
+        handler: H,
+        timeout_override: Option<&TimeoutOverride<'_>>,
+    ) -> Result<Vec<Value>, tokio_postgres::Error>
+    where
+        H: Fn(Message, CancellationToken) -> F,
+        F: Future<Output = HandlerResult> + Send + 'static,
+    {
+        let c = &self.cfg;
+        let lease = messages[0].lease_id;
         let mut acks: Vec<Value> = Vec::new();
         let mut stopped = false;
         // Lanes whose message did not complete: the rest of such a lane is not run (the
         // ack's lowest signal decides the lane; what follows is delivered again).
         let mut ended_lanes: Vec<Uuid> = Vec::new();
-        for m in &messages {
+        for m in messages {
             if stopped || self.shutdown.is_cancelled() {
                 stopped = true;
                 break;
@@ -704,7 +750,7 @@ impl Consumer {
             self.emit(Event::Started { offset: m.offset });
             let token = CancellationToken::new();
             let mut task = tokio::spawn(handler(m.clone(), token.clone()));
-            let result = match self.wait_beating(&mut task, timeout, lease, lease_length).await {
+            let result = match self.wait_beating(&mut task, timeout, lease, lease_length, expires).await {
                 Some(joined) => joined.unwrap_or_else(|e| Err(format!("handler panicked: {e}"))),
                 None => {
                     self.emit(Event::TimedOut { offset: m.offset });
@@ -718,11 +764,11 @@ impl Consumer {
                     }
                 }
             };
-            let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+            let secs = |d: Option<Duration>| d.map(pause_secs);
             let (status, error, retry_after) = match result {
                 Ok(Outcome::Completed) => ("completed", None, None),
                 Ok(Outcome::RetryLater) => ("retry", None, None),
-                Ok(Outcome::RetryAfter(d)) => ("retry", None, Some(d.as_secs_f64())),
+                Ok(Outcome::RetryAfter(d)) => ("retry", None, Some(pause_secs(d))),
                 Ok(Outcome::Poison(e)) => ("dlq", Some(e), None),
                 Err(e) => match (self.policy)(m, &e) {
                     Decision::Failed { retry_after } => ("failed", Some(e), secs(retry_after)),
@@ -743,7 +789,7 @@ impl Consumer {
         }
         if stopped {
             // Shutting down or out of time: release what never started in each lane.
-            for m in &messages {
+            for m in messages {
                 let started =
                     acks.iter().any(|a| a["offset"] == m.offset && a["partitionId"] == m.partition_id.to_string());
                 let lane_released =
@@ -755,11 +801,14 @@ impl Consumer {
                 }
             }
         }
-        let ack: Value =
-            self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
-        self.emit(Event::Recorded { ack });
-        Ok(messages.len())
+        Ok(acks)
     }
+}
+
+/// A pause before redelivery as an ack takes it: at most 7 days (the ack refuses the whole
+/// call, 22023, for a longer one, and every consumer that met the message would stop).
+fn pause_secs(d: Duration) -> f64 {
+    d.as_secs_f64().min(604_800.0)
 }
 
 /// `n` consumers of one queue and group, each on a connection of its own, run together:

@@ -168,6 +168,11 @@ fn store(
             o.max_depth.into(),
         ],
     );
+    if found.is_none() {
+        // A queue created while `distribute()` ran waited for it here (its SHARE lock):
+        // the routing guard, asked again, refuses a queue that would be stranded.
+        crate::queue::citus::ensure_home(queue);
+    }
     encryption
 }
 

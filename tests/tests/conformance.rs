@@ -36,6 +36,40 @@ async fn dead_letters(c: &tokio_postgres::Client, queue: &str) -> Vec<String> {
     c.query("SELECT error_message FROM queen.dlq($1)", &[&queue]).await.unwrap().iter().map(|r| r.get(0)).collect()
 }
 
+/// Runs `pool` with the scenario's per-message handler until its shutdown token fires.
+async fn run_each(
+    pool: queen_consumer::Pool,
+    h: Value,
+    started: Arc<Mutex<Vec<(String, i64)>>>,
+    ended: Arc<Mutex<usize>>,
+    failed_once: Arc<Mutex<Vec<i64>>>,
+) -> Result<(), tokio_postgres::Error> {
+    let (s2, e2, f2) = (started, ended, failed_once);
+    pool.run(move |m, _cancel| {
+        let (started, ended, failed_once, h) = (s2.clone(), e2.clone(), f2.clone(), h.clone());
+        async move {
+            started.lock().unwrap().push((m.partition.clone(), m.offset));
+            if let Some(ms) = h["sleep_ms"].as_u64() {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let result = {
+                let mut once = failed_once.lock().unwrap();
+                if h["fail_once_at"].as_i64() == Some(m.offset) && !once.contains(&m.offset) {
+                    once.push(m.offset);
+                    Err("fails once".to_string())
+                } else if let Some(e) = h["always_fail"].as_str() {
+                    Err(e.to_string())
+                } else {
+                    Ok(Outcome::Completed)
+                }
+            };
+            *ended.lock().unwrap() += 1;
+            result
+        }
+    })
+    .await
+}
+
 async fn run_scenario(s: &Value) {
     let name = s["name"].as_str().unwrap();
     let queue = unique("rs-conf");
@@ -61,31 +95,32 @@ async fn run_scenario(s: &Value) {
     if let Some(l) = cfg["lease_seconds"].as_u64() {
         b = b.lease(Duration::from_secs(l));
     }
-    let pool = b.build_pool(&dsn(), workers).await.unwrap();
-    let stop_all = pool.shutdown_token();
-    let (s2, e2, f2) = (started.clone(), ended.clone(), failed_once.clone());
-    let running = tokio::spawn(pool.run(move |m, _cancel| {
-        let (started, ended, failed_once, h) = (s2.clone(), e2.clone(), f2.clone(), h.clone());
-        async move {
-            started.lock().unwrap().push((m.partition.clone(), m.offset));
-            if let Some(ms) = h["sleep_ms"].as_u64() {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-            }
-            let result = {
-                let mut once = failed_once.lock().unwrap();
-                if h["fail_once_at"].as_i64() == Some(m.offset) && !once.contains(&m.offset) {
-                    once.push(m.offset);
-                    Err("fails once".to_string())
-                } else if let Some(e) = h["always_fail"].as_str() {
-                    Err(e.to_string())
-                } else {
-                    Ok(Outcome::Completed)
-                }
-            };
-            *ended.lock().unwrap() += 1;
-            result
-        }
-    }));
+    let (stop_all, running) = if cfg["batch_handler"].as_bool() == Some(true) {
+        // One consumer with a batch handler: it fails every call that holds `fail_when_holds`.
+        let (client, connection) = tokio_postgres::connect(&dsn(), tokio_postgres::NoTls).await.unwrap();
+        let consumer = b.build_with_connection(client, connection).await.unwrap();
+        let stop_all = consumer.shutdown_token();
+        let (s2, e2, h2) = (started.clone(), ended.clone(), h.clone());
+        let running = tokio::spawn(async move {
+            consumer
+                .run_batch(move |ms, _cancel| {
+                    let (started, ended, h) = (s2.clone(), e2.clone(), h2.clone());
+                    async move {
+                        started.lock().unwrap().extend(ms.iter().map(|m| (m.partition.clone(), m.offset)));
+                        *ended.lock().unwrap() += ms.len();
+                        match h["fail_when_holds"].as_i64() {
+                            Some(o) if ms.iter().any(|m| m.offset == o) => Err(format!("fails while it holds {o}")),
+                            _ => Ok(Outcome::Completed),
+                        }
+                    }
+                })
+                .await
+        });
+        (stop_all, running)
+    } else {
+        let pool = b.build_pool(&dsn(), workers).await.unwrap();
+        (pool.shutdown_token(), tokio::spawn(run_each(pool, h.clone(), started.clone(), ended.clone(), failed_once)))
+    };
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut probes: Vec<Vec<i64>> = Vec::new();
@@ -137,6 +172,16 @@ async fn run_scenario(s: &Value) {
     if let Some(text) = e["dlq_error_contains"].as_str() {
         let errors = dead_letters(&c, &queue).await;
         assert!(!errors.is_empty() && errors.iter().all(|x| x.contains(text)), "{name}: {errors:?}");
+    }
+    if let Some(want) = e["dlq_payloads"].as_array() {
+        let got: Vec<Value> = c
+            .query("SELECT data FROM queen.dlq($1) ORDER BY failed_at", &[&queue])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(&got, want, "{name}: dead letters");
     }
     let want: Vec<i64> = e["left"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
     assert_eq!(left(&c, &queue, "conformance").await, want, "{name}: left after the stop");

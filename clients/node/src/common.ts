@@ -101,21 +101,57 @@ export function backoffPolicy(base = 1, cap = 300): ErrorPolicy {
   };
 }
 
+/** The longest pause an ack takes (7 days, in seconds). */
+export const MAX_RETRY_AFTER = 604_800;
+
 /** A policy's decision as an ack can take it: `failed` for an unknown status; no
- * `retryAfter` with `dlq`. */
+ * `retryAfter` with `dlq`; `retryAfter` within 0 to 7 days (the ack refuses the whole call,
+ * 22023, for one out of range, and every consumer that met the message would stop on it). */
 export function checked(d: Decision): Decision {
   if (!["failed", "retry", "dlq"].includes(d?.status)) {
     return { status: "failed", error: d?.error ?? `error policy returned status ${JSON.stringify(d?.status)}` };
   }
-  return d.status === "dlq" ? { status: "dlq", error: d.error } : d;
+  if (d.status === "dlq") return { status: "dlq", error: d.error };
+  const after = d.retryAfter;
+  if (after !== undefined && after !== null && !(after >= 0 && after <= MAX_RETRY_AFTER)) {
+    return { ...d, retryAfter: Number.isNaN(after) ? undefined : Math.min(Math.max(after, 0), MAX_RETRY_AFTER) };
+  }
+  return d;
 }
 
 /** The lease a heartbeat keeps renewing: the pop's leaseSeconds, else what the lease had
  * left when the pop returned (server clock), else 60. */
 export function leaseLength(leaseSeconds: number | undefined, m: Message): number {
   if (leaseSeconds) return leaseSeconds;
-  if (m.leaseSecondsLeft !== null && m.leaseSecondsLeft >= 1) return Math.ceil(m.leaseSecondsLeft);
+  if (m.leaseSecondsLeft !== null && m.leaseSecondsLeft > 0) return Math.ceil(m.leaseSecondsLeft);
   return 60;
+}
+
+/** When a claim's lease expires, by this process's clock (ms), and when a heartbeat
+ * extends it. The heartbeat runs only while a handler runs: messages waiting their turn
+ * use up the lease (`may_start` then decides whether the next may start). A running
+ * handler's lease is extended a third of the lease after the handler started, then every
+ * third; and at once when less than a third of the lease is left, so that a handler that
+ * started late in the lease does not lose it while it runs. */
+export class LeaseClock {
+  constructor(readonly seconds: number, public expires: number) {}
+
+  /** The clock of the lease `m` came with, from a pop that returned at `popped` (ms). */
+  static of(leaseSeconds: number | undefined, m: Message, popped: number): LeaseClock {
+    const seconds = leaseLength(leaseSeconds, m);
+    return new LeaseClock(seconds, popped + (m.leaseSecondsLeft ?? seconds) * 1000);
+  }
+
+  /** The first extension for a handler that started at `started` (ms). */
+  due(started: number): number {
+    return Math.min(started + (this.seconds * 1000) / 3, this.expires - (this.seconds * 1000) / 3);
+  }
+
+  /** Records an extension sent at `at` (ms); returns when the next one is due. */
+  extended(at: number): number {
+    this.expires = at + this.seconds * 1000;
+    return at + (this.seconds * 1000) / 3;
+  }
 }
 
 /** How a message that was not started is acked (a stop, or `may_start` said no). */

@@ -11,14 +11,20 @@
  * - Before each message the worker asks `queen.may_start`; when it says no, the server's
  *   `SQL0105` warning is surfaced (an event) and the rest of the claim is released with
  *   `retry`, so it comes back at once.
- * - While a handler runs, a heartbeat extends the lease every third of its length.
+ * - While a handler runs, a heartbeat extends the lease: a third of the lease after the
+ *   handler started, then every third, and at once when less than a third of the lease is
+ *   left (`LeaseClock`), so a handler that started late in the lease keeps it too. Waiting
+ *   messages do not extend it.
+ * - A batch handler that throws is run again one message at a time, within the same claim,
+ *   so that only the message that fails is charged (`failed`, `dlq`); a `retry` decision
+ *   applies to the whole claim.
  * - `stop()` (and SIGTERM / SIGINT while `run()` runs, unless `signals: false`): no new
  *   pops (a long-poll in progress is cancelled), running handlers finish, what was not
  *   started is released.
  */
 import { Client, ClientConfig } from "pg";
 import {
-  ACK, checked, Decision, defaultErrorPolicy, ErrorPolicy, EXTEND, LaneResult, lanesOf, leaseLength, MAY_START, Message,
+  ACK, checked, Decision, defaultErrorPolicy, ErrorPolicy, EXTEND, LaneResult, lanesOf, LeaseClock, MAY_START, Message,
   messageOf, POP, QUEUE_MODE, RELEASE, SQL0105,
 } from "./common";
 import { isRetryable, isTransient, typed } from "./errors";
@@ -186,12 +192,14 @@ export class Consumer {
   }
 
   private async claim(w: Worker, messages: Message[]): Promise<void> {
+    const popped = Date.now();
     const lease = messages[0].leaseId;
     const lanes = lanesOf(messages);
     const results = lanes.map((l) => new LaneResult(l[0].partitionId));
+    const clock = LeaseClock.of(this.o.leaseSeconds, messages[0], popped);
     try {
-      if (this.o.batchHandler) await this.runBatch(w, lanes, results);
-      else await this.runEach(w, lanes, results);
+      if (this.o.batchHandler) await this.runBatch(w, lanes, results, clock);
+      else await this.runEach(w, lanes, results, clock);
     } finally {
       // Whatever was not run (a stop, may_start, an error out of the loop) goes back at once.
       lanes.forEach((lane, i) => {
@@ -203,12 +211,13 @@ export class Consumer {
     }
   }
 
-  private async runEach(w: Worker, lanes: Message[][], results: LaneResult[]): Promise<void> {
+  private async runEach(w: Worker, lanes: Message[][], results: LaneResult[], clock: LeaseClock,
+    run: (m: Message) => Promise<unknown> | unknown = (m) => this.o.handler!(m)): Promise<void> {
     for (let i = 0; i < lanes.length; i++) {
       for (const m of lanes[i]) {
         if (this.stopping || !(await this.mayStart(w, m))) return;
         try {
-          await this.handling(m, () => processSpan(this.queue, this.group, m, async () => this.o.handler!(m)));
+          await this.handling(m, clock, () => processSpan(this.queue, this.group, m, async () => run(m)));
         } catch (e) {
           results[i].stop(m.offset, this.failed(e, m));
           break;
@@ -218,23 +227,39 @@ export class Consumer {
     }
   }
 
-  private async runBatch(w: Worker, lanes: Message[][], results: LaneResult[]): Promise<void> {
+  private async runBatch(w: Worker, lanes: Message[][], results: LaneResult[], clock: LeaseClock): Promise<void> {
     const all = lanes.flat();
     if (this.stopping || !(await this.mayStart(w, all[0]))) return;
     try {
-      await this.handling(all[0], () => processSpan(this.queue, this.group, all[0], async () => this.o.batchHandler!(all)));
+      await this.handling(all[0], clock, () => processSpan(this.queue, this.group, all[0], async () => this.o.batchHandler!(all)));
     } catch (e) {
-      lanes.forEach((lane, i) => results[i].stop(lane[0].offset, this.failed(e, lane[0])));
+      const decision = this.failed(e, all[0]);
+      if (decision.status === "retry" || all.length === 1) {
+        // A free retry (or the one message that failed): every lane from its first.
+        lanes.forEach((lane, i) => results[i].stop(lane[0].offset, decision));
+        return;
+      }
+      // Which message failed is not known, and charging each lane's first would
+      // dead-letter (or drop) messages that may be sound: run the claim again one message
+      // at a time, so that only the one that fails is charged.
+      await this.runEach(w, lanes, results, clock, (m) => this.o.batchHandler!([m]));
       return;
     }
     lanes.forEach((lane, i) => results[i].complete(lane[lane.length - 1].offset));
   }
 
-  /** Runs `f` with a heartbeat extending the lease every third of its length. */
-  private async handling<T>(m: Message, f: () => Promise<T>): Promise<T> {
+  /** Runs `f` (a handler) with a heartbeat extending the lease as `clock` says. */
+  private async handling<T>(m: Message, clock: LeaseClock, f: () => Promise<T>): Promise<T> {
     if (this.o.heartbeat === false || !m.leaseId) return f();
-    const seconds = leaseLength(this.o.leaseSeconds, m);
-    const timer = setInterval(() => {
+    const seconds = clock.seconds;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const schedule = (due: number) => {
+      timer = setTimeout(() => {
+        schedule(clock.extended(Date.now()));
+        beat();
+      }, Math.max(0, due - Date.now()));
+    };
+    const beat = () => {
       this.hbChain = this.hbChain.then(async () => {
         try {
           if (!this.hb) {
@@ -249,11 +274,12 @@ export class Consumer {
           this.hb = undefined;
         }
       });
-    }, (seconds * 1000) / 3);
+    };
+    schedule(clock.due(Date.now()));
     try {
       return await f();
     } finally {
-      clearInterval(timer);
+      clearTimeout(timer);
     }
   }
 

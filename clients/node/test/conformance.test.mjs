@@ -18,10 +18,19 @@ for (const s of suite.scenarios) {
     const started = [];
     const ended = [];
     const failedOnce = new Set();
+    const handleBatch = async (ms) => {
+      started.push(...ms.map((m) => [m.partition, m.offset]));
+      try {
+        if (ms.some((m) => m.offset === h.fail_when_holds)) throw new Error(`fails while it holds ${h.fail_when_holds}`);
+      } finally {
+        ended.push(...ms.map((m) => m.offset));
+      }
+    };
     const consumer = new queen.Consumer({
       connection: DSN, queue: q, group: "conformance", batch: s.consumer.batch ?? 10, concurrency: s.consumer.workers ?? 1,
       leaseSeconds: s.consumer.lease_seconds, waitMs: 200, checkMayStart: s.consumer.check_may_start ?? true,
-      handler: async (m) => {
+      ...(s.consumer.batch_handler ? { batchHandler: handleBatch } : {}),
+      handler: s.consumer.batch_handler ? undefined : async (m) => {
         started.push([m.partition, m.offset]);
         try {
           if (h.sleep_ms) await sleep(h.sleep_ms);
@@ -67,6 +76,10 @@ for (const s of suite.scenarios) {
     if (e.dlq_error_contains) {
       const errors = (await sql("SELECT error_message FROM queen.dlq($1)", [q])).map((r) => r.error_message);
       assert.ok(errors.length && errors.every((x) => x.includes(e.dlq_error_contains)), JSON.stringify(errors));
+    }
+    if (e.dlq_payloads) {
+      const payloads = (await sql("SELECT data FROM queen.dlq($1) ORDER BY failed_at", [q])).map((r) => r.data);
+      assert.deepEqual(payloads, e.dlq_payloads);
     }
     assert.deepEqual((await popAll(q, "conformance")).map(([, o]) => o).sort((a, b) => a - b), e.left);
   });

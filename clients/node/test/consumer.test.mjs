@@ -147,7 +147,11 @@ test("batchHandler", async () => {
     } });
   await runUntil(c, () => batches.flat().length >= 12);
   const all = ["p0/1", "p0/2", "p0/3", "p1/1", "p1/2", "p1/3"];
-  assert.deepEqual(batches.slice(0, 2), [all, all]);
+  assert.deepEqual(batches[0], all);
+  // The failed batch runs again within its claim, one message at a time; every one
+  // completes, so nothing is left.
+  assert.ok(batches.slice(1).every((b) => b.length === 1));
+  assert.deepEqual(batches.slice(1).flat().sort(), all);
   assert.deepEqual(await popAll(q, "g"), []);
 });
 

@@ -37,8 +37,19 @@ def test_conformance(dsn, conn, queue, s):
             with lock:
                 ended.append(m.offset)
 
+    def handle_batch(ms):
+        with lock:
+            started.extend((m.partition, m.offset) for m in ms)
+        try:
+            if any(m.offset == h.get("fail_when_holds") for m in ms):
+                raise RuntimeError("fails while it holds %d" % h["fail_when_holds"])
+        finally:
+            with lock:
+                ended.extend(m.offset for m in ms)
+
     c = s["consumer"]
-    consumer = queen.Consumer(dsn, queue, "conformance", handler=handle, batch=c.get("batch", 10),
+    handlers = {"batch_handler": handle_batch} if c.get("batch_handler") else {"handler": handle}
+    consumer = queen.Consumer(dsn, queue, "conformance", **handlers, batch=c.get("batch", 10),
                               concurrency=c.get("workers", 1), lease_seconds=c.get("lease_seconds"), wait_ms=200,
                               check_may_start=c.get("check_may_start", True))
     t = threading.Thread(target=consumer.run, kwargs={"install_signal_handlers": False})
@@ -76,4 +87,7 @@ def test_conformance(dsn, conn, queue, s):
     if "dlq_error_contains" in e:
         errors = [r[0] for r in conn.execute("SELECT error_message FROM queen.dlq(%s)", (queue,)).fetchall()]
         assert errors and all(e["dlq_error_contains"] in x for x in errors)
+    if "dlq_payloads" in e:
+        payloads = [r[0] for r in conn.execute("SELECT data FROM queen.dlq(%s) ORDER BY failed_at", (queue,))]
+        assert payloads == e["dlq_payloads"]
     assert sorted(o for _, o, _ in pop_all(conn, queue, "conformance")) == e["left"]

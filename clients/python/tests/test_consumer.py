@@ -156,6 +156,25 @@ def test_run_once_heartbeat_or_expiry(dsn, conn, queue, heartbeat):
     assert rows == ([] if heartbeat else [(1,)])
 
 
+def test_run_once_in_the_callers_transaction(dsn, conn, queue):
+    """Pop, handler and ack in the caller's transaction: no heartbeat runs (its extension,
+    on another connection, would wait for the lanes this transaction holds, while
+    run_once waited for it), and the ack commits with the transaction."""
+    push(dsn, queue, 1)
+    import psycopg
+    tx = psycopg.connect(dsn, prepare_threshold=None)  # not autocommit: one transaction
+    c = queen.Consumer(dsn, queue, "g", handler=lambda m: time.sleep(1.5), lease_seconds=3, wait_ms=200)
+    t = threading.Thread(target=c.run_once, args=(tx,))
+    t.start()
+    t.join(20)
+    try:
+        assert not t.is_alive(), "run_once waited for its own transaction"
+        tx.commit()
+    finally:
+        tx.close()
+    assert pop_all(conn, queue, "g") == []  # acked with the commit
+
+
 def test_may_start_no_releases_the_claim_with_the_servers_warning(dsn, conn, queue):
     push(dsn, queue, 3)
     events, ran = [], []
@@ -208,7 +227,12 @@ def test_batch_handler(dsn, conn, queue):
 
     c = queen.Consumer(dsn, queue, "g", batch_handler=handle, batch=6, max_partitions=2, wait_ms=200)
     run_until(c, lambda: sum(len(b) for b in batches) >= 12)
-    assert sorted(batches[0]) == sorted(batches[1]) == [("p0", 1), ("p0", 2), ("p0", 3), ("p1", 1), ("p1", 2), ("p1", 3)]
+    claim = [("p0", 1), ("p0", 2), ("p0", 3), ("p1", 1), ("p1", 2), ("p1", 3)]
+    assert sorted(batches[0]) == claim
+    # The failed batch runs again within its claim, one message at a time, in lane order;
+    # every one completes, so nothing is left.
+    assert all(len(b) == 1 for b in batches[1:]) and sorted(b[0] for b in batches[1:]) == claim
+    assert [b[0] for b in batches[1:4]] in (claim[:3], claim[3:])
     assert pop_all(conn, queue, "g") == []
 
 

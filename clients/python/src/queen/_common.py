@@ -95,13 +95,22 @@ class Decision:
 ErrorPolicy = Callable[[BaseException, Message], Decision]
 
 
+#: The longest pause an ack takes (7 days, in seconds).
+MAX_RETRY_AFTER = 604_800.0
+
+
 def checked(d: Decision) -> Decision:
     """A policy's decision as an ack can take it: ``failed`` for a status that is not
-    ``failed``, ``retry`` or ``dlq``; no ``retry_after`` with ``dlq``."""
+    ``failed``, ``retry`` or ``dlq``; no ``retry_after`` with ``dlq``; ``retry_after``
+    within 0 to 7 days."""
     if d.status not in ("failed", "retry", "dlq"):
         return Decision("failed", error=d.error or f"error policy returned status {d.status!r}")
     if d.status == "dlq" and d.retry_after is not None:
         return dataclasses.replace(d, retry_after=None)
+    if d.retry_after is not None and not 0 <= d.retry_after <= MAX_RETRY_AFTER:
+        # The ack refuses the whole call (22023) for a pause out of range, and every
+        # consumer that met this message would stop on it: clamp instead.
+        return dataclasses.replace(d, retry_after=min(max(d.retry_after, 0.0), MAX_RETRY_AFTER))
     return d
 
 
@@ -110,9 +119,38 @@ def lease_length(lease_seconds: Optional[int], m: Message) -> int:
     lease had left when the pop returned (server clock), else 60."""
     if lease_seconds:
         return lease_seconds
-    if m.lease_seconds_left is not None and m.lease_seconds_left >= 1:
-        return int(m.lease_seconds_left + 0.999)
+    if m.lease_seconds_left is not None and m.lease_seconds_left > 0:
+        return max(1, int(m.lease_seconds_left + 0.999))
     return 60
+
+
+class LeaseClock:
+    """When a claim's lease expires, by this process's clock (``time.monotonic()``), and
+    when a heartbeat extends it. The heartbeat runs only while a handler runs: messages
+    waiting their turn use up the lease (``may_start`` then decides whether the next one may
+    start). A running handler's lease is extended a third of the lease after the handler
+    started, then every third; and at once when less than a third of the lease is left, so
+    that a handler that started late in the lease does not lose it while it runs."""
+
+    def __init__(self, seconds: int, expires: float):
+        self.seconds = seconds
+        self.expires = expires
+
+    @classmethod
+    def of(cls, lease_seconds: Optional[int], m: Message, popped: float) -> "LeaseClock":
+        """The clock of the lease ``m`` came with, from a pop that returned at ``popped``."""
+        seconds = lease_length(lease_seconds, m)
+        left = m.lease_seconds_left if m.lease_seconds_left is not None else seconds
+        return cls(seconds, popped + left)
+
+    def due(self, started: float) -> float:
+        """The first extension for a handler that started at ``started``."""
+        return min(started + self.seconds / 3, self.expires - self.seconds / 3)
+
+    def extended(self, at: float) -> float:
+        """Records an extension sent at ``at``; returns when the next one is due."""
+        self.expires = at + self.seconds
+        return at + self.seconds / 3
 
 
 def retryable(e: BaseException) -> bool:
@@ -143,7 +181,7 @@ def backoff_policy(base: float = 1.0, cap: float = 300.0) -> ErrorPolicy:
     def policy(exc: BaseException, message: Message) -> Decision:
         d = default_error_policy(exc, message)
         if d.status == "failed":
-            return dataclasses.replace(d, retry_after=min(cap, base * 2 ** message.attempt))
+            return dataclasses.replace(d, retry_after=min(cap, base * 2.0 ** min(message.attempt, 64)))
         return d
     return policy
 

@@ -8,6 +8,7 @@ import contextlib
 import datetime as _dt
 import logging
 import signal
+import time
 import uuid
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional
 
@@ -17,7 +18,7 @@ from psycopg.types.json import Jsonb
 from . import errors, tracing
 from ._common import (ACK, EXTEND, MAY_START, POP, PUSH, PUSH_BATCH, QUEUE_MODE, RELEASE, Decision, ErrorPolicy,
                       LaneResult, LoopSettings, Message, PushResult, ack_items, checked, default_error_policy,
-                      interval, lanes_of, lease_length, lease_lost, release_unstarted, retryable, sql0105)
+                      LeaseClock, interval, lanes_of, lease_lost, release_unstarted, retryable, sql0105)
 from .consumer import Event
 
 log = logging.getLogger("queen")
@@ -193,28 +194,32 @@ class AsyncConsumer(LoopSettings):
             self._polling.discard(conn)
 
     async def _claim(self, conn, messages: List[Message]) -> None:
+        popped = time.monotonic()
         lease = messages[0].lease_id
         lanes = lanes_of(messages)
         results = [LaneResult(lane[0].partition_id) for lane in lanes]
+        clock = LeaseClock.of(self.lease_seconds, messages[0], popped)
         try:
             if self.batch_handler is not None:
-                await self._run_batch(conn, lanes, results)
+                await self._run_batch(conn, lanes, results, clock)
             else:
-                await self._run_each(conn, lanes, results)
+                await self._run_each(conn, lanes, results, clock)
         finally:
             release_unstarted(lanes, results)
             if lease is not None:
                 await self._ack(conn, lease, results, messages)
 
-    async def _run_each(self, conn, lanes, results) -> None:
+    async def _run_each(self, conn, lanes, results, clock: LeaseClock,
+                        run: Optional[Callable[[Message], Awaitable[Any]]] = None) -> None:
+        run = run or self.handler
         for lane, r in zip(lanes, results):
             for m in lane:
                 if self._stop.is_set() or not await self._may_start(conn, m):
                     return
                 try:
-                    async with self._handling(m):
+                    async with self._handling(m, clock):
                         with tracing.process_span(self.queue, self.group, m):
-                            await self.handler(m)  # type: ignore[misc]
+                            await run(m)  # type: ignore[misc]
                 except asyncio.CancelledError:
                     # Cancelled from outside (run() itself was): the message did not fail.
                     r.stop(m.offset, RELEASE)
@@ -227,45 +232,50 @@ class AsyncConsumer(LoopSettings):
                     break
                 r.complete(m.offset)
 
-    async def _run_batch(self, conn, lanes, results) -> None:
+    async def _run_batch(self, conn, lanes, results, clock: LeaseClock) -> None:
         messages = [m for lane in lanes for m in lane]
         if self._stop.is_set() or not await self._may_start(conn, messages[0]):
             return
         try:
-            async with self._handling(messages[0]):
+            async with self._handling(messages[0], clock):
                 with tracing.process_span(self.queue, self.group, messages[0]):
                     await self.batch_handler(messages)  # type: ignore[misc]
         except asyncio.CancelledError:
             for lane, r in zip(lanes, results):
                 r.stop(lane[0].offset, RELEASE)
             raise
-        except BaseException as exc:
-            # Which message failed is not known: every lane's first is charged.
-            for lane, r in zip(lanes, results):
-                r.stop(lane[0].offset, self._failed(exc, lane[0]))
-            if not isinstance(exc, Exception):
-                raise
+        except Exception as exc:  # noqa: BLE001 - the policy decides
+            decision = self._failed(exc, messages[0])
+            if decision.status == "retry" or len(messages) == 1:
+                # A free retry (or the one message that failed): every lane from its first.
+                for lane, r in zip(lanes, results):
+                    r.stop(lane[0].offset, decision)
+                return
+            # Which message failed is not known, and charging each lane's first would
+            # dead-letter (or drop) messages that may be sound: run the claim again one
+            # message at a time, so that only the one that fails is charged.
+            await self._run_each(conn, lanes, results, clock, run=lambda m: self.batch_handler([m]))  # type: ignore[misc]
             return
         for lane, r in zip(lanes, results):
             r.complete(lane[-1].offset)
 
     @contextlib.asynccontextmanager
-    async def _handling(self, m: Message):
-        """A heartbeat task extends the lease every third of its length while the handler
-        runs."""
+    async def _handling(self, m: Message, clock: LeaseClock):
+        """A heartbeat task extends the lease while the handler runs (``LeaseClock``)."""
         if not self.heartbeat or m.lease_id is None:
             yield
             return
-        seconds = lease_length(self.lease_seconds, m)
 
         async def beat() -> None:
+            due = clock.due(time.monotonic())
             while True:
-                await asyncio.sleep(seconds / 3)
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                due = clock.extended(time.monotonic())
                 try:
                     async with self._hb_lock:
                         if self._hb_conn is None or self._hb_conn.broken or self._hb_conn.closed:
                             self._hb_conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.connect_kwargs)
-                        await self._hb_conn.execute(EXTEND, (m.lease_id, seconds))
+                        await self._hb_conn.execute(EXTEND, (m.lease_id, clock.seconds))
                 except psycopg.Error as e:
                     log.warning("queen: heartbeat of lease %s failed: %s", m.lease_id, e)
 

@@ -13,8 +13,13 @@ message of the claim in partition order, then one ``queen.ack`` for the whole cl
   server's ``SQL0105`` warning is surfaced (an event and a log record, as the server sent
   it) and the message and the rest of the claim are released with ``retry``: they come
   back at once, to this worker or another.
-- While a handler runs, a heartbeat extends the lease (``queen.extend_lease``), so a slow
-  handler keeps its messages. Waiting messages do not extend it.
+- While a handler runs, a heartbeat extends the lease (``queen.extend_lease``): a third of
+  the lease after the handler started, then every third, and at once when less than a
+  third of the lease is left, so a slow handler keeps its messages, also one that started
+  late in the lease. Waiting messages do not extend it. A batch handler that
+  raises is run again one message at a time, within the same claim, so that only the
+  message that fails is charged (``failed``, ``dlq``); a ``retry`` decision applies to the
+  whole claim.
 - ``stop()`` (and SIGTERM or SIGINT while ``run()`` runs in the main thread) stops
   gracefully: no new pops (a long-poll in progress is cancelled), running handlers
   finish, and the messages of a claim that were not started are released with ``retry``.
@@ -37,7 +42,7 @@ from psycopg.types.json import Jsonb
 
 from . import errors, tracing
 from ._common import (ACK, EXTEND, MAY_START, POP, QUEUE_MODE, Decision, ErrorPolicy, LaneResult, LoopSettings,
-                      Message, ack_items, checked, default_error_policy, interval, lanes_of, lease_length, lease_lost,
+                      LeaseClock, Message, ack_items, checked, default_error_policy, interval, lanes_of, lease_lost,
                       release_unstarted, retryable, sql0105)
 
 log = logging.getLogger("queen")
@@ -61,12 +66,12 @@ class Event:
 
 
 class _Heartbeat:
-    """Extends the leases whose handlers are running, every third of their length, on a
-    connection of its own."""
+    """Extends the leases whose handlers are running (``LeaseClock``), on a connection of
+    its own."""
 
     def __init__(self, connect: Callable[[], psycopg.Connection]):
         self._connect = connect
-        self._leases: Dict[uuid.UUID, tuple] = {}  # lease -> (seconds, next extension due)
+        self._leases: Dict[uuid.UUID, tuple] = {}  # lease -> (its clock, next extension due)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -76,9 +81,10 @@ class _Heartbeat:
         self._thread = threading.Thread(target=self._run, name="queen-heartbeat", daemon=True)
         self._thread.start()
 
-    def watch(self, lease: uuid.UUID, seconds: int) -> None:
+    def watch(self, lease: uuid.UUID, clock: LeaseClock) -> None:
+        """Extends ``lease`` while a handler runs, as ``clock`` says, until ``unwatch``."""
         with self._lock:
-            self._leases[lease] = (seconds, time.monotonic() + seconds / 3)
+            self._leases[lease] = (clock, clock.due(time.monotonic()))
             if self._thread is None:
                 self.start()
         self._wake.set()
@@ -99,14 +105,14 @@ class _Heartbeat:
         while not self._stop:
             with self._lock:
                 now = time.monotonic()
-                due = [(l, s) for l, (s, t) in self._leases.items() if t <= now]
-                for l, s in due:
-                    self._leases[l] = (s, now + s / 3)
+                due = [(l, c) for l, (c, t) in self._leases.items() if t <= now]
+                for l, c in due:
+                    self._leases[l] = (c, c.extended(now))
                 nxt = min((t for _, t in self._leases.values()), default=now + 1.0)
-            for lease, seconds in due:
+            for lease, clock in due:
                 try:
                     conn = conn or self._connect()
-                    conn.execute(EXTEND, (lease, seconds))
+                    conn.execute(EXTEND, (lease, clock.seconds))
                 except psycopg.Error as e:  # the ack or the expiry decides; say so and go on
                     log.warning("queen: heartbeat of lease %s failed: %s", lease, e)
                     if conn is not None and conn.broken:
@@ -193,13 +199,16 @@ class Consumer(LoopSettings):
 
     def run_once(self, conn: Optional[psycopg.Connection] = None) -> int:
         """One pop and its claim, on ``conn`` or a connection of its own; returns how many
-        messages the pop delivered (0: nothing came within ``wait_ms``)."""
+        messages the pop delivered (0: nothing came within ``wait_ms``). When ``conn`` is in
+        a transaction (the pop, the handlers and the ack commit with it), no heartbeat runs:
+        its extension, on another connection, would wait for that transaction's lanes."""
         own = conn is None
         conn = conn or self._connect()
         try:
             rows = self._pop(conn)
             if rows:
-                self._claim(conn, [Message.from_row(r) for r in rows])
+                in_tx = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+                self._claim(conn, [Message.from_row(r) for r in rows], heartbeat=not in_tx)
             return len(rows)
         finally:
             if own:
@@ -263,28 +272,32 @@ class Consumer(LoopSettings):
             with self._lock:
                 self._polling.discard(conn)
 
-    def _claim(self, conn: psycopg.Connection, messages: List[Message]) -> None:
+    def _claim(self, conn: psycopg.Connection, messages: List[Message], heartbeat: bool = True) -> None:
+        popped = time.monotonic()
         lease = messages[0].lease_id
         lanes = lanes_of(messages)
         results = [LaneResult(lane[0].partition_id) for lane in lanes]
+        clock = LeaseClock.of(self.lease_seconds, messages[0], popped) if heartbeat else None
         try:
             if self.batch_handler is not None:
-                self._run_batch(conn, lanes, results)
+                self._run_batch(conn, lanes, results, clock)
             else:
-                self._run_each(conn, lanes, results)
+                self._run_each(conn, lanes, results, clock)
         finally:
             release_unstarted(lanes, results)
             if lease is not None:
                 self._ack(conn, lease, results, messages)
 
-    def _run_each(self, conn, lanes, results) -> None:
+    def _run_each(self, conn, lanes, results, clock: Optional[LeaseClock],
+                  run: Optional[Callable[[Message], Any]] = None) -> None:
+        run = run or self.handler
         for lane, r in zip(lanes, results):
             for m in lane:
                 if self._stop.is_set() or not self._may_start(conn, m):
                     return
                 try:
-                    with self._handling(m), tracing.process_span(self.queue, self.group, m):
-                        self.handler(m)  # type: ignore[misc]
+                    with self._handling(m, clock), tracing.process_span(self.queue, self.group, m):
+                        run(m)  # type: ignore[misc]
                 except BaseException as exc:
                     # Started and did not finish: the policy decides (never a free retry).
                     r.stop(m.offset, self._failed(exc, m))
@@ -293,31 +306,36 @@ class Consumer(LoopSettings):
                     break
                 r.complete(m.offset)
 
-    def _run_batch(self, conn, lanes, results) -> None:
+    def _run_batch(self, conn, lanes, results, clock: Optional[LeaseClock]) -> None:
         messages = [m for lane in lanes for m in lane]
         if self._stop.is_set() or not self._may_start(conn, messages[0]):
             return
         try:
-            with self._handling(messages[0]), tracing.process_span(self.queue, self.group, messages[0]):
+            with self._handling(messages[0], clock), tracing.process_span(self.queue, self.group, messages[0]):
                 self.batch_handler(messages)  # type: ignore[misc]
-        except BaseException as exc:
-            # Which message failed is not known: every lane's first is charged.
-            for lane, r in zip(lanes, results):
-                r.stop(lane[0].offset, self._failed(exc, lane[0]))
-            if not isinstance(exc, Exception):
-                raise
+        except Exception as exc:  # noqa: BLE001 - the policy decides
+            decision = self._failed(exc, messages[0])
+            if decision.status == "retry" or len(messages) == 1:
+                # A free retry (or the one message that failed): every lane from its first.
+                for lane, r in zip(lanes, results):
+                    r.stop(lane[0].offset, decision)
+                return
+            # Which message failed is not known, and charging each lane's first would
+            # dead-letter (or drop) messages that may be sound: run the claim again one
+            # message at a time, so that only the one that fails is charged.
+            self._run_each(conn, lanes, results, clock, run=lambda m: self.batch_handler([m]))  # type: ignore[misc]
             return
         for lane, r in zip(lanes, results):
             r.complete(lane[-1].offset)
 
     @contextlib.contextmanager
-    def _handling(self, m: Message):
-        """The heartbeat for the lease while a handler runs."""
+    def _handling(self, m: Message, clock: Optional[LeaseClock]):
+        """The heartbeat for the lease while a handler runs (``LeaseClock``)."""
         hb, lease = self._heartbeat, m.lease_id
-        if hb is None or lease is None:
+        if hb is None or lease is None or clock is None:
             yield
             return
-        hb.watch(lease, lease_length(self.lease_seconds, m))
+        hb.watch(lease, clock)
         try:
             yield
         finally:
