@@ -301,6 +301,21 @@ for shape in one two; do
   n=$((n + 10))
 done
 echo "citus-test: a transaction pushing to both workers (one push_batch(items), or push_batch(queue, items) per queue): rolled back, nothing stored; committed (two-phase), both stored and delivered"
+# Outside BEGIN, with citus.function_opens_transaction_block off, push_batch(items) across
+# both workers is still all or nothing: the part pushed first is not kept when the second
+# part fails (53400: its queue is full).
+x=$(queue_on atom 1) y=$(queue_on atom 2)
+if [[ "$x" < "$y" ]]; then first=$x second=$y fnode=1; else first=$y second=$x fnode=2; fi
+psql_on 0 -c "SELECT queen.configure('$second', max_depth => 1)" >/dev/null
+psql_on 0 -c "SELECT count(*) FROM queen.push('$second', '1')" >/dev/null
+if out=$(psql_on 0 -v VERBOSITY=verbose -c "SET citus.function_opens_transaction_block = off" \
+           -c "SELECT count(*) FROM queen.push_batch('[{\"queue\": \"$first\", \"payload\": 1}, {\"queue\": \"$second\", \"payload\": 2}]')" 2>&1); then
+  fail "push_batch(items) into a full queue succeeded: $out"
+fi
+case "$out" in *"ERROR:  53400"*) ;; *) fail "push_batch(items) into a full queue failed otherwise: $out" ;; esac
+[ "$(stored "$fnode" "$first")" = 0 ] \
+  || fail "a failed push_batch(items) with citus.function_opens_transaction_block off kept its part on $first"
+echo "citus-test: push_batch(items) across both workers is all or nothing with citus.function_opens_transaction_block off too"
 # The invariants harness through the coordinator, with a fresh queue on each worker
 # (tests/tests/citus_harness.rs): pushes, rollbacks, pops in two groups, every ack outcome.
 ha=$(queue_on harness 1)

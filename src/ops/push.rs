@@ -932,6 +932,18 @@ fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
     let mut rows: Vec<Option<PushRow>> = (0..queues.len()).map(|_| None).collect();
     crate::pg::spi::with_pinned_search_path(|| {
         Spi::connect_mut(|client| {
+            // Outside BEGIN ... COMMIT, Citus opens a remote transaction block for the
+            // statements of a function only with `citus.function_opens_transaction_block`
+            // (on by default); off, each part would commit on its worker as soon as it ran,
+            // and a part that then failed would leave the earlier ones stored. On for the
+            // parts (for the rest of the transaction: a local setting), and back after.
+            const GUC: &str = "citus.function_opens_transaction_block";
+            let was_off =
+                first_value::<String>(run(client, "SELECT pg_catalog.current_setting($1, true)", &[GUC.into()]))
+                    .is_some_and(|v| v == "off");
+            if was_off {
+                run(client, "SELECT pg_catalog.set_config($1, 'on', true)", &[GUC.into()]);
+            }
             for (queue, idxs) in &by_queue {
                 // SAFETY: `items` is the call's jsonb argument, valid for the whole call.
                 let items_arg = unsafe { DatumWithOid::new(items, pg_sys::JSONBOID) };
@@ -967,6 +979,9 @@ fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
                         msg_offset: row.get(6).or_raise().unwrap_or_default(),
                     });
                 }
+            }
+            if was_off {
+                run(client, "SELECT pg_catalog.set_config($1, 'off', true)", &[GUC.into()]);
             }
         })
     });
