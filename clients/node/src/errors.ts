@@ -55,6 +55,9 @@ interface PgLike { code?: string; message: string; detail?: string; hint?: strin
 /** A lost connection or a server going down (SQLSTATE classes 08 and 57, or none): a
  * consumer reconnects and goes on. */
 export function isTransient(e: unknown): boolean {
+  // A system error of the socket (EPIPE, ECONNRESET, ...): its errno code has five
+  // capitals too, but it is not a SQLSTATE.
+  if (typeof (e as { syscall?: unknown } | undefined)?.syscall === "string") return true;
   const code = e instanceof QueenError ? e.sqlstate : (e as PgLike | undefined)?.code;
   if (!code || !/^[0-9A-Z]{5}$/.test(code)) return true; // no SQLSTATE: the socket, not the server
   // 57014 is a cancelled statement (a timeout, a cancel request), not a lost server.
@@ -62,11 +65,13 @@ export function isTransient(e: unknown): boolean {
 }
 
 /** Worth another round rather than stopping the consumer: `isTransient`, a
- * serialization failure or deadlock (class 40), a statement timeout (57014). */
+ * serialization failure or deadlock (class 40), a statement timeout (57014), a full
+ * shared-memory table (53400: "retry later", docs/errors.md), a lock wait past the
+ * session's `lock_timeout` (55P03). */
 export function isRetryable(e: unknown): boolean {
   if (isTransient(e)) return true;
   const code = e instanceof QueenError ? e.sqlstate : (e as PgLike | undefined)?.code;
-  return code?.startsWith("40") === true || code === "57014";
+  return code?.startsWith("40") === true || ["57014", "53400", "55P03"].includes(code ?? "");
 }
 
 /** The typed error for a server error; a transient one is returned as it is. */

@@ -221,3 +221,16 @@ test("SIGTERM cancels a long-poll", async () => {
   assert.equal(code, 0);
   assert.ok(Date.now() - t0 < 20000, `it did not wait out its 60-second long-poll (${Date.now() - t0} ms)`);
 });
+
+test("which errors the loop goes on after", () => {
+  // Lost connections (a socket's system error too), class 40, 57014, and the server's
+  // "retry later" states (53400, a full shared-memory table; 55P03, a lock_timeout).
+  for (const code of ["08006", "40001", "40P01", "57014", "57P01", "53400", "55P03"]) {
+    assert.ok(queen.isRetryable(new queen.QueenError("x", { sqlstate: code })), code);
+  }
+  const epipe = Object.assign(new Error("write EPIPE"), { code: "EPIPE", errno: -32, syscall: "write" });
+  assert.ok(queen.isTransient(epipe));
+  for (const code of ["22023", "42501", "0A000"]) {
+    assert.ok(!queen.isRetryable(new queen.QueenError("x", { sqlstate: code })), code);
+  }
+});

@@ -294,3 +294,14 @@ def test_a_killed_worker_is_redelivered_after_its_lease(any_dsn, conn, queue, tm
     c = queen.Consumer(any_dsn, queue, "g", handler=got.append, wait_ms=8000)
     assert c.run_once() == 1
     assert [(m.offset, m.attempt) for m in got] == [(1, 1)]
+
+
+def test_which_errors_the_loop_goes_on_after():
+    """Lost connections, class 40, 57014, and the server's "retry later" states (53400, a
+    full shared-memory table; 55P03, a lock_timeout) keep the loop going; a bad argument
+    stops it."""
+    from queen._common import retryable
+    for state in ("08006", "40001", "40P01", "57014", "57P01", "53400", "55P03"):
+        assert retryable(queen.QueenError("x", sqlstate=state)), state
+    for state in ("22023", "42501", "0A000"):
+        assert not retryable(queen.QueenError("x", sqlstate=state)), state

@@ -156,12 +156,13 @@ class LeaseClock:
 def retryable(e: BaseException) -> bool:
     """Worth another round rather than stopping the consumer: a lost connection or a
     server going down, a serialization failure or deadlock (class 40), a statement
-    timeout (57014)."""
+    timeout (57014), a full shared-memory table (53400: "retry later", docs/errors.md), a
+    lock wait past the session's ``lock_timeout`` (55P03)."""
     from . import errors
     if errors.transient(e):
         return True
     state = getattr(e, "sqlstate", None) or ""
-    return state[:2] == "40" or state == "57014"
+    return state[:2] == "40" or state in ("57014", "53400", "55P03")
 
 
 def default_error_policy(exc: BaseException, message: Message) -> Decision:
