@@ -567,6 +567,9 @@ DECLARE
   n int := 0;
   shards bigint;
   workers bigint;
+  queues_here bigint;
+  queues_there bigint;
+  unreached text;
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
     RAISE EXCEPTION 'queen: distribute needs the citus extension in this database'
@@ -585,20 +588,32 @@ BEGIN
   -- hash of its name says, and would be stranded once calls are routed (its messages left
   -- where no routed call reads them, its leases routed nowhere). The SHARE lock waits for
   -- a queue being created here and holds off the next one until this commits (that one
-  -- then meets the routing guard: src/queue/lookup.rs).
+  -- then meets the routing guard: queue::citus::recheck_created). The count must see
+  -- what committed while it waited: READ COMMITTED only.
   IF NOT EXISTS (SELECT 1 FROM pg_dist_partition
                   WHERE logicalrelid = to_regclass('queen_citus.queue_homes')) THEN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+      RAISE EXCEPTION 'queen: distribute runs under READ COMMITTED (its first run counts the queues that exist)'
+        USING ERRCODE = '0A000';
+    END IF;
     LOCK TABLE queen.queues IN SHARE MODE;
-    SELECT count(*) INTO n FROM queen.queues;
-    IF n > 0 THEN
-      RAISE EXCEPTION 'queen: distribute found % queue(s) on the coordinator; once calls are routed to the workers their messages would be stranded here', n
+    SELECT count(*) INTO queues_here FROM queen.queues;
+    IF queues_here > 0 THEN
+      RAISE EXCEPTION 'queen: distribute found % queue(s) on the coordinator; once calls are routed to the workers their messages would be stranded here', queues_here
         USING ERRCODE = '55000',
               HINT = 'Run queen.distribute() before any queue exists: consume and delete_queue these first (docs/citus.md).';
     END IF;
-    SELECT coalesce(sum(result::bigint), 0) INTO shards
-      FROM run_command_on_workers('SELECT count(*) FROM queen.queues') WHERE success;
-    IF shards > 0 THEN
-      RAISE EXCEPTION 'queen: distribute found % queue(s) on the workers; once calls are routed by queue name they would be stranded where they are', shards
+    SELECT coalesce(sum(result::bigint) FILTER (WHERE success), 0),
+           string_agg(nodename || ':' || nodeport || ' (' || result || ')', ', ') FILTER (WHERE NOT success)
+      INTO queues_there, unreached
+      FROM run_command_on_workers('SELECT count(*) FROM queen.queues');
+    IF unreached IS NOT NULL THEN
+      RAISE EXCEPTION 'queen: distribute could not count the queues of worker %', unreached
+        USING ERRCODE = '55000',
+              HINT = 'Every worker must be reachable and have queen installed (CREATE EXTENSION queen on the coordinator creates it there).';
+    END IF;
+    IF queues_there > 0 THEN
+      RAISE EXCEPTION 'queen: distribute found % queue(s) on the workers; once calls are routed by queue name they would be stranded where they are', queues_there
         USING ERRCODE = '55000',
               HINT = 'Run queen.distribute() before any queue exists: consume and delete_queue these on their workers first (docs/citus.md).';
     END IF;

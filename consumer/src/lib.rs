@@ -187,6 +187,11 @@ pub enum Event {
     Recorded {
         ack: Value,
     },
+    /// A round of [`Consumer::run`] or [`Consumer::run_batch`] ended in an error worth
+    /// another ([`retryable`]); the loop goes on after a second.
+    Retrying {
+        error: String,
+    },
 }
 
 /// The four allowances of a lease budget, and where to read from.
@@ -208,7 +213,7 @@ pub struct Config {
     pub record_margin: Duration,
     /// The pop's `lease_seconds`; None: the group's budget (which `build` stores).
     pub lease: Option<Duration>,
-    /// Extend the lease while a handler runs (every third of its length).
+    /// Extend the lease while a handler runs ([`Builder::heartbeat`]).
     pub heartbeat: bool,
     /// Ask `queen.may_start` before each message.
     pub check_may_start: bool,
@@ -496,7 +501,10 @@ impl Consumer {
         }
     }
 
-    /// Claims, processes and records until shut down.
+    /// Claims, processes and records until shut down. An error the server says to retry
+    /// ([`retryable`]) is reported ([`Event::Retrying`]) and the loop goes on after a
+    /// second: a claim it left unacked comes back when its lease expires. Any other error,
+    /// a lost connection among them, ends the loop.
     pub async fn run<H, F>(&self, handler: H) -> Result<(), tokio_postgres::Error>
     where
         H: Fn(Message, CancellationToken) -> F + Send + Sync + 'static,
@@ -505,9 +513,26 @@ impl Consumer {
         let handler = Arc::new(handler);
         while !self.shutdown.is_cancelled() {
             let h = handler.clone();
-            self.run_once(move |m, t| h(m, t), None).await?;
+            let r = self.run_once(move |m, t| h(m, t), None).await;
+            self.go_on_after(r).await?;
         }
         Ok(())
+    }
+
+    /// Ok for a round that ended well or with an error worth another round (after a
+    /// pause of a second, or until shutdown); the error otherwise.
+    async fn go_on_after(&self, r: Result<usize, tokio_postgres::Error>) -> Result<(), tokio_postgres::Error> {
+        match r {
+            Err(e) if retryable(&e) => {
+                self.emit(Event::Retrying { error: e.to_string() });
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = self.shutdown.cancelled() => {}
+                }
+                Ok(())
+            }
+            r => r.map(|_| ()),
+        }
     }
 
     /// One pop: the claimed messages (None: nothing came within the wait), the lease
@@ -629,13 +654,18 @@ impl Consumer {
             self.emit(Event::Started { offset: messages[0].offset });
             let token = CancellationToken::new();
             let mut task = tokio::spawn(handler(messages.clone(), token.clone()));
+            // Whether the handler still runs: it ignored cancellation past the grace.
+            let mut abandoned = false;
             let result = match self.wait_beating(&mut task, c.handler_timeout, lease, lease_length, &mut expires).await
             {
                 Some(joined) => joined.unwrap_or_else(|e| Err(format!("handler panicked: {e}"))),
                 None => {
                     self.emit(Event::TimedOut { offset: messages[0].offset });
                     token.cancel();
-                    let _ = tokio::time::timeout(c.timeout_grace, &mut task).await;
+                    abandoned = tokio::time::timeout(c.timeout_grace, &mut task).await.is_err();
+                    if abandoned {
+                        self.emit(Event::Abandoned { offset: messages[0].offset });
+                    }
                     Err(format!("handler timed out after {:?}", c.handler_timeout))
                 }
             };
@@ -652,16 +682,36 @@ impl Consumer {
                 },
             };
             self.emit(Event::Finished { offset: messages[0].offset, status });
+            // The first lane's first message charged with the batch's outcome.
+            let charge_first = || vec![item(firsts[0], status, error.as_deref(), after)];
             if status == "completed" {
                 lasts.iter().map(|m| item(m, "completed", None, None)).collect()
-            } else if status == "retry" || messages.len() == 1 {
-                // A free retry (or the one message that failed): every lane from its first.
+            } else if status == "retry" {
+                // A free retry: every lane from its first.
                 firsts.iter().map(|m| item(m, status, error.as_deref(), after)).collect()
+            } else if messages.len() == 1 || abandoned {
+                // The one message that failed; or a handler still running, which must not
+                // meet a second run of the same messages.
+                charge_first()
             } else {
                 // Which message failed is not known, and charging each lane's first would
                 // dead-letter (or drop) messages that may be sound: run the claim again one
-                // message at a time, so that only the one that fails is charged.
-                self.run_each(&messages, lease_length, &mut expires, |m, t| handler(vec![m], t), None).await?
+                // message at a time, on a lease extended for it, so that only a message
+                // that fails is charged.
+                if c.heartbeat {
+                    let now = tokio::time::Instant::now();
+                    self.client.execute("SELECT queen.extend_lease($1, $2)", &[&lease, &lease_length]).await?;
+                    expires = now + Duration::from_secs(lease_length.max(1) as u64);
+                }
+                let (acks, started) =
+                    self.run_each(&messages, lease_length, &mut expires, |m, t| handler(vec![m], t), None).await?;
+                if started {
+                    acks
+                } else {
+                    // Not one could start (may_start, a stop): charge the first lane's
+                    // first, so that a batch that always fails is not handed back free.
+                    charge_first()
+                }
             }
         };
         let ack: Value =
@@ -670,14 +720,15 @@ impl Consumer {
         Ok(messages.len())
     }
 
-    /// [`Consumer::run_batch_once`] until shut down.
+    /// [`Consumer::run_batch_once`] until shut down; errors as [`Consumer::run`] treats them.
     pub async fn run_batch<H, F>(&self, handler: H) -> Result<(), tokio_postgres::Error>
     where
         H: Fn(Vec<Message>, CancellationToken) -> F,
         F: Future<Output = HandlerResult> + Send + 'static,
     {
         while !self.shutdown.is_cancelled() {
-            self.run_batch_once(&handler).await?;
+            let r = self.run_batch_once(&handler).await;
+            self.go_on_after(r).await?;
         }
         Ok(())
     }
@@ -698,14 +749,15 @@ impl Consumer {
             return Ok(0);
         };
         let lease = messages[0].lease_id;
-        let acks = self.run_each(&messages, lease_length, &mut expires, handler, timeout_override).await?;
+        let (acks, _) = self.run_each(&messages, lease_length, &mut expires, handler, timeout_override).await?;
         let ack: Value =
             self.client.query_one("SELECT queen.ack($1, $2)", &[&lease, &Value::Array(acks)]).await?.get(0);
         self.emit(Event::Recorded { ack });
         Ok(messages.len())
     }
 
-    /// Runs a claim's messages one at a time under the budget and returns the ack's items.
+    /// Runs a claim's messages one at a time under the budget and returns the ack's items,
+    /// and whether any handler started.
     async fn run_each<H, F>(
         &self,
         messages: &[Message],
@@ -713,7 +765,7 @@ impl Consumer {
         expires: &mut tokio::time::Instant,
         handler: H,
         timeout_override: Option<&TimeoutOverride<'_>>,
-    ) -> Result<Vec<Value>, tokio_postgres::Error>
+    ) -> Result<(Vec<Value>, bool), tokio_postgres::Error>
     where
         H: Fn(Message, CancellationToken) -> F,
         F: Future<Output = HandlerResult> + Send + 'static,
@@ -721,6 +773,7 @@ impl Consumer {
         let c = &self.cfg;
         let lease = messages[0].lease_id;
         let mut acks: Vec<Value> = Vec::new();
+        let mut started_any = false;
         let mut stopped = false;
         // Lanes whose message did not complete: the rest of such a lane is not run (the
         // ack's lowest signal decides the lane; what follows is delivered again).
@@ -748,6 +801,7 @@ impl Consumer {
                 }
             }
             self.emit(Event::Started { offset: m.offset });
+            started_any = true;
             let token = CancellationToken::new();
             let mut task = tokio::spawn(handler(m.clone(), token.clone()));
             let result = match self.wait_beating(&mut task, timeout, lease, lease_length, expires).await {
@@ -801,14 +855,30 @@ impl Consumer {
                 }
             }
         }
-        Ok(acks)
+        Ok((acks, started_any))
     }
+}
+
+/// Whether an error is worth another round of the loop rather than ending it: a
+/// serialization failure or deadlock (class 40), a cancelled statement (57014), a full
+/// shared-memory table (53400: "retry later", docs/errors.md), a lock wait past the
+/// session's `lock_timeout` (55P03). The same set as the Python and Node loops, but for a
+/// lost connection, which they reconnect after and this consumer (one connection, the
+/// caller's) cannot.
+pub fn retryable(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    !e.is_closed()
+        && e.code().is_some_and(|c| {
+            c.code().starts_with("40")
+                || [SqlState::QUERY_CANCELED, SqlState::CONFIGURATION_LIMIT_EXCEEDED, SqlState::LOCK_NOT_AVAILABLE]
+                    .contains(c)
+        })
 }
 
 /// A pause before redelivery as an ack takes it: at most 7 days (the ack refuses the whole
 /// call, 22023, for a longer one, and every consumer that met the message would stop).
 fn pause_secs(d: Duration) -> f64 {
-    d.as_secs_f64().min(604_800.0)
+    d.as_secs_f64().min(queen_core::policy::limits::RETRY_DELAY as f64 / 1e6)
 }
 
 /// `n` consumers of one queue and group, each on a connection of its own, run together:

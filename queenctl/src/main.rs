@@ -464,7 +464,9 @@ fn push(
 /// Replays (or deletes) the dead letter `id`. `dlq_replay` and `dlq_delete` take an
 /// address (partition, transaction id), and act on the oldest row there: two groups'
 /// letters of one message share it, and so do two spans over the same offsets. So the
-/// call runs in a transaction that is kept only if the row it removed is `id`'s.
+/// call runs in a transaction that is kept only if the row it removed, as the call
+/// reports it (`id`), is `id`'s: a row that was still there when this looked it up may be
+/// gone by the time the call locks the address, which then acts on the next one.
 pub fn act_on_dead_letter(c: &mut Client, id: uuid::Uuid, replay: bool) -> std::result::Result<Value, String> {
     let describe = |e: postgres::Error| conn::describe(&e);
     let d = dead_letter(c, id)
@@ -479,10 +481,12 @@ pub fn act_on_dead_letter(c: &mut Client, id: uuid::Uuid, replay: bool) -> std::
     c.batch_execute("BEGIN").map_err(describe)?;
     let done = (|| -> std::result::Result<Value, String> {
         let v: Value = c.query_one(sql, &[&pid, &tx]).map_err(describe)?.get(0);
-        if dead_letter(c, id).map_err(describe)?.is_some() {
+        if v["id"].as_str() != Some(id.to_string().as_str()) {
             return Err(format!(
                 "dead letter {id} shares its address with an older one (another group's letter of the same \
-                 message, or another span): the server acts on the oldest first; nothing was changed"
+                 message, or another span), or was removed meanwhile: the server acts on the oldest row there, \
+                 {}; nothing was changed",
+                v["id"]
             ));
         }
         Ok(v)
@@ -533,9 +537,14 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
             // command run again) goes on after them. With --force the marks do not stop a
             // later call, so it is one call of at most 10,000 (the server's own rounds).
             let mut progress = Progress::new("redriven", None);
+            // Only letters filed before the command started: a round's copies may fail
+            // again and be filed anew while it runs, and the next round would pick those
+            // up (they sort before later partitions' letters) instead of the ones asked for.
+            let t0: String = c.query_one("SELECT now()::text", &[])?.get(0);
             // `unopenable` and `groupGone` count the matching rows left in place, as of the
             // last call (each call counts them all again).
-            let (mut redriven, mut unopenable, mut group_gone, mut last) = (0i64, 0i64, 0i64, Value::Null);
+            let (mut redriven, mut unopenable, mut group_gone, mut last, mut more) =
+                (0i64, 0i64, 0i64, Value::Null, false);
             let round_size = if *force { limit.min(&10_000) } else { limit.min(&1000) };
             loop {
                 let round = (limit - redriven).min(*round_size);
@@ -544,8 +553,9 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
                 }
                 let r: Value = c
                     .query_one(
-                        "SELECT queen.dlq_redrive($1, $2, $3, $4, max_messages => $5, deliver_to => $6, force => $7)",
-                        &[queue, group, partition, error_like, &(round as i32), to, force],
+                        "SELECT queen.dlq_redrive($1, $2, $3, $4, until => $8::text::timestamptz, max_messages => $5,
+                                                  deliver_to => $6, force => $7)",
+                        &[queue, group, partition, error_like, &(round as i32), to, force, &t0],
                     )?
                     .get(0);
                 redriven += r["redriven"].as_i64().unwrap_or(0);
@@ -555,7 +565,8 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
                     last = r["last"].clone();
                 }
                 progress.set(redriven as u64);
-                if *force || r["more"] != json!(true) {
+                more = r["more"] == json!(true);
+                if *force || !more {
                     break;
                 }
             }
@@ -563,7 +574,7 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
             output::print_object(
                 json,
                 &json!({"queue": queue, "deliverTo": to, "redriven": redriven, "unopenable": unopenable,
-                        "groupGone": group_gone, "last": last}),
+                        "groupGone": group_gone, "last": last, "more": more}),
             );
         }
     }

@@ -8,7 +8,10 @@
 //!
 //! Read-only unless started with `--allow-writes`: without it no form is shown and every
 //! POST is refused (403). With it, each form carries a token made when the console
-//! started, and a POST without it (another site's form, say) is refused too. It runs with the privileges of the role it connects as: what the
+//! started, and a POST without it (another site's form, say) is refused too. A request
+//! whose `Host` names anything but an IP address or `localhost` is refused (421): a web
+//! page whose name an attacker re-resolves to this address (DNS rebinding) would
+//! otherwise be same-origin with the console, read its pages and token, and post. It runs with the privileges of the role it connects as: what the
 //! role may not see, the page shows as the server's error. The rates and lag over time
 //! come from a sampler thread that reads `queen.totals()` every `--sample` seconds and
 //! keeps the last 150 readings in memory.
@@ -35,6 +38,16 @@ struct Console {
     token: String,
     history: Mutex<History>,
     started: Instant,
+}
+
+/// Whether a `Host` header names this machine by an IP address or as `localhost` (with or
+/// without a port), not by a name that someone else's DNS could point here.
+fn addressed_directly(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => return v6.split(']').next().is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 pub fn serve(dsn: Option<&str>, listen: &str, writes: bool, sample: f64) -> std::io::Result<()> {
@@ -108,6 +121,7 @@ impl Console {
         let mut parts = line.split_whitespace();
         let (method, target) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("/").to_string());
         let mut length = 0usize;
+        let mut host = None;
         loop {
             let mut h = String::new();
             if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
@@ -116,6 +130,8 @@ impl Console {
             if let Some((k, v)) = h.split_once(':') {
                 if k.eq_ignore_ascii_case("content-length") {
                     length = v.trim().parse().unwrap_or(0);
+                } else if k.eq_ignore_ascii_case("host") {
+                    host = Some(v.trim().to_string());
                 }
             }
         }
@@ -123,7 +139,15 @@ impl Console {
         let mut body = vec![0u8; length.min(1 << 20)];
         reader.read_exact(&mut body)?;
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-        let (status, headers, page) = self.route(&method, path, &form(query), &form(&String::from_utf8_lossy(&body)));
+        let (status, headers, page) = if host.as_deref().is_some_and(|h| !addressed_directly(h)) {
+            (
+                "421 Misdirected Request",
+                String::new(),
+                page("Refused", "<p>Reach this console by its IP address or as <code>localhost</code>.</p>"),
+            )
+        } else {
+            self.route(&method, path, &form(query), &form(&String::from_utf8_lossy(&body)))
+        };
         let mut out = stream;
         write!(
             out,
@@ -572,6 +596,23 @@ mod tests {
         assert_eq!(enc("a b/ü"), "a%20b%2F%C3%BC");
         assert_eq!(decode(&enc("tenant-42:x y")), "tenant-42:x y");
         assert_eq!(esc("<a href=\"x\">'&'</a>"), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+    }
+
+    #[test]
+    fn only_hosts_named_by_address_are_served() {
+        for ok in ["127.0.0.1:8080", "127.0.0.1", "localhost:8080", "LOCALHOST", "10.1.2.3:80", "[::1]:8080", "[::1]"] {
+            assert!(addressed_directly(ok), "{ok:?}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example:8080",
+            "localhost.evil.example",
+            "[evil]:1",
+            "",
+        ] {
+            assert!(!addressed_directly(bad), "{bad:?}");
+        }
     }
 
     #[test]

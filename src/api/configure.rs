@@ -169,9 +169,8 @@ fn store(
         ],
     );
     if found.is_none() {
-        // A queue created while `distribute()` ran waited for it here (its SHARE lock):
-        // the routing guard, asked again, refuses a queue that would be stranded.
-        crate::queue::citus::ensure_home(queue);
+        // A queue created while `distribute()` ran waited for it at this insert.
+        citus::recheck_created(queue);
     }
     encryption
 }

@@ -144,6 +144,7 @@ fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) ->
     });
     JsonB(json!({
         "replayed": true,
+        "id": from_pg_uuid(&id).to_string(),
         "dlqRowRemoved": removed,
         "transactionId": row.transaction_id,
         "messageId": row.message_id.to_string(),

@@ -191,6 +191,33 @@ pub fn ensure_id_home(what: &str, id: &pgrx::Uuid) {
     }
 }
 
+/// The routing guard asked again right after a queue's row was created on this node.
+/// A creation that waited for `queen.distribute()`'s SHARE lock on `queen.queues` must
+/// not leave a queue here once the routing it committed names another home: under READ
+/// COMMITTED `home_of` reads that routing now and `ensure_home` refuses. When the
+/// database is distributed (the routing schema, which the catalog shows as committed) but
+/// this transaction's snapshot does not see the routing table distributed (REPEATABLE
+/// READ or SERIALIZABLE from before `distribute()`, or a node without Citus's metadata),
+/// the home cannot be known: refused too, rather than created where it may be stranded.
+pub fn recheck_created(queue: &str) {
+    if distributed() && home_of(queue).is_none() {
+        if errors::fixed_snapshot() {
+            errors::serialization_failure(&format!(
+                "queue {queue:?} is created after queen.distribute() committed, which this transaction's snapshot \
+                 does not show"
+            ));
+        }
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "queen: queue {queue:?} cannot be created on this node: the database is distributed, but this node \
+                 has no routing for it (Citus's metadata); call queen through the coordinator (docs/citus.md)"
+            ),
+        );
+    }
+    ensure_home(queue);
+}
+
 /// Whether `queue`'s home is another node of a distributed database (false anywhere
 /// else).
 pub fn lives_elsewhere(queue: &str) -> bool {

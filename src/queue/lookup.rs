@@ -85,10 +85,8 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
         "INSERT INTO queen.queues (name, lease_time) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
         &[name.into(), QueueOptions::IMPLICIT.lease_time.into()],
     );
-    // A queue created while `queen.distribute()` ran waited for it at this insert (its
-    // SHARE lock on queen.queues): asked again now, the routing guard refuses a queue
-    // whose home is another node, which would otherwise be stranded here.
-    crate::queue::citus::ensure_home(name);
+    // A queue created while `queen.distribute()` ran waited for it at this insert.
+    crate::queue::citus::recheck_created(name);
     read(run(client, FIND, &[name.into()]))
         .unwrap_or_else(|| crate::pg::errors::internal(format_args!("queue {name:?} vanished while being created")))
 }

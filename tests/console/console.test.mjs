@@ -3,6 +3,7 @@
 // replayed and a group paused from the page; a read-only console shows no form and refuses
 // a POST. A screenshot of each page is kept in $QUEEN_CONSOLE_SHOTS.
 import assert from "node:assert/strict";
+import http from "node:http";
 import { spawn } from "node:child_process";
 import { mkdirSync } from "node:fs";
 import { after, before, test } from "node:test";
@@ -120,6 +121,21 @@ test("a POST without the console's token is refused", async () => {
   assert.equal(r.status, 403);
   const { rows: [p] } = await db.query("SELECT bool_or(paused) AS paused FROM queen.totals($1)", [Q]);
   assert.equal(p.paused, false);
+});
+
+test("a request that names the console by another host name is refused (DNS rebinding)", async () => {
+  const get = (host) => new Promise((resolve, reject) => {
+    http.get({ host: "127.0.0.1", port: 18181, path: "/dlq", headers: { Host: host } }, (res) => {
+      let body = "";
+      res.on("data", (d) => { body += d; });
+      res.on("end", () => resolve({ status: res.statusCode, body }));
+    }).on("error", reject);
+  });
+  const evil = await get("rebound.example:18181");
+  assert.equal(evil.status, 421);
+  assert.ok(!evil.body.includes("name=token"), "no form token in the refusal");
+  assert.equal((await get("127.0.0.1:18181")).status, 200);
+  assert.equal((await get("localhost:18181")).status, 200);
 });
 
 test("a read-only console shows no form and refuses a POST", async () => {

@@ -127,12 +127,12 @@ export function leaseLength(leaseSeconds: number | undefined, m: Message): numbe
   return 60;
 }
 
-/** When a claim's lease expires, by this process's clock (ms), and when a heartbeat
- * extends it. The heartbeat runs only while a handler runs: messages waiting their turn
- * use up the lease (`may_start` then decides whether the next may start). A running
- * handler's lease is extended a third of the lease after the handler started, then every
- * third; and at once when less than a third of the lease is left, so that a handler that
- * started late in the lease does not lose it while it runs. */
+/** When a claim's lease expires, by this process's monotonic clock (`performance.now()`,
+ * ms), and when a heartbeat extends it. The heartbeat runs only while a handler runs:
+ * messages waiting their turn use up the lease (`may_start` then decides whether the next
+ * may start). A running handler's lease is extended a third of the lease after the handler
+ * started, then every third; and at once when less than a third of the lease is left, so
+ * that a handler that started late in the lease does not lose it while it runs. */
 export class LeaseClock {
   constructor(readonly seconds: number, public expires: number) {}
 

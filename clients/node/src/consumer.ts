@@ -192,7 +192,7 @@ export class Consumer {
   }
 
   private async claim(w: Worker, messages: Message[]): Promise<void> {
-    const popped = Date.now();
+    const popped = performance.now();
     const lease = messages[0].leaseId;
     const lanes = lanesOf(messages);
     const results = lanes.map((l) => new LaneResult(l[0].partitionId));
@@ -233,19 +233,38 @@ export class Consumer {
     try {
       await this.handling(all[0], clock, () => processSpan(this.queue, this.group, all[0], async () => this.o.batchHandler!(all)));
     } catch (e) {
-      const decision = this.failed(e, all[0]);
-      if (decision.status === "retry" || all.length === 1) {
-        // A free retry (or the one message that failed): every lane from its first.
-        lanes.forEach((lane, i) => results[i].stop(lane[0].offset, decision));
+      const decision = checked((this.o.errorPolicy ?? defaultErrorPolicy)(e, all[0]));
+      if (decision.status === "retry") {
+        // A free retry: every lane from its first.
+        lanes.forEach((lane, i) => results[i].stop(lane[0].offset, this.failed(e, lane[0])));
         return;
       }
-      // Which message failed is not known, and charging each lane's first would
-      // dead-letter (or drop) messages that may be sound: run the claim again one message
-      // at a time, so that only the one that fails is charged.
-      await this.runEach(w, lanes, results, clock, (m) => this.o.batchHandler!([m]));
+      if (all.length > 1) {
+        // Which message failed is not known, and charging each lane's first would
+        // dead-letter (or drop) messages that may be sound: run the claim again one message
+        // at a time, on a lease extended for it, so that only a message that fails is
+        // charged.
+        await this.extendNow(w, all[0], clock);
+        await this.runEach(w, lanes, results, clock, (m) => this.o.batchHandler!([m]));
+        if (results.some((r) => r.completed !== undefined || r.stopped !== undefined)) return;
+        // Not one could start (may_start, a stop): charge the first lane's first message,
+        // so that a batch that always fails is not handed back free for ever.
+      }
+      results[0].stop(lanes[0][0].offset, this.failed(e, lanes[0][0]));
       return;
     }
     lanes.forEach((lane, i) => results[i].complete(lane[lane.length - 1].offset));
+  }
+
+  /** Extends the claim's lease by its length now (when the heartbeat is on). */
+  private async extendNow(w: Worker, m: Message, clock: LeaseClock): Promise<void> {
+    if (this.o.heartbeat === false || !m.leaseId) return;
+    try {
+      await w.client.query(EXTEND, [m.leaseId, clock.seconds]);
+    } catch (e) {
+      throw typed(e);
+    }
+    clock.extended(performance.now());
   }
 
   /** Runs `f` (a handler) with a heartbeat extending the lease as `clock` says. */
@@ -255,9 +274,9 @@ export class Consumer {
     let timer: ReturnType<typeof setTimeout> | undefined;
     const schedule = (due: number) => {
       timer = setTimeout(() => {
-        schedule(clock.extended(Date.now()));
+        schedule(clock.extended(performance.now()));
         beat();
-      }, Math.max(0, due - Date.now()));
+      }, Math.max(0, due - performance.now()));
     };
     const beat = () => {
       this.hbChain = this.hbChain.then(async () => {
@@ -275,7 +294,7 @@ export class Consumer {
         }
       });
     };
-    schedule(clock.due(Date.now()));
+    schedule(clock.due(performance.now()));
     try {
       return await f();
     } finally {

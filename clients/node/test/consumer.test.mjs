@@ -234,3 +234,13 @@ test("which errors the loop goes on after", () => {
     assert.ok(!queen.isRetryable(new queen.QueenError("x", { sqlstate: code })), code);
   }
 });
+
+test("LeaseClock: a third after the start, at once when under a third is left", async () => {
+  const { LeaseClock } = await import("../dist/common.js");
+  const c = new LeaseClock(30, 100_000); // a 30 s lease that ends at t = 100 s (ms)
+  assert.equal(c.due(70_000), 80_000);
+  assert.equal(c.due(85_000), 90_000);
+  assert.equal(c.due(95_000), 90_000);
+  assert.equal(c.extended(95_000), 105_000);
+  assert.equal(c.expires, 125_000);
+});

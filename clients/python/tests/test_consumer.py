@@ -305,3 +305,14 @@ def test_which_errors_the_loop_goes_on_after():
         assert retryable(queen.QueenError("x", sqlstate=state)), state
     for state in ("22023", "42501", "0A000"):
         assert not retryable(queen.QueenError("x", sqlstate=state)), state
+
+
+def test_lease_clock():
+    """A running handler's lease is extended a third of the lease after it started, then
+    every third; at once when less than a third is left."""
+    from queen._common import LeaseClock
+    c = LeaseClock(30, expires=100.0)  # a 30 s lease that ends at t = 100
+    assert c.due(started=70.0) == 80.0  # 30 s left at the start: a third of it in
+    assert c.due(started=85.0) == 90.0  # 15 s left: when 10 are left
+    assert c.due(started=95.0) == 90.0  # 5 s left: overdue, at once
+    assert c.extended(at=95.0) == 105.0 and c.expires == 125.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -107,6 +108,8 @@ def checked(d: Decision) -> Decision:
         return Decision("failed", error=d.error or f"error policy returned status {d.status!r}")
     if d.status == "dlq" and d.retry_after is not None:
         return dataclasses.replace(d, retry_after=None)
+    if d.retry_after is not None and math.isnan(d.retry_after):
+        return dataclasses.replace(d, retry_after=None)
     if d.retry_after is not None and not 0 <= d.retry_after <= MAX_RETRY_AFTER:
         # The ack refuses the whole call (22023) for a pause out of range, and every
         # consumer that met this message would stop on it: clamp instead.
@@ -120,7 +123,7 @@ def lease_length(lease_seconds: Optional[int], m: Message) -> int:
     if lease_seconds:
         return lease_seconds
     if m.lease_seconds_left is not None and m.lease_seconds_left > 0:
-        return max(1, int(m.lease_seconds_left + 0.999))
+        return max(1, math.ceil(m.lease_seconds_left))
     return 60
 
 

@@ -244,20 +244,41 @@ class AsyncConsumer(LoopSettings):
             for lane, r in zip(lanes, results):
                 r.stop(lane[0].offset, RELEASE)
             raise
-        except Exception as exc:  # noqa: BLE001 - the policy decides
-            decision = self._failed(exc, messages[0])
-            if decision.status == "retry" or len(messages) == 1:
-                # A free retry (or the one message that failed): every lane from its first.
+        except BaseException as exc:
+            decision = checked(self.error_policy(exc, messages[0]))
+            if decision.status == "retry":
+                # A free retry: every lane from its first.
                 for lane, r in zip(lanes, results):
-                    r.stop(lane[0].offset, decision)
+                    r.stop(lane[0].offset, self._failed(exc, lane[0]))
                 return
-            # Which message failed is not known, and charging each lane's first would
-            # dead-letter (or drop) messages that may be sound: run the claim again one
-            # message at a time, so that only the one that fails is charged.
-            await self._run_each(conn, lanes, results, clock, run=lambda m: self.batch_handler([m]))  # type: ignore[misc]
+            if isinstance(exc, Exception) and len(messages) > 1:
+                # Which message failed is not known, and charging each lane's first would
+                # dead-letter (or drop) messages that may be sound: run the claim again one
+                # message at a time, on a lease extended for it, so that only a message
+                # that fails is charged.
+                await self._extend_now(conn, messages[0], clock)
+                await self._run_each(conn, lanes, results, clock,
+                                     run=lambda m: self.batch_handler([m]))  # type: ignore[misc]
+                if any(r.completed is not None or r.stopped is not None for r in results):
+                    return
+                # Not one could start (may_start, a stop): charge the first lane's first
+                # message, so that a batch that always fails is not handed back free for ever.
+            results[0].stop(lanes[0][0].offset, self._failed(exc, lanes[0][0]))
+            if not isinstance(exc, Exception):
+                raise
             return
         for lane, r in zip(lanes, results):
             r.complete(lane[-1].offset)
+
+    async def _extend_now(self, conn, m: Message, clock: LeaseClock) -> None:
+        """Extends the claim's lease by its length now (when the heartbeat is on)."""
+        if not self.heartbeat or m.lease_id is None:
+            return
+        try:
+            await conn.execute(EXTEND, (m.lease_id, clock.seconds))
+        except psycopg.Error as e:
+            errors.raise_typed(e)
+        clock.extended(time.monotonic())
 
     @contextlib.asynccontextmanager
     async def _handling(self, m: Message, clock: LeaseClock):
