@@ -682,8 +682,13 @@ impl Consumer {
                 },
             };
             self.emit(Event::Finished { offset: messages[0].offset, status });
-            // The first lane's first message charged with the batch's outcome.
-            let charge_first = || vec![item(firsts[0], status, error.as_deref(), after)];
+            // The first lane's first message charged with the batch's outcome; the other
+            // lanes released at once.
+            let charge_first = || {
+                let mut v = vec![item(firsts[0], status, error.as_deref(), after)];
+                v.extend(firsts[1..].iter().map(|m| item(m, "retry", None, None)));
+                v
+            };
             if status == "completed" {
                 lasts.iter().map(|m| item(m, "completed", None, None)).collect()
             } else if status == "retry" {

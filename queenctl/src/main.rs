@@ -540,7 +540,7 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
             // Only letters filed before the command started: a round's copies may fail
             // again and be filed anew while it runs, and the next round would pick those
             // up (they sort before later partitions' letters) instead of the ones asked for.
-            let t0: String = c.query_one("SELECT now()::text", &[])?.get(0);
+            let t0: std::time::SystemTime = c.query_one("SELECT now()", &[])?.get(0);
             // `unopenable` and `groupGone` count the matching rows left in place, as of the
             // last call (each call counts them all again).
             let (mut redriven, mut unopenable, mut group_gone, mut last, mut more) =
@@ -553,7 +553,7 @@ fn dlq(c: &mut Client, command: &DlqCommand, json: bool) -> Result<()> {
                 }
                 let r: Value = c
                     .query_one(
-                        "SELECT queen.dlq_redrive($1, $2, $3, $4, until => $8::text::timestamptz, max_messages => $5,
+                        "SELECT queen.dlq_redrive($1, $2, $3, $4, until => $8, max_messages => $5,
                                                   deliver_to => $6, force => $7)",
                         &[queue, group, partition, error_like, &(round as i32), to, force, &t0],
                     )?

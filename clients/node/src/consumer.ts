@@ -235,8 +235,9 @@ export class Consumer {
     } catch (e) {
       const decision = checked((this.o.errorPolicy ?? defaultErrorPolicy)(e, all[0]));
       if (decision.status === "retry") {
-        // A free retry: every lane from its first.
-        lanes.forEach((lane, i) => results[i].stop(lane[0].offset, this.failed(e, lane[0])));
+        // A free retry: every lane from its first, with the one decision.
+        this.emit({ kind: "handler_failed", message: all[0], error: e, decision });
+        lanes.forEach((lane, i) => results[i].stop(lane[0].offset, decision));
         return;
       }
       if (all.length > 1) {

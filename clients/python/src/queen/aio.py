@@ -246,10 +246,11 @@ class AsyncConsumer(LoopSettings):
             raise
         except BaseException as exc:
             decision = checked(self.error_policy(exc, messages[0]))
-            if decision.status == "retry":
-                # A free retry: every lane from its first.
+            if decision.status == "retry" and isinstance(exc, Exception):
+                # A free retry: every lane from its first, with the one decision.
+                self._report(exc, messages[0], decision)
                 for lane, r in zip(lanes, results):
-                    r.stop(lane[0].offset, self._failed(exc, lane[0]))
+                    r.stop(lane[0].offset, decision)
                 return
             if isinstance(exc, Exception) and len(messages) > 1:
                 # Which message failed is not known, and charging each lane's first would
@@ -325,7 +326,9 @@ class AsyncConsumer(LoopSettings):
         return bool(ok)
 
     def _failed(self, exc: BaseException, m: Message) -> Decision:
-        decision = checked(self.error_policy(exc, m))
+        return self._report(exc, m, checked(self.error_policy(exc, m)))
+
+    def _report(self, exc: BaseException, m: Message, decision: Decision) -> Decision:
         self._emit(Event("handler_failed", message=m, error=exc, decision=decision))
         return decision
 
