@@ -95,11 +95,17 @@ enum Command {
         #[arg(long)]
         group: Option<String>,
     },
-    /// Moves every cursor (or one group's) to the end, recorded as `purged` spans (queen.purge).
+    /// Moves one group's cursors (`--group`), or every group's (`--all-groups`), to the end,
+    /// recorded as `purged` spans (queen.purge). One of the two is required: a forgotten
+    /// `--group` must not purge every group.
     Purge {
         queue: String,
-        #[arg(long)]
+        #[arg(long, conflicts_with = "all_groups", required_unless_present = "all_groups")]
         group: Option<String>,
+        /// Every group of the queue.
+        #[arg(long)]
+        all_groups: bool,
+        /// Purge lanes under a live lease too (their leases end; queen.purge's `force`).
         #[arg(long)]
         force: bool,
     },
@@ -220,7 +226,7 @@ fn run(c: &mut Client, cli: &Cli) -> Result<()> {
         Command::Dlq { command } => dlq(c, command, json)?,
         Command::Pause { queue, group } => one(c, json, "SELECT queen.pause($1, $2)", &[queue, group])?,
         Command::Resume { queue, group } => one(c, json, "SELECT queen.resume($1, $2)", &[queue, group])?,
-        Command::Purge { queue, group, force } => {
+        Command::Purge { queue, group, force, .. } => {
             one(c, json, "SELECT queen.purge($1, $2, force => $3)", &[queue, group, force])?
         }
         Command::Serve { .. } => unreachable!("handled in main"),

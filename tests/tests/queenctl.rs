@@ -105,7 +105,16 @@ fn flow_control_verbs() {
     assert!(paused);
     assert_eq!(ctl(&["resume", &q, "--group", "g"], None)["paused"], false);
     ctl(&["push", &q, "2"], None);
+    // A purge names its group, or says every group: a forgotten --group purges nothing.
+    let (ok, _, err) = ctl_raw(&["purge", &q], None);
+    assert!(!ok && err.contains("--group"), "{err}");
+    let lag: i64 = c.query_one("SELECT lag FROM queen.totals($1) WHERE consumer_group = 'g'", &[&q]).unwrap().get(0);
+    assert_eq!(lag, 1);
     ctl(&["purge", &q, "--group", "g"], None);
+    let lag: i64 = c.query_one("SELECT lag FROM queen.totals($1) WHERE consumer_group = 'g'", &[&q]).unwrap().get(0);
+    assert_eq!(lag, 0);
+    ctl(&["push", &q, "3"], None);
+    ctl(&["purge", &q, "--all-groups"], None);
     let lag: i64 = c.query_one("SELECT lag FROM queen.totals($1) WHERE consumer_group = 'g'", &[&q]).unwrap().get(0);
     assert_eq!(lag, 0);
     let r = ctl(&["limit", &q, "g", "*", "--rate", "2.5", "--burst", "3"], None);
