@@ -432,38 +432,56 @@ fn push(
         items = Box::new(all.into_iter());
     }
     let mut progress = Progress::new("pushed", total);
-    let (mut pushed, mut duplicates, mut pending) = (0u64, 0u64, Vec::new());
-    let mut flush = |c: &mut Client, pending: &mut Vec<Value>| -> Result<()> {
+    let (pushed, duplicates, mut pending) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64), Vec::new());
+    // Each batch commits on its own: a batch that fails says how many were pushed before
+    // it (committed) and that its own outcome is unknown when the connection broke.
+    let mut flush = |c: &mut Client, pending: &mut Vec<Value>| {
         if pending.is_empty() {
-            return Ok(());
+            return;
         }
-        let rows = c.query("SELECT status FROM queen.push_batch($1)", &[&Value::Array(std::mem::take(pending))])?;
-        for r in rows {
-            if r.get::<_, String>(0) == "duplicate" {
-                duplicates += 1;
+        let n = pending.len();
+        match c.query("SELECT status FROM queen.push_batch($1)", &[&Value::Array(std::mem::take(pending))]) {
+            Ok(rows) => {
+                for r in rows {
+                    if r.get::<_, String>(0) == "duplicate" {
+                        duplicates.set(duplicates.get() + 1);
+                    }
+                    pushed.set(pushed.get() + 1);
+                }
+                progress.set(pushed.get());
             }
-            pushed += 1;
+            Err(e) => {
+                progress.done();
+                fail(&format!(
+                    "{}; the {} messages before this batch of {n} were pushed{}",
+                    conn::describe(&e),
+                    pushed.get(),
+                    if e.as_db_error().is_some() {
+                        " (nothing of this batch was)"
+                    } else {
+                        "; whether this batch was is unknown (give items a transactionId to push again safely)"
+                    }
+                ))
+            }
         }
-        progress.set(pushed);
-        Ok(())
     };
     for (n, it) in items {
         match it {
             Ok(v) => pending.push(v),
             Err(e) => {
                 // The batches before it are committed: say how far the push got.
-                flush(c, &mut pending)?;
+                flush(c, &mut pending);
                 progress.done();
-                fail(&format!("line {n}: {e}; the {pushed} messages before it were pushed"));
+                fail(&format!("line {n}: {e}; the {} messages before it were pushed", pushed.get()));
             }
         }
         if pending.len() >= batch.max(1) {
-            flush(c, &mut pending)?;
+            flush(c, &mut pending);
         }
     }
-    flush(c, &mut pending)?;
+    flush(c, &mut pending);
     progress.done();
-    output::print_object(json, &json!({"queue": queue, "pushed": pushed, "duplicates": duplicates}));
+    output::print_object(json, &json!({"queue": queue, "pushed": pushed.get(), "duplicates": duplicates.get()}));
     Ok(())
 }
 

@@ -265,6 +265,20 @@ fn a_bad_line_stops_a_push_and_says_where() {
     let (ok, _, err) = ctl_raw(&["push", &q, "--batch", "1"], Some("1\n2\nnot json\n4\n"));
     assert!(!ok && err.contains("line 3") && err.contains("the 2 messages before it were pushed"), "{err}");
     assert_eq!(stored(&mut c), 2);
+    // A batch the server refuses (the queue full: 53400) stops the push; the batches
+    // before it are stored, and the message counts them.
+    c.execute("SELECT queen.configure($1, max_depth => 3)", &[&q]).unwrap();
+    let (ok, _, err) = ctl_raw(
+        &["push", &q, "--batch", "1"],
+        Some(
+            "5
+6
+7
+",
+        ),
+    );
+    assert!(!ok && err.contains("SQLSTATE 53400") && err.contains("the 1 messages before this batch"), "{err}");
+    assert_eq!(stored(&mut c), 3);
 }
 
 #[test]
