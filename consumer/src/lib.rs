@@ -460,6 +460,20 @@ impl Consumer {
         Ok((may, if may { None } else { warning }))
     }
 
+    /// Extends `lease` by `lease_length` seconds from now, and moves `expires` (this
+    /// process's clock) with it.
+    async fn extend(
+        &self,
+        lease: Uuid,
+        lease_length: i32,
+        expires: &mut tokio::time::Instant,
+    ) -> Result<(), tokio_postgres::Error> {
+        let now = tokio::time::Instant::now();
+        self.client.execute("SELECT queen.extend_lease($1, $2)", &[&lease, &lease_length]).await?;
+        *expires = now + Duration::from_secs(lease_length.max(1) as u64);
+        Ok(())
+    }
+
     /// Waits for a handler up to `timeout` (None: it timed out), extending the lease by
     /// `lease_length` seconds meanwhile when the heartbeat is on: a third of the lease after
     /// the handler started, then every third, and at once when less than a third of the
@@ -487,8 +501,7 @@ impl Consumer {
                         return None;
                     }
                     let now = tokio::time::Instant::now();
-                    let _ = self.client.execute("SELECT queen.extend_lease($1, $2)", &[&lease, &lease_length]).await;
-                    *expires = now + 3 * beat;
+                    let _ = self.extend(lease, lease_length, expires).await;
                     due = now + beat;
                 }
             }
@@ -704,9 +717,7 @@ impl Consumer {
                 // message at a time, on a lease extended for it, so that only a message
                 // that fails is charged.
                 if c.heartbeat {
-                    let now = tokio::time::Instant::now();
-                    self.client.execute("SELECT queen.extend_lease($1, $2)", &[&lease, &lease_length]).await?;
-                    expires = now + Duration::from_secs(lease_length.max(1) as u64);
+                    self.extend(lease, lease_length, &mut expires).await?;
                 }
                 let (acks, started) =
                     self.run_each(&messages, lease_length, &mut expires, |m, t| handler(vec![m], t), None).await?;

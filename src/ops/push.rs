@@ -938,12 +938,13 @@ fn push_at_homes(items: JsonbArg, queues: &[&str]) -> Option<Vec<PushRow>> {
             // and a part that then failed would leave the earlier ones stored. On for the
             // parts (for the rest of the transaction: a local setting), and back after.
             const GUC: &str = "citus.function_opens_transaction_block";
-            let was_off =
-                first_value::<String>(run(client, "SELECT pg_catalog.current_setting($1, true)", &[GUC.into()]))
-                    .is_some_and(|v| v == "off");
-            if was_off {
-                run(client, "SELECT pg_catalog.set_config($1, 'on', true)", &[GUC.into()]);
-            }
+            let was_off = first_value::<bool>(run(
+                client,
+                "SELECT CASE WHEN pg_catalog.current_setting($1, true) = 'off'
+                             THEN pg_catalog.set_config($1, 'on', true) = 'on' ELSE false END",
+                &[GUC.into()],
+            ))
+            .unwrap_or(false);
             for (queue, idxs) in &by_queue {
                 // SAFETY: `items` is the call's jsonb argument, valid for the whole call.
                 let items_arg = unsafe { DatumWithOid::new(items, pg_sys::JSONBOID) };
