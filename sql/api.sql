@@ -319,7 +319,7 @@ BEGIN
   -- The queue's grants, and with them the functions a role no longer needs: a role left
   -- with no queue grant and the EXECUTE rights queen.grant gave it would otherwise count
   -- as a 0.3.0 role, allowed on every queue (src/queue/privileges.rs).
-  WITH gone AS (DELETE FROM queen.queue_grants g WHERE g.queue_id = qid RETURNING g.grantee)
+  WITH gone AS (DELETE FROM queen.queue_grants g WHERE g.queue_id = qid RETURNING g.grantee::oid AS grantee)
   SELECT array_agg(DISTINCT grantee) INTO grantees FROM gone;
   PERFORM queen._sync_grants(r) FROM unnest(grantees) r;
   DELETE FROM queen.queues q WHERE q.queue_id = qid;

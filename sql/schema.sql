@@ -370,10 +370,38 @@ REVOKE ALL ON queen.dedup FROM PUBLIC;
 -- no queen role may use the queues granted to it here, and no other.
 CREATE TABLE queen.queue_grants (
     queue_id   bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
-    grantee    oid    NOT NULL,
+    -- regrole: a dump (below) writes the role's name, and a restore finds the role by it
+    grantee    regrole NOT NULL,
     privilege  text   NOT NULL CHECK (privilege IN ('produce', 'consume', 'admin')),
     granted_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (queue_id, grantee, privilege)
 );
 COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
+
+-- Backups with pg_dump (docs/concepts.md, "Backup and restore"): a dump holds the rows of
+-- these tables (an extension's tables are otherwise left out, so a restore would bring back
+-- an empty queen), and the queue id sequence's position. Not dumped: queen.generations,
+-- whose one row the install script makes (a restore keeps its default, which is correct
+-- wherever the rows are: see generations.rs), and queen.limit_buckets (tokens and lanes in
+-- flight, which refill). A grant of a role that no longer exists is left out; the others
+-- are written with the role's name.
+SELECT pg_catalog.pg_extension_config_dump('queen.queues', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.queues_queue_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.partitions', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.segments_0', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.segments_1', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.fresh_segments_0', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.fresh_segments_1', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.groups', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.limits', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.expired_drops', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.expired_drops_folded', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.lanes', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.lane_journal_0', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.lane_journal_1', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.leases', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.log_dlq', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.dedup', '');
+SELECT pg_catalog.pg_extension_config_dump('queen.queue_grants',
+  'WHERE grantee::oid IN (SELECT oid FROM pg_catalog.pg_roles)');

@@ -143,6 +143,11 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             crate::lane::registry::end(true);
             crate::pg::wake::on_commit();
             crate::pg::dbs::on_commit();
+            // A restore's copy into queen's tables: what calls loaded from the tables while
+            // they held part of the dump goes (the next worker forgets again).
+            if crate::pg::dbs::end_restore() {
+                crate::lane::forget_install_state("a restore's copy");
+            }
         }),
         XACT_EVENT_ABORT => never_raise("the end of an aborted transaction", || {
             crate::offsets::end(false);
@@ -151,6 +156,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             crate::pg::wake::on_abort();
             crate::pg::cache::on_abort();
             crate::pg::dbs::on_abort();
+            crate::pg::dbs::end_restore();
             queen_core::segment::forget_blocks();
         }),
         XACT_EVENT_PRE_PREPARE if crate::lane::registry::in_use() => errors::raise(
@@ -173,6 +179,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             crate::pg::wake::on_abort();
             crate::pg::cache::on_abort();
             crate::pg::dbs::on_abort();
+            crate::pg::dbs::end_restore();
             queen_core::segment::forget_blocks();
         }),
         _ => {}
@@ -318,6 +325,14 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
     }
     // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
     if unsafe { extension_statement(stmt) } {
+        // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
+        // A new install after `DROP EXTENSION`: the old install's lanes and partition offsets
+        // go (a restored dump brings their partition ids back, with other cursors and
+        // offsets; a cursor ahead of the restored one would skip messages). Nothing can
+        // hold them: queen's tables do not exist here until the statement commits.
+        if unsafe { installs_anew(stmt) } {
+            crate::lane::forget_install_state("a new install");
+        }
         // The worker steps aside while the extension's objects change under it (it would
         // otherwise hold a table the statement needs, and one of the two would be cancelled
         // as a deadlock), and is asked for again when the statement commits.
@@ -325,6 +340,10 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
         crate::worker::leave_database(crate::pg::dbs::my_database());
         crate::pg::dbs::resume_at_transaction_end();
         return Around::Nothing;
+    }
+    // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
+    if unsafe { copies_into_queen(stmt) } && crate::pg::dbs::begin_restore() {
+        crate::worker::leave_database(crate::pg::dbs::my_database());
     }
     // SAFETY: as above.
     if let Some(database) = unsafe { database_needed(stmt) } {
@@ -375,6 +394,49 @@ unsafe fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
             }
             _ => false,
         }
+    }
+}
+
+/// Whether `stmt` is a `CREATE EXTENSION queen` in a database where queen is not installed
+/// (it creates it, or fails).
+///
+/// # Safety
+/// `stmt` is a valid parse node.
+unsafe fn installs_anew(stmt: *mut pg_sys::Node) -> bool {
+    // SAFETY: the node is read as a CreateExtensionStmt only after its tag says so; the
+    // catalog lookup runs inside the statement's transaction.
+    unsafe {
+        (*stmt).type_ == pg_sys::NodeTag::T_CreateExtensionStmt
+            && pg_sys::get_extension_oid(c"queen".as_ptr(), true) == pg_sys::InvalidOid
+    }
+}
+
+/// Whether `stmt` is a `COPY ... FROM` into one of queen's tables (a restore of a dump
+/// writes them that way: `dbs::begin_restore`).
+///
+/// # Safety
+/// `stmt` is a valid parse node.
+unsafe fn copies_into_queen(stmt: *mut pg_sys::Node) -> bool {
+    // SAFETY: the node is read as a CopyStmt only after its tag says so; its relation is a
+    // RangeVar of the parse tree (or null); the lookups run inside the statement's
+    // transaction, take no lock and raise nothing for a missing name.
+    unsafe {
+        if (*stmt).type_ != pg_sys::NodeTag::T_CopyStmt {
+            return false;
+        }
+        let copy = stmt as *mut pg_sys::CopyStmt;
+        if !(*copy).is_from || (*copy).relation.is_null() {
+            return false;
+        }
+        let queen = pg_sys::get_namespace_oid(c"queen".as_ptr(), true);
+        let rel = pg_sys::RangeVarGetRelidExtended(
+            (*copy).relation,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        );
+        queen != pg_sys::InvalidOid && rel != pg_sys::InvalidOid && pg_sys::get_rel_namespace(rel) == queen
     }
 }
 

@@ -130,10 +130,12 @@ fn stop_worker(pid: i32, database: u32) -> bool {
 const SIGTERM: i32 = 15;
 
 /// Whether no worker may start in a slot's database now (other than process `me`, 0 for
-/// none): a statement that needs the database to itself paused it, or a live worker holds
-/// it. The launcher asks before it starts a worker, and a starting worker asks again.
+/// none): a statement that needs the database to itself paused it, a restore copies into
+/// queen's tables (`dbs::begin_restore`), or a live worker holds it. The launcher asks before it starts a worker, and a starting worker asks again.
 fn kept_away(slot: &dbs::Slot, now: i64, me: i32) -> bool {
-    slot.paused_until > now || (slot.worker_pid != 0 && slot.worker_pid != me && alive(slot.worker_pid))
+    slot.paused_until > now
+        || slot.restoring > 0
+        || (slot.worker_pid != 0 && slot.worker_pid != me && alive(slot.worker_pid))
 }
 
 /// Whether a process still runs.
@@ -536,6 +538,11 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
             // SAFETY: as above.
             unsafe { pg_sys::proc_exit(0) };
         }
+    }
+    // After a restore's copies into queen's tables: what shared memory loaded from the
+    // tables while they held part of the dump goes (`hooks::forget_install_state`).
+    if dbs::take_restored(database) {
+        crate::lane::forget_install_state("a restore");
     }
     let mut m = Maintenance { database, backoff: Backoff::default(), errors: false };
     rounds(&mut m);

@@ -70,7 +70,7 @@ fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
         let removed = !run(
             client,
             "DELETE FROM queen.queue_grants g USING queen.queues q
-              WHERE q.queue_id = g.queue_id AND q.name = $1 AND g.grantee = $2 AND g.privilege = $3
+              WHERE q.queue_id = g.queue_id AND q.name = $1 AND g.grantee = $2::oid AND g.privilege = $3
              RETURNING 1",
             &[queue.as_str().into(), oid.into(), p.as_str().into()],
         )
@@ -92,9 +92,9 @@ fn grants_sql(
     let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
         run(
             client,
-            "SELECT q.name, coalesce(r.rolname::text, g.grantee::text), g.privilege
+            "SELECT q.name, coalesce(r.rolname::text, g.grantee::oid::text), g.privilege
                FROM queen.queue_grants g JOIN queen.queues q ON q.queue_id = g.queue_id
-               LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
+               LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee::oid
               WHERE $1::text IS NULL OR q.name = $1
               ORDER BY 1, 2, 3",
             &[queue.into()],

@@ -20,3 +20,20 @@ pub mod rows;
 pub fn settle_journal(client: &mut pgrx::spi::SpiClient<'_>, wait: bool) -> bool {
     registry::enabled() || rows::settle_journal(client, wait)
 }
+
+/// Forgets what shared memory holds of the current database's queen install that nothing
+/// uses at this moment: its idle lanes (with their leases and backoffs, as after a
+/// restart: the messages are delivered again) and its idle partition offsets, which later
+/// calls load from the tables again (as after an eviction). For when the tables changed
+/// under them without queen's calls: a new install after `DROP EXTENSION` (the old
+/// partition ids may come back in a restored dump, with other cursors and offsets), and
+/// a restore's copies into the tables (what was loaded while they held part of the dump).
+/// Raises nothing. `why` is for the log.
+pub fn forget_install_state(why: &str) {
+    let database = crate::pg::dbs::my_database();
+    let lanes = registry::forget_database(database);
+    let partitions = crate::offsets::forget_database(database);
+    if lanes + partitions > 0 {
+        pgrx::debug1!("queen: {why}: forgot {lanes} lanes and {partitions} partitions held in shared memory");
+    }
+}

@@ -104,7 +104,18 @@ pub struct Slot {
     pub retention_bytes_total: i64,
     /// Fresh segments compaction could not decode and kept as they were.
     pub corrupt_segments: i64,
+    /// Transactions in flight that copy rows into queen's tables (a restore of a dump:
+    /// `begin_restore`): no worker runs meanwhile, nor until `RESTORE_QUIET` after the last.
+    pub restoring: u32,
+    /// Such a copy committed since the worker last started: the next worker forgets the
+    /// database's lanes and partition offsets first (`take_restored`).
+    pub restored: u32,
 }
+
+/// How long after a restore's last copy into queen's tables the worker stays away
+/// (microseconds): the copies of one restore follow each other, and between two of them
+/// the tables hold part of the dump.
+pub const RESTORE_QUIET_MICROS: i64 = 30_000_000;
 
 #[repr(C)]
 struct Header {
@@ -150,6 +161,8 @@ thread_local! {
     /// This transaction made this database's worker step aside: it may come back when the
     /// transaction ends, however it ends.
     static RESUME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This transaction copies rows into queen's tables (`begin_restore`).
+    static RESTORING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 fn slot_count() -> usize {
@@ -435,4 +448,45 @@ pub fn record_pass(pass: Pass, ok: bool, now: i64) {
             p.last_error = now;
         }
     });
+}
+
+/// This transaction copies rows into queen's tables (`COPY queen.x FROM`, as a restore of a
+/// dump does, table after table): until it ends, and for `RESTORE_QUIET_MICROS` after the
+/// last such transaction of the database ends, its worker stays away, since the tables
+/// hold only part of the dump (compaction would take offsets whose segments are not
+/// restored yet for gaps, and retention or the removal of idle partitions would act on
+/// cursors and partitions not restored yet). Returns true the first time in a
+/// transaction: the caller then makes a running worker leave. Raises nothing; a database
+/// without a slot (all taken) has no worker to keep away.
+pub fn begin_restore() -> bool {
+    if !enabled() || RESTORING.with(|r| r.get()) {
+        return false;
+    }
+    let counted = with(my_database(), true, |s| s.restoring += 1).is_some();
+    RESTORING.with(|r| r.set(counted));
+    counted
+}
+
+/// At the end of a transaction (`hooks`): one that copied into queen's tables is no longer
+/// in flight; the last one starts the quiet time. Returns whether this transaction was
+/// such a copy. Raises nothing.
+pub fn end_restore() -> bool {
+    if !RESTORING.with(|r| r.replace(false)) || !enabled() {
+        return false;
+    }
+    let now = crate::pg::clock::clock_now();
+    with(my_database(), false, |s| {
+        s.restoring = s.restoring.saturating_sub(1);
+        s.restored = 1;
+        if s.restoring == 0 {
+            s.paused_until = now + RESTORE_QUIET_MICROS;
+        }
+    });
+    true
+}
+
+/// For a starting worker: whether a restore's copy committed since the last worker
+/// started (the flag is cleared).
+pub fn take_restored(database: u32) -> bool {
+    enabled() && with(database, false, |s| std::mem::take(&mut s.restored) != 0).unwrap_or(false)
 }

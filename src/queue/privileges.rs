@@ -92,7 +92,7 @@ fn limited(role: pg_sys::Oid) -> bool {
         (),
         || {
             Some(Spi::connect_mut(|client| {
-                run(client, "SELECT DISTINCT grantee FROM queen.queue_grants", &[])
+                run(client, "SELECT DISTINCT grantee::oid FROM queen.queue_grants", &[])
                     .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
                     .collect::<Vec<_>>()
             }))
@@ -132,7 +132,7 @@ fn granted(client: &mut SpiClient<'_>, role: pg_sys::Oid, queue_id: i64, p: Priv
     let read = || {
         let grantees: Vec<pg_sys::Oid> = run(
             client,
-            "SELECT grantee FROM queen.queue_grants WHERE queue_id = $1 AND privilege IN ($2, 'admin')",
+            "SELECT grantee::oid FROM queen.queue_grants WHERE queue_id = $1 AND privilege IN ($2, 'admin')",
             &[queue_id.into(), p.as_str().into()],
         )
         .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
@@ -260,7 +260,7 @@ pub fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, Strin
 /// it holds any; the rest is revoked (only what queen granted directly to the role).
 pub fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
     let held: Vec<String> =
-        run(client, "SELECT DISTINCT privilege FROM queen.queue_grants WHERE grantee = $1", &[role.into()])
+        run(client, "SELECT DISTINCT privilege FROM queen.queue_grants WHERE grantee = $1::oid", &[role.into()])
             .map(|r| r.get::<String>(1).or_raise().unwrap())
             .collect();
     let mut need: Vec<String> = Vec::new();

@@ -74,7 +74,8 @@ SELECT queen.drop_partition('up', 'c') - 'segments' AS dropped;
 SELECT queen.revoke_lease(gen_random_uuid()) - 'leaseId' AS revoked_nothing;
 SELECT * FROM queen.totals('up');
 
--- Every object, column, default, index, function setting, privilege and comment.
+-- Every object, column, default, index, function setting, privilege and comment, and the
+-- tables a dump holds.
 CREATE FUNCTION pg_temp.queen_catalog() RETURNS SETOF text LANGUAGE sql AS $$
   SELECT 'member ' || pg_describe_object(d.classid, d.objid, d.objsubid)
     FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
@@ -107,6 +108,11 @@ CREATE FUNCTION pg_temp.queen_catalog() RETURNS SETOF text LANGUAGE sql AS $$
     FROM pg_description ds
     JOIN pg_depend d ON d.classid = ds.classoid AND d.objid = ds.objoid AND d.deptype = 'e'
     JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'queen'
+  UNION ALL
+  -- what pg_dump dumps of the tables (pg_extension_config_dump), and with which filter
+  SELECT format('dumped %s %s', x.rel::regclass, x.cond)
+    FROM pg_extension e CROSS JOIN LATERAL unnest(e.extconfig, e.extcondition) AS x(rel, cond)
+   WHERE e.extname = 'queen'
 $$;
 CREATE TEMP TABLE upgraded AS SELECT * FROM pg_temp.queen_catalog() AS x(line);
 SET client_min_messages = warning;

@@ -1,0 +1,320 @@
+//! A `pg_dump` of a database where queen is installed holds its queues: restored into
+//! another database (`psql --single-transaction -f`, as docs/concepts.md, "Backup and
+//! restore", says), it delivers exactly what the source delivers from the moment of the
+//! dump, to every group, with the same cursors, open leases, dead letters, options and
+//! grants, and goes on from there: new pushes take offsets after the restored ones, new
+//! queues new ids. Both segment tiers and both generations are in the dump.
+
+use std::process::Command;
+
+use postgres::{Client, NoTls};
+use queen_it::{connect, dsn, own_database_with};
+use serde_json::{json, Value};
+
+/// The database a DSN names (its last `dbname=`).
+fn dbname(dsn: &str) -> String {
+    dsn.split_whitespace().filter_map(|kv| kv.strip_prefix("dbname=")).next_back().expect("a dbname").to_string()
+}
+
+fn ok(out: std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Rows of `sql` as text, in the query's order.
+fn rows(c: &mut Client, sql: &str) -> Vec<String> {
+    c.query(&format!("SELECT x::text FROM ({sql}) x"), &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// Every message `group` can still be given, popped until none is left (auto_ack), as text
+/// rows of partition, offset, message id, transaction id, payload and headers, sorted.
+fn drain(c: &mut Client, group: &str) -> Vec<String> {
+    let mut got = Vec::new();
+    loop {
+        let batch = rows(
+            c,
+            &format!(
+                "SELECT partition, msg_offset, message_id, transaction_id, payload, headers
+                   FROM queen.pop('dq', '{group}', batch => 1000, max_partitions => 100, auto_ack => true)"
+            ),
+        );
+        if batch.is_empty() {
+            got.sort();
+            return got;
+        }
+        got.extend(batch);
+    }
+}
+
+#[test]
+fn a_restored_dump_delivers_what_the_source_would() {
+    // Only this test rotates the source's generations (tests/tests/generations.rs).
+    let src_dsn = own_database_with(&["queen.rotation_min_size = -1"]);
+    let mut src = Client::connect(&src_dsn, NoTls).unwrap();
+    let role = format!("dump_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let gone_role = format!("{role}_gone");
+    src.batch_execute(&format!(
+        "CREATE ROLE {role}; CREATE ROLE {gone_role};
+         SELECT queen.configure('dq', retention => 3600, retry_limit => 5, dedup_window => 600);
+         SELECT queen.create_group('dq', 'g1');
+         SELECT queen.create_group('dq', 'g2');
+         SELECT queen.grant('dq', '{role}', 'consume');
+         -- a grant whose role is dropped since: left out of the dump
+         SELECT queen.grant('dq', '{gone_role}', 'produce');
+         DROP OWNED BY {gone_role}; DROP ROLE {gone_role};"
+    ))
+    .unwrap();
+
+    // Generation 1 becomes the current one: a filler queue consumed and past its
+    // retention, then one retention pass that rotates.
+    src.batch_execute(
+        "SELECT queen.configure('filler', retention => 1);
+         SELECT count(*) FROM queen.push_batch('filler', (SELECT jsonb_agg(jsonb_build_object('payload',
+           jsonb_build_object('pad', (SELECT string_agg(md5(i::text || '.' || j::text), '') FROM generate_series(1, 40) j))))
+           FROM generate_series(1, 1500) i));
+         SELECT count(*) FROM queen.pop('filler', batch => 2000, auto_ack => true);
+         SELECT pg_sleep(1.2);
+         SET queen.rotation_min_size = '1MB';",
+    )
+    .unwrap();
+    let rotated: bool = src.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]).unwrap().get(0);
+    assert!(rotated, "the source's generations did not rotate");
+    // A backend reads the current generation at most once a second.
+    src.batch_execute("RESET queen.rotation_min_size; SELECT pg_sleep(1.1)").unwrap();
+
+    // Messages in both tiers of four partitions: single pushes (fresh), batches of 100
+    // (durable), some with transaction ids and headers; a compaction in between.
+    let mut pushed = 0;
+    for round in 0..2 {
+        for i in 0..40 {
+            let tx = (i % 3 == 0).then(|| format!("tx-{round}-{i}"));
+            let headers = (i % 5 == 0).then(|| json!({"h": i}));
+            src.execute(
+                "SELECT queen.send('dq', $1, partition => $2, transaction_id => $3, headers => $4)",
+                &[&json!({"round": round, "i": i}), &format!("p{}", i % 4), &tx, &headers],
+            )
+            .unwrap();
+            pushed += 1;
+        }
+        let items: Value =
+            (0..100).map(|i| json!({"partition": "p1", "payload": {"round": round, "batch": i}})).collect();
+        src.execute("SELECT count(*) FROM queen.push_batch('dq', $1)", &[&items]).unwrap();
+        pushed += 100;
+        if round == 0 {
+            src.batch_execute("SELECT queen.compact('dq')").unwrap();
+        }
+    }
+    let tiers: (i64, i64, i64) = {
+        let r = src
+            .query_one(
+                "SELECT (SELECT count(*) FROM queen.segments_1), (SELECT count(*) FROM queen.fresh_segments_1),
+                        (SELECT count(*) FROM queen.generations WHERE current_generation = 1)",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert!(tiers.0 > 0 && tiers.1 > 0 && tiers.2 == 1, "both tiers in generation 1, the current one: {tiers:?}");
+
+    // g1 consumes some and dead-letters one; g2 holds a lease of 10 at the dump.
+    src.batch_execute(
+        "SELECT count(*) FROM queen.pop('dq', 'g1', batch => 30, max_partitions => 4, auto_ack => true);
+         SELECT queen.ack(lease_id, partition_id, msg_offset, 'dlq', 'bad')
+           FROM queen.pop('dq', 'g1', batch => 1) ;
+         SELECT count(*) FROM queen.pop('dq', 'g2', batch => 10, lease_seconds => 3);",
+    )
+    .unwrap();
+
+    // The dump, while the source's worker runs; the restore into a new database.
+    let file = std::env::temp_dir().join(format!("queen_dump_{role}.sql"));
+    ok(Command::new("pg_dump").args(["-d", &src_dsn, "-f", file.to_str().unwrap()]).output().unwrap(), "pg_dump");
+    let dst_name = format!("{}_restored", dbname(&src_dsn));
+    let mut admin = connect();
+    admin.batch_execute(&format!("CREATE DATABASE {dst_name}")).unwrap();
+    admin.batch_execute(&format!("ALTER DATABASE {dst_name} SET queen.rotation_min_size = -1")).unwrap();
+    let dst_dsn = format!("{} dbname={dst_name}", dsn());
+    ok(
+        Command::new("psql")
+            .args(["-X", "-q", "--single-transaction", "-v", "ON_ERROR_STOP=1", "-d", &dst_dsn, "-f"])
+            .arg(&file)
+            .output()
+            .unwrap(),
+        "the restore",
+    );
+    let _ = std::fs::remove_file(&file);
+    let mut dst = Client::connect(&dst_dsn, NoTls).unwrap();
+
+    // The same state, read through the API (and the options from the table). A lease
+    // lives in shared memory, not in the dump: the restore has none (its messages are
+    // delivered again there, at once, as after a lease that ended).
+    let status = "SELECT partition, partition_id, head, consumer_group, committed, retry_count, attempt_count,
+                         dead_letters
+                    FROM queen.status('dq') ORDER BY partition, consumer_group";
+    let leases = "SELECT consumer_group FROM queen.status('dq') WHERE lease_id IS NOT NULL";
+    assert_eq!(rows(&mut src, leases), vec!["(g2)".to_string()], "the source's open lease");
+    assert!(rows(&mut dst, leases).is_empty(), "the restore has no lease");
+    let dlq = "SELECT id, transaction_id, partition, consumer_group, data, error_message, failed_at, reason
+                 FROM queen.dlq('dq') ORDER BY id";
+    let options = "SELECT to_jsonb(q) - 'queue_id' FROM queen.queues q ORDER BY name";
+    for sql in [status, dlq, options] {
+        let (a, b) = (rows(&mut src, sql), rows(&mut dst, sql));
+        assert!(!a.is_empty(), "nothing to compare: {sql}");
+        assert_eq!(a, b, "the restore differs from its source: {sql}");
+    }
+    let grants = "SELECT queue, role, privilege FROM queen.grants() ORDER BY 1, 2, 3";
+    assert_eq!(rows(&mut dst, grants), vec![format!("(dq,{role},consume)")], "grants after the restore");
+    assert_eq!(rows(&mut src, grants).len(), 2, "the source keeps its dropped role's grant");
+
+    // After g2's lease ends, both databases give each group the same messages; g2, which
+    // acknowledged nothing, gets every message pushed.
+    std::thread::sleep(std::time::Duration::from_millis(3200));
+    for group in ["g1", "g2"] {
+        let (a, b) = (drain(&mut src, group), drain(&mut dst, group));
+        assert_eq!(a, b, "group {group}: the restore delivers other messages than its source");
+        if group == "g2" {
+            assert_eq!(b.len(), pushed, "group g2 of the restore: every message pushed");
+        } else {
+            assert!(!b.is_empty() && b.len() < pushed - 30, "group g1 of the restore: {} messages", b.len());
+        }
+    }
+
+    // The restore goes on: a push takes an offset past the restored ones, a new queue a
+    // new id, and the restored dedup window still knows the source's transaction ids.
+    let last: i64 =
+        dst.query_one("SELECT max(head) FROM queen.status('dq') WHERE partition = 'p0'", &[]).unwrap().get(0);
+    let off: i64 = dst.query_one("SELECT queen.send('dq', '{\"after\": 1}', partition => 'p0')", &[]).unwrap().get(0);
+    assert_eq!(off, last + 1, "a push after the restore");
+    let dup: i64 = dst
+        .query_one("SELECT count(*) FROM queen.push('dq', '{}', partition => 'p0', transaction_id => 'tx-0-0') WHERE status = 'duplicate'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(dup, 1, "the restored dedup window");
+    dst.batch_execute("SELECT queen.send('dq_new', '{}')").unwrap();
+    let new_id: i64 = dst.query_one("SELECT queue_id FROM queen.queues WHERE name = 'dq_new'", &[]).unwrap().get(0);
+    let max_old: i64 = src.query_one("SELECT max(queue_id) FROM queen.queues", &[]).unwrap().get(0);
+    assert!(new_id > max_old, "a new queue's id ({new_id}) after the restored ones ({max_old})");
+    let after =
+        rows(&mut dst, "SELECT msg_offset, payload FROM queen.pop('dq', 'g1', partition => 'p0', auto_ack => true)");
+    assert_eq!(after, vec![format!("({off},\"{{\"\"after\"\": 1}}\")")], "the message pushed after the restore");
+
+    drop((src, dst));
+    admin.batch_execute(&format!("DROP DATABASE {dst_name} WITH (FORCE)")).unwrap();
+    admin.batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", dbname(&src_dsn))).unwrap();
+    admin.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).ok();
+}
+
+/// A dump restored over the database it came from (`pg_restore --clean`, which drops
+/// queen and installs it again, in one transaction), after the source moved on: the
+/// restore delivers from its own cursors and takes its own offsets, not those shared
+/// memory still held of the install it replaced (a lane slot's cursor past the restored
+/// one would skip messages; an offsets slot's head past the restored segments would leave
+/// a gap, one behind them would reuse offsets).
+#[test]
+fn a_dump_restored_over_its_source_forgets_the_replaced_install() {
+    let own = own_database_with(&[]);
+    let mut c = Client::connect(&own, NoTls).unwrap();
+    c.batch_execute(
+        "SELECT queen.create_group('dq', 'g1');
+         SELECT count(*) FROM (SELECT queen.send('dq', jsonb_build_object('i', i)) FROM generate_series(1, 50) i) s;
+         SELECT count(*) FROM queen.pop('dq', 'g1', batch => 10, auto_ack => true);",
+    )
+    .unwrap();
+    let file = std::env::temp_dir().join(format!("queen_dump_{}.custom", dbname(&own)));
+    ok(Command::new("pg_dump").args(["-Fc", "-d", &own, "-f", file.to_str().unwrap()]).output().unwrap(), "pg_dump");
+    // The source moves on: g1 consumes everything and 20 more.
+    c.batch_execute(
+        "SELECT count(*) FROM queen.pop('dq', 'g1', batch => 100, auto_ack => true);
+         SELECT count(*) FROM (SELECT queen.send('dq', '{}') FROM generate_series(1, 20)) s;
+         SELECT count(*) FROM queen.pop('dq', 'g1', batch => 100, auto_ack => true);",
+    )
+    .unwrap();
+    let moved: i64 = c.query_one("SELECT committed FROM queen.status('dq')", &[]).unwrap().get(0);
+    assert_eq!(moved, 70);
+    drop(c);
+    ok(
+        Command::new("pg_restore")
+            .args(["--clean", "--if-exists", "--single-transaction", "--exit-on-error", "-d", &own])
+            .arg(&file)
+            .output()
+            .unwrap(),
+        "pg_restore",
+    );
+    let _ = std::fs::remove_file(&file);
+    let mut c = Client::connect(&own, NoTls).unwrap();
+    let got = rows(&mut c, "SELECT msg_offset FROM queen.pop('dq', 'g1', batch => 100, auto_ack => true)");
+    let want: Vec<String> = (11..=50).map(|o| format!("({o})")).collect();
+    assert_eq!(got, want, "the restored group's messages: those after its cursor at the dump");
+    let next: i64 = c.query_one("SELECT queen.send('dq', '{}')", &[]).unwrap().get(0);
+    assert_eq!(next, 51, "a push after the restore takes the offset after the restored ones");
+    drop(c);
+    connect().batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", dbname(&own))).unwrap();
+}
+
+/// A restore that is not one transaction (`psql -f` without `--single-transaction`, or
+/// `pg_restore` without it) commits table after table, while the database's maintenance
+/// worker could run: between the copy of the fresh tier and that of the durable tier,
+/// compaction would take the durable segments' offsets for gaps and merge the fresh
+/// segments around them into one that hides them for good. The worker stays away while
+/// copies into queen's tables run and for a while after (`dbs::begin_restore`). Here a
+/// pause between the two copies stands for a large table's copy.
+#[test]
+fn a_restore_table_by_table_loses_nothing_to_maintenance() {
+    // Compaction leaves a run of fewer than 256 small segments alone for 10 s after its
+    // newest (`queen_core::compaction::LIMITS`): the source keeps both tiers alternating
+    // in the partition until the dump.
+    let src_dsn = own_database_with(&[]);
+    let mut src = Client::connect(&src_dsn, NoTls).unwrap();
+    src.batch_execute(
+        "SELECT queen.create_group('dq', 'g');
+         SELECT count(*) FROM (SELECT queen.send('dq', jsonb_build_object('i', i)) FROM generate_series(1, 10) i) s;
+         SELECT count(*) FROM queen.push_batch('dq', (SELECT jsonb_agg(jsonb_build_object('payload', jsonb_build_object('i', i)))
+           FROM generate_series(11, 110) i));
+         SELECT count(*) FROM (SELECT queen.send('dq', jsonb_build_object('i', i)) FROM generate_series(111, 120) i) s;",
+    )
+    .unwrap();
+    let tiers: (i64, i64) = {
+        let r = src
+            .query_one("SELECT (SELECT count(*) FROM queen.fresh_segments), (SELECT count(*) FROM queen.segments)", &[])
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(tiers, (20, 1), "20 fresh segments around a durable one");
+    let file = std::env::temp_dir().join(format!("queen_dump_{}.sql", dbname(&src_dsn)));
+    ok(Command::new("pg_dump").args(["-d", &src_dsn, "-f", file.to_str().unwrap()]).output().unwrap(), "pg_dump");
+    // Two seconds between the copy of the fresh tier and that of the durable one, and the
+    // fresh segments old enough to be merged by then.
+    let dump = std::fs::read_to_string(&file).unwrap();
+    let at = dump.find("COPY queen.segments_0 ").expect("the durable tier's copy");
+    assert!(dump.find("COPY queen.fresh_segments_0 ").expect("the fresh tier's copy") < at);
+    std::fs::write(&file, format!("{}SELECT pg_sleep(2);\n{}", &dump[..at], &dump[at..])).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(10_500));
+
+    let dst_name = format!("{}_restored", dbname(&src_dsn));
+    let mut admin = connect();
+    admin.batch_execute(&format!("CREATE DATABASE {dst_name}")).unwrap();
+    let dst_dsn = format!("{} dbname={dst_name}", dsn());
+    ok(
+        Command::new("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &dst_dsn, "-f"])
+            .arg(&file)
+            .output()
+            .unwrap(),
+        "the restore",
+    );
+    let _ = std::fs::remove_file(&file);
+    let mut dst = Client::connect(&dst_dsn, NoTls).unwrap();
+    let got: Vec<i64> = dst
+        .query("SELECT (payload->>'i')::int8 FROM queen.pop('dq', 'g', batch => 1000, auto_ack => true)", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(got, (1..=120).collect::<Vec<i64>>(), "every message, in order, after the restore");
+    drop((src, dst));
+    admin.batch_execute(&format!("DROP DATABASE {dst_name} WITH (FORCE)")).unwrap();
+    admin.batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", dbname(&src_dsn))).unwrap();
+}
