@@ -138,25 +138,30 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // Post-commit: the transaction's rows are visible to every new snapshot. Publish
         // its offsets first, then release its lanes, then wake waiting pops, which will
         // find them readable.
-        XACT_EVENT_COMMIT => never_raise("the end of a committed transaction", || {
-            crate::offsets::end(true);
-            crate::lane::registry::end(true);
-            crate::pg::wake::on_commit();
-            crate::pg::dbs::on_commit();
-            // A restore's copy into queen's tables: what calls loaded from the tables while
-            // they held part of the dump goes (the next worker forgets again).
-            if crate::pg::dbs::end_restore() {
-                crate::lane::forget_install_state("a restore's copy");
-            }
-        }),
+        XACT_EVENT_COMMIT => {
+            // First and on its own: a count left up would keep the worker away for good.
+            let mut copied = false;
+            never_raise("the end of a copy into queen's tables", || copied = crate::pg::dbs::copy_in_ends());
+            never_raise("the end of a committed transaction", || {
+                crate::offsets::end(true);
+                crate::lane::registry::end(true);
+                crate::pg::wake::on_commit();
+                crate::pg::dbs::on_commit();
+                // Rows copied into queen's tables (a restore): what calls loaded from the
+                // tables while they held part of a dump goes (the next worker forgets too).
+                if copied {
+                    forget_registries("rows copied into queen's tables");
+                }
+            });
+        }
         XACT_EVENT_ABORT => never_raise("the end of an aborted transaction", || {
+            crate::pg::dbs::copy_in_ends();
             crate::offsets::end(false);
             crate::offsets::prepare_failed();
             crate::lane::registry::end(false);
             crate::pg::wake::on_abort();
             crate::pg::cache::on_abort();
             crate::pg::dbs::on_abort();
-            crate::pg::dbs::end_restore();
             queen_core::segment::forget_blocks();
         }),
         XACT_EVENT_PRE_PREPARE if crate::lane::registry::in_use() => errors::raise(
@@ -175,11 +180,11 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // queues and partitions the prepared transaction created is gone too: they exist
         // only if it commits.
         XACT_EVENT_PREPARE => never_raise("the end of a prepared transaction", || {
+            crate::pg::dbs::copy_in_ends();
             crate::offsets::prepared();
             crate::pg::wake::on_abort();
             crate::pg::cache::on_abort();
             crate::pg::dbs::on_abort();
-            crate::pg::dbs::end_restore();
             queen_core::segment::forget_blocks();
         }),
         _ => {}
@@ -326,12 +331,8 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
     // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
     if unsafe { extension_statement(stmt) } {
         // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
-        // A new install after `DROP EXTENSION`: the old install's lanes and partition offsets
-        // go (a restored dump brings their partition ids back, with other cursors and
-        // offsets; a cursor ahead of the restored one would skip messages). Nothing can
-        // hold them: queen's tables do not exist here until the statement commits.
         if unsafe { installs_anew(stmt) } {
-            crate::lane::forget_install_state("a new install");
+            forget_earlier_install();
         }
         // The worker steps aside while the extension's objects change under it (it would
         // otherwise hold a table the statement needs, and one of the two would be cancelled
@@ -342,8 +343,11 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
         return Around::Nothing;
     }
     // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
-    if unsafe { copies_into_queen(stmt) } && crate::pg::dbs::begin_restore() {
+    if unsafe { copies_into_queen(stmt) } && crate::pg::dbs::copy_in_begins() {
         crate::worker::leave_database(crate::pg::dbs::my_database());
+        // Queues and grants may come in with the rows: every backend drops what it cached
+        // of them once this commits (a limited role cached as unlimited, say).
+        crate::pg::cache::invalidate();
     }
     // SAFETY: as above.
     if let Some(database) = unsafe { database_needed(stmt) } {
@@ -397,29 +401,64 @@ unsafe fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
     }
 }
 
-/// Whether `stmt` is a `CREATE EXTENSION queen` in a database where queen is not installed
-/// (it creates it, or fails).
+/// Whether `stmt`, a statement `extension_statement` found to be about queen, is its
+/// `CREATE EXTENSION` in a database where queen is not installed (it creates it, or fails).
 ///
 /// # Safety
 /// `stmt` is a valid parse node.
 unsafe fn installs_anew(stmt: *mut pg_sys::Node) -> bool {
-    // SAFETY: the node is read as a CreateExtensionStmt only after its tag says so; the
-    // catalog lookup runs inside the statement's transaction.
+    // SAFETY: the node's tag is read first; the catalog lookup (missing_ok) runs inside the
+    // statement's transaction, before the statement, and raises only as the statement's
+    // own lookup of the extension would.
     unsafe {
         (*stmt).type_ == pg_sys::NodeTag::T_CreateExtensionStmt
             && pg_sys::get_extension_oid(c"queen".as_ptr(), true) == pg_sys::InvalidOid
     }
 }
 
-/// Whether `stmt` is a `COPY ... FROM` into one of queen's tables (a restore of a dump
-/// writes them that way: `dbs::begin_restore`).
+/// A new install after `DROP EXTENSION`: what the registries still hold of the old install
+/// goes, since a restored dump brings its partition ids back with other cursors and
+/// offsets (a lane's cursor past the restored one would skip messages; a partition's head
+/// behind the restored segments would reserve their offsets again). An entry a
+/// transaction still uses cannot go: an ack or a push of the old install that took its
+/// lane or offsets in shared memory before the `DROP EXTENSION` in this same transaction
+/// locked the tables, and waits for them now. It would put the old state back when it
+/// fails, so the install is refused (55006) until those sessions are gone.
+fn forget_earlier_install() {
+    forget_registries("a new install");
+    let (lanes, partitions) = crate::lane::held_in_registries(crate::pg::dbs::my_database());
+    if lanes + partitions > 0 {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+            format!(
+                "queen: {lanes} lanes and {partitions} partitions of the dropped queen install are still in use \
+                 by other sessions (acks or pushes waiting for its tables); end those sessions \
+                 (pg_terminate_backend), or stop the consumers and producers, and try again"
+            ),
+        );
+    }
+}
+
+/// Forgets what the registries hold of this database that nothing uses
+/// (`lane::forget_registries`), and logs it at DEBUG1. Raises nothing.
+fn forget_registries(why: &str) {
+    let (lanes, partitions) = crate::lane::forget_registries(crate::pg::dbs::my_database());
+    if lanes + partitions > 0 {
+        pgrx::debug1!("queen: {why}: forgot {lanes} lanes and {partitions} partitions held in shared memory");
+    }
+}
+
+/// Whether `stmt` is a `COPY ... FROM` into one of queen's tables by a role that may insert
+/// there (a restore of a dump writes them that way: `dbs::copy_in_begins`).
 ///
 /// # Safety
 /// `stmt` is a valid parse node.
 unsafe fn copies_into_queen(stmt: *mut pg_sys::Node) -> bool {
     // SAFETY: the node is read as a CopyStmt only after its tag says so; its relation is a
-    // RangeVar of the parse tree (or null); the lookups run inside the statement's
-    // transaction, take no lock and raise nothing for a missing name.
+    // RangeVar of the parse tree (or null). The lookups run inside the statement's
+    // transaction, before it and before anything here changed shared state, and take no
+    // lock; a missing name is no error, and what they can raise (no USAGE on the schema, a
+    // cross-database name) the COPY's own lookup would raise too (this hook is guarded).
     unsafe {
         if (*stmt).type_ != pg_sys::NodeTag::T_CopyStmt {
             return false;
@@ -436,7 +475,13 @@ unsafe fn copies_into_queen(stmt: *mut pg_sys::Node) -> bool {
             None,
             std::ptr::null_mut(),
         );
-        queen != pg_sys::InvalidOid && rel != pg_sys::InvalidOid && pg_sys::get_rel_namespace(rel) == queen
+        // Only a role that may write the table counts: another's COPY fails on its
+        // privileges, and must not keep the worker away or end other sessions' leases.
+        queen != pg_sys::InvalidOid
+            && rel != pg_sys::InvalidOid
+            && pg_sys::get_rel_namespace(rel) == queen
+            && pg_sys::pg_class_aclcheck(rel, pg_sys::GetUserId(), pg_sys::ACL_INSERT as pg_sys::AclMode)
+                == pg_sys::AclResult::ACLCHECK_OK
     }
 }
 

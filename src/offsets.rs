@@ -266,10 +266,21 @@ pub fn fresh_partitions(database: u32) -> Vec<(pgrx::Uuid, i64)> {
     with_view(|v| v.fresh_partitions(database)).into_iter().map(|(p, max)| (pgrx::Uuid::from_bytes(p), max)).collect()
 }
 
-/// Forgets every partition of a database that no longer exists (the launcher).
+/// Forgets the partitions of a database that nothing uses: none with a push in flight or a
+/// load under way (`lane::forget_registries` says when). Returns how many.
 pub fn forget_database(database: u32) -> usize {
     if enabled() {
         registry_op(|r| r.forget_database(database))
+    } else {
+        0
+    }
+}
+
+/// How many partitions of a database the registry holds, in any state (after
+/// `forget_database`: those with a push in flight or a load under way).
+pub fn count_database(database: u32) -> usize {
+    if enabled() {
+        registry_op(|r| r.count_database(database))
     } else {
         0
     }

@@ -130,8 +130,9 @@ fn stop_worker(pid: i32, database: u32) -> bool {
 const SIGTERM: i32 = 15;
 
 /// Whether no worker may start in a slot's database now (other than process `me`, 0 for
-/// none): a statement that needs the database to itself paused it, a restore copies into
-/// queen's tables (`dbs::begin_restore`), or a live worker holds it. The launcher asks before it starts a worker, and a starting worker asks again.
+/// none): a statement that needs the database to itself paused it, rows are being copied
+/// into queen's tables (`dbs::copy_in_begins`), or a live worker holds it. The launcher
+/// asks before it starts a worker, and a starting worker asks again.
 fn kept_away(slot: &dbs::Slot, now: i64, me: i32) -> bool {
     slot.paused_until > now
         || slot.restoring > 0
@@ -239,8 +240,7 @@ impl Launcher {
 
     /// A database that is gone: its lanes, partitions and slot are forgotten.
     fn forget(&mut self, database: u32) {
-        let lanes = crate::lane::registry::forget_database(database);
-        let partitions = crate::offsets::forget_database(database);
+        let (lanes, partitions) = crate::lane::forget_registries(database);
         dbs::free(database);
         self.last_start.remove(&database);
         pgrx::log!("queen launcher: database {database} is gone; forgot {lanes} lanes and {partitions} partitions");
@@ -539,10 +539,11 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
             unsafe { pg_sys::proc_exit(0) };
         }
     }
-    // After a restore's copies into queen's tables: what shared memory loaded from the
-    // tables while they held part of the dump goes (`hooks::forget_install_state`).
+    // After copies into queen's tables (a restore): what the registries loaded from the
+    // tables while they held part of a dump goes.
     if dbs::take_restored(database) {
-        crate::lane::forget_install_state("a restore");
+        let (lanes, partitions) = crate::lane::forget_registries(database);
+        pgrx::debug1!("queen maintenance: after rows were copied in, forgot {lanes} lanes and {partitions} partitions");
     }
     let mut m = Maintenance { database, backoff: Backoff::default(), errors: false };
     rounds(&mut m);

@@ -561,8 +561,10 @@ impl<'a> Registry<'a> {
         }
     }
 
-    /// Forgets every lane and lease of a database that no longer exists (nobody can be
-    /// connected to it, so none is held). Returns how many lanes went.
+    /// Forgets every lane of a database that no transaction holds, unchained from its lease
+    /// (a lease's other lanes keep it): for a database that no longer exists, and for one
+    /// whose tables changed under the registry (a new install, rows copied in). Returns
+    /// how many lanes went.
     pub fn forget_database(&mut self, database: u32) -> usize {
         let keys: Vec<LaneKey> = self
             .lanes
@@ -577,6 +579,12 @@ impl<'a> Registry<'a> {
             }
         }
         keys.len()
+    }
+
+    /// How many lanes of a database the registry still holds (after `forget_database`: those
+    /// a transaction holds).
+    pub fn count_database(&self, database: u32) -> usize {
+        self.lanes.iter().filter(|s| s.status != EMPTY && s.key.database == database).count()
     }
 
     /// Empties lane slot `i` (unchained from any lease) by backward-shift deletion: the
@@ -1336,8 +1344,14 @@ mod tests {
         assert!(!m.reg().set(&a2, 0, claimed, Some((1, "g")), 0));
         m.reg().unlock(&a2, 0, None);
         assert_eq!(m.state(&a2), State::default());
-        // A dropped database's lanes and leases go.
+        // A lane a transaction holds stays; the others of the database, and their leases, go.
+        m.reg().lock(&a1, holder(0)).unwrap();
+        assert_eq!(m.reg().forget_database(1), 0);
+        assert_eq!(m.reg().count_database(1), 1, "held: kept");
+        m.reg().unlock(&a1, 0, None);
         assert_eq!(m.reg().forget_database(1), 1);
+        assert_eq!(m.reg().count_database(1), 0);
+        assert_eq!(m.reg().count_database(2), 1, "another database keeps its lanes");
         assert_eq!(m.reg().view().lane(&a1), Seen::Unknown);
         assert_eq!(m.reg().leases_live(), 0);
         assert!(matches!(m.reg().view().lane(&a2), Seen::Ready(..)));

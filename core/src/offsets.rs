@@ -791,8 +791,10 @@ impl<'a> Registry<'a> {
         (slot.holder_backend, slot.holder_local) = (0, 0);
     }
 
-    /// Forgets every partition of a database that no longer exists: each ready slot of it
-    /// with nothing in flight goes. Returns how many went.
+    /// Forgets the partitions of a database: each ready slot of it with nothing in flight
+    /// goes (a slot being loaded stays). For a database that no longer exists, and for one
+    /// whose tables changed under the registry (a new install, rows copied in). Returns how
+    /// many went.
     pub fn forget_database(&mut self, database: u32) -> usize {
         let keys: Vec<PartKey> = self
             .slots
@@ -805,6 +807,12 @@ impl<'a> Registry<'a> {
             self.remove_slot(i);
         }
         keys.len()
+    }
+
+    /// How many partitions of a database the registry still holds, in any state (after
+    /// `forget_database`: those with a push in flight, or being loaded or dropped).
+    pub fn count_database(&self, database: u32) -> usize {
+        self.slots.iter().filter(|s| s.state != EMPTY && database_of(&s.key) == database).count()
     }
 
     /// Evicts one ready slot with nothing in flight, scanning from the clock hand (never
@@ -1235,6 +1243,7 @@ mod tests {
         m.reg().reserve(&key(2), 1, 0, 1, true, false).unwrap();
         assert_eq!(m.reg().begin_load(&key(4), 1), Load::Mine, "left loading");
         assert_eq!(m.reg().forget_database(1), 2, "1 and 3: 2 has a push in flight, 4 is loading");
+        assert_eq!(m.reg().count_database(1), 2, "2 and 4 are kept");
         assert_eq!(m.readable(1), Seen::Unknown);
         assert_eq!(m.readable(3), Seen::Unknown);
         assert_eq!(m.readable(2), Seen::Readable(0));
@@ -1245,6 +1254,7 @@ mod tests {
         m.reg().finish(0, false);
         assert_eq!(m.reg().forget_database(2), 1);
         assert_eq!(m.reg().forget_database(2), 0);
+        assert_eq!(m.reg().count_database(2), 0);
         m.reg().check().unwrap();
     }
 

@@ -21,19 +21,22 @@ pub fn settle_journal(client: &mut pgrx::spi::SpiClient<'_>, wait: bool) -> bool
     registry::enabled() || rows::settle_journal(client, wait)
 }
 
-/// Forgets what shared memory holds of the current database's queen install that nothing
-/// uses at this moment: its idle lanes (with their leases and backoffs, as after a
-/// restart: the messages are delivered again) and its idle partition offsets, which later
-/// calls load from the tables again (as after an eviction). For when the tables changed
-/// under them without queen's calls: a new install after `DROP EXTENSION` (the old
-/// partition ids may come back in a restored dump, with other cursors and offsets), and
-/// a restore's copies into the tables (what was loaded while they held part of the dump).
-/// Raises nothing. `why` is for the log.
-pub fn forget_install_state(why: &str) {
-    let database = crate::pg::dbs::my_database();
-    let lanes = registry::forget_database(database);
-    let partitions = crate::offsets::forget_database(database);
-    if lanes + partitions > 0 {
-        pgrx::debug1!("queen: {why}: forgot {lanes} lanes and {partitions} partitions held in shared memory");
-    }
+/// Forgets what the registries hold of `database` that nothing uses at this moment: its
+/// lanes that no transaction holds (with their leases and retry backoffs, as a restart
+/// forgets them: those messages are delivered again) and its partition offsets with no
+/// push in flight and no load under way (later calls load them from the tables again, as
+/// after an eviction). Cursors and retry counts are safe: every ack wrote them to the
+/// lane journal in its own transaction. For a database that is gone (the launcher), and
+/// for one whose tables changed under the registries without queen's calls: a new
+/// install after `DROP EXTENSION` (a restored dump brings the old partition ids back with
+/// other cursors and offsets), and copies into queen's tables (what was loaded while they
+/// held part of a dump). Returns (lanes, partitions) forgotten. Raises nothing.
+pub fn forget_registries(database: u32) -> (usize, usize) {
+    (registry::forget_database(database), crate::offsets::forget_database(database))
+}
+
+/// What the registries still hold of `database` after `forget_registries`: (lanes a
+/// transaction holds, partitions with a push in flight or a load under way).
+pub fn held_in_registries(database: u32) -> (usize, usize) {
+    (registry::count_database(database), crate::offsets::count_database(database))
 }

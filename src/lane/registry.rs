@@ -741,7 +741,9 @@ pub fn rotate_journal(client: &mut SpiClient<'_>) -> Rotation {
         });
         return Rotation::default(); // the table just retired may still have writers: next round
     }
-    if writers > 0 {
+    // Nor while a pg_dump reads the database: its snapshot could miss both the entries and
+    // the rows they were saved into (cursors a few seconds old in the dump).
+    if writers > 0 || crate::pg::dbs::dump_running(client) {
         return Rotation::default();
     }
     let emptied = run(client, "SELECT queen._empty_journal($1)", &[(retired as i32).into()]);
@@ -867,10 +869,21 @@ pub fn set_shared_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
     }
 }
 
-/// Forgets every lane of a database that no longer exists (the launcher).
+/// Forgets the lanes of a database that no transaction holds, and their leases
+/// (`lane::forget_registries` says when). Returns how many.
 pub fn forget_database(database: u32) -> usize {
     if enabled() {
         registry_op(|r| r.forget_database(database))
+    } else {
+        0
+    }
+}
+
+/// How many lanes of a database the registry holds (after `forget_database`: those a
+/// transaction holds).
+pub fn count_database(database: u32) -> usize {
+    if enabled() {
+        registry_op(|r| r.count_database(database))
     } else {
         0
     }

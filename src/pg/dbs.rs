@@ -104,18 +104,19 @@ pub struct Slot {
     pub retention_bytes_total: i64,
     /// Fresh segments compaction could not decode and kept as they were.
     pub corrupt_segments: i64,
-    /// Transactions in flight that copy rows into queen's tables (a restore of a dump:
-    /// `begin_restore`): no worker runs meanwhile, nor until `RESTORE_QUIET` after the last.
+    /// Transactions in flight that copy rows into queen's tables (`COPY queen.x FROM`, as
+    /// a restore of a dump does: `copy_in_begins`): no worker runs meanwhile, nor until
+    /// `RESTORE_QUIET_MICROS` after the last one ended.
     pub restoring: u32,
-    /// Such a copy committed since the worker last started: the next worker forgets the
-    /// database's lanes and partition offsets first (`take_restored`).
+    /// Such a transaction ended since the worker last started: the next worker forgets
+    /// the database's idle lanes and partition offsets first (`take_restored`).
     pub restored: u32,
 }
 
-/// How long after a restore's last copy into queen's tables the worker stays away
-/// (microseconds): the copies of one restore follow each other, and between two of them
-/// the tables hold part of the dump.
-pub const RESTORE_QUIET_MICROS: i64 = 30_000_000;
+/// How long after the last copy into queen's tables ends the worker stays away
+/// (microseconds): a restore's copies follow each other, and between two of them the
+/// tables hold part of the dump.
+const RESTORE_QUIET_MICROS: i64 = 30_000_000;
 
 #[repr(C)]
 struct Header {
@@ -161,7 +162,7 @@ thread_local! {
     /// This transaction made this database's worker step aside: it may come back when the
     /// transaction ends, however it ends.
     static RESUME: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// This transaction copies rows into queen's tables (`begin_restore`).
+    /// This transaction copies rows into queen's tables (`copy_in_begins`).
     static RESTORING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -453,12 +454,12 @@ pub fn record_pass(pass: Pass, ok: bool, now: i64) {
 /// This transaction copies rows into queen's tables (`COPY queen.x FROM`, as a restore of a
 /// dump does, table after table): until it ends, and for `RESTORE_QUIET_MICROS` after the
 /// last such transaction of the database ends, its worker stays away, since the tables
-/// hold only part of the dump (compaction would take offsets whose segments are not
-/// restored yet for gaps, and retention or the removal of idle partitions would act on
-/// cursors and partitions not restored yet). Returns true the first time in a
-/// transaction: the caller then makes a running worker leave. Raises nothing; a database
-/// without a slot (all taken) has no worker to keep away.
-pub fn begin_restore() -> bool {
+/// may hold only part of a dump (compaction would take offsets whose segments are not
+/// copied yet for gaps, and retention or the removal of idle partitions would act on
+/// cursors and partitions not copied yet). Returns true the first time in a transaction:
+/// the caller then makes a running worker leave. Raises nothing; a database without a
+/// slot (all taken) has no worker to keep away.
+pub fn copy_in_begins() -> bool {
     if !enabled() || RESTORING.with(|r| r.get()) {
         return false;
     }
@@ -467,26 +468,43 @@ pub fn begin_restore() -> bool {
     counted
 }
 
-/// At the end of a transaction (`hooks`): one that copied into queen's tables is no longer
-/// in flight; the last one starts the quiet time. Returns whether this transaction was
-/// such a copy. Raises nothing.
-pub fn end_restore() -> bool {
+/// At the end of a transaction (`hooks`, first of all, so that nothing before it can leave
+/// the count up): one that copied into queen's tables is no longer in flight, and the
+/// last one starts the quiet time (never shortening a pause already longer). Returns
+/// whether this transaction was such a copy. Raises nothing.
+pub fn copy_in_ends() -> bool {
     if !RESTORING.with(|r| r.replace(false)) || !enabled() {
         return false;
     }
-    let now = crate::pg::clock::clock_now();
+    let quiet_until = crate::pg::clock::clock_now() + RESTORE_QUIET_MICROS;
     with(my_database(), false, |s| {
         s.restoring = s.restoring.saturating_sub(1);
         s.restored = 1;
         if s.restoring == 0 {
-            s.paused_until = now + RESTORE_QUIET_MICROS;
+            s.paused_until = s.paused_until.max(quiet_until);
         }
     });
     true
 }
 
-/// For a starting worker: whether a restore's copy committed since the last worker
-/// started (the flag is cleared).
+/// For a starting worker: whether rows were copied into queen's tables since the last
+/// worker started (the flag is cleared).
 pub fn take_restored(database: u32) -> bool {
     enabled() && with(database, false, |s| std::mem::take(&mut s.restored) != 0).unwrap_or(false)
+}
+
+/// Whether a `pg_dump` is connected to the current database (a session named `pg_dump`, the
+/// name it gives itself). Its snapshot is taken before it locks the tables, and a TRUNCATE
+/// committed in between empties a table for that snapshot while the rows it moved stay
+/// invisible to it: the generations' rotation and the lane journal's emptying wait for
+/// it to end (docs/concepts.md, "Backup and restore").
+pub fn dump_running(client: &mut pgrx::spi::SpiClient<'_>) -> bool {
+    crate::pg::spi::first_value::<bool>(crate::pg::spi::run(
+        client,
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity
+                         WHERE datname = pg_catalog.current_database() AND application_name = 'pg_dump'
+                           AND pid <> pg_catalog.pg_backend_pid())",
+        &[],
+    ))
+    .unwrap_or(false)
 }

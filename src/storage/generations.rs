@@ -80,8 +80,9 @@ pub fn check_snapshot(client: &mut SpiClient<'_>) {
 /// What a rotation attempt did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rotated {
-    /// Not attempted: not due, another rotation holds `queen.generations`, or the
-    /// transaction's snapshot is fixed (REPEATABLE READ or SERIALIZABLE).
+    /// Not attempted: not due, another rotation holds `queen.generations`, the
+    /// transaction's snapshot is fixed (REPEATABLE READ or SERIALIZABLE), or a `pg_dump`
+    /// reads the database.
     No,
     /// The oldest generation's tables were busy for longer than the wait.
     Busy,
@@ -151,6 +152,11 @@ pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
     // TRUNCATE. (Its callers run under READ COMMITTED: `retain` refuses the other levels,
     // the worker sets it. This stays as the defence of a rule that loses rows if broken.)
     if crate::pg::errors::fixed_snapshot() {
+        return Rotated::No;
+    }
+    // A dump whose snapshot predates this rotation but which has not locked the tables yet
+    // would see the oldest generation emptied and not the rows moved out of it.
+    if crate::pg::dbs::dump_running(client) {
         return Rotated::No;
     }
     let Some(current) =
