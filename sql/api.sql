@@ -691,6 +691,15 @@ BEGIN
     RAISE EXCEPTION 'queen: no rotation from generation % into %', oldest, current USING ERRCODE = '22023';
   END IF;
   EXECUTE format('LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE', seg, fresh);
+  -- A pg_dump that connected since the caller looked (src/pg/dbs.rs, dump_running) may hold
+  -- a snapshot older than this TRUNCATE, for which the tables would read empty and the
+  -- rows copied out of them not yet there: back off. (One that connects from here to the
+  -- commit still can: the window is this copy and the TRUNCATE.)
+  IF EXISTS (SELECT FROM pg_catalog.pg_stat_activity
+              WHERE datname = pg_catalog.current_database() AND application_name = 'pg_dump'
+                AND pid <> pg_catalog.pg_backend_pid()) THEN
+    RETURN -1;
+  END IF;
   EXECUTE format('INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
                   SELECT partition_id, first_offset, last_offset, created_at, data, %s FROM %s', current, seg);
   GET DIAGNOSTICS copied = ROW_COUNT;

@@ -14,8 +14,10 @@
 //! **Transaction callbacks.** At commit (after the transaction's rows became visible to
 //! new snapshots) and at abort, the registries learn how the transaction ended: its offset
 //! reservations commit or leave gaps (`offsets::end`), its lanes are released or put back
-//! (`registry::end`), waiting pops are woken (`wake`), and a start of this database's worker
-//! it asked for is handed to the launcher (`dbs`). None of this may raise: after a commit
+//! (`registry::end`), waiting pops are woken (`wake`), a start of this database's worker
+//! it asked for is handed to the launcher (`dbs`), and a copy into queen's tables ends
+//! (`dbs::copy_in_ends`, first and on its own; at commit the registries then forget what
+//! they loaded meanwhile). None of this may raise: after a commit
 //! an ERROR is a PANIC, and during an abort it would recurse. Each part catches its own
 //! failures (a registry update that fails is undone whole and done later: see
 //! `deferred::finish`), and the callbacks catch anything left.
@@ -25,7 +27,11 @@
 //!   reservations ends them afterwards (`offsets`);
 //! - `CREATE EXTENSION queen`, `ALTER EXTENSION queen` and `DROP EXTENSION queen` make this
 //!   database's maintenance worker step aside until their transaction ends, and ask for it
-//!   again when it commits (`dbs`; after a drop it finds no queen and leaves);
+//!   again when it commits (`dbs`; after a drop it finds no queen and leaves); a `CREATE`
+//!   where queen is absent also forgets what the registries held of an earlier install,
+//!   and is refused (55006) while a session of that install still holds some of it;
+//! - `COPY ... FROM` into a queen table by a role that may insert there (a restore of a
+//!   dump) keeps the maintenance worker away until the copies are over (`dbs::copy_in_begins`);
 //! - `DROP DATABASE`, `ALTER DATABASE ... RENAME` or `... SET TABLESPACE`, and
 //!   `CREATE DATABASE ... TEMPLATE`, which need a database to themselves, first ask its
 //!   maintenance worker to leave (`worker::leave_database`), and let it come back after.
@@ -154,16 +160,20 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
                 }
             });
         }
-        XACT_EVENT_ABORT => never_raise("the end of an aborted transaction", || {
-            crate::pg::dbs::copy_in_ends();
-            crate::offsets::end(false);
-            crate::offsets::prepare_failed();
-            crate::lane::registry::end(false);
-            crate::pg::wake::on_abort();
-            crate::pg::cache::on_abort();
-            crate::pg::dbs::on_abort();
-            queen_core::segment::forget_blocks();
-        }),
+        XACT_EVENT_ABORT => {
+            never_raise("the end of a copy into queen's tables", || {
+                crate::pg::dbs::copy_in_ends();
+            });
+            never_raise("the end of an aborted transaction", || {
+                crate::offsets::end(false);
+                crate::offsets::prepare_failed();
+                crate::lane::registry::end(false);
+                crate::pg::wake::on_abort();
+                crate::pg::cache::on_abort();
+                crate::pg::dbs::on_abort();
+                queen_core::segment::forget_blocks();
+            });
+        }
         XACT_EVENT_PRE_PREPARE if crate::lane::registry::in_use() => errors::raise(
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             "queen: a transaction that popped, acked or extended a lease cannot be prepared (PREPARE TRANSACTION): \
@@ -179,14 +189,18 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // will wake waiting pops (`offsets::finish_prepared`). What this session cached of
         // queues and partitions the prepared transaction created is gone too: they exist
         // only if it commits.
-        XACT_EVENT_PREPARE => never_raise("the end of a prepared transaction", || {
-            crate::pg::dbs::copy_in_ends();
-            crate::offsets::prepared();
-            crate::pg::wake::on_abort();
-            crate::pg::cache::on_abort();
-            crate::pg::dbs::on_abort();
-            queen_core::segment::forget_blocks();
-        }),
+        XACT_EVENT_PREPARE => {
+            never_raise("the end of a copy into queen's tables", || {
+                crate::pg::dbs::copy_in_ends();
+            });
+            never_raise("the end of a prepared transaction", || {
+                crate::offsets::prepared();
+                crate::pg::wake::on_abort();
+                crate::pg::cache::on_abort();
+                crate::pg::dbs::on_abort();
+                queen_core::segment::forget_blocks();
+            });
+        }
         _ => {}
     }
 }

@@ -470,8 +470,11 @@ pub fn copy_in_begins() -> bool {
 
 /// At the end of a transaction (`hooks`, first of all, so that nothing before it can leave
 /// the count up): one that copied into queen's tables is no longer in flight, and the
-/// last one starts the quiet time (never shortening a pause already longer). Returns
-/// whether this transaction was such a copy. Raises nothing.
+/// last one starts the quiet time (never shortening a pause already longer, such as the
+/// minute `worker::leave_database` set when the copy began; but a restore in one
+/// transaction with its `CREATE EXTENSION` lets the worker back at its commit, `on_commit`:
+/// everything is there then). Returns whether this transaction was such a copy. Raises
+/// nothing.
 pub fn copy_in_ends() -> bool {
     if !RESTORING.with(|r| r.replace(false)) || !enabled() {
         return false;

@@ -434,3 +434,40 @@ fn a_new_install_is_refused_while_a_session_of_the_old_one_holds_a_lane() {
         .get(0);
     assert_eq!(committed, 2);
 }
+
+/// While a session named `pg_dump` is connected to the database, its snapshot may predate
+/// a `TRUNCATE` it has not locked out yet: no rotation of the segment generations (the
+/// rotated rows would be in neither table for it), and the lane journal is not emptied
+/// (its cursors would be seconds old in the dump). Once it is gone, both go on.
+#[test]
+fn nothing_is_truncated_while_a_pg_dump_is_connected() {
+    let mut cleanup = Cleanup::default();
+    let own = own_database_with(&["queen.rotation_min_size = -1"]);
+    cleanup.databases.push(dbname(&own));
+    let mut c = Client::connect(&own, NoTls).unwrap();
+    // A rotation due: a filler queue consumed and past its retention.
+    c.batch_execute(
+        "SELECT queen.configure('filler', retention => 1);
+         SELECT count(*) FROM queen.push_batch('filler', (SELECT jsonb_agg(jsonb_build_object('payload',
+           jsonb_build_object('pad', (SELECT string_agg(md5(i::text || '.' || j::text), '') FROM generate_series(1, 40) j))))
+           FROM generate_series(1, 1500) i));
+         SELECT count(*) FROM queen.pop('filler', batch => 2000, auto_ack => true);
+         SELECT pg_sleep(1.2);
+         SET queen.rotation_min_size = '1MB';",
+    )
+    .unwrap();
+    let dump = Client::connect(&format!("{own} application_name=pg_dump"), NoTls).unwrap();
+    let rotated = |c: &mut Client| -> bool {
+        c.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]).unwrap().get(0)
+    };
+    assert!(!rotated(&mut c), "a rotation while a pg_dump is connected");
+    // The acks above wrote the lane journal; the worker empties it every 2 s, but not now.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    assert!(queen_it::journal_entries(&mut c) > 0, "the lane journal emptied while a pg_dump is connected");
+    drop(dump);
+    queen_it::eventually(20, || match queen_it::journal_entries(&mut c) {
+        0 => Ok(()),
+        n => Err(format!("{n} journal entries left after the pg_dump went")),
+    });
+    assert!(rotated(&mut c), "the rotation once the pg_dump is gone");
+}
