@@ -333,11 +333,15 @@ pub fn check_redrive(limit: i32, to: &str) -> Result<RedriveTo, Violation> {
     }
 }
 
-/// Whether a message pushed at `created_at` has outlived the queue's `ttl` at `now` (all
-/// microseconds): it is then not delivered to a group that has not consumed it. A `ttl`
-/// of 0 never expires anything; the boundary itself is expired.
-pub fn expired(created_at: i64, ttl: i64, now: i64) -> bool {
-    ttl > 0 && created_at.saturating_add(ttl) <= now
+/// Whether a message that could be delivered from `due_at` on (`due_at`: its push, or
+/// later with a delay or a delivery time) has outlived the queue's `ttl` at `now` (all
+/// microseconds): it is then not delivered to a group that has not consumed it. The ttl
+/// counts from the due time, so every message has `ttl` to be delivered, however long it
+/// was delayed (from the push, a message delayed by `ttl` or more would expire before it
+/// could ever be delivered). A `ttl` of 0 never expires anything; the boundary itself is
+/// expired.
+pub fn expired(due_at: i64, ttl: i64, now: i64) -> bool {
+    ttl > 0 && due_at.saturating_add(ttl) <= now
 }
 
 /// When a message may be delivered: `delay` (the queue's) after it was pushed, and not
@@ -578,6 +582,11 @@ mod tests {
         assert!(expired(100, 50, 150), "the boundary is expired");
         assert!(expired(100, 50, 151));
         assert!(!expired(i64::MAX - 1, 50, i64::MAX - 1), "no overflow");
+        // A message delayed by the ttl or more gets the ttl from its due time.
+        let due = due_at(100, 50, Some(400));
+        assert!(!expired(due, 50, 400), "due, not expired: deliverable");
+        assert!(!expired(due, 50, 449));
+        assert!(expired(due, 50, 450));
         let too_long = QueueOptions { ttl: limits::TTL + 1, ..QueueOptions::CONFIGURED };
         assert_eq!(too_long.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument, "ttl");
         assert_eq!(

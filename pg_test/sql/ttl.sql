@@ -62,3 +62,17 @@ SELECT pg_temp.err($$SELECT queen.configure('short', ttl => '-1 s')$$);
 SELECT pg_temp.err($$SELECT queen.configure('short', ttl => '366 days')$$);
 SELECT pg_temp.err($$SELECT queen.configure('short', ttl => NULL)$$);
 SELECT ttl FROM queen.queues WHERE name = 'short';
+
+-- The ttl counts from when a message may be delivered: a message delayed as long as the
+-- ttl, or longer (the queue's delay, its own deliver_at), still gets the whole ttl once
+-- due, and is delivered, not dropped unseen.
+SELECT queen.configure('late', delay => '1 s', ttl => '1 s', dead_letter_queue => false) ->> 'ttl' AS ttl;
+SELECT count(*) FROM queen.push('late', '"delayed as long as the ttl"');
+SELECT count(*) FROM queen.push('late', '"due later still"', deliver_at => clock_timestamp() + interval '1.5 s');
+SELECT count(*) AS not_due FROM queen.pop('late', batch => 10, auto_ack => true);
+-- Due at 1 s, expiring at 2 s; the second at 1.5 s and 2.5 s.
+SELECT pg_sleep(1.1);
+SELECT payload FROM queen.pop('late', batch => 10, auto_ack => true);
+SELECT pg_sleep(0.6);
+SELECT payload FROM queen.pop('late', batch => 10, auto_ack => true);
+SELECT count(*) AS dead_letters FROM queen.dlq('late');

@@ -1310,15 +1310,18 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         if queen_core::policy::redrive_passes(target.as_deref(), self.due.group) {
             return self.pass_over(offset, &f, "redriven elsewhere", false, String::new());
         }
-        // A message older than the queue's ttl is not delivered: filed as a dead letter
-        // (or dropped) and passed over like poison; the lane goes on.
-        if queen_core::policy::expired(i64::from(created_at), self.due.ttl, self.due.now) {
-            let error = format!("expired: pushed more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6);
+        // When it may be delivered: its push, or later (the queue's delay, its own delivery
+        // time).
+        let due_at = queen_core::policy::due_at(i64::from(created_at), self.due.delay, f.deliver_at);
+        // A message that waited longer than the queue's ttl since it was due is not
+        // delivered: filed as a dead letter (or dropped) and passed over like poison; the
+        // lane goes on.
+        if queen_core::policy::expired(due_at, self.due.ttl, self.due.now) {
+            let error = format!("expired: due more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6);
             return self.pass_over(offset, &f, "expired", self.due.file_expired, error);
         }
-        // A message not due yet (the queue's delay, or its own delivery time) holds back
-        // the rest of its lane: offsets are delivered in order.
-        let due_at = queen_core::policy::due_at(i64::from(created_at), self.due.delay, f.deliver_at);
+        // A message not due yet holds back the rest of its lane: offsets are delivered in
+        // order.
         if due_at > self.due.now {
             crate::pg::wake::due_at(due_at);
             NOT_DUE.with(|n| n.set(true));
