@@ -1036,8 +1036,8 @@ impl Budget {
 }
 
 /// A message a pop passes over instead of delivering it (`SpanRead::pass_over`): one it
-/// cannot open or decode (poison), one older than the queue's ttl, or one redriven to
-/// another group. `file_poison` files those marked `file` as dead letters.
+/// cannot open or decode (poison), one that outlived the queue's ttl since it was due, or
+/// one redriven to another group. `file_poison` files those marked `file` as dead letters.
 struct Poison {
     partition_id: pgrx::Uuid,
     offset: i64,
