@@ -11,8 +11,9 @@ the Rust entry points and sql/api.sql). HAND.sql is the hand-written part of the
 
 The output is HAND's part above the line, then every function statement of INSTALL in its
 order (CREATE FUNCTION made CREATE OR REPLACE FUNCTION; COMMENT ON FUNCTION; GRANT and
-REVOKE on functions; ALTER FUNCTION; the grants table, `DO $grants$`), then HAND's part
-below the line. As PgQ's
+REVOKE on functions; ALTER FUNCTION; the grants table, `DO $grants$`), and the list of
+tables a dump holds (`SELECT pg_catalog.pg_extension_config_dump(...)`, which may run
+again: it replaces a table's entry), then HAND's part below the line. As PgQ's
 upgrade.sql and timescaledb-toolkit's update-script generator do: a function body lives in
 one place, and the upgrade re-creates every function. A function whose arguments, result
 type or argument names changed cannot be replaced: HAND drops it first.
@@ -37,7 +38,8 @@ FUNCTION_STATEMENT = re.compile(
     r"|GRANT\s+.*?\s+ON\s+(ALL\s+FUNCTIONS|FUNCTION)"
     r"|REVOKE\s+.*?\s+ON\s+(ALL\s+FUNCTIONS|FUNCTION)"
     r"|ALTER\s+FUNCTION"
-    r"|DO\s+\$grants\$)",
+    r"|DO\s+\$grants\$"
+    r"|SELECT\s+pg_catalog\.pg_extension_config_dump\s*\()",
     re.IGNORECASE | re.DOTALL,
 )
 
@@ -142,12 +144,16 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA queen FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 DO $grants$ BEGIN EXECUTE 'GRANT EXECUTE ON FUNCTION queen.f TO r;'; END $grants$;
 DO $other$ BEGIN NULL; END $other$;
+SELECT pg_catalog.pg_extension_config_dump('queen.t', 'WHERE a > 0; -- not the end');
+SELECT 2;
 """
     hand = "ALTER TABLE queen.t ADD COLUMN b int;\n-- @functions\nSELECT 1;\n"
     out = build(install, hand)
     parts = function_part(install)
-    assert len(parts) == 7, parts
+    assert len(parts) == 8, parts
     assert parts[6].startswith("DO $grants$") and "queen.f TO r;'" in parts[6], parts[6]
+    assert parts[7] == "SELECT pg_catalog.pg_extension_config_dump('queen.t', 'WHERE a > 0; -- not the end');", parts[7]
+    assert "SELECT 2;" not in out, out
     assert parts[0].startswith('CREATE OR REPLACE FUNCTION "f"') and "'a;b'" in parts[0], parts[0]
     assert parts[1] == "COMMENT ON FUNCTION queen.f IS 'it''s f; really';", parts[1]
     assert "$body1$\nBEGIN RETURN 'x;y' || $$;$$; END $body1$;" in parts[3], parts[3]
@@ -161,7 +167,10 @@ DO $other$ BEGIN NULL; END $other$;
         except SystemExit:
             continue
         raise AssertionError(f"accepted a hand part without exactly one marker: {bad!r}")
-    print("upgrade_sql.py self-test: functions kept in order with quotes intact; tables and types left out")
+    print(
+        "upgrade_sql.py self-test: functions and dumped tables kept in order with quotes intact; "
+        "tables and types left out"
+    )
 
 
 def main():

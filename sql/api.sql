@@ -672,6 +672,22 @@ COMMENT ON FUNCTION queen.distribute() IS 'queen: on a Citus coordinator, route 
 -- rows copied, or -1 when a lock it needs stayed busy for the whole wait (each lock waits
 -- at most lock_timeout) or its wait would close a cycle (nothing is done then). The caller
 -- holds the queen.generations row.
+-- Whether a pg_dump is connected to this database (a session named `pg_dump`, the name it
+-- gives itself): its snapshot is taken before it locks the tables, and a TRUNCATE committed
+-- in between empties a table for that snapshot while the rows moved out of it stay
+-- invisible to it. Rotations and the lane journal's emptying wait for it
+-- (src/pg/dbs.rs, dump_running; docs/concepts.md, "Backup and restore").
+CREATE FUNCTION queen._dump_running() RETURNS bool
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+  SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity
+                  WHERE datname = pg_catalog.current_database() AND application_name = 'pg_dump'
+                    AND pid <> pg_catalog.pg_backend_pid())
+$$;
+REVOKE ALL ON FUNCTION queen._dump_running() FROM PUBLIC;
+COMMENT ON FUNCTION queen._dump_running() IS 'queen internal: whether a pg_dump is connected to this database (background worker, retain); not granted';
+
 CREATE FUNCTION queen._rotate_segments(oldest int, current int) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -691,13 +707,11 @@ BEGIN
     RAISE EXCEPTION 'queen: no rotation from generation % into %', oldest, current USING ERRCODE = '22023';
   END IF;
   EXECUTE format('LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE', seg, fresh);
-  -- A pg_dump that connected since the caller looked (src/pg/dbs.rs, dump_running) may hold
-  -- a snapshot older than this TRUNCATE, for which the tables would read empty and the
-  -- rows copied out of them not yet there: back off. (One that connects from here to the
-  -- commit still can: the window is this copy and the TRUNCATE.)
-  IF EXISTS (SELECT FROM pg_catalog.pg_stat_activity
-              WHERE datname = pg_catalog.current_database() AND application_name = 'pg_dump'
-                AND pid <> pg_catalog.pg_backend_pid()) THEN
+  -- A pg_dump that connected since the caller looked may hold a snapshot older than this
+  -- TRUNCATE, for which the tables would read empty and the rows copied out of them not
+  -- yet there: back off. (One that connects from here to the commit still can: the window
+  -- is this copy and the TRUNCATE.)
+  IF queen._dump_running() THEN
     RETURN -1;
   END IF;
   EXECUTE format('INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)

@@ -385,7 +385,8 @@ REVOKE ALL ON queen.queue_grants FROM PUBLIC;
 -- whose one row the install script makes (a restore keeps its default, which is correct
 -- wherever the rows are: see generations.rs), and queen.limit_buckets (tokens and lanes in
 -- flight, which refill). A grant of a role that no longer exists is left out; the others
--- are written with the role's name.
+-- are written with the role's name. The update scripts carry these lines over
+-- (scripts/upgrade_sql.py).
 SELECT pg_catalog.pg_extension_config_dump('queen.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('queen.queues_queue_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('queen.partitions', '');

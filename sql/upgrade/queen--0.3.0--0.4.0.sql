@@ -189,25 +189,3 @@ BEGIN
     END LOOP;
   END LOOP;
 END $$;
-
--- Backups with pg_dump: the tables' rows and the queue id sequence are dumped now (the
--- same list as schema.sql's end, which says why; 0.3.0's dumps held none of queen's data).
-SELECT pg_catalog.pg_extension_config_dump('queen.queues', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.queues_queue_id_seq', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.partitions', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.segments_0', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.segments_1', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.fresh_segments_0', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.fresh_segments_1', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.groups', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.limits', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.expired_drops', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.expired_drops_folded', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.lanes', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.lane_journal_0', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.lane_journal_1', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.leases', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.log_dlq', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.dedup', '');
-SELECT pg_catalog.pg_extension_config_dump('queen.queue_grants',
-  'WHERE grantee::oid IN (SELECT oid FROM pg_catalog.pg_roles)');

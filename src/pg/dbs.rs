@@ -496,18 +496,9 @@ pub fn take_restored(database: u32) -> bool {
     enabled() && with(database, false, |s| std::mem::take(&mut s.restored) != 0).unwrap_or(false)
 }
 
-/// Whether a `pg_dump` is connected to the current database (a session named `pg_dump`, the
-/// name it gives itself). Its snapshot is taken before it locks the tables, and a TRUNCATE
-/// committed in between empties a table for that snapshot while the rows it moved stay
-/// invisible to it: the generations' rotation and the lane journal's emptying wait for
-/// it to end (docs/concepts.md, "Backup and restore").
+/// Whether a `pg_dump` is connected to the current database (`queen._dump_running()`, which
+/// says why the generations' rotation and the lane journal's emptying wait for it).
 pub fn dump_running(client: &mut pgrx::spi::SpiClient<'_>) -> bool {
-    crate::pg::spi::first_value::<bool>(crate::pg::spi::run(
-        client,
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity
-                         WHERE datname = pg_catalog.current_database() AND application_name = 'pg_dump'
-                           AND pid <> pg_catalog.pg_backend_pid())",
-        &[],
-    ))
-    .unwrap_or(false)
+    crate::pg::spi::first_value::<bool>(crate::pg::spi::run(client, "SELECT queen._dump_running()", &[]))
+        .unwrap_or(false)
 }

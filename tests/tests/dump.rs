@@ -83,6 +83,27 @@ fn drain(c: &mut Client, group: &str) -> Vec<String> {
     }
 }
 
+/// Makes a rotation of the segment generations due for `c`'s session (in a database whose
+/// worker never rotates: `queen.rotation_min_size = -1`): a filler queue of ~1.5 MB,
+/// consumed and past its retention, and the session's minimum size at 1 MB.
+fn make_rotation_due(c: &mut Client) {
+    c.batch_execute(
+        "SELECT queen.configure('filler', retention => 1);
+         SELECT count(*) FROM queen.push_batch('filler', (SELECT jsonb_agg(jsonb_build_object('payload',
+           jsonb_build_object('pad', (SELECT string_agg(md5(i::text || '.' || j::text), '') FROM generate_series(1, 40) j))))
+           FROM generate_series(1, 1500) i));
+         SELECT count(*) FROM queen.pop('filler', batch => 2000, auto_ack => true);
+         SELECT pg_sleep(1.2);
+         SET queen.rotation_min_size = '1MB';",
+    )
+    .unwrap();
+}
+
+/// One retention pass over every queue; whether it rotated the generations.
+fn retain_rotates(c: &mut Client) -> bool {
+    c.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]).unwrap().get(0)
+}
+
 #[test]
 fn a_restored_dump_delivers_what_the_source_would() {
     let mut cleanup = Cleanup::default();
@@ -106,20 +127,9 @@ fn a_restored_dump_delivers_what_the_source_would() {
     ))
     .unwrap();
 
-    // Generation 1 becomes the current one: a filler queue consumed and past its
-    // retention, then one retention pass that rotates.
-    src.batch_execute(
-        "SELECT queen.configure('filler', retention => 1);
-         SELECT count(*) FROM queen.push_batch('filler', (SELECT jsonb_agg(jsonb_build_object('payload',
-           jsonb_build_object('pad', (SELECT string_agg(md5(i::text || '.' || j::text), '') FROM generate_series(1, 40) j))))
-           FROM generate_series(1, 1500) i));
-         SELECT count(*) FROM queen.pop('filler', batch => 2000, auto_ack => true);
-         SELECT pg_sleep(1.2);
-         SET queen.rotation_min_size = '1MB';",
-    )
-    .unwrap();
-    let rotated: bool = src.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]).unwrap().get(0);
-    assert!(rotated, "the source's generations did not rotate");
+    // Generation 1 becomes the current one: one retention pass that rotates.
+    make_rotation_due(&mut src);
+    assert!(retain_rotates(&mut src), "the source's generations did not rotate");
     // A backend reads the current generation at most once a second.
     src.batch_execute("RESET queen.rotation_min_size; SELECT pg_sleep(1.1)").unwrap();
 
@@ -445,22 +455,9 @@ fn nothing_is_truncated_while_a_pg_dump_is_connected() {
     let own = own_database_with(&["queen.rotation_min_size = -1"]);
     cleanup.databases.push(dbname(&own));
     let mut c = Client::connect(&own, NoTls).unwrap();
-    // A rotation due: a filler queue consumed and past its retention.
-    c.batch_execute(
-        "SELECT queen.configure('filler', retention => 1);
-         SELECT count(*) FROM queen.push_batch('filler', (SELECT jsonb_agg(jsonb_build_object('payload',
-           jsonb_build_object('pad', (SELECT string_agg(md5(i::text || '.' || j::text), '') FROM generate_series(1, 40) j))))
-           FROM generate_series(1, 1500) i));
-         SELECT count(*) FROM queen.pop('filler', batch => 2000, auto_ack => true);
-         SELECT pg_sleep(1.2);
-         SET queen.rotation_min_size = '1MB';",
-    )
-    .unwrap();
+    make_rotation_due(&mut c);
     let dump = Client::connect(&format!("{own} application_name=pg_dump"), NoTls).unwrap();
-    let rotated = |c: &mut Client| -> bool {
-        c.query_one("SELECT (queen.retain()->>'generationRotated')::bool", &[]).unwrap().get(0)
-    };
-    assert!(!rotated(&mut c), "a rotation while a pg_dump is connected");
+    assert!(!retain_rotates(&mut c), "a rotation while a pg_dump is connected");
     // The acks above wrote the lane journal; the worker empties it every 2 s, but not now.
     std::thread::sleep(std::time::Duration::from_secs(5));
     assert!(queen_it::journal_entries(&mut c) > 0, "the lane journal emptied while a pg_dump is connected");
@@ -469,5 +466,5 @@ fn nothing_is_truncated_while_a_pg_dump_is_connected() {
         0 => Ok(()),
         n => Err(format!("{n} journal entries left after the pg_dump went")),
     });
-    assert!(rotated(&mut c), "the rotation once the pg_dump is gone");
+    assert!(retain_rotates(&mut c), "the rotation once the pg_dump is gone");
 }
