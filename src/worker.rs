@@ -398,7 +398,9 @@ impl Backoff {
 struct Maintenance {
     database: u32,
     backoff: Backoff,
-    /// Some pass of the current round failed somewhere.
+    /// A step of the current pass failed, or was skipped while it waits out the backoff of
+    /// an earlier failure: the pass does not count as a success (else a step that fails on
+    /// every try would look healthy between its tries, and `age_seconds` would never grow).
     errors: bool,
 }
 
@@ -407,6 +409,7 @@ impl Maintenance {
     /// counted, and puts `what` in backoff. None when it failed or is in backoff.
     fn step<R>(&mut self, pass: Pass, what: &str, f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Option<R> {
         if !self.backoff.ready(what) {
+            self.errors = true;
             return None;
         }
         match in_transaction(f) {

@@ -83,6 +83,39 @@ fn a_failing_compaction_step_stops_no_other_pass() {
 }
 
 #[test]
+fn a_step_that_keeps_failing_makes_its_pass_age() {
+    // One partition's compaction fails on every try. Between its tries (a backoff of 5 s,
+    // then 10, ...) the passes skip it: they must not count as successes, or the pass's
+    // age_seconds would stay small, and an alert on it would never fire, for a partition
+    // that is never compacted.
+    let (db, mut c) = database_with(&["queen.failpoint = 'compaction.partition:1000000'"]);
+    c.batch_execute("SELECT count(*) FROM queen.push('never', '1', 'p1')").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&mut c, "maintenance_compaction_errors") < 1.0 {
+        assert!(Instant::now() < deadline, "compaction never failed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let failed = Instant::now();
+    // Passes run every few milliseconds meanwhile; the partition is tried again after 5 s.
+    std::thread::sleep(Duration::from_secs(8));
+    let age: Option<f64> = c
+        .query_opt(
+            "SELECT value FROM queen.metrics('maintenance') WHERE metric = 'maintenance_compaction_age_seconds'",
+            &[],
+        )
+        .unwrap()
+        .map(|r| r.get(0));
+    let since = failed.elapsed().as_secs_f64();
+    let age = age.expect("compaction has run, so it has an age");
+    assert!(age >= since, "age {age} s, yet partition p1 has not been compacted for {since} s");
+    assert!(metric(&mut c, "maintenance_compaction_errors") >= 2.0, "tried again after its backoff");
+    let fresh: i64 = c.query_one("SELECT count(*) FROM queen.fresh_segments", &[]).unwrap().get(0);
+    assert_eq!(fresh, 1, "the failing partition stays uncompacted");
+    drop(c);
+    drop_database(&db);
+}
+
+#[test]
 fn the_journal_empties_while_a_transaction_that_loaded_lanes_stays_open() {
     let (db, mut c) = database_with(&[]);
     c.batch_execute(
