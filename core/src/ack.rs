@@ -93,6 +93,10 @@ pub enum ItemOutcome {
     OutsideSpan,
     /// Above the lowest explicit signal of the call: not applied.
     AboveSignal { signal_offset: i64 },
+    /// At the offset of the lowest explicit signal, with another status (a `completed`
+    /// beside a `failed` of the same message, or two different signals): not applied,
+    /// since the signal decides what happens to that message.
+    BesideSignal { signal: AckStatus },
 }
 
 impl ItemOutcome {
@@ -144,6 +148,9 @@ pub fn plan_lane(lane: LaneState, items: &[AckItem], policy: RetryPolicy, call_e
             } else {
                 match signal {
                     Some(e) if i.offset > e.offset => ItemOutcome::AboveSignal { signal_offset: e.offset },
+                    Some(e) if i.offset == e.offset && i.status != e.status => {
+                        ItemOutcome::BesideSignal { signal: e.status }
+                    }
                     _ => ItemOutcome::Applied,
                 }
             }
@@ -331,6 +338,25 @@ mod tests {
         assert_eq!((p.committed, p.items[0].clone()), (11, ItemOutcome::Dropped));
     }
 
+    #[test]
+    fn an_item_beside_the_signal_at_its_offset_is_not_applied() {
+        // A completion and a failure of the same message: the failure decides, the
+        // completion is reported as not applied (the message comes again).
+        let p = plan_lane(LANE, &[item(12, Completed), item(12, Failed)], POLICY, None);
+        assert_eq!(p.items, vec![ItemOutcome::BesideSignal { signal: Failed }, ItemOutcome::Applied]);
+        assert_eq!((p.committed, p.retry_count), (11, 1));
+        // A dead letter beside a completion: only the dlq item reports the filing.
+        let p = plan_lane(LANE, &[item(12, Dlq), item(12, Completed)], POLICY, None);
+        assert_eq!(p.items, vec![ItemOutcome::DeadLettered, ItemOutcome::BesideSignal { signal: Dlq }]);
+        // The same signal twice is one signal, applied.
+        let p = plan_lane(LANE, &[item(12, Retry), item(12, Retry)], POLICY, None);
+        assert_eq!(p.items, vec![ItemOutcome::Applied, ItemOutcome::Applied]);
+        // Two different signals: the first in input order decides.
+        let p = plan_lane(LANE, &[item(12, Retry), item(12, Dlq)], POLICY, None);
+        assert_eq!(p.items, vec![ItemOutcome::Applied, ItemOutcome::BesideSignal { signal: Retry }]);
+        assert_eq!(p.disposal, Disposal::None);
+    }
+
     proptest! {
         /// Invariants for any input: the cursor never moves backwards, never passes
         /// batch_end, and never passes the lowest explicit signal.
@@ -349,6 +375,13 @@ mod tests {
             }
             if p.release && p.disposal == Disposal::None && p.committed == lane.batch_end {
                 prop_assert_eq!(p.retry_count, 0);
+            }
+            // An item reported as applied says what happened: at or above the cursor's
+            // new place, only the signal's own status can have been applied.
+            for (i, out) in items.iter().zip(&p.items) {
+                if out.success() && i.offset > p.committed {
+                    prop_assert!(i.status.is_signal(), "{:?} reported applied above the cursor", i);
+                }
             }
         }
     }

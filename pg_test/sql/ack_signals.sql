@@ -88,6 +88,18 @@ SELECT jsonb_path_query_array(r, '$.items[*].success') AS success,
           jsonb_build_object('partitionId', partition_id, 'offset', 15, 'status', 'completed'))) AS r
           FROM cur LIMIT 1) s;
 SELECT * FROM pg_temp.lane('span');
+-- [completed 14, failed 14]: the signal decides; the completion of the same message is
+-- reported as not applied, and 14 comes again.
+SELECT min(msg_offset), max(msg_offset) FROM pg_temp.take('span');
+SELECT jsonb_path_query_array(r, '$.items[*].success') AS success,
+       jsonb_path_query_array(r, '$.items[*].error') AS errors,
+       (r -> 'lanes' -> 0) - 'partitionId' AS lane
+  FROM (SELECT queen.ack(lease_id, jsonb_build_array(
+          jsonb_build_object('partitionId', partition_id, 'offset', 14, 'status', 'completed'),
+          jsonb_build_object('partitionId', partition_id, 'offset', 14, 'status', 'failed'))) AS r
+          FROM cur LIMIT 1) s;
+SELECT min(msg_offset), max(msg_offset) FROM pg_temp.take('span');
+SELECT queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed' AS committed FROM cur LIMIT 1;
 
 -- dlq with budget left dead-letters at once; the error chain: E's error, another item's, 'Retries exhausted'.
 SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'chain', 'payload', i)) FROM generate_series(1, 3) i));

@@ -65,6 +65,7 @@ SELECT pg_temp.err($$SELECT queen.ack(NULL, gen_random_uuid(), 1)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), NULL, 1)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), gen_random_uuid(), NULL)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), gen_random_uuid(), 1, 'done')$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), gen_random_uuid(), 1, NULL)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), 'not-a-uuid', 1)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '{"partitionId": 1}'::jsonb)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[]'::jsonb)$$);

@@ -90,7 +90,7 @@ fn ack_one(
     let lease_id = lease_id.unwrap_or_else(|| errors::null_arg("lease_id"));
     let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
     let offset = msg_offset.unwrap_or_else(|| errors::null_arg("msg_offset"));
-    let status = parse_status(status.unwrap_or("completed"));
+    let status = parse_status(status.unwrap_or_else(|| errors::null_arg("status")));
     let retry_after = retry_after
         .map(|v| check_retry_after("retry_after", status, crate::pg::clock::interval_micros("retry_after", v)));
     let item = AckItem { offset, status, error: error.map(str::to_string), retry_after };
@@ -518,6 +518,9 @@ fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter: Option<&Opt
         }
         ItemOutcome::AboveSignal { signal_offset } => {
             v["error"] = Value::from(format!("not applied: a lower explicit signal at offset {signal_offset}"));
+        }
+        ItemOutcome::BesideSignal { signal } => {
+            v["error"] = Value::from(format!("not applied: a {signal} signal for the same offset decides"));
         }
     }
     v
