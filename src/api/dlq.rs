@@ -238,6 +238,21 @@ fn dlq_redrive(
     // queue, or deleted while this waited.
     let queue_id =
         Spi::connect_mut(|client| lookup::queue_id(client, queue)).filter(|&id| crate::pg::locks::share_queue(id));
+    // A copy for its failing group alone needs that group until this commits: the groups'
+    // rows are locked as a lane insert locks them (FOR KEY SHARE), before any dead letter.
+    // A drop_group in flight commits first (its dead letters then count as groupGone, and
+    // stay unmarked), or waits for this redrive. Without it, a copy went to a group being
+    // dropped, which no group then read, and its dead letter was marked redriven.
+    if let (Some(id), true) = (queue_id, to.needs_its_group()) {
+        Spi::connect_mut(|client| {
+            run(
+                client,
+                "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND ($2::text IS NULL OR consumer_group = $2)
+                  ORDER BY consumer_group FOR KEY SHARE",
+                &[id.into(), consumer_group.into()],
+            );
+        });
+    }
     let (mut redriven, mut last) = (0i64, serde_json::Value::Null);
     while queue_id.is_some() && redriven < i64::from(limit) {
         let want = REDRIVE_ROUND.min(i64::from(limit) - redriven);
