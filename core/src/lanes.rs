@@ -751,6 +751,10 @@ impl<'a> Registry<'a> {
         slot.base = State::default();
         fail::point("lanes.unlock");
         slot.holder = Holder { owner: NIL, ..Holder::default() };
+        // Committed: a lease the holder ended is gone for good (see `chain_for`).
+        if self.chained(i) != self.chain_for(i, &self.lanes[i].state) {
+            self.unchain(i);
+        }
     }
 
     /// An abort: puts back `saved`, the state `owner` found when it locked the lane, and
@@ -818,20 +822,50 @@ impl<'a> Registry<'a> {
     }
 
     fn set_state(&mut self, i: usize, state: State, lease: Option<(i64, &str)>, now: i64) -> bool {
-        let old = self.lanes[i].state;
-        if old.lease_id != state.lease_id || (state.has_lease() && self.lanes[i].lease == NIL) {
+        let had = self.chained(i);
+        let want = self.chain_for(i, &state);
+        if had != want {
             self.unchain(i);
             fail::point("lanes.set");
             if state.has_lease() && !self.chain(i, &state.lease_id, lease, now) {
                 // No room for the lease: the lane keeps its old state.
-                if old.has_lease() {
-                    self.chain(i, &old.lease_id, None, now);
+                if let Some(id) = had {
+                    self.chain(i, &id, None, now);
                 }
                 return false;
+            }
+            if let (false, Some(id)) = (state.has_lease(), want) {
+                // The lease its holder found (see `chain_for`); if that lease has gone
+                // meanwhile (this lane was its last and left it earlier in the same
+                // transaction), the lane stays off any chain.
+                self.chain(i, &id, None, now);
             }
         }
         self.lane_mut(i).state = state;
         true
+    }
+
+    /// The lease lane `i` is on the chain of, if any.
+    fn chained(&self, i: usize) -> Option<[u8; 16]> {
+        let l = self.lanes[i].lease;
+        (l != NIL).then(|| self.leases[l as usize].id)
+    }
+
+    /// The lease whose chain lane `i` belongs on with `state`: its own lease; or, while a
+    /// transaction holds the lane and has ended the lease it found (an ack or a revoke not
+    /// committed yet), that lease, so that the lease, and this lane, are still found by
+    /// its id: another ack or extension of it then waits for the holder as the contract
+    /// says, instead of taking the lease for gone, and applies if the holder rolls back.
+    /// The lane leaves that chain when its holder commits (`unlock`).
+    fn chain_for(&self, i: usize, state: &State) -> Option<[u8; 16]> {
+        let s = &self.lanes[i];
+        if state.has_lease() {
+            Some(state.lease_id)
+        } else if s.holder.owner != NIL && s.base.has_lease() {
+            Some(s.base.lease_id)
+        } else {
+            None
+        }
     }
 
     /// Puts lane `i` on the chain of lease `id` (creating the lease with `info`, in the
@@ -1210,7 +1244,10 @@ mod tests {
         assert_eq!(m.reg().lease_queue(&lease(4)), Some(42));
         let acked = State { committed: 8, journal_seq: 1, ..State::default() };
         assert!(m.reg().set(&a, 1, acked, None, 0));
-        assert_eq!(m.reg().view().lease(&lease(4), 1), None);
+        // Until the ack commits, the lease is still found by its id, with this lane (another
+        // ack of it waits for this transaction instead of taking it for gone).
+        assert_eq!(m.reg().view().lease(&lease(4), 1).map(|l| l.lanes), Some(vec![a]));
+        assert_eq!(m.reg().view().lane(&a), Seen::Ready(acked, Some(holder(1))));
         m.reg().restore(&a, 1, found, Some((42, "g")), 50);
         assert_eq!(m.state(&a), claimed);
         assert_eq!(m.reg().view().lease(&lease(4), 1).map(|l| l.lanes), Some(vec![a]));
@@ -1220,12 +1257,33 @@ mod tests {
         m.reg().unlock_restoring(&a, 1, found, Some((42, "g")), 50);
         assert_eq!(m.reg().view().lane(&a), Seen::Ready(claimed, None));
         assert!(m.reg().holds(&a, &lease(4), 50));
-        // Without the lease's queue and group (or no room), the lane loses the lease, as
-        // if it expired, but its cursor still goes back.
+        // The lease stays until the ack commits, so an abort finds it even without its
+        // queue and group.
         m.reg().lock(&a, holder(1)).unwrap();
         assert!(m.reg().set(&a, 1, acked, None, 0));
         m.reg().unlock_restoring(&a, 1, found, None, 50);
+        assert_eq!(m.state(&a), claimed);
+        // A transaction that moved the lane on to another lease (the old one goes with its
+        // last lane), then acked it: without the old lease's queue and group (or no room),
+        // an abort leaves the lane without a lease, as if it expired, but its cursor still
+        // goes back.
+        m.reg().lock(&a, holder(1)).unwrap();
+        assert!(m.reg().set(&a, 1, State { lease_id: lease(5), ..claimed }, Some((42, "g")), 0));
+        assert_eq!(m.reg().view().lease(&lease(4), 1), None);
+        assert!(m.reg().set(&a, 1, acked, None, 0));
+        m.reg().unlock_restoring(&a, 1, found, None, 50);
         assert_eq!(m.state(&a), State { lease_id: [0; 16], lease_expires: 0, ..claimed });
+        m.reg().check().unwrap();
+        // A committed ack ends the lease for good.
+        m.reg().lock(&a, holder(1)).unwrap();
+        assert!(m.reg().set(&a, 1, claimed, Some((42, "g")), 0));
+        m.reg().unlock(&a, 1, None);
+        m.reg().lock(&a, holder(2)).unwrap();
+        assert!(m.reg().set(&a, 2, acked, None, 0));
+        assert!(m.reg().view().lease(&lease(4), 1).is_some());
+        m.reg().unlock(&a, 2, None);
+        assert_eq!(m.reg().view().lease(&lease(4), 1), None);
+        assert_eq!(m.reg().leases_live(), 0);
         m.reg().check().unwrap();
     }
 
@@ -1487,8 +1545,12 @@ mod tests {
                 if let Err(e) = m.reg().check() {
                     prop_assert!(false, "{}", e);
                 }
-                // Every model lane reads as modelled; lease chains match the states.
+                // Every model lane reads as modelled; lease chains match the states: a lane
+                // is on its lease's chain, and besides those a chain holds only held lanes
+                // whose holder ended the lease they found (still on that lease's chain
+                // while the lease exists; the unit tests say when).
                 let mut chains: HashMap<[u8; 16], Vec<LaneKey>> = HashMap::new();
+                let mut pending: HashMap<[u8; 16], Vec<LaneKey>> = HashMap::new();
                 // A lane may have been evicted to make room: only an idle one (not held, no
                 // live lease, nothing unsaved), whose state the database has.
                 let gone: Vec<u8> = model.keys().copied().filter(|l| m.reg().view().lane(&keys[*l as usize]) == Seen::Unknown).collect();
@@ -1503,16 +1565,26 @@ mod tests {
                         Seen::Ready(s, h) => {
                             prop_assert_eq!(s, *st, "lane {}", lane);
                             prop_assert_eq!(h.map(|h| h.owner), held.get(lane).map(|x| x.0));
-                            if s.has_lease() { chains.entry(s.lease_id).or_default().push(k); }
+                            if s.has_lease() {
+                                chains.entry(s.lease_id).or_default().push(k);
+                            } else if let Some((_, found)) = held.get(lane).filter(|(_, f)| f.has_lease()) {
+                                pending.entry(found.lease_id).or_default().push(k);
+                            }
                         }
                         other => prop_assert!(false, "lane {} reads {:?}", lane, other),
                     }
                 }
-                for (id, mut lanes) in chains {
-                    let mut got = m.reg().view().lease(&id, 1).map(|i| i.lanes).unwrap_or_default();
-                    lanes.sort_by_key(|k| k.partition);
-                    got.sort_by_key(|k| k.partition);
-                    prop_assert_eq!(got, lanes);
+                let ids: std::collections::HashSet<[u8; 16]> = chains.keys().chain(pending.keys()).copied().collect();
+                for id in ids {
+                    let named = chains.get(&id).cloned().unwrap_or_default();
+                    let ended = pending.get(&id).cloned().unwrap_or_default();
+                    let got = m.reg().view().lease(&id, 1).map(|i| i.lanes).unwrap_or_default();
+                    for k in &named {
+                        prop_assert!(got.contains(k), "a lane whose state names the lease is on its chain");
+                    }
+                    for k in &got {
+                        prop_assert!(named.contains(k) || ended.contains(k), "a lane on a chain it does not belong to");
+                    }
                 }
             }
         }
