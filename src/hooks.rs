@@ -343,7 +343,7 @@ unsafe fn before(pstmt: *mut pg_sys::PlannedStmt) -> Around {
         return Around::Nothing;
     }
     // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
-    if unsafe { extension_statement(stmt) } {
+    if unsafe { extension_statement(stmt) && may_change_extension(stmt) } {
         // SAFETY: `stmt` is the statement's utility node, not null: a valid parse node.
         if unsafe { installs_anew(stmt) } {
             forget_earlier_install();
@@ -411,6 +411,29 @@ unsafe fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
                         .any(|n| (*n).type_ == pg_sys::NodeTag::T_String && queen((*(n as *mut pg_sys::String)).sval))
             }
             _ => false,
+        }
+    }
+}
+
+/// Whether the role running `stmt`, a statement `extension_statement` found to be about
+/// queen, may do what it asks, so that its hook may make the worker leave and forget the
+/// registries' entries: a `CREATE EXTENSION` where queen is not installed needs a superuser
+/// (queen.control), an `ALTER` or `DROP` the extension's owner. A `CREATE` where queen is
+/// installed changes nothing (it fails, or `IF NOT EXISTS` skips it), nor does a `DROP ...
+/// IF EXISTS` where it is not. These run before PostgreSQL's own checks: any role could
+/// otherwise keep the worker away by repeating a statement that fails.
+///
+/// # Safety
+/// `stmt` is a valid parse node.
+unsafe fn may_change_extension(stmt: *mut pg_sys::Node) -> bool {
+    // SAFETY: catalog lookups (missing_ok) inside the statement's transaction; the node's
+    // tag is read first.
+    unsafe {
+        let ext = pg_sys::get_extension_oid(c"queen".as_ptr(), true);
+        if (*stmt).type_ == pg_sys::NodeTag::T_CreateExtensionStmt {
+            ext == pg_sys::InvalidOid && pg_sys::superuser()
+        } else {
+            ext != pg_sys::InvalidOid && pg_sys::pg_extension_ownercheck(ext, pg_sys::GetUserId())
         }
     }
 }
@@ -501,7 +524,10 @@ unsafe fn copies_into_queen(stmt: *mut pg_sys::Node) -> bool {
 
 /// The database a statement needs to itself (no other session connected to it): the one
 /// it drops, renames, moves to another tablespace, or copies as a template. None for any
-/// other statement, or a database that does not exist.
+/// other statement, a database that does not exist, or one the role does not own (nor is
+/// a superuser): PostgreSQL refuses those statements to such a role (a database marked as
+/// a template may be copied by others, but no worker serves one), and any role could
+/// otherwise keep a database's worker away by repeating one that fails.
 ///
 /// # Safety
 /// `stmt` is a valid parse node.
@@ -532,9 +558,12 @@ unsafe fn database_needed(stmt: *mut pg_sys::Node) -> Option<u32> {
     if name.is_null() {
         return None;
     }
-    // SAFETY: a catalog lookup by name (missing_ok), inside the statement's transaction.
+    // SAFETY: catalog lookups (by name, missing_ok; the owner check of a database that
+    // exists), inside the statement's transaction.
     let oid = unsafe { pg_sys::get_database_oid(name, true) };
-    (oid != pg_sys::InvalidOid).then(|| oid.to_u32())
+    // SAFETY: as above.
+    let owns = oid != pg_sys::InvalidOid && unsafe { pg_sys::pg_database_ownercheck(oid, pg_sys::GetUserId()) };
+    owns.then(|| oid.to_u32())
 }
 
 /// The value of option `name` in a list of DefElem, as a string.

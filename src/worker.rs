@@ -575,10 +575,17 @@ fn configure_session() {
     // (every queen name it uses is schema-qualified), so no schema a user can create in
     // (public, "$user") can put a function or operator in its way.
     // Compaction and rotation need statement snapshots: a database or role default of
-    // REPEATABLE READ or SERIALIZABLE must not reach the worker.
+    // REPEATABLE READ or SERIALIZABLE must not reach the worker. Nor may a database
+    // default that an owner who is not a superuser can set (`ALTER DATABASE ... SET`)
+    // stop its passes: read-only transactions, or timeouts that cancel them.
     for (name, value) in [
         (c"synchronous_commit", c"off"),
         (c"default_transaction_isolation", c"read committed"),
+        (c"default_transaction_read_only", c"off"),
+        (c"default_transaction_deferrable", c"off"),
+        (c"statement_timeout", c"0"),
+        (c"lock_timeout", c"0"),
+        (c"idle_in_transaction_session_timeout", c"0"),
         (c"search_path", c"pg_catalog, pg_temp"),
     ] {
         // SAFETY: setting configuration options for this process at session level.

@@ -145,3 +145,109 @@ fn the_journal_empties_while_a_transaction_that_loaded_lanes_stays_open() {
     drop((c, holder));
     drop_database(&db);
 }
+
+/// The pid of `db`'s maintenance worker, waiting up to 30 s for one.
+fn worker_pid(admin: &mut Client, db: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(r) = admin
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'queen maintenance' AND datname = $1",
+                &[&db],
+            )
+            .unwrap()
+        {
+            return r.get(0);
+        }
+        assert!(Instant::now() < deadline, "no maintenance worker in {db}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_role_that_may_not_run_a_statement_cannot_stop_the_worker_with_it() {
+    // The hooks that make a database's worker leave (a DROP or RENAME of the database, a
+    // change of the extension) run before PostgreSQL checks the role's rights: a role
+    // that may only log in must not stop the worker by trying them and failing.
+    let (db, c) = database_with(&[]);
+    let mut admin = connect();
+    let role = format!("nobody_{}", &db[7..]);
+    admin.batch_execute(&format!("CREATE ROLE {role} LOGIN")).unwrap();
+    let before = worker_pid(&mut admin, &db);
+    let as_role = |dbname: &str| {
+        let d = dsn().replace("user=postgres", &format!("user={role}"));
+        Client::connect(&format!("{d} dbname={dbname}"), NoTls).unwrap()
+    };
+    let mut elsewhere = as_role("postgres");
+    let mut inside = as_role(&db);
+    for (inside_db, sql) in [
+        (false, format!("DROP DATABASE {db}")),
+        (false, format!("ALTER DATABASE {db} RENAME TO {db}_x")),
+        (false, format!("CREATE DATABASE {db}_copy TEMPLATE {db}")),
+        (true, "DROP EXTENSION queen".to_string()),
+        (true, "ALTER EXTENSION queen UPDATE".to_string()),
+    ] {
+        let client = if inside_db { &mut inside } else { &mut elsewhere };
+        assert!(client.batch_execute(&sql).is_err(), "{sql} is refused to {role}");
+    }
+    // Skipped (queen exists), in a transaction left open meanwhile.
+    inside.batch_execute("BEGIN; CREATE EXTENSION IF NOT EXISTS queen").unwrap();
+    assert_eq!(worker_pid(&mut admin, &db), before, "the worker kept running");
+    inside.batch_execute("ROLLBACK").unwrap();
+    drop((elsewhere, inside, c));
+    admin.batch_execute(&format!("DROP ROLE {role}")).unwrap();
+    drop_database(&db);
+}
+
+#[test]
+fn database_defaults_an_owner_may_set_do_not_stop_the_worker() {
+    // An owner who is not a superuser may set these for the database: the worker's
+    // transactions must still write, and not be cancelled.
+    let (db, mut c) = database_with(&[]);
+    let mut admin = connect();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET default_transaction_read_only = on;
+             ALTER DATABASE {db} SET statement_timeout = '1ms';
+             ALTER DATABASE {db} SET lock_timeout = '1ms';"
+        ))
+        .unwrap();
+    // A new worker reads the database's settings when it connects.
+    let old = worker_pid(&mut admin, &db);
+    admin.execute("SELECT pg_terminate_backend($1)", &[&old]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while worker_pid(&mut admin, &db) == old {
+        assert!(Instant::now() < deadline, "the worker did not come back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Work for compaction (this session connected before the settings), and acks for the
+    // journal.
+    c.batch_execute(
+        "SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'ro', 'payload', i))
+                                                  FROM generate_series(1, 300) i));
+         SELECT count(*) FROM queen.push('ro', '1');
+         SELECT count(*) FROM queen.pop('ro', batch => 1000, auto_ack => true);",
+    )
+    .unwrap();
+    loop {
+        let fresh: i64 = c.query_one("SELECT count(*) FROM queen.fresh_segments", &[]).unwrap().get(0);
+        let journal = metric(&mut c, "maintenance_journal_runs");
+        if fresh == 0 && journal >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{fresh} fresh segments left, {journal} journal rounds");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // A journal round or two after the acks.
+    std::thread::sleep(Duration::from_secs(5));
+    let errors: f64 = c
+        .query_one(
+            "SELECT coalesce(sum(value), 0) FROM queen.metrics('maintenance') WHERE metric LIKE 'maintenance\\_%\\_errors'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(errors, 0.0, "no pass failed");
+    drop(c);
+    drop_database(&db);
+}
