@@ -24,9 +24,9 @@
 //! 2. **The queue row** (`queen.queues`): FOR KEY SHARE by the foreign keys of a new
 //!    partition, group, dead letter or folded count of expired drops; FOR UPDATE by
 //!    `delete_queue`; UPDATE by `configure`. (Retention takes no queue row lock.)
-//!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts and by
-//!    `dlq_redrive` to failing groups (in name order), FOR UPDATE by `seek` and
-//!    `drop_group`.
+//!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts (SKIP LOCKED)
+//!    and by `dlq_redrive` to failing groups (in name order), FOR UPDATE by `seek`,
+//!    `purge` and `drop_group`.
 //! 3. **Partition rows**, in partition-name order within a call (pushes without the
 //!    offset registry; `drop_partition`; compaction, retention and the partition expiry
 //!    SKIP LOCKED).

@@ -44,6 +44,8 @@ RESET ROLE;
 SELECT pg_temp.err($$SELECT queen.grant('orders', 'qp_app', 'read')$$);
 SELECT pg_temp.err($$SELECT queen.grant('orders', 'no_such_role', 'consume')$$);
 SELECT pg_temp.err($$SELECT queen.grant('orders', NULL, 'consume')$$);
+SELECT pg_temp.err($$SELECT queen.grant('orders', 'queen_consumer', 'produce')$$);
+SELECT pg_temp.err($$SELECT queen.revoke('orders', 'queen_admin', 'admin')$$);
 
 -- A role with no queen role, granted consume and produce on orders: grant gives it the
 -- schema and the functions of those privileges, nothing more.

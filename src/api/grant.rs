@@ -33,6 +33,15 @@ fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
     if !queen_role(caller(), Privilege::Admin) {
         denied("grant on queues (queen_admin only)", Privilege::Admin);
     }
+    // Their rights on queen's functions are the extension's, which a grant or revoke would
+    // rewrite for every member (`sync_grants`): a consumer role granted one queue to
+    // produce to would lose pop, and queen_admin grant itself.
+    if ["queen_producer", "queen_consumer", "queen_admin"].contains(&role) {
+        errors::invalid(
+            "role",
+            format_args!("{role:?} is one of queen's own roles, whose members reach every queue; grant queues to a role of your own"),
+        );
+    }
     (queue.to_string(), role.to_string(), p)
 }
 

@@ -13,14 +13,18 @@ use crate::pg::errors::SpiExt;
 use crate::pg::spi::{first_value, run};
 
 /// A new partition gets a lane at 0 for every committed group of its queue. The groups'
-/// rows are key-share-locked: a group that `drop_group` is removing right now gets no
-/// lane once it is gone (its row lock is waited for, and re-checked).
+/// rows are key-share-locked, without waiting: a group that a `seek`, `drop_group` or
+/// `purge` holds right now gets no lane here. One being dropped must get none; any other
+/// gets it from its next pop's repair (`create_missing`, at the partition's start, which
+/// retention keeps meanwhile: a missing lane holds its floor at 0). Waiting for that row
+/// would deadlock a transaction that popped a lane the holder waits for, then pushed to a
+/// new partition.
 pub fn create_for_partition(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, queue_id: i64) {
     run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
          SELECT $1, g.consumer_group, $2, 0
-           FROM (SELECT consumer_group FROM queen.groups WHERE queue_id = $2 FOR KEY SHARE) g
+           FROM (SELECT consumer_group FROM queen.groups WHERE queue_id = $2 FOR KEY SHARE SKIP LOCKED) g
          ON CONFLICT DO NOTHING",
         &[partition_id.into(), queue_id.into()],
     );
