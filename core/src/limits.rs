@@ -20,6 +20,9 @@ pub const EACH: &str = "*";
 pub const MAX_IN_FLIGHT: usize = 32;
 /// The highest rate (messages per second) and burst.
 pub const MAX_RATE: f64 = 1_000_000.0;
+/// The lowest rate: one message a million seconds (about 11.6 days). Slower ones would
+/// put the next token past any time a clock can hold.
+pub const MIN_RATE: f64 = 1e-6;
 pub const MAX_BURST: i32 = 1_000_000;
 /// Micro-tokens per token: a bucket counts in millionths, so that slow rates refill
 /// smoothly.
@@ -47,7 +50,7 @@ impl Limit {
 }
 
 /// Checks `configure_limit`'s arguments. The key is `*` or a partition name prefix (a
-/// valid partition name, `names::lane_name`); `rate` is above 0 and at most `MAX_RATE`;
+/// valid partition name, `names::lane_name`); `rate` is `MIN_RATE` to `MAX_RATE`;
 /// `burst` 1 to `MAX_BURST`, and only with a rate; `max_in_flight` 1 to `MAX_IN_FLIGHT`,
 /// and only with a prefix (with `*` each partition is its own key, and a lane holds one
 /// lease at a time: a cap would mean nothing).
@@ -64,10 +67,10 @@ pub fn check(l: &Limit) -> Result<(), Violation> {
         ));
     }
     if let Some(r) = l.rate {
-        if !(r > 0.0 && r <= MAX_RATE) {
+        if !(MIN_RATE..=MAX_RATE).contains(&r) {
             return Err(Violation::invalid(
                 "rate",
-                format!("{r} (must be above 0 and at most {MAX_RATE} messages per second)"),
+                format!("{r} (must be {MIN_RATE} to {MAX_RATE} messages per second)"),
             ));
         }
     }
@@ -199,7 +202,8 @@ impl Bucket {
         if b.micro >= MICRO {
             return now;
         }
-        now + ((MICRO - b.micro) as f64 / rate).ceil() as i64
+        // (A float too large for i64 converts to its largest value.)
+        now.saturating_add(((MICRO - b.micro) as f64 / rate).ceil() as i64)
     }
 
     /// Drops the lanes no longer in flight (`flying(partition)` false), then lets lane
@@ -338,6 +342,14 @@ mod tests {
         assert_eq!(check(&limit("", Some(1.0), None, None)).unwrap_err().argument, "key");
         assert_eq!(check(&limit("*", Some(0.0), None, None)).unwrap_err().argument, "rate");
         assert_eq!(check(&limit("*", Some(f64::NAN), None, None)).unwrap_err().argument, "rate");
+        // Slower than one message a million seconds: refused (its next token would lie
+        // past what a timestamp holds); the slowest allowed one has a next token in time.
+        assert_eq!(check(&limit("*", Some(1e-15), None, None)).unwrap_err().argument, "rate");
+        assert!(check(&limit("*", Some(MIN_RATE), None, None)).is_ok());
+        let now = 1_000_000_000_000_000;
+        let empty = Bucket { at: now, ..Bucket::default() };
+        assert_eq!(empty.next_token_at(MIN_RATE, now), now + 1_000_000 * MICRO);
+        assert_eq!(empty.next_token_at(1e-300, now), i64::MAX, "saturates, never wraps");
         assert_eq!(check(&limit("*", None, Some(5), None)).unwrap_err().argument, "burst");
         assert_eq!(check(&limit("*", Some(1.0), Some(0), None)).unwrap_err().argument, "burst");
         assert_eq!(check(&limit("t:", None, None, Some(0))).unwrap_err().argument, "max_in_flight");

@@ -16,6 +16,7 @@ EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE || ': ' || SQLERRM; END $$;
 SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', NULL, rate => 1)$$);
 SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '', rate => 1)$$);
 SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', rate => 0)$$);
+SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', rate => 1e-15)$$);
 SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', rate => -2.5)$$);
 SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', burst => 5)$$);
 SELECT pg_temp.err($$SELECT queen.configure_limit('lq', 'g', '*', rate => 1, burst => 0)$$);
