@@ -107,17 +107,32 @@ pub fn retain_queue(client: &mut SpiClient<'_>, queue_id: i64, retention: i32) -
                        ON l.partition_id = p.partition_id AND l.consumer_group = g.consumer_group
                     WHERE g.queue_id = $1) AS upto
              FROM unnest($3::uuid[]) AS p(partition_id)
+         ), cutoff AS (
+           SELECT clock_timestamp() - make_interval(secs => $2) AS at
+         ), young AS (
+           -- A segment below the floor that is not old enough yet stops the deletion at
+           -- its start: what goes is a prefix of the partition, so that retained_through
+           -- (the end of what went) never passes a message that is still kept. A segment's
+           -- created_at is its push's transaction start, which does not grow with offsets.
+           SELECT y.partition_id, min(y.first_offset) AS first
+             FROM (SELECT s.partition_id, s.first_offset FROM queen.segments s, floor f, cutoff c
+                    WHERE s.partition_id = f.partition_id AND s.first_offset <= f.upto AND s.created_at >= c.at
+                   UNION ALL
+                   SELECT s.partition_id, s.first_offset FROM queen.fresh_segments s, floor f, cutoff c
+                    WHERE s.partition_id = f.partition_id AND s.first_offset <= f.upto AND s.created_at >= c.at) y
+            GROUP BY 1
+         ), bound AS (
+           SELECT f.partition_id, least(f.upto, coalesce(y.first - 1, f.upto)) AS upto
+             FROM floor f LEFT JOIN young y USING (partition_id)
          ), gone AS (
            DELETE FROM queen.segments s
-            USING floor f
-            WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
-              AND s.created_at < clock_timestamp() - make_interval(secs => $2)
+            USING bound f, cutoff c
+            WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto AND s.created_at < c.at
            RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
          ), gone_fresh AS (
            DELETE FROM queen.fresh_segments s
-            USING floor f
-            WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto
-              AND s.created_at < clock_timestamp() - make_interval(secs => $2)
+            USING bound f, cutoff c
+            WHERE s.partition_id = f.partition_id AND s.last_offset <= f.upto AND s.created_at < c.at
            RETURNING s.partition_id, s.last_offset, octet_length(s.data) AS size
          ), all_gone AS (
            SELECT * FROM gone UNION ALL SELECT * FROM gone_fresh
