@@ -103,6 +103,12 @@ SELECT queen.configure('closed', create_groups => false) ->> 'createGroups' AS c
 SELECT count(*) FROM queen.push('closed', '1');
 \set VERBOSITY sqlstate
 SELECT count(*) FROM queen.pop('closed', 'newcomer');
+-- Nor do an operator's calls that name a group (a typo would make a group that holds
+-- retention back); configure_group does.
+SELECT queen.pause('closed', 'newcomr');
+SELECT queen.resume('closed', 'newcomr');
+SELECT queen.configure_limit('closed', 'newcomr', '*', rate => 1);
 \set VERBOSITY default
+SELECT count(*) AS groups_of_closed FROM queen.groups g JOIN queen.queues q USING (queue_id) WHERE q.name = 'closed';
 SELECT queen.create_group('closed', 'newcomer') ->> 'created' AS created;
 SELECT msg_offset FROM queen.pop('closed', 'newcomer', auto_ack => true);

@@ -61,7 +61,7 @@ fn configure_limit(
             ))
             .is_some();
         }
-        lookup::ensure_group(client, queue_id, group, queen_core::policy::Subscription::DEFAULT.as_str(), true);
+        lookup::ensure_named_group(client, queue_id, queue, group);
         run(
             client,
             "INSERT INTO queen.limits (queue_id, consumer_group, key, rate, burst, max_in_flight)

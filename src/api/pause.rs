@@ -56,7 +56,7 @@ fn set_paused(queue: Option<&str>, group: Option<&str>, paused: bool) -> JsonB {
                 [queue_id.into(), group.into(), paused.into()],
             ),
             Some(g) => {
-                lookup::ensure_group(client, queue_id, g, queen_core::policy::Subscription::DEFAULT.as_str(), true);
+                lookup::ensure_named_group(client, queue_id, queue, g);
                 (
                     "SELECT paused FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR UPDATE",
                     "UPDATE queen.groups SET paused = $3 WHERE queue_id = $1 AND consumer_group = $2",

@@ -481,14 +481,7 @@ fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
     }
     let info = group_info(client, a.queue, a.group)?;
     if !info.has_group && !info.create_groups {
-        errors::raise(
-            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-            format!(
-                "queen: queue {:?} has no consumer group {:?}, and its consumers may not create one \
-                 (configure create_groups => false); create it with queen.create_group",
-                a.queue, a.group
-            ),
-        );
+        lookup::no_group_to_create(a.queue, a.group);
     }
     if info.paused {
         return None; // paused: nothing is delivered, and a long-poll sleeps (`pop_waiting`)

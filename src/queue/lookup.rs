@@ -2,10 +2,11 @@
 
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
+use pgrx::PgSqlErrorCode;
 use queen_core::policy::QueueOptions;
 
 use crate::pg::cache;
-use crate::pg::errors::SpiExt;
+use crate::pg::errors::{self, SpiExt};
 use crate::pg::ids::to_pg_uuid;
 use crate::pg::spi::{first_value, run};
 
@@ -127,6 +128,36 @@ pub fn create_partition(client: &mut SpiClient<'_>, queue_id: i64, name: &str) -
 /// before the INSERT, whose statement snapshot then sees the step's deletions.
 fn lock_for_new_lanes(queue_id: i64, wait: bool) -> bool {
     crate::pg::locks::lanes_creation(queue_id, false, wait)
+}
+
+/// The error for a group that does not exist on a queue configured with `create_groups =>
+/// false`, where only `create_group` and `configure_group` create one (42704).
+pub fn no_group_to_create(queue: &str, group: &str) -> ! {
+    errors::raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        format!(
+            "queen: queue {queue:?} has no consumer group {group:?}, and it is created only by queen.create_group \
+             or queen.configure_group (configure create_groups => false)"
+        ),
+    )
+}
+
+/// `ensure_group` ('all') for an operator's call that names a group (`pause`, `resume`,
+/// `configure_limit`): on a queue configured with `create_groups => false` a group that
+/// does not exist is an error, as for a pop (a mistyped name would otherwise make a group
+/// that holds retention back and counts toward `max_depth`).
+pub fn ensure_named_group(client: &mut SpiClient<'_>, queue_id: i64, queue: &str, group: &str) {
+    let allowed = first_value::<bool>(run(
+        client,
+        "SELECT q.create_groups OR EXISTS (SELECT 1 FROM queen.groups g
+                                            WHERE g.queue_id = q.queue_id AND g.consumer_group = $2)
+           FROM queen.queues q WHERE q.queue_id = $1",
+        &[queue_id.into(), group.into()],
+    ));
+    if allowed == Some(false) {
+        no_group_to_create(queue, group);
+    }
+    ensure_group(client, queue_id, group, queen_core::policy::Subscription::DEFAULT.as_str(), true);
 }
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
