@@ -426,8 +426,8 @@ unsafe fn extension_statement(stmt: *mut pg_sys::Node) -> bool {
 /// # Safety
 /// `stmt` is a valid parse node.
 unsafe fn may_change_extension(stmt: *mut pg_sys::Node) -> bool {
-    // SAFETY: catalog lookups (missing_ok) inside the statement's transaction; the node's
-    // tag is read first.
+    // SAFETY: catalog lookups (by name, missing_ok; the owner check of an extension that
+    // exists) inside the statement's transaction; the node is only asked for its tag.
     unsafe {
         let ext = pg_sys::get_extension_oid(c"queen".as_ptr(), true);
         if (*stmt).type_ == pg_sys::NodeTag::T_CreateExtensionStmt {

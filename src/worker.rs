@@ -406,19 +406,23 @@ struct Maintenance {
 
 impl Maintenance {
     /// Runs one step of `pass` (about `what`) in its own transaction; an ERROR is logged,
-    /// counted, and puts `what` in backoff. None when it failed or is in backoff.
+    /// counted, and puts the step (`what` of that pass) in backoff. None when it failed or
+    /// is in backoff.
     fn step<R>(&mut self, pass: Pass, what: &str, f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Option<R> {
-        if !self.backoff.ready(what) {
+        // Each pass's steps back off on their own ("queue 5" is a retention step and an
+        // expiry step).
+        let key = format!("{}: {what}", pass.name());
+        if !self.backoff.ready(&key) {
             self.errors = true;
             return None;
         }
         match in_transaction(f) {
             Ok(r) => {
-                self.backoff.ok(what);
+                self.backoff.ok(&key);
                 Some(r)
             }
             Err(e) => {
-                self.backoff.failed(what);
+                self.backoff.failed(&key);
                 self.errors = true;
                 pgrx::warning!("queen maintenance: {} of {what} failed, tried again later: {e}", pass.name());
                 dbs::record_pass(pass, false, crate::pg::clock::clock_now());
@@ -575,9 +579,11 @@ fn configure_session() {
     // (every queen name it uses is schema-qualified), so no schema a user can create in
     // (public, "$user") can put a function or operator in its way.
     // Compaction and rotation need statement snapshots: a database or role default of
-    // REPEATABLE READ or SERIALIZABLE must not reach the worker. Nor may a database
-    // default that an owner who is not a superuser can set (`ALTER DATABASE ... SET`)
-    // stop its passes: read-only transactions, or timeouts that cancel them.
+    // REPEATABLE READ or SERIALIZABLE must not reach the worker. Nor may these database
+    // defaults, which an owner who is not a superuser can set (`ALTER DATABASE ... SET`),
+    // stop its passes: read-only transactions (every write fails), and the timeouts (the
+    // lock timeout applies to a worker's statements; the others are pinned as a
+    // safeguard).
     for (name, value) in [
         (c"synchronous_commit", c"off"),
         (c"default_transaction_isolation", c"read committed"),
@@ -687,9 +693,8 @@ fn retention_round(m: &mut Maintenance) {
             bytes += b;
         }
     }
-    if !std::mem::take(&mut m.errors) {
-        crate::pg::stats::record_retention(crate::pg::clock::clock_now(), bytes);
-    }
+    let clean = !std::mem::take(&mut m.errors);
+    crate::pg::stats::record_retention(crate::pg::clock::clock_now(), bytes, clean);
     let _ = m.step(Pass::Rotation, "the segment generations", || Spi::connect_mut(crate::storage::generations::rotate));
     m.done(Pass::Rotation);
     let queues = m.step(Pass::Expiry, "the queue list", || Spi::connect_mut(crate::storage::churn::queues_to_expire));

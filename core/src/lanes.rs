@@ -28,7 +28,10 @@
 //!
 //! **Leases.** A lease id names the lanes one pop claimed; the registry keeps a lease
 //! table (lease id and database -> its lanes, its queue and group) for the calls that
-//! only name the lease (`ack(lease_id)`, `extend_lease`, `may_start`).
+//! only name the lease (`ack(lease_id)`, `extend_lease`, `may_start`). A lane whose holder
+//! ended its lease (an ack, a revoke) stays on that lease's list until the holder commits,
+//! as a row version stays until its deletion commits: the others' calls find it and wait
+//! for the holder, which may roll back (`chain_for`).
 //!
 //! **Round-robin cursors.** Per (database, queue, group), the partition a pop claimed
 //! last: the next pop of any backend starts after it (`View::cursor`). A small
@@ -361,8 +364,9 @@ impl<'a> View<'a> {
         }
     }
 
-    /// A lease of `database`: its queue, group and lanes (None: unknown there, or no lane
-    /// holds it any more).
+    /// A lease of `database`: its queue, group and lanes, those a transaction ended it on
+    /// without committing yet included (None: unknown there, or no lane holds it any
+    /// more).
     pub fn lease(&self, id: &[u8; 16], database: u32) -> Option<LeaseInfo> {
         let l = &self.leases[find_lease(self.leases, id).ok()?];
         if l.database != database {
@@ -1460,8 +1464,9 @@ mod tests {
     proptest! {
         /// Against a model of committed states and per-transaction saved states: locks are
         /// exclusive, an abort restores exactly what the transaction found, a commit keeps
-        /// what it set, lease chains list exactly the lanes whose state names the lease,
-        /// and only idle lanes (not held, no live lease) are evicted.
+        /// what it set, lease chains list the lanes whose state names the lease and,
+        /// besides, only held lanes whose holder ended that lease, and only idle lanes (not
+        /// held, no live lease) are evicted.
         #[test]
         fn prop_locks_commit_and_roll_back_like_rows(ops in proptest::collection::vec(op(), 1..120)) {
             let mut m = Mem::new(4, 3);

@@ -20,8 +20,9 @@ pub const EACH: &str = "*";
 pub const MAX_IN_FLIGHT: usize = 32;
 /// The highest rate (messages per second) and burst.
 pub const MAX_RATE: f64 = 1_000_000.0;
-/// The lowest rate: one message a million seconds (about 11.6 days). Slower ones would
-/// put the next token past any time a clock can hold.
+/// The lowest rate: one message a million seconds (about 11.6 days), a floor chosen well
+/// above where the wait for a token stops fitting in a timestamp (below about 1e-13;
+/// `next_token_at` saturates there anyway).
 pub const MIN_RATE: f64 = 1e-6;
 pub const MAX_BURST: i32 = 1_000_000;
 /// Micro-tokens per token: a bucket counts in millionths, so that slow rates refill

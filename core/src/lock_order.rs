@@ -26,7 +26,7 @@
 //!    `delete_queue`; UPDATE by `configure`. (Retention takes no queue row lock.)
 //!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts (SKIP LOCKED)
 //!    and by `dlq_redrive` to failing groups (in name order), FOR UPDATE by `seek`,
-//!    `purge` and `drop_group`.
+//!    `purge`, `drop_group`, `pause` and `resume`.
 //! 3. **Partition rows**, in partition-name order within a call (pushes without the
 //!    offset registry; `drop_partition`; compaction, retention and the partition expiry
 //!    SKIP LOCKED).

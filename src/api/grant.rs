@@ -36,10 +36,12 @@ fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
     // Their rights on queen's functions are the extension's, which a grant or revoke would
     // rewrite for every member (`sync_grants`): a consumer role granted one queue to
     // produce to would lose pop, and queen_admin grant itself.
-    if ["queen_producer", "queen_consumer", "queen_admin"].contains(&role) {
+    if crate::queue::privileges::is_queen_role(role) {
         errors::invalid(
             "role",
-            format_args!("{role:?} is one of queen's own roles, whose members reach every queue; grant queues to a role of your own"),
+            format_args!(
+                "{role:?} is one of queen's own roles, whose members reach every queue: per-queue privileges are for roles of your own"
+            ),
         );
     }
     (queue.to_string(), role.to_string(), p)

@@ -259,7 +259,8 @@ pub fn lane_committed(partition_id: pgrx::Uuid, group: &str) -> State {
     }
 }
 
-/// A lease of the current database: its queue, group and lanes, if some lane still holds it.
+/// A lease of the current database: its queue, group and lanes, if some lane still holds it
+/// (or a transaction ended it on a lane without committing yet: `View::lease`).
 pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
     let db = crate::pg::dbs::my_database();
     if let Some(info) = with_view(|v| v.lease(lease_id.as_bytes(), db)) {

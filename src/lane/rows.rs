@@ -13,12 +13,12 @@ use crate::pg::errors::SpiExt;
 use crate::pg::spi::{first_value, run};
 
 /// A new partition gets a lane at 0 for every committed group of its queue. The groups'
-/// rows are key-share-locked, without waiting: a group that a `seek`, `drop_group` or
-/// `purge` holds right now gets no lane here. One being dropped must get none; any other
-/// gets it from its next pop's repair (`create_missing`, at the partition's start, which
-/// retention keeps meanwhile: a missing lane holds its floor at 0). Waiting for that row
-/// would deadlock a transaction that popped a lane the holder waits for, then pushed to a
-/// new partition.
+/// rows are key-share-locked, without waiting: a group whose row a `seek`, `purge`,
+/// `drop_group`, `pause` or `resume` holds right now gets no lane here. One being dropped
+/// must get none; any other gets it from a later pop's repair (`create_missing`, at the
+/// partition's start, at most once a second per session: retention keeps the partition
+/// meanwhile, a missing lane holding its floor at 0). Waiting for that row would deadlock
+/// a transaction that popped a lane the holder waits for, then pushed to a new partition.
 pub fn create_for_partition(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, queue_id: i64) {
     run(
         client,

@@ -443,16 +443,9 @@ fn lock_registry(
     pids.sort_by_key(|p| *p.as_bytes());
     let mut locked = Vec::with_capacity(pids.len());
     for pid in pids {
-        // A lane that has moved on to another lease is not this ack's to wait for. One
-        // whose holder ended this lease without committing yet (an ack, a revoke) is: it
-        // shows no lease now, and the lease in its last committed state; the holder may
-        // roll back.
-        let mine = *lease_id.as_bytes();
-        let live = crate::lane::registry::view(pid, &info.group).0.lease_id;
-        if live != mine && (live != [0; 16] || crate::lane::registry::lane_committed(pid, &info.group).lease_id != mine)
-        {
-            continue;
-        }
+        // The lease's lanes are those that carry it, and those whose holder ended it
+        // without committing yet (an ack, a revoke: it may roll back), which this waits
+        // for. A lane that has moved on since is not this ack's.
         let Some(s) = crate::lane::registry::lock(pid, &info.group, true) else { continue };
         if s.lease_id != *lease_id.as_bytes() {
             continue;

@@ -75,6 +75,8 @@ pub struct PassStats {
     /// When the pass last ended without an error (microseconds; 0: never).
     pub last_ok: i64,
     pub last_error: i64,
+    /// When the pass first ended, with or without an error (0: never).
+    pub first: i64,
 }
 
 /// What the worker of a database is doing.
@@ -442,6 +444,9 @@ pub fn record_pass(pass: Pass, ok: bool, now: i64) {
     mine(|s| {
         let p = &mut s.passes[pass as usize];
         p.runs += 1;
+        if p.first == 0 {
+            p.first = now;
+        }
         if ok {
             p.last_ok = now;
         } else {

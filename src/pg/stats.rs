@@ -10,16 +10,21 @@ use pgrx::prelude::*;
 
 use crate::pg::dbs::{self, Pass, PASSES};
 
-/// Records a retention pass that freed `bytes`, ending at `now`.
-pub fn record_retention(now: i64, bytes: i64) {
+/// Records a retention pass that freed `bytes`, ending at `now`: every pass adds to the
+/// total; one with every step done (`clean`) is also the last pass and a success.
+pub fn record_retention(now: i64, bytes: i64, clean: bool) {
     if !dbs::enabled() {
         return;
     }
     dbs::mine(|s| {
-        s.retention_bytes_last = bytes;
+        if clean {
+            s.retention_bytes_last = bytes;
+        }
         s.retention_bytes_total += bytes;
     });
-    dbs::record_pass(Pass::Retention, true, now);
+    if clean {
+        dbs::record_pass(Pass::Retention, true, now);
+    }
 }
 
 /// Counts a fresh segment compaction could not decode (and kept as it was).
@@ -83,8 +88,10 @@ COMMENT ON FUNCTION queen._maintenance_stats() IS
 
 /// `queen._maintenance_stats()`: one row per maintenance pass of this database's worker
 /// (compaction, retention, rotation, journal, prepared, expiry): runs and errors since the
-/// server started, the end of the last successful run and of the last failed one (NULL:
-/// none), and whether a worker runs here now. No rows without preloading.
+/// server started, the end of the last successful run (or, for a pass that has run and
+/// never succeeded, of its first run: what `age_seconds` counts from) and of the last
+/// failed one (NULL: none), and whether a worker runs here now. No rows without
+/// preloading.
 #[pg_extern(name = "_maintenance_stats", volatile, parallel_unsafe)]
 #[allow(clippy::type_complexity)] // pgrx reads the columns from the signature
 fn maintenance_stats() -> TableIterator<
@@ -108,7 +115,7 @@ fn maintenance_stats() -> TableIterator<
                     p.name().to_string(),
                     c.runs,
                     c.errors,
-                    timestamp(c.last_ok),
+                    timestamp(if c.last_ok != 0 { c.last_ok } else { c.first }),
                     timestamp(c.last_error),
                     s.worker == dbs::WORKER_RUNNING,
                     s.corrupt_segments,

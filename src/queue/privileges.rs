@@ -61,14 +61,27 @@ impl Privilege {
         }
     }
 
+    /// Every privilege, each with a role of its own.
+    pub const ALL: [Privilege; 3] = [Privilege::Produce, Privilege::Consume, Privilege::Admin];
+
     /// The role that has this privilege on every queue.
-    fn global_role(self) -> &'static CStr {
+    pub fn global_role(self) -> &'static CStr {
         match self {
             Privilege::Produce => c"queen_producer",
             Privilege::Consume => c"queen_consumer",
             Privilege::Admin => c"queen_admin",
         }
     }
+
+    /// `global_role`'s name as text.
+    pub fn role_name(self) -> &'static str {
+        self.global_role().to_str().expect("ASCII")
+    }
+}
+
+/// Whether `role` is one of the three roles queen ships (their members reach every queue).
+pub fn is_queen_role(role: &str) -> bool {
+    Privilege::ALL.iter().any(|p| p.role_name() == role)
 }
 
 /// The role whose privileges count: the session's, at the outer level (see the module
@@ -222,10 +235,9 @@ fn permitted_sql(privilege: &str) -> Option<Vec<i64>> {
 /// The functions a role needs to use `p`: those the queen role of `p` may call (for
 /// `admin`, those of every queen role), as `regprocedure` text.
 fn functions_of(client: &mut SpiClient<'_>, p: Privilege) -> Vec<String> {
-    let roles: &[&str] = match p {
-        Privilege::Produce => &["queen_producer"],
-        Privilege::Consume => &["queen_consumer"],
-        Privilege::Admin => &["queen_producer", "queen_consumer", "queen_admin"],
+    let roles: Vec<&str> = match p {
+        Privilege::Admin => Privilege::ALL.iter().map(|q| q.role_name()).collect(),
+        other => vec![other.role_name()],
     };
     run(
         client,

@@ -618,15 +618,23 @@ fn every_fail_point_fires_and_nothing_is_lost() {
     assert_eq!(queue_mode(&dsn, &q), (1..=40).collect::<Vec<_>>(), "lanes.sweep");
     run.fired.insert("lanes.sweep");
 
-    // lanes.put_back: an ack ends its lease; while it is open the lease table fills up;
-    // it rolls back, and the lease cannot be chained again.
+    // lanes.put_back: a transaction ends its lease (an ack asking for a retry), claims the
+    // lane again under a second lease and ends that one too: the first lease has gone
+    // with its last lane (an ended lease stays only while its lane is not claimed again),
+    // and the second with the second ack. While it is open the lease table fills up; it
+    // rolls back, and the first lease cannot be chained again.
     let q = unique("fp-putback");
     s.push(&q, "p", 1);
-    let lease: uuid::Uuid =
-        s.c.query_one("SELECT lease_id FROM queen.pop($1, lease_seconds => 2)", &[&q]).unwrap().get(0);
+    const POP: &str = "SELECT lease_id, partition_id, msg_offset FROM queen.pop($1, lease_seconds => 2)";
+    const RETRY: &str = "SELECT queen.ack($1, $2, $3, 'retry')";
+    let first = s.c.query_one(POP, &[&q]).unwrap();
+    let lease: uuid::Uuid = first.get(0);
     s.arm("lanes.put_back:2");
     s.sql("BEGIN");
-    s.c.execute("SELECT queen.ack($1)", &[&lease]).unwrap();
+    s.c.execute(RETRY, &[&lease, &first.get::<_, uuid::Uuid>(1), &first.get::<_, i64>(2)]).unwrap();
+    let again = s.c.query_one(POP, &[&q]).unwrap();
+    s.c.execute(RETRY, &[&again.get::<_, uuid::Uuid>(0), &again.get::<_, uuid::Uuid>(1), &again.get::<_, i64>(2)])
+        .unwrap();
     let mut filler = Client::connect(&dsn, NoTls).unwrap();
     let fq = unique("fp-fill");
     spread(&mut filler, &fq, 40);
