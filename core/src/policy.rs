@@ -236,8 +236,14 @@ pub const DEFAULT_BUDGET: Budget = Budget {
     record_margin: 2 * MICROS,
 };
 
+/// The longest allowance of a group's budget: 365 days (a lease is cut to
+/// `queen.max_lease` anyway; the bound keeps the stored intervals, and their sum, in
+/// range for the SQL that reads them).
+pub const MAX_ALLOWANCE: i64 = 365 * 86_400 * MICROS;
+
 impl Budget {
-    /// Checks the allowances of a budget: none negative, and a handler that may run.
+    /// Checks the allowances of a budget: none negative or over `MAX_ALLOWANCE`, and a
+    /// handler that may run.
     pub fn validate(&self) -> Result<(), Violation> {
         for (name, v) in [
             ("handler_timeout", self.handler_timeout),
@@ -245,8 +251,11 @@ impl Budget {
             ("timeout_grace", self.timeout_grace),
             ("record_margin", self.record_margin),
         ] {
-            if v < 0 {
-                return Err(Violation::invalid(name, format!("{} s (must be >= 0)", v as f64 / MICROS as f64)));
+            if !(0..=MAX_ALLOWANCE).contains(&v) {
+                return Err(Violation::invalid(
+                    name,
+                    format!("{} s (must be 0 to {} s)", v as f64 / MICROS as f64, MAX_ALLOWANCE / MICROS),
+                ));
             }
         }
         if self.handler_timeout == 0 {
@@ -338,10 +347,13 @@ pub fn check_redrive(limit: i32, to: &str) -> Result<RedriveTo, Violation> {
 /// microseconds): it is then not delivered to a group that has not consumed it. The ttl
 /// counts from the due time, so every message has `ttl` to be delivered, however long it
 /// was delayed (from the push, a message delayed by `ttl` or more would expire before it
-/// could ever be delivered). A `ttl` of 0 never expires anything; the boundary itself is
-/// expired.
-pub fn expired(due_at: i64, ttl: i64, now: i64) -> bool {
-    ttl > 0 && due_at.saturating_add(ttl) <= now
+/// could ever be delivered). Nor before `configured_at`, when the queue's options last
+/// changed: the due time follows the queue's `delay` as it is now, so a shorter delay (or
+/// a `configure` that leaves it out) moves the due time of stored messages back, and
+/// would expire at once those that could not be delivered until then. A `ttl` of 0 never
+/// expires anything; the boundary itself is expired.
+pub fn expired(due_at: i64, configured_at: i64, ttl: i64, now: i64) -> bool {
+    ttl > 0 && due_at.max(configured_at).saturating_add(ttl) <= now
 }
 
 /// When a message may be delivered: `delay` (the queue's) after it was pushed, and not
@@ -577,16 +589,22 @@ mod tests {
 
     #[test]
     fn expiry_boundary() {
-        assert!(!expired(100, 0, i64::MAX), "ttl 0 never expires");
-        assert!(!expired(100, 50, 149));
-        assert!(expired(100, 50, 150), "the boundary is expired");
-        assert!(expired(100, 50, 151));
-        assert!(!expired(i64::MAX - 1, 50, i64::MAX - 1), "no overflow");
+        assert!(!expired(100, 0, 0, i64::MAX), "ttl 0 never expires");
+        assert!(!expired(100, 0, 50, 149));
+        assert!(expired(100, 0, 50, 150), "the boundary is expired");
+        assert!(expired(100, 0, 50, 151));
+        assert!(!expired(i64::MAX - 1, 0, 50, i64::MAX - 1), "no overflow");
         // A message delayed by the ttl or more gets the ttl from its due time.
         let due = due_at(100, 50, Some(400));
-        assert!(!expired(due, 50, 400), "due, not expired: deliverable");
-        assert!(!expired(due, 50, 449));
-        assert!(expired(due, 50, 450));
+        assert!(!expired(due, 0, 50, 400), "due, not expired: deliverable");
+        assert!(!expired(due, 0, 50, 449));
+        assert!(expired(due, 0, 50, 450));
+        // Pushed at 100 with a delay of 1,000 (due at 1,100), ttl 50; at 600 the delay is
+        // cut to 0: due at 100 now, yet deliverable only since 600, so it has until 650.
+        let due = due_at(100, 0, None);
+        assert!(!expired(due, 600, 50, 600), "not expired by the change itself");
+        assert!(!expired(due, 600, 50, 649));
+        assert!(expired(due, 600, 50, 650));
         let too_long = QueueOptions { ttl: limits::TTL + 1, ..QueueOptions::CONFIGURED };
         assert_eq!(too_long.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument, "ttl");
         assert_eq!(
@@ -767,6 +785,15 @@ mod tests {
         assert!(DEFAULT_BUDGET.validate().is_ok());
         assert_eq!(Budget { handler_timeout: 0, ..DEFAULT_BUDGET }.validate().unwrap_err().argument, "handler_timeout");
         assert_eq!(Budget { record_margin: -1, ..DEFAULT_BUDGET }.validate().unwrap_err().argument, "record_margin");
+        // Huge allowances (as a stand-in for "no timeout") are refused: stored, they wrapped
+        // or made the budget's sum overflow in every pop of the group.
+        assert_eq!(
+            Budget { queue_margin: MAX_ALLOWANCE + 1, ..DEFAULT_BUDGET }.validate().unwrap_err().argument,
+            "queue_margin"
+        );
+        assert!(Budget { handler_timeout: MAX_ALLOWANCE, queue_margin: MAX_ALLOWANCE, ..DEFAULT_BUDGET }
+            .validate()
+            .is_ok());
         assert!(Budget { queue_margin: 0, timeout_grace: 0, record_margin: 0, ..DEFAULT_BUDGET }.validate().is_ok());
     }
 

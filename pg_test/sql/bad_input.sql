@@ -104,3 +104,13 @@ SELECT (SELECT count(*) FROM queen.queues) = queues AS same_queues,
        (SELECT count(*) FROM queen.lanes) = lanes AS same_lanes
   FROM before;
 SELECT msg_offset, payload FROM queen.pop('good', auto_ack => true);
+
+-- Intervals whose microseconds do not fit in 64 bits are refused, also when a negative
+-- time part would bring a saturated sum back into range (stored as given, the interval
+-- then made every pop or ack of the queue fail); a group's allowances stop at 365 days.
+SELECT pg_temp.err($$SELECT queen.configure('bi_time', ttl => '2147483647 days -2562047787:00:54.775807')$$);
+SELECT pg_temp.err($$SELECT queen.configure('bi_time', retry_backoff => '2147483647 days -2562047787:00:54.775807')$$);
+SELECT pg_temp.err($$SELECT queen.configure_group('bi_time', 'g', handler_timeout => '106751992 days')$$);
+SELECT pg_temp.err($$SELECT queen.configure_group('bi_time', 'g', queue_margin => '366 days')$$);
+SELECT queen.configure_group('bi_time', 'g', handler_timeout => '365 days', queue_margin => '365 days') ->> 'consumerGroup' AS configured;
+SELECT count(*) FROM queen.pop('bi_time', 'g');

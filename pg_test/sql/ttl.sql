@@ -76,3 +76,13 @@ SELECT payload FROM queen.pop('late', batch => 10, auto_ack => true);
 SELECT pg_sleep(0.6);
 SELECT payload FROM queen.pop('late', batch => 10, auto_ack => true);
 SELECT count(*) AS dead_letters FROM queen.dlq('late');
+
+-- A shorter delay (here a configure that leaves delay out: it goes back to 0) moves the
+-- due time of stored messages back; they were not deliverable before, so the ttl counts
+-- from the change, and they are delivered, not expired at once.
+SELECT queen.configure('cut', delay => '10 s', ttl => '1 s', dead_letter_queue => false) ->> 'ttl' AS ttl;
+SELECT count(*) FROM queen.push('cut', '"waited for its delay"');
+SELECT pg_sleep(1.2);
+SELECT count(*) AS not_due FROM queen.pop('cut', batch => 10, auto_ack => true);
+SELECT queen.configure('cut', ttl => '1 s', dead_letter_queue => false) ->> 'delay' AS delay;
+SELECT payload FROM queen.pop('cut', batch => 10, auto_ack => true);

@@ -322,6 +322,9 @@ struct GroupInfo {
     /// The group's lease budget (microseconds), when it has one.
     budget_micros: Option<i64>,
     delay: i64,
+    /// When the queue's options last changed (`queues.updated_at`, microseconds): the ttl
+    /// counts from no earlier (`queen_core::policy::expired`).
+    configured_at: i64,
     /// The queue or the group is paused (`queen.pause`): the pop returns nothing.
     paused: bool,
     /// The queue's message ttl (microseconds, 0: none) and whether it keeps a DLQ, where
@@ -363,7 +366,8 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
                     (extract(epoch FROM q.delay) * 1000000)::int8, q.create_groups, ",
                 queen_core::paused_sql!("q", "g"),
                 ", (extract(epoch FROM q.ttl) * 1000000)::int8, q.dead_letter_queue,
-                EXISTS (SELECT 1 FROM queen.limits l WHERE l.queue_id = q.queue_id AND l.consumer_group = $2)
+                EXISTS (SELECT 1 FROM queen.limits l WHERE l.queue_id = q.queue_id AND l.consumer_group = $2),
+                q.updated_at
                FROM queen.queues q
                LEFT JOIN queen.groups g ON g.queue_id = q.queue_id AND g.consumer_group = $2
               WHERE q.name = $1"
@@ -382,6 +386,7 @@ fn group_info(client: &mut SpiClient<'_>, queue: &str, group: &str) -> Option<Gr
             ttl: row.get(8).or_raise().unwrap_or(0),
             dead_letter_queue: row.get(9).or_raise().unwrap_or(true),
             limited: row.get(10).or_raise().unwrap_or(false),
+            configured_at: row.get::<pgrx::datum::TimestampWithTimeZone>(11).or_raise().map_or(0, i64::from),
         })
     };
     // Kept once the group exists (a pop that finds none creates it, then reads again).
@@ -426,7 +431,14 @@ fn pop_in(client: &mut SpiClient<'_>, a: &PopArgs) -> Vec<Delivered> {
         let id = crate::queue::citus::routed_id(crate::pg::ids::new_secure_id);
         (to_pg_uuid(id), now.saturating_add(lease_micros))
     });
-    let due = Due { delay: info.delay, ttl: info.ttl, file_expired: info.dead_letter_queue, now, group: a.group };
+    let due = Due {
+        delay: info.delay,
+        configured_at: info.configured_at,
+        ttl: info.ttl,
+        file_expired: info.dead_letter_queue,
+        now,
+        group: a.group,
+    };
     let mut reading = Reading::new(client, a, candidates, due, lease);
     while reading.next_lane(client, scan.as_mut()) {}
     let rows = reading.claim(client, a, info.queue_id, registry, now);
@@ -1151,6 +1163,7 @@ fn file_poison(
 /// clock; and whether an expired message is filed as a dead letter (else it is dropped).
 struct Due<'a> {
     delay: i64,
+    configured_at: i64,
     ttl: i64,
     file_expired: bool,
     now: i64,
@@ -1309,7 +1322,7 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         // A message that waited longer than the queue's ttl since it was due is not
         // delivered: filed as a dead letter (or dropped) and passed over like poison; the
         // lane goes on.
-        if queen_core::policy::expired(due_at, self.due.ttl, self.due.now) {
+        if queen_core::policy::expired(due_at, self.due.configured_at, self.due.ttl, self.due.now) {
             let error = format!("expired: due more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6);
             return self.pass_over(offset, &f, "expired", self.due.file_expired, error);
         }

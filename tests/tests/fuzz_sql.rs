@@ -111,7 +111,19 @@ fn ten_thousand_bad_calls_give_clean_errors_only() {
         let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
             args.iter().map(|a| a as &(dyn postgres::types::ToSql + Sync)).collect();
         match c.query(&stmts[k], &params) {
-            Ok(_) => ok += 1,
+            Ok(_) => {
+                ok += 1;
+                // What a configure call accepted must not break the queue's (or the group's)
+                // pops: a value stored as given that the pop's SQL cannot read would stall
+                // it for good.
+                if calls[k].contains("queen.configure") {
+                    let group = if calls[k].contains("configure_group") { args[1].clone() } else { None }
+                        .unwrap_or_else(|| "__QUEUE_MODE__".to_string());
+                    if let Err(e) = c.query("SELECT count(*) FROM queen.pop($1::text, $2::text)", &[&args[0], &group]) {
+                        panic!("call {i} ({}) with {args:?} was accepted, and then a pop failed: {e}", calls[k]);
+                    }
+                }
+            }
             Err(e) => {
                 let code = e
                     .code()
