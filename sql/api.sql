@@ -476,17 +476,17 @@ BEGIN
   END IF;
   -- This database's maintenance worker (src/worker.rs): per pass, runs and errors since
   -- the server started; seconds since its last success, or, for a pass that has run and
-  -- never succeeded, since its first run (_maintenance_stats gives that time: an alert on
-  -- the age fires for a pass failing from the start too; no row before its first run);
-  -- seconds since its last error; whether the worker runs; fresh segments kept
-  -- undecodable.
+  -- never succeeded, since its first run (an alert on the age fires for a pass failing
+  -- from the start too; no row before its first run); seconds since its last error;
+  -- whether the worker runs; fresh segments kept undecodable.
   IF (kind IS NULL OR kind = 'maintenance') AND permitted IS NULL THEN
     RETURN QUERY
       SELECT 'maintenance_' || st.pass || '_' || m.metric, NULL::text, NULL::text, m.value
         FROM queen._maintenance_stats() st
        CROSS JOIN LATERAL (VALUES ('runs', st.runs::float8),
                                   ('errors', st.errors::float8),
-                                  ('age_seconds', extract(epoch FROM clock_timestamp() - st.last_ok_at)::float8),
+                                  ('age_seconds',
+                                   extract(epoch FROM clock_timestamp() - coalesce(st.last_ok_at, st.first_at))::float8),
                                   ('error_age_seconds',
                                    extract(epoch FROM clock_timestamp() - st.last_error_at)::float8)) m(metric, value)
        WHERE m.value IS NOT NULL;

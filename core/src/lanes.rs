@@ -31,7 +31,8 @@
 //! only name the lease (`ack(lease_id)`, `extend_lease`, `may_start`). A lane whose holder
 //! ended its lease (an ack, a revoke) stays on that lease's list until the holder commits,
 //! as a row version stays until its deletion commits: the others' calls find it and wait
-//! for the holder, which may roll back (`chain_for`).
+//! for the holder, which may roll back (`chain_for`); unless the holder claimed the lane
+//! again under another lease meanwhile, which takes it off the first one's list.
 //!
 //! **Round-robin cursors.** Per (database, queue, group), the partition a pop claimed
 //! last: the next pop of any backend starts after it (`View::cursor`). A small

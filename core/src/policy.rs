@@ -236,11 +236,6 @@ pub const DEFAULT_BUDGET: Budget = Budget {
     record_margin: 2 * MICROS,
 };
 
-/// The longest allowance of a group's budget: 365 days (a lease is cut to
-/// `queen.max_lease` anyway; the bound keeps the stored intervals, and their sum, in
-/// range for the SQL that reads them).
-pub const MAX_ALLOWANCE: i64 = 365 * 86_400 * MICROS;
-
 impl Budget {
     /// Checks the allowances of a budget: none negative or over `MAX_ALLOWANCE`, and a
     /// handler that may run.
@@ -251,10 +246,10 @@ impl Budget {
             ("timeout_grace", self.timeout_grace),
             ("record_margin", self.record_margin),
         ] {
-            if !(0..=MAX_ALLOWANCE).contains(&v) {
+            if !(0..=limits::ALLOWANCE).contains(&v) {
                 return Err(Violation::invalid(
                     name,
-                    format!("{} s (must be 0 to {} s)", v as f64 / MICROS as f64, MAX_ALLOWANCE / MICROS),
+                    format!("{} s (must be 0 to {} s)", v as f64 / MICROS as f64, limits::ALLOWANCE / MICROS),
                 ));
             }
         }
@@ -436,6 +431,10 @@ pub mod limits {
     pub const TTL: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
     /// Longest `partition_idle_ttl` (microseconds): 365 days.
     pub const IDLE_TTL: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
+    /// Longest allowance of a group's budget (`configure_group`, microseconds): 365 days
+    /// (a lease is cut to `queen.max_lease` anyway; the bound keeps the stored intervals,
+    /// and their sum, in range for the SQL that reads them).
+    pub const ALLOWANCE: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
     /// Default of `queen.max_lease`: the longest lease and extension, in seconds (12 hours,
     /// as SQS's longest visibility timeout).
     pub const MAX_LEASE_DEFAULT: i32 = 12 * 3600;
@@ -788,10 +787,10 @@ mod tests {
         // Huge allowances (as a stand-in for "no timeout") are refused: stored, they wrapped
         // or made the budget's sum overflow in every pop of the group.
         assert_eq!(
-            Budget { queue_margin: MAX_ALLOWANCE + 1, ..DEFAULT_BUDGET }.validate().unwrap_err().argument,
+            Budget { queue_margin: limits::ALLOWANCE + 1, ..DEFAULT_BUDGET }.validate().unwrap_err().argument,
             "queue_margin"
         );
-        assert!(Budget { handler_timeout: MAX_ALLOWANCE, queue_margin: MAX_ALLOWANCE, ..DEFAULT_BUDGET }
+        assert!(Budget { handler_timeout: limits::ALLOWANCE, queue_margin: limits::ALLOWANCE, ..DEFAULT_BUDGET }
             .validate()
             .is_ok());
         assert!(Budget { queue_margin: 0, timeout_grace: 0, record_margin: 0, ..DEFAULT_BUDGET }.validate().is_ok());

@@ -80,9 +80,9 @@ SELECT count(*) AS dead_letters FROM queen.dlq('late');
 -- A shorter delay (here a configure that leaves delay out: it goes back to 0) moves the
 -- due time of stored messages back; they were not deliverable before, so the ttl counts
 -- from the change, and they are delivered, not expired at once.
-SELECT queen.configure('cut', delay => '10 s', ttl => '1 s', dead_letter_queue => false) ->> 'ttl' AS ttl;
+SELECT queen.configure('cut', delay => '10 s', ttl => '2 s', dead_letter_queue => false) ->> 'ttl' AS ttl;
 SELECT count(*) FROM queen.push('cut', '"waited for its delay"');
-SELECT pg_sleep(1.2);
+SELECT pg_sleep(2.2);
 SELECT count(*) AS not_due FROM queen.pop('cut', batch => 10, auto_ack => true);
-SELECT queen.configure('cut', ttl => '1 s', dead_letter_queue => false) ->> 'delay' AS delay;
+SELECT queen.configure('cut', ttl => '2 s', dead_letter_queue => false) ->> 'delay' AS delay;
 SELECT payload FROM queen.pop('cut', batch => 10, auto_ack => true);

@@ -156,6 +156,33 @@ DROP FUNCTION queen._group_hash(text);
 -- update).
 DROP FUNCTION queen._lane(uuid, text, bigint, uuid, timestamptz, bigint, int, int);
 
+-- A group's allowances stop at 365 days in 0.4.0 (queen_core::policy::limits::ALLOWANCE):
+-- 0.3.0 stored longer ones as given, and a huge one (a stand-in for "no timeout") wrapped
+-- around to a negative interval when stored (0.3.0 refused negative allowances, so a
+-- negative one is always such a value). Both are cut to 365 days, far above any lease
+-- (queen.max_lease cuts a lease anyway); a WARNING says how many groups.
+DO $clamp$
+DECLARE n bigint;
+BEGIN
+  UPDATE queen.groups
+     SET handler_timeout = CASE WHEN handler_timeout NOT BETWEEN interval '0' AND interval '365 days'
+                                THEN interval '365 days' ELSE handler_timeout END,
+         queue_margin    = CASE WHEN queue_margin NOT BETWEEN interval '0' AND interval '365 days'
+                                THEN interval '365 days' ELSE queue_margin END,
+         timeout_grace   = CASE WHEN timeout_grace NOT BETWEEN interval '0' AND interval '365 days'
+                                THEN interval '365 days' ELSE timeout_grace END,
+         record_margin   = CASE WHEN record_margin NOT BETWEEN interval '0' AND interval '365 days'
+                                THEN interval '365 days' ELSE record_margin END
+   WHERE handler_timeout NOT BETWEEN interval '0' AND interval '365 days'
+      OR queue_margin NOT BETWEEN interval '0' AND interval '365 days'
+      OR timeout_grace NOT BETWEEN interval '0' AND interval '365 days'
+      OR record_margin NOT BETWEEN interval '0' AND interval '365 days';
+  GET DIAGNOSTICS n = ROW_COUNT;
+  IF n > 0 THEN
+    RAISE WARNING 'queen: % consumer groups had a budget allowance over 365 days (or stored negative, wrapped around); cut to 365 days', n;
+  END IF;
+END $clamp$;
+
 -- configure gains create_groups, partition_idle_ttl, ttl and max_depth; configure_group
 -- gains max_lag and on_overflow (new C symbols: the 0.3.0 ones raise, asking for this
 -- update). Grants given on the old signatures are given again. (Role oids, 'g' marking the

@@ -149,7 +149,7 @@ fn store(
            retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
            retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
            create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
-           ttl = EXCLUDED.ttl, max_depth = EXCLUDED.max_depth, updated_at = now()",
+           ttl = EXCLUDED.ttl, max_depth = EXCLUDED.max_depth, updated_at = clock_timestamp()",
         &[
             queue.into(),
             o.lease_time.into(),

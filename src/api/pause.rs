@@ -52,7 +52,7 @@ fn set_paused(queue: Option<&str>, group: Option<&str>, paused: bool) -> JsonB {
         let (read, write, args) = match group {
             None => (
                 "SELECT paused FROM queen.queues WHERE queue_id = $1 AND $2::text IS NULL FOR UPDATE",
-                "UPDATE queen.queues SET paused = $3, updated_at = now() WHERE queue_id = $1 AND $2::text IS NULL",
+                "UPDATE queen.queues SET paused = $3, updated_at = clock_timestamp() WHERE queue_id = $1 AND $2::text IS NULL",
                 [queue_id.into(), group.into(), paused.into()],
             ),
             Some(g) => {

@@ -445,7 +445,8 @@ fn lock_registry(
     for pid in pids {
         // The lease's lanes are those that carry it, and those whose holder ended it
         // without committing yet (an ack, a revoke: it may roll back), which this waits
-        // for. A lane that has moved on since is not this ack's.
+        // for (not one the holder claimed again meanwhile: `lanes::chain_for`). A lane that
+        // has moved on since is not this ack's.
         let Some(s) = crate::lane::registry::lock(pid, &info.group, true) else { continue };
         if s.lease_id != *lease_id.as_bytes() {
             continue;

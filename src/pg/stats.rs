@@ -80,7 +80,7 @@ fn retention_stats() -> TableIterator<
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen._maintenance_stats() IS
-  'queen internal: this database''s maintenance passes: runs, errors, last success and last error (queen.metrics); not granted';
+  'queen internal: this database''s maintenance passes: runs, errors, first run, last success and last error (queen.metrics); not granted';
 "#,
     name = "maintenance_stats_home",
     requires = [maintenance_stats]
@@ -88,8 +88,7 @@ COMMENT ON FUNCTION queen._maintenance_stats() IS
 
 /// `queen._maintenance_stats()`: one row per maintenance pass of this database's worker
 /// (compaction, retention, rotation, journal, prepared, expiry): runs and errors since the
-/// server started, the end of the last successful run (or, for a pass that has run and
-/// never succeeded, of its first run: what `age_seconds` counts from) and of the last
+/// server started, the end of its first run, of its last successful run and of its last
 /// failed one (NULL: none), and whether a worker runs here now. No rows without
 /// preloading.
 #[pg_extern(name = "_maintenance_stats", volatile, parallel_unsafe)]
@@ -100,6 +99,7 @@ fn maintenance_stats() -> TableIterator<
         name!(pass, String),
         name!(runs, i64),
         name!(errors, i64),
+        name!(first_at, Option<TimestampWithTimeZone>),
         name!(last_ok_at, Option<TimestampWithTimeZone>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
         name!(worker_running, bool),
@@ -115,7 +115,8 @@ fn maintenance_stats() -> TableIterator<
                     p.name().to_string(),
                     c.runs,
                     c.errors,
-                    timestamp(if c.last_ok != 0 { c.last_ok } else { c.first }),
+                    timestamp(c.first),
+                    timestamp(c.last_ok),
                     timestamp(c.last_error),
                     s.worker == dbs::WORKER_RUNNING,
                     s.corrupt_segments,

@@ -17,6 +17,10 @@ SELECT count(*) FROM queen.push('up', '"before the update"', partition => 'pre')
 -- upgrade_before.sql filed a second copy).
 ALTER EXTENSION queen UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
+-- The allowance 0.3.0 stored negative (wrapped) is 365 days now (the update warned), and
+-- the group's pops work.
+SELECT handler_timeout, queue_margin FROM queen.groups WHERE consumer_group = 'forever';
+SELECT count(*) FROM queen.pop('up-huge', 'forever');
 -- queen.configure and queen.configure_group were replaced (new options): who could call
 -- them still can, with the grant option they had; the app's direct grants still work on
 -- every queue (it holds no queue grant).

@@ -27,6 +27,9 @@ SELECT gen_random_uuid(), queue_id, partition_id, consumer_group, msg_offset, me
        data, 'second copy', retry_count, failed_at + interval '1 second', envelope, headers
   FROM queen.log_dlq;
 SELECT count(*) AS dead_letters FROM queen.log_dlq;
+-- A budget allowance 0.4.0 refuses (over 365 days), which 0.3.0 stored wrapped around to
+-- a negative interval, on a queue of its own.
+SELECT queen.configure_group('up-huge', 'forever', handler_timeout => '106751992 days') IS NOT NULL AS configured;
 
 -- Roles with the grants of 0.3.0: direct EXECUTE on functions (the "finer grants"). The
 -- upgrade replaces queen.configure (it gains create_groups and partition_idle_ttl) and
