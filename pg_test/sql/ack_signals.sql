@@ -23,6 +23,19 @@ BEGIN
   CREATE TEMP TABLE cur AS SELECT * FROM queen.pop(q, batch => 100);
   RETURN QUERY SELECT c.msg_offset, c.attempt FROM cur c ORDER BY 1;
 END $$;
+-- Ack items (each {"offset", "status"?}) of the current span in one JSON-form call; show
+-- each item's success and error, and the lane's report.
+CREATE FUNCTION pg_temp.ack_items(items jsonb) RETURNS TABLE (success jsonb, errors jsonb, lane jsonb)
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY
+    SELECT jsonb_path_query_array(r, '$.items[*].success'), jsonb_path_query_array(r, '$.items[*].error'),
+           (r -> 'lanes' -> 0) - 'partitionId'
+      FROM (SELECT queen.ack(c.lease_id,
+                             (SELECT jsonb_agg(i.item || jsonb_build_object('partitionId', c.partition_id) ORDER BY i.n)
+                                FROM jsonb_array_elements(items) WITH ORDINALITY AS i(item, n))) AS r
+              FROM cur c LIMIT 1) s;
+END $$;
 -- Ack one offset of the current span with a status and an error.
 CREATE FUNCTION pg_temp.nack(off int, st text, e text DEFAULT NULL) RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN
@@ -78,26 +91,13 @@ SELECT count(*) AS dead_letters FROM queen.dlq('free');
 SELECT count(*) FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'span', 'payload', i)) FROM generate_series(1, 16) i));
 SELECT count(*) FROM queen.pop('span', batch => 10, auto_ack => true);
 SELECT min(msg_offset), max(msg_offset) FROM pg_temp.take('span');
-SELECT jsonb_path_query_array(r, '$.items[*].success') AS success,
-       jsonb_path_query_array(r, '$.items[*].error') AS errors,
-       (r -> 'lanes' -> 0) - 'partitionId' AS lane
-  FROM (SELECT queen.ack(lease_id, jsonb_build_array(
-          jsonb_build_object('partitionId', partition_id, 'offset', 11, 'status', 'completed'),
-          jsonb_build_object('partitionId', partition_id, 'offset', 12),
-          jsonb_build_object('partitionId', partition_id, 'offset', 14, 'status', 'failed'),
-          jsonb_build_object('partitionId', partition_id, 'offset', 15, 'status', 'completed'))) AS r
-          FROM cur LIMIT 1) s;
+SELECT * FROM pg_temp.ack_items('[{"offset": 11, "status": "completed"}, {"offset": 12},
+                                   {"offset": 14, "status": "failed"}, {"offset": 15, "status": "completed"}]');
 SELECT * FROM pg_temp.lane('span');
 -- [completed 14, failed 14]: the signal decides; the completion of the same message is
 -- reported as not applied, and 14 comes again.
 SELECT min(msg_offset), max(msg_offset) FROM pg_temp.take('span');
-SELECT jsonb_path_query_array(r, '$.items[*].success') AS success,
-       jsonb_path_query_array(r, '$.items[*].error') AS errors,
-       (r -> 'lanes' -> 0) - 'partitionId' AS lane
-  FROM (SELECT queen.ack(lease_id, jsonb_build_array(
-          jsonb_build_object('partitionId', partition_id, 'offset', 14, 'status', 'completed'),
-          jsonb_build_object('partitionId', partition_id, 'offset', 14, 'status', 'failed'))) AS r
-          FROM cur LIMIT 1) s;
+SELECT * FROM pg_temp.ack_items('[{"offset": 14, "status": "completed"}, {"offset": 14, "status": "failed"}]');
 SELECT min(msg_offset), max(msg_offset) FROM pg_temp.take('span');
 SELECT queen.ack(lease_id) -> 'lanes' -> 0 ->> 'committed' AS committed FROM cur LIMIT 1;
 
