@@ -226,9 +226,13 @@ pub fn reserve(
 ) -> Option<i64> {
     let key = key(partition_id);
     let (me, sub) = (owner(), subxact());
+    // The time its messages carry (a segment's `created_at`), for a late release to be
+    // noticed (`readable_after`).
+    // SAFETY: a plain read of the transaction's start time.
+    let since = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     let mut waited = None;
     loop {
-        match with_registry(|r| r.reserve(&key, n, me, sub, writes_all, fresh)) {
+        match with_registry(|r| r.at(0, since).reserve(&key, n, me, sub, writes_all, fresh)) {
             Ok(first) => {
                 HOLDS.with(|h| h.set(true));
                 return Some(first);
@@ -245,6 +249,20 @@ pub fn reserve(
             Err(Refusal::Full) => full("every offset reservation is in use (queen.max_reservations)"),
         }
     }
+}
+
+/// A time after which `offset` of a partition became readable, when it became readable
+/// late: at least `LATE_AFTER` after its push, because its push stayed open or an earlier
+/// one of the partition did (`queen_core::offsets::View::readable_after`). None when it
+/// was not late, or the registry no longer knows (a restart, an eviction, more late
+/// moves since than it keeps), or there is no registry. Only for an offset up to the
+/// readable end the caller read.
+pub fn readable_after(partition_id: pgrx::Uuid, offset: i64) -> Option<i64> {
+    if !enabled() {
+        return None;
+    }
+    let key = key(partition_id);
+    with_view(|v| v.readable_after(&key, offset))
 }
 
 /// False when no segment of the fresh tier can hold an offset from `start` on (a read
@@ -555,7 +573,8 @@ pub fn finish_prepared(xid: u32, committed: bool) -> bool {
     if !enabled() {
         return false;
     }
-    let ended = with_registry(|r| r.finish_prepared(xid, committed));
+    let now = crate::pg::clock::clock_now();
+    let ended = with_registry(|r| r.at(now, 0).finish_prepared(xid, committed));
     if ended {
         crate::pg::wake::broadcast_all();
     }
@@ -656,11 +675,13 @@ impl deferred::Registry for OffsetEnds {
 
 fn apply_end(d: &Deferred) {
     let me = owner();
+    // Readers see what this end releases from now on (a late release is noted with it).
+    let now = crate::pg::clock::clock_now();
     registry_op(|r| match d {
         Deferred::End { committed, holds, loading, drops } => {
             fail::point(if *committed { "xact.commit.offsets" } else { "xact.abort.offsets" });
             if *holds {
-                r.finish(me, *committed);
+                r.at(now, 0).finish(me, *committed);
             }
             if let Some(key) = loading {
                 r.abandon_load(key, me);
@@ -675,7 +696,7 @@ fn apply_end(d: &Deferred) {
                 r.abandon_load(key, me);
             }
             if *holds {
-                r.abort_subxact(me, *sub);
+                r.at(now, 0).abort_subxact(me, *sub);
             }
             for key in drops {
                 r.end_drop(key, me, false);

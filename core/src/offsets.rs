@@ -35,6 +35,17 @@
 //! (`Refusal::Dropping`). A commit removes the slot; an abort makes it ready again as it
 //! was. Readers see a slot being dropped as a ready one.
 //!
+//! **When a message became readable.** A message's time is its push's transaction start,
+//! but readers see it only once the readable end passes it: at its push's commit, or later
+//! when an earlier push of the partition was still in flight. A queue's ttl counts from
+//! when a message could be read, so each slot keeps its last few *late* moves of the
+//! readable end (`LATE_POINTS`): a move that released a message pushed at least
+//! `LATE_AFTER` before it, noted as "at time `at`, the readable end was still `before`".
+//! Every offset past `before` became readable after `at` (`View::readable_after`). The
+//! oldest point goes when a new one comes: what is left is always true, only less
+//! precise (an offset no point covers counts from its push). Points live in shared memory
+//! only: a restart, or the slot's eviction, forgets them.
+//!
 //! **Updates are whole or not at all.** Every write goes through `Registry`, which keeps
 //! the old value of each slot, record and owner list head it writes (an undo log), and a
 //! copy of the header. If an update panics half way (a bug, or a fail point: `fail`),
@@ -51,6 +62,14 @@ const EMPTY: u32 = 0;
 const LOADING: u32 = 1;
 const READY: u32 = 2;
 const DROPPING: u32 = 3;
+
+/// Late moves of the readable end each slot remembers (see the module docs).
+pub const LATE_POINTS: usize = 4;
+/// A move of the readable end is late when a message it releases was pushed at least this
+/// long before (microseconds): within it, a message may count its ttl from its push. A
+/// second keeps the points for the long transactions that matter, not for every commit
+/// that waited for its flush.
+pub const LATE_AFTER: i64 = 1_000_000;
 
 const FREE: u32 = 0;
 const IN_FLIGHT: u32 = 1;
@@ -112,6 +131,17 @@ pub struct Slot {
     /// above it need not look there. Raised when the offsets are reserved, so before any
     /// reader can see them; never lowered (compaction moves segments out, not in).
     fresh_max: i64,
+    /// The last late moves of `readable`, oldest first (unused ones have `at == 0`).
+    late: [Late; LATE_POINTS],
+}
+
+/// A late move of a slot's readable end: at time `at` it was still `before`, so every
+/// offset after `before` became readable after `at`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Late {
+    before: i64,
+    at: i64,
 }
 
 #[repr(C)]
@@ -132,6 +162,9 @@ pub struct Record {
     /// The prepared transaction that holds the record (0 while its backend holds it).
     xid: u32,
     _pad: u32,
+    /// When the earliest of its transactions started (its messages' time): merged records
+    /// keep the earliest.
+    since: i64,
 }
 
 /// Sizes of the registry's parts, in bytes, laid out one after another.
@@ -315,6 +348,16 @@ impl<'a> View<'a> {
     pub fn head(&self, key: &PartKey) -> Option<i64> {
         self.usable(key).ok().map(|i| self.slots[i].head)
     }
+
+    /// A time after which `offset` became readable, when a late move of the readable end
+    /// says so (the latest such time the slot remembers); None when none does: the offset
+    /// became readable within `LATE_AFTER` of its push, or before the points the slot
+    /// keeps, or the slot is not loaded. Only for an offset up to the readable end a
+    /// reader read before asking (a later move says nothing of it).
+    pub fn readable_after(&self, key: &PartKey, offset: i64) -> Option<i64> {
+        let i = self.usable(key).ok()?;
+        self.slots[i].late.iter().rev().find(|p| p.at != 0 && p.before < offset).map(|p| p.at)
+    }
 }
 
 /// The old values of what an update wrote, to put back if it panics.
@@ -334,6 +377,10 @@ pub struct Registry<'a> {
     owners: &'a mut [u32],
     header: Header,
     undo: Undo,
+    /// The time of this update (`at`): a late move of a readable end is noted with it.
+    now: i64,
+    /// When the reserving transaction started (`at`): its messages' time.
+    since: i64,
 }
 
 impl Drop for Registry<'_> {
@@ -361,7 +408,16 @@ impl<'a> Registry<'a> {
         debug_assert_eq!(recs.len(), h.records as usize);
         debug_assert_eq!(owners.len(), h.owners as usize);
         let header = *h;
-        Registry { h, slots, recs, owners, header, undo: Undo::default() }
+        Registry { h, slots, recs, owners, header, undo: Undo::default(), now: 0, since: 0 }
+    }
+
+    /// Sets the clock of the updates that follow (microseconds): `now`, the time a
+    /// transaction's end takes effect (readers see its messages from then on), and `since`,
+    /// the start of the transaction that reserves (the time its messages carry). Both 0
+    /// unless set: no move is late then.
+    pub fn at(&mut self, now: i64, since: i64) -> &mut Self {
+        (self.now, self.since) = (now, since);
+        self
     }
 
     /// Initialises fresh memory: every slot empty, every record free. The last `prepared`
@@ -484,8 +540,10 @@ impl<'a> Registry<'a> {
             t.state == IN_FLIGHT && t.owner == owner && t.subxact == subxact
         };
         if grows {
+            let since = self.since;
             let t = self.rec_mut(tail);
             t.end = end;
+            t.since = t.since.min(since);
             if writes_all {
                 t.written = end;
             }
@@ -508,6 +566,7 @@ impl<'a> Registry<'a> {
             prev: tail,
             next: NIL,
             owner_next,
+            since: self.since,
             ..Record::default()
         };
         *self.owner_mut(owner) = r;
@@ -654,6 +713,7 @@ impl<'a> Registry<'a> {
                 let p = self.rec_mut(rec.prev);
                 p.written = rec.written;
                 p.end = rec.end;
+                p.since = p.since.min(rec.since);
                 self.unlink(s, r);
                 rec.prev
             } else {
@@ -665,18 +725,28 @@ impl<'a> Registry<'a> {
                 let cur = self.rec_mut(r);
                 cur.written = n.written;
                 cur.end = n.end;
+                cur.since = cur.since.min(n.since);
                 self.unlink(s, next);
             }
         } else {
             self.unlink(s, r);
         }
         // Committed reservations with nothing in flight before them become readable.
+        let before = self.slots[s].readable;
+        let mut since = i64::MAX;
         while self.slots[s].first != NIL && self.recs[self.slots[s].first as usize].state == COMMITTED {
             let f = self.slots[s].first;
-            let written = self.recs[f as usize].written;
+            let Record { written, since: pushed, .. } = self.recs[f as usize];
+            since = since.min(pushed);
             let slot = self.slot_mut(s);
             slot.readable = slot.readable.max(written);
             self.unlink(s, f);
+        }
+        if self.slots[s].readable > before && self.now.saturating_sub(since) >= LATE_AFTER {
+            let point = Late { before, at: self.now };
+            let late = &mut self.slot_mut(s).late;
+            late.rotate_left(1);
+            late[LATE_POINTS - 1] = point;
         }
     }
 
@@ -872,6 +942,12 @@ impl<'a> Registry<'a> {
             if s.readable > s.head {
                 return Err(format!("slot {i}: readable {} past head {}", s.readable, s.head));
             }
+            let points: Vec<&Late> = s.late.iter().skip_while(|p| p.at == 0).collect();
+            if points.iter().any(|p| p.at == 0 || p.before >= s.readable)
+                || points.windows(2).any(|w| w[0].before >= w[1].before)
+            {
+                return Err(format!("slot {i}: late points {:?} out of order (readable {})", s.late, s.readable));
+            }
             let (mut r, mut prev, mut after) = (s.first, NIL, s.readable);
             while r != NIL {
                 let rec = self.recs.get(r as usize).ok_or(format!("slot {i}: record {r} out of range"))?;
@@ -1015,6 +1091,73 @@ mod tests {
         assert_eq!(m.readable(1), Seen::Readable(10), "13 waits for 11..12");
         m.reg().finish(0, true);
         assert_eq!(m.readable(1), Seen::Readable(13));
+    }
+
+    /// Microseconds of a test's clock: `s` seconds.
+    const SEC: i64 = 1_000_000;
+
+    #[test]
+    fn a_late_move_of_the_readable_end_is_remembered() {
+        let mut m = Mem::new(4, 8, 4);
+        m.load(1, 10);
+        let after = |m: &mut Mem, o: i64| m.reg().view().readable_after(&key(1), o);
+        // A push that commits at once: no point.
+        m.reg().at(100 * SEC, 100 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap(); // 11
+        m.reg().at(100 * SEC + LATE_AFTER - 1, 0).finish(0, true);
+        assert_eq!(after(&mut m, 11), None, "released within LATE_AFTER of its push");
+        // A long push (12, started at 200 s) holds back a short one (13, at 250 s); both
+        // become readable when the long one commits, at 400 s.
+        m.reg().at(200 * SEC, 200 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap(); // 12
+        m.reg().at(250 * SEC, 250 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 13
+        m.reg().at(250 * SEC, 0).finish(1, true);
+        assert_eq!(m.readable(1), Seen::Readable(11));
+        m.reg().at(400 * SEC, 0).finish(0, true);
+        assert_eq!(m.readable(1), Seen::Readable(13));
+        assert_eq!(after(&mut m, 11), None, "11 was readable before");
+        assert_eq!(after(&mut m, 12), Some(400 * SEC));
+        assert_eq!(after(&mut m, 13), Some(400 * SEC), "held back by 12");
+        // The long push aborts instead: what waited behind it is released late all the same.
+        m.reg().at(500 * SEC, 500 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap(); // 14
+        m.reg().at(501 * SEC, 501 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 15
+        m.reg().at(501 * SEC, 0).finish(1, true);
+        m.reg().at(600 * SEC, 0).finish(0, false);
+        assert_eq!(m.readable(1), Seen::Readable(15));
+        assert_eq!(after(&mut m, 13), Some(400 * SEC));
+        assert_eq!(after(&mut m, 15), Some(600 * SEC));
+        // So does an aborted savepoint.
+        m.reg().at(700 * SEC, 700 * SEC).reserve(&key(1), 1, 0, 2, true, false).unwrap(); // 16
+        m.reg().at(701 * SEC, 701 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 17
+        m.reg().at(701 * SEC, 0).finish(1, true);
+        m.reg().at(800 * SEC, 0).abort_subxact(0, 2);
+        assert_eq!(m.readable(1), Seen::Readable(17));
+        assert_eq!(after(&mut m, 17), Some(800 * SEC));
+        // The slot keeps the last LATE_POINTS: with two more, the oldest went, and 12 now
+        // counts from its push (less precise, never later than the truth).
+        for (o, t) in [(18, 900), (19, 1000)] {
+            m.reg().at(t * SEC, t * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap();
+            m.reg().at(t * SEC + LATE_AFTER, 0).finish(0, true);
+            assert_eq!(after(&mut m, o), Some(t * SEC + LATE_AFTER));
+        }
+        assert_eq!(after(&mut m, 12), None);
+        assert_eq!(after(&mut m, 14), Some(600 * SEC));
+        m.reg().check().unwrap();
+    }
+
+    #[test]
+    fn merged_reservations_keep_their_earliest_push() {
+        let mut m = Mem::new(4, 8, 4);
+        m.load(1, 0);
+        // 1 in flight holds back 2 (pushed at 10 s) and 3 (at 300 s), merged once committed.
+        m.reg().at(299 * SEC, 299 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap();
+        m.reg().at(10 * SEC, 10 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap();
+        m.reg().at(300 * SEC, 300 * SEC).reserve(&key(1), 1, 2, 1, true, false).unwrap();
+        m.reg().at(300 * SEC, 0).finish(1, true);
+        m.reg().at(300 * SEC, 0).finish(2, true);
+        // 1 commits half a second after its push: it alone would not be late, 2 is.
+        m.reg().at(299 * SEC + 500_000, 0).finish(0, true);
+        assert_eq!(m.readable(1), Seen::Readable(3));
+        assert_eq!(m.reg().view().readable_after(&key(1), 1), Some(299 * SEC + 500_000));
+        m.reg().check().unwrap();
     }
 
     #[test]
@@ -1359,11 +1502,17 @@ mod tests {
         /// Against a model of every reservation: `readable` is exactly the highest written
         /// offset of a committed reservation with nothing in flight below it; offsets are
         /// never handed out twice; readable never moves backwards; evictions and reloads
-        /// (from the model's "database") change nothing a reader sees.
+        /// (from the model's "database") change nothing a reader sees; a late point never
+        /// says an offset became readable later than it did.
         #[test]
         fn prop_readable_matches_the_model(ops in proptest::collection::vec(op(), 1..200)) {
             let mut m = Mem::new(3, 64, 4);
             let mut model: Vec<Res> = Vec::new();
+            // The clock: 370 ms a step, so a transaction over three steps is late. Per
+            // owner, its transaction's start; per offset, when it became readable.
+            let mut now = 0i64;
+            let mut starts: Vec<Option<i64>> = vec![None; 4];
+            let mut readable_at: BTreeMap<(u8, i64), i64> = BTreeMap::new();
             let mut last_seen: BTreeMap<u8, i64> = BTreeMap::new();
             // Per owner: the stack of open subtransaction ids (1 = top level).
             let mut stacks: Vec<Vec<u32>> = vec![vec![1]; 4];
@@ -1373,12 +1522,14 @@ mod tests {
                 model.iter().filter(|r| r.part == part && r.fate == Some(true)).filter_map(|r| r.written).max().unwrap_or(0)
             };
             for op in ops {
+                now += 370_000;
                 match op {
                     Op::Reserve { owner, part, n, write, all } => {
                         let sub = *stacks[owner as usize].last().unwrap();
                         let fresh = n % 2 == 0;
+                        let since = *starts[owner as usize].get_or_insert(now);
                         let got = loop {
-                            let reserved = m.reg().reserve(&key(part), n, owner, sub, all, fresh);
+                            let reserved = m.reg().at(now, since).reserve(&key(part), n, owner, sub, all, fresh);
                             match reserved {
                                 Err(Refusal::Unknown) => {
                                     let loaded = m.reg().begin_load(&key(part), owner);
@@ -1418,7 +1569,8 @@ mod tests {
                         model.push(Res { fresh, part, owner, subxact: sub, first, end, written, fate: None });
                     }
                     Op::Finish { owner, commit } => {
-                        m.reg().finish(owner, commit);
+                        m.reg().at(now, 0).finish(owner, commit);
+                        starts[owner as usize] = None;
                         for r in model.iter_mut().filter(|r| r.owner == owner && r.fate.is_none()) {
                             r.fate = Some(commit);
                         }
@@ -1431,7 +1583,7 @@ mod tests {
                     Op::Rollback { owner } => {
                         if stacks[owner as usize].len() > 1 {
                             let sub = stacks[owner as usize].pop().unwrap();
-                            m.reg().abort_subxact(owner, sub);
+                            m.reg().at(now, 0).abort_subxact(owner, sub);
                             for r in model.iter_mut().filter(|r| r.owner == owner && r.fate.is_none() && r.subxact >= sub) {
                                 r.fate = Some(false);
                             }
@@ -1482,6 +1634,12 @@ mod tests {
                     match m.readable(part) {
                         Seen::Readable(got) => {
                             prop_assert_eq!(got, want, "partition {}", part);
+                            for o in 1..=got {
+                                let at = *readable_at.entry((part, o)).or_insert(now);
+                                if let Some(after) = m.reg().view().readable_after(&key(part), o) {
+                                    prop_assert!(after <= at, "partition {} offset {}: readable after {}, was at {}", part, o, after, at);
+                                }
+                            }
                             let prev = last_seen.insert(part, got).unwrap_or(0);
                             prop_assert!(got >= prev, "readable moved back from {} to {}", prev, got);
                         }

@@ -1321,8 +1321,14 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         let due_at = queen_core::policy::due_at(i64::from(created_at), self.due.delay, f.deliver_at);
         // A message that waited longer than the queue's ttl since it was due is not
         // delivered: filed as a dead letter (or dropped) and passed over like poison; the
-        // lane goes on.
-        if queen_core::policy::expired(due_at, self.due.configured_at, self.due.ttl, self.due.now) {
+        // lane goes on. The ttl counts from no earlier than the queue's last change, nor
+        // than when the message became readable, if that was late (its push, or an earlier
+        // one of its partition, stayed open: asked only of a message that looks expired).
+        let expired = |from: i64| queen_core::policy::expired(due_at, from, self.due.ttl, self.due.now);
+        if expired(self.due.configured_at)
+            && crate::offsets::readable_after(self.c.partition_id, offset)
+                .is_none_or(|readable_at| expired(readable_at.max(self.due.configured_at)))
+        {
             let error = format!("expired: due more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6);
             return self.pass_over(offset, &f, "expired", self.due.file_expired, error);
         }
