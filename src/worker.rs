@@ -593,13 +593,16 @@ fn configure_session() {
         (c"lock_timeout", c"0"),
         (c"idle_in_transaction_session_timeout", c"0"),
         (c"search_path", c"pg_catalog, pg_temp"),
+        // Replica mode turns off the foreign keys' cascades some deletes count on.
+        (c"session_replication_role", c"origin"),
     ] {
-        // SAFETY: setting configuration options for this process at session level.
+        // SAFETY: setting configuration options for this process at session level (as the
+        // superuser it is: session_replication_role is a superuser's setting).
         unsafe {
             pg_sys::SetConfigOption(
                 name.as_ptr(),
                 value.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucContext::PGC_SUSET,
                 pg_sys::GucSource::PGC_S_SESSION,
             )
         };

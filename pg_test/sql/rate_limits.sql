@@ -63,6 +63,13 @@ SELECT count(*) AS the_two_left FROM queen.pop('cap', 'g', batch => 100, max_par
 -- Dropping the group drops its limits.
 SELECT queen.drop_group('each', 'g') ->> 'dropped' AS dropped;
 SELECT key FROM queen.limits ORDER BY 1;
+-- Even with the foreign keys' cascades off (a superuser's session_replication_role =
+-- replica): a group created again under the name must not find the old limits.
+SET session_replication_role = replica;
+SELECT queen.drop_group('cap', 'g', force => true) ->> 'dropped' AS dropped;
+RESET session_replication_role;
+SELECT (SELECT count(*) FROM queen.limits JOIN queen.queues USING (queue_id) WHERE name = 'cap') AS limits,
+       (SELECT count(*) FROM queen.limit_buckets JOIN queen.queues USING (queue_id) WHERE name = 'cap') AS buckets;
 
 -- More keys than shared memory has buckets (1,536): a '*' limit over 1,600 partitions. The
 -- buckets that do not fit go to queen.limit_buckets (all of them without preloading), and

@@ -366,13 +366,17 @@ pub fn seek(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, group: &str, t
     );
 }
 
-/// `drop_group`: the group's lanes, leases, counts of expired messages dropped and row go,
-/// in one statement (a group created again under the name starts its counts anew).
+/// `drop_group`: the group's lanes, leases, counts of expired messages dropped, limits and
+/// their buckets, and row go, in one statement (a group created again under the name
+/// starts its counts anew, with no limit). Each table by name, not by the foreign keys'
+/// cascades, which `session_replication_role = replica` turns off.
 pub fn drop_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str) {
     run(
         client,
         "WITH le AS (DELETE FROM queen.leases WHERE queue_id = $1 AND consumer_group = $2),
               la AS (DELETE FROM queen.lanes WHERE queue_id = $1 AND consumer_group = $2),
+              lb AS (DELETE FROM queen.limit_buckets WHERE queue_id = $1 AND consumer_group = $2),
+              li AS (DELETE FROM queen.limits WHERE queue_id = $1 AND consumer_group = $2),
               ed AS (DELETE FROM queen.expired_drops e USING queen.partitions p
                       WHERE p.queue_id = $1 AND e.partition_id = p.partition_id AND e.consumer_group = $2),
               ef AS (DELETE FROM queen.expired_drops_folded WHERE queue_id = $1 AND consumer_group = $2)
