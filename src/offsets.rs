@@ -229,10 +229,10 @@ pub fn reserve(
     // The time its messages carry (a segment's `created_at`), for a late release to be
     // noticed (`readable_after`).
     // SAFETY: a plain read of the transaction's start time.
-    let since = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    let pushed_at = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     let mut waited = None;
     loop {
-        match with_registry(|r| r.at(0, since).reserve(&key, n, me, sub, writes_all, fresh)) {
+        match with_registry(|r| r.reserve(&key, n, me, sub, writes_all, fresh, pushed_at)) {
             Ok(first) => {
                 HOLDS.with(|h| h.set(true));
                 return Some(first);
@@ -574,7 +574,7 @@ pub fn finish_prepared(xid: u32, committed: bool) -> bool {
         return false;
     }
     let now = crate::pg::clock::clock_now();
-    let ended = with_registry(|r| r.at(now, 0).finish_prepared(xid, committed));
+    let ended = with_registry(|r| r.finish_prepared(xid, committed, now));
     if ended {
         crate::pg::wake::broadcast_all();
     }
@@ -681,7 +681,7 @@ fn apply_end(d: &Deferred) {
         Deferred::End { committed, holds, loading, drops } => {
             fail::point(if *committed { "xact.commit.offsets" } else { "xact.abort.offsets" });
             if *holds {
-                r.at(now, 0).finish(me, *committed);
+                r.finish(me, *committed, now);
             }
             if let Some(key) = loading {
                 r.abandon_load(key, me);
@@ -696,7 +696,7 @@ fn apply_end(d: &Deferred) {
                 r.abandon_load(key, me);
             }
             if *holds {
-                r.at(now, 0).abort_subxact(me, *sub);
+                r.abort_subxact(me, *sub, now);
             }
             for key in drops {
                 r.end_drop(key, me, false);

@@ -461,7 +461,18 @@ fn stop_requested() -> bool {
 
 /// Waits on the latch for at most `timeout`; false once the worker was asked to stop.
 fn wait(timeout: Duration) -> bool {
-    if !BackgroundWorker::wait_latch(Some(timeout)) {
+    // A cancel (`pg_cancel_backend`) that comes between steps has no statement to cancel:
+    // held off while waiting, then dropped. Raised here, outside any step, it would end
+    // the worker (a cancel during a step fails that step only).
+    // SAFETY: this process's own interrupt flags, as HOLD_CANCEL_INTERRUPTS does.
+    unsafe { pg_sys::QueryCancelHoldoffCount += 1 };
+    let alive = BackgroundWorker::wait_latch(Some(timeout));
+    // SAFETY: as above (RESUME_CANCEL_INTERRUPTS), and the pending cancel is dropped.
+    unsafe {
+        pg_sys::QueryCancelHoldoffCount -= 1;
+        pg_sys::QueryCancelPending = 0;
+    }
+    if !alive {
         STOP.with(|s| s.set(true));
     }
     !stop_requested()

@@ -38,13 +38,13 @@
 //! **When a message became readable.** A message's time is its push's transaction start,
 //! but readers see it only once the readable end passes it: at its push's commit, or later
 //! when an earlier push of the partition was still in flight. A queue's ttl counts from
-//! when a message could be read, so each slot keeps its last few *late* moves of the
-//! readable end (`LATE_POINTS`): a move that released a message pushed at least
-//! `LATE_AFTER` before it, noted as "at time `at`, the readable end was still `before`".
-//! Every offset past `before` became readable after `at` (`View::readable_after`). The
-//! oldest point goes when a new one comes: what is left is always true, only less
-//! precise (an offset no point covers counts from its push). Points live in shared memory
-//! only: a restart, or the slot's eviction, forgets them.
+//! when a message could be read, so each slot keeps a few *late* moves of the readable end
+//! (`LATE_POINTS`): a move that released a message pushed at least `LATE_AFTER` before it,
+//! noted as "at time `at`, the readable end was still `before`". Every offset past
+//! `before` became readable after `at` (`View::readable_after`). A full slot drops its
+//! least late point (`note_late`): what is left is always true, only less precise (an
+//! offset no point covers counts from its push). Points live in shared memory only: a
+//! restart, or the slot's eviction, forgets them.
 //!
 //! **Updates are whole or not at all.** Every write goes through `Registry`, which keeps
 //! the old value of each slot, record and owner list head it writes (an undo log), and a
@@ -131,17 +131,20 @@ pub struct Slot {
     /// above it need not look there. Raised when the offsets are reserved, so before any
     /// reader can see them; never lowered (compaction moves segments out, not in).
     fresh_max: i64,
-    /// The last late moves of `readable`, oldest first (unused ones have `at == 0`).
+    /// The latest of the latest late moves of `readable` (see `note_late`), in offset
+    /// order; unused ones (`at == 0`) first.
     late: [Late; LATE_POINTS],
 }
 
 /// A late move of a slot's readable end: at time `at` it was still `before`, so every
-/// offset after `before` became readable after `at`.
+/// offset after `before` became readable after `at`. `pushed_at`: the earliest push time
+/// of what the move released (`at - pushed_at` is how late it was).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Late {
     before: i64,
     at: i64,
+    pushed_at: i64,
 }
 
 #[repr(C)]
@@ -162,9 +165,9 @@ pub struct Record {
     /// The prepared transaction that holds the record (0 while its backend holds it).
     xid: u32,
     _pad: u32,
-    /// When the earliest of its transactions started (its messages' time): merged records
-    /// keep the earliest.
-    since: i64,
+    /// When its transaction started, the time its messages carry (microseconds); merged
+    /// records keep the earliest.
+    pushed_at: i64,
 }
 
 /// Sizes of the registry's parts, in bytes, laid out one after another.
@@ -350,10 +353,12 @@ impl<'a> View<'a> {
     }
 
     /// A time after which `offset` became readable, when a late move of the readable end
-    /// says so (the latest such time the slot remembers); None when none does: the offset
-    /// became readable within `LATE_AFTER` of its push, or before the points the slot
-    /// keeps, or the slot is not loaded. Only for an offset up to the readable end a
-    /// reader read before asking (a later move says nothing of it).
+    /// says so: the time of the point with the highest `before` below `offset`. None when
+    /// no point does: the offset became readable within `LATE_AFTER` of its push, or the
+    /// slot no longer keeps the point, or is not loaded. Only for an offset up to the
+    /// readable end a reader read before asking (a later move says nothing of it). A
+    /// transaction reading its own pushes (`readable_for`) may have seen an offset before
+    /// the point says: the point is about every other reader.
     pub fn readable_after(&self, key: &PartKey, offset: i64) -> Option<i64> {
         let i = self.usable(key).ok()?;
         self.slots[i].late.iter().rev().find(|p| p.at != 0 && p.before < offset).map(|p| p.at)
@@ -377,10 +382,6 @@ pub struct Registry<'a> {
     owners: &'a mut [u32],
     header: Header,
     undo: Undo,
-    /// The time of this update (`at`): a late move of a readable end is noted with it.
-    now: i64,
-    /// When the reserving transaction started (`at`): its messages' time.
-    since: i64,
 }
 
 impl Drop for Registry<'_> {
@@ -408,16 +409,7 @@ impl<'a> Registry<'a> {
         debug_assert_eq!(recs.len(), h.records as usize);
         debug_assert_eq!(owners.len(), h.owners as usize);
         let header = *h;
-        Registry { h, slots, recs, owners, header, undo: Undo::default(), now: 0, since: 0 }
-    }
-
-    /// Sets the clock of the updates that follow (microseconds): `now`, the time a
-    /// transaction's end takes effect (readers see its messages from then on), and `since`,
-    /// the start of the transaction that reserves (the time its messages carry). Both 0
-    /// unless set: no move is late then.
-    pub fn at(&mut self, now: i64, since: i64) -> &mut Self {
-        (self.now, self.since) = (now, since);
-        self
+        Registry { h, slots, recs, owners, header, undo: Undo::default() }
     }
 
     /// Initialises fresh memory: every slot empty, every record free. The last `prepared`
@@ -485,7 +477,9 @@ impl<'a> Registry<'a> {
     /// `subxact`). Returns the first. The reservation holds readers back until `finish`.
     /// `writes_all`: the caller writes every reserved offset, or its (sub)transaction fails
     /// (no `wrote` needed); otherwise it reports what it wrote with `wrote`. `fresh`: the
-    /// offsets go to the fresh tier.
+    /// offsets go to the fresh tier. `pushed_at`: the time the messages carry (their
+    /// transaction's start, microseconds), to tell a late release (`LATE_AFTER`).
+    #[allow(clippy::too_many_arguments)]
     pub fn reserve(
         &mut self,
         key: &PartKey,
@@ -494,11 +488,12 @@ impl<'a> Registry<'a> {
         subxact: u32,
         writes_all: bool,
         fresh: bool,
+        pushed_at: i64,
     ) -> Result<i64, Refusal> {
         assert!(n > 0 && owner < self.h.backends, "a backend reserves, never a prepared transaction");
         let s = self.ready_slot(key)?;
         let (first, end) = (self.slots[s].head + 1, self.slots[s].head + n);
-        self.extend_or_append(s, key, (first, end), owner, subxact, writes_all)?;
+        self.extend_or_append(s, key, (first, end), (owner, subxact), writes_all, pushed_at)?;
         fail::point("offsets.reserve");
         let slot = self.slot_mut(s);
         slot.head = end;
@@ -530,9 +525,9 @@ impl<'a> Registry<'a> {
         s: usize,
         key: &PartKey,
         (first, end): (i64, i64),
-        owner: u32,
-        subxact: u32,
+        (owner, subxact): (u32, u32),
         writes_all: bool,
+        pushed_at: i64,
     ) -> Result<(), Refusal> {
         let tail = self.slots[s].last;
         let grows = tail != NIL && {
@@ -540,10 +535,9 @@ impl<'a> Registry<'a> {
             t.state == IN_FLIGHT && t.owner == owner && t.subxact == subxact
         };
         if grows {
-            let since = self.since;
             let t = self.rec_mut(tail);
             t.end = end;
-            t.since = t.since.min(since);
+            t.pushed_at = t.pushed_at.min(pushed_at);
             if writes_all {
                 t.written = end;
             }
@@ -566,7 +560,7 @@ impl<'a> Registry<'a> {
             prev: tail,
             next: NIL,
             owner_next,
-            since: self.since,
+            pushed_at,
             ..Record::default()
         };
         *self.owner_mut(owner) = r;
@@ -599,8 +593,8 @@ impl<'a> Registry<'a> {
     }
 
     /// Ends `owner`'s transaction: its reservations commit (those that wrote something) or
-    /// abort.
-    pub fn finish(&mut self, owner: u32, committed: bool) {
+    /// abort. `now`: when readers see its end (microseconds), the time of a late release.
+    pub fn finish(&mut self, owner: u32, committed: bool, now: i64) {
         let mut r = self.owners[owner as usize];
         if r == NIL {
             return;
@@ -609,7 +603,7 @@ impl<'a> Registry<'a> {
         while r != NIL {
             fail::point("offsets.finish");
             let next = self.recs[r as usize].owner_next;
-            self.end_record(r, committed);
+            self.end_record(r, committed, now);
             r = next;
         }
     }
@@ -642,12 +636,12 @@ impl<'a> Registry<'a> {
     /// `COMMIT PREPARED` or `ROLLBACK PREPARED` of `xid` took effect (its rows are visible,
     /// or gone): its reservations end as `finish` ends a backend's. False when `xid` holds
     /// none.
-    pub fn finish_prepared(&mut self, xid: u32, committed: bool) -> bool {
+    pub fn finish_prepared(&mut self, xid: u32, committed: bool, now: i64) -> bool {
         let found = (self.h.backends as usize..self.owners.len())
             .find(|&p| self.owners[p] != NIL && self.recs[self.owners[p] as usize].xid == xid);
         match found {
             Some(p) => {
-                self.finish(p as u32, committed);
+                self.finish(p as u32, committed, now);
                 true
             }
             None => false,
@@ -662,9 +656,10 @@ impl<'a> Registry<'a> {
             .collect()
     }
 
-    /// Subtransaction `subxact` (and any inside it) aborted: its reservations abort.
-    pub fn abort_subxact(&mut self, owner: u32, subxact: u32) {
-        self.retain_owned(owner, |rec| rec.subxact < subxact);
+    /// Subtransaction `subxact` (and any inside it) aborted: its reservations abort (`now`
+    /// as for `finish`).
+    pub fn abort_subxact(&mut self, owner: u32, subxact: u32, now: i64) {
+        self.retain_owned(owner, |rec| rec.subxact < subxact, now);
     }
 
     /// Subtransaction `subxact` committed into `parent`: its reservations now belong to it.
@@ -681,7 +676,7 @@ impl<'a> Registry<'a> {
     }
 
     /// Keeps the owner's records for which `keep` holds; aborts the others.
-    fn retain_owned(&mut self, owner: u32, keep: impl Fn(&Record) -> bool) {
+    fn retain_owned(&mut self, owner: u32, keep: impl Fn(&Record) -> bool, now: i64) {
         let mut prev = NIL;
         let mut r = self.owners[owner as usize];
         while r != NIL {
@@ -695,7 +690,7 @@ impl<'a> Registry<'a> {
                     self.rec_mut(prev).owner_next = rec.owner_next;
                 }
                 fail::point("offsets.subxact");
-                self.end_record(r, false);
+                self.end_record(r, false, now);
             }
             r = rec.owner_next;
         }
@@ -703,7 +698,7 @@ impl<'a> Registry<'a> {
 
     /// One reservation ends: a committed one that wrote something stays in the slot's list
     /// until nothing before it is in flight; anything else leaves a gap.
-    fn end_record(&mut self, r: u32, committed: bool) {
+    fn end_record(&mut self, r: u32, committed: bool, now: i64) {
         let rec = self.recs[r as usize];
         let s = table::find(self.slots, &rec.key).expect("a reservation's partition has a slot");
         if committed && rec.written >= rec.first {
@@ -713,7 +708,7 @@ impl<'a> Registry<'a> {
                 let p = self.rec_mut(rec.prev);
                 p.written = rec.written;
                 p.end = rec.end;
-                p.since = p.since.min(rec.since);
+                p.pushed_at = p.pushed_at.min(rec.pushed_at);
                 self.unlink(s, r);
                 rec.prev
             } else {
@@ -725,7 +720,7 @@ impl<'a> Registry<'a> {
                 let cur = self.rec_mut(r);
                 cur.written = n.written;
                 cur.end = n.end;
-                cur.since = cur.since.min(n.since);
+                cur.pushed_at = cur.pushed_at.min(n.pushed_at);
                 self.unlink(s, next);
             }
         } else {
@@ -733,21 +728,40 @@ impl<'a> Registry<'a> {
         }
         // Committed reservations with nothing in flight before them become readable.
         let before = self.slots[s].readable;
-        let mut since = i64::MAX;
+        let mut pushed_at = i64::MAX;
         while self.slots[s].first != NIL && self.recs[self.slots[s].first as usize].state == COMMITTED {
             let f = self.slots[s].first;
-            let Record { written, since: pushed, .. } = self.recs[f as usize];
-            since = since.min(pushed);
+            let rec = self.recs[f as usize];
+            pushed_at = pushed_at.min(rec.pushed_at);
             let slot = self.slot_mut(s);
-            slot.readable = slot.readable.max(written);
+            slot.readable = slot.readable.max(rec.written);
             self.unlink(s, f);
         }
-        if self.slots[s].readable > before && self.now.saturating_sub(since) >= LATE_AFTER {
-            let point = Late { before, at: self.now };
-            let late = &mut self.slot_mut(s).late;
-            late.rotate_left(1);
-            late[LATE_POINTS - 1] = point;
+        if self.slots[s].readable > before && now.saturating_sub(pushed_at) >= LATE_AFTER {
+            self.note_late(s, Late { before, at: now, pushed_at });
         }
+    }
+
+    /// Notes a late move of slot `s`'s readable end. A full slot keeps the latest ones: the
+    /// point that goes is the least late of all (the new one included, which is then not
+    /// kept), so that a long hold-back is not forgotten behind ordinary slow commits; the
+    /// offsets it covered count from the point before it, or from their push. Dropping a
+    /// point only makes what is left less precise, never wrong.
+    fn note_late(&mut self, s: usize, point: Late) {
+        let lateness = |p: &Late| p.at.saturating_sub(p.pushed_at);
+        let late = self.slots[s].late;
+        let (least, _) = late
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, p)| if p.at == 0 { i64::MIN } else { lateness(p) })
+            .expect("LATE_POINTS > 0");
+        if late[least].at != 0 && lateness(&late[least]) > lateness(&point) {
+            return;
+        }
+        let slot = self.slot_mut(s);
+        // Out with the least late (an unused one first), in offset order, the new one last.
+        slot.late.copy_within(least + 1.., least);
+        slot.late[LATE_POINTS - 1] = point;
     }
 
     fn unlink(&mut self, s: usize, r: u32) {
@@ -1080,17 +1094,24 @@ mod tests {
     #[test]
     fn commits_out_of_order_become_readable_in_order() {
         let mut m = Mem::new(4, 8, 4);
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false), Err(Refusal::Unknown));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false, 0), Err(Refusal::Unknown));
         m.load(1, 10);
         assert_eq!(m.readable(1), Seen::Readable(10));
-        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, false, false), Ok(11)); // owner 0: 11..12
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Ok(13)); // owner 1: 13
+        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, false, false, 0), Ok(11)); // owner 0: 11..12
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false, 0), Ok(13)); // owner 1: 13
         m.reg().wrote(&key(1), 0, 12);
         m.reg().wrote(&key(1), 1, 13);
-        m.reg().finish(1, true);
+        m.reg().finish(1, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(10), "13 waits for 11..12");
-        m.reg().finish(0, true);
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(13));
+    }
+
+    #[test]
+    fn a_slot_takes_what_docs_offsets_md_says() {
+        // docs/offsets.md, "When a message became readable": 168 bytes, 72 before the points.
+        assert_eq!(std::mem::size_of::<Slot>(), 168);
+        assert_eq!(std::mem::size_of::<Slot>() - std::mem::size_of::<[Late; LATE_POINTS]>(), 72);
     }
 
     /// Microseconds of a test's clock: `s` seconds.
@@ -1102,44 +1123,52 @@ mod tests {
         m.load(1, 10);
         let after = |m: &mut Mem, o: i64| m.reg().view().readable_after(&key(1), o);
         // A push that commits at once: no point.
-        m.reg().at(100 * SEC, 100 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap(); // 11
-        m.reg().at(100 * SEC + LATE_AFTER - 1, 0).finish(0, true);
+        m.reg().reserve(&key(1), 1, 0, 1, true, false, 100 * SEC).unwrap(); // 11
+        m.reg().finish(0, true, 100 * SEC + LATE_AFTER - 1);
         assert_eq!(after(&mut m, 11), None, "released within LATE_AFTER of its push");
         // A long push (12, started at 200 s) holds back a short one (13, at 250 s); both
         // become readable when the long one commits, at 400 s.
-        m.reg().at(200 * SEC, 200 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap(); // 12
-        m.reg().at(250 * SEC, 250 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 13
-        m.reg().at(250 * SEC, 0).finish(1, true);
+        m.reg().reserve(&key(1), 1, 0, 1, true, false, 200 * SEC).unwrap(); // 12
+        m.reg().reserve(&key(1), 1, 1, 1, true, false, 250 * SEC).unwrap(); // 13
+        m.reg().finish(1, true, 250 * SEC);
         assert_eq!(m.readable(1), Seen::Readable(11));
-        m.reg().at(400 * SEC, 0).finish(0, true);
+        m.reg().finish(0, true, 400 * SEC);
         assert_eq!(m.readable(1), Seen::Readable(13));
         assert_eq!(after(&mut m, 11), None, "11 was readable before");
         assert_eq!(after(&mut m, 12), Some(400 * SEC));
         assert_eq!(after(&mut m, 13), Some(400 * SEC), "held back by 12");
         // The long push aborts instead: what waited behind it is released late all the same.
-        m.reg().at(500 * SEC, 500 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap(); // 14
-        m.reg().at(501 * SEC, 501 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 15
-        m.reg().at(501 * SEC, 0).finish(1, true);
-        m.reg().at(600 * SEC, 0).finish(0, false);
+        m.reg().reserve(&key(1), 1, 0, 1, true, false, 500 * SEC).unwrap(); // 14
+        m.reg().reserve(&key(1), 1, 1, 1, true, false, 501 * SEC).unwrap(); // 15
+        m.reg().finish(1, true, 501 * SEC);
+        m.reg().finish(0, false, 600 * SEC);
         assert_eq!(m.readable(1), Seen::Readable(15));
         assert_eq!(after(&mut m, 13), Some(400 * SEC));
         assert_eq!(after(&mut m, 15), Some(600 * SEC));
         // So does an aborted savepoint.
-        m.reg().at(700 * SEC, 700 * SEC).reserve(&key(1), 1, 0, 2, true, false).unwrap(); // 16
-        m.reg().at(701 * SEC, 701 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 17
-        m.reg().at(701 * SEC, 0).finish(1, true);
-        m.reg().at(800 * SEC, 0).abort_subxact(0, 2);
+        m.reg().reserve(&key(1), 1, 0, 2, true, false, 700 * SEC).unwrap(); // 16
+        m.reg().reserve(&key(1), 1, 1, 1, true, false, 701 * SEC).unwrap(); // 17
+        m.reg().finish(1, true, 701 * SEC);
+        m.reg().abort_subxact(0, 2, 800 * SEC);
         assert_eq!(m.readable(1), Seen::Readable(17));
         assert_eq!(after(&mut m, 17), Some(800 * SEC));
-        // The slot keeps the last LATE_POINTS: with two more, the oldest went, and 12 now
-        // counts from its push (less precise, never later than the truth).
-        for (o, t) in [(18, 900), (19, 1000)] {
-            m.reg().at(t * SEC, t * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap();
-            m.reg().at(t * SEC + LATE_AFTER, 0).finish(0, true);
-            assert_eq!(after(&mut m, o), Some(t * SEC + LATE_AFTER));
+        // Past LATE_POINTS the least late point goes: two ordinary slow commits (a second
+        // late each) do not push the long hold-backs out. The first of them goes for the
+        // second (as late, and newer), and its offset (18) counts from the point before it
+        // (less precise, never later than the truth).
+        for t in [900, 1000] {
+            m.reg().reserve(&key(1), 1, 0, 1, true, false, t * SEC).unwrap(); // 18, 19
+            m.reg().finish(0, true, t * SEC + LATE_AFTER);
         }
-        assert_eq!(after(&mut m, 12), None);
-        assert_eq!(after(&mut m, 14), Some(600 * SEC));
+        assert_eq!(after(&mut m, 12), Some(400 * SEC), "the longest hold-back is kept");
+        assert_eq!(after(&mut m, 18), Some(800 * SEC));
+        assert_eq!(after(&mut m, 19), Some(1000 * SEC + LATE_AFTER));
+        // A move later than the least late point kept replaces it.
+        m.reg().reserve(&key(1), 1, 0, 1, true, false, 1100 * SEC).unwrap(); // 20
+        m.reg().finish(0, true, 1105 * SEC);
+        assert_eq!(after(&mut m, 19), Some(800 * SEC));
+        assert_eq!(after(&mut m, 20), Some(1105 * SEC));
+        assert_eq!(after(&mut m, 13), Some(400 * SEC));
         m.reg().check().unwrap();
     }
 
@@ -1148,13 +1177,13 @@ mod tests {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
         // 1 in flight holds back 2 (pushed at 10 s) and 3 (at 300 s), merged once committed.
-        m.reg().at(299 * SEC, 299 * SEC).reserve(&key(1), 1, 0, 1, true, false).unwrap();
-        m.reg().at(10 * SEC, 10 * SEC).reserve(&key(1), 1, 1, 1, true, false).unwrap();
-        m.reg().at(300 * SEC, 300 * SEC).reserve(&key(1), 1, 2, 1, true, false).unwrap();
-        m.reg().at(300 * SEC, 0).finish(1, true);
-        m.reg().at(300 * SEC, 0).finish(2, true);
+        m.reg().reserve(&key(1), 1, 0, 1, true, false, 299 * SEC).unwrap();
+        m.reg().reserve(&key(1), 1, 1, 1, true, false, 10 * SEC).unwrap();
+        m.reg().reserve(&key(1), 1, 2, 1, true, false, 300 * SEC).unwrap();
+        m.reg().finish(1, true, 300 * SEC);
+        m.reg().finish(2, true, 300 * SEC);
         // 1 commits half a second after its push: it alone would not be late, 2 is.
-        m.reg().at(299 * SEC + 500_000, 0).finish(0, true);
+        m.reg().finish(0, true, 299 * SEC + 500_000);
         assert_eq!(m.readable(1), Seen::Readable(3));
         assert_eq!(m.reg().view().readable_after(&key(1), 1), Some(299 * SEC + 500_000));
         m.reg().check().unwrap();
@@ -1164,17 +1193,17 @@ mod tests {
     fn a_transaction_reads_its_own_pushes_unless_another_comes_first() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 2, 0, 1, false, false).unwrap(); // owner 0: 1..2
+        m.reg().reserve(&key(1), 2, 0, 1, false, false, 0).unwrap(); // owner 0: 1..2
         m.reg().wrote(&key(1), 0, 2);
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2));
         assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
-        m.reg().reserve(&key(1), 1, 1, 1, false, false).unwrap(); // owner 1: 3
+        m.reg().reserve(&key(1), 1, 1, 1, false, false, 0).unwrap(); // owner 1: 3
         m.reg().wrote(&key(1), 1, 3);
-        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap(); // owner 0 again: 4, a new record
+        m.reg().reserve(&key(1), 1, 0, 1, false, false, 0).unwrap(); // owner 0 again: 4, a new record
         m.reg().wrote(&key(1), 0, 4);
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(2), "3 is another's, in flight");
         assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(0));
-        m.reg().finish(1, true);
+        m.reg().finish(1, true, 0);
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(4));
         assert_eq!(m.readable(1), Seen::Readable(0));
     }
@@ -1183,35 +1212,35 @@ mod tests {
     fn an_abort_leaves_a_gap_and_an_aborted_tail_is_not_readable() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false), Ok(1));
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Ok(2));
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false), Ok(3));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false, 0), Ok(1));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false, 0), Ok(2));
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false, 0), Ok(3));
         m.reg().wrote(&key(1), 0, 1);
         m.reg().wrote(&key(1), 2, 3);
-        m.reg().finish(1, false); // 2 aborts: a gap
-        m.reg().finish(0, true);
+        m.reg().finish(1, false, 0); // 2 aborts: a gap
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(1));
-        m.reg().finish(2, false); // the tail aborts: readable stays on a real message
+        m.reg().finish(2, false, 0); // the tail aborts: readable stays on a real message
         assert_eq!(m.readable(1), Seen::Readable(1));
         assert_eq!(m.reg().view().head(&key(1)), Some(3), "offsets are never reused");
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false), Ok(4));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, false, false, 0), Ok(4));
     }
 
     #[test]
     fn a_prepared_transaction_holds_readers_back_until_it_is_finished() {
         let mut m = Mem::new(4, 8, 2);
         m.load(1, 10);
-        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, true, false), Ok(11)); // owner 0: 11..12
+        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, true, false, 0), Ok(11)); // owner 0: 11..12
         assert!(m.reg().prepare(0, 700));
         assert!(!m.reg().holds(0), "the backend is free for its next transaction");
         assert_eq!(m.reg().prepared(), vec![700]);
         // The same backend pushes again, and commits: 13 waits for the prepared 11..12.
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false), Ok(13));
-        m.reg().finish(0, true);
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false, 0), Ok(13));
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(10));
         assert_eq!(m.reg().view().readable_for(&key(1), 0), Seen::Readable(10), "not its own any more");
-        assert!(!m.reg().finish_prepared(701, true), "another xid holds nothing");
-        assert!(m.reg().finish_prepared(700, true));
+        assert!(!m.reg().finish_prepared(701, true, 0), "another xid holds nothing");
+        assert!(m.reg().finish_prepared(700, true, 0));
         assert_eq!(m.readable(1), Seen::Readable(13));
         assert!(m.reg().prepared().is_empty());
     }
@@ -1220,15 +1249,15 @@ mod tests {
     fn a_rolled_back_prepared_transaction_leaves_a_gap() {
         let mut m = Mem::new(4, 8, 2);
         m.load(1, 0);
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Ok(1));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false, 0), Ok(1));
         assert!(m.reg().prepare(1, 9));
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false), Ok(2));
-        m.reg().finish(0, true);
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false, 0), Ok(2));
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(0));
-        assert!(m.reg().finish_prepared(9, false));
+        assert!(m.reg().finish_prepared(9, false, 0));
         assert_eq!(m.readable(1), Seen::Readable(2), "offset 1 is a gap");
         // A later reservation never reuses the gap.
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Ok(3));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false, 0), Ok(3));
     }
 
     #[test]
@@ -1236,13 +1265,13 @@ mod tests {
         let mut m = Mem::new(4, 8, 3);
         m.load(1, 0);
         for (owner, xid) in [(0, 5), (1, 6)] {
-            m.reg().reserve(&key(1), 1, owner, 1, true, false).unwrap();
+            m.reg().reserve(&key(1), 1, owner, 1, true, false, 0).unwrap();
             assert!(m.reg().prepare(owner, xid));
         }
-        m.reg().reserve(&key(1), 1, 2, 1, true, false).unwrap();
+        m.reg().reserve(&key(1), 1, 2, 1, true, false, 0).unwrap();
         assert!(!m.reg().prepare(2, 7), "both prepared owners are taken");
         assert!(m.reg().holds(2), "a refused prepare changes nothing");
-        assert!(m.reg().finish_prepared(5, true));
+        assert!(m.reg().finish_prepared(5, true, 0));
         assert!(m.reg().prepare(2, 7), "a finished one is free again");
         let mut xids = m.reg().prepared();
         xids.sort();
@@ -1253,12 +1282,12 @@ mod tests {
     fn a_reservation_that_wrote_nothing_commits_as_a_gap() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 5);
-        m.reg().reserve(&key(1), 3, 0, 1, false, false).unwrap();
-        m.reg().finish(0, true);
+        m.reg().reserve(&key(1), 3, 0, 1, false, false, 0).unwrap();
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(5));
-        m.reg().reserve(&key(1), 3, 0, 1, false, false).unwrap(); // 9..11
+        m.reg().reserve(&key(1), 3, 0, 1, false, false, 0).unwrap(); // 9..11
         m.reg().wrote(&key(1), 0, 10);
-        m.reg().finish(0, true);
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(10));
     }
 
@@ -1266,22 +1295,22 @@ mod tests {
     fn subtransactions_abort_and_commit_their_reservations() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap(); // 1, top level
+        m.reg().reserve(&key(1), 1, 0, 1, false, false, 0).unwrap(); // 1, top level
         m.reg().wrote(&key(1), 0, 1);
-        m.reg().reserve(&key(1), 1, 0, 2, false, false).unwrap(); // 2, savepoint 2 (a new record)
+        m.reg().reserve(&key(1), 1, 0, 2, false, false, 0).unwrap(); // 2, savepoint 2 (a new record)
         m.reg().wrote(&key(1), 0, 2);
-        m.reg().abort_subxact(0, 2);
-        m.reg().reserve(&key(1), 1, 0, 3, false, false).unwrap(); // 3, savepoint 3, released into 1
+        m.reg().abort_subxact(0, 2, 0);
+        m.reg().reserve(&key(1), 1, 0, 3, false, false, 0).unwrap(); // 3, savepoint 3, released into 1
         m.reg().wrote(&key(1), 0, 3);
         m.reg().commit_subxact(0, 3, 1);
-        m.reg().finish(0, true);
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(3));
         // Had savepoint 2 been kept, readable would be 3 too; what matters is that an
         // aborted savepoint's write is never claimed: reserve once more and abort it.
-        m.reg().reserve(&key(1), 1, 0, 4, false, false).unwrap(); // 4
+        m.reg().reserve(&key(1), 1, 0, 4, false, false, 0).unwrap(); // 4
         m.reg().wrote(&key(1), 0, 4);
-        m.reg().abort_subxact(0, 4);
-        m.reg().finish(0, true);
+        m.reg().abort_subxact(0, 4, 0);
+        m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(3));
     }
 
@@ -1290,7 +1319,7 @@ mod tests {
         let mut m = Mem::new(2, 4, 4);
         assert_eq!(m.reg().begin_load(&key(1), 0), Load::Mine);
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Loading);
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Err(Refusal::Loading));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false, 0), Err(Refusal::Loading));
         assert_eq!(m.readable(1), Seen::Loading);
         m.reg().abandon_load(&key(1), 1); // not the loader: nothing happens
         assert_eq!(m.readable(1), Seen::Loading);
@@ -1299,7 +1328,7 @@ mod tests {
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Mine);
         m.reg().finish_load(&key(1), 1, 9, 7, 0);
         assert_eq!(m.readable(1), Seen::Readable(7));
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false), Ok(10), "offsets after the stored head");
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, false, false, 0), Ok(10), "offsets after the stored head");
     }
 
     #[test]
@@ -1307,10 +1336,10 @@ mod tests {
         let mut m = Mem::new(2, 4, 4);
         m.load(1, 0);
         m.load(2, 0);
-        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap();
-        m.reg().reserve(&key(2), 1, 1, 1, false, false).unwrap();
+        m.reg().reserve(&key(1), 1, 0, 1, false, false, 0).unwrap();
+        m.reg().reserve(&key(2), 1, 1, 1, false, false, 0).unwrap();
         assert_eq!(m.reg().begin_load(&key(3), 2), Load::Full, "both have pushes in flight");
-        m.reg().finish(1, false);
+        m.reg().finish(1, false, 0);
         assert_eq!(m.reg().begin_load(&key(3), 2), Load::Mine);
         assert_eq!(m.readable(2), Seen::Unknown, "the idle one was evicted");
         assert_eq!(m.reg().evictions(), 1);
@@ -1322,11 +1351,11 @@ mod tests {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 0);
         assert_eq!(m.reg().view().fresh_max(&key(1)), Some(0));
-        m.reg().reserve(&key(1), 100, 0, 1, true, false).unwrap(); // 1..100, durable
+        m.reg().reserve(&key(1), 100, 0, 1, true, false, 0).unwrap(); // 1..100, durable
         assert_eq!(m.reg().view().fresh_max(&key(1)), Some(0));
-        m.reg().reserve(&key(1), 2, 1, 1, true, true).unwrap(); // 101..102, fresh
+        m.reg().reserve(&key(1), 2, 1, 1, true, true, 0).unwrap(); // 101..102, fresh
         assert_eq!(m.reg().view().fresh_max(&key(1)), Some(102), "raised at reservation, before any commit");
-        m.reg().finish(1, false);
+        m.reg().finish(1, false, 0);
         assert_eq!(m.reg().view().fresh_max(&key(1)), Some(102), "never lowered");
         assert_eq!(m.reg().view().fresh_max(&key(2)), None, "unknown: assume anything");
         m.load(3, 0);
@@ -1338,12 +1367,12 @@ mod tests {
     fn the_record_pool_runs_out_cleanly() {
         let mut m = Mem::new(4, 2, 4);
         m.load(1, 0);
-        m.reg().reserve(&key(1), 1, 0, 1, false, false).unwrap();
-        m.reg().reserve(&key(1), 1, 1, 1, false, false).unwrap();
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false), Err(Refusal::Full));
+        m.reg().reserve(&key(1), 1, 0, 1, false, false, 0).unwrap();
+        m.reg().reserve(&key(1), 1, 1, 1, false, false, 0).unwrap();
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false, 0), Err(Refusal::Full));
         assert_eq!(m.reg().view().head(&key(1)), Some(2), "a refused reservation takes nothing");
-        m.reg().finish(0, false);
-        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false), Ok(3));
+        m.reg().finish(0, false, 0);
+        assert_eq!(m.reg().reserve(&key(1), 1, 2, 1, false, false, 0), Ok(3));
     }
 
     #[test]
@@ -1358,16 +1387,16 @@ mod tests {
         let mut m = Mem::new(4, 8, 4);
         let (a, b) = (part_key(1, id(1)), part_key(2, id(1)));
         m.load(1, 10);
-        assert_eq!(m.reg().reserve(&b, 1, 0, 1, true, false), Err(Refusal::Unknown), "database 2 is not loaded");
+        assert_eq!(m.reg().reserve(&b, 1, 0, 1, true, false, 0), Err(Refusal::Unknown), "database 2 is not loaded");
         assert_eq!(m.reg().begin_load(&b, 0), Load::Mine);
         m.reg().finish_load(&b, 0, 3, 3, 0);
         assert_eq!(m.reg().live(), 2);
-        assert_eq!(m.reg().reserve(&a, 1, 0, 1, true, true), Ok(11));
-        assert_eq!(m.reg().reserve(&b, 2, 1, 1, true, false), Ok(4));
-        m.reg().finish(1, true);
+        assert_eq!(m.reg().reserve(&a, 1, 0, 1, true, true, 0), Ok(11));
+        assert_eq!(m.reg().reserve(&b, 2, 1, 1, true, false, 0), Ok(4));
+        m.reg().finish(1, true, 0);
         assert_eq!(m.reg().view().readable(&a), Seen::Readable(10), "a still waits for 11");
         assert_eq!(m.reg().view().readable(&b), Seen::Readable(5));
-        m.reg().finish(0, true);
+        m.reg().finish(0, true, 0);
         assert_eq!(m.reg().view().readable(&a), Seen::Readable(11));
         assert_eq!(m.reg().view().fresh_partitions(1), vec![(id(1), 11)]);
         assert!(m.reg().view().fresh_partitions(2).is_empty());
@@ -1383,7 +1412,7 @@ mod tests {
         m.load(3, 0);
         assert_eq!(m.reg().begin_load(&other, 0), Load::Mine);
         m.reg().finish_load(&other, 0, 0, 0, 0);
-        m.reg().reserve(&key(2), 1, 0, 1, true, false).unwrap();
+        m.reg().reserve(&key(2), 1, 0, 1, true, false, 0).unwrap();
         assert_eq!(m.reg().begin_load(&key(4), 1), Load::Mine, "left loading");
         assert_eq!(m.reg().forget_database(1), 2, "1 and 3: 2 has a push in flight, 4 is loading");
         assert_eq!(m.reg().count_database(1), 2, "2 and 4 are kept");
@@ -1394,7 +1423,7 @@ mod tests {
         assert_eq!(m.reg().view().readable(&other), Seen::Readable(0), "another database keeps its slots");
         assert_eq!(m.reg().live(), 3);
         m.reg().check().unwrap();
-        m.reg().finish(0, false);
+        m.reg().finish(0, false, 0);
         assert_eq!(m.reg().forget_database(2), 1);
         assert_eq!(m.reg().forget_database(2), 0);
         assert_eq!(m.reg().count_database(2), 0);
@@ -1410,12 +1439,12 @@ mod tests {
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Mine);
         assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Err(DropRefusal::Loading));
         m.reg().finish_load(&key(1), 1, 0, 0, 0);
-        m.reg().reserve(&key(1), 1, 1, 1, true, false).unwrap(); // 1, in flight
-        m.reg().reserve(&key(1), 1, 2, 1, true, false).unwrap(); // 2
+        m.reg().reserve(&key(1), 1, 1, 1, true, false, 0).unwrap(); // 1, in flight
+        m.reg().reserve(&key(1), 1, 2, 1, true, false, 0).unwrap(); // 2
         assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Err(DropRefusal::InFlight));
-        m.reg().finish(2, true);
+        m.reg().finish(2, true, 0);
         assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Err(DropRefusal::InFlight), "2 committed, not readable yet");
-        m.reg().finish(1, true);
+        m.reg().finish(1, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(2));
         assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Ok(()));
         assert_eq!(m.reg().begin_drop(&key(1), 0, VXID), Ok(()), "the dropper may ask again");
@@ -1427,8 +1456,8 @@ mod tests {
     fn a_drop_that_aborts_leaves_the_partition_as_it_was() {
         let mut m = Mem::new(4, 8, 4);
         m.load(1, 5);
-        m.reg().reserve(&key(1), 2, 1, 1, true, true).unwrap(); // 6..7, fresh
-        m.reg().finish(1, true);
+        m.reg().reserve(&key(1), 2, 1, 1, true, true, 0).unwrap(); // 6..7, fresh
+        m.reg().finish(1, true, 0);
         let before = m.ends(1);
         assert_eq!(before, (Seen::Readable(7), Some(7), Some(7)));
         m.reg().begin_drop(&key(1), 0, VXID).unwrap();
@@ -1436,15 +1465,15 @@ mod tests {
         assert_eq!(m.ends(1), before);
         assert_eq!(m.reg().view().readable_for(&key(1), 1), Seen::Readable(7));
         assert_eq!(m.reg().view().fresh_partitions(1), vec![(id(1), 7)]);
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Err(Refusal::Dropping(VXID)));
-        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false), Err(Refusal::Dropping(VXID)), "even the dropper");
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false, 0), Err(Refusal::Dropping(VXID)));
+        assert_eq!(m.reg().reserve(&key(1), 1, 0, 1, true, false, 0), Err(Refusal::Dropping(VXID)), "even the dropper");
         assert_eq!(m.reg().begin_load(&key(1), 1), Load::Loading);
         m.reg().end_drop(&key(1), 1, false); // not the dropper: nothing happens
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Err(Refusal::Dropping(VXID)));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false, 0), Err(Refusal::Dropping(VXID)));
         m.reg().check().unwrap();
         m.reg().end_drop(&key(1), 0, false);
         assert_eq!(m.ends(1), before);
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Ok(8), "offsets go on after the head");
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false, 0), Ok(8), "offsets go on after the head");
         m.reg().check().unwrap();
     }
 
@@ -1455,12 +1484,12 @@ mod tests {
         m.load(2, 0);
         m.reg().begin_drop(&key(1), 0, VXID).unwrap();
         // A full table evicts neither a slot being dropped nor one with a push in flight.
-        m.reg().reserve(&key(2), 1, 1, 1, true, false).unwrap();
+        m.reg().reserve(&key(2), 1, 1, 1, true, false, 0).unwrap();
         assert_eq!(m.reg().begin_load(&key(3), 2), Load::Full);
         m.reg().end_drop(&key(1), 0, true);
         assert_eq!(m.reg().live(), 1);
         assert_eq!(m.readable(1), Seen::Unknown);
-        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false), Err(Refusal::Unknown));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false, 0), Err(Refusal::Unknown));
         m.reg().end_drop(&key(1), 0, false); // gone already: nothing happens
         assert_eq!(m.reg().evictions(), 0);
         m.reg().check().unwrap();
@@ -1529,7 +1558,7 @@ mod tests {
                         let fresh = n % 2 == 0;
                         let since = *starts[owner as usize].get_or_insert(now);
                         let got = loop {
-                            let reserved = m.reg().at(now, since).reserve(&key(part), n, owner, sub, all, fresh);
+                            let reserved = m.reg().reserve(&key(part), n, owner, sub, all, fresh, since);
                             match reserved {
                                 Err(Refusal::Unknown) => {
                                     let loaded = m.reg().begin_load(&key(part), owner);
@@ -1569,7 +1598,7 @@ mod tests {
                         model.push(Res { fresh, part, owner, subxact: sub, first, end, written, fate: None });
                     }
                     Op::Finish { owner, commit } => {
-                        m.reg().at(now, 0).finish(owner, commit);
+                        m.reg().finish(owner, commit, now);
                         starts[owner as usize] = None;
                         for r in model.iter_mut().filter(|r| r.owner == owner && r.fate.is_none()) {
                             r.fate = Some(commit);
@@ -1583,7 +1612,7 @@ mod tests {
                     Op::Rollback { owner } => {
                         if stacks[owner as usize].len() > 1 {
                             let sub = stacks[owner as usize].pop().unwrap();
-                            m.reg().at(now, 0).abort_subxact(owner, sub);
+                            m.reg().abort_subxact(owner, sub, now);
                             for r in model.iter_mut().filter(|r| r.owner == owner && r.fate.is_none() && r.subxact >= sub) {
                                 r.fate = Some(false);
                             }
@@ -1693,17 +1722,17 @@ mod tests {
             }
             let k = key(31);
             let mut r = m.reg();
-            r.reserve(&k, 2, 0, 1, false, true).unwrap();
-            r.reserve(&k, 1, 0, 1, false, false).unwrap(); // grows in place
+            r.reserve(&k, 2, 0, 1, false, true, 0).unwrap();
+            r.reserve(&k, 1, 0, 1, false, false, 0).unwrap(); // grows in place
             r.wrote(&k, 0, 2);
-            r.reserve(&k, 1, 1, 1, true, false).unwrap();
-            r.reserve(&k, 1, 0, 2, true, false).unwrap();
+            r.reserve(&k, 1, 1, 1, true, false, 0).unwrap();
+            r.reserve(&k, 1, 0, 2, true, false, 0).unwrap();
             r.commit_subxact(0, 2, 1);
-            r.reserve(&k, 1, 0, 3, true, false).unwrap();
-            r.abort_subxact(0, 3);
+            r.reserve(&k, 1, 0, 3, true, false, 0).unwrap();
+            r.abort_subxact(0, 3, 0);
             assert!(r.prepare(1, 77));
-            r.finish(0, true);
-            assert!(r.finish_prepared(77, true));
+            r.finish(0, true, 0);
+            assert!(r.finish_prepared(77, true, 0));
             r.begin_drop(&k, 0, VXID).unwrap();
             r.end_drop(&k, 0, false);
             r.begin_drop(&k, 0, VXID).unwrap();
@@ -1807,13 +1836,13 @@ mod tests {
                             }
                             FOp::Reserve { owner, db, part, n, all, fresh } => {
                                 let (k, sub) = (pkey(db, part), *next.stacks[owner as usize].last().unwrap());
-                                if r.reserve(&k, n, owner, sub, all, fresh) == Err(Refusal::Unknown)
+                                if r.reserve(&k, n, owner, sub, all, fresh, 0) == Err(Refusal::Unknown)
                                     && r.begin_load(&k, owner) == Load::Mine
                                 {
                                     r.finish_load(&k, owner, 3, 1, 0);
                                     // Loaded now: taken, or refused because every record
                                     // is in use (a small registry fills up).
-                                    let again = r.reserve(&k, n, owner, sub, all, fresh);
+                                    let again = r.reserve(&k, n, owner, sub, all, fresh, 0);
                                     assert!(matches!(again, Ok(_) | Err(Refusal::Full)), "{again:?}");
                                 }
                             }
@@ -1826,7 +1855,7 @@ mod tests {
                                 }
                             }
                             FOp::Finish { owner, commit } => {
-                                r.finish(owner, commit);
+                                r.finish(owner, commit, 2 * LATE_AFTER); // every release late: points noted
                                 for (_, k) in next.drops.iter().filter(|d| d.0 == owner) {
                                     r.end_drop(k, owner, commit);
                                 }
@@ -1843,7 +1872,7 @@ mod tests {
                             FOp::FinishPrepared { which, commit } => {
                                 let xids = r.prepared();
                                 if !xids.is_empty() {
-                                    assert!(r.finish_prepared(xids[which % xids.len()], commit));
+                                    assert!(r.finish_prepared(xids[which % xids.len()], commit, 2 * LATE_AFTER));
                                 }
                             }
                             FOp::Savepoint { owner } => {
@@ -1853,7 +1882,7 @@ mod tests {
                             FOp::Rollback { owner } => {
                                 if next.stacks[owner as usize].len() > 1 {
                                     let sub = next.stacks[owner as usize].pop().unwrap();
-                                    r.abort_subxact(owner, sub);
+                                    r.abort_subxact(owner, sub, 2 * LATE_AFTER);
                                 }
                             }
                             FOp::Release { owner } => {
@@ -1892,7 +1921,7 @@ mod tests {
                     }
                     // A partition being dropped reads as ready and refuses reservations.
                     for (owner, k) in &txns.drops {
-                        let got = m.reg().reserve(k, 1, 0, 1, true, false);
+                        let got = m.reg().reserve(k, 1, 0, 1, true, false, 0);
                         prop_assert_eq!(got, Err(Refusal::Dropping((*owner as i32 + 1, 5))));
                         prop_assert!(matches!(m.reg().view().readable(k), Seen::Readable(_)));
                     }

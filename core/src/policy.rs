@@ -342,13 +342,18 @@ pub fn check_redrive(limit: i32, to: &str) -> Result<RedriveTo, Violation> {
 /// microseconds): it is then not delivered to a group that has not consumed it. The ttl
 /// counts from the due time, so every message has `ttl` to be delivered, however long it
 /// was delayed (from the push, a message delayed by `ttl` or more would expire before it
-/// could ever be delivered). Nor before `configured_at`, when the queue's options last
-/// changed: the due time follows the queue's `delay` as it is now, so a shorter delay (or
-/// a `configure` that leaves it out) moves the due time of stored messages back, and
-/// would expire at once those that could not be delivered until then. A `ttl` of 0 never
-/// expires anything; the boundary itself is expired.
-pub fn expired(due_at: i64, configured_at: i64, ttl: i64, now: i64) -> bool {
-    ttl > 0 && due_at.max(configured_at).saturating_add(ttl) <= now
+/// could ever be delivered). Nor before `not_before`, the latest of:
+/// - when the queue's options last changed: the due time follows the queue's `delay` as
+///   it is now, so a shorter delay (or a `configure` that leaves it out) moves the due
+///   time of stored messages back, and would expire at once those that could not be
+///   delivered until then;
+/// - when the message became readable, if that came late (`offsets::LATE_AFTER` or more
+///   after its push: its push transaction, or an earlier one of its partition, stayed
+///   open; `offsets::View::readable_after`): no reader could have consumed it before.
+///
+/// A `ttl` of 0 never expires anything; the boundary itself is expired.
+pub fn expired(due_at: i64, not_before: i64, ttl: i64, now: i64) -> bool {
+    ttl > 0 && due_at.max(not_before).saturating_add(ttl) <= now
 }
 
 /// When a message may be delivered: `delay` (the queue's) after it was pushed, and not
@@ -604,6 +609,10 @@ mod tests {
         assert!(!expired(due, 600, 50, 600), "not expired by the change itself");
         assert!(!expired(due, 600, 50, 649));
         assert!(expired(due, 600, 50, 650));
+        // Pushed at 100, ttl 50, readable only from 2,000 on (its transaction stayed open):
+        // it has until 2,050.
+        assert!(!expired(due, 2_000, 50, 2_049));
+        assert!(expired(due, 2_000, 50, 2_050));
         let too_long = QueueOptions { ttl: limits::TTL + 1, ..QueueOptions::CONFIGURED };
         assert_eq!(too_long.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument, "ttl");
         assert_eq!(

@@ -201,6 +201,25 @@ fn a_role_that_may_not_run_a_statement_cannot_stop_the_worker_with_it() {
 }
 
 #[test]
+fn a_cancel_between_steps_does_not_end_the_worker() {
+    // An operator cancelling "a slow compaction" with pg_cancel_backend may hit the worker
+    // while it waits for its next round: that must fail nothing, least of all the worker.
+    let (db, c) = database_with(&[]);
+    let mut admin = connect();
+    let pid = worker_pid(&mut admin, &db);
+    for _ in 0..20 {
+        admin.execute("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let alive: bool =
+        admin.query_one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", &[&pid]).unwrap().get(0);
+    assert!(alive, "the worker ended on a cancel");
+    drop(c);
+    drop_database(&db);
+}
+
+#[test]
 fn database_defaults_an_owner_may_set_do_not_stop_the_worker() {
     // Defaults an owner who is not a superuser may set for the database (set here by the
     // test's superuser): the worker's transactions must still write, and not be cancelled.
