@@ -34,6 +34,7 @@ use queen_core::offsets::{
     part_key, DropRefusal, Header, Layout, Load, PartKey, Record, Refusal, Registry, Seen, Slot, View,
 };
 
+use crate::pg::clock::clock_now;
 use crate::pg::deferred;
 use crate::pg::errors;
 use crate::pg::settings;
@@ -216,20 +217,18 @@ fn full(what: &str) -> ! {
 /// Reserves `n` offsets of a partition for the current transaction; returns the first, or
 /// None when the partition is gone (`drop_partition`: the caller looks its target up
 /// again). `writes_all`: every reserved offset will be written (else report them with
-/// `wrote`); `fresh`: they go to the fresh tier.
+/// `wrote`); `fresh`: they go to the fresh tier; `pushed_at`: the time the messages carry
+/// (their segments' `created_at`), by which a late release is told (`readable_after`).
 pub fn reserve(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
     n: i64,
     writes_all: bool,
     fresh: bool,
+    pushed_at: i64,
 ) -> Option<i64> {
     let key = key(partition_id);
     let (me, sub) = (owner(), subxact());
-    // The time its messages carry (a segment's `created_at`), for a late release to be
-    // noticed (`readable_after`).
-    // SAFETY: a plain read of the transaction's start time.
-    let pushed_at = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     let mut waited = None;
     loop {
         match with_registry(|r| r.reserve(&key, n, me, sub, writes_all, fresh, pushed_at)) {
@@ -251,12 +250,9 @@ pub fn reserve(
     }
 }
 
-/// A time after which `offset` of a partition became readable, when it became readable
-/// late: at least `LATE_AFTER` after its push, because its push stayed open or an earlier
-/// one of the partition did (`queen_core::offsets::View::readable_after`). None when it
-/// was not late, or the registry no longer knows (a restart, an eviction, more late
-/// moves since than it keeps), or there is no registry. Only for an offset up to the
-/// readable end the caller read.
+/// `queen_core::offsets::View::readable_after` for a partition of this database: a time
+/// after which `offset` became readable, when that came late. None also without the
+/// registry (no preloading, or a standby).
 pub fn readable_after(partition_id: pgrx::Uuid, offset: i64) -> Option<i64> {
     if !enabled() {
         return None;
@@ -573,7 +569,7 @@ pub fn finish_prepared(xid: u32, committed: bool) -> bool {
     if !enabled() {
         return false;
     }
-    let now = crate::pg::clock::clock_now();
+    let now = clock_now();
     let ended = with_registry(|r| r.finish_prepared(xid, committed, now));
     if ended {
         crate::pg::wake::broadcast_all();
@@ -676,7 +672,7 @@ impl deferred::Registry for OffsetEnds {
 fn apply_end(d: &Deferred) {
     let me = owner();
     // Readers see what this end releases from now on (a late release is noted with it).
-    let now = crate::pg::clock::clock_now();
+    let now = clock_now();
     registry_op(|r| match d {
         Deferred::End { committed, holds, loading, drops } => {
             fail::point(if *committed { "xact.commit.offsets" } else { "xact.abort.offsets" });

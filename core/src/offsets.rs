@@ -63,7 +63,7 @@ const LOADING: u32 = 1;
 const READY: u32 = 2;
 const DROPPING: u32 = 3;
 
-/// Late moves of the readable end each slot remembers (see the module docs).
+/// LatePoint moves of the readable end each slot remembers (see the module docs).
 pub const LATE_POINTS: usize = 4;
 /// A move of the readable end is late when a message it releases was pushed at least this
 /// long before (microseconds): within it, a message may count its ttl from its push. A
@@ -131,17 +131,17 @@ pub struct Slot {
     /// above it need not look there. Raised when the offsets are reserved, so before any
     /// reader can see them; never lowered (compaction moves segments out, not in).
     fresh_max: i64,
-    /// The latest of the latest late moves of `readable` (see `note_late`), in offset
-    /// order; unused ones (`at == 0`) first.
-    late: [Late; LATE_POINTS],
+    /// Late moves of `readable` (see `note_late`: the latest ones, less the least late),
+    /// in offset order; unused ones (`at == 0`) first.
+    late: [LatePoint; LATE_POINTS],
 }
 
-/// A late move of a slot's readable end: at time `at` it was still `before`, so every
-/// offset after `before` became readable after `at`. `pushed_at`: the earliest push time
-/// of what the move released (`at - pushed_at` is how late it was).
+/// A late move of a slot's readable end: at time `at` it was still at offset `before`, so
+/// every offset after `before` became readable after `at`. `pushed_at`: the earliest push
+/// time of what the move released (`at - pushed_at` is how late it was).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Late {
+pub struct LatePoint {
     before: i64,
     at: i64,
     pushed_at: i64,
@@ -168,6 +168,16 @@ pub struct Record {
     /// When its transaction started, the time its messages carry (microseconds); merged
     /// records keep the earliest.
     pushed_at: i64,
+}
+
+impl Record {
+    /// Takes in the committed reservation that follows it in the slot's list (both
+    /// committed: one range, readable together).
+    fn absorb(&mut self, next: &Record) {
+        self.written = next.written;
+        self.end = next.end;
+        self.pushed_at = self.pushed_at.min(next.pushed_at);
+    }
 }
 
 /// Sizes of the registry's parts, in bytes, laid out one after another.
@@ -705,10 +715,7 @@ impl<'a> Registry<'a> {
             self.rec_mut(r).state = COMMITTED;
             // Merge with committed neighbours.
             let r = if rec.prev != NIL && self.recs[rec.prev as usize].state == COMMITTED {
-                let p = self.rec_mut(rec.prev);
-                p.written = rec.written;
-                p.end = rec.end;
-                p.pushed_at = p.pushed_at.min(rec.pushed_at);
+                self.rec_mut(rec.prev).absorb(&rec);
                 self.unlink(s, r);
                 rec.prev
             } else {
@@ -717,10 +724,7 @@ impl<'a> Registry<'a> {
             let next = self.recs[r as usize].next;
             if next != NIL && self.recs[next as usize].state == COMMITTED {
                 let n = self.recs[next as usize];
-                let cur = self.rec_mut(r);
-                cur.written = n.written;
-                cur.end = n.end;
-                cur.pushed_at = cur.pushed_at.min(n.pushed_at);
+                self.rec_mut(r).absorb(&n);
                 self.unlink(s, next);
             }
         } else {
@@ -738,26 +742,24 @@ impl<'a> Registry<'a> {
             self.unlink(s, f);
         }
         if self.slots[s].readable > before && now.saturating_sub(pushed_at) >= LATE_AFTER {
-            self.note_late(s, Late { before, at: now, pushed_at });
+            self.note_late(s, LatePoint { before, at: now, pushed_at });
         }
     }
 
-    /// Notes a late move of slot `s`'s readable end. A full slot keeps the latest ones: the
-    /// point that goes is the least late of all (the new one included, which is then not
-    /// kept), so that a long hold-back is not forgotten behind ordinary slow commits; the
-    /// offsets it covered count from the point before it, or from their push. Dropping a
-    /// point only makes what is left less precise, never wrong.
-    fn note_late(&mut self, s: usize, point: Late) {
-        let lateness = |p: &Late| p.at.saturating_sub(p.pushed_at);
-        let late = self.slots[s].late;
-        let (least, _) = late
+    /// Notes a late move of slot `s`'s readable end. The newest point is always kept; when
+    /// the slot is full, the least late of the others goes, so that a long hold-back is
+    /// not forgotten behind ordinary slow commits, and a partition that once had long ones
+    /// still notes the next. The offsets a dropped point covered count from the point
+    /// before it, or from their push: dropping a point only makes what is left less
+    /// precise, never wrong.
+    fn note_late(&mut self, s: usize, point: LatePoint) {
+        let lateness = |p: &LatePoint| p.at.saturating_sub(p.pushed_at);
+        let (least, _) = self.slots[s]
+            .late
             .iter()
             .enumerate()
             .min_by_key(|(_, p)| if p.at == 0 { i64::MIN } else { lateness(p) })
             .expect("LATE_POINTS > 0");
-        if late[least].at != 0 && lateness(&late[least]) > lateness(&point) {
-            return;
-        }
         let slot = self.slot_mut(s);
         // Out with the least late (an unused one first), in offset order, the new one last.
         slot.late.copy_within(least + 1.., least);
@@ -956,7 +958,7 @@ impl<'a> Registry<'a> {
             if s.readable > s.head {
                 return Err(format!("slot {i}: readable {} past head {}", s.readable, s.head));
             }
-            let points: Vec<&Late> = s.late.iter().skip_while(|p| p.at == 0).collect();
+            let points: Vec<&LatePoint> = s.late.iter().skip_while(|p| p.at == 0).collect();
             if points.iter().any(|p| p.at == 0 || p.before >= s.readable)
                 || points.windows(2).any(|w| w[0].before >= w[1].before)
             {
@@ -1109,9 +1111,11 @@ mod tests {
 
     #[test]
     fn a_slot_takes_what_docs_offsets_md_says() {
-        // docs/offsets.md, "When a message became readable": 168 bytes, 72 before the points.
+        // docs/offsets.md, "When a message became readable": 168 bytes, 72 before the
+        // points; a reservation record 88.
         assert_eq!(std::mem::size_of::<Slot>(), 168);
-        assert_eq!(std::mem::size_of::<Slot>() - std::mem::size_of::<[Late; LATE_POINTS]>(), 72);
+        assert_eq!(std::mem::size_of::<Slot>() - std::mem::size_of::<[LatePoint; LATE_POINTS]>(), 72);
+        assert_eq!(std::mem::size_of::<Record>(), 88, "a record, with its push time");
     }
 
     /// Microseconds of a test's clock: `s` seconds.
@@ -1152,10 +1156,10 @@ mod tests {
         m.reg().abort_subxact(0, 2, 800 * SEC);
         assert_eq!(m.readable(1), Seen::Readable(17));
         assert_eq!(after(&mut m, 17), Some(800 * SEC));
-        // Past LATE_POINTS the least late point goes: two ordinary slow commits (a second
-        // late each) do not push the long hold-backs out. The first of them goes for the
-        // second (as late, and newer), and its offset (18) counts from the point before it
-        // (less precise, never later than the truth).
+        // Past LATE_POINTS the newest point stays and the least late of the others goes:
+        // two ordinary slow commits (a second late each) do not push the long hold-backs
+        // out. The first of them goes for the second, and its offset (18) counts from the
+        // point before it (less precise, never later than the truth).
         for t in [900, 1000] {
             m.reg().reserve(&key(1), 1, 0, 1, true, false, t * SEC).unwrap(); // 18, 19
             m.reg().finish(0, true, t * SEC + LATE_AFTER);
@@ -1163,12 +1167,17 @@ mod tests {
         assert_eq!(after(&mut m, 12), Some(400 * SEC), "the longest hold-back is kept");
         assert_eq!(after(&mut m, 18), Some(800 * SEC));
         assert_eq!(after(&mut m, 19), Some(1000 * SEC + LATE_AFTER));
-        // A move later than the least late point kept replaces it.
-        m.reg().reserve(&key(1), 1, 0, 1, true, false, 1100 * SEC).unwrap(); // 20
-        m.reg().finish(0, true, 1105 * SEC);
-        assert_eq!(after(&mut m, 19), Some(800 * SEC));
-        assert_eq!(after(&mut m, 20), Some(1105 * SEC));
-        assert_eq!(after(&mut m, 13), Some(400 * SEC));
+        // A partition that only had long hold-backs still notes the next, less late one:
+        // three more of 100 s, then one of 2 s.
+        for (o, t) in [(20, 1100), (21, 1300), (22, 1500)] {
+            m.reg().reserve(&key(1), 1, 0, 1, true, false, t * SEC).unwrap();
+            m.reg().finish(0, true, (t + 100) * SEC);
+            assert_eq!(after(&mut m, o), Some((t + 100) * SEC));
+        }
+        m.reg().reserve(&key(1), 1, 0, 1, true, false, 1700 * SEC).unwrap(); // 23
+        m.reg().finish(0, true, 1702 * SEC);
+        assert_eq!(after(&mut m, 23), Some(1702 * SEC), "the newest is kept");
+        assert_eq!(after(&mut m, 12), Some(400 * SEC), "and the longest");
         m.reg().check().unwrap();
     }
 

@@ -356,6 +356,21 @@ pub fn expired(due_at: i64, not_before: i64, ttl: i64, now: i64) -> bool {
     ttl > 0 && due_at.max(not_before).saturating_add(ttl) <= now
 }
 
+/// `expired` as a pop judges it: `not_before` is the latest of `configured_at` and
+/// `readable_after()`, the time after which the message became readable when that came
+/// late (None otherwise). `readable_after` is asked only of a message that would expire
+/// without it (it takes the offset registry's lock), which few do.
+pub fn expired_once_readable(
+    due_at: i64,
+    configured_at: i64,
+    readable_after: impl FnOnce() -> Option<i64>,
+    ttl: i64,
+    now: i64,
+) -> bool {
+    expired(due_at, configured_at, ttl, now)
+        && readable_after().is_none_or(|at| expired(due_at, configured_at.max(at), ttl, now))
+}
+
 /// When a message may be delivered: `delay` (the queue's) after it was pushed, and not
 /// before its own `deliver_at`, if the producer gave one. All in microseconds.
 pub fn due_at(created_at: i64, delay: i64, deliver_at: Option<i64>) -> i64 {
@@ -610,9 +625,14 @@ mod tests {
         assert!(!expired(due, 600, 50, 649));
         assert!(expired(due, 600, 50, 650));
         // Pushed at 100, ttl 50, readable only from 2,000 on (its transaction stayed open):
-        // it has until 2,050.
-        assert!(!expired(due, 2_000, 50, 2_049));
-        assert!(expired(due, 2_000, 50, 2_050));
+        // it has until 2,050. Asked only when it would expire without it.
+        let late = || Some(2_000);
+        assert!(!expired_once_readable(due, 0, late, 50, 2_049));
+        assert!(expired_once_readable(due, 0, late, 50, 2_050));
+        assert!(expired_once_readable(due, 0, || None, 50, 150), "not late: from its push");
+        assert!(!expired_once_readable(due, 0, || panic!("asked"), 50, 149), "not asked");
+        assert!(!expired_once_readable(due, 600, late, 50, 2_049), "the later floor counts");
+        assert!(!expired_once_readable(due, 3_000, late, 50, 3_049));
         let too_long = QueueOptions { ttl: limits::TTL + 1, ..QueueOptions::CONFIGURED };
         assert_eq!(too_long.validate(limits::MAX_LEASE_DEFAULT).unwrap_err().argument, "ttl");
         assert_eq!(

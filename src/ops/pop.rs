@@ -17,7 +17,7 @@ use crate::pg::ids::to_pg_uuid;
 use crate::pg::spi::run;
 use crate::pg::srf::{arg, function_info_v1, ResultRows};
 use crate::queue::names::{check_lane_name, check_queue_name};
-use crate::{pg::durability, pg::wake, queue::lookup, storage::segments};
+use crate::{offsets, pg::durability, pg::wake, queue::lookup, storage::segments};
 use queen_core::segment::Frame;
 
 /// Validated arguments of one pop.
@@ -1324,11 +1324,14 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
         // lane goes on. The ttl counts from no earlier than the queue's last change, nor
         // than when the message became readable, if that was late (its push, or an earlier
         // one of its partition, stayed open: asked only of a message that looks expired).
-        let expired = |from: i64| queen_core::policy::expired(due_at, from, self.due.ttl, self.due.now);
-        if expired(self.due.configured_at)
-            && crate::offsets::readable_after(self.c.partition_id, offset)
-                .is_none_or(|readable_at| expired(readable_at.max(self.due.configured_at)))
-        {
+        let readable_after = || offsets::readable_after(self.c.partition_id, offset);
+        if queen_core::policy::expired_once_readable(
+            due_at,
+            self.due.configured_at,
+            readable_after,
+            self.due.ttl,
+            self.due.now,
+        ) {
             let error = format!("expired: due more than the queue's ttl ({} s) ago", self.due.ttl as f64 / 1e6);
             return self.pass_over(offset, &f, "expired", self.due.file_expired, error);
         }

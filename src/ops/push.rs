@@ -493,9 +493,16 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
 /// updated and stays locked until commit, so pushes to one partition commit in offset
 /// order; its head starts past anything stored (the registry does not keep that column
 /// current).
-fn reserve(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, n: i64, writes_all: bool) -> Option<i64> {
+/// `pushed_at`: the time the messages carry (their segment's `created_at`).
+fn reserve(
+    client: &mut SpiClient<'_>,
+    partition_id: pgrx::Uuid,
+    n: i64,
+    writes_all: bool,
+    pushed_at: i64,
+) -> Option<i64> {
     if crate::offsets::enabled() {
-        return crate::offsets::reserve(client, partition_id, n, writes_all, goes_fresh(n as usize));
+        return crate::offsets::reserve(client, partition_id, n, writes_all, goes_fresh(n as usize), pushed_at);
     }
     let head = crate::pg::spi::first_value::<i64>(run(
         client,
@@ -780,7 +787,7 @@ impl<'a> Call<'a> {
         }
         self.check_limits(client, queue, &t, fresh.len() as i64);
         // Without dedup every reserved offset is written (or the call fails).
-        let Some(first) = reserve(client, t.partition_id, fresh.len() as i64, !dedup) else {
+        let Some(first) = reserve(client, t.partition_id, fresh.len() as i64, !dedup, self.now) else {
             return false;
         };
         let lost = if dedup {

@@ -25,22 +25,23 @@ impl FromDatum for RawJsonb {
             let v = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
             let len = pgrx::varsize_any_exhdr(v);
             let data = pgrx::vardata_any(v) as *const u8;
-            Some(RawJsonb(copy_out(std::slice::from_raw_parts(data, len))))
+            Some(RawJsonb(copy_fallibly(std::slice::from_raw_parts(data, len))))
         }
     }
 }
 
-/// A copy of argument bytes (a payload: up to what PostgreSQL accepts, a gigabyte) into
-/// Rust memory. Allocated fallibly: out of memory is PostgreSQL's clean `53200` ERROR, as
-/// a `palloc` that fails would raise. A failing Rust allocation would otherwise abort the
-/// process, and the postmaster then restarts the whole server (every session's connection
-/// and every lease in shared memory lost) over one call's arguments.
-pub fn copy_out(bytes: &[u8]) -> Vec<u8> {
+/// A copy of jsonb bytes (a payload or headers, of an argument or a row: up to what
+/// PostgreSQL accepts, a gigabyte) into Rust memory. Allocated fallibly: out of memory is
+/// PostgreSQL's clean `53200` ERROR, as a `palloc` that fails would raise. A failing Rust
+/// allocation would otherwise abort the process, and the postmaster then restarts the
+/// whole server (every session's connection and every lease in shared memory lost) over
+/// one call's data.
+pub fn copy_fallibly(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     if out.try_reserve_exact(bytes.len()).is_err() {
-        crate::pg::errors::raise(
+        errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
-            format!("queen: out of memory copying {} bytes of an argument", bytes.len()),
+            format!("queen: out of memory copying {} bytes of jsonb", bytes.len()),
         );
     }
     out.extend_from_slice(bytes);
@@ -375,7 +376,7 @@ impl JsonbObject {
             let jb = pg_sys::JsonbValueToJsonb(&mut v) as *const pg_sys::varlena;
             let len = pgrx::varsize_any_exhdr(jb);
             let data = pgrx::vardata_any(jb) as *const u8;
-            let out = copy_out(std::slice::from_raw_parts(data, len));
+            let out = copy_fallibly(std::slice::from_raw_parts(data, len));
             pg_sys::pfree(jb as *mut std::ffi::c_void);
             Some(out)
         }
