@@ -195,6 +195,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             });
             never_raise("the end of a prepared transaction", || {
                 crate::offsets::prepared();
+                crate::lane::registry::prepared();
                 crate::pg::wake::on_abort();
                 crate::pg::cache::on_abort();
                 crate::pg::dbs::on_abort();

@@ -112,3 +112,40 @@ SELECT queen.configure_limit('closed', 'newcomr', '*', rate => 1);
 SELECT count(*) AS groups_of_closed FROM queen.groups g JOIN queen.queues q USING (queue_id) WHERE q.name = 'closed';
 SELECT queen.create_group('closed', 'newcomer') ->> 'created' AS created;
 SELECT msg_offset FROM queen.pop('closed', 'newcomer', auto_ack => true);
+
+-- A group whose creation rolled back leaves nothing behind, even when its transaction read
+-- the new lanes (a pop, a status): created again from the start ('all'), it starts there,
+-- and retention does not pass what it has not consumed.
+SELECT count(*) FROM generate_series(1, 5) i, queen.push('back', i::text::jsonb);
+BEGIN;
+SELECT count(*) AS none_new FROM queen.pop('back', 'late', subscription => 'new');
+SELECT committed FROM queen.status('back') WHERE consumer_group = 'late';
+ROLLBACK;
+SELECT queen.create_group('back', 'late', 'all') ->> 'created' AS created;
+SELECT committed, lag FROM queen.status('back') WHERE consumer_group = 'late';
+-- The same within one transaction, through a savepoint.
+BEGIN;
+SAVEPOINT s;
+SELECT queen.create_group('back', 'sp', 'new') ->> 'created' AS created;
+SELECT committed FROM queen.status('back') WHERE consumer_group = 'sp';
+ROLLBACK TO SAVEPOINT s;
+SELECT count(*) AS all_five FROM queen.pop('back', 'sp', batch => 10, auto_ack => true);
+COMMIT;
+SELECT count(*) AS all_five FROM queen.pop('back', 'late', batch => 10, auto_ack => true);
+-- A group dropped in a transaction is not created again in it (until the drop commits,
+-- the old cursors still stand for its lanes): refused, 55000. A drop rolled back to a
+-- savepoint does not count.
+BEGIN;
+SELECT queen.drop_group('back', 'late') ->> 'dropped' AS dropped;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM queen.pop('back', 'late', auto_ack => true);
+\set VERBOSITY default
+ROLLBACK;
+BEGIN;
+SAVEPOINT s;
+SELECT queen.drop_group('back', 'late') ->> 'dropped' AS dropped;
+ROLLBACK TO SAVEPOINT s;
+SELECT count(*) AS nothing_left FROM queen.pop('back', 'late', auto_ack => true);
+COMMIT;
+SELECT queen.drop_group('back', 'late') ->> 'dropped' AS dropped;
+SELECT count(*) AS all_five_again FROM queen.pop('back', 'late', batch => 10, auto_ack => true);

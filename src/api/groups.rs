@@ -334,7 +334,7 @@ fn drop_group(queue: Option<&str>, consumer_group: Option<&str>, force: default!
         );
         crate::lane::rows::drop_group(client, queue_id, group);
         // The registry forgets the lanes once this commits (until then they stay locked).
-        crate::lane::registry::forget_on_commit(pids.iter().map(|p| crate::lane::registry::key(*p, group)).collect());
+        crate::lane::registry::drop_group_on_commit(queue_id, group, &pids);
         Some(lanes.len())
     });
     JsonB(match lanes {

@@ -75,6 +75,11 @@ thread_local! {
     /// Lanes this transaction removed (`drop_group`), with the subtransaction that did:
     /// the registry forgets them when it commits.
     static FORGET: RefCell<Vec<(u32, LaneKey)>> = const { RefCell::new(Vec::new()) };
+    /// The groups this transaction dropped (queue id, name), with the subtransaction that did.
+    static DROPPED: RefCell<Vec<(u32, i64, String)>> = const { RefCell::new(Vec::new()) };
+    /// Lanes this transaction created (their rows are its own inserts), with the
+    /// subtransaction that did: the registry forgets them if it rolls back.
+    static CREATED: RefCell<Vec<(u32, LaneKey)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The registry forgets these lanes if, and when, the current transaction commits (their
@@ -85,6 +90,33 @@ pub fn forget_on_commit(keys: Vec<LaneKey>) {
     }
     let sub = subxact();
     FORGET.with(|f| f.borrow_mut().extend(keys.into_iter().map(|k| (sub, k))));
+}
+
+/// `drop_group` of group `group` of queue `queue_id`: its lanes are forgotten when the
+/// transaction commits (`forget_on_commit`), and until then the group may not be created
+/// again (`dropped_here`; without the registry too, so that both behave alike).
+pub fn drop_group_on_commit(queue_id: i64, group: &str, partitions: &[pgrx::Uuid]) {
+    DROPPED.with(|d| d.borrow_mut().push((subxact(), queue_id, group.to_string())));
+    forget_on_commit(partitions.iter().map(|p| key(*p, group)).collect());
+}
+
+/// Whether this transaction dropped group `group` of queue `queue_id`: the registry keeps
+/// the dropped lanes' state until the drop commits, so a group created again under the
+/// name before that would start from the old cursors (`lookup::ensure_group` refuses).
+pub fn dropped_here(queue_id: i64, group: &str) -> bool {
+    DROPPED.with(|d| d.borrow().iter().any(|(_, q, g)| *q == queue_id && g == group))
+}
+
+/// The registry forgets these lanes if the current transaction (or the subtransaction that
+/// created them) rolls back: their rows are this transaction's inserts, and a lane loaded
+/// from them meanwhile (a pop, a `status` in it) must not outlive them, or a group created
+/// again under the name would start from their cursor rather than its own.
+pub fn forget_on_abort(partitions: &[pgrx::Uuid], group: &str) {
+    if !enabled() || partitions.is_empty() {
+        return;
+    }
+    let sub = subxact();
+    CREATED.with(|c| c.borrow_mut().extend(partitions.iter().map(|p| (sub, key(*p, group)))));
 }
 
 fn layout() -> Layout {
@@ -583,10 +615,12 @@ pub fn in_use() -> bool {
 /// Work a transaction's end, or a subtransaction's abort, leaves to the registry.
 enum Deferred {
     /// A transaction ended: its lanes are released (commit) or put back (abort), a load it
-    /// did not finish is dropped, and lanes it deleted are forgotten (commit).
+    /// did not finish is dropped, then `forget` goes: the lanes it deleted (commit), or
+    /// those it created (abort).
     End { committed: bool, held: Vec<Held>, loading: Option<LaneKey>, forget: Vec<LaneKey> },
-    /// A subtransaction aborted: what it changed is put back, and the locks it took go.
-    SubAbort { undo: Vec<Held>, loading: Option<LaneKey> },
+    /// A subtransaction aborted: what it changed is put back, the locks it took go, and
+    /// the lanes it created are forgotten.
+    SubAbort { undo: Vec<Held>, loading: Option<LaneKey>, forget: Vec<LaneKey> },
 }
 
 /// The registry's deferred ends (`deferred`): applied at once when they can be, else kept
@@ -624,11 +658,9 @@ fn apply_end(d: &Deferred) {
             if let Some(k) = loading {
                 r.abandon_load(k, mine);
             }
-            if *committed {
-                r.forget(forget);
-            }
+            r.forget(forget);
         }
-        Deferred::SubAbort { undo, loading } => {
+        Deferred::SubAbort { undo, loading, forget } => {
             fail::point("xact.subabort.lanes");
             if let Some(k) = loading {
                 r.abandon_load(k, mine);
@@ -641,6 +673,7 @@ fn apply_end(d: &Deferred) {
                     r.restore(&e.key, mine, e.found, e.lease(), now);
                 }
             }
+            r.forget(forget);
         }
     });
 }
@@ -651,10 +684,15 @@ pub fn end(committed: bool) {
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     let wrote = WROTE.with(|w| w.take());
     let loading = LOADING.with(|l| l.take());
-    let forget: Vec<LaneKey> = FORGET.with(|f| std::mem::take(&mut *f.borrow_mut())).into_iter().map(|e| e.1).collect();
+    let deleted: Vec<LaneKey> =
+        FORGET.with(|f| std::mem::take(&mut *f.borrow_mut())).into_iter().map(|e| e.1).collect();
+    let created: Vec<LaneKey> =
+        CREATED.with(|c| std::mem::take(&mut *c.borrow_mut())).into_iter().map(|e| e.1).collect();
+    DROPPED.with(|d| d.borrow_mut().clear());
     if !enabled() {
         return;
     }
+    let forget = if committed { deleted } else { created };
     if let Some(t) = wrote {
         let db = crate::pg::dbs::my_database();
         crate::pg::dbs::with(db, false, |d| d.journal.writers[t] = d.journal.writers[t].saturating_sub(1));
@@ -665,21 +703,55 @@ pub fn end(committed: bool) {
     deferred::finish::<LaneEnds>(Deferred::End { committed, held, loading, forget });
 }
 
+/// Hands the entries of subtransaction `sub` (and those inside it) to `parent`.
+fn to_parent(list: &mut [(u32, LaneKey)], sub: u32, parent: u32) {
+    list.iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent);
+}
+
+/// The transaction was prepared (holding no lane: `in_use`). The lanes it created or
+/// deleted are forgotten now, whichever way it ends later: a lane is loaded again from
+/// what is committed, and one it loaded from its own rows must not outlive a rollback.
+/// Raises nothing (see `deferred::finish`).
+pub fn prepared() {
+    let mut forget: Vec<LaneKey> =
+        FORGET.with(|f| std::mem::take(&mut *f.borrow_mut())).into_iter().map(|e| e.1).collect();
+    forget.extend(CREATED.with(|c| std::mem::take(&mut *c.borrow_mut())).into_iter().map(|e| e.1));
+    DROPPED.with(|d| d.borrow_mut().clear());
+    if !enabled() || forget.is_empty() {
+        return;
+    }
+    deferred::finish::<LaneEnds>(Deferred::End { committed: false, held: Vec::new(), loading: None, forget });
+}
+
 /// A subtransaction ended: a commit hands what it holds to its parent; an abort puts back
 /// what it changed and releases the locks it took. Raises nothing (see `deferred::finish`).
 pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
+    DROPPED.with(|d| {
+        let mut d = d.borrow_mut();
+        if committed {
+            d.iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent);
+        } else {
+            d.retain(|e| e.0 < sub);
+        }
+    });
     if !enabled() {
         return;
     }
     let loading = if committed { None } else { LOADING.with(|l| l.take()) };
-    FORGET.with(|f| {
-        let mut f = f.borrow_mut();
-        if committed {
-            f.iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent);
-        } else {
-            f.retain(|e| e.0 < sub);
-        }
-    });
+    // A commit hands what the subtransaction did to its parent; an abort undoes it: the
+    // lanes it deleted are not to be forgotten, those it created are, now.
+    let forget: Vec<LaneKey> = if committed {
+        FORGET.with(|f| to_parent(&mut f.borrow_mut(), sub, parent));
+        CREATED.with(|c| to_parent(&mut c.borrow_mut(), sub, parent));
+        Vec::new()
+    } else {
+        FORGET.with(|f| f.borrow_mut().retain(|e| e.0 < sub));
+        CREATED.with(|c| {
+            let (gone, keep) = std::mem::take(&mut *c.borrow_mut()).into_iter().partition(|e| e.0 >= sub);
+            *c.borrow_mut() = keep;
+            gone.into_iter().map(|e: (u32, LaneKey)| e.1).collect()
+        })
+    };
     let undo: Vec<Held> = HELD.with(|h| {
         let mut h = h.borrow_mut();
         if committed {
@@ -694,10 +766,10 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
             undo
         }
     });
-    if undo.is_empty() && loading.is_none() {
+    if undo.is_empty() && loading.is_none() && forget.is_empty() {
         return;
     }
-    deferred::finish::<LaneEnds>(Deferred::SubAbort { undo, loading });
+    deferred::finish::<LaneEnds>(Deferred::SubAbort { undo, loading, forget });
 }
 
 // ---- emptying the journal (the background worker; a clean stop saves it whole with

@@ -31,23 +31,29 @@ pub fn create_for_partition(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid
 }
 
 /// A new group gets a lane for every partition of its queue: at the readable end for
-/// subscription 'new', else where retention left off.
-pub fn create_for_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subscription: &str) {
-    run(
+/// subscription 'new', else where retention left off. Returns their partitions (for
+/// `registry::forget_on_abort`).
+pub fn create_for_group(client: &mut SpiClient<'_>, queue_id: i64, group: &str, subscription: &str) -> Vec<pgrx::Uuid> {
+    partition_ids(run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
          SELECT p.partition_id, $2, $1,
                 CASE WHEN $3 = 'new' THEN queen._readable(p.partition_id, p.head) ELSE p.retained_through END
            FROM queen.partitions p WHERE p.queue_id = $1
-         ON CONFLICT DO NOTHING",
+         ON CONFLICT DO NOTHING RETURNING partition_id",
         &[queue_id.into(), group.into(), subscription.into()],
-    );
+    ))
+}
+
+/// The partition ids a statement returned (its first column).
+fn partition_ids(rows: pgrx::spi::SpiTupleTable<'_>) -> Vec<pgrx::Uuid> {
+    rows.map(|r| r.get::<pgrx::Uuid>(1).or_raise().expect("a partition id")).collect()
 }
 
 /// The lanes a partition and a group created at the same moment both missed, for a group
 /// that still exists and that no `seek` or `drop_group` holds right now (not waited for).
-/// True when any was added.
-pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> bool {
+/// Returns the partitions of those added (for `registry::forget_on_abort`).
+pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> Vec<pgrx::Uuid> {
     // Looked for first, without a lock: the group row's lock below gives the transaction an
     // xid and a WAL record, which a pop that finds nothing missing (nearly always) need not.
     let missing = first_value::<bool>(run(
@@ -59,9 +65,9 @@ pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) ->
         &[queue_id.into(), group.into()],
     ));
     if missing != Some(true) {
-        return false;
+        return Vec::new();
     }
-    !run(
+    partition_ids(run(
         client,
         "INSERT INTO queen.lanes (partition_id, consumer_group, queue_id, committed)
          SELECT p.partition_id, $2, $1, p.retained_through FROM queen.partitions p
@@ -73,10 +79,9 @@ pub fn create_missing(client: &mut SpiClient<'_>, queue_id: i64, group: &str) ->
             -- would deadlock; the repair comes back on a later pop)
             AND EXISTS (SELECT 1 FROM queen.groups g WHERE g.queue_id = $1 AND g.consumer_group = $2
                            FOR KEY SHARE SKIP LOCKED)
-         ON CONFLICT DO NOTHING RETURNING 1",
+         ON CONFLICT DO NOTHING RETURNING partition_id",
         &[queue_id.into(), group.into()],
-    )
-    .is_empty()
+    ))
 }
 
 /// The claims of one pop, lane by lane (`queen_core::lane::claim`), kept column by column

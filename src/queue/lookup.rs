@@ -182,6 +182,14 @@ pub fn ensure_group(
     if !lock_for_new_lanes(queue_id, wait) {
         return None;
     }
+    if crate::lane::registry::dropped_here(queue_id, group) {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "queen: consumer group \"{group}\" was dropped in this transaction; commit the drop before creating the group again"
+            ),
+        );
+    }
     let created = run(
         client,
         "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
@@ -192,7 +200,9 @@ pub fn ensure_group(
         return Some(false);
     }
     CREATED_HERE.with(|c| c.set(true));
-    crate::lane::rows::create_for_group(client, queue_id, group, subscription);
+    let lanes = crate::lane::rows::create_for_group(client, queue_id, group, subscription);
+    // The registry forgets them if this transaction rolls back (it may load them before).
+    crate::lane::registry::forget_on_abort(&lanes, group);
     Some(true)
 }
 
@@ -232,7 +242,12 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     // Never waited for: a pop skips the repair while a retention step runs (it comes back
     // within a second), and while a seek or drop_group holds the group row
     // (`create_missing`).
-    lock_for_new_lanes(queue_id, false) && crate::lane::rows::create_missing(client, queue_id, group)
+    if !lock_for_new_lanes(queue_id, false) {
+        return false;
+    }
+    let lanes = crate::lane::rows::create_missing(client, queue_id, group);
+    crate::lane::registry::forget_on_abort(&lanes, group);
+    !lanes.is_empty()
 }
 
 extension_sql!(
