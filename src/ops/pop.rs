@@ -1215,6 +1215,8 @@ fn read_span<'conn>(
     };
     let mut next = c.committed + 1;
     while r.delivered < take && next <= c.readable {
+        // A long walk over gaps or passed messages stays cancellable.
+        pgrx::check_for_interrupts!();
         // Assume no gaps; a gap costs one more (short) read.
         let mut end = (next + (take - r.delivered) - 1).min(c.readable);
         let rows = match prefetched.take() {
@@ -1224,7 +1226,7 @@ fn read_span<'conn>(
             }
             _ => segments::fetch(client, c.partition_id, next, end),
         };
-        let mut stop = false;
+        let (mut stop, mut any) = (false, false);
         // A corrupt segment is filed whole, as one dead letter (its bytes, and the
         // offsets it held), and passed over like a message that cannot be opened.
         let mut corrupts: Vec<segments::Corrupt> = Vec::new();
@@ -1236,6 +1238,7 @@ fn read_span<'conn>(
             end,
             &|| budget.room(),
             |offset, message| {
+                any |= message.is_some();
                 // Once this says stop, read_rows calls it no more.
                 let go_on = r.offset(offset, message);
                 stop = !go_on;
@@ -1261,6 +1264,14 @@ fn read_span<'conn>(
             break;
         }
         next = past_corrupt;
+        // Only gaps: on from the next stored offset (`segments::next_stored`), not a span
+        // at a time. A fixed snapshot may not see segments committed since it was taken:
+        // there the jump stops past the offsets known to be gaps for good.
+        if !any && next <= c.readable {
+            let stored = segments::next_stored(client, c.partition_id, next).unwrap_or(c.readable + 1);
+            let to = if fixed_snapshot { stored.min(next.max(r.gaps_through + 1)) } else { stored };
+            next = next.max(to);
+        }
     }
     Span { delivered: r.last, seen: r.seen }
 }

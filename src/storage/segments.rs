@@ -179,6 +179,19 @@ macro_rules! segment_at_or_after_sql {
     };
 }
 
+/// The first offset from `from` on that a segment this snapshot sees holds (a message or a
+/// gap entry), None when none does: offsets before it that no segment holds are gaps, up
+/// to the readable end (under READ COMMITTED; a fixed snapshot may miss segments committed
+/// since, see `gaps_from`). A read that found only gaps goes on from there, not one span
+/// at a time (a rolled-back push of a million leaves a gap of a million).
+pub fn next_stored(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid, from: i64) -> Option<i64> {
+    let args = [partition_id.into(), from.into(), (FRESH_MAX as i64).into()];
+    crate::pg::spi::run_map(client, segment_at_or_after_sql!(), &args, |r| r.get::<i64>(1).or_raise().unwrap())
+        .into_iter()
+        .next()
+        .map(|first| first.max(from))
+}
+
 /// Under REPEATABLE READ or SERIALIZABLE, a read found no message at `offset` (at or below
 /// the readable end `readable`), which may be a gap for good or a message its snapshot
 /// cannot see. Returns `Some(through)` when every offset in `offset..=through` at which
