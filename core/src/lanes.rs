@@ -553,11 +553,13 @@ impl<'a> Registry<'a> {
         }
     }
 
-    /// Forgets lanes (their queue, group or partition was deleted).
+    /// Forgets lanes (their queue, group or partition was deleted, or the rows they were
+    /// loaded from were rolled back) that no transaction holds: a lane another transaction
+    /// holds was loaded by it, from rows it sees, and stays.
     pub fn forget(&mut self, keys: &[LaneKey]) {
         for k in keys {
             if let Ok(i) = find_lane(self.lanes, k) {
-                if self.lanes[i].status == READY {
+                if self.lanes[i].status == READY && self.lanes[i].holder.owner == NIL {
                     self.unchain(i);
                     fail::point("lanes.forget");
                     self.remove_lane(i);

@@ -1214,6 +1214,8 @@ fn read_span<'conn>(
         seen: None,
     };
     let mut next = c.committed + 1;
+    // Spans read in a row that held only gaps.
+    let mut empty = 0;
     while r.delivered < take && next <= c.readable {
         // A long walk over gaps or passed messages stays cancellable.
         pgrx::check_for_interrupts!();
@@ -1264,10 +1266,14 @@ fn read_span<'conn>(
             break;
         }
         next = past_corrupt;
-        // Only gaps: on from the next stored offset (`segments::next_stored`), not a span
-        // at a time. A fixed snapshot may not see segments committed since it was taken:
-        // there the jump stops past the offsets known to be gaps for good.
-        if !any && next <= c.readable {
+        // Two spans in a row of only gaps: on from the next stored offset
+        // (`segments::next_stored`), not a span at a time. (Not after one: a short gap,
+        // one aborted push, is read past as before, without the probe, which walks the
+        // index entries of segments compacted since while a long snapshot keeps them.) A
+        // fixed snapshot may not see segments committed since it was taken: there the jump
+        // stops past the offsets known to be gaps for good.
+        empty = if any { 0 } else { empty + 1 };
+        if empty >= 2 && next <= c.readable {
             let stored = segments::next_stored(client, c.partition_id, next).unwrap_or(c.readable + 1);
             let to = if fixed_snapshot { stored.min(next.max(r.gaps_through + 1)) } else { stored };
             next = next.max(to);
