@@ -461,9 +461,11 @@ fn stop_requested() -> bool {
 
 /// Waits on the latch for at most `timeout`; false once the worker was asked to stop.
 fn wait(timeout: Duration) -> bool {
-    // A cancel (`pg_cancel_backend`) that comes between steps has no statement to cancel:
-    // held off while waiting, then dropped. Raised here, outside any step, it would end
-    // the worker (a cancel during a step fails that step only).
+    // A cancel (`pg_cancel_backend`) that comes while the worker waits has no statement to
+    // cancel: held off, then dropped. Raised here, outside any step, it would end the
+    // worker (a cancel during a step fails that step only). One that lands outside both,
+    // in the worker's start-up or between two steps, still ends it (a new worker comes
+    // about 5 s later).
     // SAFETY: this process's own interrupt flags, as HOLD_CANCEL_INTERRUPTS does.
     unsafe { pg_sys::QueryCancelHoldoffCount += 1 };
     let alive = BackgroundWorker::wait_latch(Some(timeout));
