@@ -76,7 +76,7 @@ thread_local! {
     /// the registry forgets them when it commits.
     static FORGET: RefCell<Vec<(u32, LaneKey)>> = const { RefCell::new(Vec::new()) };
     /// The groups this transaction dropped (queue id, name), with the subtransaction that did.
-    static DROPPED: RefCell<Vec<(u32, i64, String)>> = const { RefCell::new(Vec::new()) };
+    static DROPPED: RefCell<Vec<(u32, (i64, String))>> = const { RefCell::new(Vec::new()) };
     /// Lanes this transaction created (their rows are its own inserts), with the
     /// subtransaction that did: the registry forgets them if it rolls back.
     static CREATED: RefCell<Vec<(u32, LaneKey)>> = const { RefCell::new(Vec::new()) };
@@ -96,7 +96,7 @@ pub fn forget_on_commit(keys: Vec<LaneKey>) {
 /// transaction commits (`forget_on_commit`), and until then the group may not be created
 /// again (`dropped_here`; without the registry too, so that both behave alike).
 pub fn drop_group_on_commit(queue_id: i64, group: &str, partitions: &[pgrx::Uuid]) {
-    DROPPED.with(|d| d.borrow_mut().push((subxact(), queue_id, group.to_string())));
+    DROPPED.with(|d| d.borrow_mut().push((subxact(), (queue_id, group.to_string()))));
     forget_on_commit(partitions.iter().map(|p| key(*p, group)).collect());
 }
 
@@ -104,7 +104,7 @@ pub fn drop_group_on_commit(queue_id: i64, group: &str, partitions: &[pgrx::Uuid
 /// the dropped lanes' state until the drop commits, so a group created again under the
 /// name before that would start from the old cursors (`lookup::ensure_group` refuses).
 pub fn dropped_here(queue_id: i64, group: &str) -> bool {
-    DROPPED.with(|d| d.borrow().iter().any(|(_, q, g)| *q == queue_id && g == group))
+    DROPPED.with(|d| d.borrow().iter().any(|(_, (q, g))| *q == queue_id && g == group))
 }
 
 /// The registry forgets these lanes if the current transaction (or the subtransaction that
@@ -704,7 +704,7 @@ pub fn end(committed: bool) {
 }
 
 /// Hands the entries of subtransaction `sub` (and those inside it) to `parent`.
-fn to_parent(list: &mut [(u32, LaneKey)], sub: u32, parent: u32) {
+fn to_parent<T>(list: &mut [(u32, T)], sub: u32, parent: u32) {
     list.iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent);
 }
 
@@ -729,7 +729,7 @@ pub fn end_subxact(sub: u32, parent: u32, committed: bool) {
     DROPPED.with(|d| {
         let mut d = d.borrow_mut();
         if committed {
-            d.iter_mut().filter(|e| e.0 >= sub).for_each(|e| e.0 = parent);
+            to_parent(&mut d, sub, parent);
         } else {
             d.retain(|e| e.0 < sub);
         }
