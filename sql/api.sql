@@ -156,7 +156,7 @@ BEGIN
      ORDER BY q.name, p.name, l.consumer_group;
 END $$;
 COMMENT ON FUNCTION queen.status(text) IS
-  'queen: per lane — head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters, the end of a running retry backoff, and whether it is paused';
+  'queen: per lane: head, cursor, lag, live lease, batch end, retry and attempt counters, dead letters, the end of a running retry backoff, and whether it is paused';
 
 -- Per-queue totals (docs/functions.md#totals): one row per (queue, consumer group); a queue nobody has
 -- popped yet has one row with consumer_group NULL. One pass over lanes and partitions.
@@ -228,7 +228,7 @@ BEGIN
      ORDER BY q.name, g.consumer_group NULLS FIRST;
 END $$;
 COMMENT ON FUNCTION queen.totals(text) IS
-  'queen: per queue and consumer group — partitions, messages, committed, lag, leased lanes, dead letters, paused';
+  'queen: per queue and consumer group: partitions, messages, committed, lag, leased lanes, dead letters, paused';
 
 -- On Citus (docs/citus.md, src/queue/citus.rs): status, totals and dlq for a queue whose home is
 -- another node forward the call there through these forms, which queen.distribute() makes

@@ -25,6 +25,19 @@
 --   queen_admin     both of the above, and configure, configure_group, create_group,
 --                   drop_group, seek, status, totals, metrics, retain, compact,
 --                   delete_queue, dlq_replay, dlq_delete
+-- queen needs a UTF8 database: its names, transaction ids and error texts are Rust
+-- strings, and the segments store UTF-8 (docs/concepts.md, "Limits"). This file and every
+-- other part of the install script are ASCII (pg_test/sql/encoding.sql checks it), so the
+-- check below is what a database of another encoding meets first.
+DO $encoding$
+BEGIN
+  IF pg_catalog.getdatabaseencoding() <> 'UTF8' THEN
+    RAISE EXCEPTION 'queen: this database''s encoding is %; queen needs a UTF8 database',
+      pg_catalog.getdatabaseencoding()
+      USING ERRCODE = 'feature_not_supported',
+            HINT = 'Create the database with ENCODING ''UTF8'' (from template0 when the template has another encoding).';
+  END IF;
+END $encoding$;
 -- Roles belong to the cluster, not to a database: a second database that installs queen
 -- reuses them, and DROP EXTENSION leaves them (drop them by hand once no database uses
 -- queen). They cannot log in; grant them to application roles.

@@ -214,6 +214,18 @@ fn full(what: &str) -> ! {
     )
 }
 
+/// Refuses (54000) a push of `n` that would pass a partition's last offset
+/// (`queen_core::offsets::LAST_OFFSET`).
+pub fn exhausted(n: i64) -> ! {
+    errors::raise(
+        PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!(
+            "queen: a push of {n} would pass the partition's last offset ({}); push to another partition",
+            queen_core::offsets::LAST_OFFSET
+        ),
+    )
+}
+
 /// Reserves `n` offsets of a partition for the current transaction; returns the first, or
 /// None when the partition is gone (`drop_partition`: the caller looks its target up
 /// again). `writes_all`: every reserved offset will be written (else report them with
@@ -246,6 +258,7 @@ pub fn reserve(
             Err(Refusal::Dropping(vxid)) if vxid == my_vxid() => return None,
             Err(Refusal::Dropping(vxid)) => wait_for(vxid, &mut waited),
             Err(Refusal::Full) => full("every offset reservation is in use (queen.max_reservations)"),
+            Err(Refusal::Exhausted) => exhausted(n),
         }
     }
 }

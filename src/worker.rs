@@ -153,6 +153,7 @@ unsafe extern "C" {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
+    hold_cancels(true);
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
     // SAFETY: this process's pid and latch (in its PGPROC, in shared memory); the exit
@@ -344,6 +345,7 @@ fn installed(client: &mut SpiClient<'_>) -> Installed {
 /// this, so that no step can stop the others.
 fn in_transaction<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Result<R, String> {
     let body = move || {
+        hold_cancels(false);
         // SAFETY: starting a transaction with a snapshot, as BackgroundWorker::transaction
         // does; it is committed below, or rolled back by the caller of the catch.
         unsafe {
@@ -357,10 +359,12 @@ fn in_transaction<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Result<R
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
         }
+        hold_cancels(true);
         Ok(out)
     };
     pgrx::PgTryBuilder::new(body)
         .catch_others(|e| {
+            hold_cancels(true);
             // SAFETY: leaves whatever transaction state the ERROR left, as PostgreSQL's own
             // background workers do after an error (the error state was flushed already).
             unsafe { pg_sys::AbortOutOfAnyTransaction() };
@@ -461,23 +465,31 @@ fn stop_requested() -> bool {
 
 /// Waits on the latch for at most `timeout`; false once the worker was asked to stop.
 fn wait(timeout: Duration) -> bool {
-    // A cancel (`pg_cancel_backend`) that comes while the worker waits has no statement to
-    // cancel: held off, then dropped. Raised here, outside any step, it would end the
-    // worker (a cancel during a step fails that step only). One that lands outside both,
-    // in the worker's start-up or between two steps, still ends it (a new worker comes
-    // about 5 s later).
-    // SAFETY: this process's own interrupt flags, as HOLD_CANCEL_INTERRUPTS does.
-    unsafe { pg_sys::QueryCancelHoldoffCount += 1 };
     let alive = BackgroundWorker::wait_latch(Some(timeout));
-    // SAFETY: as above (RESUME_CANCEL_INTERRUPTS), and the pending cancel is dropped.
-    unsafe {
-        pg_sys::QueryCancelHoldoffCount -= 1;
-        pg_sys::QueryCancelPending = 0;
-    }
     if !alive {
         STOP.with(|s| s.set(true));
     }
     !stop_requested()
+}
+
+/// Whether a cancel (`pg_cancel_backend`) may reach this process now. A queen worker
+/// holds cancels off from its first line (`hold_cancels(true)`) and lets them in only
+/// inside a step (`in_transaction`, the fresh tier's vacuum), where one fails that step
+/// alone. Anywhere else it has no statement to cancel: raised there, outside every catch,
+/// the ERROR would end the worker (and stop the database's maintenance until the next
+/// one starts). A cancel that came while they were held is dropped when a step starts,
+/// and when they are held again.
+///
+/// The hold is set, not counted: an ERROR resets PostgreSQL's count to 0 (`errfinish`),
+/// and steps do not nest.
+fn hold_cancels(held: bool) {
+    // SAFETY: this process's own interrupt flags (HOLD_CANCEL_INTERRUPTS /
+    // RESUME_CANCEL_INTERRUPTS set the count; a pending cancel that is cleared is one
+    // nobody is waiting for).
+    unsafe {
+        pg_sys::QueryCancelPending = 0;
+        pg_sys::QueryCancelHoldoffCount = u32::from(held);
+    }
 }
 
 /// Longest a retention round spends expiring one queue's idle partitions.
@@ -508,6 +520,7 @@ unsafe extern "C-unwind" fn worker_exit(_code: i32, arg: pg_sys::Datum) {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
+    hold_cancels(true);
     let database = arg.value() as u32;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
@@ -739,6 +752,7 @@ fn retention_round(m: &mut Maintenance) {
 /// returned (the next pass vacuums again).
 fn vacuum_fresh_tier() -> Result<(), String> {
     let body = || {
+        hold_cancels(false);
         // SAFETY: this follows autovacuum's call of vacuum(): a transaction is started, the
         // relation list is built in it (vacuum copies it before its first commit), the
         // params live on this stack for the whole call, PortalContext points at a context
@@ -778,10 +792,12 @@ fn vacuum_fresh_tier() -> Result<(), String> {
             pg_sys::PortalContext = std::ptr::null_mut();
             drop(cx);
         }
+        hold_cancels(true);
         Ok(())
     };
     pgrx::PgTryBuilder::new(body)
         .catch_others(|e| {
+            hold_cancels(true);
             // SAFETY: as in `in_transaction`.
             unsafe {
                 pg_sys::AbortOutOfAnyTransaction();

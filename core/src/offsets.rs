@@ -219,7 +219,16 @@ pub enum Refusal {
     /// A transaction is dropping the partition (`begin_drop`): wait for it to end (its
     /// virtual transaction id, backend and local id) and try again.
     Dropping((i32, u32)),
+    /// The reservation would pass `LAST_OFFSET`: the partition takes no more messages.
+    /// Nothing was reserved.
+    Exhausted,
 }
+
+/// The largest offset a partition gives out: 2^62 - 1, which a partition taking a million
+/// messages a second reaches after about 146,000 years. A push past it is refused whole.
+/// It stands well below `i64::MAX` so that a reader may add a batch, a span or another
+/// offset to any offset without overflow.
+pub const LAST_OFFSET: i64 = (1 << 62) - 1;
 
 /// What `begin_load` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -502,7 +511,11 @@ impl<'a> Registry<'a> {
     ) -> Result<i64, Refusal> {
         assert!(n > 0 && owner < self.h.backends, "a backend reserves, never a prepared transaction");
         let s = self.ready_slot(key)?;
-        let (first, end) = (self.slots[s].head + 1, self.slots[s].head + n);
+        let head = self.slots[s].head;
+        let Some(end) = head.checked_add(n).filter(|&end| end <= LAST_OFFSET) else {
+            return Err(Refusal::Exhausted);
+        };
+        let first = head + 1;
         self.extend_or_append(s, key, (first, end), (owner, subxact), writes_all, pushed_at)?;
         fail::point("offsets.reserve");
         let slot = self.slot_mut(s);
@@ -1107,6 +1120,19 @@ mod tests {
         assert_eq!(m.readable(1), Seen::Readable(10), "13 waits for 11..12");
         m.reg().finish(0, true, 0);
         assert_eq!(m.readable(1), Seen::Readable(13));
+    }
+
+    #[test]
+    fn a_reservation_past_the_last_offset_is_refused_whole() {
+        let mut m = Mem::new(4, 8, 4);
+        m.load(1, LAST_OFFSET - 2);
+        assert_eq!(m.reg().reserve(&key(1), 3, 0, 1, true, false, 0), Err(Refusal::Exhausted));
+        assert_eq!(m.reg().reserve(&key(1), i64::MAX, 0, 1, true, false, 0), Err(Refusal::Exhausted));
+        assert_eq!(m.reg().reserve(&key(1), 2, 0, 1, true, false, 0), Ok(LAST_OFFSET - 1));
+        assert_eq!(m.reg().reserve(&key(1), 1, 1, 1, true, false, 0), Err(Refusal::Exhausted));
+        m.reg().finish(0, true, 0);
+        m.reg().finish(1, true, 0);
+        assert_eq!(m.readable(1), Seen::Readable(LAST_OFFSET), "the refused reservations left nothing behind");
     }
 
     #[test]

@@ -36,3 +36,11 @@ SELECT count(*) FROM queen.pop('npc', wait_ms => 50);
 -- Rate limits work without shared memory: their buckets are rows of queen.limit_buckets
 -- (pg_test/sql/rate_limits.sql runs here too).
 SELECT queen.configure_limit('nl', 'g', '*', rate => 1) ->> 'key' AS key;
+
+-- The last offset (2^62 - 1) holds here too: the partition row's head gives the offsets.
+SELECT queen.configure('nptop') IS NOT NULL AS configured;
+INSERT INTO queen.partitions (partition_id, queue_id, name, head)
+  SELECT gen_random_uuid(), queue_id, 'top', 4611686018427387902 FROM queen.queues WHERE name = 'nptop';
+SELECT msg_offset FROM queen.push('nptop', '"the top"', partition => 'top');
+SELECT msg_offset FROM queen.push('nptop', '"past the top"', partition => 'top');
+SELECT msg_offset, payload FROM queen.pop('nptop', batch => 10, partition => 'top', auto_ack => true);

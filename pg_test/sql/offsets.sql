@@ -126,3 +126,19 @@ BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT msg_offset, payload FROM queen.pop('gapq', batch => 1, partition => 'wide_rr', auto_ack => true);
 COMMIT;
 RESET statement_timeout;
+
+-- The last offset (2^62 - 1): a partition whose head stands two below it takes two more
+-- messages, then refuses a push with 54000, whole (a batch that would pass it stores
+-- nothing), and the messages up to it are delivered.
+SELECT queen.configure('topq') IS NOT NULL AS configured;
+INSERT INTO queen.partitions (partition_id, queue_id, name, head)
+  SELECT gen_random_uuid(), queue_id, 'top', 4611686018427387901 FROM queen.queues WHERE name = 'topq';
+SELECT msg_offset FROM queen.push('topq', '"one below the top"', partition => 'top');
+\set VERBOSITY sqlstate
+SELECT count(*) FROM queen.push_batch('topq', '[{"payload": 1, "partition": "top"}, {"payload": 2, "partition": "top"}]');
+\set VERBOSITY default
+SELECT msg_offset FROM queen.push('topq', '"the top"', partition => 'top');
+SELECT msg_offset FROM queen.push('topq', '"past the top"', partition => 'top');
+SELECT msg_offset, payload FROM queen.pop('topq', batch => 10, partition => 'top', auto_ack => true);
+SELECT msg_offset, payload FROM queen.pop('topq', batch => 10, partition => 'top', auto_ack => true);
+SELECT lag FROM queen.status('topq');

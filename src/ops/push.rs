@@ -516,6 +516,9 @@ fn reserve(
          RETURNING p.head",
         &[partition_id.into(), n.into()],
     ))?;
+    if head > queen_core::offsets::LAST_OFFSET {
+        crate::offsets::exhausted(n);
+    }
     Some(head - n + 1)
 }
 

@@ -200,36 +200,75 @@ fn a_role_that_may_not_run_a_statement_cannot_stop_the_worker_with_it() {
     drop_database(&db);
 }
 
+/// Sends `pg_cancel_backend(pid)` as fast as one connection can (about one each 0.1 to
+/// 1 ms) for `how_long`, pushing a message to `c`'s database after every tenth (work for
+/// the worker's steps); returns how many were sent.
+fn cancel_for(admin: &mut Client, c: &mut Client, pid: i32, how_long: Duration) -> usize {
+    let until = Instant::now() + how_long;
+    let mut sent = 0;
+    while Instant::now() < until {
+        admin.execute("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+        sent += 1;
+        if sent % 10 == 0 {
+            c.execute(
+                "SELECT count(*) FROM queen.push('w', '1', partition => 'p' || ($1::int % 7))",
+                &[&(sent as i32)],
+            )
+            .unwrap();
+        }
+    }
+    sent
+}
+
+fn running(admin: &mut Client, pid: i32) -> bool {
+    admin.query_one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", &[&pid]).unwrap().get(0)
+}
+
 #[test]
-fn a_cancel_between_steps_does_not_end_the_worker() {
+fn a_cancel_at_any_moment_does_not_end_the_worker() {
     // An operator cancelling "a slow compaction" with pg_cancel_backend may hit the worker
-    // while it waits for its next round: that must fail nothing, least of all the worker.
-    // (Cancels are sent while it waits: one that lands between steps outside the wait,
-    // as in its start-up, still ends it; see the note in worker.rs `wait`.)
-    let (db, c) = database_with(&[]);
+    // anywhere: inside a step (that step fails, and is tried again later), while it waits,
+    // between two steps, or in its start-up. None of those may end it: its database's
+    // maintenance would stop until the launcher starts another.
+    let (db, mut c) = database_with(&[]);
+    c.batch_execute(
+        "SELECT count(*) FROM generate_series(1, 20) i, LATERAL queen.push('w', '1', partition => 'p' || i);
+         SELECT count(*) FROM queen.pop('w', batch => 5, max_partitions => 5, auto_ack => true);",
+    )
+    .unwrap();
     let mut admin = connect();
     let pid = worker_pid(&mut admin, &db);
-    let mut sent = 0;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sent < 10 {
-        assert!(Instant::now() < deadline, "the worker was never seen waiting");
-        let waiting: bool = admin
-            .query_one(
-                "SELECT coalesce(wait_event_type = 'Extension', false) FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
+    let sent = cancel_for(&mut admin, &mut c, pid, Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(running(&mut admin, pid), "the running worker ended on one of {sent} cancels");
+    // A new worker, cancelled from the moment it shows up (its start-up).
+    admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let new = loop {
+        let r = admin
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'queen maintenance' AND datname = $1 AND pid <> $2",
+                &[&db, &pid],
             )
-            .unwrap()
-            .get(0);
-        if waiting {
-            admin.execute("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
-            sent += 1;
+            .unwrap();
+        if let Some(r) = r {
+            break r.get::<_, i32>(0);
         }
-        std::thread::sleep(Duration::from_millis(50));
+        assert!(Instant::now() < deadline, "no new worker");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let sent = cancel_for(&mut admin, &mut c, new, Duration::from_secs(2));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(running(&mut admin, new), "a starting worker ended on one of {sent} cancels");
+    assert_eq!(metric(&mut c, "maintenance_worker_running"), 1.0);
+    // And it still works: a journal round runs after the cancels.
+    let runs = metric(&mut c, "maintenance_journal_runs");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(&mut c, "maintenance_journal_runs") <= runs {
+        assert!(Instant::now() < deadline, "no journal round after the cancels");
+        std::thread::sleep(Duration::from_millis(200));
     }
-    std::thread::sleep(Duration::from_secs(1));
-    let alive: bool =
-        admin.query_one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", &[&pid]).unwrap().get(0);
-    assert!(alive, "the worker ended on a cancel");
+    assert!(running(&mut admin, new));
     drop(c);
     drop_database(&db);
 }
