@@ -31,6 +31,8 @@ RESET client_min_messages;
 
 -- The install script is ASCII, so the check above is what any encoding meets first (a
 -- character that the database's encoding cannot hold would fail the whole script before it).
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS queen;
+RESET client_min_messages;
 SELECT pg_read_file(s.setting || '/extension/queen--' || e.extversion || '.sql') ~ '[^[:ascii:]]' AS not_ascii
   FROM pg_config s, pg_extension e WHERE s.name = 'SHAREDIR' AND e.extname = 'queen';
