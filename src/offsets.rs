@@ -181,11 +181,15 @@ fn my_vxid() -> (i32, u32) {
     unsafe { ((*pg_sys::MyProc).backendId, (*pg_sys::MyProc).lxid) }
 }
 
-/// Another backend is loading a partition: give it a moment.
-fn wait_for_load() {
-    // SAFETY: a plain sleep; interrupts are checked right after.
-    unsafe { pg_sys::pg_usleep(100) };
-    pgrx::check_for_interrupts!();
+/// Another backend is loading a partition: wait for its load (in the lock manager,
+/// `LoadLock`), or, when its load lock is not held (taken just now or about to go), give
+/// it a moment.
+fn wait_for_load(partition_id: pgrx::Uuid) {
+    if !crate::pg::locks::LoadLock::partition(partition_id).wait() {
+        // SAFETY: a plain sleep; interrupts are checked right after.
+        unsafe { pg_sys::pg_usleep(100) };
+        pgrx::check_for_interrupts!();
+    }
 }
 
 /// Waits, in the lock manager (so that deadlocks are detected), for a virtual
@@ -253,7 +257,7 @@ pub fn reserve(
                     return None;
                 }
             }
-            Err(Refusal::Loading) => wait_for_load(),
+            Err(Refusal::Loading) => wait_for_load(partition_id),
             // This transaction dropped it: it is gone for this push.
             Err(Refusal::Dropping(vxid)) if vxid == my_vxid() => return None,
             Err(Refusal::Dropping(vxid)) => wait_for(vxid, &mut waited),
@@ -335,7 +339,7 @@ pub fn readable(partition_id: pgrx::Uuid) -> i64 {
     loop {
         match with_view(|v| v.readable_for(&key, me)) {
             Seen::Readable(end) => return end,
-            Seen::Loading => wait_for_load(),
+            Seen::Loading => wait_for_load(partition_id),
             Seen::Unknown => {
                 if !Spi::connect_mut(|client| load(client, partition_id)) {
                     return Spi::connect_mut(|client| stored_ends(client, partition_id).readable);
@@ -353,9 +357,14 @@ pub fn readable(partition_id: pgrx::Uuid) -> i64 {
 fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> bool {
     let key = key(partition_id);
     let me = owner();
-    match with_registry(|r| r.begin_load(&key, me)) {
-        Load::Ready => {}
-        Load::Loading => wait_for_load(),
+    let lock = crate::pg::locks::LoadLock::partition(partition_id);
+    lock.holding(|| match with_registry(|r| r.begin_load(&key, me)) {
+        Load::Ready => true,
+        // Only a backend that does not take the load lock (none does) could be loading it.
+        Load::Loading => {
+            wait_for_load(partition_id);
+            true
+        }
         Load::Full => full("every tracked partition has pushes in flight (queen.tracked_partitions)"),
         Load::Mine => {
             LOADING.with(|l| l.set(Some(key)));
@@ -367,10 +376,9 @@ fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> bool {
                 with_registry(|r| r.abandon_load(&key, me));
             }
             LOADING.with(|l| l.set(None));
-            return e.exists;
+            e.exists
         }
-    }
-    true
+    })
 }
 
 /// Waits for the prepared transactions of this database that the registry does not know
@@ -521,7 +529,7 @@ pub fn begin_drop(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> Resul
                     return Ok(()); // gone already
                 }
             }
-            Err(DropRefusal::Loading) => wait_for_load(),
+            Err(DropRefusal::Loading) => wait_for_load(partition_id),
             Err(DropRefusal::Dropping(other)) => wait_for(other, &mut waited),
             Err(DropRefusal::InFlight) => return Err(DropBusy::InFlight),
         }

@@ -37,6 +37,19 @@
 //!
 //! Group creation is serialized by a second heavyweight lock, keyed by (queue id, group
 //! name), taken without waiting: [`group_key`] gives its key.
+//!
+//! Outside this order, and holding nothing else new meanwhile: the **load lock** of a
+//! registry entry (an `object` lock whose `classid` is `queen.partitions` for a
+//! partition's offsets, `queen.lanes` for a lane; [`load_key`] gives its key). A backend
+//! that brings the entry into shared memory holds it exclusively from before it claims
+//! the load until the load ends, whatever it holds already; one that finds the entry
+//! loading waits for it in share mode and lets it go at once. The loader waits for
+//! nothing of queen's while it holds it (its reads take only relation locks that queen's
+//! calls never block), so it adds no cycle among queen's calls. Its point is that a wait
+//! for a load is in the lock manager: when a loader's read queues behind a statement that
+//! waits for the waiting backend (a DBA's `VACUUM FULL` of a table the waiter wrote),
+//! the deadlock detector sees the cycle and breaks it, usually by letting the loader's
+//! read go first. A wait outside the lock manager would hang there for good.
 
 /// The key of the lock that serializes the creation of one consumer group: 48 bits of a
 /// SHA-256 of the queue id and the group name. Two groups share a key with probability
@@ -46,6 +59,21 @@ pub fn group_key(queue_id: i64, group: &str) -> (u32, u16) {
     let mut h = Sha256::new();
     h.update(queue_id.to_le_bytes());
     h.update(group.as_bytes());
+    let d = h.finalize();
+    (u32::from_le_bytes([d[0], d[1], d[2], d[3]]), u16::from_le_bytes([d[4], d[5]]))
+}
+
+/// The key of a registry entry's load lock: 48 bits of a SHA-256 of the entry's key
+/// (`parts`: the partition id; or the partition id and the group name). Two entries share
+/// a key with probability 2^-48; if they did, a backend would wait for the other entry's
+/// load as well, never skip its own.
+pub fn load_key(parts: &[&[u8]]) -> (u32, u16) {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
     let d = h.finalize();
     (u32::from_le_bytes([d[0], d[1], d[2], d[3]]), u16::from_le_bytes([d[4], d[5]]))
 }
@@ -69,6 +97,17 @@ mod tests {
         // Names that differ only where a naive hash (sum, xor) would collide.
         assert_ne!(group_key(1, "ab"), group_key(1, "ba"));
         let keys: HashSet<_> = (0..20_000).map(|i| group_key(7, &format!("group-{i}"))).collect();
+        assert_eq!(keys.len(), 20_000);
+    }
+
+    #[test]
+    fn load_keys_are_stable_and_spread() {
+        let pid = [7u8; 16];
+        assert_eq!(load_key(&[&pid]), load_key(&[&pid]));
+        assert_ne!(load_key(&[&pid]), load_key(&[&pid, b"g"]));
+        // The parts are delimited: moving a byte from one part to the next is another key.
+        assert_ne!(load_key(&[b"ab", b"c"]), load_key(&[b"a", b"bc"]));
+        let keys: HashSet<_> = (0..20_000u32).map(|i| load_key(&[&pid, format!("g{i}").as_bytes()])).collect();
         assert_eq!(keys.len(), 20_000);
     }
 

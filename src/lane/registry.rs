@@ -248,7 +248,7 @@ pub fn view(partition_id: pgrx::Uuid, group: &str) -> (State, bool) {
     loop {
         match with_view(|v| v.lane(&k)) {
             Seen::Ready(s, h) => return (s, h.is_some_and(|h| h.owner != mine)),
-            Seen::Loading => wait_a_moment(),
+            Seen::Loading => wait_for_load(partition_id, group),
             Seen::Unknown => {
                 if !load(partition_id, group) {
                     return (State::default(), true);
@@ -281,7 +281,7 @@ pub fn lane_committed(partition_id: pgrx::Uuid, group: &str) -> State {
     loop {
         match with_view(|v| v.committed(&k, mine)) {
             Seen::Ready(s, _) => return s,
-            Seen::Loading => wait_a_moment(),
+            Seen::Loading => wait_for_load(partition_id, group),
             Seen::Unknown => {
                 if !load(partition_id, group) {
                     return State::default();
@@ -317,10 +317,15 @@ pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
     with_view(|v| v.lease(lease_id.as_bytes(), db))
 }
 
-fn wait_a_moment() {
-    // SAFETY: a plain sleep; interrupts are checked right after.
-    unsafe { pg_sys::pg_usleep(100) };
-    pgrx::check_for_interrupts!();
+/// Another backend is loading a lane: wait for its load (in the lock manager,
+/// `LoadLock`), or, when its load lock is not held (taken just now or about to go), give
+/// it a moment.
+fn wait_for_load(partition_id: pgrx::Uuid, group: &str) {
+    if !crate::pg::locks::LoadLock::lane(partition_id, group).wait() {
+        // SAFETY: a plain sleep; interrupts are checked right after.
+        unsafe { pg_sys::pg_usleep(100) };
+        pgrx::check_for_interrupts!();
+    }
 }
 
 /// Brings a lane into the registry from the database: `queen.lanes`, and the newest
@@ -329,9 +334,14 @@ fn wait_a_moment() {
 fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
     let k = key(partition_id, group);
     let me = owner();
-    match with_registry(|r| r.begin_load(&k, me, crate::pg::clock::clock_now())) {
-        Load::Ready => {}
-        Load::Loading => wait_a_moment(),
+    let lock = crate::pg::locks::LoadLock::lane(partition_id, group);
+    lock.holding(|| match with_registry(|r| r.begin_load(&k, me, crate::pg::clock::clock_now())) {
+        Load::Ready => true,
+        // Only a backend that does not take the load lock (none does) could be loading it.
+        Load::Loading => {
+            wait_for_load(partition_id, group);
+            true
+        }
         Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
         Load::Mine => {
             LOADING.with(|l| l.set(Some(k)));
@@ -343,9 +353,9 @@ fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
             let now = crate::pg::clock::clock_now();
             with_registry(|r| r.finish_load(&k, me, state, Some((queue_id, group)), now));
             LOADING.with(|l| l.set(None));
+            true
         }
-    }
-    true
+    })
 }
 
 /// Without the registry, on a standby (`shmem::in_recovery`) of a primary that had it: the
@@ -499,7 +509,7 @@ pub fn lock(partition_id: pgrx::Uuid, group: &str, wait: bool) -> Option<State> 
                     return None; // no such lane (its group was dropped)
                 }
             }
-            Err(Busy::Loading) => wait_a_moment(),
+            Err(Busy::Loading) => wait_for_load(partition_id, group),
             Err(Busy::Held(_)) if !wait => return None,
             Err(Busy::Held(h)) if waited == Some((h.vxid_backend, h.vxid_local)) => {
                 // SAFETY: a plain sleep (10 ms); interrupts are checked right after.

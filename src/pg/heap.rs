@@ -8,10 +8,12 @@
 //! inserts the heap tuples and their index entries the way PostgreSQL's own catalog code
 //! does (`CatalogTupleInsert`): `heap_insert` (which WAL-logs, TOASTs and counts the row),
 //! then `index_insert` into every index with the uniqueness check. Nothing the executor
-//! would add applies to these internal tables: they have no triggers, constraints beyond
-//! NOT NULL (never violated here), expression or partial indexes, partitions of their own
-//! or row security. If an index ever has expressions or a predicate, or the table has not
-//! the columns given, `insert_rows` reports that it did nothing and the caller uses SQL.
+//! would add applies to these internal tables as queen creates them: no triggers,
+//! constraints beyond NOT NULL (never violated here), expression, partial or exclusion
+//! indexes, deferred uniqueness, partitions of their own or row security. A DBA may add
+//! some of those (an audit or replication trigger, a CHECK, row security): then, as when
+//! the table has not the columns given, `insert_rows` reports that it did nothing and the
+//! caller uses SQL, whose executor honours them.
 
 use pgrx::pg_sys;
 use pgrx::IntoDatum;
@@ -103,8 +105,9 @@ impl Target {
     const LOCK: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
 
     /// Opens `relid` and its indexes under RowExclusiveLock; None (with all closed again)
-    /// when its columns are not `types`, or its indexes are too many or one has
-    /// expressions or a predicate.
+    /// when its columns are not `types`; it has triggers, CHECK constraints or row
+    /// security; or its indexes are too many, or one has expressions, a predicate, an
+    /// exclusion constraint or deferred uniqueness.
     ///
     /// # Safety
     /// Inside a transaction; `relid` names a plain table.
@@ -118,9 +121,13 @@ impl Target {
             let list = pg_sys::RelationGetIndexList(rel);
             let count = if list.is_null() { 0 } else { (*list).length as usize };
             let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+            let constr = (*desc).constr;
             let fits = count <= MAX_INDEXES
                 && attrs.len() == N
-                && attrs.iter().zip(types).all(|(a, t)| !a.attisdropped && a.atttypid == t);
+                && attrs.iter().zip(types).all(|(a, t)| !a.attisdropped && a.atttypid == t)
+                && (*rel).trigdesc.is_null()
+                && (constr.is_null() || (*constr).num_check == 0)
+                && !(*(*rel).rd_rel).relrowsecurity;
             let mut target =
                 Target { rel, indexes: [(std::ptr::null_mut(), std::ptr::null_mut()); MAX_INDEXES], count: 0 };
             if fits {
@@ -133,10 +140,12 @@ impl Target {
             if !list.is_null() {
                 pg_sys::list_free(list);
             }
-            let plain = target
-                .opened()
-                .iter()
-                .all(|&(_, info)| (*info).ii_Expressions.is_null() && (*info).ii_Predicate.is_null());
+            let plain = target.opened().iter().all(|&(irel, info)| {
+                (*info).ii_Expressions.is_null()
+                    && (*info).ii_Predicate.is_null()
+                    && (*info).ii_ExclusionOps.is_null()
+                    && (*(*irel).rd_index).indimmediate
+            });
             if !fits || !plain {
                 target.close(Self::LOCK);
                 return None;

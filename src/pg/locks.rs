@@ -1,12 +1,12 @@
-//! queen's heavyweight locks, in the order `queen_core::lock_order` sets: the queue lock
-//! and the group-creation lock. Both are lock-manager locks on tags that only queen
+//! queen's heavyweight locks, in the order `queen_core::lock_order` sets: the queue lock,
+//! the lane-creation lock and the group-creation lock; and the registries' load locks. Both are lock-manager locks on tags that only queen
 //! builds (object locks whose class is one of queen's own tables, which no DDL and no
 //! SQL function can take), so no other role can hold or block them, and the deadlock
 //! detector sees every wait on them.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use queen_core::lock_order::{group_key, queue_key};
+use queen_core::lock_order::{group_key, load_key, queue_key};
 
 fn object_tag(class: pg_sys::Oid, objid: u32, sub: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
@@ -148,6 +148,50 @@ pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
         pg_sys::AccessExclusiveLock,
         wait,
     ))
+}
+
+/// The load lock of a registry entry (`queen_core::lock_order`, after the list): held
+/// exclusively by the backend that loads the entry, waited for in share mode by one that
+/// finds it loading. Both waits are in the lock manager, where the deadlock detector sees
+/// them.
+pub struct LoadLock(pg_sys::LOCKTAG);
+
+impl LoadLock {
+    /// A partition's entry in the offset registry.
+    pub fn partition(partition_id: pgrx::Uuid) -> Self {
+        let (objid, sub) = load_key(&[partition_id.as_bytes()]);
+        LoadLock(object_tag(crate::pg::catalog::queen_table(c"partitions"), objid, sub))
+    }
+
+    /// A lane's entry in the lane registry.
+    pub fn lane(partition_id: pgrx::Uuid, group: &str) -> Self {
+        let (objid, sub) = load_key(&[partition_id.as_bytes(), group.as_bytes()]);
+        LoadLock(object_tag(crate::pg::catalog::queen_table(c"lanes"), objid, sub))
+    }
+
+    /// Runs `load` holding the lock exclusively: after another backend's load of the
+    /// entry (or of one sharing its key) ends. An ERROR in `load` lets it go with the
+    /// (sub)transaction.
+    pub fn holding<R>(&self, load: impl FnOnce() -> R) -> R {
+        acquire(&self.0, pg_sys::ExclusiveLock, true);
+        let out = load();
+        self.release(pg_sys::ExclusiveLock);
+        out
+    }
+
+    /// Waits for the backend that loads the entry, if one holds the lock now. False when
+    /// nobody did (a load about to begin, or just over): the caller then waits a moment.
+    pub fn wait(&self) -> bool {
+        let waited = acquire(&self.0, pg_sys::ShareLock, true) == Took::Waited;
+        self.release(pg_sys::ShareLock);
+        waited
+    }
+
+    fn release(&self, mode: u32) {
+        // SAFETY: releases one hold of a lock `acquire` took in this (sub)transaction in
+        // `mode` (LockRelease counts holds, so an earlier hold of the same lock stays).
+        unsafe { pg_sys::LockRelease(&self.0, mode as pg_sys::LOCKMODE, false) };
+    }
 }
 
 extension_sql!(
