@@ -18,13 +18,6 @@
 --   * A pop claims lanes with FOR UPDATE SKIP LOCKED: it never waits on another's lane.
 --   * An ack locks only the lanes of its lease, in partition_id order.
 
--- Roles (docs/functions.md, "Privileges"): the extension ships its privileges as three
--- roles, and each API function grants EXECUTE to one of them where it is defined.
---   queen_producer  push, push_batch
---   queen_consumer  pop, ack, extend_lease, may_start, dlq
---   queen_admin     both of the above, and configure, configure_group, create_group,
---                   drop_group, seek, status, totals, metrics, retain, compact,
---                   delete_queue, dlq_replay, dlq_delete
 -- queen needs a UTF8 database: its names, transaction ids and error texts are Rust
 -- strings, and the segments store UTF-8 (docs/concepts.md, "Limits"). This file and every
 -- other part of the install script are ASCII (pg_test/sql/encoding.sql checks it), so the
@@ -38,6 +31,14 @@ BEGIN
             HINT = 'Create the database with ENCODING ''UTF8'' (from template0 when the template has another encoding).';
   END IF;
 END $encoding$;
+
+-- Roles (docs/functions.md, "Privileges"): the extension ships its privileges as three
+-- roles, and each API function grants EXECUTE to one of them where it is defined.
+--   queen_producer  push, push_batch
+--   queen_consumer  pop, ack, extend_lease, may_start, dlq
+--   queen_admin     both of the above, and configure, configure_group, create_group,
+--                   drop_group, seek, status, totals, metrics, retain, compact,
+--                   delete_queue, dlq_replay, dlq_delete
 -- Roles belong to the cluster, not to a database: a second database that installs queen
 -- reuses them, and DROP EXTENSION leaves them (drop them by hand once no database uses
 -- queen). They cannot log in; grant them to application roles.

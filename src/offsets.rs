@@ -31,12 +31,13 @@ use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
 use queen_core::fail;
 use queen_core::offsets::{
-    part_key, DropRefusal, Header, Layout, Load, PartKey, Record, Refusal, Registry, Seen, Slot, View,
+    part_key, DropRefusal, Header, Layout, Load, PartKey, Record, Refusal, Registry, Seen, Slot, View, LAST_OFFSET,
 };
 
 use crate::pg::clock::clock_now;
 use crate::pg::deferred;
 use crate::pg::errors;
+use crate::pg::locks::LoadLock;
 use crate::pg::settings;
 use crate::pg::shmem::{owner, subxact, Parts, Region};
 
@@ -181,15 +182,9 @@ fn my_vxid() -> (i32, u32) {
     unsafe { ((*pg_sys::MyProc).backendId, (*pg_sys::MyProc).lxid) }
 }
 
-/// Another backend is loading a partition: wait for its load (in the lock manager,
-/// `LoadLock`), or, when its load lock is not held (taken just now or about to go), give
-/// it a moment.
+/// Another backend is loading a partition: wait for its load (`LoadLock::wait`).
 fn wait_for_load(partition_id: pgrx::Uuid) {
-    if !crate::pg::locks::LoadLock::partition(partition_id).wait() {
-        // SAFETY: a plain sleep; interrupts are checked right after.
-        unsafe { pg_sys::pg_usleep(100) };
-        pgrx::check_for_interrupts!();
-    }
+    LoadLock::partition(partition_id).wait();
 }
 
 /// Waits, in the lock manager (so that deadlocks are detected), for a virtual
@@ -219,13 +214,13 @@ fn full(what: &str) -> ! {
 }
 
 /// Refuses (54000) a push of `n` that would pass a partition's last offset
-/// (`queen_core::offsets::LAST_OFFSET`).
+/// (`queen_core::offsets::reservation_end`).
 pub fn exhausted(n: i64) -> ! {
     errors::raise(
         PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         format!(
             "queen: a push of {n} would pass the partition's last offset ({}); push to another partition",
-            queen_core::offsets::LAST_OFFSET
+            LAST_OFFSET
         ),
     )
 }
@@ -357,10 +352,9 @@ pub fn readable(partition_id: pgrx::Uuid) -> i64 {
 fn load(client: &mut SpiClient<'_>, partition_id: pgrx::Uuid) -> bool {
     let key = key(partition_id);
     let me = owner();
-    let lock = crate::pg::locks::LoadLock::partition(partition_id);
-    lock.holding(|| match with_registry(|r| r.begin_load(&key, me)) {
+    LoadLock::partition(partition_id).holding(|| match with_registry(|r| r.begin_load(&key, me)) {
         Load::Ready => true,
-        // Only a backend that does not take the load lock (none does) could be loading it.
+        // A load another backend abandoned, its end deferred (`LoadLock::wait`).
         Load::Loading => {
             wait_for_load(partition_id);
             true

@@ -153,7 +153,7 @@ unsafe extern "C" {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn queen_launcher_main(_arg: pg_sys::Datum) {
-    hold_cancels(true);
+    hold_cancels();
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
     // SAFETY: this process's pid and latch (in its PGPROC, in shared memory); the exit
@@ -340,14 +340,12 @@ fn installed(client: &mut SpiClient<'_>) -> Installed {
     }
 }
 
-/// Runs `f` in a transaction of its own. An ERROR (or a panic) is caught: the transaction
-/// is rolled back and the error's message returned. The worker calls every step through
-/// this, so that no step can stop the others.
+/// Runs `f` in a transaction of its own, as a step (`run_step`). The worker calls every
+/// step through this (or `run_step` itself), so that no step can stop the others.
 fn in_transaction<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Result<R, String> {
-    let body = move || {
-        hold_cancels(false);
+    run_step(move || {
         // SAFETY: starting a transaction with a snapshot, as BackgroundWorker::transaction
-        // does; it is committed below, or rolled back by the caller of the catch.
+        // does; it is committed below, or rolled back by `run_step`'s catch.
         unsafe {
             pg_sys::SetCurrentStatementStartTimestamp();
             pg_sys::StartTransactionCommand();
@@ -359,15 +357,30 @@ fn in_transaction<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> Result<R
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
         }
-        hold_cancels(true);
+        out
+    })
+}
+
+/// Runs `body`, one step of the worker's, with cancels let in (`hold_cancels`). An ERROR
+/// (or a panic) is caught: whatever transaction it left is rolled back, and its message
+/// returned.
+fn run_step<R>(body: impl FnOnce() -> R + std::panic::UnwindSafe) -> Result<R, String> {
+    let body = move || {
+        let_cancels_in();
+        let out = body();
+        hold_cancels();
         Ok(out)
     };
     pgrx::PgTryBuilder::new(body)
         .catch_others(|e| {
-            hold_cancels(true);
+            hold_cancels();
             // SAFETY: leaves whatever transaction state the ERROR left, as PostgreSQL's own
-            // background workers do after an error (the error state was flushed already).
-            unsafe { pg_sys::AbortOutOfAnyTransaction() };
+            // background workers do after an error (the error state was flushed already);
+            // a VACUUM's portal context (`vacuum_fresh_tier`) is gone with it.
+            unsafe {
+                pg_sys::AbortOutOfAnyTransaction();
+                pg_sys::PortalContext = std::ptr::null_mut();
+            }
             Err(match e {
                 pg_sys::panic::CaughtError::PostgresError(r)
                 | pg_sys::panic::CaughtError::ErrorReport(r)
@@ -472,23 +485,32 @@ fn wait(timeout: Duration) -> bool {
     !stop_requested()
 }
 
-/// Whether a cancel (`pg_cancel_backend`) may reach this process now. A queen worker
-/// holds cancels off from its first line (`hold_cancels(true)`) and lets them in only
-/// inside a step (`in_transaction`, the fresh tier's vacuum), where one fails that step
-/// alone. Anywhere else it has no statement to cancel: raised there, outside every catch,
-/// the ERROR would end the worker (and stop the database's maintenance until the next
-/// one starts). A cancel that came while they were held is dropped when a step starts,
-/// and when they are held again.
+/// A queen worker holds cancels (`pg_cancel_backend`) off from its first line, and lets
+/// them in only inside a step (`run_step`), where one fails that step alone. Anywhere else it
+/// has no statement to cancel: raised there, outside every catch (in its start-up, between
+/// two steps, or in the WARNING that reports a failed step), the ERROR would end the worker
+/// and stop the database's maintenance until the launcher starts another. The launcher,
+/// which has no steps, holds them off for good. A cancel that came while they were held is
+/// dropped when a step starts, and when they are held again.
 ///
 /// The hold is set, not counted: an ERROR resets PostgreSQL's count to 0 (`errfinish`),
 /// and steps do not nest.
-fn hold_cancels(held: bool) {
+fn hold_cancels() {
+    set_cancel_holdoff(1);
+}
+
+/// Lets cancels in, for a step (`hold_cancels`).
+fn let_cancels_in() {
+    set_cancel_holdoff(0);
+}
+
+fn set_cancel_holdoff(count: u32) {
     // SAFETY: this process's own interrupt flags (HOLD_CANCEL_INTERRUPTS /
     // RESUME_CANCEL_INTERRUPTS set the count; a pending cancel that is cleared is one
     // nobody is waiting for).
     unsafe {
         pg_sys::QueryCancelPending = 0;
-        pg_sys::QueryCancelHoldoffCount = u32::from(held);
+        pg_sys::QueryCancelHoldoffCount = count;
     }
 }
 
@@ -520,7 +542,7 @@ unsafe extern "C-unwind" fn worker_exit(_code: i32, arg: pg_sys::Datum) {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
-    hold_cancels(true);
+    hold_cancels();
     let database = arg.value() as u32;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(database)), None);
@@ -751,8 +773,7 @@ fn retention_round(m: &mut Maintenance) {
 /// portal memory context for VACUUM's cross-transaction state. An ERROR is caught and
 /// returned (the next pass vacuums again).
 fn vacuum_fresh_tier() -> Result<(), String> {
-    let body = || {
-        hold_cancels(false);
+    run_step(|| {
         // SAFETY: this follows autovacuum's call of vacuum(): a transaction is started, the
         // relation list is built in it (vacuum copies it before its first commit), the
         // params live on this stack for the whole call, PortalContext points at a context
@@ -792,24 +813,7 @@ fn vacuum_fresh_tier() -> Result<(), String> {
             pg_sys::PortalContext = std::ptr::null_mut();
             drop(cx);
         }
-        hold_cancels(true);
-        Ok(())
-    };
-    pgrx::PgTryBuilder::new(body)
-        .catch_others(|e| {
-            hold_cancels(true);
-            // SAFETY: as in `in_transaction`.
-            unsafe {
-                pg_sys::AbortOutOfAnyTransaction();
-                pg_sys::PortalContext = std::ptr::null_mut();
-            }
-            Err(match e {
-                pg_sys::panic::CaughtError::PostgresError(r)
-                | pg_sys::panic::CaughtError::ErrorReport(r)
-                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
-            })
-        })
-        .execute()
+    })
 }
 
 /// How often a compaction pass lists every partition of the fresh tier from the table (a

@@ -43,24 +43,27 @@
 //! partition's offsets, `queen.lanes` for a lane; [`load_key`] gives its key). A backend
 //! that brings the entry into shared memory holds it exclusively from before it claims
 //! the load until the load ends, whatever it holds already; one that finds the entry
-//! loading waits for it in share mode and lets it go at once. The loader waits for
-//! nothing of queen's while it holds it (its reads take only relation locks that queen's
-//! calls never block), so it adds no cycle among queen's calls. Its point is that a wait
-//! for a load is in the lock manager: when a loader's read queues behind a statement that
-//! waits for the waiting backend (a DBA's `VACUUM FULL` of a table the waiter wrote),
-//! the deadlock detector sees the cycle and breaks it, usually by letting the loader's
-//! read go first. A wait outside the lock manager would hang there for good.
+//! loading waits for it in share mode and lets it go at once. While it holds it, a loader
+//! waits only for prepared transactions (which wait for nothing) and for relation locks
+//! that strong statements take: the worker's rotation and journal swap (which give up
+//! after a short `lock_timeout`, or do not wait), a `queen.retain()` whose rotation holds
+//! its tables until the caller's transaction ends, and a DBA's statement. Every wait it
+//! can make is in the lock manager, and so is every wait for it: a cycle through a load
+//! (a loader's read queued behind a DBA's `VACUUM FULL` of a table the waiter wrote, or
+//! behind a `retain()` followed by a push in one transaction) is one the deadlock detector
+//! sees and breaks, by letting the loader's read go first when it can, else by failing
+//! one of them (`40P01`). A wait outside the lock manager would hang there for good.
+
+use sha2::{Digest, Sha256};
 
 /// The key of the lock that serializes the creation of one consumer group: 48 bits of a
 /// SHA-256 of the queue id and the group name. Two groups share a key with probability
 /// 2^-48; if they ever did, one creation would be retried by the next pop, not lost.
 pub fn group_key(queue_id: i64, group: &str) -> (u32, u16) {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(queue_id.to_le_bytes());
-    h.update(group.as_bytes());
-    let d = h.finalize();
-    (u32::from_le_bytes([d[0], d[1], d[2], d[3]]), u16::from_le_bytes([d[4], d[5]]))
+    key48(|h| {
+        h.update(queue_id.to_le_bytes());
+        h.update(group.as_bytes());
+    })
 }
 
 /// The key of a registry entry's load lock: 48 bits of a SHA-256 of the entry's key
@@ -68,12 +71,19 @@ pub fn group_key(queue_id: i64, group: &str) -> (u32, u16) {
 /// a key with probability 2^-48; if they did, a backend would wait for the other entry's
 /// load as well, never skip its own.
 pub fn load_key(parts: &[&[u8]]) -> (u32, u16) {
-    use sha2::{Digest, Sha256};
+    key48(|h| {
+        for p in parts {
+            h.update((p.len() as u64).to_le_bytes());
+            h.update(p);
+        }
+    })
+}
+
+/// An object lock's key (object id and sub-id): the first 48 bits of a SHA-256 of what
+/// `feed` writes.
+fn key48(feed: impl FnOnce(&mut Sha256)) -> (u32, u16) {
     let mut h = Sha256::new();
-    for p in parts {
-        h.update((p.len() as u64).to_le_bytes());
-        h.update(p);
-    }
+    feed(&mut h);
     let d = h.finalize();
     (u32::from_le_bytes([d[0], d[1], d[2], d[3]]), u16::from_le_bytes([d[4], d[5]]))
 }

@@ -219,8 +219,8 @@ pub enum Refusal {
     /// A transaction is dropping the partition (`begin_drop`): wait for it to end (its
     /// virtual transaction id, backend and local id) and try again.
     Dropping((i32, u32)),
-    /// The reservation would pass `LAST_OFFSET`: the partition takes no more messages.
-    /// Nothing was reserved.
+    /// The reservation would pass `LAST_OFFSET` (`reservation_end`). Nothing was
+    /// reserved; a smaller one may still fit.
     Exhausted,
 }
 
@@ -229,6 +229,13 @@ pub enum Refusal {
 /// It stands well below `i64::MAX` so that a reader may add a batch, a span or another
 /// offset to any offset without overflow.
 pub const LAST_OFFSET: i64 = (1 << 62) - 1;
+
+/// The last offset of a reservation of `n` after `head`, or None when it would pass
+/// `LAST_OFFSET` (the push is then refused whole). Both ways of reserving use it: the
+/// registry's, and the partition row's without preloading.
+pub fn reservation_end(head: i64, n: i64) -> Option<i64> {
+    head.checked_add(n).filter(|&end| end <= LAST_OFFSET)
+}
 
 /// What `begin_load` decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -512,9 +519,7 @@ impl<'a> Registry<'a> {
         assert!(n > 0 && owner < self.h.backends, "a backend reserves, never a prepared transaction");
         let s = self.ready_slot(key)?;
         let head = self.slots[s].head;
-        let Some(end) = head.checked_add(n).filter(|&end| end <= LAST_OFFSET) else {
-            return Err(Refusal::Exhausted);
-        };
+        let Some(end) = reservation_end(head, n) else { return Err(Refusal::Exhausted) };
         let first = head + 1;
         self.extend_or_append(s, key, (first, end), (owner, subxact), writes_all, pushed_at)?;
         fail::point("offsets.reserve");

@@ -17,6 +17,19 @@
 -- Roles that were given EXECUTE on queen's functions directly keep what they had: a role
 -- is limited to single queues only once it is granted one with queen.grant.
 
+-- A new install needs a UTF8 database (sql/schema.sql). An install made before that rule
+-- in a database of another encoding is updated all the same, so as not to strand it, with
+-- a warning: there distinct non-UTF-8 transaction ids can read as one (docs/concepts.md,
+-- "Limits").
+DO $encoding$
+BEGIN
+  IF pg_catalog.getdatabaseencoding() <> 'UTF8' THEN
+    RAISE WARNING 'queen: this database''s encoding is %; queen needs a UTF8 database, and new installs refuse others',
+      pg_catalog.getdatabaseencoding()
+      USING HINT = 'Move queen''s queues to a UTF8 database: transaction ids that are not valid UTF-8 can be taken for duplicates here.';
+  END IF;
+END $encoding$;
+
 -- New queue options (src/api/configure.rs).
 ALTER TABLE queen.queues
   ADD COLUMN create_groups      bool     NOT NULL DEFAULT true,

@@ -44,6 +44,7 @@ use queen_core::lane::lease_live;
 
 use crate::pg::deferred;
 use crate::pg::errors::{self, SpiExt};
+use crate::pg::locks::LoadLock;
 use crate::pg::settings;
 use crate::pg::shmem::{owner, subxact, Parts, Region};
 use crate::pg::spi::run;
@@ -317,15 +318,9 @@ pub fn lease(lease_id: pgrx::Uuid) -> Option<LeaseInfo> {
     with_view(|v| v.lease(lease_id.as_bytes(), db))
 }
 
-/// Another backend is loading a lane: wait for its load (in the lock manager,
-/// `LoadLock`), or, when its load lock is not held (taken just now or about to go), give
-/// it a moment.
+/// Another backend is loading a lane: wait for its load (`LoadLock::wait`).
 fn wait_for_load(partition_id: pgrx::Uuid, group: &str) {
-    if !crate::pg::locks::LoadLock::lane(partition_id, group).wait() {
-        // SAFETY: a plain sleep; interrupts are checked right after.
-        unsafe { pg_sys::pg_usleep(100) };
-        pgrx::check_for_interrupts!();
-    }
+    LoadLock::lane(partition_id, group).wait();
 }
 
 /// Brings a lane into the registry from the database: `queen.lanes`, and the newest
@@ -334,26 +329,27 @@ fn wait_for_load(partition_id: pgrx::Uuid, group: &str) {
 fn load(partition_id: pgrx::Uuid, group: &str) -> bool {
     let k = key(partition_id, group);
     let me = owner();
-    let lock = crate::pg::locks::LoadLock::lane(partition_id, group);
-    lock.holding(|| match with_registry(|r| r.begin_load(&k, me, crate::pg::clock::clock_now())) {
-        Load::Ready => true,
-        // Only a backend that does not take the load lock (none does) could be loading it.
-        Load::Loading => {
-            wait_for_load(partition_id, group);
-            true
-        }
-        Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
-        Load::Mine => {
-            LOADING.with(|l| l.set(Some(k)));
-            let Some((state, queue_id)) = Spi::connect_mut(|client| stored(client, partition_id, group)) else {
-                with_registry(|r| r.abandon_load(&k, me));
+    LoadLock::lane(partition_id, group).holding(|| {
+        match with_registry(|r| r.begin_load(&k, me, crate::pg::clock::clock_now())) {
+            Load::Ready => true,
+            // A load another backend abandoned, its end deferred (`LoadLock::wait`).
+            Load::Loading => {
+                wait_for_load(partition_id, group);
+                true
+            }
+            Load::Full => full("every tracked lane is in use (queen.tracked_lanes)"),
+            Load::Mine => {
+                LOADING.with(|l| l.set(Some(k)));
+                let Some((state, queue_id)) = Spi::connect_mut(|client| stored(client, partition_id, group)) else {
+                    with_registry(|r| r.abandon_load(&k, me));
+                    LOADING.with(|l| l.set(None));
+                    return false;
+                };
+                let now = crate::pg::clock::clock_now();
+                with_registry(|r| r.finish_load(&k, me, state, Some((queue_id, group)), now));
                 LOADING.with(|l| l.set(None));
-                return false;
-            };
-            let now = crate::pg::clock::clock_now();
-            with_registry(|r| r.finish_load(&k, me, state, Some((queue_id, group)), now));
-            LOADING.with(|l| l.set(None));
-            true
+                true
+            }
         }
     })
 }
@@ -589,7 +585,7 @@ pub fn journal(client: &mut SpiClient<'_>, group: &str, rows: &[(pgrx::Uuid, Sta
     });
     let relid = crate::pg::catalog::queen_table(if table == 0 { c"lane_journal_0" } else { c"lane_journal_1" });
     let types = [pg_sys::UUIDOID, pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT4OID];
-    if crate::pg::heap::insert_rows(relid, types, direct) {
+    if crate::pg::heap::insert_rows(relid, pg_sys::InvalidOid, types, direct) {
         return;
     }
     let pids: Vec<pgrx::Uuid> = rows.iter().map(|r| r.0).collect();

@@ -9,8 +9,10 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::compaction::FRESH_MAX;
+use queen_core::offsets::reservation_end;
 use queen_core::segment::{self, Entry, Frame};
 
+use crate::offsets::exhausted;
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::ids::{new_ids, to_pg_uuid};
 use crate::pg::jsonb::{Found, JsonbArg, RawJsonb};
@@ -516,8 +518,10 @@ fn reserve(
          RETURNING p.head",
         &[partition_id.into(), n.into()],
     ))?;
-    if head > queen_core::offsets::LAST_OFFSET {
-        crate::offsets::exhausted(n);
+    // The row's head moved by `n` from `head - n`: past the last offset, the error rolls
+    // that back with the call.
+    if reservation_end(head - n, n).is_none() {
+        exhausted(n);
     }
     Some(head - n + 1)
 }

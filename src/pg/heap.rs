@@ -10,8 +10,9 @@
 //! then `index_insert` into every index with the uniqueness check. Nothing the executor
 //! would add applies to these internal tables as queen creates them: no triggers,
 //! constraints beyond NOT NULL (never violated here), expression, partial or exclusion
-//! indexes, deferred uniqueness, partitions of their own or row security. A DBA may add
-//! some of those (an audit or replication trigger, a CHECK, row security): then, as when
+//! indexes, deferred uniqueness, rules, partitions of their own or row security (on the
+//! table, or on the parent a fallback INSERT names). A DBA may add some of those (an audit
+//! or replication trigger, a CHECK, row security): then, as when
 //! the table has not the columns given, `insert_rows` reports that it did nothing and the
 //! caller uses SQL, whose executor honours them.
 
@@ -44,18 +45,23 @@ pub fn insert_fresh_segment(
         data.into_datum().unwrap(),
         generation.into_datum().unwrap(),
     ];
-    insert_rows(crate::pg::catalog::queen_table(table), types, std::iter::once(row))
+    // The SQL fallback inserts through the parent, whose statement triggers and row
+    // security apply then: they count too.
+    let parent = crate::pg::catalog::queen_table(c"fresh_segments");
+    insert_rows(crate::pg::catalog::queen_table(table), parent, types, std::iter::once(row))
 }
 
 /// Inserts rows of `N` non-null columns of types `types` (datums of those types, in
 /// order) into the plain table `relid`, with their index entries, in one pass: the table
 /// and its indexes are opened once. Returns false, having done nothing, when `relid` is
-/// invalid, its columns are not `types`, or it has more than `MAX_INDEXES` indexes or one
-/// with expressions or a predicate. An index not ready for inserts (one that CREATE INDEX
-/// CONCURRENTLY is building) is left to its build, as the executor leaves it. Later
-/// statements of the transaction see the rows.
+/// invalid or is not a table `Target::open` can write, or when `parent` (the table an
+/// INSERT of the caller's fallback names, when `relid` is its partition; else
+/// `InvalidOid`) has triggers, rules or row security. An index not ready for inserts (one
+/// that CREATE INDEX CONCURRENTLY is building) is left to its build, as the executor
+/// leaves it. Later statements of the transaction see the rows.
 pub fn insert_rows<const N: usize>(
     relid: pg_sys::Oid,
+    parent: pg_sys::Oid,
     types: [pg_sys::Oid; N],
     rows: impl IntoIterator<Item = [pg_sys::Datum; N]>,
 ) -> bool {
@@ -68,6 +74,9 @@ pub fn insert_rows<const N: usize>(
     // here; an ERROR (a unique violation, say) unwinds through pgrx and the transaction's
     // resource owner closes what is open. The caller promises each datum's type.
     unsafe {
+        if parent != pg_sys::InvalidOid && !Target::plain_parent(parent) {
+            return false;
+        }
         let Some(target) = Target::open(relid, types) else {
             return false;
         };
@@ -104,8 +113,24 @@ struct Target {
 impl Target {
     const LOCK: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
 
+    /// Whether the parent table `relid` has nothing an INSERT through it would apply to
+    /// the row: triggers (statement triggers stay on the parent), rules or row security.
+    /// Locked as such an INSERT would lock it.
+    ///
+    /// # Safety
+    /// Inside a transaction; `relid` names a table.
+    unsafe fn plain_parent(relid: pg_sys::Oid) -> bool {
+        // SAFETY: the caller's promise; the relation is read while open and locked.
+        unsafe {
+            let rel = pg_sys::table_open(relid, Self::LOCK);
+            let plain = (*rel).trigdesc.is_null() && !(*(*rel).rd_rel).relhasrules && !(*(*rel).rd_rel).relrowsecurity;
+            pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            plain
+        }
+    }
+
     /// Opens `relid` and its indexes under RowExclusiveLock; None (with all closed again)
-    /// when its columns are not `types`; it has triggers, CHECK constraints or row
+    /// when its columns are not `types`; it has triggers, rules, CHECK constraints or row
     /// security; or its indexes are too many, or one has expressions, a predicate, an
     /// exclusion constraint or deferred uniqueness.
     ///
@@ -126,6 +151,7 @@ impl Target {
                 && attrs.len() == N
                 && attrs.iter().zip(types).all(|(a, t)| !a.attisdropped && a.atttypid == t)
                 && (*rel).trigdesc.is_null()
+                && !(*(*rel).rd_rel).relhasrules
                 && (constr.is_null() || (*constr).num_check == 0)
                 && !(*(*rel).rd_rel).relrowsecurity;
             let mut target =

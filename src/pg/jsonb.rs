@@ -354,14 +354,22 @@ impl JsonbObject {
         }
     }
 
-    /// The value at `key`: None when the key is absent.
+    /// The value at `key`: None when the key is absent. A string that is not UTF-8 (only
+    /// a database of another encoding can hold one: an install older than queen's UTF8
+    /// rule) is refused with 22021, not mended: two different ids must not read as one.
     pub fn get(&self, key: &str) -> Option<Found> {
         let mut v = self.get_value(key)?;
         Some(match v.type_ {
             pg_sys::jbvType::jbvString => {
                 // SAFETY: a string value's pointer and length, inside the container.
                 let s = unsafe { std::slice::from_raw_parts(v.val.string.val as *const u8, v.val.string.len as usize) };
-                Found::Str(String::from_utf8_lossy(s).into_owned())
+                match std::str::from_utf8(s) {
+                    Ok(s) => Found::Str(s.to_owned()),
+                    Err(_) => errors::raise(
+                        pgrx::PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE,
+                        format!("queen: the value of \"{key}\" is not valid UTF-8 (queen needs a UTF8 database)"),
+                    ),
+                }
             }
             pg_sys::jbvType::jbvNull => Found::Null,
             _ => Found::Other(value_text(&mut v)),

@@ -1,8 +1,9 @@
-//! queen's heavyweight locks, in the order `queen_core::lock_order` sets: the queue lock,
-//! the lane-creation lock and the group-creation lock; and the registries' load locks. Both are lock-manager locks on tags that only queen
-//! builds (object locks whose class is one of queen's own tables, which no DDL and no
-//! SQL function can take), so no other role can hold or block them, and the deadlock
-//! detector sees every wait on them.
+//! queen's heavyweight locks: the queue lock, the lane-creation lock and the
+//! group-creation lock, in the order `queen_core::lock_order` sets; and the registries'
+//! load locks, outside it. All are lock-manager locks on tags that only queen builds
+//! (object locks whose class is one of queen's own tables, which no DDL and no SQL
+//! function can take), so no other role can hold or block them, and the deadlock detector
+//! sees every wait on them.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -173,18 +174,32 @@ impl LoadLock {
     /// entry (or of one sharing its key) ends. An ERROR in `load` lets it go with the
     /// (sub)transaction.
     pub fn holding<R>(&self, load: impl FnOnce() -> R) -> R {
+        // A standby takes no object lock this strong; nor does it load registries (they are
+        // off there), but a caller that forgot that still gets its load.
+        if crate::pg::shmem::in_recovery() {
+            return load();
+        }
         acquire(&self.0, pg_sys::ExclusiveLock, true);
         let out = load();
         self.release(pg_sys::ExclusiveLock);
         out
     }
 
-    /// Waits for the backend that loads the entry, if one holds the lock now. False when
-    /// nobody did (a load about to begin, or just over): the caller then waits a moment.
-    pub fn wait(&self) -> bool {
-        let waited = acquire(&self.0, pg_sys::ShareLock, true) == Took::Waited;
-        self.release(pg_sys::ShareLock);
-        waited
+    /// Waits for the backend that loads the entry. When nobody holds the lock (the load
+    /// has just ended, or its end is deferred: `pg::deferred` keeps a failed load's
+    /// abandon until that backend's next queen call, and the entry reads as loading until
+    /// then), naps 100 µs instead: the caller looks at the entry again either way.
+    pub fn wait(&self) {
+        let waited = !crate::pg::shmem::in_recovery() && {
+            let took = acquire(&self.0, pg_sys::ShareLock, true);
+            self.release(pg_sys::ShareLock);
+            took == Took::Waited
+        };
+        if !waited {
+            // SAFETY: a plain sleep; interrupts are checked right after.
+            unsafe { pg_sys::pg_usleep(100) };
+            pgrx::check_for_interrupts!();
+        }
     }
 
     fn release(&self, mode: u32) {

@@ -30,6 +30,16 @@ fn metric(c: &mut Client, name: &str) -> f64 {
         .map_or(0.0, |r| r.get(0))
 }
 
+/// The failed steps of every maintenance pass so far.
+fn step_errors(c: &mut Client) -> f64 {
+    c.query_one(
+        "SELECT coalesce(sum(value), 0) FROM queen.metrics('maintenance') WHERE metric LIKE 'maintenance\\_%\\_errors'",
+        &[],
+    )
+    .unwrap()
+    .get(0)
+}
+
 fn drop_database(name: &str) {
     connect().batch_execute(&format!("DROP DATABASE {name}")).unwrap();
 }
@@ -149,19 +159,25 @@ fn the_journal_empties_while_a_transaction_that_loaded_lanes_stays_open() {
 
 /// The pid of `db`'s maintenance worker, waiting up to 30 s for one.
 fn worker_pid(admin: &mut Client, db: &str) -> i32 {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    worker_pid_other_than(admin, db, 0, Duration::from_millis(200))
+}
+
+/// The pid of `db`'s maintenance worker, other than `old`, looked for every `every`.
+fn worker_pid_other_than(admin: &mut Client, db: &str, old: i32, every: Duration) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Some(r) = admin
             .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'queen maintenance' AND datname = $1",
-                &[&db],
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'queen maintenance' AND datname = $1
+                    AND pid <> $2",
+                &[&db, &old],
             )
             .unwrap()
         {
             return r.get(0);
         }
         assert!(Instant::now() < deadline, "no maintenance worker in {db}");
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(every);
     }
 }
 
@@ -207,7 +223,8 @@ fn cancel_for(admin: &mut Client, c: &mut Client, pid: i32, how_long: Duration) 
     let until = Instant::now() + how_long;
     let mut sent = 0;
     while Instant::now() < until {
-        admin.execute("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+        let signalled: bool = admin.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap().get(0);
+        assert!(signalled, "no process {pid} to cancel");
         sent += 1;
         if sent % 10 == 0 {
             c.execute(
@@ -238,25 +255,15 @@ fn a_cancel_at_any_moment_does_not_end_the_worker() {
     .unwrap();
     let mut admin = connect();
     let pid = worker_pid(&mut admin, &db);
+    let before = step_errors(&mut c);
     let sent = cancel_for(&mut admin, &mut c, pid, Duration::from_secs(3));
     std::thread::sleep(Duration::from_millis(500));
     assert!(running(&mut admin, pid), "the running worker ended on one of {sent} cancels");
+    // Some of them landed in a step, and failed it (what a cancel is for).
+    assert!(step_errors(&mut c) > before, "no step failed on {sent} cancels");
     // A new worker, cancelled from the moment it shows up (its start-up).
     admin.execute("SELECT pg_terminate_backend($1)", &[&pid]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let new = loop {
-        let r = admin
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'queen maintenance' AND datname = $1 AND pid <> $2",
-                &[&db, &pid],
-            )
-            .unwrap();
-        if let Some(r) = r {
-            break r.get::<_, i32>(0);
-        }
-        assert!(Instant::now() < deadline, "no new worker");
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let new = worker_pid_other_than(&mut admin, &db, pid, Duration::from_millis(1));
     let sent = cancel_for(&mut admin, &mut c, new, Duration::from_secs(2));
     std::thread::sleep(Duration::from_millis(500));
     assert!(running(&mut admin, new), "a starting worker ended on one of {sent} cancels");
@@ -315,14 +322,7 @@ fn database_defaults_an_owner_may_set_do_not_stop_the_worker() {
     }
     // A journal round or two after the acks.
     std::thread::sleep(Duration::from_secs(5));
-    let errors: f64 = c
-        .query_one(
-            "SELECT coalesce(sum(value), 0) FROM queen.metrics('maintenance') WHERE metric LIKE 'maintenance\\_%\\_errors'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(errors, 0.0, "no pass failed");
+    assert_eq!(step_errors(&mut c), 0.0, "no pass failed");
     drop(c);
     drop_database(&db);
 }
