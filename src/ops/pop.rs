@@ -682,13 +682,33 @@ fn cursor(queue_id: i64, group: &str) -> pgrx::Uuid {
     if let Some(shared) = crate::lane::registry::shared_cursor(queue_id, group) {
         return shared;
     }
-    let key = (queue_id, group.to_string());
     let random = || {
         let mut b = [0u8; 16];
         getrandom_bytes(&mut b);
         b
     };
-    pgrx::Uuid::from_bytes(CURSORS.with(|c| *c.borrow_mut().entry(key).or_insert_with(random)))
+    // With the registry, a group's first pop starts anywhere; the shared cursor it moves
+    // is the one the next pops read, so nothing is kept here.
+    if crate::lane::registry::enabled() {
+        return pgrx::Uuid::from_bytes(random());
+    }
+    let key = (queue_id, group.to_string());
+    pgrx::Uuid::from_bytes(CURSORS.with(|c| {
+        let mut c = c.borrow_mut();
+        trim_cursors(&mut c);
+        *c.entry(key).or_insert_with(random)
+    }))
+}
+
+/// Most (queue, group) cursors a backend keeps without the registry: past it they all go
+/// (a cursor is where the next scan starts, not state a pop needs), so a session that
+/// serves ever new queues or groups does not grow without end.
+const MAX_CURSORS: usize = 10_000;
+
+fn trim_cursors(c: &mut std::collections::HashMap<(i64, String), [u8; 16]>) {
+    if c.len() >= MAX_CURSORS {
+        c.clear();
+    }
 }
 
 /// Random bytes from PostgreSQL's strong random source (a fixed value if it has none).
@@ -703,7 +723,11 @@ fn move_cursor(queue_id: i64, group: &str, partition_id: pgrx::Uuid) {
     if crate::lane::registry::enabled() {
         crate::lane::registry::set_shared_cursor(queue_id, group, partition_id);
     } else {
-        CURSORS.with(|c| c.borrow_mut().insert((queue_id, group.to_string()), *partition_id.as_bytes()));
+        CURSORS.with(|c| {
+            let mut c = c.borrow_mut();
+            trim_cursors(&mut c);
+            c.insert((queue_id, group.to_string()), *partition_id.as_bytes())
+        });
     }
 }
 

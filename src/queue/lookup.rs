@@ -214,6 +214,13 @@ thread_local! {
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
+/// How often a backend repairs the lanes of one (queue, group) at most.
+const REPAIR_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How many (queue, group) repair times a backend keeps before it drops those older than
+/// `REPAIR_EVERY`.
+const MAX_REPAIRS_KEPT: usize = 10_000;
+
 /// Adds lanes that a partition and a group created at the same moment both missed (each
 /// transaction saw only the other's committed rows). Such lanes start where retention
 /// left off: the partition is as new as the group. The anti-join is O(partitions), so a
@@ -225,12 +232,14 @@ pub fn repair_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str) -> b
     let due = LAST_REPAIR.with(|m| {
         let mut m = m.borrow_mut();
         match m.get(&key) {
-            Some(t)
-                if now.duration_since(*t) < std::time::Duration::from_secs(1) && !CREATED_HERE.with(|c| c.get()) =>
-            {
-                false
-            }
+            Some(t) if now.duration_since(*t) < REPAIR_EVERY && !CREATED_HERE.with(|c| c.get()) => false,
             _ => {
+                // An entry older than the second means what no entry means: past a bound,
+                // those go, so a session that serves ever new queues or groups does not
+                // grow without end.
+                if m.len() >= MAX_REPAIRS_KEPT {
+                    m.retain(|_, t| now.duration_since(*t) < REPAIR_EVERY);
+                }
                 m.insert(key, now);
                 true
             }

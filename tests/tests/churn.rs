@@ -145,6 +145,39 @@ fn dedup_entries_expire_by_time_in_a_partition_that_stays() {
     assert_eq!(n, 1);
 }
 
+#[test]
+fn dedup_entries_go_once_the_window_is_set_to_0() {
+    // Entries recorded under a window stay useless once dedup is turned off; the worker's
+    // expiry visits every queue that holds entries, whatever its window (on the old code
+    // it skipped a queue with window 0, and its entries stayed for good).
+    let mut c = queen_it::connect();
+    let queue = queen_it::unique("dd0");
+    c.execute("SELECT queen.configure($1, dedup_window => 3600)", &[&queue]).unwrap();
+    c.execute(
+        "SELECT count(*) FROM generate_series(1, 20) i, LATERAL queen.push($1, to_jsonb(i), transaction_id => 'id-' || i)",
+        &[&queue],
+    )
+    .unwrap();
+    let entries = |c: &mut Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM queen.dedup d JOIN queen.partitions p USING (partition_id)
+               JOIN queen.queues q USING (queue_id) WHERE q.name = $1",
+            &[&queue],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(entries(&mut c), 20);
+    c.execute("SELECT queen.configure($1, dedup_window => 0)", &[&queue]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while entries(&mut c) > 0 {
+        assert!(Instant::now() < deadline, "dedup entries stayed after the window was set to 0");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let n = c.query("SELECT 1 FROM queen.pop($1, batch => 100, auto_ack => true)", &[&queue]).unwrap().len();
+    assert_eq!(n, 20, "the messages stay");
+}
+
 /// A queue with more idle partitions that hold messages than one expiry step examines
 /// (the worker's page: 1,000 lanes, here one group's) still gets its consumed ones dropped:
 /// each step goes on from the last. The worker reads the partitions in id order, so the
