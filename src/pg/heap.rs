@@ -12,9 +12,9 @@
 //! constraints beyond NOT NULL (never violated here), expression, partial or exclusion
 //! indexes, deferred uniqueness, rules, partitions of their own or row security (on the
 //! table, or on the parent a fallback INSERT names). A DBA may add some of those (an audit
-//! or replication trigger, a CHECK, row security): then, as when
-//! the table has not the columns given, `insert_rows` reports that it did nothing and the
-//! caller uses SQL, whose executor honours them.
+//! or replication trigger, a CHECK, row security): then, as when the table has not the
+//! columns given, `insert_rows` reports that it did nothing and the caller uses SQL,
+//! whose executor honours them.
 
 use pgrx::pg_sys;
 use pgrx::IntoDatum;

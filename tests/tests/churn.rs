@@ -119,21 +119,24 @@ fn partitions_created_consumed_and_expired_leave_nothing_behind() {
     }
 }
 
+/// The dedup entries `queue` holds.
+fn dedup_entries(c: &mut Client, queue: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM queen.dedup d JOIN queen.partitions p USING (partition_id)
+           JOIN queen.queues q USING (queue_id) WHERE q.name = $1",
+        &[&queue],
+    )
+    .unwrap()
+    .get(0)
+}
+
 #[test]
 fn dedup_entries_expire_by_time_in_a_partition_that_stays() {
     let mut c = queen_it::connect();
     let queue = queen_it::unique("dd");
     c.execute("SELECT queen.configure($1, dedup_window => 1)", &[&queue]).unwrap();
     c.execute("SELECT count(*) FROM queen.push($1, '1', transaction_id => 'once')", &[&queue]).unwrap();
-    let entries = |c: &mut Client| -> i64 {
-        c.query_one(
-            "SELECT count(*) FROM queen.dedup d JOIN queen.partitions p USING (partition_id)
-               JOIN queen.queues q USING (queue_id) WHERE q.name = $1",
-            &[&queue],
-        )
-        .unwrap()
-        .get(0)
-    };
+    let entries = |c: &mut Client| dedup_entries(c, &queue);
     assert_eq!(entries(&mut c), 1);
     let deadline = Instant::now() + Duration::from_secs(20);
     while entries(&mut c) > 0 {
@@ -158,15 +161,7 @@ fn dedup_entries_go_once_the_window_is_set_to_0() {
         &[&queue],
     )
     .unwrap();
-    let entries = |c: &mut Client| -> i64 {
-        c.query_one(
-            "SELECT count(*) FROM queen.dedup d JOIN queen.partitions p USING (partition_id)
-               JOIN queen.queues q USING (queue_id) WHERE q.name = $1",
-            &[&queue],
-        )
-        .unwrap()
-        .get(0)
-    };
+    let entries = |c: &mut Client| dedup_entries(c, &queue);
     assert_eq!(entries(&mut c), 20);
     c.execute("SELECT queen.configure($1, dedup_window => 0)", &[&queue]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
