@@ -363,6 +363,9 @@ CREATE INDEX log_dlq_address ON queen.log_dlq (partition_id, transaction_id);
 CREATE UNIQUE INDEX log_dlq_message ON queen.log_dlq (partition_id, consumer_group, msg_offset, transaction_id)
   WHERE last_offset IS NULL;
 CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);
+-- A skip group's span is merged into the lane's row that ends right before it
+-- (src/ops/dlq.rs, file_skipped): that row is found here.
+CREATE INDEX log_dlq_skipped ON queen.log_dlq (partition_id, consumer_group, last_offset) WHERE reason = 'skipped';
 CREATE INDEX log_dlq_queue ON queen.log_dlq (queue_id, consumer_group);
 COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';
 REVOKE ALL ON queen.log_dlq FROM PUBLIC;

@@ -21,7 +21,7 @@
 //! rolled back, the error is logged with the partition or queue it concerns and counted
 //! (`queen.metrics()`), and the worker goes on with the next step. A partition or queue
 //! whose step failed is skipped for a while, twice as long after each failure in a row
-//! (`Backoff`), so one bad partition costs nothing to the others.
+//! (`queen_core::backoff`), so one bad partition costs nothing to the others.
 //!
 //! **`DROP DATABASE` works without `FORCE`.** The `ProcessUtility` hook (`hooks`) asks the
 //! database's worker to leave (`leave_database`), waits for it to exit, and keeps the
@@ -390,31 +390,10 @@ fn run_step<R>(body: impl FnOnce() -> R + std::panic::UnwindSafe) -> Result<R, S
         .execute()
 }
 
-/// When a failing partition or queue is tried again: 5 s after the first failure, twice
-/// as long after each further one in a row, at most 10 minutes.
-#[derive(Default)]
-struct Backoff {
-    failing: HashMap<String, (u32, Instant)>,
-}
-
-impl Backoff {
-    fn ready(&self, key: &str) -> bool {
-        self.failing.get(key).is_none_or(|(_, next)| Instant::now() >= *next)
-    }
-    fn failed(&mut self, key: &str) {
-        let n = self.failing.get(key).map_or(0, |f| f.0) + 1;
-        let wait = Duration::from_secs(5).saturating_mul(1 << (n - 1).min(7)).min(Duration::from_secs(600));
-        self.failing.insert(key.to_string(), (n, Instant::now() + wait));
-    }
-    fn ok(&mut self, key: &str) {
-        self.failing.remove(key);
-    }
-}
-
 /// The maintenance worker's state between rounds.
 struct Maintenance {
     database: u32,
-    backoff: Backoff,
+    backoff: queen_core::backoff::Backoff,
     /// A step of the current pass failed, or was skipped while it waits out the backoff of
     /// an earlier failure: the pass does not count as a success (else a step that fails on
     /// every try would look healthy between its tries, and `age_seconds` would never grow).
@@ -429,7 +408,7 @@ impl Maintenance {
         // Each pass's steps back off on their own ("queue 5" is a retention step and an
         // expiry step).
         let key = format!("{}: {what}", pass.name());
-        if !self.backoff.ready(&key) {
+        if !self.backoff.ready(&key, Instant::now()) {
             self.errors = true;
             return None;
         }
@@ -439,7 +418,7 @@ impl Maintenance {
                 Some(r)
             }
             Err(e) => {
-                self.backoff.failed(&key);
+                self.backoff.failed(&key, Instant::now());
                 self.errors = true;
                 pgrx::warning!("queen maintenance: {} of {what} failed, tried again later: {e}", pass.name());
                 dbs::record_pass(pass, false, crate::pg::clock::clock_now());
@@ -600,7 +579,7 @@ pub extern "C-unwind" fn queen_maintenance_main(arg: pg_sys::Datum) {
         let (lanes, partitions) = crate::lane::forget_registries(database);
         pgrx::debug1!("queen maintenance: after rows were copied in, forgot {lanes} lanes and {partitions} partitions");
     }
-    let mut m = Maintenance { database, backoff: Backoff::default(), errors: false };
+    let mut m = Maintenance { database, backoff: Default::default(), errors: false };
     rounds(&mut m);
     // A clean stop saves every cursor into queen.lanes, so that a restart without the
     // library preloaded (no registry, no journal) finds them there.
@@ -835,7 +814,7 @@ impl Compactor {
     /// Every partition with small segments, each compacted in a transaction of its own, so
     /// a pass holds no lock for long; then, if anything was merged and the xmin horizon has
     /// moved since the last one, a VACUUM of the fresh tier. A partition whose compaction
-    /// fails is skipped for a while (`Backoff`); the others go on.
+    /// fails is skipped for a while (`queen_core::backoff`); the others go on.
     fn pass(&mut self, m: &mut Maintenance) {
         let full = self.listed.is_none_or(|t| t.elapsed() >= FULL_LIST_EVERY);
         let pids: Vec<pgrx::Uuid> = if full {

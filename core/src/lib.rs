@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ack;
+pub mod backoff;
 pub mod claim;
 pub mod compaction;
 pub mod dedup;

@@ -87,3 +87,26 @@ SELECT pg_sleep(1.1);
 SELECT r ->> 'skipped' AS skipped, r ->> 'segmentsDeleted' AS deleted FROM queen.retain('ret') r;
 SELECT r ->> 'skipped' AS skipped, r ->> 'segmentsDeleted' AS deleted FROM queen.retain('ret') r;
 SELECT payload FROM queen.pop('ret', 'slow', batch => 100, auto_ack => true) ORDER BY msg_offset;
+
+-- An abandoned skip group passes over its oldest messages at every round: each lane keeps
+-- one 'skipped' row, extended round by round, rather than a row per round. A span that does
+-- not follow the row (the group consumed in between) is a row of its own, and so is the
+-- span after a dlq_delete of the row.
+SELECT queen.configure_group('merge', 'm', max_lag => 2, on_overflow => 'skip') ->> 'onOverflow' AS m;
+SELECT count(*) FROM generate_series(1, 5) i, queen.push('merge', i::text::jsonb, partition => 'p' || (i % 2));
+SELECT queen.retain('merge') ->> 'skipped' AS round_1;
+SELECT count(*) FROM generate_series(6, 9) i, queen.push('merge', i::text::jsonb, partition => 'p' || (i % 2));
+SELECT queen.retain('merge') ->> 'skipped' AS round_2;
+SELECT count(*) FROM generate_series(10, 13) i, queen.push('merge', i::text::jsonb, partition => 'p' || (i % 2));
+SELECT queen.retain('merge') ->> 'skipped' AS round_3;
+SELECT partition, transaction_id, error_message FROM queen.dlq('merge') ORDER BY 1, 2;
+SELECT payload FROM queen.pop('merge', 'm', partition => 'p0', batch => 1, auto_ack => true);
+SELECT count(*) FROM generate_series(14, 21) i, queen.push('merge', i::text::jsonb, partition => 'p0');
+SELECT queen.retain('merge') ->> 'skipped' AS after_a_pop;
+SELECT queen.dlq_delete(partition_id, transaction_id) ->> 'deleted' AS deleted
+  FROM queen.dlq('merge') WHERE partition = 'p1';
+SELECT count(*) FROM generate_series(22, 29) i, queen.push('merge', i::text::jsonb, partition => 'p1');
+SELECT queen.retain('merge') ->> 'skipped' AS after_a_delete;
+SELECT partition, transaction_id FROM queen.dlq('merge') ORDER BY 1, 2;
+-- What the rows name is what the group passed over: its next pops deliver the rest.
+SELECT partition, payload FROM queen.pop('merge', 'm', batch => 10, max_partitions => 2, auto_ack => true) ORDER BY 1, msg_offset;

@@ -149,6 +149,10 @@ REVOKE ALL ON queen.expired_drops_folded FROM PUBLIC;
 -- Bulk redrive (queen.dlq_redrive): when a dead letter was pushed again.
 ALTER TABLE queen.log_dlq ADD COLUMN redriven_at timestamptz;
 
+-- Skip groups (configure_group on_overflow => 'skip') file the spans they pass; a span is
+-- merged into the lane's row that ends right before it, found by this index.
+CREATE INDEX log_dlq_skipped ON queen.log_dlq (partition_id, consumer_group, last_offset) WHERE reason = 'skipped';
+
 -- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
 -- no queen role may use the queues granted to it here, and no other.
 CREATE TABLE queen.queue_grants (

@@ -76,6 +76,42 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
     .is_empty()
 }
 
+/// Files the span a `skip` group's cursor passed in a lane (`overflow::skip_lanes`). It
+/// extends the lane's `skipped` row that ends right before it, when there is one, rather
+/// than adding a row: an abandoned skip group passes over its oldest messages at every
+/// retention round, and one row per lane per round would grow the dead-letter table
+/// without bound. The row's address, error and time become the merged span's.
+pub fn file_skipped(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    partition_id: pgrx::Uuid,
+    group: &str,
+    span: (i64, i64),
+    max_lag: i64,
+) {
+    let (from, to) = span;
+    let why = format!(" passed over by group {group:?}, whose lag passed its max_lag {max_lag}");
+    // The lanes are locked (skip_lanes), so no other pass files this lane's spans now; a
+    // dlq_delete of the row in between leaves nothing to extend, and a new row is filed.
+    let extended = crate::pg::spi::run_map(
+        client,
+        "UPDATE queen.log_dlq
+            SET last_offset = $4,
+                transaction_id = 'skipped ' || msg_offset || '..' || $4,
+                error_message = 'skipped: offsets ' || msg_offset || '..' || $4 || $5,
+                failed_at = clock_timestamp()
+          WHERE partition_id = $1 AND consumer_group = $2 AND reason = 'skipped' AND last_offset = $3 - 1
+         RETURNING id",
+        &[partition_id.into(), group.into(), from.into(), to.into(), why.clone().into()],
+        |_| (),
+    )
+    .len();
+    if extended == 0 {
+        let error = format!("skipped: offsets {from}..{to}{why}");
+        file_span(client, queue_id, partition_id, group, span, "skipped", &error);
+    }
+}
+
 /// Files a span of offsets that a group's cursor passed without delivering them
 /// (`queen.purge`, a skip group past its `max_lag`): one row with no payload, `msg_offset` its first offset and
 /// `last_offset` its last, addressed by the transaction id `"{reason} {from}..{to}"`.

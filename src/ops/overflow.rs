@@ -257,10 +257,7 @@ fn skip_lanes(client: &mut SpiClient<'_>, queue_id: i64, group: &str, pids: &[pg
         let Some((from, to)) = overflow::skip_span(l.committed, l.retained_through, readable, max_lag) else {
             continue;
         };
-        let error = format!(
-            "skipped: offsets {from}..{to} passed over by group {group:?}, whose lag passed its max_lag {max_lag}"
-        );
-        crate::ops::dlq::file_span(client, queue_id, l.partition_id, group, (from, to), "skipped", &error);
+        crate::ops::dlq::file_skipped(client, queue_id, l.partition_id, group, (from, to), max_lag);
         move_cursor(client, &l, group, to, &mut journal);
         skipped += to - from + 1;
     }
