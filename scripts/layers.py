@@ -48,7 +48,7 @@ SRC_ROOMS = [
 
 # core/src/: pure Rust, flat.
 CORE_ROOMS = [
-    ("base", "fail ids names lease lock_order envelope segment routing claim dedup generations compaction table"),
+    ("base", "fail ids names addresses lease lock_order envelope segment routing claim dedup generations compaction table"),
     ("rules", "policy ack lane overflow backoff"),
     ("registries", "lanes offsets limits"),
     ("crate", "lib"),

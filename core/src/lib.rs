@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ack;
+pub mod addresses;
 pub mod backoff;
 pub mod claim;
 pub mod compaction;

@@ -28,6 +28,11 @@ SELECT pg_temp.err($$SELECT queen.push('good', '{}', partition => 'a b')$$);
 SELECT pg_temp.err($$SELECT queen.push('good', '{}', partition => '')$$);
 SELECT pg_temp.err($$SELECT queen.push('good', '{}', transaction_id => '')$$);
 SELECT pg_temp.err($$SELECT queen.push('good', '{}', transaction_id => repeat('t', 513))$$);
+-- The addresses of dead-letter spans and damaged segments are queen's: a message given one
+-- would share its dead letter's address with a span's (dlq_delete takes the oldest row).
+SELECT pg_temp.err($$SELECT queen.push('good', '{}', transaction_id => 'purged 1..1')$$);
+SELECT pg_temp.err($$SELECT queen.send('good', '{}', transaction_id => 'skipped 3..40')$$);
+SELECT pg_temp.err($$SELECT queen.push_batch('[{"queue": "good", "payload": 1, "transactionId": "corrupt segment 1..9"}]')$$);
 
 -- push_batch: malformed items; one bad item stores nothing.
 SELECT pg_temp.err($$SELECT queen.push_batch('{"queue": "good"}')$$);
@@ -79,6 +84,13 @@ SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), NULL::jsonb)$$);
 -- Found by the SQL fuzzer: a number beyond f64 must be a clean error, not an internal one.
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '1e309'::jsonb)$$);
 SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1e30}]'::jsonb)$$);
+-- An integral JSON number with a fraction of zeros is an offset (an unknown lease: no
+-- error, nothing acknowledged); a string must be digits alone.
+SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": 1.0}]'::jsonb) -> 'items' -> 0 ->> 'offset' AS offset;
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": "+5"}]'::jsonb)$$);
+SELECT pg_temp.err($$SELECT queen.ack(gen_random_uuid(), '[{"partitionId": "00000000-0000-0000-0000-000000000000", "offset": "-5"}]'::jsonb)$$);
+-- A bad name is quoted in part: the message stays short whatever its size.
+SELECT length(pg_temp.err($$SELECT queen.push(repeat('x', 1000000), '{}')$$)) < 200 AS short;
 
 -- In a read-only transaction every call that changes state refuses with 25006, although
 -- queen writes its hottest rows past the executor's read-only check; reads still work.
@@ -114,3 +126,13 @@ SELECT pg_temp.err($$SELECT queen.configure_group('bi_time', 'g', handler_timeou
 SELECT pg_temp.err($$SELECT queen.configure_group('bi_time', 'g', queue_margin => '366 days')$$);
 SELECT queen.configure_group('bi_time', 'g', handler_timeout => '365 days', queue_margin => '365 days') ->> 'consumerGroup' AS configured;
 SELECT count(*) FROM queen.pop('bi_time', 'g');
+
+-- The read functions and delete_queue check a queue's name as every other call does.
+SELECT pg_temp.err($$SELECT * FROM queen.status('')$$);
+SELECT pg_temp.err($$SELECT * FROM queen.totals(E'\n')$$);
+SELECT pg_temp.err($$SELECT * FROM queen.dlq(repeat('a', 1000))$$);
+SELECT pg_temp.err($$SELECT * FROM queen.grants('a b')$$);
+SELECT pg_temp.err($$SELECT queen.delete_queue('')$$);
+
+-- An id that only looks like a span's address is an ordinary one.
+SELECT status FROM queen.push('good', '{}', transaction_id => 'purged 1..1 again');

@@ -41,6 +41,9 @@ SELECT queen.configure_group('payments.requested', 'charge-cards', handler_timeo
 -- Bad input.
 SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', handler_timeout => '-1 s')$$);
 SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', handler_timeout => '0 s')$$);
+-- A lease of under a second would end before its pop returned: the budget's floor is 1 s.
+SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', handler_timeout => '0.5 s', queue_margin => '0', timeout_grace => '0', record_margin => '0')$$);
+SELECT queen.configure_group('q', 'g', handler_timeout => '0.25 s', queue_margin => '0.25 s', timeout_grace => '0.25 s', record_margin => '0.25 s') ->> 'leaseSeconds' AS one_second;
 SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', queue_margin => '1 mon')$$);
 SELECT pg_temp.err($$SELECT queen.configure_group('q', NULL)$$);
 SELECT pg_temp.err($$SELECT queen.configure_group('bad name', 'g')$$);

@@ -48,6 +48,15 @@ SELECT count(*) AS wrong_partition FROM queen.get('shop', 'b', transaction_id =>
 SELECT count(*) AS rolled_back_never_seen FROM queen.peek('shop', 'a') WHERE payload->>'n' = 'gone';
 SELECT count(*) AS past_end FROM queen.get('shop', 'a', msg_offset => 100);
 SELECT count(*) AS unknown_tx FROM queen.get('shop', transaction_id => 'nope');
+-- An id pushed to two partitions, whose copy in the first by name retention deleted: the
+-- other copy is found.
+SELECT queen.configure('twice', retention => 1) ->> 'retention' AS retention;
+SELECT count(*) FROM queen.push_batch('[{"queue": "twice", "partition": "a", "payload": 1, "transactionId": "t"}]');
+SELECT count(*) AS taken FROM queen.pop('twice', 'g', batch => 10, auto_ack => true);
+SELECT pg_sleep(1.1);
+SELECT (queen.retain('twice') ->> 'segmentsDeleted')::int > 0 AS deleted;
+SELECT count(*) FROM queen.push('twice', '2', partition => 'b', transaction_id => 't');
+SELECT partition, payload FROM queen.get('twice', transaction_id => 't');
 SELECT count(*) AS unknown_queue FROM queen.peek('no_such_queue');
 
 -- Bad input.

@@ -99,6 +99,9 @@ fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
 fn grants_sql(
     queue: default!(Option<&str>, "NULL"),
 ) -> TableIterator<'static, (name!(queue, String), name!(role, String), name!(privilege, String))> {
+    if let Some(q) = queue {
+        crate::queue::names::check_queue_name("queue", q);
+    }
     require(queue, Privilege::Admin);
     let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
         run(

@@ -14,7 +14,7 @@ use crate::pg::jsonb::{Found, JsonOut, JsonbArg};
 
 use crate::lane::rows::{AckPlan, AckPlans};
 use crate::pg::clock::{clock_now, timestamptz};
-use crate::pg::errors::{self, SpiExt};
+use crate::pg::errors::{self, excerpt, SpiExt};
 use crate::pg::ids::{from_pg_uuid, to_pg_uuid};
 use crate::pg::spi::run;
 use crate::storage::segments;
@@ -150,9 +150,15 @@ fn ack_item(acks: &JsonbArg, i: u32) -> Addressed {
         _ => errors::invalid(&at("partitionId"), "is missing"),
     };
     let offset = match offset {
-        Some(Found::Other(t)) | Some(Found::Str(t)) => t
-            .parse::<i64>()
-            .unwrap_or_else(|_| errors::invalid(&at("offset"), format_args!("{t} is not an integer offset"))),
+        Some(Found::Other(t)) => queen_core::ack::offset_from_json(&t, false).unwrap_or_else(|| {
+            errors::invalid(&at("offset"), format_args!("{} is not an integer offset", excerpt(&t)))
+        }),
+        Some(Found::Str(t)) => queen_core::ack::offset_from_json(&t, true).unwrap_or_else(|| {
+            errors::invalid(
+                &at("offset"),
+                format_args!("{:?} is not an integer offset (a string of digits)", excerpt(&t)),
+            )
+        }),
         _ => errors::invalid(&at("offset"), "is missing"),
     };
     let status = match status {
@@ -170,10 +176,9 @@ fn ack_item(acks: &JsonbArg, i: u32) -> Addressed {
     let retry_after = match retry_after {
         None | Some(Found::Null) => None,
         Some(Found::Other(t)) => {
-            let secs =
-                t.parse::<f64>().ok().filter(|v| v.is_finite()).unwrap_or_else(|| {
-                    errors::invalid(&at("retryAfter"), format_args!("{t} is not a number of seconds"))
-                });
+            let secs = t.parse::<f64>().ok().filter(|v| v.is_finite()).unwrap_or_else(|| {
+                errors::invalid(&at("retryAfter"), format_args!("{} is not a number of seconds", excerpt(&t)))
+            });
             // Out of i64's range saturates, and the limit check refuses it.
             let micros = (secs * queen_core::lease::MICROS as f64).round() as i64;
             Some(check_retry_after(&at("retryAfter"), status, micros))

@@ -97,6 +97,7 @@ pub fn file_skipped(
         client,
         "UPDATE queen.log_dlq
             SET last_offset = $4,
+                -- addresses::span_address, in SQL (overflow.sql shows both)
                 transaction_id = 'skipped ' || msg_offset || '..' || $4,
                 error_message = 'skipped: offsets ' || msg_offset || '..' || $4 || $5,
                 failed_at = clock_timestamp()
@@ -137,7 +138,7 @@ pub fn file_span(
             group.into(),
             from.into(),
             to.into(),
-            format!("{reason} {from}..{to}").into(),
+            queen_core::addresses::span_address(reason, from, to).into(),
             error.into(),
             reason.into(),
         ],

@@ -284,21 +284,33 @@ fn get(
         "
           WHERE p.queue_id = $1 AND ($2::text IS NULL OR p.name = $2)
             AND ($4::text IS NULL OR d.partition_id IS NOT NULL)
-          ORDER BY p.name
-          LIMIT 1"
+          ORDER BY p.name"
     );
-    let found = run(client, FIND, &[queue_id.into(), partition.into(), offset.into(), transaction_id.into()]);
-    let Some(row) = found.into_iter().next() else {
-        return Vec::new();
-    };
-    let (pid, name): (pgrx::Uuid, String) = (row.get(1).or_raise().unwrap(), row.get(2).or_raise().unwrap());
-    let (at, readable, retained): (i64, i64, i64) =
-        (row.get(3).or_raise().unwrap(), row.get(4).or_raise().unwrap(), row.get(5).or_raise().unwrap());
-    if at > readable || at <= retained {
-        return Vec::new(); // not readable yet, or deleted by retention
+    // Every partition that may hold it, by name: a producer id pushed to several partitions
+    // is the first of them that can still be read (one whose copy retention deleted, or
+    // that is not readable yet, is passed over).
+    let found: Vec<(pgrx::Uuid, String, i64, i64, i64)> =
+        run(client, FIND, &[queue_id.into(), partition.into(), offset.into(), transaction_id.into()])
+            .map(|row| {
+                (
+                    row.get(1).or_raise().unwrap(),
+                    row.get(2).or_raise().unwrap(),
+                    row.get(3).or_raise().unwrap(),
+                    row.get(4).or_raise().unwrap(),
+                    row.get(5).or_raise().unwrap(),
+                )
+            })
+            .collect();
+    for (pid, name, at, readable, retained) in found {
+        if at > readable || at <= retained {
+            continue; // not readable yet, or deleted by retention
+        }
+        let mut out = Vec::new();
+        read(client, pid, &name, (at, at), &Budget::new(i64::MAX), 1, &mut out);
+        out.retain(|d| transaction_id.is_none_or(|t| d.transaction_id == t));
+        if !out.is_empty() {
+            return out;
+        }
     }
-    let mut out = Vec::new();
-    read(client, pid, &name, (at, at), &Budget::new(i64::MAX), 1, &mut out);
-    out.retain(|d| transaction_id.is_none_or(|t| d.transaction_id == t));
-    out
+    Vec::new()
 }

@@ -1440,7 +1440,7 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
             offset: k.segment_first,
             last: k.last,
             message_id: pgrx::Uuid::from_bytes([0; 16]),
-            transaction_id: format!("corrupt segment {}..{}", k.segment_first, k.last),
+            transaction_id: queen_core::addresses::span_address("corrupt segment", k.segment_first, k.last),
             stored: k.bytes,
             headers: None,
             error: format!("queen: offsets {}..{} cannot be read: {}", k.from, k.last, k.error),

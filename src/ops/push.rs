@@ -136,6 +136,14 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
                 format_args!("must be 1 to {MAX_TRANSACTION_ID} bytes, got {}", tx.len()),
             );
         }
+        if queen_core::addresses::is_span_address(tx) {
+            errors::invalid(
+                &format!("{}transaction_id", at()),
+                format_args!(
+                    "{tx:?} has the form of a dead-letter span's address (\"purged|skipped|corrupt segment F..L\"), which queen keeps for itself"
+                ),
+            );
+        }
     }
 }
 

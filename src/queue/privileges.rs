@@ -222,6 +222,12 @@ COMMENT ON FUNCTION queen._sync_grants(oid) IS
 #[pg_extern(name = "_require", volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn require_sql(queue: Option<&str>, privilege: &str) {
+    // The PL/pgSQL functions that name a queue (status, totals, dlq, delete_queue) check
+    // its name here, as every Rust entry point does: a name no queue can have is a 22023,
+    // not an empty answer.
+    if let Some(q) = queue {
+        crate::queue::names::check_queue_name("queue", q);
+    }
     require(queue, Privilege::parse(privilege));
 }
 
