@@ -29,6 +29,7 @@
 
 use std::cell::Cell;
 
+use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use queen_core::generations::{live_bytes, next, rotation_due, Sizes};
 
@@ -42,6 +43,16 @@ const CACHE_MICROS: i64 = 1_000_000;
 thread_local! {
     /// (generation, when it was read)
     static CURRENT: Cell<Option<(i16, i64)>> = const { Cell::new(None) };
+    /// The transaction (its top-level id) that rotated the generations in this backend:
+    /// what it reads of them is not committed yet, so it is not kept past it (a rotation
+    /// that rolls back leaves the committed generation current).
+    static ROTATED_IN: Cell<pg_sys::TransactionId> = const { Cell::new(pg_sys::InvalidTransactionId) };
+}
+
+/// This backend's top-level transaction id, or the invalid one when it has none.
+fn top_xid() -> pg_sys::TransactionId {
+    // SAFETY: a plain read of this backend's transaction state.
+    unsafe { pg_sys::GetTopTransactionIdIfAny() }
 }
 
 /// The generation new segment rows go to.
@@ -53,7 +64,10 @@ pub fn current(client: &mut SpiClient<'_>) -> i16 {
         }
     }
     let g = first_value::<i16>(run(client, "SELECT current_generation FROM queen.generations", &[])).unwrap_or(0);
-    CURRENT.with(|c| c.set(Some((g, now))));
+    let rotated_here = ROTATED_IN.with(Cell::get);
+    if rotated_here == pg_sys::InvalidTransactionId || rotated_here != top_xid() {
+        CURRENT.with(|c| c.set(Some((g, now))));
+    }
     g
 }
 
@@ -210,6 +224,10 @@ pub fn rotate(client: &mut SpiClient<'_>) -> Rotated {
     if copied < 0 {
         return Rotated::Busy;
     }
-    CURRENT.with(|c| c.set(Some((oldest, crate::pg::clock::clock_now()))));
+    // Not cached: this transaction may still roll back (a `queen.retain()` in a caller's
+    // transaction), and then the generation it emptied is not the current one. Its own
+    // later reads see its rotation through its snapshot.
+    CURRENT.with(|c| c.set(None));
+    ROTATED_IN.with(|r| r.set(top_xid()));
     Rotated::Yes { emptied: oldest, copied }
 }
