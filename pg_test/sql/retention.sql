@@ -66,6 +66,16 @@ SELECT p.name AS partition, s.first_offset, s.last_offset, s.generation
   FROM (SELECT partition_id, first_offset, last_offset, generation FROM queen.segments UNION ALL SELECT partition_id, first_offset, last_offset, generation FROM queen.fresh_segments) s
   JOIN queen.partitions p USING (partition_id) WHERE p.name = 'a' ORDER BY 2;
 SELECT msg_offset, payload FROM queen.pop('ret', 'g4', batch => 10, partition => 'a', subscription => 'all', auto_ack => true);
+-- A rotation that rolls back leaves the committed generation current, for the session that
+-- made it too: its next push writes there.
+BEGIN;
+SELECT queen.retain() ->> 'generationRotated' AS rotated_then_rolled_back;
+ROLLBACK;
+SELECT count(*) FROM queen.push('ret', '9', 'a');
+SELECT s.generation = (SELECT current_generation FROM queen.generations) AS in_the_current_generation
+  FROM (SELECT partition_id, last_offset, generation FROM queen.segments UNION ALL SELECT partition_id, last_offset, generation FROM queen.fresh_segments) s
+  JOIN queen.partitions p USING (partition_id) JOIN queen.queues q USING (queue_id)
+ WHERE q.name = 'ret' AND p.name = 'a' ORDER BY s.last_offset DESC LIMIT 1;
 RESET queen.rotation_min_size;
 
 -- Compaction needs READ COMMITTED: a REPEATABLE READ snapshot may miss fresh segments
