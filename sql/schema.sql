@@ -86,7 +86,9 @@ CREATE TABLE queen.queues (
     ttl                   interval NOT NULL DEFAULT '0s',
     -- a push that would take the queue's depth (the lag of its slowest 'hold' group, or
     -- every stored message before any group exists) past this is refused (NULL: no limit)
-    max_depth             bigint
+    max_depth             bigint,
+    -- a dead letter filed longer ago than this is deleted by the background worker (0: kept)
+    dlq_retention         interval NOT NULL DEFAULT '0s'
 );
 COMMENT ON TABLE queen.queues IS 'queen: one row per queue and its options (see queen.configure)';
 
@@ -367,6 +369,8 @@ CREATE INDEX log_dlq_failed_at ON queen.log_dlq (failed_at DESC);
 -- (src/ops/dlq.rs, file_skipped): that row is found here.
 CREATE INDEX log_dlq_skipped ON queen.log_dlq (partition_id, consumer_group, last_offset) WHERE reason = 'skipped';
 CREATE INDEX log_dlq_queue ON queen.log_dlq (queue_id, consumer_group);
+-- A queue's dead letters by age: the worker's expiry of those older than its dlq_retention.
+CREATE INDEX log_dlq_queue_age ON queen.log_dlq (queue_id, failed_at);
 COMMENT ON TABLE queen.log_dlq IS 'queen: the dead-letter queue';
 REVOKE ALL ON queen.log_dlq FROM PUBLIC;
 

@@ -136,6 +136,7 @@ fn entry_point_defaults_are_the_policy() {
     };
     assert_eq!(o.max_depth, None);
     assert!(null_default(configure, 15), "max_depth");
+    assert_eq!(us_of(configure, 16), o.dlq_retention);
 
     let group = "queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)";
     let us = |n: i32| us_of(group, n);

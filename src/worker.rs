@@ -739,7 +739,7 @@ fn retention_round(m: &mut Maintenance) {
             let what = format!("queue {queue_id}");
             let more =
                 m.step(Pass::Expiry, &what, || Spi::connect_mut(|c| crate::storage::churn::expire_queue(c, queue_id)));
-            if !more.is_some_and(|(_, _, full)| full) || Instant::now() >= until {
+            if more != Some(true) || Instant::now() >= until {
                 break;
             }
         }

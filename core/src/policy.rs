@@ -83,6 +83,10 @@ pub struct QueueOptions {
     /// least 1;
     /// None (the default): no limit.
     pub max_depth: Option<i64>,
+    /// Microseconds a dead letter of the queue is kept after it was filed (`failed_at`):
+    /// older ones are deleted by the background worker's expiry round; 0 (the default):
+    /// for ever.
+    pub dlq_retention: i64,
 }
 
 impl QueueOptions {
@@ -102,6 +106,7 @@ impl QueueOptions {
         partition_idle_ttl: 0,
         ttl: 0,
         max_depth: None,
+        dlq_retention: 0,
     };
 
     /// What a queue created implicitly (by its first push, pop or group) stores: the
@@ -157,6 +162,12 @@ impl QueueOptions {
             return Err(Violation::invalid(
                 "ttl",
                 format!("{} s (must be 0 to {} s)", secs(self.ttl), secs(limits::TTL)),
+            ));
+        }
+        if !(0..=limits::DLQ_RETENTION).contains(&self.dlq_retention) {
+            return Err(Violation::invalid(
+                "dlq_retention",
+                format!("{} s (must be 0 to {} s)", secs(self.dlq_retention), secs(limits::DLQ_RETENTION)),
             ));
         }
         match self.max_depth {
@@ -468,6 +479,11 @@ pub mod limits {
     pub const TTL: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
     /// Longest `partition_idle_ttl` (microseconds): 365 days.
     pub const IDLE_TTL: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
+    /// Longest `dlq_retention` (microseconds): 365 days (0 keeps dead letters for ever).
+    pub const DLQ_RETENTION: i64 = 365 * 24 * 3600 * crate::lease::MICROS;
+    /// Most dead letters one step of the expiry round deletes (the round takes more
+    /// steps, each its own transaction, while a queue has more).
+    pub const DLQ_EXPIRE_STEP: i64 = 10_000;
     /// Longest allowance of a group's budget (`configure_group`, microseconds): 365 days
     /// (a lease is cut to `queen.max_lease` anyway; the bound keeps the stored intervals,
     /// and their sum, in range for the SQL that reads them).
@@ -659,6 +675,15 @@ mod tests {
                 .argument,
             "ttl"
         );
+    }
+
+    #[test]
+    fn dlq_retention_is_0_to_365_days() {
+        let with =
+            |r| QueueOptions { dlq_retention: r, ..QueueOptions::CONFIGURED }.validate(limits::MAX_LEASE_DEFAULT);
+        assert!(with(0).is_ok() && with(limits::DLQ_RETENTION).is_ok());
+        assert_eq!(with(-1).unwrap_err().argument, "dlq_retention");
+        assert_eq!(with(limits::DLQ_RETENTION + 1).unwrap_err().argument, "dlq_retention");
     }
 
     #[test]

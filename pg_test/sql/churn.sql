@@ -55,3 +55,8 @@ SELECT pg_temp.err($$SELECT queen.drop_partition('cq', 'bad name')$$);
 SELECT pg_temp.err($$SELECT queen.configure('cq', partition_idle_ttl => '-1 s')$$);
 SELECT pg_temp.err($$SELECT queen.configure('cq', partition_idle_ttl => '1 mon')$$);
 SELECT queen.configure('cq', partition_idle_ttl => '1 day') ->> 'partitionIdleTtl' AS ttl;
+-- How long dead letters are kept (the worker deletes older ones: tests/tests/churn.rs).
+SELECT pg_temp.err($$SELECT queen.configure('cq', dlq_retention => '-1 s')$$);
+SELECT pg_temp.err($$SELECT queen.configure('cq', dlq_retention => '366 days')$$);
+SELECT pg_temp.err($$SELECT queen.configure('cq', dlq_retention => NULL)$$);
+SELECT queen.configure('cq', dlq_retention => '14 days') ->> 'dlqRetention' AS dlq_retention;

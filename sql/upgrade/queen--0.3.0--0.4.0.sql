@@ -84,6 +84,10 @@ CREATE UNIQUE INDEX log_dlq_message ON queen.log_dlq (partition_id, consumer_gro
 -- Maximum depth (configure's max_depth) and each group's overflow policy (configure_group's
 -- max_lag and on_overflow): src/api/overflow.rs, queen_core::overflow.
 ALTER TABLE queen.queues ADD COLUMN max_depth bigint;
+-- How long a queue keeps its dead letters (configure's dlq_retention; 0: for ever), found
+-- by age (src/storage/churn.rs).
+ALTER TABLE queen.queues ADD COLUMN dlq_retention interval NOT NULL DEFAULT '0s';
+CREATE INDEX log_dlq_queue_age ON queen.log_dlq (queue_id, failed_at);
 ALTER TABLE queen.groups ADD COLUMN max_lag bigint,
   ADD COLUMN on_overflow text NOT NULL DEFAULT 'hold' CHECK (on_overflow IN ('hold', 'skip'));
 
@@ -200,7 +204,7 @@ BEGIN
   END IF;
 END $clamp$;
 
--- configure gains create_groups, partition_idle_ttl, ttl and max_depth; configure_group
+-- configure gains create_groups, partition_idle_ttl, ttl, max_depth and dlq_retention; configure_group
 -- gains max_lag and on_overflow (new C symbols: the 0.3.0 ones raise, asking for this
 -- update). Grants given on the old signatures are given again. (Role oids, 'g' marking the
 -- grant option, kept in settings of this transaction for the grants below: a table made

@@ -50,6 +50,7 @@ fn configure_queue(
     partition_idle_ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
     ttl: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
     max_depth: pgrx::default!(Option<i64>, "NULL"),
+    dlq_retention: pgrx::default!(Option<pgrx::datum::Interval>, "'0s'"),
 ) -> pgrx::JsonB {
     let queue = queue.unwrap_or_else(|| null_arg("queue"));
     check_queue_name("queue", queue);
@@ -68,7 +69,8 @@ fn configure_queue(
     let create_groups = create_groups.unwrap_or_else(|| null_arg("create_groups"));
     let partition_idle_ttl = partition_idle_ttl.unwrap_or_else(|| null_arg("partition_idle_ttl"));
     let ttl = ttl.unwrap_or_else(|| null_arg("ttl"));
-    let intervals = Intervals { retry_backoff, retry_backoff_max, delay, partition_idle_ttl, ttl };
+    let dlq_retention = dlq_retention.unwrap_or_else(|| null_arg("dlq_retention"));
+    let intervals = Intervals { retry_backoff, retry_backoff_max, delay, partition_idle_ttl, ttl, dlq_retention };
     let options = QueueOptions {
         lease_time,
         retry_limit,
@@ -84,6 +86,7 @@ fn configure_queue(
         partition_idle_ttl: interval_micros("partition_idle_ttl", partition_idle_ttl),
         ttl: interval_micros("ttl", ttl),
         max_depth,
+        dlq_retention: interval_micros("dlq_retention", dlq_retention),
     };
     if let Err(v) = options.validate(settings::max_lease()) {
         crate::pg::errors::violation(v);
@@ -103,6 +106,7 @@ struct Intervals {
     delay: Interval,
     partition_idle_ttl: Interval,
     ttl: Interval,
+    dlq_retention: Interval,
 }
 
 /// Creates or updates the queue's row, after the queue lock (`queen_core::lock_order`)
@@ -139,8 +143,8 @@ fn store(
         "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
                                        dlq_after_max_retries, dedup_window, encryption, retention,
                                        retry_backoff, retry_backoff_max, delay, create_groups,
-                                       partition_idle_ttl, ttl, max_depth)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                                       partition_idle_ttl, ttl, max_depth, dlq_retention)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          ON CONFLICT (name) DO UPDATE SET
            lease_time = EXCLUDED.lease_time, retry_limit = EXCLUDED.retry_limit,
            dead_letter_queue = EXCLUDED.dead_letter_queue,
@@ -149,7 +153,8 @@ fn store(
            retention = EXCLUDED.retention, retry_backoff = EXCLUDED.retry_backoff,
            retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
            create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
-           ttl = EXCLUDED.ttl, max_depth = EXCLUDED.max_depth, updated_at = clock_timestamp()",
+           ttl = EXCLUDED.ttl, max_depth = EXCLUDED.max_depth, dlq_retention = EXCLUDED.dlq_retention,
+           updated_at = clock_timestamp()",
         &[
             queue.into(),
             o.lease_time.into(),
@@ -166,6 +171,7 @@ fn store(
             intervals.partition_idle_ttl.into(),
             intervals.ttl.into(),
             o.max_depth.into(),
+            intervals.dlq_retention.into(),
         ],
     );
     if found.is_none() {
@@ -193,6 +199,7 @@ fn answer(o: &QueueOptions, encryption: bool) -> pgrx::JsonB {
         "partitionIdleTtl": secs(o.partition_idle_ttl),
         "ttl": secs(o.ttl),
         "maxDepth": o.max_depth,
+        "dlqRetention": secs(o.dlq_retention),
     }))
 }
 

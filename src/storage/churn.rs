@@ -9,6 +9,9 @@
 //!   that is empty (`expire_queue`).
 //! - Dedup entries older than their queue's dedup window are deleted by the worker
 //!   (`expire_queue`), whether or not the partition gets more pushes.
+//! - `configure(queue, dlq_retention => interval)` lets the worker delete the queue's dead
+//!   letters filed longer ago than that (`expire_queue`), which also lets a partition that
+//!   held them be dropped.
 //!
 //! **Empty** means: nothing a consumer group still needs. No push to it is in flight, no
 //! lane holds a live lease, every group's cursor is at the partition's readable end, and,
@@ -214,7 +217,8 @@ fn delete(client: &mut SpiClient<'_>, pids: &[pgrx::Uuid], groups: &[String]) ->
     segments
 }
 
-/// The queues the expiry step looks at: those with a partition idle TTL, and those that
+/// The queues the expiry step looks at: those with a partition idle TTL or a dead-letter
+/// retention, and those that
 /// hold dedup entries (whatever their window now: entries left from a window since set to
 /// 0 go too). Not every queue with a dedup window: most pushes carry no transaction id of
 /// their own and record none, and a round that visited every such queue took time in
@@ -224,7 +228,7 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
     run(
         client,
         "SELECT q.queue_id FROM queen.queues q
-          WHERE q.partition_idle_ttl > '0s'
+          WHERE q.partition_idle_ttl > '0s' OR q.dlq_retention > '0s'
              OR EXISTS (SELECT 1 FROM queen.partitions p JOIN queen.dedup d ON d.partition_id = p.partition_id
                          WHERE p.queue_id = q.queue_id)
           ORDER BY q.queue_id",
@@ -254,31 +258,41 @@ macro_rules! idle_partitions_sql {
 }
 
 /// One queue's expiry (the background worker, in a transaction of its own): dedup entries
-/// older than the queue's window go, and, with a `partition_idle_ttl`, the partitions that
-/// nobody pushed to for that long and that are empty, among the next idle ones (as many as
-/// hold `EXPIRE_LANES` lanes between them; see the module docs). It never waits: a
-/// partition someone holds is left for a later pass. Returns (dedup entries deleted,
-/// partitions dropped, whether it stopped at its limit: there are more to examine).
-pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, bool) {
+/// older than the queue's window go; with a `dlq_retention`, dead letters filed longer ago
+/// than it (`DLQ_EXPIRE_STEP` at most); and, with a `partition_idle_ttl`, the partitions
+/// that nobody pushed to for that long and that are empty, among the next idle ones (as
+/// many as hold `EXPIRE_LANES` lanes between them; see the module docs). It never waits: a
+/// partition or dead letter someone holds is left for a later pass. Returns whether it
+/// stopped at a limit: there is more to examine, and the worker takes another step.
+pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> bool {
     // The queue lock first, as every call takes it before the queue's rows (a dedup row
     // locked before it would deadlock with a delete_queue); a queue being deleted waits
     // for the next pass.
     if !crate::pg::locks::try_share_queue(queue_id) {
-        return (0, 0, false);
+        return false;
     }
-    let dedup = first_value::<i64>(run(
+    run(
         client,
         concat!(
-            "WITH gone AS (
-               DELETE FROM queen.dedup d USING queen.partitions p, queen.queues q
-                WHERE q.queue_id = $1 AND p.queue_id = q.queue_id AND d.partition_id = p.partition_id AND ",
-            queen_core::dedup_expired_sql!("d", "q.dedup_window"),
-            " RETURNING 1)
-             SELECT count(*)::int8 FROM gone"
+            "DELETE FROM queen.dedup d USING queen.partitions p, queen.queues q
+              WHERE q.queue_id = $1 AND p.queue_id = q.queue_id AND d.partition_id = p.partition_id AND ",
+            queen_core::dedup_expired_sql!("d", "q.dedup_window")
         ),
         &[queue_id.into()],
+    );
+    // Dead letters past the queue's dlq_retention, oldest first. One being replayed or
+    // deleted by a call at this moment is passed over (it is going anyway).
+    let dead_letters = first_value::<i64>(run(
+        client,
+        "WITH old AS (SELECT d.id FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
+                       WHERE d.queue_id = $1 AND q.dlq_retention > '0s' AND d.failed_at < now() - q.dlq_retention
+                       ORDER BY d.failed_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED),
+              gone AS (DELETE FROM queen.log_dlq d USING old WHERE d.id = old.id RETURNING 1)
+         SELECT count(*)::int8 FROM gone",
+        &[queue_id.into(), queen_core::policy::limits::DLQ_EXPIRE_STEP.into()],
     ))
     .unwrap_or(0);
+    let more_dead_letters = dead_letters >= queen_core::policy::limits::DLQ_EXPIRE_STEP;
     // Only a queue with a partition_idle_ttl has partitions to drop. The others do not
     // take the lane-creation lock below: while it is held, a pop that would create a group
     // returns no rows, and this step runs for every queue with a dedup window, every pass.
@@ -288,11 +302,11 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
         &[queue_id.into()],
     ));
     if idle_ttl != Some(true) {
-        return (dedup, 0, false);
+        return more_dead_letters;
     }
     // As in try_drop: no group gets lanes while the partitions are checked (busy: next pass).
     if !crate::pg::locks::lanes_creation(queue_id, true, false) {
-        return (dedup, 0, false);
+        return more_dead_letters;
     }
     let groups = groups_of(client, queue_id);
     let limit = (EXPIRE_LANES / groups.len().max(1) as i64).max(1);
@@ -322,7 +336,7 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
         .map(|(pid, _)| pid)
         .collect();
     if consumed.is_empty() {
-        return (dedup, 0, full);
+        return more_dead_letters || full;
     }
     // Those that look consumed are locked (if still idle; a busy one waits for a later
     // step) and checked under their locks (`check_empty`), which decides.
@@ -341,7 +355,7 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> (i64, i64, boo
     if !empty.is_empty() {
         delete(client, &empty, &groups);
     }
-    (dedup, empty.len() as i64, full)
+    more_dead_letters || full
 }
 
 /// Whether partition `pid` looks empty, read without locking anything (the registry's

@@ -226,3 +226,44 @@ fn consumed_partitions_behind_many_that_hold_messages_are_dropped() {
         .len() as i64;
     assert_eq!(rest, KEPT);
 }
+
+/// Dead letters of a queue with a `dlq_retention` are deleted by the worker once they are
+/// older than it, and not before; a queue without one keeps its own.
+#[test]
+fn dead_letters_go_after_the_dlq_retention_and_not_before() {
+    let mut c = queen_it::connect();
+    let trimmed = queen_it::unique("dlqr");
+    let kept = queen_it::unique("dlqk");
+    c.execute("SELECT queen.configure($1, dlq_retention => '3 s')", &[&trimmed]).unwrap();
+    let file = |c: &mut Client, queue: &str, n: i64| {
+        for i in 0..n {
+            c.execute("SELECT count(*) FROM queen.push($1, to_jsonb($2::int8))", &[&queue, &i]).unwrap();
+            let acked = c
+                .query_one(
+                    "SELECT (queen.ack(lease_id, partition_id, msg_offset, 'dlq') -> 'items' -> 0 ->> 'success')::bool
+                       FROM queen.pop($1, batch => 1)",
+                    &[&queue],
+                )
+                .unwrap();
+            assert!(acked.get::<_, bool>(0));
+        }
+    };
+    let dead = |c: &mut Client, queue: &str| -> i64 {
+        c.query_one("SELECT count(*) FROM queen.dlq($1)", &[&queue]).unwrap().get(0)
+    };
+    let filed = Instant::now();
+    file(&mut c, &trimmed, 3);
+    file(&mut c, &kept, 2);
+    assert_eq!((dead(&mut c, &trimmed), dead(&mut c, &kept)), (3, 2));
+    // The worker's expiry runs every second here: within the retention they all stay.
+    while filed.elapsed() < Duration::from_millis(2500) {
+        assert_eq!(dead(&mut c, &trimmed), 3, "a dead letter went before its queue's dlq_retention");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dead(&mut c, &trimmed) > 0 {
+        assert!(Instant::now() < deadline, "dead letters outlived their queue's dlq_retention");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(dead(&mut c, &kept), 2, "a queue without a dlq_retention keeps its dead letters");
+}

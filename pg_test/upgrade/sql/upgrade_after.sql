@@ -25,7 +25,7 @@ SELECT count(*) FROM queen.pop('up-huge', 'forever');
 -- them still can, with the grant option they had; the app's direct grants still work on
 -- every queue (it holds no queue grant).
 SELECT has_function_privilege('Queen Upgrade-Ops',
-         'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval, bigint)',
+         'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval, bigint, interval)',
          'EXECUTE WITH GRANT OPTION') AS ops_can_configure;
 SELECT has_function_privilege('Queen Upgrade-Ops',
          'queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)', 'EXECUTE')
@@ -37,7 +37,7 @@ SET ROLE queen_upgrade_app;
 SELECT msg_offset FROM queen.push('elsewhere', '1');
 SELECT msg_offset, payload FROM queen.pop('elsewhere', auto_ack => true);
 RESET ROLE;
-REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval, bigint)
+REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval, bigint, interval)
   FROM "Queen Upgrade-Ops" CASCADE;
 REVOKE EXECUTE ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)
   FROM "Queen Upgrade-Ops";
