@@ -163,7 +163,7 @@ fn entry_point_defaults_are_the_policy() {
 /// `dedup_live_sql!`, `dedup_expired_sql!`). The statements are the macros' own text.
 #[pg_test]
 fn rule_sql_forms_agree_with_core() {
-    use queen_core::{dedup::dedup_live, lane::lease_live};
+    use queen_core::{dedup::dedup_live, lane::lease_live, policy::dlq_expired};
     // Times as microseconds from a fixed instant; the SQL gets the same instant plus them.
     let at = |us: i64| format!("('2026-01-01 00:00:00+00'::timestamptz + interval '1 microsecond' * {us})");
     let now = 0i64;
@@ -210,6 +210,22 @@ fn rule_sql_forms_agree_with_core() {
     for (c, r, e) in [(0i64, 0i64, 0i64), (0, 0, 5), (5, 0, 3), (2, 4, 9), (7, 4, 9), (9, 9, 9), (3, 10, 8)] {
         let sql = format!("SELECT {lag} FROM (SELECT {c}::int8 AS c, {r}::int8 AS r, {e}::int8 AS e) x");
         assert_eq!(Spi::get_one::<i64>(&sql).unwrap(), Some(queen_core::overflow::lag(c, r, e)), "lag({c}, {r}, {e})");
+    }
+    // A dead letter's retention (`policy::dlq_expired`; 0 keeps it for ever), judged by now().
+    let expired = queen_core::dlq_expired_sql!("d", "$retention");
+    for retention in [0i64, 1, 3600] {
+        for delta in [-1i64, 0, 1] {
+            let failed = now_us - retention * 1_000_000 + delta;
+            let sql = format!(
+                "SELECT {expired}
+                   FROM (SELECT now() - make_interval(secs => {retention}) + interval '1 microsecond' * {delta}
+                           AS failed_at) d"
+            )
+            .replace("$retention", &format!("make_interval(secs => {retention})"));
+            let sql_expired = Spi::get_one::<bool>(&sql).unwrap();
+            let rust = dlq_expired(failed, retention * 1_000_000, now_us);
+            assert_eq!(sql_expired, Some(rust), "dlq_retention {retention} s, filed {delta} us after its edge");
+        }
     }
 }
 

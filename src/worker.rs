@@ -13,7 +13,7 @@
 //! a compaction pass every `queen.compaction_interval` milliseconds (each partition in its
 //! own transaction), a retention pass every `queen.retention_interval` seconds (each queue
 //! in its own transaction, then a rotation of the segment generations), the expiry of idle
-//! partitions and old dedup entries with it, and every two seconds a round of the lane
+//! partitions, old dedup entries and old dead letters with it, and every two seconds a round of the lane
 //! journal (`lane::registry`) and the sweep of prepared transactions' offsets. It exits when the
 //! extension is dropped, and on SIGTERM (a server stop, or a `DROP DATABASE`).
 //!
@@ -493,7 +493,8 @@ fn set_cancel_holdoff(count: u32) {
     }
 }
 
-/// Longest a retention round spends expiring one queue's idle partitions.
+/// Longest a retention round spends expiring one queue's idle partitions and old dead
+/// letters.
 const EXPIRY_BUDGET: Duration = Duration::from_secs(5);
 
 /// How often the lane journal moves on (see `registry::rotate_journal`: a table is emptied
@@ -698,8 +699,9 @@ fn journal_round(m: &mut Maintenance) {
 }
 
 /// The skip groups' overflow (`ops::overflow::skip_queue`), then retention, queue by queue
-/// (each in its own transaction: no lock is held for the whole pass), then the rotation of the segment generations, then the expiry of idle
-/// partitions and old dedup entries.
+/// (each in its own transaction: no lock is held for the whole pass), then the rotation of
+/// the segment generations, then the expiry of idle partitions, old dedup entries and old
+/// dead letters (`storage::churn::expire_queue`).
 fn retention_round(m: &mut Maintenance) {
     // Skip groups past their max_lag first: what they pass over may then go.
     let skips = m.step(Pass::Retention, "the skip groups", || Spi::connect_mut(crate::ops::overflow::queues_to_skip));

@@ -228,24 +228,28 @@ fn signal_plan(
     plan
 }
 
-/// An ack item's `offset` as the client wrote it: a JSON number with an integral value
-/// (`7`, or `7.0` as a client that holds numbers as floats writes it), or a string of
-/// digits (`"7"`, for clients whose numbers cannot hold 64 bits). `number` is the JSON
-/// value's text as jsonb gives it (plain decimal: jsonb writes `7e0` as `7`), `string` a
-/// string's contents. None when it is not one of those.
-pub fn offset_from_json(text: &str, string: bool) -> Option<i64> {
-    if string {
-        return if !text.is_empty() && text.bytes().all(|c| c.is_ascii_digit()) { text.parse().ok() } else { None };
-    }
-    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
-    if !fraction.bytes().all(|c| c == b'0') || (text.contains('.') && fraction.is_empty()) {
-        return None;
-    }
-    let digits = whole.strip_prefix('-').unwrap_or(whole);
-    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+/// An ack item's `offset` given as a JSON number: an integral value, `7` or `7.0` (as a
+/// client that holds numbers as floats writes it). `text` is the number as jsonb writes it
+/// (plain decimal: `7e0` becomes `7`). None when it is not an integer of 64 bits.
+pub fn offset_from_number(text: &str) -> Option<i64> {
+    let whole = match text.split_once('.') {
+        Some((whole, fraction)) if !fraction.is_empty() && fraction.bytes().all(|c| c == b'0') => whole,
+        Some(_) => return None,
+        None => text,
+    };
+    if !crate::addresses::is_integer(whole) {
         return None;
     }
     whole.parse().ok()
+}
+
+/// An ack item's `offset` given as a JSON string, for clients whose numbers cannot hold
+/// 64 bits: digits alone (`"7"`), no sign. None otherwise.
+pub fn offset_from_string(text: &str) -> Option<i64> {
+    if text.is_empty() || !text.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 #[cfg(test)]
@@ -256,18 +260,17 @@ mod tests {
 
     #[test]
     fn an_offset_is_an_integral_json_number_or_a_string_of_digits() {
-        use super::offset_from_json as o;
-        assert_eq!(o("7", false), Some(7));
-        assert_eq!(o("7.0", false), Some(7));
-        assert_eq!(o("7.000", false), Some(7));
-        assert_eq!(o("-3", false), Some(-3));
-        assert_eq!(o("9223372036854775807", false), Some(i64::MAX));
-        assert_eq!(o("7", true), Some(7));
+        assert_eq!(offset_from_number("7"), Some(7));
+        assert_eq!(offset_from_number("7.0"), Some(7));
+        assert_eq!(offset_from_number("7.000"), Some(7));
+        assert_eq!(offset_from_number("-3"), Some(-3));
+        assert_eq!(offset_from_number("9223372036854775807"), Some(i64::MAX));
         for bad in ["7.5", "7.", ".0", "", "-", "1e3", "9223372036854775808", "true", "null", "+7"] {
-            assert_eq!(o(bad, false), None, "{bad:?}");
+            assert_eq!(offset_from_number(bad), None, "{bad:?}");
         }
+        assert_eq!(offset_from_string("7"), Some(7));
         for bad in ["+5", "-5", " 5", "5 ", "", "7.0", "0x10", "9223372036854775808"] {
-            assert_eq!(o(bad, true), None, "{bad:?}");
+            assert_eq!(offset_from_string(bad), None, "{bad:?}");
         }
     }
 

@@ -25,9 +25,11 @@ impl Backoff {
     }
 
     /// The step failed at `now`: it waits twice as long as after its last failure. An entry
-    /// whose retry fell due more than `LONGEST` ago and was not tried since is forgotten: its
-    /// object is gone (a pass that runs at most every `LONGEST` would have tried it again),
-    /// so the failures of deleted partitions and queues do not pile up over a worker's life.
+    /// whose retry fell due more than `LONGEST` ago and was not tried since is forgotten, so
+    /// the failures of deleted partitions and queues do not pile up over a worker's life.
+    /// That also forgets a live step whose pass runs less often than every `LONGEST` (a
+    /// `queen.retention_interval` over 10 minutes): it then starts again at `FIRST`, which
+    /// is shorter than its pass's interval anyway, so it is tried at the next pass as before.
     pub fn failed(&mut self, key: &str, now: Instant) {
         self.failing.retain(|_, (_, next)| now < *next + LONGEST);
         let n = self.failing.get(key).map_or(0, |f| f.0) + 1;
@@ -38,16 +40,6 @@ impl Backoff {
     /// The step succeeded: no longer failing.
     pub fn ok(&mut self, key: &str) {
         self.failing.remove(key);
-    }
-
-    /// The steps held now.
-    pub fn len(&self) -> usize {
-        self.failing.len()
-    }
-
-    /// Whether no step is failing.
-    pub fn is_empty(&self) -> bool {
-        self.failing.is_empty()
     }
 }
 
@@ -85,22 +77,27 @@ mod tests {
         let mut b = Backoff::default();
         let t0 = Instant::now();
         for i in 0..1000 {
-            b.failed(&format!("gone {i}"), t0);
+            b.failed(&format!("gone {i}"), t0); // due at t0 + 5 s, never tried again
         }
-        assert_eq!(b.len(), 1000);
-        // "kept" fails again each time it is due, as a step of a live object does.
+        assert_eq!(b.failing.len(), 1000);
+        // "kept" fails again each time its pass comes round, as a step of a live object does.
         let mut now = t0;
         for _ in 0..12 {
             b.failed("kept", now);
             now += LONGEST;
         }
-        assert_eq!(b.len(), 1, "the keys never tried again are gone, the one still failing is kept");
-        assert!(!b.ready("kept", now - LONGEST + Duration::from_secs(599)));
-        // A key is kept until LONGEST past its due time, and forgotten from then on.
-        b.failed("late", now);
-        b.failed("other", now + FIRST + LONGEST - Duration::from_secs(1));
-        assert!(!b.ready("late", now + FIRST - Duration::from_secs(1)), "still held, with its wait");
-        b.failed("other", now + FIRST + LONGEST);
-        assert!(b.ready("late", now) && b.len() == 1, "forgotten");
+        assert_eq!(b.failing.keys().collect::<Vec<_>>(), ["kept"], "the keys never tried again are gone");
+
+        // One key, failed once at `at`: due at `at + FIRST`, forgotten from `LONGEST` past that.
+        let mut b = Backoff::default();
+        let at = t0;
+        let due = at + FIRST;
+        b.failed("late", at);
+        b.failed("other", due + LONGEST - Duration::from_secs(1));
+        assert!(b.failing.contains_key("late"), "kept until LONGEST past its due time");
+        assert!(!b.ready("late", due - Duration::from_secs(1)), "with its wait");
+        b.failed("other", due + LONGEST);
+        assert!(!b.failing.contains_key("late"), "forgotten from then on");
+        assert!(b.ready("late", at), "and ready at once");
     }
 }

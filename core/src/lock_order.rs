@@ -24,8 +24,9 @@
 //! 2. **The queue row** (`queen.queues`): FOR KEY SHARE by the foreign keys of a new
 //!    partition, group, dead letter or folded count of expired drops; FOR UPDATE by
 //!    `delete_queue`; UPDATE by `configure`. (Retention takes no queue row lock.)
-//!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts (SKIP LOCKED)
-//!    and by `dlq_redrive` to failing groups (in name order), FOR UPDATE by `seek`,
+//!    Then group rows (`queen.groups`): FOR KEY SHARE by lane inserts (SKIP LOCKED),
+//!    by `dlq_redrive` to failing groups (in name order), and by a call that finds its
+//!    group there and writes for it (`ensure_group`; a pop SKIP LOCKED), FOR UPDATE by `seek`,
 //!    `purge`, `drop_group`, `pause` and `resume`.
 //! 3. **Partition rows**, in partition-name order within a call (pushes without the
 //!    offset registry; `drop_partition`; compaction, retention and the partition expiry
@@ -37,6 +38,11 @@
 //!
 //! Group creation is serialized by a second heavyweight lock, keyed by (queue id, group
 //! name), taken without waiting: [`group_key`] gives its key.
+//!
+//! Last of all, the **privileges lock** (an `object` lock whose `classid` is
+//! `queen.queue_grants`, key 0): `grant`, `revoke` and `delete_queue` take it exclusively
+//! after their grant rows, before they read the grants and change a role's function
+//! rights, until the transaction ends. Changes of privileges thus run one at a time.
 //!
 //! Outside this order, and holding nothing else new meanwhile: the **load lock** of a
 //! registry entry (an `object` lock whose `classid` is `queen.partitions` for a

@@ -384,6 +384,33 @@ pub fn expired(due_at: i64, not_before: i64, ttl: i64, now: i64) -> bool {
     ttl > 0 && due_at.max(not_before).saturating_add(ttl) <= now
 }
 
+/// Whether a dead letter filed at `failed_at` has outlived its queue's `dlq_retention`
+/// at `now` (all microseconds), and the worker's expiry deletes it. A retention of 0
+/// keeps dead letters for ever; the boundary itself is kept.
+pub fn dlq_expired(failed_at: i64, dlq_retention: i64, now: i64) -> bool {
+    dlq_retention > 0 && failed_at < now.saturating_sub(dlq_retention)
+}
+
+/// The SQL form of `dlq_expired` over a `queen.log_dlq` row aliased `$row` and the queue's
+/// retention `$retention` (an interval column or placeholder): a string literal, for
+/// `concat!`. Judged by `now()`, the expiry step's transaction start. The retention counts
+/// as its seconds (a day is 86,400 s, as `dlq_expired` has it), not as calendar days, which
+/// a change of daylight saving time would make 23 or 25 hours long.
+#[macro_export]
+macro_rules! dlq_expired_sql {
+    ($row:literal, $retention:literal) => {
+        concat!(
+            "(",
+            $retention,
+            " > '0s' AND ",
+            $row,
+            ".failed_at < now() - make_interval(secs => extract(epoch FROM ",
+            $retention,
+            ")))"
+        )
+    };
+}
+
 /// `expired` as a pop judges it: `not_before` is the latest of `configured_at` and
 /// `readable_after()`, the time after which the message became readable when that came
 /// late (None otherwise). `readable_after` is asked only of a message that would expire
@@ -675,6 +702,15 @@ mod tests {
                 .argument,
             "ttl"
         );
+    }
+
+    #[test]
+    fn a_dead_letter_expires_once_older_than_its_queues_retention() {
+        let hour = 3600 * MICROS;
+        assert!(!dlq_expired(0, 0, i64::MAX), "0 keeps dead letters for ever");
+        assert!(!dlq_expired(1_000, hour, 1_000 + hour), "the boundary is kept");
+        assert!(dlq_expired(1_000, hour, 1_001 + hour));
+        assert!(!dlq_expired(i64::MIN, hour, i64::MIN + 5), "no overflow at the low end");
     }
 
     #[test]
@@ -1002,6 +1038,7 @@ mod tests {
             assert_eq!(column_default("queues", "delay"), format!("'{}s'", o.delay / MICROS));
             assert_eq!(column_default("queues", "create_groups"), o.create_groups.to_string());
             assert_eq!(column_default("queues", "partition_idle_ttl"), format!("'{}s'", o.partition_idle_ttl / MICROS));
+            assert_eq!(column_default("queues", "dlq_retention"), format!("'{}s'", o.dlq_retention / MICROS));
         }
 
         #[test]

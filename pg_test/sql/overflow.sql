@@ -110,3 +110,14 @@ SELECT queen.retain('merge') ->> 'skipped' AS after_a_delete;
 SELECT partition, transaction_id FROM queen.dlq('merge') ORDER BY 1, 2;
 -- What the rows name is what the group passed over: its next pops deliver the rest.
 SELECT partition, payload FROM queen.pop('merge', 'm', batch => 10, max_partitions => 2, auto_ack => true) ORDER BY 1, msg_offset;
+-- Each group's spans are its own, and a purge's row is not a skip's: two skip groups on
+-- the same lane, one of them purged right before its first skip, keep rows of their own.
+SELECT queen.configure_group('merge2', 'x', max_lag => 1, on_overflow => 'skip') ->> 'onOverflow' AS x;
+SELECT queen.configure_group('merge2', 'y', max_lag => 1, on_overflow => 'skip') ->> 'onOverflow' AS y;
+SELECT count(*) FROM generate_series(1, 3) i, queen.push('merge2', i::text::jsonb);
+SELECT queen.purge('merge2', 'y') ->> 'purged' AS purged;
+SELECT count(*) FROM generate_series(4, 6) i, queen.push('merge2', i::text::jsonb);
+SELECT queen.retain('merge2') ->> 'skipped' AS round_1;
+SELECT count(*) FROM generate_series(7, 8) i, queen.push('merge2', i::text::jsonb);
+SELECT queen.retain('merge2') ->> 'skipped' AS round_2;
+SELECT consumer_group, reason, transaction_id FROM queen.dlq('merge2') ORDER BY 1, 3;

@@ -76,6 +76,17 @@ SELECT s.generation = (SELECT current_generation FROM queen.generations) AS in_t
   FROM (SELECT partition_id, last_offset, generation FROM queen.segments UNION ALL SELECT partition_id, last_offset, generation FROM queen.fresh_segments) s
   JOIN queen.partitions p USING (partition_id) JOIN queen.queues q USING (queue_id)
  WHERE q.name = 'ret' AND p.name = 'a' ORDER BY s.last_offset DESC LIMIT 1;
+-- And rolled back to a savepoint, with the push in the same transaction after it.
+BEGIN;
+SAVEPOINT s;
+SELECT queen.retain() ->> 'generationRotated' AS rotated_then_rolled_back_to_a_savepoint;
+ROLLBACK TO SAVEPOINT s;
+SELECT count(*) FROM queen.push('ret', '10', 'a');
+COMMIT;
+SELECT s.generation = (SELECT current_generation FROM queen.generations) AS still_in_the_current_generation
+  FROM (SELECT partition_id, last_offset, generation FROM queen.segments UNION ALL SELECT partition_id, last_offset, generation FROM queen.fresh_segments) s
+  JOIN queen.partitions p USING (partition_id) JOIN queen.queues q USING (queue_id)
+ WHERE q.name = 'ret' AND p.name = 'a' ORDER BY s.last_offset DESC LIMIT 1;
 RESET queen.rotation_min_size;
 
 -- Compaction needs READ COMMITTED: a REPEATABLE READ snapshot may miss fresh segments

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::spi::run;
-use crate::queue::privileges::{caller, denied, queen_role, require, role_named, sync_grants, Privilege};
+use crate::queue::privileges::{caller, denied, queen_role, role_named, sync_grants, Privilege};
 
 extension_sql!(
     r#"
@@ -99,10 +99,7 @@ fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
 fn grants_sql(
     queue: default!(Option<&str>, "NULL"),
 ) -> TableIterator<'static, (name!(queue, String), name!(role, String), name!(privilege, String))> {
-    if let Some(q) = queue {
-        crate::queue::names::check_queue_name("queue", q);
-    }
-    require(queue, Privilege::Admin);
+    crate::queue::privileges::require_named(queue, Privilege::Admin);
     let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
         run(
             client,

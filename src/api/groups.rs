@@ -267,7 +267,15 @@ fn purge_lanes(client: &mut SpiClient<'_>, queue_id: i64, lanes: &[Lane], group:
             continue; // nothing past the cursor
         }
         let error = format!("purged by queen.purge: offsets {from}..{readable} not delivered to group {group:?}");
-        crate::ops::dlq::file_span(client, queue_id, l.partition_id, group, (from, readable), "purged", &error);
+        crate::ops::dlq::file_span(
+            client,
+            queue_id,
+            l.partition_id,
+            group,
+            (from, readable),
+            queen_core::addresses::SpanKind::Purged,
+            &error,
+        );
         move_cursor(client, l, group, readable, &mut journal);
         out.push(json!({
             "consumerGroup": group,

@@ -150,10 +150,10 @@ fn ack_item(acks: &JsonbArg, i: u32) -> Addressed {
         _ => errors::invalid(&at("partitionId"), "is missing"),
     };
     let offset = match offset {
-        Some(Found::Other(t)) => queen_core::ack::offset_from_json(&t, false).unwrap_or_else(|| {
+        Some(Found::Other(t)) => queen_core::ack::offset_from_number(&t).unwrap_or_else(|| {
             errors::invalid(&at("offset"), format_args!("{} is not an integer offset", excerpt(&t)))
         }),
-        Some(Found::Str(t)) => queen_core::ack::offset_from_json(&t, true).unwrap_or_else(|| {
+        Some(Found::Str(t)) => queen_core::ack::offset_from_string(&t).unwrap_or_else(|| {
             errors::invalid(
                 &at("offset"),
                 format_args!("{:?} is not an integer offset (a string of digits)", excerpt(&t)),

@@ -1,10 +1,12 @@
 //! Dead-letter queue: filing a dead letter (`file`), from the ack that gives up on a
-//! message and from the pop that meets one it cannot open or that expired, and a span a
-//! purge passed (`file_span`). Listing is plain SQL
+//! message and from the pop that meets one it cannot open or that expired; a span a purge
+//! passed (`file_span`); a span a skip group passed (`file_skipped`). Listing is plain SQL
 //! (`queen.dlq`, sql/api.sql); replay and delete are entry points (`api/dlq.rs`).
 
 use pgrx::spi::SpiClient;
+use queen_core::addresses::{span_address, SpanKind};
 
+use crate::pg::errors::SpiExt;
 use crate::pg::spi::run;
 
 /// One message to file as a dead letter.
@@ -77,9 +79,9 @@ pub fn file(client: &mut SpiClient<'_>, f: Filing<'_>) -> bool {
 }
 
 /// Files the span a `skip` group's cursor passed in a lane (`overflow::skip_lanes`). It
-/// extends the lane's `skipped` row that ends right before it, when there is one, rather
-/// than adding a row: an abandoned skip group passes over its oldest messages at every
-/// retention round, and one row per lane per round would grow the dead-letter table
+/// extends the lane's newest `skipped` row when that row ends right before the span,
+/// rather than adding a row: an abandoned skip group passes over its oldest messages at
+/// every retention round, and one row per lane per round would grow the dead-letter table
 /// without bound. The row's address, error and time become the merged span's.
 pub fn file_skipped(
     client: &mut SpiClient<'_>,
@@ -90,39 +92,47 @@ pub fn file_skipped(
     max_lag: i64,
 ) {
     let (from, to) = span;
-    let why = format!(" passed over by group {group:?}, whose lag passed its max_lag {max_lag}");
-    // The lanes are locked (skip_lanes), so no other pass files this lane's spans now; a
-    // dlq_delete of the row in between leaves nothing to extend, and a new row is filed.
-    let extended = crate::pg::spi::run_map(
+    let error = |first: i64| {
+        format!("skipped: offsets {first}..{to} passed over by group {group:?}, whose lag passed its max_lag {max_lag}")
+    };
+    // The lanes are locked (skip_lanes), so no other pass files this lane's spans now. A
+    // dlq_delete or expiry of the row meanwhile leaves nothing to extend: a new row then.
+    let newest = crate::pg::spi::run_map(
         client,
-        "UPDATE queen.log_dlq
-            SET last_offset = $4,
-                -- addresses::span_address, in SQL (overflow.sql shows both)
-                transaction_id = 'skipped ' || msg_offset || '..' || $4,
-                error_message = 'skipped: offsets ' || msg_offset || '..' || $4 || $5,
-                failed_at = clock_timestamp()
-          WHERE partition_id = $1 AND consumer_group = $2 AND reason = 'skipped' AND last_offset = $3 - 1
-         RETURNING id",
-        &[partition_id.into(), group.into(), from.into(), to.into(), why.clone().into()],
-        |_| (),
-    )
-    .len();
-    if extended == 0 {
-        let error = format!("skipped: offsets {from}..{to}{why}");
-        file_span(client, queue_id, partition_id, group, span, "skipped", &error);
+        "SELECT id, msg_offset, last_offset FROM queen.log_dlq
+          WHERE partition_id = $1 AND consumer_group = $2 AND reason = 'skipped'
+          ORDER BY last_offset DESC LIMIT 1 FOR UPDATE",
+        &[partition_id.into(), group.into()],
+        |r| {
+            let id: pgrx::Uuid = r.get(1).or_raise().unwrap();
+            let (first, last): (i64, i64) = (r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap());
+            (id, first, last)
+        },
+    );
+    match newest.first() {
+        Some(&(id, first, last)) if last == from - 1 => {
+            run(
+                client,
+                "UPDATE queen.log_dlq SET last_offset = $2, transaction_id = $3, error_message = $4,
+                                          failed_at = clock_timestamp()
+                  WHERE id = $1",
+                &[id.into(), to.into(), span_address(SpanKind::Skipped, first, to).into(), error(first).into()],
+            );
+        }
+        _ => file_span(client, queue_id, partition_id, group, span, SpanKind::Skipped, &error(from)),
     }
 }
 
 /// Files a span of offsets that a group's cursor passed without delivering them
-/// (`queen.purge`, a skip group past its `max_lag`): one row with no payload, `msg_offset` its first offset and
-/// `last_offset` its last, addressed by the transaction id `"{reason} {from}..{to}"`.
+/// (`queen.purge`, a skip group past its `max_lag`): one row with no payload, `msg_offset`
+/// its first offset and `last_offset` its last, addressed by `addresses::span_address`.
 pub fn file_span(
     client: &mut SpiClient<'_>,
     queue_id: i64,
     partition_id: pgrx::Uuid,
     group: &str,
     span: (i64, i64),
-    reason: &str,
+    kind: SpanKind,
     error: &str,
 ) {
     let (from, to) = span;
@@ -138,9 +148,9 @@ pub fn file_span(
             group.into(),
             from.into(),
             to.into(),
-            queen_core::addresses::span_address(reason, from, to).into(),
+            span_address(kind, from, to).into(),
             error.into(),
-            reason.into(),
+            kind.reason().into(),
         ],
     );
 }

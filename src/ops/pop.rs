@@ -4,6 +4,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::{pg_sys, PgSqlErrorCode};
+use queen_core::addresses::SpanKind;
 use queen_core::claim::{covered, fill};
 use queen_core::lane::Lane;
 use queen_core::lanes::State as LaneState;
@@ -1440,12 +1441,12 @@ impl<E: FnMut(Delivered)> SpanRead<'_, E> {
             offset: k.segment_first,
             last: k.last,
             message_id: pgrx::Uuid::from_bytes([0; 16]),
-            transaction_id: queen_core::addresses::span_address("corrupt segment", k.segment_first, k.last),
+            transaction_id: queen_core::addresses::span_address(SpanKind::CorruptSegment, k.segment_first, k.last),
             stored: k.bytes,
             headers: None,
             error: format!("queen: offsets {}..{} cannot be read: {}", k.from, k.last, k.error),
             raw: true,
-            reason: "unreadable",
+            reason: SpanKind::CorruptSegment.reason(),
             file: true,
         });
         k.last + 1

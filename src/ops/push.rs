@@ -140,7 +140,8 @@ fn check_item(item: &PushItem, at: &dyn Fn() -> String) {
             errors::invalid(
                 &format!("{}transaction_id", at()),
                 format_args!(
-                    "{tx:?} has the form of a dead-letter span's address (\"purged|skipped|corrupt segment F..L\"), which queen keeps for itself"
+                    "{tx:?} has the form of a dead-letter span's address ({}), which queen keeps for itself",
+                    queen_core::addresses::span_forms()
                 ),
             );
         }

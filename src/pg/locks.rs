@@ -151,6 +151,17 @@ pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
     ))
 }
 
+/// The privileges lock (`queen_core::lock_order`, after every other lock of queen's):
+/// held exclusively until the transaction ends by each change of queue grants and of the
+/// function rights that follow them (`privileges::sync_grants`, from `grant`, `revoke` and
+/// `delete_queue`), so each reads the grants as the one before it committed them. Without
+/// it, two revokes of a role's last two grants each saw the other's grant still there and
+/// left the role its functions, which with no grant left means every queue; and their
+/// GRANT statements on the same catalog rows failed with `tuple concurrently updated`.
+pub fn privileges() {
+    acquire(&object_tag(crate::pg::catalog::queen_table(c"queue_grants"), 0, 0), pg_sys::ExclusiveLock, true);
+}
+
 /// The load lock of a registry entry (`queen_core::lock_order`, after the list): held
 /// exclusively by the backend that loads the entry, waited for in share mode by one that
 /// finds it loading. Both waits are in the lock manager, where the deadlock detector sees

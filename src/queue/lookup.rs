@@ -190,14 +190,34 @@ pub fn ensure_group(
             ),
         );
     }
-    let created = run(
-        client,
-        "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
-         ON CONFLICT DO NOTHING RETURNING 1",
-        &[queue_id.into(), group.into(), subscription.into()],
-    );
-    if created.is_empty() {
-        return Some(false);
+    const CREATE: &str = "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
+                          ON CONFLICT DO NOTHING RETURNING 1";
+    let args = [queue_id.into(), group.into(), subscription.into()];
+    if run(client, CREATE, &args).is_empty() {
+        // The group exists. Its row is kept (FOR KEY SHARE) until this transaction ends,
+        // so a drop_group cannot commit meanwhile and leave what the caller writes next
+        // (a limit, a budget, a pause, a claim) pointing at a group that is gone. A drop in
+        // flight is waited for, and when it commits the group is created anew; a pop does
+        // not wait, and returns no rows this time.
+        let kept = if wait {
+            run(
+                client,
+                "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE",
+                &[queue_id.into(), group.into()],
+            )
+        } else {
+            run(
+                client,
+                "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE SKIP LOCKED",
+                &[queue_id.into(), group.into()],
+            )
+        };
+        if !kept.is_empty() {
+            return Some(false);
+        }
+        if !wait || run(client, CREATE, &args).is_empty() {
+            return None;
+        }
     }
     CREATED_HERE.with(|c| c.set(true));
     let lanes = crate::lane::rows::create_for_group(client, queue_id, group, subscription);

@@ -181,6 +181,17 @@ pub fn require(queue: Option<&str>, p: Privilege) {
     }
 }
 
+/// `require` for a queue named by the caller, whose name has not been checked yet (the
+/// PL/pgSQL functions status, totals, dlq and delete_queue, through `_require`; `grants`):
+/// a name no queue can have is a 22023, as from every other entry point, not an empty
+/// answer.
+pub fn require_named(queue: Option<&str>, p: Privilege) {
+    if let Some(q) = queue {
+        crate::queue::names::check_queue_name("queue", q);
+    }
+    require(queue, p);
+}
+
 /// `require` for a queue known by id (a lease's, a dead letter's).
 pub fn require_id(client: &mut SpiClient<'_>, queue_id: i64, p: Privilege) {
     let role = caller();
@@ -208,7 +219,7 @@ pub fn permitted(p: Privilege) -> Option<Vec<i64>> {
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen._require(text, text) IS
-  'queen internal: refuse (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
+  'queen internal: refuse a bad queue name (22023), and (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
 COMMENT ON FUNCTION queen._permitted_queues(text) IS
   'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
 COMMENT ON FUNCTION queen._sync_grants(oid) IS
@@ -222,13 +233,7 @@ COMMENT ON FUNCTION queen._sync_grants(oid) IS
 #[pg_extern(name = "_require", volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn require_sql(queue: Option<&str>, privilege: &str) {
-    // The PL/pgSQL functions that name a queue (status, totals, dlq, delete_queue) check
-    // its name here, as every Rust entry point does: a name no queue can have is a 22023,
-    // not an empty answer.
-    if let Some(q) = queue {
-        crate::queue::names::check_queue_name("queue", q);
-    }
-    require(queue, Privilege::parse(privilege));
+    require_named(queue, Privilege::parse(privilege));
 }
 
 /// `queen._permitted_queues(privilege)`: `permitted`, for queen's PL/pgSQL functions.
@@ -277,6 +282,13 @@ pub fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, Strin
 /// on the functions of each privilege it still holds somewhere, USAGE on the schema while
 /// it holds any; the rest is revoked (only what queen granted directly to the role).
 pub fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
+    // One change of privileges at a time, each reading what the last one committed (a
+    // snapshot taken before the wait would not see it: REPEATABLE READ is refused).
+    crate::pg::errors::read_committed_only(
+        "a change of queue grants (grant, revoke, delete_queue of a queue with grants)",
+        "it would read the grants as its snapshot shows them, not as a concurrent change committed them, and could leave a role functions it holds no grant for",
+    );
+    crate::pg::locks::privileges();
     let held: Vec<String> =
         run(client, "SELECT DISTINCT privilege FROM queen.queue_grants WHERE grantee = $1::oid", &[role.into()])
             .map(|r| r.get::<String>(1).or_raise().unwrap())

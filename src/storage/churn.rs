@@ -218,9 +218,8 @@ fn delete(client: &mut SpiClient<'_>, pids: &[pgrx::Uuid], groups: &[String]) ->
 }
 
 /// The queues the expiry step looks at: those with a partition idle TTL or a dead-letter
-/// retention, and those that
-/// hold dedup entries (whatever their window now: entries left from a window since set to
-/// 0 go too). Not every queue with a dedup window: most pushes carry no transaction id of
+/// retention, and those that hold dedup entries (whatever their window now: entries left
+/// from a window since set to 0 go too). Not every queue with a dedup window: most pushes carry no transaction id of
 /// their own and record none, and a round that visited every such queue took time in
 /// proportion to all the queues there are (about 35 s for 200,000), holding up the
 /// journal and compaction meanwhile. The probe is one index lookup per partition.
@@ -280,15 +279,20 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> bool {
         ),
         &[queue_id.into()],
     );
-    // Dead letters past the queue's dlq_retention, oldest first. One being replayed or
-    // deleted by a call at this moment is passed over (it is going anyway).
+    // Dead letters past the queue's dlq_retention (`policy::dlq_expired`), oldest first.
+    // One that a call holds at this moment (a replay, a delete, a redrive) is left for the
+    // next round.
     let dead_letters = first_value::<i64>(run(
         client,
-        "WITH old AS (SELECT d.id FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
-                       WHERE d.queue_id = $1 AND q.dlq_retention > '0s' AND d.failed_at < now() - q.dlq_retention
-                       ORDER BY d.failed_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED),
-              gone AS (DELETE FROM queen.log_dlq d USING old WHERE d.id = old.id RETURNING 1)
-         SELECT count(*)::int8 FROM gone",
+        concat!(
+            "WITH old AS (SELECT d.id FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
+                           WHERE d.queue_id = $1 AND ",
+            queen_core::dlq_expired_sql!("d", "q.dlq_retention"),
+            "
+                           ORDER BY d.failed_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED),
+                  gone AS (DELETE FROM queen.log_dlq d USING old WHERE d.id = old.id RETURNING 1)
+             SELECT count(*)::int8 FROM gone"
+        ),
         &[queue_id.into(), queen_core::policy::limits::DLQ_EXPIRE_STEP.into()],
     ))
     .unwrap_or(0);
