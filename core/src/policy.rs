@@ -200,8 +200,12 @@ pub fn dead_lettering(dead_letter_queue: bool, dlq_after_max_retries: bool) -> b
 /// Lease time when nothing else says: an unknown queue or a failed lookup.
 pub const DEFAULT_LEASE_SECONDS: i64 = 60;
 
-/// The shortest lease a pop takes: one second, as for every lease a caller gives.
-pub const MIN_LEASE_MICROS: i64 = MICROS;
+/// The shortest lease a group's budget gives: 100 ms. A shorter one may have ended before
+/// its pop returns, and a group whose every lease ends that way never acks anything (a
+/// budget of 1 µs did that). Budgets of a few hundred milliseconds are for handlers that
+/// must answer fast; the leases a caller gives in seconds (`lease_seconds`, `lease_time`,
+/// `extend_lease`) are at least 1 s anyway.
+pub const MIN_BUDGET_LEASE_MICROS: i64 = 100_000;
 
 /// Effective lease of a pop, in microseconds, in order of precedence: the pop's
 /// `lease_seconds` when > 0; else the group's budget (`Budget::lease_micros`, None or 0
@@ -218,7 +222,7 @@ pub fn effective_lease_micros(
         i64::from(lease_seconds) * MICROS
     } else if let Some(b) = budget_micros.filter(|&b| b > 0) {
         // A budget stored before the floor (an older release took any) leases for 1 s.
-        b.max(MIN_LEASE_MICROS)
+        b.max(MIN_BUDGET_LEASE_MICROS)
     } else {
         match queue_lease_time {
             Some(s) if s > 0 => i64::from(s) * MICROS,
@@ -271,16 +275,15 @@ impl Budget {
         if self.handler_timeout == 0 {
             return Err(Violation::invalid("handler_timeout", "0 (must be > 0)"));
         }
-        // The lease a pop takes from it: every other lease has a floor of one second (a
-        // pop's lease_seconds, a queue's lease_time, extend_lease), and a shorter one has
-        // ended before the pop returns, so its group could never ack a message.
-        if self.lease_micros() < MIN_LEASE_MICROS {
+        // The lease a pop takes from it (`MIN_BUDGET_LEASE_MICROS`).
+        if self.lease_micros() < MIN_BUDGET_LEASE_MICROS {
             return Err(Violation::invalid(
                 "handler_timeout",
                 format!(
-                    "{} s: the lease budget (handler_timeout + queue_margin + timeout_grace + record_margin) is {} s (must be at least 1 s)",
+                    "{} s: the lease budget (handler_timeout + queue_margin + timeout_grace + record_margin) is {} s (must be at least {} s)",
                     self.handler_timeout as f64 / MICROS as f64,
-                    self.lease_micros() as f64 / MICROS as f64
+                    self.lease_micros() as f64 / MICROS as f64,
+                    MIN_BUDGET_LEASE_MICROS as f64 / MICROS as f64
                 ),
             ));
         }
@@ -875,7 +878,11 @@ mod tests {
         assert_eq!(effective_lease_micros(2, Some(budget), Some(300), M), 2 * MICROS);
         assert_eq!(effective_lease_micros(0, Some(budget), Some(300), M), 48 * MICROS);
         assert_eq!(effective_lease_micros(0, Some(0), Some(300), M), 300 * MICROS);
-        assert_eq!(effective_lease_micros(0, Some(1), Some(300), M), MICROS, "a budget leases at least 1 s");
+        assert_eq!(
+            effective_lease_micros(0, Some(1), Some(300), M),
+            MIN_BUDGET_LEASE_MICROS,
+            "a budget leases at least 100 ms"
+        );
         assert_eq!(effective_lease_micros(0, None, Some(5), M), 5 * MICROS);
         assert_eq!(effective_lease_micros(0, None, Some(0), M), 60 * MICROS);
         assert_eq!(effective_lease_micros(0, None, None, M), 60 * MICROS);
@@ -902,17 +909,17 @@ mod tests {
             .validate()
             .is_ok());
         assert!(Budget { queue_margin: 0, timeout_grace: 0, record_margin: 0, ..DEFAULT_BUDGET }.validate().is_ok());
-        // The lease the budget gives is at least 1 s, whichever allowances make it up.
+        // The lease the budget gives is at least 100 ms, whichever allowances make it up.
         let tiny = Budget { handler_timeout: 1, queue_margin: 0, timeout_grace: 0, record_margin: 0 };
         assert_eq!(tiny.validate().unwrap_err().argument, "handler_timeout");
-        let second = Budget {
-            handler_timeout: MICROS / 4,
-            queue_margin: MICROS / 4,
-            timeout_grace: MICROS / 4,
-            record_margin: MICROS / 4,
+        let floor = Budget {
+            handler_timeout: MIN_BUDGET_LEASE_MICROS / 4,
+            queue_margin: MIN_BUDGET_LEASE_MICROS / 4,
+            timeout_grace: MIN_BUDGET_LEASE_MICROS / 4,
+            record_margin: MIN_BUDGET_LEASE_MICROS / 4,
         };
-        assert!(second.validate().is_ok());
-        assert!(Budget { record_margin: MICROS / 4 - 1, ..second }.validate().is_err());
+        assert!(floor.validate().is_ok());
+        assert!(Budget { record_margin: MIN_BUDGET_LEASE_MICROS / 4 - 1, ..floor }.validate().is_err());
     }
 
     #[test]

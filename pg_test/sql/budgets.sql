@@ -41,9 +41,10 @@ SELECT queen.configure_group('payments.requested', 'charge-cards', handler_timeo
 -- Bad input.
 SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', handler_timeout => '-1 s')$$);
 SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', handler_timeout => '0 s')$$);
--- A lease of under a second would end before its pop returned: the budget's floor is 1 s.
-SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', handler_timeout => '0.5 s', queue_margin => '0', timeout_grace => '0', record_margin => '0')$$);
-SELECT queen.configure_group('q', 'g', handler_timeout => '0.25 s', queue_margin => '0.25 s', timeout_grace => '0.25 s', record_margin => '0.25 s') ->> 'leaseSeconds' AS one_second;
+-- A lease that may end before its pop returns leaves a group that never acks: the budget's
+-- floor is 100 ms.
+SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', handler_timeout => '0.05 s', queue_margin => '0', timeout_grace => '0', record_margin => '0')$$);
+SELECT queen.configure_group('q', 'g', handler_timeout => '25 ms', queue_margin => '25 ms', timeout_grace => '25 ms', record_margin => '25 ms') ->> 'leaseSeconds' AS floor;
 SELECT pg_temp.err($$SELECT queen.configure_group('q', 'g', queue_margin => '1 mon')$$);
 SELECT pg_temp.err($$SELECT queen.configure_group('q', NULL)$$);
 SELECT pg_temp.err($$SELECT queen.configure_group('bad name', 'g')$$);

@@ -96,12 +96,13 @@ pub fn file_skipped(
         format!("skipped: offsets {first}..{to} passed over by group {group:?}, whose lag passed its max_lag {max_lag}")
     };
     // The lanes are locked (skip_lanes), so no other pass files this lane's spans now. A
-    // dlq_delete or expiry of the row meanwhile leaves nothing to extend: a new row then.
+    // row that a dlq_delete or the expiry holds (or deleted meanwhile) is not waited for:
+    // the span then gets a row of its own.
     let newest = crate::pg::spi::run_map(
         client,
         "SELECT id, msg_offset, last_offset FROM queen.log_dlq
           WHERE partition_id = $1 AND consumer_group = $2 AND reason = 'skipped'
-          ORDER BY last_offset DESC LIMIT 1 FOR UPDATE",
+          ORDER BY last_offset DESC LIMIT 1 FOR UPDATE SKIP LOCKED",
         &[partition_id.into(), group.into()],
         |r| {
             let id: pgrx::Uuid = r.get(1).or_raise().unwrap();

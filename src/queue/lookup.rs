@@ -147,17 +147,19 @@ pub fn no_group_to_create(queue: &str, group: &str) -> ! {
 /// does not exist is an error, as for a pop (a mistyped name would otherwise make a group
 /// that holds retention back and counts toward `max_depth`).
 pub fn ensure_named_group(client: &mut SpiClient<'_>, queue_id: i64, queue: &str, group: &str) {
-    let allowed = first_value::<bool>(run(
+    let creates = first_value::<bool>(run(
         client,
-        "SELECT q.create_groups OR EXISTS (SELECT 1 FROM queen.groups g
-                                            WHERE g.queue_id = q.queue_id AND g.consumer_group = $2)
-           FROM queen.queues q WHERE q.queue_id = $1",
-        &[queue_id.into(), group.into()],
+        "SELECT q.create_groups FROM queen.queues q WHERE q.queue_id = $1",
+        &[queue_id.into()],
     ));
-    if allowed == Some(false) {
+    let may_create = creates != Some(false);
+    // Without create_groups the group must exist, also after a drop_group that committed
+    // while this call waited for its row (`ensure_group` then answers None).
+    if ensure_group_as(client, queue_id, group, queen_core::policy::Subscription::DEFAULT.as_str(), true, may_create)
+        .is_none()
+    {
         no_group_to_create(queue, group);
     }
-    ensure_group(client, queue_id, group, queen_core::policy::Subscription::DEFAULT.as_str(), true);
 }
 
 /// Creates the consumer group and its lanes if it does not exist yet. `subscription`
@@ -174,6 +176,19 @@ pub fn ensure_group(
     group: &str,
     subscription: &str,
     wait: bool,
+) -> Option<bool> {
+    ensure_group_as(client, queue_id, group, subscription, wait, true)
+}
+
+/// `ensure_group`, creating the group only when `may_create` (else None when it is not
+/// there: a queue with `create_groups => false`, for `ensure_named_group`).
+fn ensure_group_as(
+    client: &mut SpiClient<'_>,
+    queue_id: i64,
+    group: &str,
+    subscription: &str,
+    wait: bool,
+    may_create: bool,
 ) -> Option<bool> {
     if !crate::pg::locks::group_creation(queue_id, group, wait) {
         return None;
@@ -192,7 +207,12 @@ pub fn ensure_group(
     }
     const CREATE: &str = "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
                           ON CONFLICT DO NOTHING RETURNING 1";
+    const FIND: &str = "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE";
     let args = [queue_id.into(), group.into(), subscription.into()];
+    if !may_create {
+        // Only an existing group, kept until this transaction ends (as below).
+        return (!run(client, FIND, &[queue_id.into(), group.into()]).is_empty()).then_some(false);
+    }
     if run(client, CREATE, &args).is_empty() {
         // The group exists. Its row is kept (FOR KEY SHARE) until this transaction ends,
         // so a drop_group cannot commit meanwhile and leave what the caller writes next
@@ -200,11 +220,7 @@ pub fn ensure_group(
         // flight is waited for, and when it commits the group is created anew; a pop does
         // not wait, and returns no rows this time.
         let kept = if wait {
-            run(
-                client,
-                "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE",
-                &[queue_id.into(), group.into()],
-            )
+            run(client, FIND, &[queue_id.into(), group.into()])
         } else {
             run(
                 client,
