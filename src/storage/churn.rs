@@ -219,10 +219,11 @@ fn delete(client: &mut SpiClient<'_>, pids: &[pgrx::Uuid], groups: &[String]) ->
 
 /// The queues the expiry step looks at: those with a partition idle TTL or a dead-letter
 /// retention, and those that hold dedup entries (whatever their window now: entries left
-/// from a window since set to 0 go too). Not every queue with a dedup window: most pushes carry no transaction id of
-/// their own and record none, and a round that visited every such queue took time in
-/// proportion to all the queues there are (about 35 s for 200,000), holding up the
-/// journal and compaction meanwhile. The probe is one index lookup per partition.
+/// from a window since set to 0 go too). Not every queue with a dedup window: most pushes
+/// carry no transaction id of their own and record none, and a round that visited every
+/// such queue took time in proportion to all the queues there are (about 35 s for
+/// 200,000), holding up the journal and compaction meanwhile. The probe is one index
+/// lookup per partition.
 pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
     run(
         client,
