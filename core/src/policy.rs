@@ -221,7 +221,7 @@ pub fn effective_lease_micros(
     let chosen = if lease_seconds > 0 {
         i64::from(lease_seconds) * MICROS
     } else if let Some(b) = budget_micros.filter(|&b| b > 0) {
-        // A budget stored before the floor (an older release took any) leases for 1 s.
+        // A budget stored before the floor (an older release took any) leases for the floor.
         b.max(MIN_BUDGET_LEASE_MICROS)
     } else {
         match queue_lease_time {

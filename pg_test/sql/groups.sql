@@ -112,6 +112,13 @@ SELECT queen.configure_limit('closed', 'newcomr', '*', rate => 1);
 SELECT count(*) AS groups_of_closed FROM queen.groups g JOIN queen.queues q USING (queue_id) WHERE q.name = 'closed';
 SELECT queen.create_group('closed', 'newcomer') ->> 'created' AS created;
 SELECT msg_offset FROM queen.pop('closed', 'newcomer', auto_ack => true);
+-- A group dropped in the same transaction is not there for them either (42704).
+BEGIN;
+SELECT queen.drop_group('closed', 'newcomer') ->> 'dropped' AS dropped;
+\set VERBOSITY sqlstate
+SELECT queen.pause('closed', 'newcomer');
+\set VERBOSITY default
+ROLLBACK;
 
 -- A group whose creation rolled back leaves nothing behind, even when its transaction read
 -- the new lanes (a pop, a status): created again from the start ('all'), it starts there,

@@ -96,8 +96,9 @@ pub fn file_skipped(
         format!("skipped: offsets {first}..{to} passed over by group {group:?}, whose lag passed its max_lag {max_lag}")
     };
     // The lanes are locked (skip_lanes), so no other pass files this lane's spans now. A
-    // row that a dlq_delete or the expiry holds (or deleted meanwhile) is not waited for:
-    // the span then gets a row of its own.
+    // row that a dlq_delete, a dlq_replay or the expiry holds (or deleted meanwhile) is not
+    // waited for: the next older row is looked at instead, and extended only if it too
+    // ends right before the span; else the span gets a row of its own.
     let newest = crate::pg::spi::run_map(
         client,
         "SELECT id, msg_offset, last_offset FROM queen.log_dlq

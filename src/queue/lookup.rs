@@ -197,6 +197,15 @@ fn ensure_group_as(
     if !lock_for_new_lanes(queue_id, wait) {
         return None;
     }
+    const CREATE: &str = "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
+                          ON CONFLICT DO NOTHING RETURNING 1";
+    const FIND: &str = "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE";
+    let args = [queue_id.into(), group.into(), subscription.into()];
+    if !may_create {
+        // Only an existing group, kept until this transaction ends (as below); one this
+        // transaction dropped is not there.
+        return (!run(client, FIND, &[queue_id.into(), group.into()]).is_empty()).then_some(false);
+    }
     if crate::lane::registry::dropped_here(queue_id, group) {
         errors::raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -204,14 +213,6 @@ fn ensure_group_as(
                 "queen: consumer group \"{group}\" was dropped in this transaction; commit the drop before creating the group again"
             ),
         );
-    }
-    const CREATE: &str = "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
-                          ON CONFLICT DO NOTHING RETURNING 1";
-    const FIND: &str = "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE";
-    let args = [queue_id.into(), group.into(), subscription.into()];
-    if !may_create {
-        // Only an existing group, kept until this transaction ends (as below).
-        return (!run(client, FIND, &[queue_id.into(), group.into()]).is_empty()).then_some(false);
     }
     if run(client, CREATE, &args).is_empty() {
         // The group exists. Its row is kept (FOR KEY SHARE) until this transaction ends,
