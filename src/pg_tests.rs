@@ -227,6 +227,24 @@ fn rule_sql_forms_agree_with_core() {
             assert_eq!(sql_expired, Some(rust), "dlq_retention {retention} s, filed {delta} us after its edge");
         }
     }
+    // A partition's idleness (`policy::partition_idle`), counted in seconds: with now() a
+    // day after the start of daylight saving time in Berlin (2026-03-29 12:00 +02, a
+    // calendar day back is only 23 hours), a partition written 23 h 30 min before is not
+    // idle under a ttl of one day, and one written 24 h and 1 us before is.
+    let idle = queen_core::partition_idle_sql!("newest", "ttl");
+    Spi::run("SET LOCAL TimeZone = 'Europe/Berlin'").unwrap();
+    let dst_now = "'2026-03-29 12:00:00+02'::timestamptz";
+    let day = 86_400i64 * 1_000_000;
+    for (ttl, ago) in [(0i64, day * 400), (day, day - 1_800_000_000), (day, day), (day, day + 1), (3_600_000_000, 3_600_000_001)] {
+        let sql = format!(
+            "SELECT {idle} FROM (SELECT {dst_now} - interval '1 microsecond' * {ago} AS newest,
+                                        justify_hours(interval '1 microsecond' * {ttl}) AS ttl) x"
+        )
+        .replace("now()", dst_now);
+        let sql_idle = Spi::get_one::<bool>(&sql).unwrap();
+        let rust = queen_core::policy::partition_idle(-ago, ttl, 0);
+        assert_eq!(sql_idle, Some(rust), "partition_idle_ttl {ttl} us, written {ago} us before now");
+    }
 }
 
 /// `spi::with_queen_plan_settings`: inside, the statements see `enable_seqscan = off`,

@@ -394,6 +394,25 @@ pub fn dlq_expired(failed_at: i64, dlq_retention: i64, now: i64) -> bool {
     dlq_retention > 0 && failed_at < now.saturating_sub(dlq_retention)
 }
 
+/// Whether a partition whose newest segment (or the partition itself, with none) was
+/// written at `newest` has been idle for its queue's `partition_idle_ttl` at `now` (all
+/// microseconds), and the worker may drop it once it is empty. A ttl of 0 never does; the
+/// boundary itself is not idle yet.
+pub fn partition_idle(newest: i64, partition_idle_ttl: i64, now: i64) -> bool {
+    partition_idle_ttl > 0 && newest < now.saturating_sub(partition_idle_ttl)
+}
+
+/// The SQL form of `partition_idle` over the newest write `$newest` (an expression) and the
+/// queue's `$ttl` (an interval column or placeholder): a string literal, for `concat!`.
+/// Judged by `now()`. Counts the ttl as seconds, as `dlq_expired_sql!` does: a day is
+/// 86,400 s, also across a change of daylight saving time.
+#[macro_export]
+macro_rules! partition_idle_sql {
+    ($newest:literal, $ttl:literal) => {
+        concat!("(", $ttl, " > '0s' AND ", $newest, " < now() - make_interval(secs => extract(epoch FROM ", $ttl, ")))")
+    };
+}
+
 /// The SQL form of `dlq_expired` over a `queen.log_dlq` row aliased `$row` and the queue's
 /// retention `$retention` (an interval column or placeholder): a string literal, for
 /// `concat!`. Judged by `now()`, the expiry step's transaction start. The retention counts
@@ -705,6 +724,15 @@ mod tests {
                 .argument,
             "ttl"
         );
+    }
+
+    #[test]
+    fn a_partition_is_idle_once_unwritten_for_longer_than_its_ttl() {
+        let day = 86_400 * MICROS;
+        assert!(!partition_idle(0, 0, i64::MAX), "0 never drops a partition");
+        assert!(!partition_idle(1_000, day, 1_000 + day), "the boundary is not idle yet");
+        assert!(partition_idle(1_000, day, 1_001 + day));
+        assert!(!partition_idle(i64::MIN, day, i64::MIN + 5), "no overflow at the low end");
     }
 
     #[test]

@@ -486,11 +486,9 @@ fn push(
 }
 
 /// Replays (or deletes) the dead letter `id`. `dlq_replay` and `dlq_delete` take an
-/// address (partition, transaction id), and act on the oldest row there: two groups'
-/// letters of one message share it, and so do two spans over the same offsets. So the
-/// call runs in a transaction that is kept only if the row it removed, as the call
-/// reports it (`id`), is `id`'s: a row that was still there when this looked it up may be
-/// gone by the time the call locks the address, which then acts on the next one.
+/// address (partition, transaction id), which several rows can share (two groups' letters
+/// of one message, two spans over the same offsets), and the row's id, which picks that row
+/// and no other: a row removed meanwhile gives `P0002`, never the next one there.
 pub fn act_on_dead_letter(c: &mut Client, id: uuid::Uuid, replay: bool) -> std::result::Result<Value, String> {
     let describe = |e: postgres::Error| conn::describe(&e);
     let d = dead_letter(c, id)
@@ -501,22 +499,9 @@ pub fn act_on_dead_letter(c: &mut Client, id: uuid::Uuid, replay: bool) -> std::
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| format!("dead letter {id} has no partition id: {}", d["partition_id"]))?;
     let tx = d["transaction_id"].as_str().unwrap_or_default().to_string();
-    let sql = if replay { "SELECT queen.dlq_replay($1, $2)" } else { "SELECT queen.dlq_delete($1, $2)" };
-    c.batch_execute("BEGIN").map_err(describe)?;
-    let done = (|| -> std::result::Result<Value, String> {
-        let v: Value = c.query_one(sql, &[&pid, &tx]).map_err(describe)?.get(0);
-        if v["id"].as_str() != Some(id.to_string().as_str()) {
-            return Err(format!(
-                "dead letter {id} shares its address with an older one (another group's letter of the same \
-                 message, or another span), or was removed meanwhile: the server acts on the oldest row there, \
-                 {}; nothing was changed",
-                v["id"]
-            ));
-        }
-        Ok(v)
-    })();
-    c.batch_execute(if done.is_ok() { "COMMIT" } else { "ROLLBACK" }).map_err(describe)?;
-    done
+    let sql = if replay { "SELECT queen.dlq_replay($1, $2, $3)" } else { "SELECT queen.dlq_delete($1, $2, $3)" };
+    let v: Value = c.query_one(sql, &[&pid, &tx, &id]).map_err(describe)?.get(0);
+    Ok(v)
 }
 
 /// The dead letter `id`'s row (found through queen.dlq, page by page).

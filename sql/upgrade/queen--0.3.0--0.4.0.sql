@@ -205,8 +205,8 @@ BEGIN
 END $clamp$;
 
 -- configure gains create_groups, partition_idle_ttl, ttl, max_depth and dlq_retention; configure_group
--- gains max_lag and on_overflow (new C symbols: the 0.3.0 ones raise, asking for this
--- update). Grants given on the old signatures are given again. (Role oids, 'g' marking the
+-- gains max_lag and on_overflow; dlq_replay and dlq_delete gain id (new C symbols: the 0.3.0
+-- ones raise, asking for this update). Grants given on the old signatures are given again. (Role oids, 'g' marking the
 -- grant option, kept in settings of this transaction for the grants below: a table made
 -- here would become a member of the extension.)
 SELECT pg_catalog.set_config('queen_upgrade.' || p.proname || '_acl', coalesce(pg_catalog.string_agg(
@@ -215,21 +215,24 @@ SELECT pg_catalog.set_config('queen_upgrade.' || p.proname || '_acl', coalesce(p
     ON a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
    AND a.grantee NOT IN (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = 'queen_admin')
  WHERE p.oid IN ('queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)'::regprocedure,
-                 'queen.configure_group(text, text, interval, interval, interval, interval)'::regprocedure)
+                 'queen.configure_group(text, text, interval, interval, interval, interval)'::regprocedure,
+                 'queen.dlq_replay(uuid, text)'::regprocedure, 'queen.dlq_delete(uuid, text)'::regprocedure)
  GROUP BY p.proname;
 DROP FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval);
 DROP FUNCTION queen.configure_group(text, text, interval, interval, interval, interval);
+DROP FUNCTION queen.dlq_replay(uuid, text);
+DROP FUNCTION queen.dlq_delete(uuid, text);
 
 -- @functions
 
--- Grants given on the 0.3.0 signatures of configure and configure_group, given again on the
--- new ones.
+-- Grants given on the 0.3.0 signatures of configure, configure_group, dlq_replay and
+-- dlq_delete, given again on the new ones.
 DO $$
 DECLARE
   f text;
   g text;
 BEGIN
-  FOREACH f IN ARRAY ARRAY['configure', 'configure_group'] LOOP
+  FOREACH f IN ARRAY ARRAY['configure', 'configure_group', 'dlq_replay', 'dlq_delete'] LOOP
     FOREACH g IN ARRAY pg_catalog.string_to_array(pg_catalog.current_setting('queen_upgrade.' || f || '_acl', true), ',') LOOP
       EXECUTE 'GRANT EXECUTE ON FUNCTION ' || ('queen.' || f)::regproc::oid::regprocedure || ' TO '
               || pg_catalog.rtrim(g, 'g')::oid::regrole

@@ -14,40 +14,47 @@ use crate::pg::ids::from_pg_uuid;
 use crate::pg::spi::run;
 use crate::queue::lookup;
 
-/// The oldest dead-letter row at an address, locked; P0002 when there is none. Two
-/// consumer groups can dead-letter the same message: each call takes one row. Returns
-/// (row id, queue, partition); the payload is read apart (`payload`), so that deleting a
-/// row never needs to open it.
+/// The dead-letter row at an address, locked; P0002 when there is none. With `id`, that
+/// row and no other (it must be at the address); without, the oldest there. Two consumer
+/// groups can dead-letter the same message, and spans can share an address: each call
+/// takes one row, and a call without `id` that waited for a row another call removed
+/// takes the next one at the address. Returns (row id, queue, partition); the payload is
+/// read apart (`payload`), so that deleting a row never needs to open it.
 fn lock_row(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
     transaction_id: &str,
+    id: Option<pgrx::Uuid>,
 ) -> (pgrx::Uuid, String, String) {
     const LOCK: &str = "SELECT d.id, q.name, p.name
            FROM queen.log_dlq d
            JOIN queen.queues q ON q.queue_id = d.queue_id
            JOIN queen.partitions p ON p.partition_id = d.partition_id
-          WHERE d.partition_id = $1 AND d.transaction_id = $2
+          WHERE d.partition_id = $1 AND d.transaction_id = $2 AND ($3::uuid IS NULL OR d.id = $3)
           ORDER BY d.failed_at, d.id
           LIMIT 1
             FOR UPDATE OF d";
+    let args = || [partition_id.into(), transaction_id.into(), id.into()];
     // The queue lock before the row lock (`queen_core::lock_order`).
     let queue_id = crate::pg::spi::first_value::<i64>(run(
         client,
-        "SELECT queue_id FROM queen.log_dlq WHERE partition_id = $1 AND transaction_id = $2 LIMIT 1",
-        &[partition_id.into(), transaction_id.into()],
+        "SELECT queue_id FROM queen.log_dlq
+          WHERE partition_id = $1 AND transaction_id = $2 AND ($3::uuid IS NULL OR id = $3) LIMIT 1",
+        &args(),
     ));
     if let Some(q) = queue_id {
         crate::queue::privileges::require_id(client, q, crate::queue::privileges::Privilege::Admin);
     }
     let locked = queue_id.is_none_or(crate::pg::locks::share_queue);
-    let row = if locked { run(client, LOCK, &[partition_id.into(), transaction_id.into()]).next() } else { None };
+    let row = if locked { run(client, LOCK, &args()).next() } else { None };
     let Some(row) = row else {
+        let which = id.map(|id| format!(" with id {}", from_pg_uuid(&id))).unwrap_or_default();
         errors::raise(
             PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
             format!(
-                "queen: no dead-letter row for partition_id {} and transaction_id {transaction_id:?}",
-                from_pg_uuid(&partition_id)
+                "queen: no dead-letter row{which} for partition_id {} and transaction_id {:?}",
+                from_pg_uuid(&partition_id),
+                errors::excerpt(transaction_id)
             ),
         );
     };
@@ -104,8 +111,8 @@ fn payload(client: &mut SpiClient<'_>, id: pgrx::Uuid) -> (Vec<u8>, Option<Vec<u
     (payload, headers)
 }
 
-/// The arguments of `dlq_replay` and `dlq_delete`, checked; on Citus the call must have
-/// been routed to the partition's home (`citus::ensure_id_home`).
+/// The address arguments of `dlq_replay` and `dlq_delete`, checked; on Citus the call must
+/// have been routed to the partition's home (`citus::ensure_id_home`).
 fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx::Uuid, &str) {
     let partition_id = partition_id.unwrap_or_else(|| errors::null_arg("partition_id"));
     let transaction_id = transaction_id.unwrap_or_else(|| errors::null_arg("transaction_id"));
@@ -115,22 +122,29 @@ fn args(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> (pgrx
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen.dlq_replay(uuid, text) IS
+COMMENT ON FUNCTION queen.dlq_replay(uuid, text, uuid) IS
   'queen: re-push a dead letter with a fresh transaction id';
 "#,
     name = "dlq_replay_home",
-    requires = [dlq_replay]
+    requires = [dlq_replay_row]
 );
 
 /// Re-pushes the stored payload and headers to its queue and partition with a fresh transaction id,
-/// then removes the row — one transaction, so a failed push leaves the row in place.
-#[pg_extern(security_definer)]
+/// then removes the row — one transaction, so a failed push leaves the row in place. `id`
+/// picks one row of the address (`queen.dlq` lists it); without it, the oldest. (Named
+/// apart from the SQL function: `dlq_replay_wrapper` is 0.3.0's two-argument symbol,
+/// `older_sql_symbols` below.)
+#[pg_extern(name = "dlq_replay", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
+fn dlq_replay_row(
+    partition_id: Option<pgrx::Uuid>,
+    transaction_id: Option<&str>,
+    id: default!(Option<pgrx::Uuid>, "NULL"),
+) -> JsonB {
     errors::refuse_read_only("dlq_replay", "stores a message");
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
     let (id, queue, partition, (payload, headers)) = Spi::connect_mut(|client| {
-        let (id, queue, partition) = lock_row(client, partition_id, transaction_id);
+        let (id, queue, partition) = lock_row(client, partition_id, transaction_id, id);
         refuse_span(client, id);
         (id, queue, partition, payload(client, id))
     });
@@ -154,21 +168,25 @@ fn dlq_replay(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) ->
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen.dlq_delete(uuid, text) IS
+COMMENT ON FUNCTION queen.dlq_delete(uuid, text, uuid) IS
   'queen: remove a dead letter';
 "#,
     name = "dlq_delete_home",
-    requires = [dlq_delete]
+    requires = [dlq_delete_row]
 );
 
-/// Removes the dead-letter row at the address and nothing else.
-#[pg_extern(security_definer)]
+/// Removes one dead-letter row at the address (`id`'s, else the oldest) and nothing else.
+#[pg_extern(name = "dlq_delete", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn dlq_delete(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) -> JsonB {
+fn dlq_delete_row(
+    partition_id: Option<pgrx::Uuid>,
+    transaction_id: Option<&str>,
+    id: default!(Option<pgrx::Uuid>, "NULL"),
+) -> JsonB {
     errors::refuse_read_only("dlq_delete", "removes a dead letter");
     let (partition_id, transaction_id) = args(partition_id, transaction_id);
     let id = Spi::connect_mut(|client| {
-        let (id, ..) = lock_row(client, partition_id, transaction_id);
+        let (id, ..) = lock_row(client, partition_id, transaction_id, id);
         run(client, "DELETE FROM queen.log_dlq WHERE id = $1", &[id.into()]);
         id
     });
@@ -178,6 +196,33 @@ fn dlq_delete(partition_id: Option<pgrx::Uuid>, transaction_id: Option<&str>) ->
         "partitionId": from_pg_uuid(&partition_id).to_string(),
         "transactionId": transaction_id,
     }))
+}
+
+/// The C symbols of `queen.dlq_replay` and `queen.dlq_delete` up to 0.3.0, whose SQL
+/// declared 2 arguments. A database whose SQL is still that of 0.3.0 when this library is
+/// loaded (after an upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this
+/// error from those calls instead of a call with the wrong arguments.
+mod older_sql_symbols {
+    use pgrx::pg_sys;
+
+    crate::pg::srf::function_info_v1!(pg_finfo_dlq_replay_wrapper);
+    crate::pg::srf::function_info_v1!(pg_finfo_dlq_delete_wrapper);
+
+    /// # Safety
+    /// Called by PostgreSQL only.
+    #[no_mangle]
+    #[pgrx::pg_guard]
+    pub unsafe extern "C-unwind" fn dlq_replay_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+        crate::pg::errors::older_sql()
+    }
+
+    /// # Safety
+    /// Called by PostgreSQL only.
+    #[no_mangle]
+    #[pgrx::pg_guard]
+    pub unsafe extern "C-unwind" fn dlq_delete_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+        crate::pg::errors::older_sql()
+    }
 }
 
 extension_sql!(

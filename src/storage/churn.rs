@@ -240,20 +240,25 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
 
 /// The idle partitions of queue `$1` (id, retained through): the newest segment of
 /// either tier (or the partition itself, with none) is older than the queue's
-/// `partition_idle_ttl`. The caller adds the rest of the WHERE clause (from `$2` on) and
-/// the order.
+/// `partition_idle_ttl` (`queen_core::policy::partition_idle`). The caller adds the rest of
+/// the WHERE clause (from `$2` on) and the order.
 macro_rules! idle_partitions_sql {
     () => {
-        "SELECT p.partition_id, p.retained_through
-           FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
-          WHERE p.queue_id = $1 AND q.partition_idle_ttl > '0s'
-            AND greatest(p.created_at,
-                         (SELECT max(s.created_at) FROM (
-                            (SELECT created_at FROM queen.segments s WHERE s.partition_id = p.partition_id
-                              ORDER BY first_offset DESC LIMIT 1)
-                            UNION ALL
-                            (SELECT created_at FROM queen.fresh_segments f WHERE f.partition_id = p.partition_id
-                              ORDER BY first_offset DESC LIMIT 1)) s)) < now() - q.partition_idle_ttl"
+        concat!(
+            "SELECT p.partition_id, p.retained_through
+               FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
+              WHERE p.queue_id = $1 AND ",
+            queen_core::partition_idle_sql!(
+                "greatest(p.created_at,
+                          (SELECT max(s.created_at) FROM (
+                             (SELECT created_at FROM queen.segments s WHERE s.partition_id = p.partition_id
+                               ORDER BY first_offset DESC LIMIT 1)
+                             UNION ALL
+                             (SELECT created_at FROM queen.fresh_segments f WHERE f.partition_id = p.partition_id
+                               ORDER BY first_offset DESC LIMIT 1)) s))",
+                "q.partition_idle_ttl"
+            )
+        )
     };
 }
 

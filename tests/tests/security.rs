@@ -27,7 +27,7 @@ const APP_GRANTS: &str = "
         queen.pop(text, text, int, text, int, bool, int, int, text, bigint),
         queen.ack(uuid), queen.ack(uuid, jsonb), queen.ack(uuid, uuid, bigint, text, text, interval),
         queen.extend_lease(uuid, int), queen.may_start(uuid, interval),
-        queen.dlq(text, text, int, int), queen.dlq_replay(uuid, text), queen.dlq_delete(uuid, text)
+        queen.dlq(text, text, int, int), queen.dlq_replay(uuid, text, uuid), queen.dlq_delete(uuid, text, uuid)
       TO {role};";
 
 #[test]
