@@ -193,7 +193,7 @@ integration:
 	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
 	QUEEN_TEST_POOLER_DSN="host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_it" \
 	QUEEN_TEST_METRICS_URL="http://127.0.0.1:$(EXPORTER_PORT)/metrics" \
-	QUEEN_SOAK_SECONDS=30 QUEEN_STRESS_SECS=30 QUEEN_CHURN_PARTITIONS=50000 \
+	QUEEN_SOAK_SECONDS=30 QUEEN_STRESS_SECS=30 QUEEN_CHURN_PARTITIONS=30000 \
 	  cargo test -p queen-it --tests -- --test-threads=4 \
 	  || { bash scripts/exporter.sh stop $(EXPORTER_DIR) $(EXPORTER_PORT); \
 	       bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }

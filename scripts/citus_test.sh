@@ -221,9 +221,12 @@ for q in "$qa" "$qb"; do
   [ "$(psql_on "$home" -c "SELECT count(*) FROM queen.dlq('$q')")" = 2 ] || fail "$q: no 2 dead letters on its home"
   tx1=$(psql_on "$home" -c "SELECT transaction_id FROM queen.dlq('$q') WHERE error_message = 'bad 1'")
   tx2=$(psql_on "$home" -c "SELECT transaction_id FROM queen.dlq('$q') WHERE error_message = 'bad 2'")
+  id2=$(psql_on "$home" -c "SELECT id FROM queen.dlq('$q') WHERE error_message = 'bad 2'")
   before=$(stored "$home" "$q")
   [ "$(psql_on 0 -c "SELECT r ->> 'replayed' FROM queen.dlq_replay('$pid'::uuid, '$tx1') r")" = true ] || fail "$q: dlq_replay failed"
-  [ "$(psql_on 0 -c "SELECT r ->> 'deleted' FROM queen.dlq_delete('$pid'::uuid, '$tx2') r")" = true ] || fail "$q: dlq_delete failed"
+  # With the row's id (the optional third argument), routed by the partition id as well.
+  [ "$(psql_on 0 -c "SELECT r ->> 'id' FROM queen.dlq_delete('$pid'::uuid, '$tx2', '$id2'::uuid) r")" = "$id2" ] \
+    || fail "$q: dlq_delete by id failed"
   [ "$(stored "$home" "$q")" = "$((before + 1))" ] || fail "$q: the replayed message is not on its home"
   [ "$(psql_on "$home" -c "SELECT count(*) FROM queen.dlq('$q')")" = 0 ] || fail "$q: dead letters left on its home"
   # The guard: an undelegated call (inside a CTE) by id on a node that did not issue it.

@@ -163,7 +163,7 @@ fn entry_point_defaults_are_the_policy() {
 /// `dedup_live_sql!`, `dedup_expired_sql!`). The statements are the macros' own text.
 #[pg_test]
 fn rule_sql_forms_agree_with_core() {
-    use queen_core::{dedup::dedup_live, lane::lease_live, policy::dlq_expired};
+    use queen_core::{dedup::dedup_live, lane::lease_live, policy::outlived};
     // Times as microseconds from a fixed instant; the SQL gets the same instant plus them.
     let at = |us: i64| format!("('2026-01-01 00:00:00+00'::timestamptz + interval '1 microsecond' * {us})");
     let now = 0i64;
@@ -211,39 +211,39 @@ fn rule_sql_forms_agree_with_core() {
         let sql = format!("SELECT {lag} FROM (SELECT {c}::int8 AS c, {r}::int8 AS r, {e}::int8 AS e) x");
         assert_eq!(Spi::get_one::<i64>(&sql).unwrap(), Some(queen_core::overflow::lag(c, r, e)), "lag({c}, {r}, {e})");
     }
-    // A dead letter's retention (`policy::dlq_expired`; 0 keeps it for ever), judged by now().
-    let expired = queen_core::dlq_expired_sql!("d", "$retention");
-    for retention in [0i64, 1, 3600] {
+    // A dead letter's retention and a partition's idle ttl (`policy::outlived`; 0 keeps
+    // for ever), judged by now().
+    let outlived_sql = queen_core::outlived_sql!("x.at", "x.keep_for");
+    for keep_for in [0i64, 1, 3600] {
         for delta in [-1i64, 0, 1] {
-            let failed = now_us - retention * 1_000_000 + delta;
+            let at = now_us - keep_for * 1_000_000 + delta;
             let sql = format!(
-                "SELECT {expired}
-                   FROM (SELECT now() - make_interval(secs => {retention}) + interval '1 microsecond' * {delta}
-                           AS failed_at) d"
-            )
-            .replace("$retention", &format!("make_interval(secs => {retention})"));
-            let sql_expired = Spi::get_one::<bool>(&sql).unwrap();
-            let rust = dlq_expired(failed, retention * 1_000_000, now_us);
-            assert_eq!(sql_expired, Some(rust), "dlq_retention {retention} s, filed {delta} us after its edge");
+                "SELECT {outlived_sql}
+                   FROM (SELECT now() - make_interval(secs => {keep_for}) + interval '1 microsecond' * {delta} AS at,
+                                make_interval(secs => {keep_for}) AS keep_for) x"
+            );
+            let sql_outlived = Spi::get_one::<bool>(&sql).unwrap();
+            let rust = outlived(at, keep_for * 1_000_000, now_us);
+            assert_eq!(sql_outlived, Some(rust), "kept for {keep_for} s, dated {delta} us after its edge");
         }
     }
-    // A partition's idleness (`policy::partition_idle`), counted in seconds: with now() a
-    // day after the start of daylight saving time in Berlin (2026-03-29 12:00 +02, a
-    // calendar day back is only 23 hours), a partition written 23 h 30 min before is not
-    // idle under a ttl of one day, and one written 24 h and 1 us before is.
-    let idle = queen_core::partition_idle_sql!("newest", "ttl");
+    // The span counts in seconds, also as a calendar day across the start of daylight
+    // saving time: with now() at noon on that day in Berlin (2026-03-29 12:00 +02, where a
+    // calendar day back is only 23 hours), a span of '1 day' has not passed 23 h 30 min
+    // after `at`, nor exactly 24 h after, and has 1 us later. (The time zone stays set for
+    // the rest of this transaction, which ends with these cases.)
     Spi::run("SET LOCAL TimeZone = 'Europe/Berlin'").unwrap();
-    let dst_now = "'2026-03-29 12:00:00+02'::timestamptz";
+    let noon = "'2026-03-29 12:00:00+02'::timestamptz";
     let day = 86_400i64 * 1_000_000;
-    for (ttl, ago) in [(0i64, day * 400), (day, day - 1_800_000_000), (day, day), (day, day + 1), (3_600_000_000, 3_600_000_001)] {
+    for (keep_for, ago) in [(day, day - 1_800_000_000), (day, day), (day, day + 1), (3_600_000_000, 3_600_000_001)] {
+        // justify_hours makes 24 hours '1 day', as configure(..., '1 day') stores it.
         let sql = format!(
-            "SELECT {idle} FROM (SELECT {dst_now} - interval '1 microsecond' * {ago} AS newest,
-                                        justify_hours(interval '1 microsecond' * {ttl}) AS ttl) x"
+            "SELECT {outlived_sql} FROM (SELECT {noon} - interval '1 microsecond' * {ago} AS at,
+                                               justify_hours(interval '1 microsecond' * {keep_for}) AS keep_for) x"
         )
-        .replace("now()", dst_now);
-        let sql_idle = Spi::get_one::<bool>(&sql).unwrap();
-        let rust = queen_core::policy::partition_idle(-ago, ttl, 0);
-        assert_eq!(sql_idle, Some(rust), "partition_idle_ttl {ttl} us, written {ago} us before now");
+        .replace("now()", noon);
+        let sql_outlived = Spi::get_one::<bool>(&sql).unwrap();
+        assert_eq!(sql_outlived, Some(outlived(-ago, keep_for, 0)), "kept for {keep_for} us, dated {ago} us before now");
     }
 }
 

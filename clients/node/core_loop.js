@@ -40,13 +40,13 @@ async function main() {
   assert.equal(ack.rows[0].r.lanes[0].committed, 3);
   assert.equal(ack.rows[0].r.items[1].dlq, true);
 
-  // The dead-letter queue: list, then replay (pushes the payload again).
+  // The dead-letter queue: list, then replay one row by its address and id (pushes the payload again).
   const dead = await db.query(
-    "SELECT partition_id, transaction_id, data, error_message, headers FROM queen.dlq($1)",
+    "SELECT partition_id, transaction_id, data, error_message, headers, id FROM queen.dlq($1)",
     [queue],
   );
   assert.deepEqual(dead.rows.map((d) => [d.data, d.error_message, d.headers]), [[{ id: 3 }, "bad order", trace]]);
-  await db.query("SELECT queen.dlq_replay($1, $2)", [dead.rows[0].partition_id, dead.rows[0].transaction_id]);
+  await db.query("SELECT queen.dlq_replay($1, $2, $3)", [dead.rows[0].partition_id, dead.rows[0].transaction_id, dead.rows[0].id]);
   const again = await db.query("SELECT payload, headers FROM queen.pop($1, auto_ack => true)", [queue]);
   assert.deepEqual(again.rows, [{ payload: { id: 3 }, headers: trace }]);
 

@@ -43,12 +43,12 @@ with psycopg.connect(os.environ["QUEEN_DSN"], autocommit=True) as conn:
     ).fetchone()[0]
     assert result["lanes"][0]["committed"] == 3 and result["items"][1]["dlq"], result
 
-    # The dead-letter queue: list, then replay (pushes the payload again).
+    # The dead-letter queue: list, then replay one row by its address and id (pushes the payload again).
     dead = conn.execute(
-        "SELECT partition_id, transaction_id, data, error_message, headers FROM queen.dlq(%s)", (queue,)
+        "SELECT partition_id, transaction_id, data, error_message, headers, id FROM queen.dlq(%s)", (queue,)
     ).fetchall()
     assert [(d[2], d[3], d[4]) for d in dead] == [({"id": 3}, "bad order", trace)], dead
-    conn.execute("SELECT queen.dlq_replay(%s, %s)", (dead[0][0], dead[0][1]))
+    conn.execute("SELECT queen.dlq_replay(%s, %s, %s)", (dead[0][0], dead[0][1], dead[0][5]))
     again = conn.execute("SELECT payload, headers FROM queen.pop(%s, auto_ack => true)", (queue,)).fetchall()
     assert again == [({"id": 3}, trace)], again
 

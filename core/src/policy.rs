@@ -387,47 +387,30 @@ pub fn expired(due_at: i64, not_before: i64, ttl: i64, now: i64) -> bool {
     ttl > 0 && due_at.max(not_before).saturating_add(ttl) <= now
 }
 
-/// Whether a dead letter filed at `failed_at` has outlived its queue's `dlq_retention`
-/// at `now` (all microseconds), and the worker's expiry deletes it. A retention of 0
-/// keeps dead letters for ever; the boundary itself is kept.
-pub fn dlq_expired(failed_at: i64, dlq_retention: i64, now: i64) -> bool {
-    dlq_retention > 0 && failed_at < now.saturating_sub(dlq_retention)
+/// Whether something dated `at` has outlived a span `keep_for` at `now` (all
+/// microseconds): a dead letter filed at `at` under its queue's `dlq_retention` (the
+/// worker's expiry deletes it), or a partition last written at `at` under its queue's
+/// `partition_idle_ttl` (the worker drops it once it is empty). A span of 0 keeps for
+/// ever; the boundary itself is kept.
+pub fn outlived(at: i64, keep_for: i64, now: i64) -> bool {
+    keep_for > 0 && at < now.saturating_sub(keep_for)
 }
 
-/// Whether a partition whose newest segment (or the partition itself, with none) was
-/// written at `newest` has been idle for its queue's `partition_idle_ttl` at `now` (all
-/// microseconds), and the worker may drop it once it is empty. A ttl of 0 never does; the
-/// boundary itself is not idle yet.
-pub fn partition_idle(newest: i64, partition_idle_ttl: i64, now: i64) -> bool {
-    partition_idle_ttl > 0 && newest < now.saturating_sub(partition_idle_ttl)
-}
-
-/// The SQL form of `partition_idle` over the newest write `$newest` (an expression) and the
-/// queue's `$ttl` (an interval column or placeholder): a string literal, for `concat!`.
-/// Judged by `now()`. Counts the ttl as seconds, as `dlq_expired_sql!` does: a day is
-/// 86,400 s, also across a change of daylight saving time.
+/// The SQL form of `outlived` over a time `$at` (an expression) and a span `$keep_for` (an
+/// interval column or placeholder): a string literal, for `concat!`. Judged by `now()`,
+/// the caller's transaction start. The span counts as its seconds (a day is 86,400 s, as
+/// `outlived` has it), not as calendar days, which a change of daylight saving time would
+/// make 23 or 25 hours long.
 #[macro_export]
-macro_rules! partition_idle_sql {
-    ($newest:literal, $ttl:literal) => {
-        concat!("(", $ttl, " > '0s' AND ", $newest, " < now() - make_interval(secs => extract(epoch FROM ", $ttl, ")))")
-    };
-}
-
-/// The SQL form of `dlq_expired` over a `queen.log_dlq` row aliased `$row` and the queue's
-/// retention `$retention` (an interval column or placeholder): a string literal, for
-/// `concat!`. Judged by `now()`, the expiry step's transaction start. The retention counts
-/// as its seconds (a day is 86,400 s, as `dlq_expired` has it), not as calendar days, which
-/// a change of daylight saving time would make 23 or 25 hours long.
-#[macro_export]
-macro_rules! dlq_expired_sql {
-    ($row:literal, $retention:literal) => {
+macro_rules! outlived_sql {
+    ($at:literal, $keep_for:literal) => {
         concat!(
             "(",
-            $retention,
+            $keep_for,
             " > '0s' AND ",
-            $row,
-            ".failed_at < now() - make_interval(secs => extract(epoch FROM ",
-            $retention,
+            $at,
+            " < now() - make_interval(secs => extract(epoch FROM ",
+            $keep_for,
             ")))"
         )
     };
@@ -727,21 +710,12 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_is_idle_once_unwritten_for_longer_than_its_ttl() {
-        let day = 86_400 * MICROS;
-        assert!(!partition_idle(0, 0, i64::MAX), "0 never drops a partition");
-        assert!(!partition_idle(1_000, day, 1_000 + day), "the boundary is not idle yet");
-        assert!(partition_idle(1_000, day, 1_001 + day));
-        assert!(!partition_idle(i64::MIN, day, i64::MIN + 5), "no overflow at the low end");
-    }
-
-    #[test]
-    fn a_dead_letter_expires_once_older_than_its_queues_retention() {
+    fn outlived_once_older_than_the_span() {
         let hour = 3600 * MICROS;
-        assert!(!dlq_expired(0, 0, i64::MAX), "0 keeps dead letters for ever");
-        assert!(!dlq_expired(1_000, hour, 1_000 + hour), "the boundary is kept");
-        assert!(dlq_expired(1_000, hour, 1_001 + hour));
-        assert!(!dlq_expired(i64::MIN, hour, i64::MIN + 5), "no overflow at the low end");
+        assert!(!outlived(0, 0, i64::MAX), "0 keeps for ever");
+        assert!(!outlived(1_000, hour, 1_000 + hour), "the boundary is kept");
+        assert!(outlived(1_000, hour, 1_001 + hour));
+        assert!(!outlived(i64::MIN, hour, i64::MIN + 5), "no overflow at the low end");
     }
 
     #[test]

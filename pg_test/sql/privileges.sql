@@ -36,6 +36,10 @@ CREATE TABLE payroll_lease AS SELECT lease_id, partition_id FROM queen.pop('payr
 SELECT queen.ack(lease_id, partition_id, 1, 'dlq', 'bad') -> 'lanes' -> 0 -> 'committed' AS dead_lettered FROM payroll_lease;
 CREATE TABLE payroll_lease2 AS SELECT lease_id FROM queen.pop('payroll', 'audit2');
 GRANT SELECT ON payroll_lease2 TO qp_app, qp_ops;
+-- A partition of orders, for the dead-letter calls below.
+CREATE TABLE orders_partition AS
+  SELECT p.partition_id FROM queen.partitions p JOIN queen.queues q USING (queue_id) WHERE q.name = 'orders';
+GRANT SELECT ON orders_partition, payroll_lease TO qp_ops;
 
 -- Only queen_admin grants; bad arguments.
 SET ROLE qp_app;
@@ -99,6 +103,13 @@ SELECT pg_temp.err($$SELECT queen.retain()$$);
 SELECT queue, privilege FROM queen.grants('payroll');
 SELECT pg_temp.err($$SELECT * FROM queen.grants()$$);
 SELECT pg_temp.err($$SELECT queen.grant('payroll', 'qp_app', 'consume')$$);
+-- Dead letters of orders are none of its business, there or not (42501, never P0002,
+-- which would say whether one is there); of payroll, a missing one is P0002.
+SELECT left(pg_temp.err(format($$SELECT queen.dlq_delete(%L, 'nothing here')$$, partition_id)), 5) AS orders_delete,
+       left(pg_temp.err(format($$SELECT queen.dlq_replay(%L, 'nothing here', gen_random_uuid())$$, partition_id)), 5) AS orders_replay
+  FROM orders_partition;
+SELECT left(pg_temp.err(format($$SELECT queen.dlq_delete(%L, 'nothing here')$$, partition_id)), 5) AS payroll_delete
+  FROM payroll_lease;
 -- It consumes payroll (decrypted: it may), and its dead letter.
 SELECT msg_offset, payload FROM queen.pop('payroll', 'ops', batch => 10, auto_ack => true);
 SELECT queue, data, error_message FROM queen.dlq();
@@ -144,7 +155,7 @@ SELECT has_schema_privilege('qp_ops', 'queen', 'USAGE') AS schema,
   FROM queen.grants() WHERE role = 'qp_ops';
 
 -- Clean up (roles are cluster-wide).
-DROP TABLE payroll_lease, payroll_lease2;
+DROP TABLE payroll_lease, payroll_lease2, orders_partition;
 SET client_min_messages = warning;
 DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member;
 DROP ROLE qp_app, qp_ops, qp_legacy, qp_member;

@@ -500,8 +500,7 @@ pub fn act_on_dead_letter(c: &mut Client, id: uuid::Uuid, replay: bool) -> std::
         .ok_or_else(|| format!("dead letter {id} has no partition id: {}", d["partition_id"]))?;
     let tx = d["transaction_id"].as_str().unwrap_or_default().to_string();
     let sql = if replay { "SELECT queen.dlq_replay($1, $2, $3)" } else { "SELECT queen.dlq_delete($1, $2, $3)" };
-    let v: Value = c.query_one(sql, &[&pid, &tx, &id]).map_err(describe)?.get(0);
-    Ok(v)
+    c.query_one(sql, &[&pid, &tx, &id]).map(|r| r.get(0)).map_err(describe)
 }
 
 /// The dead letter `id`'s row (found through queen.dlq, page by page).

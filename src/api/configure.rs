@@ -203,17 +203,8 @@ fn answer(o: &QueueOptions, encryption: bool) -> pgrx::JsonB {
     }))
 }
 
-crate::pg::srf::function_info_v1!(pg_finfo_configure_wrapper);
-
-/// The C symbol of `queen.configure` up to 0.3.0, whose SQL declared 11 arguments. A
-/// database whose SQL is still that of 0.3.0 when this library is loaded (after an
-/// upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this error from a
-/// configure instead of a call with the wrong arguments.
-///
-/// # Safety
-/// Called by PostgreSQL only.
-#[no_mangle]
-#[pgrx::pg_guard]
-pub unsafe extern "C-unwind" fn configure_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    crate::pg::errors::older_sql()
-}
+crate::pg::srf::older_sql_symbol!(
+    pg_finfo_configure_wrapper,
+    configure_wrapper,
+    "The C symbol of `queen.configure` up to 0.3.0, whose SQL declared 11 arguments."
+);

@@ -1,5 +1,6 @@
 //! `queen.dlq_replay` and `queen.dlq_delete` (docs/functions.md#dlq_replay): replay and
-//! delete one dead letter by its address (partition_id, transaction_id). Filing dead
+//! delete one dead letter by its address (partition_id, transaction_id) and, optionally,
+//! its id. Filing dead
 //! letters is `dlq`'s; listing is `queen.dlq` (sql/api.sql).
 
 use pgrx::datum::DatumWithOid;
@@ -15,39 +16,41 @@ use crate::pg::spi::run;
 use crate::queue::lookup;
 
 /// The dead-letter row at an address, locked; P0002 when there is none. With `id`, that
-/// row and no other (it must be at the address); without, the oldest there. Two consumer
-/// groups can dead-letter the same message, and spans can share an address: each call
-/// takes one row, and a call without `id` that waited for a row another call removed
-/// takes the next one at the address. Returns (row id, queue, partition); the payload is
-/// read apart (`payload`), so that deleting a row never needs to open it.
+/// row (it must be at the address); without, the oldest there when the call looks. Two
+/// consumer groups can dead-letter the same message, and spans can share an address: each
+/// call takes one row. The row is chosen first, then its queue's privilege is checked and
+/// its queue lock taken (`queen_core::lock_order`), then that row and no other is locked: a
+/// row that another call removed (or moved, a `skipped` span extended) meanwhile gives
+/// P0002, never the next row at the address, which the caller did not choose. Returns (row
+/// id, queue, partition); the payload is read apart (`payload`), so that deleting a row
+/// never needs to open it.
 fn lock_row(
     client: &mut SpiClient<'_>,
     partition_id: pgrx::Uuid,
     transaction_id: &str,
     id: Option<pgrx::Uuid>,
 ) -> (pgrx::Uuid, String, String) {
-    const LOCK: &str = "SELECT d.id, q.name, p.name
-           FROM queen.log_dlq d
-           JOIN queen.queues q ON q.queue_id = d.queue_id
-           JOIN queen.partitions p ON p.partition_id = d.partition_id
+    let chosen = run(
+        client,
+        "SELECT d.id, d.queue_id FROM queen.log_dlq d
           WHERE d.partition_id = $1 AND d.transaction_id = $2 AND ($3::uuid IS NULL OR d.id = $3)
           ORDER BY d.failed_at, d.id
-          LIMIT 1
-            FOR UPDATE OF d";
-    let args = || [partition_id.into(), transaction_id.into(), id.into()];
-    // The queue lock before the row lock (`queen_core::lock_order`).
-    let queue_id = crate::pg::spi::first_value::<i64>(run(
-        client,
-        "SELECT queue_id FROM queen.log_dlq
-          WHERE partition_id = $1 AND transaction_id = $2 AND ($3::uuid IS NULL OR id = $3) LIMIT 1",
-        &args(),
-    ));
-    if let Some(q) = queue_id {
-        crate::queue::privileges::require_id(client, q, crate::queue::privileges::Privilege::Admin);
-    }
-    let locked = queue_id.is_none_or(crate::pg::locks::share_queue);
-    let row = if locked { run(client, LOCK, &args()).next() } else { None };
-    let Some(row) = row else {
+          LIMIT 1",
+        &[partition_id.into(), transaction_id.into(), id.into()],
+    )
+    .next()
+    .map(|r| (r.get::<pgrx::Uuid>(1).or_raise().unwrap(), r.get::<i64>(2).or_raise().unwrap()));
+    let not_found = |client: &mut SpiClient<'_>| -> ! {
+        // Whether a dead letter is there is the business of who may administer the
+        // partition's queue: others get 42501 whatever the address holds.
+        let queue = crate::pg::spi::first_value::<i64>(run(
+            client,
+            "SELECT queue_id FROM queen.partitions WHERE partition_id = $1",
+            &[partition_id.into()],
+        ));
+        if let Some(q) = queue {
+            crate::queue::privileges::require_id(client, q, crate::queue::privileges::Privilege::Admin);
+        }
         let which = id.map(|id| format!(" with id {}", from_pg_uuid(&id))).unwrap_or_default();
         errors::raise(
             PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
@@ -58,6 +61,23 @@ fn lock_row(
             ),
         );
     };
+    let Some((row_id, queue_id)) = chosen else { not_found(client) };
+    crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Admin);
+    if !crate::pg::locks::share_queue(queue_id) {
+        not_found(client);
+    }
+    let row = run(
+        client,
+        "SELECT d.id, q.name, p.name
+           FROM queen.log_dlq d
+           JOIN queen.queues q ON q.queue_id = d.queue_id
+           JOIN queen.partitions p ON p.partition_id = d.partition_id
+          WHERE d.id = $1 AND d.queue_id = $2 AND d.partition_id = $3 AND d.transaction_id = $4
+            FOR UPDATE OF d",
+        &[row_id.into(), queue_id.into(), partition_id.into(), transaction_id.into()],
+    )
+    .next();
+    let Some(row) = row else { not_found(client) };
     (row.get(1).or_raise().unwrap(), row.get(2).or_raise().unwrap(), row.get(3).or_raise().unwrap())
 }
 
@@ -133,7 +153,7 @@ COMMENT ON FUNCTION queen.dlq_replay(uuid, text, uuid) IS
 /// then removes the row — one transaction, so a failed push leaves the row in place. `id`
 /// picks one row of the address (`queen.dlq` lists it); without it, the oldest. (Named
 /// apart from the SQL function: `dlq_replay_wrapper` is 0.3.0's two-argument symbol,
-/// `older_sql_symbols` below.)
+/// a stub below.)
 #[pg_extern(name = "dlq_replay", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn dlq_replay_row(
@@ -198,32 +218,16 @@ fn dlq_delete_row(
     }))
 }
 
-/// The C symbols of `queen.dlq_replay` and `queen.dlq_delete` up to 0.3.0, whose SQL
-/// declared 2 arguments. A database whose SQL is still that of 0.3.0 when this library is
-/// loaded (after an upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this
-/// error from those calls instead of a call with the wrong arguments.
-mod older_sql_symbols {
-    use pgrx::pg_sys;
-
-    crate::pg::srf::function_info_v1!(pg_finfo_dlq_replay_wrapper);
-    crate::pg::srf::function_info_v1!(pg_finfo_dlq_delete_wrapper);
-
-    /// # Safety
-    /// Called by PostgreSQL only.
-    #[no_mangle]
-    #[pgrx::pg_guard]
-    pub unsafe extern "C-unwind" fn dlq_replay_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-        crate::pg::errors::older_sql()
-    }
-
-    /// # Safety
-    /// Called by PostgreSQL only.
-    #[no_mangle]
-    #[pgrx::pg_guard]
-    pub unsafe extern "C-unwind" fn dlq_delete_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-        crate::pg::errors::older_sql()
-    }
-}
+crate::pg::srf::older_sql_symbol!(
+    pg_finfo_dlq_replay_wrapper,
+    dlq_replay_wrapper,
+    "The C symbol of `queen.dlq_replay` up to 0.3.0, whose SQL declared 2 arguments."
+);
+crate::pg::srf::older_sql_symbol!(
+    pg_finfo_dlq_delete_wrapper,
+    dlq_delete_wrapper,
+    "The C symbol of `queen.dlq_delete` up to 0.3.0, whose SQL declared 2 arguments."
+);
 
 extension_sql!(
     r#"

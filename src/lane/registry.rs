@@ -912,20 +912,11 @@ fn lane_state(
     ))
 }
 
-crate::pg::srf::function_info_v1!(pg_finfo_lane_sql_wrapper);
-
-/// The C symbol of `queen._lane` in 0.3.0's SQL, which declared one column less. A
-/// database whose SQL is still that of 0.3.0 when this library is loaded (after an
-/// upgrade's restart, before `ALTER EXTENSION queen UPDATE`) gets this error from
-/// `status`, `totals` and `metrics` instead of rows of the wrong shape.
-///
-/// # Safety
-/// Called by PostgreSQL only.
-#[no_mangle]
-#[pg_guard]
-pub unsafe extern "C-unwind" fn lane_sql_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    errors::older_sql()
-}
+crate::pg::srf::older_sql_symbol!(
+    pg_finfo_lane_sql_wrapper,
+    lane_sql_wrapper,
+    "The C symbol of `queen._lane` in 0.3.0's SQL (under `status`, `totals` and `metrics`), which declared one column less."
+);
 
 // ---- round-robin cursors, shared by every backend ----
 

@@ -1,9 +1,9 @@
 //! Pop (docs/functions.md#pop): claim lanes, read from `committed + 1`, lease the span — one call.
 
 use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::{pg_sys, PgSqlErrorCode};
 use queen_core::addresses::SpanKind;
 use queen_core::claim::{covered, fill};
 use queen_core::lane::Lane;
@@ -204,24 +204,11 @@ pub fn put_rows(out: &mut ResultRows<12>, rows: Vec<Delivered>, group: Option<&s
     }
 }
 
-function_info_v1!(pg_finfo_pop_sql_wrapper);
-
-/// The C symbol of `queen._pop`, the body of `queen.pop` up to 0.2.0. A database whose SQL
-/// is still that of 0.2.0 when this library is loaded (after an upgrade's restart, before
-/// `ALTER EXTENSION queen UPDATE`) gets this error from a pop instead of "could not find
-/// function", and `CREATE EXTENSION queen VERSION '0.2.0'` still finds the symbol.
-///
-/// # Safety
-/// Called by PostgreSQL only.
-#[no_mangle]
-#[pg_guard]
-pub unsafe extern "C-unwind" fn pop_sql_wrapper(_fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
-    errors::raise(
-        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        "queen: this database has the SQL of an older queen than the library installed; run ALTER EXTENSION queen UPDATE"
-            .to_string(),
-    )
-}
+crate::pg::srf::older_sql_symbol!(
+    pg_finfo_pop_sql_wrapper,
+    pop_sql_wrapper,
+    "The C symbol of `queen._pop`, the body of `queen.pop` up to 0.2.0 (`CREATE EXTENSION queen VERSION '0.2.0'` still finds it)."
+);
 
 fn validate(a: &PopArgs) {
     errors::refuse_read_only("pop", "claims messages");

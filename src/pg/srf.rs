@@ -25,6 +25,28 @@ macro_rules! function_info_v1 {
 }
 pub(crate) use function_info_v1;
 
+/// Defines `$symbol`, a C symbol that an older release's SQL still names (with its `$finfo`
+/// record), as a stub that raises `errors::older_sql`. A database whose SQL is still the
+/// older one when this library is loaded (after an upgrade's restart, before `ALTER
+/// EXTENSION queen UPDATE`) gets that error instead of a call of new code with the wrong
+/// arguments, or "could not find function". `$doc` says what the symbol was.
+macro_rules! older_sql_symbol {
+    ($finfo:ident, $symbol:ident, $doc:literal) => {
+        crate::pg::srf::function_info_v1!($finfo);
+
+        #[doc = $doc]
+        ///
+        /// # Safety
+        /// Called by PostgreSQL only.
+        #[no_mangle]
+        #[pgrx::pg_guard]
+        pub unsafe extern "C-unwind" fn $symbol(_fcinfo: pgrx::pg_sys::FunctionCallInfo) -> pgrx::pg_sys::Datum {
+            crate::pg::errors::older_sql()
+        }
+    };
+}
+pub(crate) use older_sql_symbol;
+
 /// Argument `n` of the call, None when NULL.
 ///
 /// # Safety

@@ -199,7 +199,13 @@ fn ensure_group_as(
     }
     const CREATE: &str = "INSERT INTO queen.groups (queue_id, consumer_group, subscription) VALUES ($1, $2, $3)
                           ON CONFLICT DO NOTHING RETURNING 1";
-    const FIND: &str = "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE";
+    macro_rules! find {
+        () => {
+            "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE"
+        };
+    }
+    const FIND: &str = find!();
+    const FIND_UNLESS_HELD: &str = concat!(find!(), " SKIP LOCKED");
     let args = [queue_id.into(), group.into(), subscription.into()];
     if !may_create {
         // Only an existing group, kept until this transaction ends (as below); one this
@@ -220,15 +226,7 @@ fn ensure_group_as(
         // (a limit, a budget, a pause, a claim) pointing at a group that is gone. A drop in
         // flight is waited for, and when it commits the group is created anew; a pop does
         // not wait, and returns no rows this time.
-        let kept = if wait {
-            run(client, FIND, &[queue_id.into(), group.into()])
-        } else {
-            run(
-                client,
-                "SELECT 1 FROM queen.groups WHERE queue_id = $1 AND consumer_group = $2 FOR KEY SHARE SKIP LOCKED",
-                &[queue_id.into(), group.into()],
-            )
-        };
+        let kept = run(client, if wait { FIND } else { FIND_UNLESS_HELD }, &[queue_id.into(), group.into()]);
         if !kept.is_empty() {
             return Some(false);
         }

@@ -240,15 +240,15 @@ pub fn queues_to_expire(client: &mut SpiClient<'_>) -> Vec<i64> {
 
 /// The idle partitions of queue `$1` (id, retained through): the newest segment of
 /// either tier (or the partition itself, with none) is older than the queue's
-/// `partition_idle_ttl` (`queen_core::policy::partition_idle`). The caller adds the rest of
-/// the WHERE clause (from `$2` on) and the order.
+/// `partition_idle_ttl` (`queen_core::policy::outlived`). The caller adds the rest of the
+/// WHERE clause (from `$2` on) and the order.
 macro_rules! idle_partitions_sql {
     () => {
         concat!(
             "SELECT p.partition_id, p.retained_through
                FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
               WHERE p.queue_id = $1 AND ",
-            queen_core::partition_idle_sql!(
+            queen_core::outlived_sql!(
                 "greatest(p.created_at,
                           (SELECT max(s.created_at) FROM (
                              (SELECT created_at FROM queen.segments s WHERE s.partition_id = p.partition_id
@@ -285,7 +285,7 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> bool {
         ),
         &[queue_id.into()],
     );
-    // Dead letters past the queue's dlq_retention (`policy::dlq_expired`), oldest first.
+    // Dead letters past the queue's dlq_retention (`policy::outlived`), oldest first.
     // One that a call holds at this moment (a replay, a delete, a redrive) is left for the
     // next round.
     let dead_letters = first_value::<i64>(run(
@@ -293,7 +293,7 @@ pub fn expire_queue(client: &mut SpiClient<'_>, queue_id: i64) -> bool {
         concat!(
             "WITH old AS (SELECT d.id FROM queen.log_dlq d JOIN queen.queues q ON q.queue_id = d.queue_id
                            WHERE d.queue_id = $1 AND ",
-            queen_core::dlq_expired_sql!("d", "q.dlq_retention"),
+            queen_core::outlived_sql!("d.failed_at", "q.dlq_retention"),
             "
                            ORDER BY d.failed_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED),
                   gone AS (DELETE FROM queen.log_dlq d USING old WHERE d.id = old.id RETURNING 1)

@@ -2,7 +2,7 @@
 //! the background worker (`configure(partition_idle_ttl)`), with their lanes, journal and
 //! dedup entries, so that after VACUUM queen's tables are back to their size before; and
 //! dedup entries expire by time even in a partition that stays.
-//! Size: QUEEN_CHURN_PARTITIONS (default 100,000; `make integration` runs 50,000 to keep
+//! Size: QUEEN_CHURN_PARTITIONS (default 100,000; `make integration` runs 30,000 to keep
 //! `make test` within its 20 minutes).
 
 use std::time::{Duration, Instant};

@@ -243,7 +243,8 @@ fn a_dead_letter_that_shares_its_address_is_the_one_acted_on() {
     let deleted = ctl(&["dlq", "delete", &id_of("b")], None);
     assert_eq!(deleted["id"].as_str(), Some(id_of("b").as_str()), "{deleted}");
     assert_eq!(groups(&mut c), ["a"]);
-    // Once gone, the same id is not taken for the row still at its address.
+    // Once gone, queenctl says so (it finds the row's address through queen.dlq; the
+    // server's side of a row gone meanwhile is pg_test/specs/dlq_shared_address.spec).
     let (ok, _, err) = ctl_raw(&["dlq", "delete", &id_of("b")], None);
     assert!(!ok && err.contains("no dead letter has id"), "{err}");
     assert_eq!(groups(&mut c), ["a"]);

@@ -2,13 +2,15 @@
 -- library over the data 0.3.0 wrote. ALTER EXTENSION queen UPDATE, then the data and
 -- behaviour are intact, and the upgraded catalog is exactly a fresh install's.
 SELECT extversion FROM pg_extension WHERE extname = 'queen';
--- Before the update, 0.3.0's configure, _lane (under status) and dlq_delete reach C symbols this
--- library keeps only to say so; a pop finds the schema older than the library.
+-- Before the update, 0.3.0's configure, _lane (under status), dlq_delete and dlq_replay reach
+-- C symbols this library keeps only to say so; a pop finds the schema older than the
+-- library.
 \set VERBOSITY sqlstate
 SELECT queen.configure('up');
 SELECT queen.configure_group('up', 'audit');
 SELECT count(*) FROM queen.status('up');
 SELECT queen.dlq_delete(partition_id, transaction_id) FROM queen.log_dlq LIMIT 1;
+SELECT queen.dlq_replay(partition_id, transaction_id) FROM queen.log_dlq LIMIT 1;
 -- A pop reads 0.4.0's columns (pause, ttl): it asks for the update too.
 SELECT count(*) FROM queen.pop('up', 'audit');
 \set VERBOSITY default
@@ -22,9 +24,9 @@ SELECT extversion FROM pg_extension WHERE extname = 'queen';
 -- the group's pops work.
 SELECT handler_timeout, queue_margin FROM queen.groups WHERE consumer_group = 'forever';
 SELECT count(*) FROM queen.pop('up-huge', 'forever');
--- queen.configure, queen.configure_group and queen.dlq_delete were replaced (new options): who could call
--- them still can, with the grant option they had; the app's direct grants still work on
--- every queue (it holds no queue grant).
+-- queen.configure, queen.configure_group, queen.dlq_replay and queen.dlq_delete were
+-- replaced (new arguments): who could call them still can, with the grant option they had;
+-- the app's direct grants still work on every queue (it holds no queue grant).
 SELECT has_function_privilege('Queen Upgrade-Ops',
          'queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval, bool, interval, interval, bigint, interval)',
          'EXECUTE WITH GRANT OPTION') AS ops_can_configure;
@@ -35,7 +37,9 @@ SELECT has_function_privilege('Queen Upgrade-Ops',
          'queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)',
          'EXECUTE WITH GRANT OPTION') AS with_grant_option;
 SELECT has_function_privilege('Queen Upgrade-Ops', 'queen.dlq_delete(uuid, text, uuid)', 'EXECUTE')
-         AS ops_can_dlq_delete;
+         AS ops_can_dlq_delete,
+       has_function_privilege('Queen Upgrade-Ops', 'queen.dlq_replay(uuid, text, uuid)', 'EXECUTE')
+         AS ops_can_dlq_replay;
 SET ROLE queen_upgrade_app;
 SELECT msg_offset FROM queen.push('elsewhere', '1');
 SELECT msg_offset, payload FROM queen.pop('elsewhere', auto_ack => true);
@@ -44,7 +48,7 @@ REVOKE EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool
   FROM "Queen Upgrade-Ops" CASCADE;
 REVOKE EXECUTE ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval, bigint, text)
   FROM "Queen Upgrade-Ops";
-REVOKE EXECUTE ON FUNCTION queen.dlq_delete(uuid, text, uuid) FROM "Queen Upgrade-Ops";
+REVOKE EXECUTE ON FUNCTION queen.dlq_delete(uuid, text, uuid), queen.dlq_replay(uuid, text, uuid) FROM "Queen Upgrade-Ops";
 REVOKE EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) FROM queen_upgrade_app;
 REVOKE EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz) FROM queen_upgrade_app;
 REVOKE USAGE ON SCHEMA queen FROM queen_upgrade_app;

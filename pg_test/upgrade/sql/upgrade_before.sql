@@ -33,7 +33,7 @@ SELECT queen.configure_group('up-huge', 'forever', handler_timeout => '106751992
 
 -- Roles with the grants of 0.3.0: direct EXECUTE on functions (the "finer grants"). The
 -- upgrade replaces queen.configure (it gains create_groups and partition_idle_ttl) and
--- queen.dlq_delete (it gains id), and keeps who may call them.
+-- queen.dlq_replay and queen.dlq_delete (they gain id), and keeps who may call them.
 CREATE ROLE queen_upgrade_app;
 CREATE ROLE "Queen Upgrade-Ops";
 GRANT USAGE ON SCHEMA queen TO queen_upgrade_app;
@@ -42,4 +42,4 @@ GRANT EXECUTE ON FUNCTION queen.push(text, jsonb, text, text, jsonb, timestamptz
 GRANT EXECUTE ON FUNCTION queen.configure(text, int, int, bool, bool, int, bool, int, interval, interval, interval)
   TO "Queen Upgrade-Ops" WITH GRANT OPTION;
 GRANT EXECUTE ON FUNCTION queen.configure_group(text, text, interval, interval, interval, interval) TO "Queen Upgrade-Ops";
-GRANT EXECUTE ON FUNCTION queen.dlq_delete(uuid, text) TO "Queen Upgrade-Ops";
+GRANT EXECUTE ON FUNCTION queen.dlq_delete(uuid, text), queen.dlq_replay(uuid, text) TO "Queen Upgrade-Ops";
