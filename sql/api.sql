@@ -295,6 +295,10 @@ BEGIN
   IF qid IS NOT NULL THEN
     PERFORM queen._own_queue(qid);
     SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.queue_id = qid FOR UPDATE;
+    -- Again, now that the queue is locked: the first check found the queue by name, which
+    -- may have been deleted and created again since (a role granted the old one has no
+    -- grant on the new).
+    PERFORM queen._require(delete_queue.queue, 'admin');
   END IF;
   IF qid IS NULL THEN
     RETURN jsonb_build_object('queue', queue, 'deleted', false);
@@ -316,9 +320,8 @@ BEGIN
   GET DIAGNOSTICS n_dead = ROW_COUNT;
   DELETE FROM queen.partitions p WHERE p.queue_id = qid;
   GET DIAGNOSTICS n_partitions = ROW_COUNT;
-  -- The queue's grants, and with them the functions a role no longer needs: a role left
-  -- with no queue grant and the EXECUTE rights queen.grant gave it would otherwise count
-  -- as a 0.3.0 role, allowed on every queue (src/queue/privileges.rs).
+  -- The queue's grants, and with them the functions a role no longer needs (it stays
+  -- limited, to no queue: queen.limited_roles, src/queue/privileges.rs).
   WITH gone AS (DELETE FROM queen.queue_grants g WHERE g.queue_id = qid RETURNING g.grantee::oid AS grantee)
   SELECT array_agg(DISTINCT grantee) INTO grantees FROM gone;
   PERFORM queen._sync_grants(r) FROM unnest(grantees) r;

@@ -400,13 +400,26 @@ CREATE TABLE queen.queue_grants (
 COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
 
+-- Every role queen.grant has limited to its granted queues (src/queue/privileges.rs). A row
+-- stays after the role's last grant goes (by revoke or delete_queue): the role is then
+-- limited to no queue, never returned to the 0.3.0 model (every queue its EXECUTE rights
+-- reach) by losing a grant, also not by a statement that passed its EXECUTE checks before
+-- the grant went. A superuser deletes the row to return a role to that model.
+CREATE TABLE queen.limited_roles (
+    -- regrole: a dump (below) writes the role's name, and a restore finds the role by it
+    role          regrole PRIMARY KEY,
+    first_granted timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE queen.limited_roles IS 'queen: roles limited to their queue grants (queen.grant), also after the last one goes';
+REVOKE ALL ON queen.limited_roles FROM PUBLIC;
+
 -- Backups with pg_dump (docs/concepts.md, "Backup and restore"): a dump holds the rows of
 -- these tables (an extension's tables are otherwise left out, so a restore would bring back
 -- an empty queen), and the queue id sequence's position. Not dumped: queen.generations,
 -- whose one row the install script makes (a restore keeps its default, which is correct
 -- wherever the rows are: see generations.rs), and queen.limit_buckets (tokens and lanes in
--- flight, which refill). A grant of a role that no longer exists is left out; the others
--- are written with the role's name. The update scripts carry these lines over
+-- flight, which refill). A grant (or a limited role) of a role that no longer exists is
+-- left out; the others are written with the role's name. The update scripts carry these lines over
 -- (scripts/upgrade_sql.py).
 SELECT pg_catalog.pg_extension_config_dump('queen.queues', '');
 SELECT pg_catalog.pg_extension_config_dump('queen.queues_queue_id_seq', '');
@@ -427,3 +440,5 @@ SELECT pg_catalog.pg_extension_config_dump('queen.log_dlq', '');
 SELECT pg_catalog.pg_extension_config_dump('queen.dedup', '');
 SELECT pg_catalog.pg_extension_config_dump('queen.queue_grants',
   'WHERE grantee::oid IN (SELECT oid FROM pg_catalog.pg_roles)');
+SELECT pg_catalog.pg_extension_config_dump('queen.limited_roles',
+  'WHERE role::oid IN (SELECT oid FROM pg_catalog.pg_roles)');

@@ -143,6 +143,15 @@ SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
 SELECT msg_offset FROM queen.push('orders', '{"order": 5}');
 RESET ROLE;
 
+-- In one statement, a per-queue admin deletes its one queue, then reads another: its
+-- EXECUTE checks were passed when the statement started, and a role whose last grant
+-- went stays limited (42501; the statement rolls back, payroll stays).
+SET ROLE qp_ops;
+SELECT pg_temp.err($$SELECT s.d, x.payload FROM (SELECT queen.delete_queue('payroll') AS d OFFSET 0) s
+                      CROSS JOIN LATERAL queen.peek(CASE WHEN s.d IS NOT NULL THEN 'orders' END) x$$);
+RESET ROLE;
+SELECT count(*) AS payroll_kept FROM queen.queues WHERE name = 'payroll';
+
 -- A per-queue admin deletes its queue: the grant goes with it, and so do the functions
 -- it gave; the role does not become one allowed on every queue.
 SET ROLE qp_ops;
@@ -153,6 +162,13 @@ SELECT has_schema_privilege('qp_ops', 'queen', 'USAGE') AS schema,
        has_function_privilege('qp_ops', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,
        count(*) AS grants
   FROM queen.grants() WHERE role = 'qp_ops';
+-- It stays limited, to no queue (queen.limited_roles), also when given EXECUTE directly.
+SELECT role FROM queen.limited_roles ORDER BY 1;
+GRANT USAGE ON SCHEMA queen TO qp_ops;
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO qp_ops;
+SET ROLE qp_ops;
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
+RESET ROLE;
 
 -- Clean up (roles are cluster-wide).
 DROP TABLE payroll_lease, payroll_lease2, orders_partition;

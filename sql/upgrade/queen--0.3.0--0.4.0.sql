@@ -168,6 +168,13 @@ CREATE TABLE queen.queue_grants (
 );
 COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
+-- Roles queen.grant has limited, kept after their last grant (sql/schema.sql).
+CREATE TABLE queen.limited_roles (
+    role          regrole PRIMARY KEY,
+    first_granted timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE queen.limited_roles IS 'queen: roles limited to their queue grants (queen.grant), also after the last one goes';
+REVOKE ALL ON queen.limited_roles FROM PUBLIC;
 
 -- Lanes are keyed by a SHA-256 digest in shared memory now: the old hash's SQL form goes.
 DROP FUNCTION queen._group_hash(text);

@@ -120,9 +120,15 @@ fn store(
     intervals: &Intervals,
     encryption: Option<bool>,
 ) -> bool {
+    // The privilege on the queue locked, or again by name when the queue went while this
+    // waited (its upsert would create it anew): the call's first check found the queue by
+    // name, which may since have been deleted, or created again.
     let found = crate::queue::lookup::queue_id(client, queue);
-    if let Some(id) = found {
-        locks::share_queue(id);
+    match found {
+        Some(id) if locks::share_queue(id) => {
+            crate::queue::privileges::require_id(client, id, crate::queue::privileges::Privilege::Admin)
+        }
+        _ => crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin),
     }
     let encryption = encryption.unwrap_or_else(|| {
         let stored =

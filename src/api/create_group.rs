@@ -7,7 +7,7 @@ use queen_core::policy::Subscription;
 use crate::pg::errors::{null_arg, violation, SpiExt};
 use crate::pg::spi::run;
 use crate::queue::citus;
-use crate::queue::lookup::{ensure_group, ensure_queue_locked};
+use crate::queue::lookup::ensure_group;
 use crate::queue::names::{check_lane_name, check_queue_name};
 use crate::queue::privileges::{self, Privilege};
 
@@ -41,7 +41,7 @@ fn create_group(
     privileges::require(Some(queue), Privilege::Admin);
     let subscription = Subscription::parse(subscription).unwrap_or_else(|v| violation(v)).as_str();
     pgrx::Spi::connect_mut(|client| {
-        let (queue_id, ..) = ensure_queue_locked(client, queue);
+        let (queue_id, ..) = privileges::ensure_queue_checked(client, queue, Privilege::Admin);
         let created = ensure_group(client, queue_id, group, subscription, true).unwrap_or(false);
         let row = run(
             client,

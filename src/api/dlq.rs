@@ -287,6 +287,12 @@ fn dlq_redrive(
     // queue, or deleted while this waited.
     let queue_id =
         Spi::connect_mut(|client| lookup::queue_id(client, queue)).filter(|&id| crate::pg::locks::share_queue(id));
+    if let Some(id) = queue_id {
+        // The privilege on the queue locked, not only on the one the name found first.
+        Spi::connect_mut(|client| {
+            crate::queue::privileges::require_id(client, id, crate::queue::privileges::Privilege::Admin)
+        });
+    }
     // A copy for its failing group alone needs that group until this commits: the groups'
     // rows are locked as a lane insert locks them (FOR KEY SHARE), before any dead letter.
     // A drop_group in flight commits first (its dead letters then count as groupGone, and

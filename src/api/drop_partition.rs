@@ -40,6 +40,9 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
         let Some(queue_id) = found.filter(|&id| crate::pg::locks::share_queue(id)) else {
             return json!({"queue": queue, "partition": partition, "dropped": false});
         };
+        // The privilege on the queue locked (it may have been created again since the
+        // check by name).
+        crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Admin);
         crate::lane::settle_journal(client, true);
         // Before the partition's row, as the lock order has it (`try_drop`).
         crate::pg::locks::lanes_creation(queue_id, true, true);

@@ -55,7 +55,7 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
     let (queue, role, p) = grant_args(queue, role, privilege);
     let (name, added) = Spi::connect_mut(|client| {
         let (oid, name) = role_named(client, &role);
-        let (queue_id, ..) = crate::queue::lookup::ensure_queue_locked(client, &queue);
+        let (queue_id, ..) = crate::queue::privileges::ensure_queue_checked(client, &queue, Privilege::Admin);
         let added = !run(
             client,
             "INSERT INTO queen.queue_grants (queue_id, grantee, privilege) VALUES ($1, $2, $3)
@@ -63,6 +63,8 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
             &[queue_id.into(), oid.into(), p.as_str().into()],
         )
         .is_empty();
+        // From now on the role is limited to its grants, also once none is left.
+        run(client, "INSERT INTO queen.limited_roles (role) VALUES ($1) ON CONFLICT DO NOTHING", &[oid.into()]);
         sync_grants(client, oid, &name);
         (name, added)
     });

@@ -120,6 +120,9 @@ fn peek(client: &mut SpiClient<'_>, a: &PeekArgs) -> Vec<Delivered> {
     let Some(queue_id) = lookup::queue_id(client, a.queue) else {
         return Vec::new(); // an unknown queue: zero rows, as pop
     };
+    // The privilege on the queue read (it may have been created again since the check by
+    // name).
+    crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Consume);
     if let Some(g) = a.group {
         let exists = first_value::<bool>(run(
             client,
@@ -271,6 +274,7 @@ fn get(
     let Some(queue_id) = lookup::queue_id(client, queue) else {
         return Vec::new();
     };
+    crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Consume);
     // A producer id is looked up while its dedup entry is live (`dedup_live_sql!`): an
     // expired entry may still be in the table until churn deletes it.
     const FIND: &str = concat!(

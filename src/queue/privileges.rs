@@ -8,13 +8,14 @@
 //! - `queen.grant(queue, role, privilege)` gives a role one privilege on one queue (and
 //!   `queen.revoke` takes it back). Such a role needs no queen role: `grant` also gives it
 //!   what it needs to call the functions of that privilege (USAGE on the schema, EXECUTE on
-//!   the functions). Once a role (or a role whose privileges it has) holds a grant on any
-//!   queue, it is limited to its granted queues: a pop, a push, an ack, a read of dead
-//!   letters or an admin call on another queue fails with `42501`, and the calls that list
-//!   queues (`queen.dlq`, `status`, `totals`, `metrics` without a queue) show only its
-//!   queues. Encrypted payloads are decrypted only for a role that may consume the queue.
+//!   the functions). Once a role (or a role whose privileges it has) has been granted any
+//!   queue, it is limited to its granted queues (to none after the last one goes): a pop,
+//!   a push, an ack, a read of dead letters or an admin call on another queue fails with
+//!   `42501`, and the calls that list queues (`queen.dlq`, `status`, `totals`, `metrics`
+//!   without a queue) show only its queues. Encrypted payloads are decrypted only for a
+//!   role that may consume the queue.
 //! - A role given EXECUTE on queen's functions directly (the "finer grants" of 0.3.0) and
-//!   no queue grant keeps what it had: the functions it may execute, on every queue.
+//!   never granted a queue keeps what it had: the functions it may execute, on every queue.
 //!
 //! **Whose privileges.** queen's functions run as the extension's owner (SECURITY
 //! DEFINER), so the check uses the role of the session at the outer level: the login role,
@@ -92,20 +93,24 @@ pub fn caller() -> pg_sys::Oid {
 }
 
 /// Whether `role` has `p` on every queue: a superuser, a member of the queen role, or a
-/// role that holds no queue grant at all (only its EXECUTE rights limit it: the 0.3.0
+/// role that was never granted a queue (only its EXECUTE rights limit it: the 0.3.0
 /// model).
 fn global(role: pg_sys::Oid, p: Privilege) -> bool {
     queen_role(role, p) || !limited(role)
 }
 
-/// Whether `role` (or a role whose privileges it has) holds a grant on some queue.
+/// Whether `role` (or a role whose privileges it has) was ever granted a queue
+/// (`queen.limited_roles`). A role whose last grant went stays limited, to no queue: had it
+/// become unlimited, a statement that passed PostgreSQL's EXECUTE checks before the grant
+/// went (a `delete_queue` of its one queue, then a call about another queue, in one
+/// statement; or a statement running while an operator revokes) would reach every queue.
 fn limited(role: pg_sys::Oid) -> bool {
     let grantees = crate::pg::cache::cached(
         &GRANTEES,
         (),
         || {
             Some(Spi::connect_mut(|client| {
-                run(client, "SELECT DISTINCT grantee::oid FROM queen.queue_grants", &[])
+                run(client, "SELECT role::oid FROM queen.limited_roles", &[])
                     .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
                     .collect::<Vec<_>>()
             }))
@@ -136,7 +141,7 @@ thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
     /// (`cache::cached`: grants send the queues' invalidation).
     static ALLOWED: crate::pg::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
-    /// Per backend: every role that holds a queue grant, while no grant changed.
+    /// Per backend: every role limited to its queue grants, while no grant changed.
     static GRANTEES: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
 
@@ -200,6 +205,15 @@ pub fn require_id(client: &mut SpiClient<'_>, queue_id: i64, p: Privilege) {
             first_value::<String>(run(client, "SELECT name FROM queen.queues WHERE queue_id = $1", &[queue_id.into()]));
         denied(&format!("queue {:?}", name.unwrap_or_default()), p);
     }
+}
+
+/// `lookup::ensure_queue_locked`, then `p` checked on the queue it locked: the check at the
+/// call's start found the queue by name, which may have been deleted and created again
+/// since (a role limited to its grants, which may not create a queue, gets 42501 here).
+pub fn ensure_queue_checked(client: &mut SpiClient<'_>, name: &str, p: Privilege) -> (i64, i32, bool) {
+    let found = crate::queue::lookup::ensure_queue_locked(client, name);
+    require_id(client, found.0, p);
+    found
 }
 
 /// The queues on which the caller has `p`: None for all (the global privilege).

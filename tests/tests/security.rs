@@ -306,3 +306,34 @@ fn the_shipped_roles_grant_least_privilege() {
     drop((producer, consumer, operator));
     admin_ddl(&mut admin, &format!("DROP ROLE {p}; DROP ROLE {c}; DROP ROLE {a};"));
 }
+
+/// A long-poll of a role limited to one queue (queen.grant) checks its privilege again in
+/// every round: a grant revoked while it waits ends it with 42501, and the message pushed
+/// after the revoke is not delivered to it. Before, the pop checked once, at its start,
+/// and returned the message.
+#[test]
+fn a_long_poll_stops_at_a_revoke() {
+    let mut admin = connect();
+    let role = format!("poller_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let queue = unique("sec-poll");
+    admin_ddl(&mut admin, &format!("CREATE ROLE {role} LOGIN;"));
+    admin_ddl(&mut admin, &format!("SELECT queen.grant('{queue}', '{role}', 'consume');"));
+    let mut c = connect_as(&role);
+    // The group exists, so that the pop below only waits.
+    c.query("SELECT * FROM queen.pop($1)", &[&queue]).unwrap();
+    let q = queue.clone();
+    let poller = std::thread::spawn(move || {
+        c.query("SELECT payload FROM queen.pop($1, wait_ms => 10000)", &[&q])
+            .map(|rows| rows.len())
+            .map_err(|e| e.code().map(|c| c.code().to_string()))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    admin_ddl(&mut admin, &format!("SELECT queen.revoke('{queue}', '{role}', 'consume');"));
+    admin.execute("SELECT count(*) FROM queen.push($1, '\"after the revoke\"')", &[&queue]).unwrap();
+    let got = poller.join().unwrap();
+    assert_eq!(got, Err(Some("42501".to_string())), "the poll went on after the revoke");
+    // The message is there for the groups that may read it.
+    let left: i64 = admin.query_one("SELECT count(*) FROM queen.peek($1)", &[&queue]).unwrap().get(0);
+    assert_eq!(left, 1);
+    admin_ddl(&mut admin, &format!("DROP OWNED BY {role}; DROP ROLE {role};"));
+}
