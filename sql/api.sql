@@ -295,9 +295,7 @@ BEGIN
   IF qid IS NOT NULL THEN
     PERFORM queen._own_queue(qid);
     SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.queue_id = qid FOR UPDATE;
-    -- Again, now that the queue is locked: the first check found the queue by name, which
-    -- may have been deleted and created again since (a role granted the old one has no
-    -- grant on the new).
+    -- Checked again on the queue locked (src/queue/privileges.rs, module docs).
     PERFORM queen._require(delete_queue.queue, 'admin');
   END IF;
   IF qid IS NULL THEN

@@ -400,15 +400,12 @@ CREATE TABLE queen.queue_grants (
 COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
 
--- Every role queen.grant has limited to its granted queues (src/queue/privileges.rs). A row
--- stays after the role's last grant goes (by revoke or delete_queue): the role is then
--- limited to no queue, never returned to the 0.3.0 model (every queue its EXECUTE rights
--- reach) by losing a grant, also not by a statement that passed its EXECUTE checks before
--- the grant went. A superuser deletes the row to return a role to that model.
+-- Roles limited to their queue grants (queen.grant); a row outlives the role's last grant
+-- (src/queue/privileges.rs, `limited`). A superuser deletes the row of a role with no grant
+-- left to return it to the 0.3.0 model.
 CREATE TABLE queen.limited_roles (
     -- regrole: a dump (below) writes the role's name, and a restore finds the role by it
-    role          regrole PRIMARY KEY,
-    first_granted timestamptz NOT NULL DEFAULT now()
+    role regrole PRIMARY KEY
 );
 COMMENT ON TABLE queen.limited_roles IS 'queen: roles limited to their queue grants (queen.grant), also after the last one goes';
 REVOKE ALL ON queen.limited_roles FROM PUBLIC;

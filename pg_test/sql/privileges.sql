@@ -163,7 +163,7 @@ SELECT has_schema_privilege('qp_ops', 'queen', 'USAGE') AS schema,
        count(*) AS grants
   FROM queen.grants() WHERE role = 'qp_ops';
 -- It stays limited, to no queue (queen.limited_roles), also when given EXECUTE directly.
-SELECT role FROM queen.limited_roles ORDER BY 1;
+SELECT role FROM queen.limited_roles ORDER BY role::text;
 GRANT USAGE ON SCHEMA queen TO qp_ops;
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO qp_ops;
 SET ROLE qp_ops;

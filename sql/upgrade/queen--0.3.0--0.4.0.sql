@@ -170,8 +170,7 @@ COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (quee
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
 -- Roles queen.grant has limited, kept after their last grant (sql/schema.sql).
 CREATE TABLE queen.limited_roles (
-    role          regrole PRIMARY KEY,
-    first_granted timestamptz NOT NULL DEFAULT now()
+    role regrole PRIMARY KEY
 );
 COMMENT ON TABLE queen.limited_roles IS 'queen: roles limited to their queue grants (queen.grant), also after the last one goes';
 REVOKE ALL ON queen.limited_roles FROM PUBLIC;

@@ -94,7 +94,7 @@ fn store_group(
     policy: queen_core::overflow::OnOverflow,
 ) {
     let (queue_id, ..) =
-        crate::queue::privileges::ensure_queue_checked(client, queue, crate::queue::privileges::Privilege::Admin);
+        crate::queue::privileges::ensure_queue_locked_for(client, queue, crate::queue::privileges::Privilege::Admin);
     // Creates the group and its lanes as a first pop would ('all'), after a session
     // that is creating it right now.
     lookup::ensure_group(client, queue_id, group, "all", true);

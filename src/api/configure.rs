@@ -11,7 +11,6 @@ use queen_core::policy::QueueOptions;
 use crate::pg::cache;
 use crate::pg::clock::interval_micros;
 use crate::pg::errors::null_arg;
-use crate::pg::locks;
 use crate::pg::settings;
 use crate::pg::spi::{first_value, run};
 use crate::queue::citus;
@@ -120,15 +119,11 @@ fn store(
     intervals: &Intervals,
     encryption: Option<bool>,
 ) -> bool {
-    // The privilege on the queue locked, or again by name when the queue went while this
-    // waited (its upsert would create it anew): the call's first check found the queue by
-    // name, which may since have been deleted, or created again.
-    let found = crate::queue::lookup::queue_id(client, queue);
-    match found {
-        Some(id) if locks::share_queue(id) => {
-            crate::queue::privileges::require_id(client, id, crate::queue::privileges::Privilege::Admin)
-        }
-        _ => crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin),
+    // Checked again (privileges, module docs): on the queue locked, or by name when there
+    // is none now, since the upsert below then creates it.
+    let found = privileges::lock_queue(client, queue, Privilege::Admin);
+    if found.is_none() {
+        privileges::require(Some(queue), Privilege::Admin);
     }
     let encryption = encryption.unwrap_or_else(|| {
         let stored =

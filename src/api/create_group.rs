@@ -41,7 +41,7 @@ fn create_group(
     privileges::require(Some(queue), Privilege::Admin);
     let subscription = Subscription::parse(subscription).unwrap_or_else(|v| violation(v)).as_str();
     pgrx::Spi::connect_mut(|client| {
-        let (queue_id, ..) = privileges::ensure_queue_checked(client, queue, Privilege::Admin);
+        let (queue_id, ..) = privileges::ensure_queue_locked_for(client, queue, Privilege::Admin);
         let created = ensure_group(client, queue_id, group, subscription, true).unwrap_or(false);
         let row = run(
             client,

@@ -13,7 +13,6 @@ use crate::ops::push::{push_items, PushItem};
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::ids::from_pg_uuid;
 use crate::pg::spi::run;
-use crate::queue::lookup;
 
 /// The dead-letter row at an address, locked; P0002 when there is none. With `id`, that
 /// row (it must be at the address); without, the oldest there when the call looks. Two
@@ -285,14 +284,9 @@ fn dlq_redrive(
     let filter = RedriveFilter { queue, group: consumer_group, partition, error_like, since, until, force, to };
     // The queue lock before any dead-letter row (`queen_core::lock_order`); None: no such
     // queue, or deleted while this waited.
-    let queue_id =
-        Spi::connect_mut(|client| lookup::queue_id(client, queue)).filter(|&id| crate::pg::locks::share_queue(id));
-    if let Some(id) = queue_id {
-        // The privilege on the queue locked, not only on the one the name found first.
-        Spi::connect_mut(|client| {
-            crate::queue::privileges::require_id(client, id, crate::queue::privileges::Privilege::Admin)
-        });
-    }
+    let queue_id = Spi::connect_mut(|client| {
+        crate::queue::privileges::lock_queue(client, queue, crate::queue::privileges::Privilege::Admin)
+    });
     // A copy for its failing group alone needs that group until this commits: the groups'
     // rows are locked as a lane insert locks them (FOR KEY SHARE), before any dead letter.
     // A drop_group in flight commits first (its dead letters then count as groupGone, and

@@ -36,13 +36,10 @@ fn drop_partition(queue: Option<&str>, partition: Option<&str>) -> JsonB {
         "the transaction's snapshot misses what the transactions it waits for commit",
     );
     let out = Spi::connect_mut(|client| {
-        let found = crate::queue::lookup::queue_id(client, queue);
-        let Some(queue_id) = found.filter(|&id| crate::pg::locks::share_queue(id)) else {
+        let found = crate::queue::privileges::lock_queue(client, queue, crate::queue::privileges::Privilege::Admin);
+        let Some(queue_id) = found else {
             return json!({"queue": queue, "partition": partition, "dropped": false});
         };
-        // The privilege on the queue locked (it may have been created again since the
-        // check by name).
-        crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Admin);
         crate::lane::settle_journal(client, true);
         // Before the partition's row, as the lock order has it (`try_drop`).
         crate::pg::locks::lanes_creation(queue_id, true, true);

@@ -55,7 +55,7 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
     let (queue, role, p) = grant_args(queue, role, privilege);
     let (name, added) = Spi::connect_mut(|client| {
         let (oid, name) = role_named(client, &role);
-        let (queue_id, ..) = crate::queue::privileges::ensure_queue_checked(client, &queue, Privilege::Admin);
+        let (queue_id, ..) = crate::queue::privileges::ensure_queue_locked_for(client, &queue, Privilege::Admin);
         let added = !run(
             client,
             "INSERT INTO queen.queue_grants (queue_id, grantee, privilege) VALUES ($1, $2, $3)

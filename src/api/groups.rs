@@ -21,13 +21,7 @@ use crate::queue::names::{check_lane_name, check_queue_name};
 /// The queue's id, its lock taken (share mode) and the caller's admin privilege checked on
 /// it; then, without the registry after a crash, the lane journal saved (`lane::settle_journal`), before any other lock.
 fn queue_id(client: &mut SpiClient<'_>, queue: &str) -> Option<i64> {
-    let id = crate::queue::lookup::queue_id(client, queue)?;
-    if !crate::pg::locks::share_queue(id) {
-        return None;
-    }
-    // The privilege on the queue locked, which may not be the one the call's first check
-    // found by name (deleted and created again in between).
-    crate::queue::privileges::require_id(client, id, crate::queue::privileges::Privilege::Admin);
+    let id = crate::queue::privileges::lock_queue(client, queue, crate::queue::privileges::Privilege::Admin)?;
     crate::lane::settle_journal(client, true);
     Some(id)
 }

@@ -52,8 +52,11 @@ fn configure_limit(
     // (`pop::gate`).
     crate::pg::cache::invalidate();
     let removed = Spi::connect_mut(|client| {
-        let (queue_id, ..) =
-            crate::queue::privileges::ensure_queue_checked(client, queue, crate::queue::privileges::Privilege::Admin);
+        let (queue_id, ..) = crate::queue::privileges::ensure_queue_locked_for(
+            client,
+            queue,
+            crate::queue::privileges::Privilege::Admin,
+        );
         if remove {
             return first_value::<bool>(run(
                 client,

@@ -48,8 +48,11 @@ fn set_paused(queue: Option<&str>, group: Option<&str>, paused: bool) -> JsonB {
     }
     crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Admin);
     let changed = Spi::connect_mut(|client| {
-        let (queue_id, ..) =
-            crate::queue::privileges::ensure_queue_checked(client, queue, crate::queue::privileges::Privilege::Admin);
+        let (queue_id, ..) = crate::queue::privileges::ensure_queue_locked_for(
+            client,
+            queue,
+            crate::queue::privileges::Privilege::Admin,
+        );
         let (read, write, args) = match group {
             None => (
                 "SELECT paused FROM queen.queues WHERE queue_id = $1 AND $2::text IS NULL FOR UPDATE",

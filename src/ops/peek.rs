@@ -120,8 +120,7 @@ fn peek(client: &mut SpiClient<'_>, a: &PeekArgs) -> Vec<Delivered> {
     let Some(queue_id) = lookup::queue_id(client, a.queue) else {
         return Vec::new(); // an unknown queue: zero rows, as pop
     };
-    // The privilege on the queue read (it may have been created again since the check by
-    // name).
+    // Checked again on the queue read (privileges, module docs).
     crate::queue::privileges::require_id(client, queue_id, crate::queue::privileges::Privilege::Consume);
     if let Some(g) = a.group {
         let exists = first_value::<bool>(run(

@@ -490,9 +490,8 @@ fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
     if !crate::pg::locks::share_queue(info.queue_id) {
         return None; // deleted while this pop waited: an unknown queue
     }
-    // The privilege on the queue locked: the call's first check found the queue by name,
-    // which may have been deleted and created again since, and a long-poll's later rounds
-    // see a grant revoked meanwhile.
+    // Checked again on the queue locked (privileges, module docs); a long-poll's later
+    // rounds also see a grant revoked meanwhile.
     crate::queue::privileges::require_id(client, info.queue_id, crate::queue::privileges::Privilege::Consume);
     if !info.has_group && lookup::ensure_group(client, info.queue_id, a.group, a.subscription, false).is_none() {
         return None; // another session is creating this group and claiming right now

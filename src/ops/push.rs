@@ -471,10 +471,8 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
         let row = run(client, sql, &[queue.into(), partition.into()]);
         let Some(r) = row.into_iter().next() else {
             // A new queue: created (or found, when another session just created it), then
-            // read again. The caller's check found the queue by name when the call began;
-            // one deleted since (or while this waited for its lock, below) is created only
-            // for a role that may create queues (a role limited to its grants lost them with
-            // the queue: 42501).
+            // read again; one deleted since the call's check (or while this waited for its
+            // lock, below) only for a role that may create queues (privileges, module docs).
             crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Produce);
             lookup::ensure_queue(client, queue);
             continue;
@@ -930,8 +928,7 @@ impl<'a> Call<'a> {
 /// The target of (queue, partition), with the queue lock taken first
 /// (`queen_core::lock_order`). A push that waited for a `delete_queue` finds its target
 /// again: the queue is created anew (`locate`, if the caller may create it). The caller's
-/// privilege is checked on the queue locked, which may not be the one its first check
-/// found by name (deleted and created again in between).
+/// privilege is checked again on the queue locked (privileges, module docs).
 fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
     loop {
         let t = lookup::target(queue, partition, || locate(client, queue, partition));

@@ -94,8 +94,8 @@ pub fn ensure_queue(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) 
 
 /// `ensure_queue`, then the queue lock in share mode (`locks::share_queue`): a queue that
 /// a `delete_queue` removed while this waited is created again. Callers check their
-/// privilege on the queue it returns (`privileges::ensure_queue_checked`).
-pub fn ensure_queue_locked(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) {
+/// privilege on the queue it returns (`privileges::ensure_queue_locked_for`).
+pub(super) fn ensure_queue_locked(client: &mut SpiClient<'_>, name: &str) -> (i64, i32, bool) {
     loop {
         let found = ensure_queue(client, name);
         if crate::pg::locks::share_queue(found.0) {

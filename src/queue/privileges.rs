@@ -24,8 +24,15 @@
 //! away: its owner must still be allowed to call the queen function).
 //!
 //! Every entry point checks, before it touches the queue (`require`, `require_id`,
-//! `permitted`); the checks read `queen.queue_grants` only for roles that are members of no
-//! queen role, and keep the answer per backend until a grant changes.
+//! `permitted`); the checks read `queen.queue_grants` and `queen.limited_roles` only for
+//! roles that are members of no queen role, and keep the answer per backend until a grant
+//! changes.
+//!
+//! **Checked twice.** A call checks by the queue's name when it starts, then again by id
+//! on the queue it locks or reads (`require_id`, `lock_queue`, `ensure_queue_locked_for`):
+//! the queue may have been deleted, or deleted and created again under its name, in
+//! between, and a role granted the old queue has no grant on the new. A call that waited
+//! for a `delete_queue` creates the queue anew only for a role that may create queues.
 
 use std::ffi::CStr;
 
@@ -99,27 +106,32 @@ fn global(role: pg_sys::Oid, p: Privilege) -> bool {
     queen_role(role, p) || !limited(role)
 }
 
-/// Whether `role` (or a role whose privileges it has) was ever granted a queue
-/// (`queen.limited_roles`). A role whose last grant went stays limited, to no queue: had it
-/// become unlimited, a statement that passed PostgreSQL's EXECUTE checks before the grant
-/// went (a `delete_queue` of its one queue, then a call about another queue, in one
-/// statement; or a statement running while an operator revokes) would reach every queue.
+/// Whether `role` (or a role whose privileges it has) holds a queue grant or ever held one
+/// (`queen.limited_roles`, which `grant` fills). A role whose last grant went stays
+/// limited, to no queue: had it become unlimited, a statement that passed PostgreSQL's
+/// EXECUTE checks before the grant went (a `delete_queue` of its one queue, then a call
+/// about another queue, in one statement; or a statement running while an operator
+/// revokes) would reach every queue.
 fn limited(role: pg_sys::Oid) -> bool {
-    let grantees = crate::pg::cache::cached(
-        &GRANTEES,
+    let limited = crate::pg::cache::cached(
+        &LIMITED,
         (),
         || {
             Some(Spi::connect_mut(|client| {
-                run(client, "SELECT role::oid FROM queen.limited_roles", &[])
-                    .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
-                    .collect::<Vec<_>>()
+                run(
+                    client,
+                    "SELECT role::oid FROM queen.limited_roles UNION SELECT grantee::oid FROM queen.queue_grants",
+                    &[],
+                )
+                .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
+                .collect::<Vec<_>>()
             }))
         },
         |_| true,
     )
     .unwrap_or_default();
     // SAFETY: membership tests (cached by PostgreSQL); a dropped role matches nothing.
-    grantees.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) })
+    limited.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) })
 }
 
 /// Whether `role` has `p` on every queue through a queen role (or superuser).
@@ -142,7 +154,7 @@ thread_local! {
     /// (`cache::cached`: grants send the queues' invalidation).
     static ALLOWED: crate::pg::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
     /// Per backend: every role limited to its queue grants, while no grant changed.
-    static GRANTEES: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
+    static LIMITED: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
 
 /// Whether `role` has `p` on queue `queue_id` through `queen.grant` (or `admin` there).
@@ -207,13 +219,22 @@ pub fn require_id(client: &mut SpiClient<'_>, queue_id: i64, p: Privilege) {
     }
 }
 
-/// `lookup::ensure_queue_locked`, then `p` checked on the queue it locked: the check at the
-/// call's start found the queue by name, which may have been deleted and created again
-/// since (a role limited to its grants, which may not create a queue, gets 42501 here).
-pub fn ensure_queue_checked(client: &mut SpiClient<'_>, name: &str, p: Privilege) -> (i64, i32, bool) {
+/// `lookup::ensure_queue_locked` (which creates a queue deleted meanwhile), then `p`
+/// checked on the queue it locked (checked twice, module docs): a role limited to its
+/// grants, which may not create a queue, gets 42501 and the creation rolls back with it.
+pub fn ensure_queue_locked_for(client: &mut SpiClient<'_>, name: &str, p: Privilege) -> (i64, i32, bool) {
     let found = crate::queue::lookup::ensure_queue_locked(client, name);
     require_id(client, found.0, p);
     found
+}
+
+/// An existing queue's id by name, its lock taken in share mode (`locks::share_queue`)
+/// and `p` checked on it (checked twice, module docs); None when there is no such queue,
+/// or it went while this waited.
+pub fn lock_queue(client: &mut SpiClient<'_>, name: &str, p: Privilege) -> Option<i64> {
+    let id = crate::queue::lookup::queue_id(client, name).filter(|&id| crate::pg::locks::share_queue(id))?;
+    require_id(client, id, p);
+    Some(id)
 }
 
 /// The queues on which the caller has `p`: None for all (the global privilege).

@@ -327,7 +327,22 @@ fn a_long_poll_stops_at_a_revoke() {
             .map(|rows| rows.len())
             .map_err(|e| e.code().map(|c| c.code().to_string()))
     });
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    // The revoke comes while the pop waits (past its first round's check).
+    queen_it::eventually(10, || {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND state = 'active' AND query LIKE '%wait_ms%'",
+                &[&role],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if waiting == 1 {
+            Ok(())
+        } else {
+            Err("the pop has not started".to_string())
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
     admin_ddl(&mut admin, &format!("SELECT queen.revoke('{queue}', '{role}', 'consume');"));
     admin.execute("SELECT count(*) FROM queen.push($1, '\"after the revoke\"')", &[&queue]).unwrap();
     let got = poller.join().unwrap();
