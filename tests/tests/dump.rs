@@ -114,7 +114,8 @@ fn a_restored_dump_delivers_what_the_source_would() {
     let mut src = Client::connect(&src_dsn, NoTls).unwrap();
     let role = format!("dump_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let gone_role = format!("{role}_gone");
-    cleanup.roles.extend([role.clone(), gone_role.clone()]);
+    let revoked_role = format!("{role}_revoked");
+    cleanup.roles.extend([role.clone(), gone_role.clone(), revoked_role.clone()]);
     src.batch_execute(&format!(
         "CREATE ROLE {role}; CREATE ROLE {gone_role};
          SELECT queen.configure('dq', retention => 3600, retry_limit => 5, dedup_window => 600);
@@ -123,7 +124,12 @@ fn a_restored_dump_delivers_what_the_source_would() {
          SELECT queen.grant('dq', '{role}', 'consume');
          -- a grant whose role is dropped since: left out of the dump
          SELECT queen.grant('dq', '{gone_role}', 'produce');
-         DROP OWNED BY {gone_role}; DROP ROLE {gone_role};"
+         DROP OWNED BY {gone_role}; DROP ROLE {gone_role};
+         -- a role whose last grant went: it stays limited (queen.limited_roles), in the
+         -- restore too
+         CREATE ROLE {revoked_role};
+         SELECT queen.grant('dq', '{revoked_role}', 'produce');
+         SELECT queen.revoke('dq', '{revoked_role}', 'produce');"
     ))
     .unwrap();
 
@@ -216,6 +222,10 @@ fn a_restored_dump_delivers_what_the_source_would() {
     let grants = "SELECT queue, role, privilege FROM queen.grants() ORDER BY 1, 2, 3";
     assert_eq!(rows(&mut dst, grants), vec![format!("(dq,{role},consume)")], "grants after the restore");
     assert_eq!(rows(&mut src, grants).len(), 2, "the source keeps its dropped role's grant");
+    let limited = "SELECT role::text FROM queen.limited_roles WHERE role::text NOT LIKE '%gone' ORDER BY 1";
+    assert_eq!(rows(&mut dst, limited), vec![format!("({role})"), format!("({revoked_role})")], "limited roles");
+    let all_limited = "SELECT count(*) FROM queen.limited_roles";
+    assert_eq!(rows(&mut dst, all_limited), vec!["(2)".to_string()], "a dropped role's row is left out");
 
     // Once g2's lease ends in the source (the restore has none), both databases give each
     // group the same messages.
