@@ -9,7 +9,7 @@ CREATE EXTENSION queen;
 DO $$
 DECLARE r text;
 BEGIN
-  FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN ('qp_app', 'qp_ops', 'qp_legacy', 'qp_member') LOOP
+  FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN ('qp_app', 'qp_ops', 'qp_legacy', 'qp_member', 'qp_nobody') LOOP
     EXECUTE format('DROP OWNED BY %I', r);
     EXECUTE format('DROP ROLE %I', r);
   END LOOP;
@@ -24,6 +24,7 @@ CREATE ROLE qp_app;
 CREATE ROLE qp_ops;
 CREATE ROLE qp_legacy;
 CREATE ROLE qp_member IN ROLE queen_consumer;
+CREATE ROLE qp_nobody;
 
 -- Two queues: orders, and payroll, encrypted.
 SET queen.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
@@ -116,6 +117,23 @@ SELECT queue, data, error_message FROM queen.dlq();
 SELECT queen.revoke_lease(lease_id) -> 'revoked' AS revoked FROM payroll_lease2;
 RESET ROLE;
 
+-- An application's SECURITY DEFINER function, owned by that limited role, called by a role
+-- with no queen rights at all: it lends the owner's EXECUTE, not a scope. The caller, never
+-- granted a queue and holding no EXECUTE of its own, gets 42501 on every queue (before:
+-- every queue's rows, as a 0.3.0 role).
+CREATE SCHEMA qp_wrap AUTHORIZATION qp_ops;
+SET ROLE qp_ops;
+CREATE FUNCTION qp_wrap.peek(q text) RETURNS SETOF jsonb LANGUAGE sql SECURITY DEFINER
+  SET search_path = pg_catalog AS $f$ SELECT payload FROM queen.peek(q) $f$;
+GRANT USAGE ON SCHEMA qp_wrap TO qp_nobody;
+GRANT EXECUTE ON FUNCTION qp_wrap.peek(text) TO qp_nobody;
+RESET ROLE;
+SET ROLE qp_nobody;
+SELECT pg_temp.err($$SELECT * FROM qp_wrap.peek('orders')$$);
+SELECT pg_temp.err($$SELECT * FROM qp_wrap.peek('payroll')$$);
+RESET ROLE;
+DROP SCHEMA qp_wrap CASCADE;
+
 -- A member of queen_consumer keeps every queue for consuming, and a queue grant limits
 -- it only for the privileges it does not have through a queen role.
 SELECT queen.grant('orders', 'qp_member', 'admin') ->> 'granted' AS granted;
@@ -173,5 +191,5 @@ RESET ROLE;
 -- Clean up (roles are cluster-wide).
 DROP TABLE payroll_lease, payroll_lease2, orders_partition;
 SET client_min_messages = warning;
-DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member;
-DROP ROLE qp_app, qp_ops, qp_legacy, qp_member;
+DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member, qp_nobody;
+DROP ROLE qp_app, qp_ops, qp_legacy, qp_member, qp_nobody;

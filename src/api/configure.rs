@@ -139,7 +139,7 @@ fn store(
         }
         false
     });
-    run(
+    let stored = first_value::<i64>(run(
         client,
         "INSERT INTO queen.queues AS q (name, lease_time, retry_limit, dead_letter_queue,
                                        dlq_after_max_retries, dedup_window, encryption, retention,
@@ -155,7 +155,8 @@ fn store(
            retry_backoff_max = EXCLUDED.retry_backoff_max, delay = EXCLUDED.delay,
            create_groups = EXCLUDED.create_groups, partition_idle_ttl = EXCLUDED.partition_idle_ttl,
            ttl = EXCLUDED.ttl, max_depth = EXCLUDED.max_depth, dlq_retention = EXCLUDED.dlq_retention,
-           updated_at = clock_timestamp()",
+           updated_at = clock_timestamp()
+         RETURNING queue_id",
         &[
             queue.into(),
             o.lease_time.into(),
@@ -174,7 +175,12 @@ fn store(
             o.max_depth.into(),
             intervals.dlq_retention.into(),
         ],
-    );
+    ));
+    // A queue made by this upsert, or one found by name that another session created after
+    // the check above: the privilege on the row written (a refusal rolls the write back).
+    if let Some(id) = stored.filter(|_| found.is_none()) {
+        privileges::require_id(client, id, Privilege::Admin);
+    }
     if found.is_none() {
         // A queue created while `distribute()` ran waited for it at this insert.
         citus::recheck_created(queue);

@@ -103,14 +103,25 @@ fn grants_sql(
 ) -> TableIterator<'static, (name!(queue, String), name!(role, String), name!(privilege, String))> {
     crate::queue::privileges::require_named(queue, Privilege::Admin);
     let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
+        // Checked again on the queue listed, by id (privileges, module docs).
+        let queue_id = match queue {
+            Some(q) => match crate::queue::lookup::queue_id(client, q) {
+                Some(id) => {
+                    crate::queue::privileges::require_id(client, id, Privilege::Admin);
+                    Some(id)
+                }
+                None => return Vec::new(),
+            },
+            None => None,
+        };
         run(
             client,
             "SELECT q.name, coalesce(r.rolname::text, g.grantee::oid::text), g.privilege
                FROM queen.queue_grants g JOIN queen.queues q ON q.queue_id = g.queue_id
                LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee::oid
-              WHERE $1::text IS NULL OR q.name = $1
+              WHERE $1::int8 IS NULL OR q.queue_id = $1
               ORDER BY 1, 2, 3",
-            &[queue.into()],
+            &[queue_id.into()],
         )
         .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap(), r.get(3).or_raise().unwrap()))
         .collect()

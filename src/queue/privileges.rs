@@ -100,10 +100,34 @@ pub fn caller() -> pg_sys::Oid {
 }
 
 /// Whether `role` has `p` on every queue: a superuser, a member of the queen role, or a
-/// role that was never granted a queue (only its EXECUTE rights limit it: the 0.3.0
-/// model).
+/// role that was never granted a queue and holds EXECUTE on a function of `p` itself
+/// (the 0.3.0 model: its EXECUTE rights limit it). Itself: a role with no such right that
+/// calls queen through an application's SECURITY DEFINER function gets only what its own
+/// grants give it (none: 42501), not every queue with the wrapper owner's EXECUTE.
 fn global(role: pg_sys::Oid, p: Privilege) -> bool {
-    queen_role(role, p) || !limited(role)
+    queen_role(role, p) || (!limited(role) && executes(role, p))
+}
+
+/// Whether `role` holds EXECUTE on one of the functions that `p`'s queen role is given
+/// (for `admin`, those of `queen_admin` alone), directly or through roles it has the
+/// privileges of. Kept per backend once true (while no grant changed); a false answer is
+/// read again at the next call, so an EXECUTE granted meanwhile counts at once.
+fn executes(role: pg_sys::Oid, p: Privilege) -> bool {
+    let read = || {
+        Some(Spi::connect_mut(|client| {
+            first_value::<bool>(run(
+                client,
+                "SELECT EXISTS (
+                   SELECT 1 FROM pg_catalog.pg_proc f CROSS JOIN LATERAL pg_catalog.aclexplode(f.proacl) a
+                    WHERE f.pronamespace = 'queen'::regnamespace AND a.privilege_type = 'EXECUTE'
+                      AND a.grantee = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $2)
+                      AND pg_catalog.has_function_privilege($1::oid, f.oid, 'EXECUTE'))",
+                &[role.into(), p.role_name().into()],
+            ))
+            .unwrap_or(false)
+        }))
+    };
+    crate::pg::cache::cached(&EXECUTES, (role.to_u32(), p), read, |&v| v).unwrap_or(false)
 }
 
 /// Whether `role` (or a role whose privileges it has) holds a queue grant or ever held one
@@ -153,6 +177,8 @@ thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
     /// (`cache::cached`: grants send the queues' invalidation).
     static ALLOWED: crate::pg::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
+    /// Per backend: (role, privilege) pairs `executes` found true, while no grant changed.
+    static EXECUTES: crate::pg::cache::Settings<(u32, Privilege), bool> = Default::default();
     /// Per backend: every role limited to its queue grants, while no grant changed.
     static LIMITED: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
