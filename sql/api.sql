@@ -295,12 +295,13 @@ BEGIN
   IF qid IS NOT NULL THEN
     PERFORM queen._own_queue(qid);
     SELECT q.queue_id INTO qid FROM queen.queues q WHERE q.queue_id = qid FOR UPDATE;
-    -- Checked again on the queue locked (src/queue/privileges.rs, module docs).
-    PERFORM queen._require(delete_queue.queue, 'admin');
   END IF;
   IF qid IS NULL THEN
     RETURN jsonb_build_object('queue', queue, 'deleted', false);
   END IF;
+  -- Checked again on the queue locked (src/queue/privileges.rs, module docs): its name
+  -- finds the locked row now.
+  PERFORM queen._require(delete_queue.queue, 'admin');
   PERFORM 1 FROM queen.partitions p WHERE p.queue_id = qid ORDER BY p.name FOR UPDATE;
   DELETE FROM queen.segments s USING queen.partitions p
    WHERE p.queue_id = qid AND s.partition_id = p.partition_id;

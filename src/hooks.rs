@@ -64,6 +64,13 @@ pub fn init() {
             );
         }
         pg_sys::CacheRegisterRelcacheCallback(Some(crate::pg::cache::relcache_callback), pg_sys::Datum::from(0));
+        for cache in [pg_sys::SysCacheIdentifier::PROCOID, pg_sys::SysCacheIdentifier::AUTHMEMMEMROLE] {
+            pg_sys::CacheRegisterSyscacheCallback(
+                cache as i32,
+                Some(crate::queue::privileges::execute_rights_changed),
+                pg_sys::Datum::from(0),
+            );
+        }
     }
     // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it loads
     // shared_preload_libraries; chaining these hooks there is what PostgreSQL expects.

@@ -150,6 +150,15 @@ SET ROLE qp_legacy;
 SELECT msg_offset, payload FROM queen.pop('orders', 'legacy', batch => 10, auto_ack => true);
 SELECT msg_offset FROM queen.pop('payroll', 'legacy', batch => 10, auto_ack => true);
 RESET ROLE;
+-- Given EXECUTE on dlq_replay alone (an admin function), it may replay, which pushes
+-- (admin counts for the others, as for the queen roles).
+CREATE TABLE legacy_letter AS SELECT partition_id, transaction_id, id FROM queen.log_dlq LIMIT 1;
+GRANT SELECT ON legacy_letter TO qp_legacy;
+GRANT EXECUTE ON FUNCTION queen.dlq_replay(uuid, text, uuid) TO qp_legacy;
+SET ROLE qp_legacy;
+SELECT queen.dlq_replay(partition_id, transaction_id, id) ->> 'replayed' AS replayed FROM legacy_letter;
+RESET ROLE;
+DROP TABLE legacy_letter;
 
 -- revoke takes the privilege back, and the functions only it needed.
 SELECT queen.revoke('orders', 'qp_app', 'consume') - 'role' AS revoked;

@@ -156,8 +156,8 @@ pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
 /// function rights that follow them (`privileges::sync_grants`, from `grant`, `revoke` and
 /// `delete_queue`), so each reads the grants as the one before it committed them. Without
 /// it, two revokes of a role's last two grants each saw the other's grant still there and
-/// left the role its functions, which with no grant left means every queue; and their
-/// GRANT statements on the same catalog rows failed with `tuple concurrently updated`.
+/// left the role its functions with no grant; and their GRANT statements on the same
+/// catalog rows failed with `tuple concurrently updated`.
 pub fn privileges() {
     acquire(&object_tag(crate::pg::catalog::queen_table(c"queue_grants"), 0, 0), pg_sys::ExclusiveLock, true);
 }

@@ -105,13 +105,17 @@ pub fn caller() -> pg_sys::Oid {
 /// calls queen through an application's SECURITY DEFINER function gets only what its own
 /// grants give it (none: 42501), not every queue with the wrapper owner's EXECUTE.
 fn global(role: pg_sys::Oid, p: Privilege) -> bool {
-    queen_role(role, p) || (!limited(role) && executes(role, p))
+    queen_role(role, p)
+        || (!limited(role) && (executes(role, p) || (p != Privilege::Admin && executes(role, Privilege::Admin))))
 }
 
 /// Whether `role` holds EXECUTE on one of the functions that `p`'s queen role is given
-/// (for `admin`, those of `queen_admin` alone), directly or through roles it has the
-/// privileges of. Kept per backend once true (while no grant changed); a false answer is
-/// read again at the next call, so an EXECUTE granted meanwhile counts at once.
+/// (for `admin`, those of `queen_admin` alone), directly, through roles it has the
+/// privileges of, or through PUBLIC; not through the function that called queen. As for
+/// the queen roles, `admin` counts for the others (`global`): a 0.3.0 role given EXECUTE
+/// on `dlq_replay` alone may replay, which pushes. Kept per backend once true, until a
+/// function's or a role membership's catalog row changes (`execute_rights_changed`); a
+/// false answer is read again at the next call.
 fn executes(role: pg_sys::Oid, p: Privilege) -> bool {
     let read = || {
         Some(Spi::connect_mut(|client| {
@@ -127,7 +131,19 @@ fn executes(role: pg_sys::Oid, p: Privilege) -> bool {
             .unwrap_or(false)
         }))
     };
-    crate::pg::cache::cached(&EXECUTES, (role.to_u32(), p), read, |&v| v).unwrap_or(false)
+    crate::pg::cache::generation(); // the pending invalidations first: they move the epoch
+    let epoch = EXECUTE_EPOCH.with(std::cell::Cell::get);
+    crate::pg::cache::cached(&EXECUTES, (role.to_u32(), p, epoch), read, |&v| v).unwrap_or(false)
+}
+
+/// The syscache callback on `pg_proc` and `pg_auth_members` (registered by `hooks`): an
+/// EXECUTE right or a role membership may have changed, and `executes` reads them again.
+///
+/// # Safety
+/// Called by PostgreSQL only, as a syscache callback.
+#[pg_guard]
+pub unsafe extern "C-unwind" fn execute_rights_changed(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    EXECUTE_EPOCH.with(|e| e.set(e.get() + 1));
 }
 
 /// Whether `role` (or a role whose privileges it has) holds a queue grant or ever held one
@@ -177,8 +193,11 @@ thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
     /// (`cache::cached`: grants send the queues' invalidation).
     static ALLOWED: crate::pg::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
-    /// Per backend: (role, privilege) pairs `executes` found true, while no grant changed.
-    static EXECUTES: crate::pg::cache::Settings<(u32, Privilege), bool> = Default::default();
+    /// Per backend: (role, privilege, epoch) triples `executes` found true, while no grant
+    /// changed.
+    static EXECUTES: crate::pg::cache::Settings<(u32, Privilege, u64), bool> = Default::default();
+    /// Moves whenever a function's or a role membership's catalog row changes.
+    static EXECUTE_EPOCH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Per backend: every role limited to its queue grants, while no grant changed.
     static LIMITED: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
@@ -382,8 +401,8 @@ pub fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
 
 /// `queen._sync_grants(role)`: `sync_grants` for a role whose queue grants went with a
 /// deleted queue (`delete_queue`): a role left with no grant keeps no function queen
-/// gave it (else, holding no grant, it would count as a 0.3.0 role with EXECUTE rights:
-/// every queue). Not granted; runs as its caller (the extension's owner, in delete_queue).
+/// gave it (it stays limited, to no queue: `limited`). Not granted; runs as its caller
+/// (the extension's owner, in delete_queue).
 #[pg_extern(name = "_sync_grants", volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn sync_grants_sql(role: pg_sys::Oid) {
