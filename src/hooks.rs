@@ -64,7 +64,11 @@ pub fn init() {
             );
         }
         pg_sys::CacheRegisterRelcacheCallback(Some(crate::pg::cache::relcache_callback), pg_sys::Datum::from(0));
-        for cache in [pg_sys::SysCacheIdentifier::PROCOID, pg_sys::SysCacheIdentifier::AUTHMEMMEMROLE] {
+        for cache in [
+            pg_sys::SysCacheIdentifier::PROCOID,
+            pg_sys::SysCacheIdentifier::AUTHOID,
+            pg_sys::SysCacheIdentifier::AUTHMEMMEMROLE,
+        ] {
             pg_sys::CacheRegisterSyscacheCallback(
                 cache as i32,
                 Some(crate::queue::privileges::execute_rights_changed),

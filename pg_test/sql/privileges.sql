@@ -150,8 +150,8 @@ SET ROLE qp_legacy;
 SELECT msg_offset, payload FROM queen.pop('orders', 'legacy', batch => 10, auto_ack => true);
 SELECT msg_offset FROM queen.pop('payroll', 'legacy', batch => 10, auto_ack => true);
 RESET ROLE;
--- Given EXECUTE on dlq_replay alone (an admin function), it may replay, which pushes
--- (admin counts for the others, as for the queen roles).
+-- Given EXECUTE on dlq_replay alone (an admin function), it may replay: the replay's
+-- push needs admin on the queue, not produce.
 CREATE TABLE legacy_letter AS SELECT partition_id, transaction_id, id FROM queen.log_dlq LIMIT 1;
 GRANT SELECT ON legacy_letter TO qp_legacy;
 GRANT EXECUTE ON FUNCTION queen.dlq_replay(uuid, text, uuid) TO qp_legacy;

@@ -9,7 +9,7 @@ use pgrx::spi::SpiClient;
 use pgrx::{JsonB, PgSqlErrorCode};
 use serde_json::json;
 
-use crate::ops::push::{push_items, PushItem};
+use crate::ops::push::{push_items_as, PushItem};
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::ids::from_pg_uuid;
 use crate::pg::spi::run;
@@ -169,8 +169,10 @@ fn dlq_replay_row(
     });
     // A replayed message is due at once (after the queue's delay), whatever its first
     // push asked for.
-    let pushed =
-        push_items(vec![PushItem { queue, partition, payload, transaction_id: None, headers, deliver_at: None }]);
+    let pushed = push_items_as(
+        vec![PushItem { queue, partition, payload, transaction_id: None, headers, deliver_at: None }],
+        crate::queue::privileges::Privilege::Admin,
+    );
     let row = &pushed[0];
     let removed = Spi::connect_mut(|client| {
         !run(client, "DELETE FROM queen.log_dlq WHERE id = $1 RETURNING 1", &[id.into()]).is_empty()
@@ -307,7 +309,7 @@ fn dlq_redrive(
         let want = REDRIVE_ROUND.min(i64::from(limit) - redriven);
         let Some((items, ids, at)) = Spi::connect_mut(|client| redrive_round(client, &filter, want)) else { break };
         let n = items.len() as i64;
-        push_items(items);
+        push_items_as(items, crate::queue::privileges::Privilege::Admin);
         Spi::connect_mut(|client| {
             run(client, "UPDATE queen.log_dlq SET redriven_at = clock_timestamp() WHERE id = ANY($1)", &[ids.into()]);
         });

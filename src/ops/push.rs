@@ -20,6 +20,7 @@ use crate::pg::spi::{first_value, run};
 use crate::pg::srf::{arg, function_info_v1, ResultRows};
 use crate::queue::lookup::{self, Target};
 use crate::queue::names::{check_lane_name, check_queue_name};
+use crate::queue::privileges::Privilege;
 
 // Limits of a push (a segment must stay well below bytea's 1 GB): the policy's.
 use queen_core::policy::limits::{
@@ -454,7 +455,7 @@ fn goes_fresh(n: usize) -> bool {
 
 /// Finds a queue's partition in one statement, creating the queue and the partition when
 /// they do not exist yet.
-fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
+fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str, privilege: Privilege) -> Target {
     // Between a restart on this library and `ALTER EXTENSION queen UPDATE`, the schema is
     // 0.3.0's: it has no limits to read, and a push works as it did.
     const LOCATE: &str = concat!(
@@ -473,7 +474,7 @@ fn locate(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
             // A new queue: created (or found, when another session just created it), then
             // read again; one deleted since the call's check (or while this waited for its
             // lock, below) only for a role that may create queues (privileges, module docs).
-            crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Produce);
+            crate::queue::privileges::require(Some(queue), privilege);
             lookup::ensure_queue(client, queue);
             continue;
         };
@@ -682,6 +683,14 @@ impl Writes {
 /// the original. A duplicate found only after offsets were reserved (a concurrent push of
 /// the same id won) leaves a gap at its offset.
 pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
+    push_items_as(items, Privilege::Produce)
+}
+
+/// `push_items` for a caller that needs `privilege` on the items' queues to push there:
+/// `produce` for the push functions, `admin` for `dlq_replay` and `dlq_redrive`, whose
+/// pushes are part of administering the queue (a 0.3.0 role given EXECUTE on
+/// `dlq_replay` alone replays without being a producer of every queue).
+pub fn push_items_as(items: Vec<PushItem>, privilege: Privilege) -> Vec<PushRow> {
     // Before the offsets registry (shared memory) is touched.
     errors::refuse_read_only("push", "stores messages");
     // (queue, partition) name order: the order partition rows are locked in without the
@@ -695,11 +704,11 @@ pub fn push_items(items: Vec<PushItem>) -> Vec<PushRow> {
     for &(queue, _) in groups.keys() {
         if last_queue != Some(queue) {
             crate::queue::citus::ensure_home(queue);
-            crate::queue::privileges::require(Some(queue), crate::queue::privileges::Privilege::Produce);
+            crate::queue::privileges::require(Some(queue), privilege);
             last_queue = Some(queue);
         }
     }
-    let mut call = Call::new(&items);
+    let mut call = Call::new(&items, privilege);
     Spi::connect_mut(|client| {
         for (&(queue, partition), idxs) in &groups {
             // Once more when the partition was dropped under this push (`reserve`): the
@@ -736,10 +745,12 @@ struct Call<'a> {
     durable_tier: Writes,
     /// Messages stored so far by this call, per queue id (for `max_depth`).
     queued: HashMap<i64, i64>,
+    /// What the caller needs on a queue to push there (`push_items_as`).
+    privilege: Privilege,
 }
 
 impl<'a> Call<'a> {
-    fn new(items: &'a [PushItem]) -> Self {
+    fn new(items: &'a [PushItem], privilege: Privilege) -> Self {
         let message_ids: Vec<uuid::Uuid> = new_ids(items.len());
         // A message given no transaction id gets its message id's text: unique as the
         // message id is, and not stored (the segment codec derives it, `TX_FROM_ID`).
@@ -759,6 +770,7 @@ impl<'a> Call<'a> {
             fresh_tier: Writes::default(),
             durable_tier: Writes::default(),
             queued: HashMap::new(),
+            privilege,
         }
     }
 
@@ -779,7 +791,7 @@ impl<'a> Call<'a> {
     /// offsets and queues their segment for its tier. False when the partition was dropped
     /// under this push (nothing decided: the caller tries again).
     fn push_to(&mut self, client: &mut SpiClient<'_>, queue: &str, partition: &str, idxs: &[usize]) -> bool {
-        let t = target_locked(client, queue, partition);
+        let t = target_locked(client, queue, partition, self.privilege);
         crate::pg::wake::notify_on_commit(queue);
         // Minted transaction ids are unique: only producer-supplied ones need the dedup
         // window, and only they pay for it.
@@ -929,11 +941,11 @@ impl<'a> Call<'a> {
 /// (`queen_core::lock_order`). A push that waited for a `delete_queue` finds its target
 /// again: the queue is created anew (`locate`, if the caller may create it). The caller's
 /// privilege is checked again on the queue locked (privileges, module docs).
-fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str) -> Target {
+fn target_locked(client: &mut SpiClient<'_>, queue: &str, partition: &str, privilege: Privilege) -> Target {
     loop {
-        let t = lookup::target(queue, partition, || locate(client, queue, partition));
+        let t = lookup::target(queue, partition, || locate(client, queue, partition, privilege));
         if crate::pg::locks::share_queue_to_push(t.queue_id) {
-            crate::queue::privileges::require_id(client, t.queue_id, crate::queue::privileges::Privilege::Produce);
+            crate::queue::privileges::require_id(client, t.queue_id, privilege);
             return t;
         }
         crate::pg::cache::on_abort(); // forget the deleted queue's targets

@@ -105,17 +105,17 @@ pub fn caller() -> pg_sys::Oid {
 /// calls queen through an application's SECURITY DEFINER function gets only what its own
 /// grants give it (none: 42501), not every queue with the wrapper owner's EXECUTE.
 fn global(role: pg_sys::Oid, p: Privilege) -> bool {
-    queen_role(role, p)
-        || (!limited(role) && (executes(role, p) || (p != Privilege::Admin && executes(role, Privilege::Admin))))
+    queen_role(role, p) || (!limited(role) && executes(role, p))
 }
 
 /// Whether `role` holds EXECUTE on one of the functions that `p`'s queen role is given
 /// (for `admin`, those of `queen_admin` alone), directly, through roles it has the
-/// privileges of, or through PUBLIC; not through the function that called queen. As for
-/// the queen roles, `admin` counts for the others (`global`): a 0.3.0 role given EXECUTE
-/// on `dlq_replay` alone may replay, which pushes. Kept per backend once true, until a
-/// function's or a role membership's catalog row changes (`execute_rights_changed`); a
-/// false answer is read again at the next call.
+/// privileges of, or through PUBLIC; not through the function that called queen. (A
+/// 0.3.0 role given EXECUTE on `dlq_replay` alone may replay: its push is checked as
+/// `admin`, `push_items_as`; an EXECUTE on `metrics` does not make a role a producer.)
+/// Kept per backend once true, until a function's, a role's or a role membership's
+/// catalog row changes (`execute_rights_changed`); a false answer is read again at the
+/// next call.
 fn executes(role: pg_sys::Oid, p: Privilege) -> bool {
     let read = || {
         Some(Spi::connect_mut(|client| {
@@ -133,11 +133,17 @@ fn executes(role: pg_sys::Oid, p: Privilege) -> bool {
     };
     crate::pg::cache::generation(); // the pending invalidations first: they move the epoch
     let epoch = EXECUTE_EPOCH.with(std::cell::Cell::get);
-    crate::pg::cache::cached(&EXECUTES, (role.to_u32(), p, epoch), read, |&v| v).unwrap_or(false)
+    let allowed = crate::pg::cache::cached(&EXECUTES, (role.to_u32(), p, epoch), read, |&v| v).unwrap_or(false);
+    // An invalidation taken in between (by `cached`'s own look) moved the epoch: read again.
+    if allowed && EXECUTE_EPOCH.with(std::cell::Cell::get) != epoch {
+        return executes(role, p);
+    }
+    allowed
 }
 
-/// The syscache callback on `pg_proc` and `pg_auth_members` (registered by `hooks`): an
-/// EXECUTE right or a role membership may have changed, and `executes` reads them again.
+/// The syscache callback on `pg_proc`, `pg_authid` and `pg_auth_members` (registered by
+/// `hooks`): an EXECUTE right, a role's INHERIT or a membership may have changed, and
+/// `executes` reads them again.
 ///
 /// # Safety
 /// Called by PostgreSQL only, as a syscache callback.
