@@ -1,7 +1,6 @@
 //! `queen.dlq_replay` and `queen.dlq_delete` (docs/functions.md#dlq_replay): replay and
 //! delete one dead letter by its address (partition_id, transaction_id) and, optionally,
-//! its id. Filing dead
-//! letters is `dlq`'s; listing is `queen.dlq` (sql/api.sql).
+//! its id. Filing dead letters is `dlq`'s; listing is `queen.dlq` (sql/api.sql).
 
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
