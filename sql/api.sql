@@ -279,7 +279,6 @@ DECLARE
   n_segments bigint;
   n_fresh bigint;
   n_dead bigint;
-  grantees oid[];
 BEGIN
   IF queue IS NULL THEN
     RAISE EXCEPTION 'queen: queue must not be NULL' USING ERRCODE = '22004';
@@ -319,11 +318,8 @@ BEGIN
   GET DIAGNOSTICS n_dead = ROW_COUNT;
   DELETE FROM queen.partitions p WHERE p.queue_id = qid;
   GET DIAGNOSTICS n_partitions = ROW_COUNT;
-  -- The queue's grants, and with them the functions a role no longer needs (it stays
-  -- limited, to no queue: queen.limited_roles, src/queue/privileges.rs).
-  WITH gone AS (DELETE FROM queen.queue_grants g WHERE g.queue_id = qid RETURNING g.grantee::oid AS grantee)
-  SELECT array_agg(DISTINCT grantee) INTO grantees FROM gone;
-  PERFORM queen._sync_grants(r) FROM unnest(grantees) r;
+  -- The queue's grants go with it (ON DELETE CASCADE); their roles stay members of
+  -- queen_grantee, limited to the queues left to them (src/queue/privileges.rs).
   DELETE FROM queen.queues q WHERE q.queue_id = qid;
   -- Every backend forgets where this queue's partitions were (src/queue/lookup.rs, targets).
   PERFORM queen._queues_changed();
@@ -514,8 +510,9 @@ REVOKE ALL ON ALL TABLES IN SCHEMA queen FROM PUBLIC;
 -- Who may call what: the one table of grants. Each row gives a shipped role (roles:
 -- sql/schema.sql) EXECUTE on every function of that name (all its overloads: a new
 -- overload of a public name is public too, so internal forms get names of their own, as
--- _status_at_home does); a function not listed is granted to nobody. queen.grant gives a per-queue role the functions of the
--- shipped role its privilege matches (src/queue/privileges.rs), so this table decides that too.
+-- _status_at_home does); a function not listed is granted to nobody. Every function listed
+-- is also granted to queen_grantee, whose members (the roles of queen.grant) queen's own
+-- checks limit to their queues (src/queue/privileges.rs).
 -- The upgrade script runs this block again (scripts/upgrade_sql.py keeps DO $grants$).
 DO $grants$
 DECLARE
@@ -542,7 +539,7 @@ BEGIN
     n := 0;
     FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'queen'::regnamespace AND p.proname = g.fn LOOP
-      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, g.role);
+      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I, queen_grantee', f, g.role);
       n := n + 1;
     END LOOP;
     IF n = 0 THEN

@@ -39,11 +39,19 @@ END $encoding$;
 --   queen_admin     both of the above, and configure, configure_group, create_group,
 --                   drop_group, seek, status, totals, metrics, retain, compact,
 --                   delete_queue, dlq_replay, dlq_delete
+-- A fourth role, queen_grantee, is not one to grant by hand: queen.grant makes a role a
+-- member of it, and membership is what limits a role to the queues granted to it (its
+-- members may call every API function; queen's own checks refuse them every other queue,
+-- src/queue/privileges.rs). A role's EXECUTE rights from queen.grant and the mark that
+-- limits it are then one and the same, so no restore can bring back one without the other.
 -- Roles belong to the cluster, not to a database: a second database that installs queen
 -- reuses them, and DROP EXTENSION leaves them (drop them by hand once no database uses
 -- queen). They cannot log in; grant them to application roles.
 DO $roles$
 BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_grantee') THEN
+    CREATE ROLE queen_grantee NOLOGIN;
+  END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_producer') THEN
     CREATE ROLE queen_producer NOLOGIN;
   END IF;
@@ -55,7 +63,7 @@ BEGIN
     GRANT queen_producer, queen_consumer TO queen_admin;
   END IF;
 END $roles$;
-GRANT USAGE ON SCHEMA queen TO queen_producer, queen_consumer, queen_admin;
+GRANT USAGE ON SCHEMA queen TO queen_producer, queen_consumer, queen_admin, queen_grantee;
 
 CREATE TABLE queen.queues (
     queue_id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -387,8 +395,9 @@ CREATE TABLE queen.dedup (
 COMMENT ON TABLE queen.dedup IS 'queen: recent producer transaction ids, for the dedup window';
 REVOKE ALL ON queen.dedup FROM PUBLIC;
 
--- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
--- no queen role may use the queues granted to it here, and no other.
+-- Privileges on single queues (queen.grant, src/queue/privileges.rs): a member of
+-- queen_grantee that holds no queen role may use the queues granted to it here, and no
+-- other (none, once its last grant goes: it stays a member).
 CREATE TABLE queen.queue_grants (
     queue_id   bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
     -- regrole: a dump (below) writes the role's name, and a restore finds the role by it
@@ -400,22 +409,13 @@ CREATE TABLE queen.queue_grants (
 COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
 
--- Roles limited to their queue grants (queen.grant); a row outlives the role's last grant
--- (src/queue/privileges.rs, `limited`). A superuser deletes the row of a role with no grant
--- left to return it to the 0.3.0 model.
-CREATE TABLE queen.limited_roles (
-    -- regrole: a dump (below) writes the role's name, and a restore finds the role by it
-    role regrole PRIMARY KEY
-);
-COMMENT ON TABLE queen.limited_roles IS 'queen: roles limited to their queue grants (queen.grant), also after the last one goes';
-REVOKE ALL ON queen.limited_roles FROM PUBLIC;
 
 -- Backups with pg_dump (docs/concepts.md, "Backup and restore"): a dump holds the rows of
 -- these tables (an extension's tables are otherwise left out, so a restore would bring back
 -- an empty queen), and the queue id sequence's position. Not dumped: queen.generations,
 -- whose one row the install script makes (a restore keeps its default, which is correct
 -- wherever the rows are: see generations.rs), and queen.limit_buckets (tokens and lanes in
--- flight, which refill). A grant (or a limited role) of a role that no longer exists is
+-- flight, which refill). A grant of a role that no longer exists is
 -- left out; the others are written with the role's name. The update scripts carry these lines over
 -- (scripts/upgrade_sql.py).
 SELECT pg_catalog.pg_extension_config_dump('queen.queues', '');
@@ -437,5 +437,3 @@ SELECT pg_catalog.pg_extension_config_dump('queen.log_dlq', '');
 SELECT pg_catalog.pg_extension_config_dump('queen.dedup', '');
 SELECT pg_catalog.pg_extension_config_dump('queen.queue_grants',
   'WHERE grantee::oid IN (SELECT oid FROM pg_catalog.pg_roles)');
-SELECT pg_catalog.pg_extension_config_dump('queen.limited_roles',
-  'WHERE role::oid IN (SELECT oid FROM pg_catalog.pg_roles)');

@@ -40,9 +40,9 @@
 //! name), taken without waiting: [`group_key`] gives its key.
 //!
 //! Last of all, the **privileges lock** (an `object` lock whose `classid` is
-//! `queen.queue_grants`, key 0): `grant`, `revoke` and `delete_queue` take it exclusively
-//! after their grant rows, before they read the grants and change a role's function
-//! rights, until the transaction ends. Changes of privileges thus run one at a time.
+//! `queen.queue_grants`, key 0): `grant` takes it exclusively after its grant row, before
+//! it looks for the role's membership of `queen_grantee` and adds it, until the
+//! transaction ends. Two first grants of one role thus run one after the other.
 //!
 //! Outside this order, and holding nothing else new meanwhile: the **load lock** of a
 //! registry entry (an `object` lock whose `classid` is `queen.partitions` for a

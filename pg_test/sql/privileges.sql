@@ -1,15 +1,16 @@
 -- Per-queue privileges (docs/functions.md, "Privileges"): queen.grant gives a role one
--- privilege on one queue and what it needs to call those functions; such a role is
--- limited to its queues at every entry point (42501 elsewhere, listings filtered, so
--- encrypted payloads decrypt only for a role granted on that queue); members of the queen
--- roles keep every queue; a role given EXECUTE directly (0.3.0) keeps what it had.
+-- privilege on one queue and makes it a member of queen_grantee, which may call queen's
+-- functions; such a role is limited to its queues at every entry point (42501 elsewhere,
+-- listings filtered, so encrypted payloads decrypt only for a role granted on that
+-- queue); members of the queen roles keep every queue; a role given EXECUTE directly
+-- (0.3.0) keeps what it had.
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS queen CASCADE;
 CREATE EXTENSION queen;
 DO $$
 DECLARE r text;
 BEGIN
-  FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN ('qp_app', 'qp_ops', 'qp_legacy', 'qp_member', 'qp_nobody') LOOP
+  FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN ('qp_app', 'qp_ops', 'qp_legacy', 'qp_member', 'qp_nobody', 'qp_noinherit') LOOP
     EXECUTE format('DROP OWNED BY %I', r);
     EXECUTE format('DROP ROLE %I', r);
   END LOOP;
@@ -25,6 +26,7 @@ CREATE ROLE qp_ops;
 CREATE ROLE qp_legacy;
 CREATE ROLE qp_member IN ROLE queen_consumer;
 CREATE ROLE qp_nobody;
+CREATE ROLE qp_noinherit NOINHERIT IN ROLE qp_app;
 
 -- Two queues: orders, and payroll, encrypted.
 SET queen.encryption_key = '000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f';
@@ -51,9 +53,11 @@ SELECT pg_temp.err($$SELECT queen.grant('orders', 'no_such_role', 'consume')$$);
 SELECT pg_temp.err($$SELECT queen.grant('orders', NULL, 'consume')$$);
 SELECT pg_temp.err($$SELECT queen.grant('orders', 'queen_consumer', 'produce')$$);
 SELECT pg_temp.err($$SELECT queen.revoke('orders', 'queen_admin', 'admin')$$);
+SELECT pg_temp.err($$SELECT queen.grant('orders', 'queen_grantee', 'consume')$$);
 
--- A role with no queen role, granted consume and produce on orders: grant gives it the
--- schema and the functions of those privileges, nothing more.
+-- A role with no queen role, granted consume and produce on orders: grant makes it a
+-- member of queen_grantee, which has the schema and every API function; queen's checks
+-- refuse it every other queue and privilege.
 SELECT queen.grant('orders', 'qp_app', 'consume') - 'role' AS granted;
 SELECT queen.grant('orders', 'qp_app', 'produce') ->> 'granted' AS granted;
 SELECT queen.grant('orders', 'qp_app', 'produce') ->> 'granted' AS granted_again;
@@ -62,7 +66,8 @@ SELECT has_schema_privilege('qp_app', 'queen', 'USAGE') AS schema,
        has_function_privilege('qp_app', 'queen.push(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE') AS push,
        has_function_privilege('qp_app', 'queen.dlq(text, text, int, int)', 'EXECUTE') AS dlq,
        has_function_privilege('qp_app', 'queen.status(text)', 'EXECUTE') AS status,
-       has_function_privilege('qp_app', 'queen.delete_queue(text)', 'EXECUTE') AS delete_queue;
+       has_function_privilege('qp_app', 'queen.delete_queue(text)', 'EXECUTE') AS delete_queue,
+       pg_has_role('qp_app', 'queen_grantee', 'MEMBER') AS grantee;
 
 SET ROLE qp_app;
 SELECT msg_offset FROM queen.push('orders', '{"order": 2}');
@@ -79,8 +84,9 @@ SELECT pg_temp.err($$SELECT queen.may_start(lease_id) FROM payroll_lease2$$);
 SELECT pg_temp.err($$SELECT data FROM queen.dlq('payroll')$$);
 -- Listings show its queues only: the payroll dead letter is not there.
 SELECT queue, data FROM queen.dlq();
--- Functions of a privilege it does not hold: PostgreSQL's own refusal.
+-- A privilege it does not hold on its own queue: queen's refusal.
 SELECT pg_temp.err($$SELECT * FROM queen.status('orders')$$);
+SELECT pg_temp.err($$SELECT queen.delete_queue('orders')$$);
 RESET ROLE;
 -- The refused calls changed nothing: payroll still holds its messages for a new group,
 -- and no queue brand_new was created.
@@ -160,11 +166,21 @@ SELECT queen.dlq_replay(partition_id, transaction_id, id) ->> 'replayed' AS repl
 RESET ROLE;
 DROP TABLE legacy_letter;
 
--- revoke takes the privilege back, and the functions only it needed.
+-- A NOINHERIT member of qp_app has none of its rights, and is limited all the same: given
+-- EXECUTE directly, it still reaches no queue that qp_app was not granted (42501), nor
+-- orders (its grants are qp_app's, whose privileges it does not have).
+GRANT USAGE ON SCHEMA queen TO qp_noinherit;
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO qp_noinherit;
+SET ROLE qp_noinherit;
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('payroll', 'noinherit')$$);
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders', 'noinherit')$$);
+RESET ROLE;
+
+-- revoke takes the privilege back; the role stays a member of queen_grantee, limited to
+-- what it has left.
 SELECT queen.revoke('orders', 'qp_app', 'consume') - 'role' AS revoked;
 SELECT queen.revoke('orders', 'qp_app', 'consume') ->> 'revoked' AS revoked_again;
-SELECT has_function_privilege('qp_app', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,
-       has_function_privilege('qp_app', 'queen.push(text, jsonb, text, text, jsonb, timestamptz)', 'EXECUTE') AS push;
+SELECT pg_has_role('qp_app', 'queen_grantee', 'MEMBER') AS grantee;
 SET ROLE qp_app;
 SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
 SELECT msg_offset FROM queen.push('orders', '{"order": 5}');
@@ -179,18 +195,16 @@ SELECT pg_temp.err($$SELECT s.d, x.payload FROM (SELECT queen.delete_queue('payr
 RESET ROLE;
 SELECT count(*) AS payroll_kept FROM queen.queues WHERE name = 'payroll';
 
--- A per-queue admin deletes its queue: the grant goes with it, and so do the functions
--- it gave; the role does not become one allowed on every queue.
+-- A per-queue admin deletes its queue: the grant goes with it; the role does not become
+-- one allowed on every queue.
 SET ROLE qp_ops;
 SELECT queen.delete_queue('payroll') ->> 'deleted' AS deleted;
 SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
 RESET ROLE;
-SELECT has_schema_privilege('qp_ops', 'queen', 'USAGE') AS schema,
-       has_function_privilege('qp_ops', 'queen.pop(text, text, int, text, int, bool, int, int, text, bigint)', 'EXECUTE') AS pop,
-       count(*) AS grants
+SELECT pg_has_role('qp_ops', 'queen_grantee', 'MEMBER') AS grantee, count(*) AS grants
   FROM queen.grants() WHERE role = 'qp_ops';
--- It stays limited, to no queue (queen.limited_roles), also when given EXECUTE directly.
-SELECT role FROM queen.limited_roles ORDER BY role::text;
+-- It stays limited, to no queue (a member of queen_grantee), also when given EXECUTE
+-- directly.
 GRANT USAGE ON SCHEMA queen TO qp_ops;
 GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO qp_ops;
 SET ROLE qp_ops;
@@ -200,5 +214,5 @@ RESET ROLE;
 -- Clean up (roles are cluster-wide).
 DROP TABLE payroll_lease, payroll_lease2, orders_partition;
 SET client_min_messages = warning;
-DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member, qp_nobody;
-DROP ROLE qp_app, qp_ops, qp_legacy, qp_member, qp_nobody;
+DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member, qp_nobody, qp_noinherit;
+DROP ROLE qp_app, qp_ops, qp_legacy, qp_member, qp_nobody, qp_noinherit;

@@ -157,8 +157,9 @@ ALTER TABLE queen.log_dlq ADD COLUMN redriven_at timestamptz;
 -- merged into the lane's row that ends right before it, found by this index.
 CREATE INDEX log_dlq_skipped ON queen.log_dlq (partition_id, consumer_group, last_offset) WHERE reason = 'skipped';
 
--- Privileges on single queues (queen.grant, src/queue/privileges.rs): a role that is a member of
--- no queen role may use the queues granted to it here, and no other.
+-- Privileges on single queues (queen.grant, src/queue/privileges.rs): a member of
+-- queen_grantee that holds no queen role may use the queues granted to it here, and no
+-- other.
 CREATE TABLE queen.queue_grants (
     queue_id   bigint NOT NULL REFERENCES queen.queues ON DELETE CASCADE,
     grantee    regrole NOT NULL,
@@ -168,12 +169,15 @@ CREATE TABLE queen.queue_grants (
 );
 COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
--- Roles queen.grant has limited, kept after their last grant (sql/schema.sql).
-CREATE TABLE queen.limited_roles (
-    role regrole PRIMARY KEY
-);
-COMMENT ON TABLE queen.limited_roles IS 'queen: roles limited to their queue grants (queen.grant), also after the last one goes';
-REVOKE ALL ON queen.limited_roles FROM PUBLIC;
+-- The role whose members queen.grant limits to their queues (sql/schema.sql, roles). The
+-- grants block below gives it the API functions.
+DO $roles$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_grantee') THEN
+    CREATE ROLE queen_grantee NOLOGIN;
+  END IF;
+END $roles$;
+GRANT USAGE ON SCHEMA queen TO queen_grantee;
 
 -- Lanes are keyed by a SHA-256 digest in shared memory now: the old hash's SQL form goes.
 DROP FUNCTION queen._group_hash(text);

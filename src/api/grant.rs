@@ -8,12 +8,12 @@ use serde_json::json;
 
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::spi::run;
-use crate::queue::privileges::{caller, denied, queen_role, role_named, sync_grants, Privilege};
+use crate::queue::privileges::{caller, denied, make_grantee, queen_role, role_named, Privilege};
 
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen."grant"(text, text, text) IS
-  'queen: give a role one privilege (produce, consume, admin) on one queue, and what it needs to call those functions';
+  'queen: give a role one privilege (produce, consume, admin) on one queue, and membership of queen_grantee, which lets it call queen and limits it to its granted queues';
 COMMENT ON FUNCTION queen."revoke"(text, text, text) IS
   'queen: take a privilege on a queue back from a role';
 COMMENT ON FUNCTION queen.grants(text) IS
@@ -33,15 +33,12 @@ fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
     if !queen_role(caller(), Privilege::Admin) {
         denied("grant on queues (queen_admin only)", Privilege::Admin);
     }
-    // Their rights on queen's functions are the extension's, which a grant or revoke would
-    // rewrite for every member (`sync_grants`): a consumer role granted one queue to
-    // produce to would lose pop, and queen_admin grant itself.
+    // Members of the first three reach every queue; a grant to queen_grantee would be one to
+    // every role limited to its grants.
     if crate::queue::privileges::is_queen_role(role) {
         errors::invalid(
             "role",
-            format_args!(
-                "{role:?} is one of queen's own roles, whose members reach every queue: per-queue privileges are for roles of your own"
-            ),
+            format_args!("{role:?} is one of queen's own roles: per-queue privileges are for roles of your own"),
         );
     }
     (queue.to_string(), role.to_string(), p)
@@ -64,16 +61,16 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
         )
         .is_empty();
         // From now on the role is limited to its grants, also once none is left.
-        run(client, "INSERT INTO queen.limited_roles (role) VALUES ($1) ON CONFLICT DO NOTHING", &[oid.into()]);
-        sync_grants(client, oid, &name);
+        make_grantee(oid, &name);
         (name, added)
     });
     crate::pg::cache::invalidate();
     JsonB(json!({"queue": queue, "role": name, "privilege": p.as_str(), "granted": added}))
 }
 
-/// `queen.revoke(queue, role, privilege)`: takes the privilege back; the functions the
-/// role no longer needs are revoked from it too. Returns whether it held it.
+/// `queen.revoke(queue, role, privilege)`: takes the privilege back. The role stays a
+/// member of `queen_grantee`, limited to the grants it has left (none, perhaps). Returns
+/// whether it held it.
 #[pg_extern(name = "revoke", security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -> JsonB {
@@ -88,7 +85,6 @@ fn revoke_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
             &[queue.as_str().into(), oid.into(), p.as_str().into()],
         )
         .is_empty();
-        sync_grants(client, oid, &name);
         (name, removed)
     });
     crate::pg::cache::invalidate();

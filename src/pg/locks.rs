@@ -152,12 +152,10 @@ pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
 }
 
 /// The privileges lock (`queen_core::lock_order`, after every other lock of queen's):
-/// held exclusively until the transaction ends by each change of queue grants and of the
-/// function rights that follow them (`privileges::sync_grants`, from `grant`, `revoke` and
-/// `delete_queue`), so each reads the grants as the one before it committed them. Without
-/// it, two revokes of a role's last two grants each saw the other's grant still there and
-/// left the role its functions with no grant; and their GRANT statements on the same
-/// catalog rows failed with `tuple concurrently updated`.
+/// held exclusively until the transaction ends by a `grant` while it makes its role a
+/// member of `queen_grantee` (`privileges::make_grantee`), so that a second grant of the
+/// same role sees the membership the first committed, instead of adding it again and
+/// failing on `pg_auth_members`' unique key.
 pub fn privileges() {
     acquire(&object_tag(crate::pg::catalog::queen_table(c"queue_grants"), 0, 0), pg_sys::ExclusiveLock, true);
 }

@@ -6,16 +6,25 @@
 //! - A member of `queen_producer`, `queen_consumer` or `queen_admin` (roles the extension
 //!   creates) has that privilege on every queue; a superuser has all of them.
 //! - `queen.grant(queue, role, privilege)` gives a role one privilege on one queue (and
-//!   `queen.revoke` takes it back). Such a role needs no queen role: `grant` also gives it
-//!   what it needs to call the functions of that privilege (USAGE on the schema, EXECUTE on
-//!   the functions). Once a role (or a role whose privileges it has) has been granted any
-//!   queue, it is limited to its granted queues (to none after the last one goes): a pop,
-//!   a push, an ack, a read of dead letters or an admin call on another queue fails with
-//!   `42501`, and the calls that list queues (`queen.dlq`, `status`, `totals`, `metrics`
+//!   `queen.revoke` takes it back). Such a role needs no queen role: `grant` makes it a
+//!   member of `queen_grantee`, which holds USAGE on the schema and EXECUTE on every API
+//!   function, and whose members are limited to their granted queues (to none after the
+//!   last one goes: the membership stays). A member (or a role that holds grants, or has
+//!   the privileges of one that does) gets `42501` for a pop, a push, an ack, a read of
+//!   dead letters or an admin call on another queue, or for a privilege it was not
+//!   granted; the calls that list queues (`queen.dlq`, `status`, `totals`, `metrics`
 //!   without a queue) show only its queues. Encrypted payloads are decrypted only for a
 //!   role that may consume the queue.
 //! - A role given EXECUTE on queen's functions directly (the "finer grants" of 0.3.0) and
 //!   never granted a queue keeps what it had: the functions it may execute, on every queue.
+//!
+//! **One mark.** The rights `grant` gives and the mark that limits a role are one
+//! membership, so nothing can keep one and lose the other: a restore that fails the copy of
+//! `queen.queue_grants` (a grantee role missing in the new cluster) leaves its roles
+//! members with no grant, refused everywhere; one that brings no membership (roles made by
+//! hand) leaves them without queen's functions. Before, `grant` gave EXECUTE to the role
+//! itself and a table marked it limited: a restore that lost the table's rows but not the
+//! `GRANT`s made every such role a 0.3.0 one, on every queue.
 //!
 //! **Whose privileges.** queen's functions run as the extension's owner (SECURITY
 //! DEFINER), so the check uses the role of the session at the outer level: the login role,
@@ -24,8 +33,8 @@
 //! away: its owner must still be allowed to call the queen function).
 //!
 //! Every entry point checks, before it touches the queue (`require`, `require_id`,
-//! `permitted`); the checks read `queen.queue_grants` and `queen.limited_roles` only for
-//! roles that are members of no queen role, and keep the answer per backend until a grant
+//! `permitted`); the checks read `queen.queue_grants` only for roles that are members of
+//! no queen role, and keep the answer per backend until a grant
 //! changes.
 //!
 //! **Checked twice.** A call checks by the queue's name when it starts, then again by id
@@ -87,9 +96,20 @@ impl Privilege {
     }
 }
 
-/// Whether `role` is one of the three roles queen ships (their members reach every queue).
+/// The role `grant` makes a role a member of (see the module docs): EXECUTE on every API
+/// function, and the mark of a role limited to its queue grants.
+pub const GRANTEE_ROLE: &CStr = c"queen_grantee";
+
+/// Whether `role` is one of the roles queen ships: the three whose members reach every
+/// queue, or `queen_grantee` (a grant to it would be a grant to every limited role).
 pub fn is_queen_role(role: &str) -> bool {
-    Privilege::ALL.iter().any(|p| p.role_name() == role)
+    Privilege::ALL.iter().any(|p| p.role_name() == role) || GRANTEE_ROLE.to_str() == Ok(role)
+}
+
+/// `GRANTEE_ROLE`'s OID, or InvalidOid if it was dropped.
+fn grantee_role() -> pg_sys::Oid {
+    // SAFETY: a syscache lookup by name; missing_ok.
+    unsafe { pg_sys::get_role_oid(GRANTEE_ROLE.as_ptr(), true) }
 }
 
 /// The role whose privileges count: the session's, at the outer level (see the module
@@ -152,32 +172,68 @@ pub unsafe extern "C-unwind" fn execute_rights_changed(_arg: pg_sys::Datum, _cac
     EXECUTE_EPOCH.with(|e| e.set(e.get() + 1));
 }
 
-/// Whether `role` (or a role whose privileges it has) holds a queue grant or ever held one
-/// (`queen.limited_roles`, which `grant` fills). A role whose last grant went stays
-/// limited, to no queue: had it become unlimited, a statement that passed PostgreSQL's
-/// EXECUTE checks before the grant went (a `delete_queue` of its one queue, then a call
-/// about another queue, in one statement; or a statement running while an operator
-/// revokes) would reach every queue.
+/// Whether `role` is limited to its queue grants: a member of `queen_grantee` (directly or
+/// through other roles, with or without INHERIT), or a role that holds a grant (or has
+/// the privileges of one that does). A role whose last grant went stays a member, limited
+/// to no queue: had it become unlimited, a statement that passed PostgreSQL's EXECUTE
+/// checks before the grant went (a `delete_queue` of its one queue, then a call about
+/// another queue, in one statement; or a statement running while an operator revokes)
+/// would reach every queue. (A superuser is a member of every role, but `queen_role`
+/// answers for it first.)
 fn limited(role: pg_sys::Oid) -> bool {
-    let limited = crate::pg::cache::cached(
+    let grantee = grantee_role();
+    // SAFETY: a membership test (cached by PostgreSQL).
+    if grantee != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role, grantee) } {
+        return true;
+    }
+    let grantees = crate::pg::cache::cached(
         &LIMITED,
         (),
         || {
             Some(Spi::connect_mut(|client| {
-                run(
-                    client,
-                    "SELECT role::oid FROM queen.limited_roles UNION SELECT grantee::oid FROM queen.queue_grants",
-                    &[],
-                )
-                .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
-                .collect::<Vec<_>>()
+                run(client, "SELECT DISTINCT grantee::oid FROM queen.queue_grants", &[])
+                    .map(|r| r.get::<pg_sys::Oid>(1).or_raise().unwrap())
+                    .collect::<Vec<_>>()
             }))
         },
         |_| true,
     )
     .unwrap_or_default();
     // SAFETY: membership tests (cached by PostgreSQL); a dropped role matches nothing.
-    limited.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) })
+    grantees.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) })
+}
+
+/// Makes `role` (named `name`) a member of `queen_grantee`, unless it is one already: the
+/// rights a queue grant needs, and the mark that limits it (`limited`). One grant at a
+/// time (`locks::privileges`): two first grants of one role at once would both add the
+/// membership, and the second fail on `pg_auth_members`' unique key. The membership is
+/// looked up in the catalog cache, which the lock's wait brought up to date, so this
+/// holds under REPEATABLE READ too.
+pub fn make_grantee(role: pg_sys::Oid, name: &str) {
+    crate::pg::locks::privileges();
+    let grantee = grantee_role();
+    if grantee == pg_sys::InvalidOid {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            "queen: the role queen_grantee does not exist (CREATE EXTENSION and ALTER EXTENSION queen UPDATE make it)"
+                .into(),
+        );
+    }
+    // SAFETY: a syscache lookup of the (role, member) row of pg_auth_members.
+    let member = unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as i32,
+            pg_sys::Datum::from(grantee),
+            pg_sys::Datum::from(role),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        )
+    };
+    if !member {
+        Spi::connect_mut(|client| {
+            crate::pg::spi::run_built(client, &format!("GRANT queen_grantee TO \"{}\"", name.replace('"', "\"\"")))
+        });
+    }
 }
 
 /// Whether `role` has `p` on every queue through a queen role (or superuser).
@@ -204,7 +260,7 @@ thread_local! {
     static EXECUTES: crate::pg::cache::Settings<(u32, Privilege, u64), bool> = Default::default();
     /// Moves whenever a function's or a role membership's catalog row changes.
     static EXECUTE_EPOCH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// Per backend: every role limited to its queue grants, while no grant changed.
+    /// Per backend: every role that holds a queue grant, while no grant changed.
     static LIMITED: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
 
@@ -308,11 +364,9 @@ COMMENT ON FUNCTION queen._require(text, text) IS
   'queen internal: refuse a bad queue name (22023), and (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
 COMMENT ON FUNCTION queen._permitted_queues(text) IS
   'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
-COMMENT ON FUNCTION queen._sync_grants(oid) IS
-  'queen internal: make the functions a role may call match the queue grants it still holds (delete_queue); not granted';
 "#,
     name = "require_sql_home",
-    requires = [require_sql, permitted_sql, sync_grants_sql]
+    requires = [require_sql, permitted_sql]
 );
 
 /// `queen._require(queue, privilege)`: `require`, for queen's PL/pgSQL functions.
@@ -329,32 +383,6 @@ fn permitted_sql(privilege: &str) -> Option<Vec<i64>> {
     permitted(Privilege::parse(privilege))
 }
 
-/// The functions a role needs to use `p`: those the queen role of `p` may call (for
-/// `admin`, those of every queen role), as `regprocedure` text.
-fn functions_of(client: &mut SpiClient<'_>, p: Privilege) -> Vec<String> {
-    let roles: Vec<&str> = match p {
-        Privilege::Admin => Privilege::ALL.iter().map(|q| q.role_name()).collect(),
-        other => vec![other.role_name()],
-    };
-    run(
-        client,
-        "SELECT DISTINCT p.oid::regprocedure::text
-           FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
-           JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-          WHERE p.pronamespace = 'queen'::regnamespace AND a.privilege_type = 'EXECUTE'
-            AND r.rolname = ANY($1)
-          ORDER BY 1",
-        &[roles.iter().map(|r| r.to_string()).collect::<Vec<String>>().into()],
-    )
-    .map(|r| r.get::<String>(1).or_raise().unwrap())
-    .collect()
-}
-
-/// Quotes a role name for SQL.
-fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 /// A role by name: its OID and its name, or 42704.
 pub fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, String) {
     let row = run(client, "SELECT oid, rolname::text FROM pg_catalog.pg_roles WHERE rolname = $1", &[role.into()]);
@@ -362,65 +390,4 @@ pub fn role_named(client: &mut SpiClient<'_>, role: &str) -> (pg_sys::Oid, Strin
         Some(r) => (r.get::<pg_sys::Oid>(1).or_raise().unwrap(), r.get::<String>(2).or_raise().unwrap()),
         None => errors::raise(PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT, format!("queen: role {role:?} does not exist")),
     }
-}
-
-/// Makes the functions a role may call match the privileges it holds on queues: EXECUTE
-/// on the functions of each privilege it still holds somewhere, USAGE on the schema while
-/// it holds any; the rest is revoked (only what queen granted directly to the role).
-pub fn sync_grants(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
-    // One change of privileges at a time, each reading what the last one committed (a
-    // snapshot taken before the wait would not see it: REPEATABLE READ is refused).
-    crate::pg::errors::read_committed_only(
-        "a change of queue grants (grant, revoke, delete_queue of a queue with grants)",
-        "it would read the grants as its snapshot shows them, not as a concurrent change committed them, and could leave a role functions it holds no grant for",
-    );
-    crate::pg::locks::privileges();
-    let held: Vec<String> =
-        run(client, "SELECT DISTINCT privilege FROM queen.queue_grants WHERE grantee = $1::oid", &[role.into()])
-            .map(|r| r.get::<String>(1).or_raise().unwrap())
-            .collect();
-    let mut need: Vec<String> = Vec::new();
-    for p in &held {
-        need.extend(functions_of(client, Privilege::parse(p)));
-    }
-    need.sort();
-    need.dedup();
-    let has: Vec<String> = run(
-        client,
-        "SELECT p.oid::regprocedure::text
-           FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
-          WHERE p.pronamespace = 'queen'::regnamespace AND a.privilege_type = 'EXECUTE' AND a.grantee = $1",
-        &[role.into()],
-    )
-    .map(|r| r.get::<String>(1).or_raise().unwrap())
-    .collect();
-    let who = ident(name);
-    for f in need.iter().filter(|f| !has.contains(f)) {
-        crate::pg::spi::run_built(client, &format!("GRANT EXECUTE ON FUNCTION {f} TO {who}"));
-    }
-    for f in has.iter().filter(|f| !need.contains(f)) {
-        crate::pg::spi::run_built(client, &format!("REVOKE EXECUTE ON FUNCTION {f} FROM {who}"));
-    }
-    let verb = if held.is_empty() { "REVOKE USAGE ON SCHEMA queen FROM" } else { "GRANT USAGE ON SCHEMA queen TO" };
-    crate::pg::spi::run_built(client, &format!("{verb} {who}"));
-}
-
-/// `queen._sync_grants(role)`: `sync_grants` for a role whose queue grants went with a
-/// deleted queue (`delete_queue`): a role left with no grant keeps no function queen
-/// gave it (it stays limited, to no queue: `limited`). Not granted; runs as its caller
-/// (the extension's owner, in delete_queue).
-#[pg_extern(name = "_sync_grants", volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
-fn sync_grants_sql(role: pg_sys::Oid) {
-    Spi::connect_mut(|client| {
-        let name = first_value::<String>(run(
-            client,
-            "SELECT rolname::text FROM pg_catalog.pg_roles WHERE oid = $1",
-            &[role.into()],
-        ));
-        if let Some(name) = name {
-            sync_grants(client, role, &name);
-        }
-    });
-    crate::pg::cache::invalidate();
 }

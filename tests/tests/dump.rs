@@ -125,8 +125,8 @@ fn a_restored_dump_delivers_what_the_source_would() {
          -- a grant whose role is dropped since: left out of the dump
          SELECT queen.grant('dq', '{gone_role}', 'produce');
          DROP OWNED BY {gone_role}; DROP ROLE {gone_role};
-         -- a role whose last grant went: it stays limited (queen.limited_roles), in the
-         -- restore too
+         -- a role whose last grant went: it stays limited (a member of queen_grantee), in
+         -- the restore too
          CREATE ROLE {revoked_role};
          SELECT queen.grant('dq', '{revoked_role}', 'produce');
          SELECT queen.revoke('dq', '{revoked_role}', 'produce');"
@@ -222,10 +222,15 @@ fn a_restored_dump_delivers_what_the_source_would() {
     let grants = "SELECT queue, role, privilege FROM queen.grants() ORDER BY 1, 2, 3";
     assert_eq!(rows(&mut dst, grants), vec![format!("(dq,{role},consume)")], "grants after the restore");
     assert_eq!(rows(&mut src, grants).len(), 2, "the source keeps its dropped role's grant");
-    let limited = "SELECT role::text FROM queen.limited_roles WHERE role::text NOT LIKE '%gone' ORDER BY 1";
-    assert_eq!(rows(&mut dst, limited), vec![format!("({role})"), format!("({revoked_role})")], "limited roles");
-    let all_limited = "SELECT count(*) FROM queen.limited_roles";
-    assert_eq!(rows(&mut dst, all_limited), vec!["(2)".to_string()], "a dropped role's row is left out");
+    // The role whose last grant went stays limited in the restore: it may not push to dq,
+    // nor to a queue of its own making.
+    for queue in ["dq", "dq_made"] {
+        let refused = dst
+            .batch_execute(&format!("SET ROLE {revoked_role}; SELECT queen.send('{queue}', '{{}}')"))
+            .expect_err("a revoked role pushed in the restore");
+        assert_eq!(refused.code(), Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{refused}");
+        dst.batch_execute("RESET ROLE").unwrap();
+    }
 
     // Once g2's lease ends in the source (the restore has none), both databases give each
     // group the same messages.
@@ -258,6 +263,66 @@ fn a_restored_dump_delivers_what_the_source_would() {
         rows(&mut dst, "SELECT msg_offset, payload FROM queen.pop('dq', 'g1', partition => 'p0', auto_ack => true)");
     assert_eq!(after, vec![format!("({off},\"{{\"\"after\"\": 1}}\")")], "the message pushed after the restore");
 
+    drop((src, dst));
+}
+
+/// A plain dump restored into a cluster that lacks one of its grantee roles, by a restore
+/// that goes on past errors (`psql -f` without `ON_ERROR_STOP`): the copy of
+/// `queen.queue_grants` fails as a whole and every per-queue grant is lost. The roles
+/// those grants limited stay limited (they are members of `queen_grantee`, which the
+/// cluster keeps): refused on every queue, their own included, until the grants are made
+/// again. Before, `grant` gave EXECUTE to the role itself, the dump's `GRANT`s brought it
+/// back while the rows that marked the role limited were lost, and the role read every
+/// queue.
+#[test]
+fn a_restore_that_loses_the_grants_fails_closed() {
+    let mut cleanup = Cleanup::default();
+    let src_dsn = own_database_with(&[]);
+    cleanup.databases.push(dbname(&src_dsn));
+    let mut src = Client::connect(&src_dsn, NoTls).unwrap();
+    let role = format!("dumpfc_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let missing = format!("{role}_missing");
+    cleanup.roles.extend([role.clone(), missing.clone()]);
+    src.batch_execute(&format!(
+        "CREATE ROLE {role}; CREATE ROLE {missing};
+         SELECT queen.send('mine', '{{\"mine\": 1}}');
+         SELECT queen.send('victim', '{{\"secret\": 1}}');
+         SELECT queen.grant('mine', '{role}', 'consume');
+         SELECT queen.grant('mine', '{missing}', 'consume');"
+    ))
+    .unwrap();
+    let file = std::env::temp_dir().join(format!("queen_dump_{role}.sql"));
+    cleanup.files.push(file.clone());
+    ok(tool("pg_dump").args(["-d", &src_dsn, "-f", file.to_str().unwrap()]).output().unwrap(), "pg_dump");
+    // The new cluster lacks one role (here: dropped from this one after the dump).
+    src.batch_execute(&format!("DROP OWNED BY {missing}; DROP ROLE {missing}")).unwrap();
+
+    let dst_name = format!("{}_restored", dbname(&src_dsn));
+    let mut admin = connect();
+    admin.batch_execute(&format!("CREATE DATABASE {dst_name}")).unwrap();
+    cleanup.databases.push(dst_name.clone());
+    let dst_dsn = format!("{} dbname={dst_name}", dsn());
+    let out = tool("psql").args(["-X", "-q", "-d", &dst_dsn, "-f"]).arg(&file).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("role \"{missing}\" does not exist")), "the restore's errors: {stderr}");
+    let mut dst = Client::connect(&dst_dsn, NoTls).unwrap();
+    assert!(rows(&mut dst, "SELECT * FROM queen.grants()").is_empty(), "the copy of queue_grants failed");
+    assert_eq!(rows(&mut dst, "SELECT count(*) FROM queen.queues"), vec!["(2)".to_string()], "the queues came back");
+
+    // The role is refused everywhere, and nothing was read.
+    for queue in ["victim", "mine"] {
+        let refused = dst
+            .batch_execute(&format!("SET ROLE {role}; SELECT payload FROM queen.peek('{queue}')"))
+            .expect_err("a role whose grants were lost read a queue");
+        assert_eq!(refused.code(), Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{queue}: {refused}");
+        dst.batch_execute("RESET ROLE").unwrap();
+    }
+    // Granted again, it reads its queue, and only that one.
+    dst.batch_execute(&format!("SELECT queen.grant('mine', '{role}', 'consume')")).unwrap();
+    dst.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    assert_eq!(rows(&mut dst, "SELECT payload FROM queen.peek('mine')"), vec!["(\"{\"\"mine\"\": 1}\")".to_string()]);
+    let refused = dst.batch_execute("SELECT payload FROM queen.peek('victim')").expect_err("read victim");
+    assert_eq!(refused.code(), Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE), "{refused}");
     drop((src, dst));
 }
 

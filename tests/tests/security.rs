@@ -303,6 +303,19 @@ fn the_shipped_roles_grant_least_privilege() {
         let internal = f.starts_with("queen._") || f == "queen.distribute()";
         assert_eq!(*granted, !internal, "{f}: executable by queen_admin = {granted}");
     }
+    // queen_grantee (the roles of queen.grant, which queen's checks limit to their queues)
+    // may call the same functions, and no other.
+    let grantee: Vec<(String, bool)> = admin
+        .query(
+            "SELECT p.oid::regprocedure::text, has_function_privilege('queen_grantee', p.oid, 'EXECUTE')
+               FROM pg_proc p WHERE p.pronamespace = 'queen'::regnamespace ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(grantee, api, "queen_grantee's functions");
     drop((producer, consumer, operator));
     admin_ddl(&mut admin, &format!("DROP ROLE {p}; DROP ROLE {c}; DROP ROLE {a};"));
 }
