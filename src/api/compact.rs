@@ -5,6 +5,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::json;
 
+use crate::queue::privileges::Privilege;
 use crate::storage::compaction::{compact_partition, partitions_to_compact, Done};
 
 extension_sql!(
@@ -24,7 +25,7 @@ fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
         crate::queue::names::check_queue_name("queue", q);
         crate::queue::citus::ensure_home(q);
     }
-    crate::queue::privileges::require(queue, crate::queue::privileges::Privilege::Admin);
+    crate::queue::privileges::require(queue, Privilege::Admin);
     // A merge must see every fresh segment of its run. A fixed snapshot may miss one
     // committed since it was taken (or copied forward by a rotation of the segment
     // generations), and the merged segment would then hold a gap at its offsets.
@@ -34,7 +35,14 @@ fn compact(queue: default!(Option<&str>, "NULL")) -> JsonB {
     );
     let mut done = Done::default();
     Spi::connect_mut(|client| {
-        for pid in partitions_to_compact(client, queue) {
+        let target = match queue {
+            Some(q) => match crate::queue::privileges::checked_queue_id(client, q, Privilege::Admin) {
+                Some(id) => Some(id),
+                None => return,
+            },
+            None => None,
+        };
+        for pid in partitions_to_compact(client, target) {
             done.add(compact_partition(client, pid, 0).0);
         }
     });

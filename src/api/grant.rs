@@ -101,11 +101,8 @@ fn grants_sql(
     let rows: Vec<(String, String, String)> = Spi::connect_mut(|client| {
         // Checked again on the queue listed, by id (privileges, module docs).
         let queue_id = match queue {
-            Some(q) => match crate::queue::lookup::queue_id(client, q) {
-                Some(id) => {
-                    crate::queue::privileges::require_id(client, id, Privilege::Admin);
-                    Some(id)
-                }
+            Some(q) => match crate::queue::privileges::checked_queue_id(client, q, Privilege::Admin) {
+                Some(id) => Some(id),
                 None => return Vec::new(),
             },
             None => None,

@@ -38,9 +38,10 @@
 //! changes.
 //!
 //! **Checked twice.** A call checks by the queue's name when it starts, then again by id
-//! on the queue it locks or reads (`require_id`, `lock_queue`, `ensure_queue_locked_for`):
-//! the queue may have been deleted, or deleted and created again under its name, in
-//! between, and a role granted the old queue has no grant on the new. A call that waited
+//! on the queue it locks or reads (`require_id`, `lock_queue`, `ensure_queue_locked_for`,
+//! `checked_queue_id`), and acts on that id: the queue may have been deleted, or deleted
+//! and created again under its name, in between, and a role granted the old queue has no
+//! grant on the new. A call that waited
 //! for a `delete_queue` creates the queue anew only for a role that may create queues.
 
 use std::ffi::CStr;
@@ -324,6 +325,15 @@ pub fn require_id(client: &mut SpiClient<'_>, queue_id: i64, p: Privilege) {
             first_value::<String>(run(client, "SELECT name FROM queen.queues WHERE queue_id = $1", &[queue_id.into()]));
         denied(&format!("queue {:?}", name.unwrap_or_default()), p);
     }
+}
+
+/// A queue's id by name, with `p` checked on it by id (checked twice, module docs), for a
+/// call that then acts by id without locking the queue (`retain`, `compact`, `grants`):
+/// None when there is no such queue.
+pub fn checked_queue_id(client: &mut SpiClient<'_>, name: &str, p: Privilege) -> Option<i64> {
+    let id = crate::queue::lookup::queue_id(client, name)?;
+    require_id(client, id, p);
+    Some(id)
 }
 
 /// `lookup::ensure_queue_locked` (which creates a queue deleted meanwhile), then `p`

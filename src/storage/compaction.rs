@@ -51,7 +51,7 @@ impl Done {
 
 /// Partitions with segments in the fresh tier (of one queue, or of all): a skip scan of
 /// the fresh tier's primary key, one probe per partition.
-pub fn partitions_to_compact(client: &mut SpiClient<'_>, queue: Option<&str>) -> Vec<pgrx::Uuid> {
+pub fn partitions_to_compact(client: &mut SpiClient<'_>, queue_id: Option<i64>) -> Vec<pgrx::Uuid> {
     run(
         client,
         "WITH RECURSIVE f(pid) AS (
@@ -62,10 +62,9 @@ pub fn partitions_to_compact(client: &mut SpiClient<'_>, queue: Option<&str>) ->
              FROM f WHERE f.pid IS NOT NULL)
          SELECT f.pid FROM f
           WHERE f.pid IS NOT NULL
-            AND ($1::text IS NULL OR EXISTS (
-                  SELECT 1 FROM queen.partitions p JOIN queen.queues q ON q.queue_id = p.queue_id
-                   WHERE p.partition_id = f.pid AND q.name = $1))",
-        &[queue.into()],
+            AND ($1::int8 IS NULL OR EXISTS (
+                  SELECT 1 FROM queen.partitions p WHERE p.partition_id = f.pid AND p.queue_id = $1))",
+        &[queue_id.into()],
     )
     .map(|r| r.get::<pgrx::Uuid>(1).or_raise().unwrap())
     .collect()

@@ -30,22 +30,22 @@ pub fn queues_due(client: &mut SpiClient<'_>) -> Vec<(i64, i32)> {
     queues_named(client, None)
 }
 
-fn queues_named(client: &mut SpiClient<'_>, queue: Option<&str>) -> Vec<(i64, i32)> {
+fn queues_named(client: &mut SpiClient<'_>, queue_id: Option<i64>) -> Vec<(i64, i32)> {
     run(
         client,
         "SELECT queue_id, retention FROM queen.queues
-          WHERE retention > 0 AND ($1::text IS NULL OR name = $1)
+          WHERE retention > 0 AND ($1::int8 IS NULL OR queue_id = $1)
           ORDER BY queue_id",
-        &[queue.into()],
+        &[queue_id.into()],
     )
     .map(|r| (r.get(1).or_raise().unwrap(), r.get(2).or_raise().unwrap()))
     .collect()
 }
 
-/// One pass over `queue`, or over every queue with `retention > 0`, in the caller's
-/// transaction. Returns (queues, segments deleted, bytes freed).
-pub fn retain_in(client: &mut SpiClient<'_>, queue: Option<&str>) -> (i64, i64, i64) {
-    let queues = queues_named(client, queue);
+/// One pass over the queue of id `queue_id`, or over every queue with `retention > 0`, in
+/// the caller's transaction. Returns (queues, segments deleted, bytes freed).
+pub fn retain_in(client: &mut SpiClient<'_>, queue_id: Option<i64>) -> (i64, i64, i64) {
+    let queues = queues_named(client, queue_id);
     let (mut done, mut segments, mut bytes) = (0i64, 0i64, 0i64);
     for (queue_id, retention) in queues {
         if let Some((s, b)) = retain_queue(client, queue_id, retention) {
