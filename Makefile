@@ -29,7 +29,7 @@ REGRESS_TESTS := $(sort $(filter-out nopreload,$(basename $(notdir $(wildcard pg
 # test whose output does not depend on gaps (offsets and compaction show them).
 NOPRELOAD_TESTS := $(filter-out offsets compaction,$(REGRESS_TESTS)) nopreload
 # Isolation specs also run without preloading: their table fallbacks.
-NOPRELOAD_ISOLATION := limit_in_flight dlq_snapshot expired_drops ack_waits_release redrive_drop_group retention_prefix pop_push_seek
+NOPRELOAD_ISOLATION := limit_in_flight dlq_snapshot expired_drops ack_waits_release redrive_drop_group retention_prefix pop_push_seek legacy_first_call
 NOPRELOAD_DIR  ?= /tmp/queen-nopreload
 NOPRELOAD_PORT ?= 5490
 POOLER_DIR ?= /tmp/queen-pooler

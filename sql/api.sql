@@ -58,9 +58,9 @@ BEGIN
   -- Per-queue privileges (src/queue/privileges.rs): a named queue must be one the session's
   -- role may consume; without a name, only those are listed.
   IF dlq.queue IS NOT NULL THEN
-    PERFORM queen._require(dlq.queue, 'consume');
+    PERFORM queen._require(dlq.queue, 'consume', 'queen.dlq(text, text, int, int)'::regprocedure);
   END IF;
-  permitted := queen._permitted_queues('consume');
+  permitted := queen._permitted_queues('consume', 'queen.dlq(text, text, int, int)'::regprocedure);
   -- created_at equals failed_at: a frame's enqueue time is not kept per message. A row
   -- whose envelope cannot be opened (its key is not configured, or it does not
   -- authenticate) is listed with a NULL payload and the reason after its error.
@@ -129,9 +129,9 @@ BEGIN
   END IF;
   -- Per-queue privileges (src/queue/privileges.rs).
   IF status.queue IS NOT NULL THEN
-    PERFORM queen._require(status.queue, 'admin');
+    PERFORM queen._require(status.queue, 'admin', 'queen.status(text)'::regprocedure);
   END IF;
-  permitted := queen._permitted_queues('admin');
+  permitted := queen._permitted_queues('admin', 'queen.status(text)'::regprocedure);
   -- Only a live lease is shown; an expired one is as good as none. retry_at: a failed
   -- batch's retry backoff, while it runs (the lane is not claimed before it).
   RETURN QUERY
@@ -189,9 +189,9 @@ BEGIN
   END IF;
   -- Per-queue privileges (src/queue/privileges.rs).
   IF totals.queue IS NOT NULL THEN
-    PERFORM queen._require(totals.queue, 'admin');
+    PERFORM queen._require(totals.queue, 'admin', 'queen.totals(text)'::regprocedure);
   END IF;
-  permitted := queen._permitted_queues('admin');
+  permitted := queen._permitted_queues('admin', 'queen.totals(text)'::regprocedure);
   RETURN QUERY
     WITH q AS (
       SELECT q.queue_id, q.name, q.paused, p.partitions, p.messages
@@ -285,7 +285,7 @@ BEGIN
   END IF;
   -- On Citus, only the queue's home deletes it (src/queue/citus.rs).
   PERFORM queen._ensure_home(delete_queue.queue);
-  PERFORM queen._require(delete_queue.queue, 'admin');
+  PERFORM queen._require(delete_queue.queue, 'admin', 'queen.delete_queue(text)'::regprocedure);
   -- The queue lock in exclusive mode before anything else: every call that touched the
   -- queue holds it in share mode until it ends, so this waits for them and none of them
   -- waits for this while holding a row of the queue (src/pg/locks.rs). Then the queue row,
@@ -300,7 +300,7 @@ BEGIN
   END IF;
   -- Checked again on the queue locked (src/queue/privileges.rs, module docs): its name
   -- finds the locked row now.
-  PERFORM queen._require(delete_queue.queue, 'admin');
+  PERFORM queen._require(delete_queue.queue, 'admin', 'queen.delete_queue(text)'::regprocedure);
   PERFORM 1 FROM queen.partitions p WHERE p.queue_id = qid ORDER BY p.name FOR UPDATE;
   DELETE FROM queen.segments s USING queen.partitions p
    WHERE p.queue_id = qid AND s.partition_id = p.partition_id;
@@ -350,7 +350,7 @@ AS $$
 DECLARE
   -- Per-queue privileges (src/queue/privileges.rs): the queues the session's role administers
   -- (NULL: all); the database-wide parts (retention, maintenance) need all.
-  permitted bigint[] := queen._permitted_queues('admin');
+  permitted bigint[] := queen._permitted_queues('admin', 'queen.metrics(text)'::regprocedure);
 BEGIN
   IF kind IS NOT NULL AND kind NOT IN ('queue', 'group', 'dead_letters', 'retention', 'maintenance') THEN
     RAISE EXCEPTION 'queen: invalid kind: % (must be queue, group, dead_letters, retention, maintenance or NULL)', kind

@@ -52,6 +52,17 @@ BEGIN
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_grantee') THEN
     CREATE ROLE queen_grantee NOLOGIN;
   END IF;
+  -- queen_grantee's members get EXECUTE on every queen function, and queen limits them
+  -- to their grants: a role of that name made by someone else, with more than that, is
+  -- refused rather than adopted.
+  IF EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = 'queen_grantee'
+              AND (r.rolsuper OR r.rolcanlogin OR r.rolcreaterole OR r.rolcreatedb OR r.rolbypassrls
+                   OR r.rolreplication
+                   OR EXISTS (SELECT FROM pg_catalog.pg_auth_members m WHERE m.member = r.oid))) THEN
+    RAISE EXCEPTION 'queen: the role queen_grantee exists with more than queen gives it (it can log in, has a role attribute, or is a member of another role)'
+      USING ERRCODE = '55000',
+            HINT = 'queen makes queen_grantee a NOLOGIN role with no attributes and no memberships; drop or fix that role first.';
+  END IF;
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_producer') THEN
     CREATE ROLE queen_producer NOLOGIN;
   END IF;

@@ -1,5 +1,7 @@
 //! Every hook queen sets in PostgreSQL, in one place: shared memory, the cache
-//! invalidation callbacks, the transaction callbacks and the `ProcessUtility` hook.
+//! invalidation callbacks, the transaction callbacks, the function manager hook (`fmgr`:
+//! which queen function a call runs in, for the privilege checks) and the
+//! `ProcessUtility` hook.
 //!
 //! **Shared memory.** With `shared_preload_libraries = 'queen'`, queen keeps these in
 //! shared memory: the long-poll wake-up slots (`wake`), the offset registry (`offsets`),
@@ -47,6 +49,7 @@ use crate::pg::errors;
 static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 static mut PREV_REQUEST: Option<unsafe extern "C-unwind" fn()> = None;
 static mut PREV_STARTUP: Option<unsafe extern "C-unwind" fn()> = None;
+static mut PREV_FMGR: pg_sys::fmgr_hook_type = None;
 
 /// Called from `_PG_init`, after the settings are defined (the sizes of shared memory are
 /// settings): every hook and callback.
@@ -64,17 +67,8 @@ pub fn init() {
             );
         }
         pg_sys::CacheRegisterRelcacheCallback(Some(crate::pg::cache::relcache_callback), pg_sys::Datum::from(0));
-        for cache in [
-            pg_sys::SysCacheIdentifier::PROCOID,
-            pg_sys::SysCacheIdentifier::AUTHOID,
-            pg_sys::SysCacheIdentifier::AUTHMEMMEMROLE,
-        ] {
-            pg_sys::CacheRegisterSyscacheCallback(
-                cache as i32,
-                Some(crate::queue::privileges::execute_rights_changed),
-                pg_sys::Datum::from(0),
-            );
-        }
+        PREV_FMGR = pg_sys::fmgr_hook;
+        pg_sys::fmgr_hook = Some(fmgr);
     }
     // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it loads
     // shared_preload_libraries; chaining these hooks there is what PostgreSQL expects.
@@ -88,6 +82,36 @@ pub fn init() {
         pg_sys::shmem_startup_hook = Some(shmem_startup);
         PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(process_utility);
+    }
+}
+
+/// The function manager hook: PostgreSQL calls it when a SECURITY DEFINER function (or one
+/// with a SET clause) starts, ends or raises. queen notes which of its own functions are
+/// running (`privileges::entered`, `left`): the privilege checks of a role given EXECUTE
+/// directly (the 0.3.0 model) ask whether it holds EXECUTE on the one the application
+/// called. Only a function's start looks up its schema (a syscache lookup); an end or an
+/// error only compares OIDs, so nothing here can fail while an error is thrown.
+#[pg_guard]
+unsafe extern "C-unwind" fn fmgr(
+    event: pg_sys::FmgrHookEventType::Type,
+    flinfo: *mut pg_sys::FmgrInfo,
+    arg: *mut pg_sys::Datum,
+) {
+    // SAFETY: PostgreSQL passes the called function's FmgrInfo and its private datum, which
+    // are passed on untouched to the hook this one chained (queen does not use the datum).
+    unsafe {
+        if let Some(prev) = PREV_FMGR {
+            prev(event, flinfo, arg);
+        }
+        let f = (*flinfo).fn_oid;
+        if event == pg_sys::FmgrHookEventType::FHET_START {
+            let queen = crate::pg::catalog::queen_schema();
+            if queen != pg_sys::InvalidOid && pg_sys::get_func_namespace(f) == queen {
+                crate::queue::privileges::entered(f);
+            }
+        } else {
+            crate::queue::privileges::left(f);
+        }
     }
 }
 
@@ -156,6 +180,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // its offsets first, then release its lanes, then wake waiting pops, which will
         // find them readable.
         XACT_EVENT_COMMIT => {
+            crate::queue::privileges::forget_entries();
             // First and on its own: a count left up would keep the worker away for good.
             let mut copied = false;
             never_raise("the end of a copy into queen's tables", || copied = crate::pg::dbs::copy_in_ends());
@@ -172,6 +197,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
             });
         }
         XACT_EVENT_ABORT => {
+            crate::queue::privileges::forget_entries();
             never_raise("the end of a copy into queen's tables", || {
                 crate::pg::dbs::copy_in_ends();
             });

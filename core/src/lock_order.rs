@@ -39,10 +39,11 @@
 //! Group creation is serialized by a second heavyweight lock, keyed by (queue id, group
 //! name), taken without waiting: [`group_key`] gives its key.
 //!
-//! Last of all, the **privileges lock** (an `object` lock whose `classid` is
-//! `queen.queue_grants`, key 0): `grant` takes it exclusively after its grant row, before
-//! it looks for the role's membership of `queen_grantee` and adds it, until the
-//! transaction ends. Two first grants of one role thus run one after the other.
+//! Last of all, a role's **privileges lock** (an `object` lock on the role as a shared
+//! object: database 0, `pg_authid`, the role, sub-id 1): `grant` takes it exclusively
+//! after its grant row, before it looks for the role's membership of `queen_grantee` and
+//! adds it, until the transaction ends. Two first grants of one role, in any databases,
+//! thus run one after the other.
 //!
 //! Outside this order, and holding nothing else new meanwhile: the **load lock** of a
 //! registry entry (an `object` lock whose `classid` is `queen.partitions` for a

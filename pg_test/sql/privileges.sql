@@ -10,7 +10,7 @@ CREATE EXTENSION queen;
 DO $$
 DECLARE r text;
 BEGIN
-  FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN ('qp_app', 'qp_ops', 'qp_legacy', 'qp_member', 'qp_nobody', 'qp_noinherit') LOOP
+  FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN ('qp_app', 'qp_ops', 'qp_legacy', 'qp_member', 'qp_nobody', 'qp_noinherit', 'qp_exporter') LOOP
     EXECUTE format('DROP OWNED BY %I', r);
     EXECUTE format('DROP ROLE %I', r);
   END LOOP;
@@ -26,6 +26,7 @@ CREATE ROLE qp_ops;
 CREATE ROLE qp_legacy;
 CREATE ROLE qp_member IN ROLE queen_consumer;
 CREATE ROLE qp_nobody;
+CREATE ROLE qp_exporter;
 CREATE ROLE qp_noinherit NOINHERIT IN ROLE qp_app;
 
 -- Two queues: orders, and payroll, encrypted.
@@ -140,6 +141,28 @@ SELECT pg_temp.err($$SELECT * FROM qp_wrap.peek('payroll')$$);
 RESET ROLE;
 DROP SCHEMA qp_wrap CASCADE;
 
+-- A wrapper owned by a grantee (which may call every queen function), called by a role
+-- given EXECUTE on metrics alone (0.3.0's finer grants, a monitoring role): a 0.3.0 role
+-- reaches every queue only through the functions it may call itself, so the wrapper's
+-- delete_queue is refused (before: the monitoring role counted as an admin of every
+-- queue, and the wrapper deleted payroll).
+GRANT USAGE ON SCHEMA queen TO qp_exporter;
+GRANT EXECUTE ON FUNCTION queen.metrics(text) TO qp_exporter;
+CREATE SCHEMA qp_wrap AUTHORIZATION qp_app;
+SET ROLE qp_app;
+CREATE FUNCTION qp_wrap.drop(q text) RETURNS jsonb LANGUAGE sql SECURITY DEFINER
+  SET search_path = pg_catalog AS $f$ SELECT queen.delete_queue(q) $f$;
+GRANT USAGE ON SCHEMA qp_wrap TO qp_exporter;
+GRANT EXECUTE ON FUNCTION qp_wrap.drop(text) TO qp_exporter;
+RESET ROLE;
+SET ROLE qp_exporter;
+SELECT pg_temp.err($$SELECT qp_wrap.drop('payroll')$$);
+-- Its own function, metrics, it may use on every queue.
+SELECT DISTINCT queue FROM queen.metrics() WHERE queue IS NOT NULL ORDER BY 1;
+RESET ROLE;
+SELECT count(*) AS payroll_kept FROM queen.queues WHERE name = 'payroll';
+DROP SCHEMA qp_wrap CASCADE;
+
 -- A member of queen_consumer keeps every queue for consuming, and a queue grant limits
 -- it only for the privileges it does not have through a queen role.
 SELECT queen.grant('orders', 'qp_member', 'admin') ->> 'granted' AS granted;
@@ -211,8 +234,32 @@ SET ROLE qp_ops;
 SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
 RESET ROLE;
 
+-- The membership is the mark; a role that holds a grant is limited without it too (a
+-- superuser took the membership away, or a restore into a cluster whose roles were made
+-- by hand): given EXECUTE on pop directly, qp_app (produce on orders) still may not
+-- consume orders.
+REVOKE queen_grantee FROM qp_app;
+GRANT USAGE ON SCHEMA queen TO qp_app;
+GRANT EXECUTE ON FUNCTION queen.pop(text, text, int, text, int, bool, int, int, text, bigint) TO qp_app;
+SET ROLE qp_app;
+SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders', 'direct')$$);
+RESET ROLE;
+-- A role with no grant left returns to the 0.3.0 model when a superuser takes its
+-- membership: qp_ops, given EXECUTE on pop directly above, pops every queue again.
+REVOKE queen_grantee FROM qp_ops;
+SET ROLE qp_ops;
+SELECT msg_offset FROM queen.pop('orders', 'ops_again', batch => 1, auto_ack => true);
+RESET ROLE;
+-- A grant takes back EXECUTE given to the role itself (its membership gives what it
+-- needs; a direct right would make it a 0.3.0 role in a restore without the membership).
+SELECT count(*) AS direct_before FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a
+ WHERE p.pronamespace = 'queen'::regnamespace AND a.grantee = 'qp_legacy'::regrole;
+SELECT queen.grant('orders', 'qp_legacy', 'consume') ->> 'granted' AS granted;
+SELECT count(*) AS direct_after FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a
+ WHERE p.pronamespace = 'queen'::regnamespace AND a.grantee = 'qp_legacy'::regrole;
+
 -- Clean up (roles are cluster-wide).
 DROP TABLE payroll_lease, payroll_lease2, orders_partition;
 SET client_min_messages = warning;
-DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member, qp_nobody, qp_noinherit;
-DROP ROLE qp_app, qp_ops, qp_legacy, qp_member, qp_nobody, qp_noinherit;
+DROP OWNED BY qp_app, qp_ops, qp_legacy, qp_member, qp_nobody, qp_noinherit, qp_exporter;
+DROP ROLE qp_app, qp_ops, qp_legacy, qp_member, qp_nobody, qp_noinherit, qp_exporter;

@@ -14,8 +14,10 @@
 -- connections; no stall behind maintenance; bounded pop and compaction memory; partition
 -- churn bounded (drop_partition, partition_idle_ttl, dedup expiry).
 --
--- Roles that were given EXECUTE on queen's functions directly keep what they had: a role
--- is limited to single queues only once it is granted one with queen.grant.
+-- Roles that were given EXECUTE on queen's functions directly keep what they had, each
+-- function on every queue: a role is limited to single queues once it is granted one with
+-- queen.grant, in any database of the cluster (it becomes a member of queen_grantee; so is
+-- a role that is a member of such a role, with or without INHERIT).
 
 -- A new install needs a UTF8 database (sql/schema.sql). An install made before that rule
 -- in a database of another encoding is updated all the same, so as not to strand it, with
@@ -175,6 +177,17 @@ DO $roles$
 BEGIN
   IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_grantee') THEN
     CREATE ROLE queen_grantee NOLOGIN;
+  END IF;
+  -- queen_grantee's members get EXECUTE on every queen function, and queen limits them
+  -- to their grants: a role of that name made by someone else, with more than that, is
+  -- refused rather than adopted.
+  IF EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = 'queen_grantee'
+              AND (r.rolsuper OR r.rolcanlogin OR r.rolcreaterole OR r.rolcreatedb OR r.rolbypassrls
+                   OR r.rolreplication
+                   OR EXISTS (SELECT FROM pg_catalog.pg_auth_members m WHERE m.member = r.oid))) THEN
+    RAISE EXCEPTION 'queen: the role queen_grantee exists with more than queen gives it (it can log in, has a role attribute, or is a member of another role)'
+      USING ERRCODE = '55000',
+            HINT = 'queen makes queen_grantee a NOLOGIN role with no attributes and no memberships; drop or fix that role first.';
   END IF;
 END $roles$;
 GRANT USAGE ON SCHEMA queen TO queen_grantee;

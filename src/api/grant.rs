@@ -61,7 +61,7 @@ fn grant_sql(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) -
         )
         .is_empty();
         // From now on the role is limited to its grants, also once none is left.
-        make_grantee(oid, &name);
+        make_grantee(client, oid, &name);
         (name, added)
     });
     crate::pg::cache::invalidate();

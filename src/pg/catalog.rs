@@ -74,6 +74,11 @@ pub fn queen_column(table: &'static CStr, column: &'static CStr) -> bool {
     relid != pg_sys::InvalidOid && unsafe { pg_sys::get_attnum(relid, column.as_ptr()) } > 0
 }
 
+/// The OID of schema `queen`, InvalidOid when there is none.
+pub fn queen_schema() -> pg_sys::Oid {
+    oid(c"queen", c"")
+}
+
 /// Whether schema `name` exists.
 pub fn schema_exists(name: &'static CStr) -> bool {
     oid(name, c"") != pg_sys::InvalidOid

@@ -151,13 +151,28 @@ pub fn group_creation(queue_id: i64, group: &str, wait: bool) -> bool {
     ))
 }
 
-/// The privileges lock (`queen_core::lock_order`, after every other lock of queen's):
-/// held exclusively until the transaction ends by a `grant` while it makes its role a
-/// member of `queen_grantee` (`privileges::make_grantee`), so that a second grant of the
-/// same role sees the membership the first committed, instead of adding it again and
-/// failing on `pg_auth_members`' unique key.
-pub fn privileges() {
-    acquire(&object_tag(crate::pg::catalog::queen_table(c"queue_grants"), 0, 0), pg_sys::ExclusiveLock, true);
+/// A role's privileges lock (`queen_core::lock_order`, after every other lock of queen's):
+/// held exclusively until the transaction ends by a `grant` to `role` while it makes the
+/// role a member of `queen_grantee` (`privileges::make_grantee`), so that a second grant
+/// of the same role, in any database of the cluster, sees the membership the first
+/// committed instead of adding it again and failing on `pg_auth_members`' unique key. A
+/// lock on the role as a shared object (database 0, `pg_authid`, the role's OID; sub-id 1,
+/// which PostgreSQL's own locks on roles do not use), as the membership is the
+/// cluster's. Pending invalidations are then taken in, so the catalog cache shows what
+/// the transaction waited for.
+pub fn privileges(role: pg_sys::Oid) {
+    let tag = pg_sys::LOCKTAG {
+        locktag_field1: 0,
+        locktag_field2: pg_sys::AuthIdRelationId.to_u32(),
+        locktag_field3: role.to_u32(),
+        locktag_field4: 1,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_OBJECT as u8,
+        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+    };
+    acquire(&tag, pg_sys::ExclusiveLock, true);
+    // SAFETY: processing invalidation messages is allowed anywhere in a transaction;
+    // LockRelationOid does the same after a lock it waited for.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
 }
 
 /// The load lock of a registry entry (`queen_core::lock_order`, after the list): held

@@ -15,16 +15,19 @@
 //!   granted; the calls that list queues (`queen.dlq`, `status`, `totals`, `metrics`
 //!   without a queue) show only its queues. Encrypted payloads are decrypted only for a
 //!   role that may consume the queue.
-//! - A role given EXECUTE on queen's functions directly (the "finer grants" of 0.3.0) and
-//!   never granted a queue keeps what it had: the functions it may execute, on every queue.
+//! - A role given EXECUTE on queen's functions directly (the "finer grants" of 0.3.0),
+//!   not a member of `queen_grantee` and holding no grant, keeps what it had: each
+//!   function it may execute itself, on every queue (`executes`: on the function the
+//!   application called, which a function manager hook notes).
 //!
 //! **One mark.** The rights `grant` gives and the mark that limits a role are one
-//! membership, so nothing can keep one and lose the other: a restore that fails the copy of
-//! `queen.queue_grants` (a grantee role missing in the new cluster) leaves its roles
-//! members with no grant, refused everywhere; one that brings no membership (roles made by
-//! hand) leaves them without queen's functions. Before, `grant` gave EXECUTE to the role
-//! itself and a table marked it limited: a restore that lost the table's rows but not the
-//! `GRANT`s made every such role a 0.3.0 one, on every queue.
+//! membership (and `grant` takes back EXECUTE given to the role itself), so a restore
+//! cannot keep one and lose the other: one that fails the copy of `queen.queue_grants` (a
+//! grantee role missing in the new cluster) leaves its roles members with no grant,
+//! refused everywhere; one that brings no membership (roles made by hand) leaves them
+//! without queen's functions. Before, `grant` gave EXECUTE to the role itself and a table
+//! marked it limited: a restore that lost the table's rows but not the `GRANT`s made every
+//! such role a 0.3.0 one, on every queue.
 //!
 //! **Whose privileges.** queen's functions run as the extension's owner (SECURITY
 //! DEFINER), so the check uses the role of the session at the outer level: the login role,
@@ -34,15 +37,14 @@
 //!
 //! Every entry point checks, before it touches the queue (`require`, `require_id`,
 //! `permitted`); the checks read `queen.queue_grants` only for roles that are members of
-//! no queen role, and keep the answer per backend until a grant
-//! changes.
+//! no queen role, and keep the answer per backend until a grant changes.
 //!
 //! **Checked twice.** A call checks by the queue's name when it starts, then again by id
 //! on the queue it locks or reads (`require_id`, `lock_queue`, `ensure_queue_locked_for`,
 //! `checked_queue_id`), and acts on that id: the queue may have been deleted, or deleted
 //! and created again under its name, in between, and a role granted the old queue has no
-//! grant on the new. A call that waited
-//! for a `delete_queue` creates the queue anew only for a role that may create queues.
+//! grant on the new. A call that waited for a `delete_queue` creates the queue anew only
+//! for a role that may create queues.
 
 use std::ffi::CStr;
 
@@ -107,8 +109,8 @@ pub fn is_queen_role(role: &str) -> bool {
     Privilege::ALL.iter().any(|p| p.role_name() == role) || GRANTEE_ROLE.to_str() == Ok(role)
 }
 
-/// `GRANTEE_ROLE`'s OID, or InvalidOid if it was dropped.
-fn grantee_role() -> pg_sys::Oid {
+/// `GRANTEE_ROLE`'s OID, or InvalidOid if it was dropped or renamed.
+fn grantee_role_oid() -> pg_sys::Oid {
     // SAFETY: a syscache lookup by name; missing_ok.
     unsafe { pg_sys::get_role_oid(GRANTEE_ROLE.as_ptr(), true) }
 }
@@ -121,73 +123,101 @@ pub fn caller() -> pg_sys::Oid {
 }
 
 /// Whether `role` has `p` on every queue: a superuser, a member of the queen role, or a
-/// role that was never granted a queue and holds EXECUTE on a function of `p` itself
-/// (the 0.3.0 model: its EXECUTE rights limit it). Itself: a role with no such right that
-/// calls queen through an application's SECURITY DEFINER function gets only what its own
+/// role not limited to queue grants that holds EXECUTE itself on the queen function the
+/// application called (the 0.3.0 model: its EXECUTE rights limit it, function by
+/// function). Itself: a role that reaches a queen function only through an application's
+/// SECURITY DEFINER function, whose owner holds EXECUTE on it, gets only what its own
 /// grants give it (none: 42501), not every queue with the wrapper owner's EXECUTE.
 fn global(role: pg_sys::Oid, p: Privilege) -> bool {
-    queen_role(role, p) || (!limited(role) && executes(role, p))
+    queen_role(role, p) || (!limited(role) && executes(role))
 }
 
-/// Whether `role` holds EXECUTE on one of the functions that `p`'s queen role is given
-/// (for `admin`, those of `queen_admin` alone), directly, through roles it has the
-/// privileges of, or through PUBLIC; not through the function that called queen. (A
-/// 0.3.0 role given EXECUTE on `dlq_replay` alone may replay: its push is checked as
-/// `admin`, `push_items_as`; an EXECUTE on `metrics` does not make a role a producer.)
-/// Kept per backend once true, until a function's, a role's or a role membership's
-/// catalog row changes (`execute_rights_changed`); a false answer is read again at the
-/// next call.
-fn executes(role: pg_sys::Oid, p: Privilege) -> bool {
-    let read = || {
-        Some(Spi::connect_mut(|client| {
-            first_value::<bool>(run(
-                client,
-                "SELECT EXISTS (
-                   SELECT 1 FROM pg_catalog.pg_proc f CROSS JOIN LATERAL pg_catalog.aclexplode(f.proacl) a
-                    WHERE f.pronamespace = 'queen'::regnamespace AND a.privilege_type = 'EXECUTE'
-                      AND a.grantee = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $2)
-                      AND pg_catalog.has_function_privilege($1::oid, f.oid, 'EXECUTE'))",
-                &[role.into(), p.role_name().into()],
-            ))
-            .unwrap_or(false)
-        }))
-    };
-    crate::pg::cache::generation(); // the pending invalidations first: they move the epoch
-    let epoch = EXECUTE_EPOCH.with(std::cell::Cell::get);
-    let allowed = crate::pg::cache::cached(&EXECUTES, (role.to_u32(), p, epoch), read, |&v| v).unwrap_or(false);
-    // An invalidation taken in between (by `cached`'s own look) moved the epoch: read again.
-    if allowed && EXECUTE_EPOCH.with(std::cell::Cell::get) != epoch {
-        return executes(role, p);
+/// Whether `role` holds EXECUTE on the queen function this call runs in, the outermost
+/// one (`entry`), directly, through roles it has the privileges of, or through PUBLIC (as
+/// PostgreSQL checks it, live: a change of rights counts at once). What that function
+/// does inside counts as part of it: the push of a `dlq_replay` needs only EXECUTE on
+/// `dlq_replay`. Not known (no queen function seen): false.
+fn executes(role: pg_sys::Oid) -> bool {
+    let Some(f) = entry() else { return false };
+    // SAFETY: a catalog lookup and ACL check by OID; a dropped function is an ERROR, as
+    // for PostgreSQL's own check (it cannot be dropped while it runs).
+    unsafe {
+        pg_sys::pg_proc_aclcheck(f, role, pg_sys::ACL_EXECUTE as pg_sys::AclMode) == pg_sys::AclResult::ACLCHECK_OK
     }
-    allowed
 }
 
-/// The syscache callback on `pg_proc`, `pg_authid` and `pg_auth_members` (registered by
-/// `hooks`): an EXECUTE right, a role's INHERIT or a membership may have changed, and
-/// `executes` reads them again.
-///
-/// # Safety
-/// Called by PostgreSQL only, as a syscache callback.
-#[pg_guard]
-pub unsafe extern "C-unwind" fn execute_rights_changed(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
-    EXECUTE_EPOCH.with(|e| e.set(e.get() + 1));
+/// A queen function starts: called by `hooks`' function manager hook for every function
+/// of schema `queen` run through `fmgr_security_definer` (every SECURITY DEFINER function
+/// and every one with a SET clause, which all of queen's API functions are).
+pub fn entered(f: pg_sys::Oid) {
+    ENTERED.with(|e| e.borrow_mut().push(f));
+}
+
+/// A function ends or raises (the hook, for every function it sees end): forgotten if it
+/// is the innermost queen function entered.
+pub fn left(f: pg_sys::Oid) {
+    ENTERED.with(|e| {
+        let mut e = e.borrow_mut();
+        if e.last() == Some(&f) {
+            e.pop();
+        }
+    });
+}
+
+/// At a transaction's end, nothing is running (a function that raised has left already;
+/// this is for safety).
+pub fn forget_entries() {
+    ENTERED.with(|e| e.borrow_mut().clear());
+}
+
+/// The queen function the application called: the outermost one entered.
+fn entry() -> Option<pg_sys::Oid> {
+    ENTERED.with(|e| e.borrow().first().copied())
+}
+
+/// `f` as the entry while `check` runs, when the hook saw no queen function enter before
+/// the internal one running `check` (`_require`, `_permitted_queues`): a PL/pgSQL function
+/// of queen (`status`, `totals`, `dlq`, `metrics`, `delete_queue`) that was the first
+/// queen call of a backend without `shared_preload_libraries` started before the library
+/// (and its hook) was loaded, by the internal function it calls. Taken back however
+/// `check` ends.
+fn with_entry<T>(f: pg_sys::Oid, check: impl FnOnce() -> T) -> T {
+    struct Leave(bool);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            if self.0 {
+                ENTERED.with(|e| {
+                    let mut e = e.borrow_mut();
+                    if !e.is_empty() {
+                        e.remove(0);
+                    }
+                });
+            }
+        }
+    }
+    // The internal function itself is the last entry: the caller comes before it.
+    let _leave = Leave(ENTERED.with(|e| e.borrow().len()) <= 1);
+    if _leave.0 {
+        ENTERED.with(|e| e.borrow_mut().insert(0, f));
+    }
+    check()
 }
 
 /// Whether `role` is limited to its queue grants: a member of `queen_grantee` (directly or
 /// through other roles, with or without INHERIT), or a role that holds a grant (or has
 /// the privileges of one that does). A role whose last grant went stays a member, limited
-/// to no queue: had it become unlimited, a statement that passed PostgreSQL's EXECUTE
-/// checks before the grant went (a `delete_queue` of its one queue, then a call about
-/// another queue, in one statement; or a statement running while an operator revokes)
-/// would reach every queue. (A superuser is a member of every role, but `queen_role`
-/// answers for it first.)
+/// to no queue: it keeps EXECUTE on every queen function through the membership, and
+/// unlimited it would reach every queue with them. Every role is limited when
+/// `queen_grantee` cannot be found by its name (dropped, or renamed: its members would
+/// otherwise hold EXECUTE through it with nothing to limit them). (A superuser is a
+/// member of every role, but `queen_role` answers for it first.)
 fn limited(role: pg_sys::Oid) -> bool {
-    let grantee = grantee_role();
+    let grantee = grantee_role_oid();
     // SAFETY: a membership test (cached by PostgreSQL).
-    if grantee != pg_sys::InvalidOid && unsafe { pg_sys::is_member_of_role(role, grantee) } {
+    if grantee == pg_sys::InvalidOid || unsafe { pg_sys::is_member_of_role(role, grantee) } {
         return true;
     }
-    let grantees = crate::pg::cache::cached(
+    let holders = crate::pg::cache::cached(
         &LIMITED,
         (),
         || {
@@ -201,18 +231,21 @@ fn limited(role: pg_sys::Oid) -> bool {
     )
     .unwrap_or_default();
     // SAFETY: membership tests (cached by PostgreSQL); a dropped role matches nothing.
-    grantees.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) })
+    holders.into_iter().any(|g| unsafe { pg_sys::has_privs_of_role(role, g) })
 }
 
 /// Makes `role` (named `name`) a member of `queen_grantee`, unless it is one already: the
-/// rights a queue grant needs, and the mark that limits it (`limited`). One grant at a
-/// time (`locks::privileges`): two first grants of one role at once would both add the
-/// membership, and the second fail on `pg_auth_members`' unique key. The membership is
-/// looked up in the catalog cache, which the lock's wait brought up to date, so this
-/// holds under REPEATABLE READ too.
-pub fn make_grantee(role: pg_sys::Oid, name: &str) {
-    crate::pg::locks::privileges();
-    let grantee = grantee_role();
+/// rights a queue grant needs, and the mark that limits it (`limited`). And takes back
+/// any EXECUTE on queen's functions given to the role itself: the membership gives it
+/// what it needs, and a direct right would make the role a 0.3.0 one (every queue) in a
+/// restore into a cluster that lacks the membership. One grant of a role at a time
+/// (`locks::privileges`): two first grants at once would both add the membership, and
+/// the second fail on `pg_auth_members`' unique key. The membership is looked up in the
+/// catalog cache, which that lock brought up to date, so this holds under REPEATABLE READ
+/// too.
+pub fn make_grantee(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
+    crate::pg::locks::privileges(role);
+    let grantee = grantee_role_oid();
     if grantee == pg_sys::InvalidOid {
         errors::raise(
             PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
@@ -220,7 +253,8 @@ pub fn make_grantee(role: pg_sys::Oid, name: &str) {
                 .into(),
         );
     }
-    // SAFETY: a syscache lookup of the (role, member) row of pg_auth_members.
+    // SAFETY: a syscache lookup of pg_auth_members by its key (roleid = queen_grantee,
+    // member = the role); PostgreSQL 15's key has these two columns (16 adds the grantor).
     let member = unsafe {
         pg_sys::SearchSysCacheExists(
             pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as i32,
@@ -230,11 +264,12 @@ pub fn make_grantee(role: pg_sys::Oid, name: &str) {
             pg_sys::Datum::from(0),
         )
     };
+    let who = format!("\"{}\"", name.replace('"', "\"\""));
     if !member {
-        Spi::connect_mut(|client| {
-            crate::pg::spi::run_built(client, &format!("GRANT queen_grantee TO \"{}\"", name.replace('"', "\"\"")))
-        });
+        let grantee = GRANTEE_ROLE.to_str().expect("ASCII");
+        crate::pg::spi::run_built(client, &format!("GRANT {grantee} TO {who}"));
     }
+    crate::pg::spi::run_built(client, &format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queen FROM {who}"));
 }
 
 /// Whether `role` has `p` on every queue through a queen role (or superuser).
@@ -256,11 +291,8 @@ thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
     /// (`cache::cached`: grants send the queues' invalidation).
     static ALLOWED: crate::pg::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
-    /// Per backend: (role, privilege, epoch) triples `executes` found true, while no grant
-    /// changed.
-    static EXECUTES: crate::pg::cache::Settings<(u32, Privilege, u64), bool> = Default::default();
-    /// Moves whenever a function's or a role membership's catalog row changes.
-    static EXECUTE_EPOCH: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The queen functions running, outermost first (`entered`, `left`).
+    static ENTERED: std::cell::RefCell<Vec<pg_sys::Oid>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Per backend: every role that holds a queue grant, while no grant changed.
     static LIMITED: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
@@ -370,27 +402,29 @@ pub fn permitted(p: Privilege) -> Option<Vec<i64>> {
 
 extension_sql!(
     r#"
-COMMENT ON FUNCTION queen._require(text, text) IS
+COMMENT ON FUNCTION queen._require(text, text, oid) IS
   'queen internal: refuse a bad queue name (22023), and (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
-COMMENT ON FUNCTION queen._permitted_queues(text) IS
+COMMENT ON FUNCTION queen._permitted_queues(text, oid) IS
   'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
 "#,
     name = "require_sql_home",
     requires = [require_sql, permitted_sql]
 );
 
-/// `queen._require(queue, privilege)`: `require`, for queen's PL/pgSQL functions.
+/// `queen._require(queue, privilege, caller)`: `require`, for queen's PL/pgSQL functions,
+/// which name themselves (`caller`) for the case `with_entry` covers.
 #[pg_extern(name = "_require", volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn require_sql(queue: Option<&str>, privilege: &str) {
-    require_named(queue, Privilege::parse(privilege));
+fn require_sql(queue: Option<&str>, privilege: &str, caller: pg_sys::Oid) {
+    with_entry(caller, || require_named(queue, Privilege::parse(privilege)));
 }
 
-/// `queen._permitted_queues(privilege)`: `permitted`, for queen's PL/pgSQL functions.
+/// `queen._permitted_queues(privilege, caller)`: `permitted`, for queen's PL/pgSQL
+/// functions (`caller` as for `_require`).
 #[pg_extern(name = "_permitted_queues", volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn permitted_sql(privilege: &str) -> Option<Vec<i64>> {
-    permitted(Privilege::parse(privilege))
+fn permitted_sql(privilege: &str, caller: pg_sys::Oid) -> Option<Vec<i64>> {
+    with_entry(caller, || permitted(Privilege::parse(privilege)))
 }
 
 /// A role by name: its OID and its name, or 42704.

@@ -101,6 +101,8 @@ CREATE FUNCTION pg_temp.queen_catalog() RETURNS SETOF text LANGUAGE sql AS $$
     LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
    WHERE n.nspname = 'queen' AND a.attnum > 0 AND NOT a.attisdropped
   UNION ALL
+  SELECT format('schema %s acl %s', n.nspname, n.nspacl) FROM pg_namespace n WHERE n.nspname = 'queen'
+  UNION ALL
   SELECT format('relation %s %s %s %s', c.relname, c.relkind, c.reloptions, c.relacl)
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'queen'
   UNION ALL
