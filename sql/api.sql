@@ -41,6 +41,11 @@ AS $$
 DECLARE
   permitted bigint[];
 BEGIN
+  -- Per-queue privileges (src/queue/privileges.rs), checked here before a call is forwarded
+  -- to the queue's home on Citus (where it may run as the extension's owner).
+  IF dlq.queue IS NOT NULL THEN
+    PERFORM queen._require(dlq.queue, 'consume', 'queen.dlq(text, text, int, int)'::regprocedure);
+  END IF;
   -- On Citus, a named queue is read on its home: a call that reached another node is
   -- forwarded there through the distributed form (docs/citus.md).
   IF dlq.queue IS NOT NULL AND queen._lives_elsewhere(dlq.queue) THEN
@@ -55,11 +60,7 @@ BEGIN
     RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
       USING ERRCODE = '22023';
   END IF;
-  -- Per-queue privileges (src/queue/privileges.rs): a named queue must be one the session's
-  -- role may consume; without a name, only those are listed.
-  IF dlq.queue IS NOT NULL THEN
-    PERFORM queen._require(dlq.queue, 'consume', 'queen.dlq(text, text, int, int)'::regprocedure);
-  END IF;
+  -- Without a name, only the queues the session's role may consume are listed.
   permitted := queen._permitted_queues('consume', 'queen.dlq(text, text, int, int)'::regprocedure);
   -- created_at equals failed_at: a frame's enqueue time is not kept per message. A row
   -- whose envelope cannot be opened (its key is not configured, or it does not
@@ -121,15 +122,16 @@ AS $$
 DECLARE
   permitted bigint[];
 BEGIN
+  -- Per-queue privileges (src/queue/privileges.rs), checked here before a call is forwarded
+  -- to the queue's home on Citus (where it may run as the extension's owner).
+  IF status.queue IS NOT NULL THEN
+    PERFORM queen._require(status.queue, 'admin', 'queen.status(text)'::regprocedure);
+  END IF;
   -- On Citus, a named queue is read on its home: a call that reached another node is
   -- forwarded there through the distributed form (docs/citus.md).
   IF status.queue IS NOT NULL AND queen._lives_elsewhere(status.queue) THEN
     RETURN QUERY EXECUTE format('SELECT * FROM queen._status_at_home(%L)', status.queue);
     RETURN;
-  END IF;
-  -- Per-queue privileges (src/queue/privileges.rs).
-  IF status.queue IS NOT NULL THEN
-    PERFORM queen._require(status.queue, 'admin', 'queen.status(text)'::regprocedure);
   END IF;
   permitted := queen._permitted_queues('admin', 'queen.status(text)'::regprocedure);
   -- Only a live lease is shown; an expired one is as good as none. retry_at: a failed
@@ -181,15 +183,16 @@ AS $$
 DECLARE
   permitted bigint[];
 BEGIN
+  -- Per-queue privileges (src/queue/privileges.rs), checked here before a call is forwarded
+  -- to the queue's home on Citus (where it may run as the extension's owner).
+  IF totals.queue IS NOT NULL THEN
+    PERFORM queen._require(totals.queue, 'admin', 'queen.totals(text)'::regprocedure);
+  END IF;
   -- On Citus, a named queue is read on its home: a call that reached another node is
   -- forwarded there through the distributed form (docs/citus.md).
   IF totals.queue IS NOT NULL AND queen._lives_elsewhere(totals.queue) THEN
     RETURN QUERY EXECUTE format('SELECT * FROM queen._totals_at_home(%L)', totals.queue);
     RETURN;
-  END IF;
-  -- Per-queue privileges (src/queue/privileges.rs).
-  IF totals.queue IS NOT NULL THEN
-    PERFORM queen._require(totals.queue, 'admin', 'queen.totals(text)'::regprocedure);
   END IF;
   permitted := queen._permitted_queues('admin', 'queen.totals(text)'::regprocedure);
   RETURN QUERY

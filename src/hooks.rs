@@ -69,6 +69,12 @@ pub fn init() {
         pg_sys::CacheRegisterRelcacheCallback(Some(crate::pg::cache::relcache_callback), pg_sys::Datum::from(0));
         PREV_FMGR = pg_sys::fmgr_hook;
         pg_sys::fmgr_hook = Some(fmgr);
+        // Loaded by a call (no shared_preload_libraries): the functions that led to it
+        // started before the hook was there. The role they run in now stands for them
+        // until the transaction ends (the privilege checks ask it too; `fmgr`).
+        if !pg_sys::process_shared_preload_libraries_in_progress && pg_sys::IsTransactionState() {
+            crate::queue::privileges::entered(pg_sys::InvalidOid, false, pg_sys::GetUserId());
+        }
     }
     // SAFETY: _PG_init runs once, single-threaded, in the postmaster while it loads
     // shared_preload_libraries; chaining these hooks there is what PostgreSQL expects.
@@ -86,11 +92,13 @@ pub fn init() {
 }
 
 /// The function manager hook: PostgreSQL calls it when a SECURITY DEFINER function (or one
-/// with a SET clause) starts, ends or raises. queen notes which of its own functions are
-/// running (`privileges::entered`, `left`): the privilege checks of a role given EXECUTE
-/// directly (the 0.3.0 model) ask whether it holds EXECUTE on the one the application
-/// called. Only a function's start looks up its schema (a syscache lookup); an end or an
-/// error only compares OIDs, so nothing here can fail while an error is thrown.
+/// with a SET clause) starts, ends or raises. queen notes each such function running
+/// (`privileges::entered`, `left`), for the privilege checks: which queen function the
+/// application called (a role given EXECUTE directly, the 0.3.0 model, must hold EXECUTE
+/// on it), and which roles the functions between the session and queen run as (an
+/// application's SECURITY DEFINER function runs as its owner, whose privileges count too).
+/// Only a function's start looks up its schema (a syscache lookup); an end or an error
+/// only compares OIDs, so nothing here can fail while an error is thrown.
 #[pg_guard]
 unsafe extern "C-unwind" fn fmgr(
     event: pg_sys::FmgrHookEventType::Type,
@@ -106,9 +114,8 @@ unsafe extern "C-unwind" fn fmgr(
         let f = (*flinfo).fn_oid;
         if event == pg_sys::FmgrHookEventType::FHET_START {
             let queen = crate::pg::catalog::queen_schema();
-            if queen != pg_sys::InvalidOid && pg_sys::get_func_namespace(f) == queen {
-                crate::queue::privileges::entered(f);
-            }
+            let ours = queen != pg_sys::InvalidOid && pg_sys::get_func_namespace(f) == queen;
+            crate::queue::privileges::entered(f, ours, pg_sys::GetUserId());
         } else {
             crate::queue::privileges::left(f);
         }

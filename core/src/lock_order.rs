@@ -43,7 +43,9 @@
 //! object: database 0, `pg_authid`, the role, sub-id 1): `grant` takes it exclusively
 //! after its grant row, before it looks for the role's membership of `queen_grantee` and
 //! adds it, until the transaction ends. Two first grants of one role, in any databases,
-//! thus run one after the other.
+//! thus run one after the other. After it, only when the role holds EXECUTE on queen's
+//! functions directly, the **function rights lock** (`classid` `queen.queue_grants`, key
+//! 0), for the REVOKE that rewrites those functions' catalog rows.
 //!
 //! Outside this order, and holding nothing else new meanwhile: the **load lock** of a
 //! registry entry (an `object` lock whose `classid` is `queen.partitions` for a

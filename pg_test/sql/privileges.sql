@@ -163,6 +163,25 @@ RESET ROLE;
 SELECT count(*) AS payroll_kept FROM queen.queues WHERE name = 'payroll';
 DROP SCHEMA qp_wrap CASCADE;
 
+-- A limited role's code run by a more privileged role counts as the limited role's: its
+-- SECURITY DEFINER function called by a superuser, and its index expression evaluated by
+-- a superuser's CREATE INDEX (as ANALYZE or autovacuum would, running it as the table's
+-- owner), are refused their grant of admin on payroll (42501; before, queen asked only
+-- the session's role, the superuser, and granted it).
+CREATE SCHEMA qp_sec AUTHORIZATION qp_app;
+SET ROLE qp_app;
+CREATE FUNCTION qp_sec.lure() RETURNS jsonb LANGUAGE sql SECURITY DEFINER
+  SET search_path = pg_catalog AS $f$ SELECT queen.grant('payroll', 'qp_app', 'admin') $f$;
+CREATE FUNCTION qp_sec.k(x int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN PERFORM queen.grant('payroll', 'qp_app', 'admin'); RETURN x; END $f$;
+CREATE TABLE qp_sec.t (x int);
+INSERT INTO qp_sec.t VALUES (1);
+RESET ROLE;
+SELECT pg_temp.err($$SELECT qp_sec.lure()$$);
+SELECT pg_temp.err($$CREATE INDEX ON qp_sec.t (qp_sec.k(x))$$);
+SELECT count(*) AS qp_app_payroll_grants FROM queen.grants('payroll') WHERE role = 'qp_app';
+DROP SCHEMA qp_sec CASCADE;
+
 -- A member of queen_consumer keeps every queue for consuming, and a queue grant limits
 -- it only for the privileges it does not have through a queen role.
 SELECT queen.grant('orders', 'qp_member', 'admin') ->> 'granted' AS granted;

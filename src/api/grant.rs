@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::spi::run;
-use crate::queue::privileges::{caller, denied, make_grantee, queen_role, role_named, Privilege};
+use crate::queue::privileges::{denied, make_grantee, queen_roles, role_named, Privilege};
 
 extension_sql!(
     r#"
@@ -30,7 +30,7 @@ fn grant_args(queue: Option<&str>, role: Option<&str>, privilege: Option<&str>) 
     let p = Privilege::parse(privilege.unwrap_or_else(|| errors::null_arg("privilege")));
     crate::queue::names::check_queue_name("queue", queue);
     crate::queue::citus::ensure_home(queue);
-    if !queen_role(caller(), Privilege::Admin) {
+    if !queen_roles(Privilege::Admin) {
         denied("grant on queues (queen_admin only)", Privilege::Admin);
     }
     // Members of the first three reach every queue; a grant to queen_grantee would be one to

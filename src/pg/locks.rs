@@ -175,6 +175,18 @@ pub fn privileges(role: pg_sys::Oid) {
     unsafe { pg_sys::AcceptInvalidationMessages() };
 }
 
+/// The function rights lock (after a role's privileges lock): held exclusively until the
+/// transaction ends by a `grant` that takes back EXECUTE on queen's functions given to its
+/// role directly (`privileges::make_grantee`). Such a REVOKE rewrites the functions'
+/// catalog rows, and two at once (grants of two roles) would fail with `tuple
+/// concurrently updated`. Pending invalidations are taken in after it, so the rows are
+/// read as the transaction waited for them.
+pub fn function_rights() {
+    acquire(&object_tag(crate::pg::catalog::queen_table(c"queue_grants"), 0, 0), pg_sys::ExclusiveLock, true);
+    // SAFETY: as in `privileges`.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+}
+
 /// The load lock of a registry entry (`queen_core::lock_order`, after the list): held
 /// exclusively by the backend that loads the entry, waited for in share mode by one that
 /// finds it loading. Both waits are in the lock manager, where the deadlock detector sees

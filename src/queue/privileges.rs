@@ -30,10 +30,12 @@
 //! such role a 0.3.0 one, on every queue.
 //!
 //! **Whose privileges.** queen's functions run as the extension's owner (SECURITY
-//! DEFINER), so the check uses the role of the session at the outer level: the login role,
-//! or the role a `SET ROLE` chose. A SECURITY DEFINER function of the application in
-//! between does not lend its owner's queue privileges to the session (it may only take
-//! away: its owner must still be allowed to call the queen function).
+//! DEFINER), so the check uses the role of the session at the outer level (the login
+//! role, or the role a `SET ROLE` chose) and the role of each SECURITY DEFINER function of
+//! the application in between (its owner; `callers`): each must have the privilege, so
+//! such a function lends nothing either way. Inside a security-restricted operation (an
+//! index expression run by ANALYZE or autovacuum, a materialized view's refresh) every
+//! check is refused: the code runs as a table's owner, whom queen cannot see.
 //!
 //! Every entry point checks, before it touches the queue (`require`, `require_id`,
 //! `permitted`); the checks read `queen.queue_grants` only for roles that are members of
@@ -115,11 +117,40 @@ fn grantee_role_oid() -> pg_sys::Oid {
     unsafe { pg_sys::get_role_oid(GRANTEE_ROLE.as_ptr(), true) }
 }
 
-/// The role whose privileges count: the session's, at the outer level (see the module
-/// docs).
-pub fn caller() -> pg_sys::Oid {
+/// The session's role, at the outer level (see the module docs).
+fn session_role() -> pg_sys::Oid {
     // SAFETY: a plain read of the outer user id.
     unsafe { pg_sys::GetOuterUserId() }
+}
+
+/// The roles whose privileges a call needs, each of them: the session's role, and the
+/// role each function between the session and queen runs as (an application's SECURITY
+/// DEFINER function runs as its owner; `entered` notes them), so that such a function
+/// neither lends its owner's privileges to the session nor the session's to its owner.
+/// Refused (42501) inside a security-restricted operation (an index expression or a
+/// function run by ANALYZE, VACUUM or autovacuum, CREATE INDEX, REFRESH MATERIALIZED
+/// VIEW): PostgreSQL runs that code as the table's owner, a role queen cannot see, while
+/// the session's role is whoever started the operation.
+fn callers(p: Privilege) -> Vec<pg_sys::Oid> {
+    // SAFETY: a plain read of the security context.
+    if unsafe { pg_sys::InSecurityRestrictedOperation() } {
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!(
+                "queen: permission denied to {} inside a security-restricted operation (an index expression, ANALYZE, VACUUM, CREATE INDEX, REFRESH MATERIALIZED VIEW): that code runs as a table's owner, whose privileges queen cannot check",
+                p.as_str()
+            ),
+        );
+    }
+    let mut roles = vec![session_role()];
+    ENTERED.with(|e| {
+        for frame in e.borrow().iter().take_while(|f| !f.queen) {
+            if !roles.contains(&frame.user) {
+                roles.push(frame.user);
+            }
+        }
+    });
+    roles
 }
 
 /// Whether `role` has `p` on every queue: a superuser, a member of the queen role, or a
@@ -146,19 +177,19 @@ fn executes(role: pg_sys::Oid) -> bool {
     }
 }
 
-/// A queen function starts: called by `hooks`' function manager hook for every function
-/// of schema `queen` run through `fmgr_security_definer` (every SECURITY DEFINER function
-/// and every one with a SET clause, which all of queen's API functions are).
-pub fn entered(f: pg_sys::Oid) {
-    ENTERED.with(|e| e.borrow_mut().push(f));
+/// A function run through `fmgr_security_definer` starts (every SECURITY DEFINER
+/// function, and every one with a SET clause, which all of queen's API functions are):
+/// called by `hooks`' function manager hook with whether it is one of queen's, and the
+/// role it runs as.
+pub fn entered(f: pg_sys::Oid, queen: bool, user: pg_sys::Oid) {
+    ENTERED.with(|e| e.borrow_mut().push(Frame { f, queen, user }));
 }
 
-/// A function ends or raises (the hook, for every function it sees end): forgotten if it
-/// is the innermost queen function entered.
+/// A function ends or raises (the hook): forgotten if it is the innermost one entered.
 pub fn left(f: pg_sys::Oid) {
     ENTERED.with(|e| {
         let mut e = e.borrow_mut();
-        if e.last() == Some(&f) {
+        if e.last().is_some_and(|last| last.f == f) {
             e.pop();
         }
     });
@@ -170,9 +201,19 @@ pub fn forget_entries() {
     ENTERED.with(|e| e.borrow_mut().clear());
 }
 
-/// The queen function the application called: the outermost one entered.
+/// The queen function the application called: the outermost queen function entered.
 fn entry() -> Option<pg_sys::Oid> {
-    ENTERED.with(|e| e.borrow().first().copied())
+    ENTERED.with(|e| e.borrow().iter().find(|f| f.queen).map(|f| f.f))
+}
+
+/// A function running through `fmgr_security_definer` (`entered`).
+#[derive(Clone, Copy)]
+struct Frame {
+    f: pg_sys::Oid,
+    /// One of queen's functions.
+    queen: bool,
+    /// The role it runs as: its owner for a SECURITY DEFINER function, else its caller's.
+    user: pg_sys::Oid,
 }
 
 /// `f` as the entry while `check` runs, when the hook saw no queen function enter before
@@ -188,17 +229,23 @@ fn with_entry<T>(f: pg_sys::Oid, check: impl FnOnce() -> T) -> T {
             if self.0 {
                 ENTERED.with(|e| {
                     let mut e = e.borrow_mut();
-                    if !e.is_empty() {
-                        e.remove(0);
+                    if let Some(at) = e.iter().position(|f| f.queen) {
+                        e.remove(at);
                     }
                 });
             }
         }
     }
-    // The internal function itself is the last entry: the caller comes before it.
-    let _leave = Leave(ENTERED.with(|e| e.borrow().len()) <= 1);
+    // The internal function itself is the only queen entry: its caller was not seen, and
+    // goes right before it.
+    let _leave = Leave(ENTERED.with(|e| e.borrow().iter().filter(|f| f.queen).count()) <= 1);
     if _leave.0 {
-        ENTERED.with(|e| e.borrow_mut().insert(0, f));
+        ENTERED.with(|e| {
+            let mut e = e.borrow_mut();
+            let at = e.len().saturating_sub(1);
+            // SAFETY: a plain read of the current user id (the owner, inside queen).
+            e.insert(at, Frame { f, queen: true, user: unsafe { pg_sys::GetUserId() } });
+        });
     }
     check()
 }
@@ -269,11 +316,37 @@ pub fn make_grantee(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
         let grantee = GRANTEE_ROLE.to_str().expect("ASCII");
         crate::pg::spi::run_built(client, &format!("GRANT {grantee} TO {who}"));
     }
-    crate::pg::spi::run_built(client, &format!("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA queen FROM {who}"));
+    // Only the functions the role holds EXECUTE on itself, one change of their rights at a
+    // time (`locks::function_rights`): each REVOKE rewrites the function's catalog row.
+    let mut direct = || -> Vec<String> {
+        run(
+            client,
+            "SELECT DISTINCT p.oid::regprocedure::text
+               FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+              WHERE p.pronamespace = 'queen'::regnamespace AND a.privilege_type = 'EXECUTE' AND a.grantee = $1
+              ORDER BY 1",
+            &[role.into()],
+        )
+        .map(|r| r.get::<String>(1).or_raise().unwrap())
+        .collect()
+    };
+    if !direct().is_empty() {
+        crate::pg::locks::function_rights();
+        let functions = direct().join(", ");
+        if !functions.is_empty() {
+            crate::pg::spi::run_built(client, &format!("REVOKE EXECUTE ON FUNCTION {functions} FROM {who}"));
+        }
+    }
+}
+
+/// Whether every role a call needs (`callers`) has `p` on every queue through a queen role
+/// (or superuser): for `grant`, `revoke`.
+pub fn queen_roles(p: Privilege) -> bool {
+    callers(p).iter().all(|&r| queen_role(r, p))
 }
 
 /// Whether `role` has `p` on every queue through a queen role (or superuser).
-pub fn queen_role(role: pg_sys::Oid, p: Privilege) -> bool {
+fn queen_role(role: pg_sys::Oid, p: Privilege) -> bool {
     // SAFETY: catalog lookups (cached by PostgreSQL); a missing role is InvalidOid.
     unsafe {
         if pg_sys::superuser_arg(role) {
@@ -291,8 +364,9 @@ thread_local! {
     /// Per backend: (role, queue id, privilege) -> allowed, while no grant changed
     /// (`cache::cached`: grants send the queues' invalidation).
     static ALLOWED: crate::pg::cache::Settings<(u32, i64, Privilege), bool> = Default::default();
-    /// The queen functions running, outermost first (`entered`, `left`).
-    static ENTERED: std::cell::RefCell<Vec<pg_sys::Oid>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The functions running through `fmgr_security_definer`, outermost first (`entered`,
+    /// `left`).
+    static ENTERED: std::cell::RefCell<Vec<Frame>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Per backend: every role that holds a queue grant, while no grant changed.
     static LIMITED: crate::pg::cache::Settings<(), Vec<pg_sys::Oid>> = Default::default();
 }
@@ -324,14 +398,14 @@ pub fn denied(what: &str, p: Privilege) -> ! {
 /// `42501` otherwise. A queue that does not exist is refused to a role without the
 /// global privilege (it could not have been granted on it).
 pub fn require(queue: Option<&str>, p: Privilege) {
-    let role = caller();
-    if global(role, p) {
+    let roles = callers(p);
+    if roles.iter().all(|&r| global(r, p)) {
         return;
     }
     let Some(queue) = queue else { denied("every queue", p) };
     let ok = Spi::connect_mut(|client| {
         let id = crate::queue::lookup::queue_id(client, queue);
-        id.is_some_and(|id| granted(client, role, id, p))
+        id.is_some_and(|id| roles.iter().all(|&r| global(r, p) || granted(client, r, id, p)))
     });
     if !ok {
         denied(&format!("queue {queue:?}"), p);
@@ -351,8 +425,8 @@ pub fn require_named(queue: Option<&str>, p: Privilege) {
 
 /// `require` for a queue known by id (a lease's, a dead letter's).
 pub fn require_id(client: &mut SpiClient<'_>, queue_id: i64, p: Privilege) {
-    let role = caller();
-    if !global(role, p) && !granted(client, role, queue_id, p) {
+    let roles = callers(p);
+    if !roles.iter().all(|&r| global(r, p) || granted(client, r, queue_id, p)) {
         let name =
             first_value::<String>(run(client, "SELECT name FROM queen.queues WHERE queue_id = $1", &[queue_id.into()]));
         denied(&format!("queue {:?}", name.unwrap_or_default()), p);
@@ -388,15 +462,15 @@ pub fn lock_queue(client: &mut SpiClient<'_>, name: &str, p: Privilege) -> Optio
 
 /// The queues on which the caller has `p`: None for all (the global privilege).
 pub fn permitted(p: Privilege) -> Option<Vec<i64>> {
-    let role = caller();
-    if global(role, p) {
+    let roles = callers(p);
+    if roles.iter().all(|&r| global(r, p)) {
         return None;
     }
     Some(Spi::connect_mut(|client| {
         let ids: Vec<i64> = run(client, "SELECT DISTINCT queue_id FROM queen.queue_grants ORDER BY 1", &[])
             .map(|r| r.get::<i64>(1).or_raise().unwrap())
             .collect();
-        ids.into_iter().filter(|&id| granted(client, role, id, p)).collect()
+        ids.into_iter().filter(|&id| roles.iter().all(|&r| global(r, p) || granted(client, r, id, p))).collect()
     }))
 }
 
