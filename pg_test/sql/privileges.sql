@@ -228,9 +228,9 @@ SELECT pg_temp.err($$SELECT payload FROM queen.pop('orders')$$);
 SELECT msg_offset FROM queen.push('orders', '{"order": 5}');
 RESET ROLE;
 
--- In one statement, a per-queue admin deletes its one queue, then reads another: its
--- EXECUTE checks were passed when the statement started, and a role whose last grant
--- went stays limited (42501; the statement rolls back, payroll stays).
+-- In one statement, a per-queue admin deletes its one queue, then reads another: a role
+-- whose last grant went stays limited, to no queue, while it may still call every queen
+-- function (42501; the statement rolls back, payroll stays).
 SET ROLE qp_ops;
 SELECT pg_temp.err($$SELECT s.d, x.payload FROM (SELECT queen.delete_queue('payroll') AS d OFFSET 0) s
                       CROSS JOIN LATERAL queen.peek(CASE WHEN s.d IS NOT NULL THEN 'orders' END) x$$);

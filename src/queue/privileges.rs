@@ -33,9 +33,12 @@
 //! DEFINER), so the check uses the role of the session at the outer level (the login
 //! role, or the role a `SET ROLE` chose) and the role of each SECURITY DEFINER function of
 //! the application in between (its owner; `callers`): each must have the privilege, so
-//! such a function lends nothing either way. Inside a security-restricted operation (an
-//! index expression run by ANALYZE or autovacuum, a materialized view's refresh) every
-//! check is refused: the code runs as a table's owner, whom queen cannot see.
+//! such a function does not lend its owner's privileges to the session, nor the session's
+//! to its owner for the code it runs itself (what PostgreSQL runs as the session on its
+//! behalf, as deferred triggers, `callers` says). Inside a security-restricted operation
+//! (an index expression run by ANALYZE or autovacuum, a materialized view's refresh) and
+//! in a parallel worker every check is refused: the code runs as a role queen cannot
+//! see.
 //!
 //! Every entry point checks, before it touches the queue (`require`, `require_id`,
 //! `permitted`); the checks read `queen.queue_grants` only for roles that are members of
@@ -130,8 +133,24 @@ fn session_role() -> pg_sys::Oid {
 /// Refused (42501) inside a security-restricted operation (an index expression or a
 /// function run by ANALYZE, VACUUM or autovacuum, CREATE INDEX, REFRESH MATERIALIZED
 /// VIEW): PostgreSQL runs that code as the table's owner, a role queen cannot see, while
-/// the session's role is whoever started the operation.
+/// the session's role is whoever started the operation; and in a parallel worker, which
+/// has none of the leader's frames. Not seen, and so not asked: the role of code that
+/// PostgreSQL switches to without a function call (a foreign key's cascade runs the
+/// referencing table's triggers as its owner) or after the frame ended (a cursor opened in
+/// a SECURITY DEFINER function, fetched later). Those run with the session's rights in
+/// PostgreSQL too, as do deferred triggers queued by a SECURITY DEFINER function: calling
+/// an untrusted role's code is not safe, with or without queen.
 fn callers(p: Privilege) -> Vec<pg_sys::Oid> {
+    // SAFETY: a plain read of this process's parallel worker number.
+    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
+        // A parallel worker runs an application function the leader's query called (queen's
+        // own are PARALLEL UNSAFE), as the role the leader ran it as, which the worker has no
+        // frame for.
+        errors::raise(
+            PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            format!("queen: permission denied to {} in a parallel worker (call queen from the leader: mark a function that calls it PARALLEL UNSAFE)", p.as_str()),
+        );
+    }
     // SAFETY: a plain read of the security context.
     if unsafe { pg_sys::InSecurityRestrictedOperation() } {
         errors::raise(
