@@ -60,7 +60,8 @@ BEGIN
     RAISE EXCEPTION 'queen: invalid page_offset: % (must be >= 0)', page_offset
       USING ERRCODE = '22023';
   END IF;
-  -- Without a name, only the queues the session's role may consume are listed.
+  -- Without a name, only the queues the call may consume are listed (every role it runs
+  -- for may: src/queue/privileges.rs).
   permitted := queen._permitted_queues('consume', 'queen.dlq(text, text, int, int)'::regprocedure);
   -- created_at equals failed_at: a frame's enqueue time is not kept per message. A row
   -- whose envelope cannot be opened (its key is not configured, or it does not
@@ -351,7 +352,7 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
-  -- Per-queue privileges (src/queue/privileges.rs): the queues the session's role administers
+  -- Per-queue privileges (src/queue/privileges.rs): the queues the call may administer
   -- (NULL: all); the database-wide parts (retention, maintenance) need all.
   permitted bigint[] := queen._permitted_queues('admin', 'queen.metrics(text)'::regprocedure);
 BEGIN

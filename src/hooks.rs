@@ -108,16 +108,19 @@ unsafe extern "C-unwind" fn fmgr(
     // SAFETY: PostgreSQL passes the called function's FmgrInfo and its private datum, which
     // are passed on untouched to the hook this one chained (queen does not use the datum).
     unsafe {
+        let f = (*flinfo).fn_oid;
+        // An end or an error is noted first, so that a chained hook that raises cannot
+        // leave the frame behind; a start after the chained hook's, which may raise first.
+        if event != pg_sys::FmgrHookEventType::FHET_START {
+            crate::queue::privileges::left(f);
+        }
         if let Some(prev) = PREV_FMGR {
             prev(event, flinfo, arg);
         }
-        let f = (*flinfo).fn_oid;
         if event == pg_sys::FmgrHookEventType::FHET_START {
             let queen = crate::pg::catalog::queen_schema();
             let ours = queen != pg_sys::InvalidOid && pg_sys::get_func_namespace(f) == queen;
             crate::queue::privileges::entered(f, ours, pg_sys::GetUserId());
-        } else {
-            crate::queue::privileges::left(f);
         }
     }
 }
@@ -234,6 +237,7 @@ unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: 
         // queues and partitions the prepared transaction created is gone too: they exist
         // only if it commits.
         XACT_EVENT_PREPARE => {
+            crate::queue::privileges::forget_entries();
             never_raise("the end of a copy into queen's tables", || {
                 crate::pg::dbs::copy_in_ends();
             });

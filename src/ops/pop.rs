@@ -480,19 +480,20 @@ fn admit(client: &mut SpiClient<'_>, a: &PopArgs) -> Option<GroupInfo> {
         errors::older_sql();
     }
     let info = group_info(client, a.queue, a.group)?;
-    // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
-    if !crate::pg::locks::share_queue(info.queue_id) {
-        return None; // deleted while this pop waited: an unknown queue
-    }
-    // Checked again on the queue locked (privileges, module docs), before the pop says
-    // anything of it (that its group is missing, or it is paused); a long-poll's later
-    // rounds also see a grant revoked meanwhile.
+    // Checked again on the queue found, by id (privileges, module docs), before the pop
+    // says anything of it (that its group is missing, or it is paused); a long-poll's
+    // later rounds also see a grant revoked meanwhile. The lock below is on this id: a
+    // queue deleted in between is not found again.
     crate::queue::privileges::require_id(client, info.queue_id, crate::queue::privileges::Privilege::Consume);
     if !info.has_group && !info.create_groups {
         lookup::no_group_to_create(a.queue, a.group);
     }
     if info.paused {
         return None; // paused: nothing is delivered, and a long-poll sleeps (`pop_waiting`)
+    }
+    // The queue lock before any lane or row of the queue (`queen_core::lock_order`).
+    if !crate::pg::locks::share_queue(info.queue_id) {
+        return None; // deleted while this pop waited: an unknown queue
     }
     if !info.has_group && lookup::ensure_group(client, info.queue_id, a.group, a.subscription, false).is_none() {
         return None; // another session is creating this group and claiming right now

@@ -25,9 +25,7 @@
 //! cannot keep one and lose the other: one that fails the copy of `queen.queue_grants` (a
 //! grantee role missing in the new cluster) leaves its roles members with no grant,
 //! refused everywhere; one that brings no membership (roles made by hand) leaves them
-//! without queen's functions. Before, `grant` gave EXECUTE to the role itself and a table
-//! marked it limited: a restore that lost the table's rows but not the `GRANT`s made every
-//! such role a 0.3.0 one, on every queue.
+//! without queen's functions.
 //!
 //! **Whose privileges.** queen's functions run as the extension's owner (SECURITY
 //! DEFINER), so the check uses the role of the session at the outer level (the login
@@ -179,6 +177,8 @@ fn callers(p: Privilege) -> Vec<pg_sys::Oid> {
 /// SECURITY DEFINER function, whose owner holds EXECUTE on it, gets only what its own
 /// grants give it (none: 42501), not every queue with the wrapper owner's EXECUTE.
 fn global(role: pg_sys::Oid, p: Privilege) -> bool {
+    // (`executes` asks about the function, whatever `p`: what a 0.3.0 role may call it may
+    // do on every queue.)
     queen_role(role, p) || (!limited(role) && executes(role))
 }
 
@@ -189,8 +189,8 @@ fn global(role: pg_sys::Oid, p: Privilege) -> bool {
 /// `dlq_replay`. Not known (no queen function seen): false.
 fn executes(role: pg_sys::Oid) -> bool {
     let Some(f) = entry() else { return false };
-    // SAFETY: a catalog lookup and ACL check by OID; a dropped function is an ERROR, as
-    // for PostgreSQL's own check (it cannot be dropped while it runs).
+    // SAFETY: a catalog lookup and ACL check by OID; a function dropped meanwhile is an
+    // ERROR (42883), which fails closed.
     unsafe {
         pg_sys::pg_proc_aclcheck(f, role, pg_sys::ACL_EXECUTE as pg_sys::AclMode) == pg_sys::AclResult::ACLCHECK_OK
     }
@@ -214,8 +214,9 @@ pub fn left(f: pg_sys::Oid) {
     });
 }
 
-/// At a transaction's end, nothing is running (a function that raised has left already;
-/// this is for safety).
+/// At a transaction's end (commit, abort, prepare): nothing is running. Every function
+/// has left by then (one that raised, too); what remains is the frame of a call that
+/// loaded the library (`hooks::init`), which goes here.
 pub fn forget_entries() {
     ENTERED.with(|e| e.borrow_mut().clear());
 }
@@ -225,7 +226,9 @@ fn entry() -> Option<pg_sys::Oid> {
     ENTERED.with(|e| e.borrow().iter().find(|f| f.queen).map(|f| f.f))
 }
 
-/// A function running through `fmgr_security_definer` (`entered`).
+/// A function running through `fmgr_security_definer` (`entered`); or, with `f` invalid,
+/// the role a call that loaded the library ran as (`hooks::init`, without preloading),
+/// which stands for the frames before the hook existed until the transaction ends.
 #[derive(Clone, Copy)]
 struct Frame {
     f: pg_sys::Oid,
@@ -235,37 +238,37 @@ struct Frame {
     user: pg_sys::Oid,
 }
 
-/// `f` as the entry while `check` runs, when the hook saw no queen function enter before
-/// the internal one running `check` (`_require`, `_permitted_queues`): a PL/pgSQL function
-/// of queen (`status`, `totals`, `dlq`, `metrics`, `delete_queue`) that was the first
-/// queen call of a backend without `shared_preload_libraries` started before the library
-/// (and its hook) was loaded, by the internal function it calls. Taken back however
-/// `check` ends.
+/// `f`, the PL/pgSQL function of queen (`status`, `totals`, `dlq`, `metrics`,
+/// `delete_queue`) that called the internal one running `check` (`_require`,
+/// `_permitted_queues`), as a frame while `check` runs, when its own frame was never
+/// recorded: the library (and its hook) was loaded inside it, in a backend without
+/// `shared_preload_libraries`. Taken back however `check` ends.
 fn with_entry<T>(f: pg_sys::Oid, check: impl FnOnce() -> T) -> T {
-    struct Leave(bool);
+    /// The index the frame went in at, if it did.
+    struct Leave(Option<usize>);
     impl Drop for Leave {
         fn drop(&mut self) {
-            if self.0 {
+            if let Some(at) = self.0 {
                 ENTERED.with(|e| {
                     let mut e = e.borrow_mut();
-                    if let Some(at) = e.iter().position(|f| f.queen) {
+                    if at < e.len() {
                         e.remove(at);
                     }
                 });
             }
         }
     }
-    // The internal function itself is the only queen entry: its caller was not seen, and
-    // goes right before it.
-    let _leave = Leave(ENTERED.with(|e| e.borrow().iter().filter(|f| f.queen).count()) <= 1);
-    if _leave.0 {
-        ENTERED.with(|e| {
-            let mut e = e.borrow_mut();
-            let at = e.len().saturating_sub(1);
-            // SAFETY: a plain read of the current user id (the owner, inside queen).
-            e.insert(at, Frame { f, queen: true, user: unsafe { pg_sys::GetUserId() } });
-        });
-    }
+    // The internal function itself is the only queen frame: its caller goes right before it.
+    let _leave = Leave(ENTERED.with(|e| {
+        let mut e = e.borrow_mut();
+        if e.iter().filter(|f| f.queen).count() > 1 {
+            return None;
+        }
+        let at = e.len().saturating_sub(1);
+        // SAFETY: a plain read of the current user id (the owner, inside queen).
+        e.insert(at, Frame { f, queen: true, user: unsafe { pg_sys::GetUserId() } });
+        Some(at)
+    }));
     check()
 }
 
@@ -349,7 +352,9 @@ pub fn make_grantee(client: &mut SpiClient<'_>, role: pg_sys::Oid, name: &str) {
         .map(|r| r.get::<String>(1).or_raise().unwrap())
         .collect()
     };
-    if !direct().is_empty() {
+    // (Not for a superuser, who needs no rights: its entries, the owner's among them, stay.)
+    // SAFETY: a syscache lookup of the role.
+    if !unsafe { pg_sys::superuser_arg(role) } && !direct().is_empty() {
         crate::pg::locks::function_rights();
         let functions = direct().join(", ");
         if !functions.is_empty() {
@@ -496,9 +501,9 @@ pub fn permitted(p: Privilege) -> Option<Vec<i64>> {
 extension_sql!(
     r#"
 COMMENT ON FUNCTION queen._require(text, text, oid) IS
-  'queen internal: refuse a bad queue name (22023), and (42501) unless the session''s role has the privilege on the queue (NULL: every queue); not granted';
+  'queen internal: refuse a bad queue name (22023), and (42501) unless every role the call runs for has the privilege on the queue (NULL: every queue); the third argument is the calling function; not granted';
 COMMENT ON FUNCTION queen._permitted_queues(text, oid) IS
-  'queen internal: the queues on which the session''s role has the privilege, NULL for all; not granted';
+  'queen internal: the queues on which every role the call runs for has the privilege, NULL for all; the second argument is the calling function; not granted';
 "#,
     name = "require_sql_home",
     requires = [require_sql, permitted_sql]
