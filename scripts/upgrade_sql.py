@@ -11,7 +11,8 @@ the Rust entry points and sql/api.sql). HAND.sql is the hand-written part of the
 
 The output is HAND's part above the line, then every function statement of INSTALL in its
 order (CREATE FUNCTION made CREATE OR REPLACE FUNCTION; COMMENT ON FUNCTION; GRANT and
-REVOKE on functions; ALTER FUNCTION; the grants table, `DO $grants$`), and the list of
+REVOKE on functions; ALTER FUNCTION; the grants table, `DO $grants$`; the roles, `DO
+$roles$`, and their USAGE on the schema), and the list of
 tables a dump holds (`SELECT pg_catalog.pg_extension_config_dump(...)`, which may run
 again: it replaces a table's entry), then HAND's part below the line. As PgQ's
 upgrade.sql and timescaledb-toolkit's update-script generator do: a function body lives in
@@ -39,6 +40,8 @@ FUNCTION_STATEMENT = re.compile(
     r"|REVOKE\s+.*?\s+ON\s+(ALL\s+FUNCTIONS|FUNCTION)"
     r"|ALTER\s+FUNCTION"
     r"|DO\s+\$grants\$"
+    r"|DO\s+\$roles\$"
+    r"|GRANT\s+USAGE\s+ON\s+SCHEMA\s+queen\s+TO"
     r"|SELECT\s+pg_catalog\.pg_extension_config_dump\s*\()",
     re.IGNORECASE | re.DOTALL,
 )

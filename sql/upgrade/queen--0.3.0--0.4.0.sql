@@ -171,26 +171,8 @@ CREATE TABLE queen.queue_grants (
 );
 COMMENT ON TABLE queen.queue_grants IS 'queen: privileges on single queues (queen.grant)';
 REVOKE ALL ON queen.queue_grants FROM PUBLIC;
--- The role whose members queen.grant limits to their queues (sql/schema.sql, roles). The
--- grants block below gives it the API functions.
-DO $roles$
-BEGIN
-  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'queen_grantee') THEN
-    CREATE ROLE queen_grantee NOLOGIN;
-  END IF;
-  -- queen_grantee's members get EXECUTE on every queen function, and queen limits them
-  -- to their grants: a role of that name made by someone else, with more than that, is
-  -- refused rather than adopted.
-  IF EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = 'queen_grantee'
-              AND (r.rolsuper OR r.rolcanlogin OR r.rolcreaterole OR r.rolcreatedb OR r.rolbypassrls
-                   OR r.rolreplication
-                   OR EXISTS (SELECT FROM pg_catalog.pg_auth_members m WHERE m.member = r.oid))) THEN
-    RAISE EXCEPTION 'queen: the role queen_grantee exists with more than queen gives it (it can log in, has a role attribute, or is a member of another role)'
-      USING ERRCODE = '55000',
-            HINT = 'queen makes queen_grantee a NOLOGIN role with no attributes and no memberships; drop or fix that role first.';
-  END IF;
-END $roles$;
-GRANT USAGE ON SCHEMA queen TO queen_grantee;
+-- queen_grantee, the role whose members queen.grant limits to their queues, comes with the
+-- install script's roles block, which the generated part below carries (sql/schema.sql).
 
 -- Lanes are keyed by a SHA-256 digest in shared memory now: the old hash's SQL form goes.
 DROP FUNCTION queen._group_hash(text);
