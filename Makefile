@@ -32,6 +32,9 @@ NOPRELOAD_TESTS := $(filter-out offsets compaction,$(REGRESS_TESTS)) nopreload
 NOPRELOAD_ISOLATION := limit_in_flight dlq_snapshot expired_drops ack_waits_release redrive_drop_group retention_prefix pop_push_seek legacy_first_call
 NOPRELOAD_DIR  ?= /tmp/queen-nopreload
 NOPRELOAD_PORT ?= 5490
+# The second cluster of `make integration`.
+TEST_B_DIR ?= /tmp/queen-test-b
+TEST_B_PORT ?= 5484
 POOLER_DIR ?= /tmp/queen-pooler
 POOLER_PORT ?= 5491
 EXPORTER_DIR ?= /tmp/queen-exporter
@@ -181,38 +184,9 @@ regress: readme-sql
 	@bash scripts/cluster.sh stop $(NOPRELOAD_DIR) $(NOPRELOAD_PORT)
 
 integration:
-	cargo build -q -p queen-consumer --examples
-	cargo build -q -p queenctl
-	@$(MAKE) -s test-cluster-start
-	@$(PSQL_TEST) -c "CREATE DATABASE queen_it" -c "\c queen_it" -c "CREATE EXTENSION queen"
-	@# A real PgBouncer in transaction pooling mode, 4 server connections per database.
-	@bash scripts/pgbouncer.sh start $(POOLER_DIR) $(POOLER_PORT) $(TEST_DIR) $(TEST_PORT) 4
-	@# A real postgres_exporter with queen's queries (prometheus/queen.yaml).
-	@bash scripts/exporter.sh start $(EXPORTER_DIR) $(EXPORTER_PORT) \
-	  "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it?sslmode=disable"
-	QUEEN_TEST_DSN="$(TEST_DSN) dbname=queen_it" QUEEN_TEST_DIR=$(TEST_DIR) QUEEN_TEST_PORT=$(TEST_PORT) \
-	QUEEN_TEST_POOLER_DSN="host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_it" \
-	QUEEN_TEST_METRICS_URL="http://127.0.0.1:$(EXPORTER_PORT)/metrics" \
-	QUEEN_SOAK_SECONDS=30 QUEEN_STRESS_SECS=30 QUEEN_CHURN_PARTITIONS=30000 \
-	  cargo test -p queen-it --tests -- --test-threads=4 \
-	  || { bash scripts/exporter.sh stop $(EXPORTER_DIR) $(EXPORTER_PORT); \
-	       bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
-	@bash scripts/exporter.sh stop $(EXPORTER_DIR) $(EXPORTER_PORT)
-	@# The README's client examples (psycopg 3, SQLAlchemy text(), node-postgres) and the
-	@# Python package's suite, directly and through PgBouncer.
-	bash scripts/clients.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
-	  "postgresql://postgres@127.0.0.1:$(POOLER_PORT)/queen_it" \
-	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
-	@# The web console in headless Chromium (screenshots in target/console-screenshots).
-	bash scripts/console_test.sh "postgresql://postgres@127.0.0.1:$(TEST_PORT)/queen_it" \
-	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
-	@# The benchmark, for a moment and on tiny sizes: it must not rot. No thresholds.
-	@$(PSQL_TEST) -c "CREATE DATABASE queen_bench"
-	cargo run -q -p queen-bench -- --dsn "$(TEST_DSN) dbname=queen_bench" --smoke \
-	  --pooler-dsn "host=127.0.0.1 port=$(POOLER_PORT) user=postgres dbname=queen_bench" \
-	  || { bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT); $(MAKE) -s test-cluster-stop; exit 1; }
-	@bash scripts/pgbouncer.sh stop $(POOLER_DIR) $(POOLER_PORT)
-	@$(MAKE) -s test-cluster-stop
+	@# Two streams at once on two clusters (scripts/integration.sh says which tests go where).
+	bash scripts/integration.sh $(TEST_DIR) $(TEST_PORT) $(TEST_B_DIR) $(TEST_B_PORT) \
+	  $(POOLER_DIR) $(POOLER_PORT) $(EXPORTER_DIR) $(EXPORTER_PORT)
 
 # The soak (not part of `make test`; `make integration` runs 60 seconds of it): two runs of
 # the invariants harness at once on two databases for SOAK_SECONDS, with kill -9 and
