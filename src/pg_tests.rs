@@ -421,3 +421,43 @@ fn direct_lane_scan_matches_the_statement() {
     );
     assert_eq!(lanes.unwrap().unwrap(), found.len() as i64);
 }
+
+/// `jsonb::encode` lays a value out byte for byte as `jsonb_in` does from its text: the
+/// kinds of scalar, the raw scalar at the top, key order (length, then bytes), numbers
+/// after strings (padding), nesting, and objects and arrays past 32 children (where every
+/// 32nd entry holds an offset instead of a length).
+#[pg_test]
+fn jsonb_encoding_is_jsonb_ins() {
+    use serde_json::json;
+    let many: serde_json::Map<String, serde_json::Value> =
+        (0..70).map(|i| (format!("k{}", i * 7919 % 100), json!(if i % 3 == 0 { json!(i) } else { json!("s".repeat(i % 5)) }))).collect();
+    let cases = vec![
+        json!(null),
+        json!(true),
+        json!(false),
+        json!(0),
+        json!(-42),
+        json!(i64::MAX),
+        json!(u64::MAX),
+        json!(1.5),
+        json!(-0.000125),
+        json!(1e300),
+        json!("a string"),
+        json!(""),
+        json!({}),
+        json!([]),
+        json!({"leaseId": "0b6a", "items": [], "lanes": [{"partitionId": "x", "committed": 17, "leaseReleased": true, "retryCount": 0, "retryAfter": null}]}),
+        json!({"b": 1, "a": 2, "aa": "x", "é": "ü", "": 0, "ab": [1, "x", 2.25, [true, {"z": null}]]}),
+        json!(["x", 1, "yy", 2, "zzz", 3.5, {"k": "v"}, [], {}]),
+        json!((0..100).map(|i| if i % 2 == 0 { json!(i) } else { json!(format!("e{i}")) }).collect::<Vec<_>>()),
+        serde_json::Value::Object(many),
+    ];
+    for v in cases {
+        let text = v.to_string();
+        let from_pg =
+            Spi::get_one_with_args::<crate::pg::jsonb::RawJsonb>("SELECT $1::text::jsonb", &[text.clone().into()])
+                .unwrap()
+                .unwrap();
+        assert_eq!(crate::pg::jsonb::encode(&v), from_pg.0, "{text}");
+    }
+}

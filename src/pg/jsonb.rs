@@ -57,9 +57,11 @@ impl IntoDatum for RawJsonb {
     }
 }
 
-/// A JSON value returned as jsonb, built in place with PostgreSQL's jsonb builder: no text
-/// for `jsonb_in` to parse again (the way pgrx's `JsonB` returns a value, which cost a
-/// quarter of an ack of one message).
+/// A JSON value returned as jsonb, encoded straight into jsonb's binary form (`encode`):
+/// no text for `jsonb_in` to parse again (the way pgrx's `JsonB` returns a value, which
+/// cost a quarter of an ack of one message), and no pass through PostgreSQL's jsonb
+/// builder either (which sorts each object's keys and copies every value twice: most of
+/// an ack's instructions went to its report that way, callgrind showed).
 pub struct JsonOut(pub serde_json::Value);
 
 impl IntoDatum for JsonOut {
@@ -71,108 +73,164 @@ impl IntoDatum for JsonOut {
     }
 }
 
-/// `v` as a jsonb datum (palloc'd in the current memory context). Its keys, numbers and
-/// strings come out as `jsonb_in` would read `v`'s JSON text.
+/// `v` as a jsonb datum (palloc'd in the current memory context): the bytes `jsonb_in`
+/// would make of `v`'s JSON text (a test compares them, `pg_tests`).
 pub fn from_value(v: &serde_json::Value) -> pg_sys::Datum {
-    use pg_sys::JsonbIteratorToken::{WJB_BEGIN_ARRAY, WJB_ELEM, WJB_END_ARRAY};
-    let mut state: *mut pg_sys::JsonbParseState = std::ptr::null_mut();
-    // SAFETY: the builder's state lives in the current memory context until
-    // JsonbValueToJsonb copies the result into a new jsonb; every string it points into
-    // is borrowed from `v`, which outlives the call. A scalar at the top is a one-element
-    // raw-scalar array, as jsonb_in builds it.
-    unsafe {
-        let top = if v.is_object() || v.is_array() {
-            push(&mut state, v, None)
-        } else {
-            let mut begin = pg_sys::JsonbValue { type_: pg_sys::jbvType::jbvArray, ..std::mem::zeroed() };
-            begin.val.array.rawScalar = true;
-            pg_sys::pushJsonbValue(&mut state, WJB_BEGIN_ARRAY, &mut begin);
-            push(&mut state, v, Some(WJB_ELEM));
-            pg_sys::pushJsonbValue(&mut state, WJB_END_ARRAY, std::ptr::null_mut())
-        };
-        pg_sys::Datum::from(pg_sys::JsonbValueToJsonb(top))
-    }
+    jsonb_datum(&encode(v))
 }
 
-/// Pushes `v` to the builder: a scalar as `token` (WJB_VALUE or WJB_ELEM), a container as
-/// its begin token, its members and its end token (whose result is returned).
-///
-/// # Safety
-/// `state` is a builder state (or null, to start one) in the current memory context, and
-/// `v` outlives its use.
-unsafe fn push(
-    state: &mut *mut pg_sys::JsonbParseState,
-    v: &serde_json::Value,
-    token: Option<pg_sys::JsonbIteratorToken::Type>,
-) -> *mut pg_sys::JsonbValue {
-    use pg_sys::JsonbIteratorToken::*;
+/// The `JsonbContainer` of `v`, as PostgreSQL's `convertToJsonb` lays it out (jsonb.h,
+/// jsonb_util.c): a container is a header word (its count and kind) and one `JEntry` word
+/// per child (an object's keys first, in jsonb's order: shorter first, then bytewise; then
+/// their values), each the child's length with its type, or every 32nd the end offset of
+/// its data; then the children's data. Numbers and containers start on a 4-byte boundary
+/// of the value (the padding counts in their length). A scalar at the top is a
+/// one-element array marked scalar, as `jsonb_in` makes it.
+pub fn encode(v: &serde_json::Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    if v.is_object() || v.is_array() {
+        encode_value(&mut out, v);
+    } else {
+        container(&mut out, JB_FARRAY | JB_FSCALAR, &[v]);
+    }
+    out
+}
+
+const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
+const JENTRY_TYPEMASK: u32 = 0x7000_0000;
+const JENTRY_HAS_OFF: u32 = 0x8000_0000;
+const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
+const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
+const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
+const JENTRY_ISNULL: u32 = 0x4000_0000;
+const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
+const JB_OFFSET_STRIDE: usize = 32;
+const JB_FSCALAR: u32 = 0x1000_0000;
+const JB_FOBJECT: u32 = 0x2000_0000;
+const JB_FARRAY: u32 = 0x4000_0000;
+
+/// Appends `v`'s data to `out` and returns its `JEntry` (type and length).
+fn encode_value(out: &mut Vec<u8>, v: &serde_json::Value) -> u32 {
     use serde_json::Value;
-    // SAFETY: as the caller promises; each JsonbValue is copied by pushJsonbValue.
-    unsafe {
-        match v {
-            Value::Object(m) => {
-                pg_sys::pushJsonbValue(state, WJB_BEGIN_OBJECT, std::ptr::null_mut());
-                for (k, x) in m {
-                    let mut key = string(k);
-                    pg_sys::pushJsonbValue(state, WJB_KEY, &mut key);
-                    push(state, x, Some(WJB_VALUE));
-                }
-                pg_sys::pushJsonbValue(state, WJB_END_OBJECT, std::ptr::null_mut())
-            }
-            Value::Array(a) => {
-                pg_sys::pushJsonbValue(state, WJB_BEGIN_ARRAY, std::ptr::null_mut());
-                for x in a {
-                    push(state, x, Some(WJB_ELEM));
-                }
-                pg_sys::pushJsonbValue(state, WJB_END_ARRAY, std::ptr::null_mut())
-            }
-            scalar => {
-                let mut jv: pg_sys::JsonbValue = std::mem::zeroed();
-                match scalar {
-                    Value::Null => jv.type_ = pg_sys::jbvType::jbvNull,
-                    Value::Bool(b) => {
-                        jv.type_ = pg_sys::jbvType::jbvBool;
-                        jv.val.boolean = *b;
-                    }
-                    Value::Number(n) => {
-                        jv.type_ = pg_sys::jbvType::jbvNumeric;
-                        jv.val.numeric = match n.as_i64() {
-                            Some(i) => pg_sys::int64_to_numeric(i),
-                            // What jsonb_in would read: numeric_in of the number's text.
-                            None => {
-                                let text = std::ffi::CString::new(n.to_string()).expect("a number has no NUL");
-                                let d = pgrx::direct_function_call_as_datum(
-                                    pg_sys::numeric_in,
-                                    &[
-                                        Some(pg_sys::Datum::from(text.as_ptr())),
-                                        Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
-                                        Some(pg_sys::Datum::from(-1i32)),
-                                    ],
-                                )
-                                .expect("numeric_in returns a value");
-                                d.cast_mut_ptr()
-                            }
-                        };
-                    }
-                    Value::String(s) => jv = string(s),
-                    Value::Object(_) | Value::Array(_) => unreachable!("containers are handled above"),
-                }
-                pg_sys::pushJsonbValue(state, token.expect("a scalar is a value or an element"), &mut jv)
-            }
+    match v {
+        Value::Null => JENTRY_ISNULL,
+        Value::Bool(true) => JENTRY_ISBOOL_TRUE,
+        Value::Bool(false) => JENTRY_ISBOOL_FALSE,
+        Value::String(s) => string_entry(out, s),
+        Value::Number(n) => {
+            let padding = pad(out);
+            let numeric = numeric(n);
+            out.extend_from_slice(&numeric);
+            JENTRY_ISNUMERIC | length(padding + numeric.len())
+        }
+        Value::Array(a) => {
+            let items: Vec<&Value> = a.iter().collect();
+            JENTRY_ISCONTAINER | container(out, JB_FARRAY, &items)
+        }
+        Value::Object(m) => {
+            // jsonb's key order: shorter keys first, then bytewise (serde's map has no
+            // duplicate keys, which jsonb would drop).
+            let mut pairs: Vec<(&String, &Value)> = m.iter().collect();
+            pairs.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
+            JENTRY_ISCONTAINER | object(out, &pairs)
         }
     }
 }
 
-/// A jsonb string value pointing into `s` (which must outlive the builder's use of it).
-fn string(s: &str) -> pg_sys::JsonbValue {
-    // SAFETY: a zeroed JsonbValue is a valid plain-data value; the string fields are set.
-    let mut jv: pg_sys::JsonbValue = unsafe { std::mem::zeroed() };
-    jv.type_ = pg_sys::jbvType::jbvString;
-    jv.val.string = pg_sys::JsonbValue__bindgen_ty_1__bindgen_ty_1 {
-        len: i32::try_from(s.len()).expect("a report string is far below 1 GB"),
-        val: s.as_ptr() as *mut std::ffi::c_char,
-    };
-    jv
+/// A string's data, and its `JEntry` (type string is 0).
+fn string_entry(out: &mut Vec<u8>, s: &str) -> u32 {
+    out.extend_from_slice(s.as_bytes());
+    length(s.len())
+}
+
+/// Pads `out` with zeros to a multiple of 4 bytes; returns how many were added.
+fn pad(out: &mut Vec<u8>) -> usize {
+    let padding = (4 - out.len() % 4) % 4;
+    out.resize(out.len() + padding, 0);
+    padding
+}
+
+/// A length that fits a `JEntry` (jsonb's own limit, 256 MB; a report is far below it).
+fn length(len: usize) -> u32 {
+    u32::try_from(len).ok().filter(|&l| l <= JENTRY_OFFLENMASK).unwrap_or_else(|| {
+        errors::raise(
+            pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            "queen: a jsonb value would exceed its maximum size".into(),
+        )
+    })
+}
+
+/// An array's container (or the raw scalar one): returns its length from its start
+/// (before its padding) to its end.
+fn container(out: &mut Vec<u8>, kind: u32, items: &[&serde_json::Value]) -> u32 {
+    let start = out.len();
+    pad(out);
+    out.extend_from_slice(&(length(items.len()) | kind).to_ne_bytes());
+    let mut entries = out.len();
+    out.resize(entries + 4 * items.len(), 0);
+    let mut total = 0usize;
+    for (i, item) in items.iter().enumerate() {
+        let meta = encode_value(out, item);
+        entries = put_entry(out, entries, meta, i, &mut total);
+    }
+    length(out.len() - start)
+}
+
+/// An object's container: keys, then values, in the order given (jsonb's).
+fn object(out: &mut Vec<u8>, pairs: &[(&String, &serde_json::Value)]) -> u32 {
+    let start = out.len();
+    pad(out);
+    out.extend_from_slice(&(length(pairs.len()) | JB_FOBJECT).to_ne_bytes());
+    let mut entries = out.len();
+    out.resize(entries + 8 * pairs.len(), 0);
+    let mut total = 0usize;
+    for (i, (key, _)) in pairs.iter().enumerate() {
+        let meta = string_entry(out, key);
+        entries = put_entry(out, entries, meta, i, &mut total);
+    }
+    for (i, (_, value)) in pairs.iter().enumerate() {
+        let meta = encode_value(out, value);
+        entries = put_entry(out, entries, meta, i + pairs.len(), &mut total);
+    }
+    length(out.len() - start)
+}
+
+/// Writes the `JEntry` of child `i` at `at` (every 32nd as its end offset, as PostgreSQL
+/// does) and returns where the next goes.
+fn put_entry(out: &mut [u8], at: usize, meta: u32, i: usize, total: &mut usize) -> usize {
+    *total += (meta & JENTRY_OFFLENMASK) as usize;
+    let offset = length(*total);
+    let meta =
+        if i.is_multiple_of(JB_OFFSET_STRIDE) { (meta & JENTRY_TYPEMASK) | offset | JENTRY_HAS_OFF } else { meta };
+    out[at..at + 4].copy_from_slice(&meta.to_ne_bytes());
+    at + 4
+}
+
+/// A number as the numeric `jsonb_in` would read from its text: an integer through
+/// `int64_to_numeric`, anything else through `numeric_in` of its text. The numeric's
+/// bytes, with their 4-byte varlena header.
+fn numeric(n: &serde_json::Number) -> Vec<u8> {
+    // SAFETY: both return a fresh palloc'd numeric varlena (4-byte header), read here by
+    // its own length and copied out; it is freed with the memory context.
+    unsafe {
+        let p: *mut pg_sys::varlena = match n.as_i64() {
+            Some(i) => pg_sys::int64_to_numeric(i).cast(),
+            None => {
+                let text = std::ffi::CString::new(n.to_string()).expect("a number has no NUL");
+                let d = pgrx::direct_function_call_as_datum(
+                    pg_sys::numeric_in,
+                    &[
+                        Some(pg_sys::Datum::from(text.as_ptr())),
+                        Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
+                        Some(pg_sys::Datum::from(-1i32)),
+                    ],
+                )
+                .expect("numeric_in returns a value");
+                d.cast_mut_ptr()
+            }
+        };
+        std::slice::from_raw_parts(p as *const u8, pgrx::varsize_any(p)).to_vec()
+    }
 }
 
 // pgrx's SQL mapping and calling convention for our jsonb types: they are `jsonb` in SQL;
