@@ -248,10 +248,8 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     for (i, a) in items.iter().enumerate() {
         by_lane.entry(*a.partition_id.as_bytes()).or_default().push(i);
     }
-    let mut item_json: Vec<Value> = items
-        .iter()
-        .map(|a| item_report(a, false, "no live lane of this lease on that partition (expired, superseded or unknown)"))
-        .collect();
+    // Each item's report, once its lane decided it (`ack_lane`).
+    let mut item_json: Vec<Option<Value>> = vec![None; items.len()];
     let mut lane_json = Vec::new();
     let mut plans = AckPlans::default();
     let mut group = String::new();
@@ -270,6 +268,16 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     // Built by hand: `json!` would copy each list through serde's serializer.
     let mut report = serde_json::Map::new();
     report.insert("leaseId".into(), Value::from(from_pg_uuid(&lease_id).to_string()));
+    // An item no live lane decided: refused.
+    let item_json = item_json
+        .into_iter()
+        .zip(&items)
+        .map(|(v, a)| {
+            v.unwrap_or_else(|| {
+                item_report(a, false, "no live lane of this lease on that partition (expired, superseded or unknown)")
+            })
+        })
+        .collect();
     report.insert("items".into(), Value::Array(item_json));
     report.insert("lanes".into(), Value::Array(lane_json));
     Value::Object(report)
@@ -285,7 +293,7 @@ fn ack_lane(
     items: &[Addressed],
     call_error: Option<&str>,
     now: i64,
-    item_json: &mut [Value],
+    item_json: &mut [Option<Value>],
 ) -> (Value, AckPlan) {
     let lane_items: Vec<AckItem> = idxs.iter().map(|&i| items[i].item.clone()).collect();
     let plan = plan_lane(lane.state, &lane_items, lane.policy, call_error);
@@ -297,7 +305,7 @@ fn ack_lane(
         _ => None,
     };
     for (&i, outcome) in idxs.iter().zip(&plan.items) {
-        item_json[i] = outcome_report(&items[i], outcome, dead_letter.as_ref());
+        item_json[i] = Some(outcome_report(&items[i], outcome, dead_letter.as_ref()));
     }
     let retry_at = queen_core::lane::retry_at(&plan, now);
     if plan.release && retry_at.is_none() {

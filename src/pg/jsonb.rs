@@ -206,31 +206,70 @@ fn put_entry(out: &mut [u8], at: usize, meta: u32, i: usize, total: &mut usize) 
     at + 4
 }
 
-/// A number as the numeric `jsonb_in` would read from its text: an integer through
-/// `int64_to_numeric`, anything else through `numeric_in` of its text. The numeric's
-/// bytes, with their 4-byte varlena header.
+/// A number as the numeric `jsonb_in` would read from its text, with its 4-byte varlena
+/// header: an integer laid out here as `int64_to_numeric` does (`int_numeric`), anything
+/// else through `numeric_in` of its text.
 fn numeric(n: &serde_json::Number) -> Vec<u8> {
-    // SAFETY: both return a fresh palloc'd numeric varlena (4-byte header), read here by
-    // its own length and copied out; it is freed with the memory context.
+    if let Some(i) = n.as_i64() {
+        return int_numeric(i);
+    }
+    // SAFETY: numeric_in returns a fresh palloc'd numeric varlena (4-byte header), read
+    // here by its own length and copied out; it is freed with the memory context.
     unsafe {
-        let p: *mut pg_sys::varlena = match n.as_i64() {
-            Some(i) => pg_sys::int64_to_numeric(i).cast(),
-            None => {
-                let text = std::ffi::CString::new(n.to_string()).expect("a number has no NUL");
-                let d = pgrx::direct_function_call_as_datum(
-                    pg_sys::numeric_in,
-                    &[
-                        Some(pg_sys::Datum::from(text.as_ptr())),
-                        Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
-                        Some(pg_sys::Datum::from(-1i32)),
-                    ],
-                )
-                .expect("numeric_in returns a value");
-                d.cast_mut_ptr()
-            }
-        };
+        let text = std::ffi::CString::new(n.to_string()).expect("a number has no NUL");
+        let d = pgrx::direct_function_call_as_datum(
+            pg_sys::numeric_in,
+            &[
+                Some(pg_sys::Datum::from(text.as_ptr())),
+                Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
+                Some(pg_sys::Datum::from(-1i32)),
+            ],
+        )
+        .expect("numeric_in returns a value");
+        let p: *mut pg_sys::varlena = d.cast_mut_ptr();
         std::slice::from_raw_parts(p as *const u8, pgrx::varsize_any(p)).to_vec()
     }
+}
+
+/// `i` as PostgreSQL's `int64_to_numeric` makes it (numeric.c: `int64_to_numericvar`, then
+/// `make_result`): the short form, a header word (short, sign, weight; scale 0) and the
+/// base-10000 digits from the most significant, trailing zero digits dropped; zero has no
+/// digit and weight 0. A call into PostgreSQL for each number cost more than the rest of
+/// a small report.
+fn int_numeric(i: i64) -> Vec<u8> {
+    const NBASE: u64 = 10_000;
+    const NUMERIC_SHORT: u16 = 0x8000;
+    const NUMERIC_SHORT_SIGN_MASK: u16 = 0x2000;
+    const NUMERIC_SHORT_WEIGHT_MASK: u16 = 0x003F;
+    let mut digits = [0u16; 5];
+    let mut n = 0;
+    let mut u = i.unsigned_abs();
+    while u > 0 {
+        digits[4 - n] = (u % NBASE) as u16;
+        u /= NBASE;
+        n += 1;
+    }
+    // The weight is that of the first digit (n - 1 of them follow), before trailing zero
+    // digits are dropped.
+    let weight = n.saturating_sub(1) as u16;
+    let mut kept = &digits[5 - n..];
+    while let Some((0, rest)) = kept.split_last() {
+        kept = rest;
+    }
+    let sign = if i < 0 { NUMERIC_SHORT_SIGN_MASK } else { 0 };
+    let header = NUMERIC_SHORT | sign | (weight & NUMERIC_SHORT_WEIGHT_MASK);
+    let len = pg_sys::VARHDRSZ + 2 + 2 * kept.len();
+    let mut out = Vec::with_capacity(len);
+    // The 4-byte varlena header (postgres.h, SET_VARSIZE_4B).
+    #[cfg(target_endian = "little")]
+    out.extend_from_slice(&((len as u32) << 2).to_ne_bytes());
+    #[cfg(target_endian = "big")]
+    out.extend_from_slice(&((len as u32) & 0x3FFF_FFFF).to_ne_bytes());
+    out.extend_from_slice(&header.to_ne_bytes());
+    for d in kept {
+        out.extend_from_slice(&d.to_ne_bytes());
+    }
+    out
 }
 
 // pgrx's SQL mapping and calling convention for our jsonb types: they are `jsonb` in SQL;
