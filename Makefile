@@ -186,7 +186,7 @@ regress: readme-sql
 integration:
 	@# Two streams at once on two clusters (scripts/integration.sh says which tests go where).
 	bash scripts/integration.sh $(TEST_DIR) $(TEST_PORT) $(TEST_B_DIR) $(TEST_B_PORT) \
-	  $(POOLER_DIR) $(POOLER_PORT) $(EXPORTER_DIR) $(EXPORTER_PORT)
+	  $(POOLER_DIR) $(POOLER_PORT) $(EXPORTER_DIR) $(EXPORTER_PORT) $(TEST_CONF)
 
 # The soak (not part of `make test`; `make integration` runs 60 seconds of it): two runs of
 # the invariants harness at once on two databases for SOAK_SECONDS, with kill -9 and

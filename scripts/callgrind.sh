@@ -10,7 +10,8 @@
 #
 # In one single-user backend (`postgres --single`, queen preloaded, fsync off), a queue of
 # single sends in one partition, then under callgrind a procedure that commits after each
-# call: `send` (1 message), and `pop(batch => 1)` + `ack(lease)`. Each runs at two sizes;
+# call: `send` (1 message), an INSERT into a plain table (bigserial and jsonb, the bench's
+# baseline, same payload), and `pop(batch => 1)` + `ack(lease)`. Each runs at two sizes;
 # the difference over the difference in calls is the cost of one call (or cycle), without
 # the backend's start and end. It counts the calls through PL/pgSQL, not the client
 # protocol's parse, bind and portal, so the percentages of a real client's call are lower.
@@ -41,6 +42,8 @@ run() {
   cat > "$work/setup.sql" <<SQL
 CREATE EXTENSION queen;
 CREATE PROCEDURE fill(n int) LANGUAGE plpgsql AS \$\$ BEGIN FOR i IN 1..n LOOP PERFORM queen.send('q', '{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb); COMMIT; END LOOP; END \$\$;
+CREATE TABLE plain (id bigserial PRIMARY KEY, payload jsonb NOT NULL);
+CREATE PROCEDURE insert(n int) LANGUAGE plpgsql AS \$\$ BEGIN FOR i IN 1..n LOOP INSERT INTO plain (payload) VALUES ('{"a": 1, "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb); COMMIT; END LOOP; END \$\$;
 CREATE PROCEDURE cycle(n int) LANGUAGE plpgsql AS \$\$ DECLARE l uuid; BEGIN FOR i IN 1..n LOOP SELECT lease_id INTO l FROM queen.pop('q', batch => 1); PERFORM queen.ack(l); COMMIT; END LOOP; END \$\$;
 CALL fill($((n + 100)));
 CALL cycle(10);
@@ -48,19 +51,20 @@ SQL
   echo "CALL $mode($n);" > "$work/run.sql"
   chmod 644 "$work"/*.sql
   as_pg "$bin/postgres" --single -D "$data" -c exit_on_error=on postgres < "$work/setup.sql" > "$work/setup.log" 2>&1 \
-    || { cat "$work/setup.log"; exit 1; }
+    || { cat "$work/setup.log" >&2; exit 1; }
   (cd "$work" && as_pg valgrind --tool=callgrind --callgrind-out-file="$work/$mode-$n.out" \
     "$bin/postgres" --single -D "$data" -c exit_on_error=on postgres < "$work/run.sql" > "$work/$mode-$n.log" 2>&1) \
-    || { cat "$work/$mode-$n.log"; exit 1; }
-  if grep -q ERROR "$work/$mode-$n.log"; then cat "$work/$mode-$n.log"; exit 1; fi
+    || { cat "$work/$mode-$n.log" >&2; exit 1; }
+  if grep -q ERROR "$work/$mode-$n.log"; then cat "$work/$mode-$n.log" >&2; exit 1; fi
   sed -n 's/^totals: //p' "$work/$mode-$n.out"
 }
 
-for mode in fill cycle; do
+for mode in fill insert cycle; do
   a=$(run $mode $small)
   b=$(run $mode $large)
   case $mode in
     fill) what="send, one message" ;;
+    insert) what="a plain INSERT (bigserial + jsonb), for comparison" ;;
     cycle) what="pop(batch => 1) + ack" ;;
   esac
   echo "$what: $(( (b - a) / (large - small) )) instructions a call ($work/$mode-$large.out)"

@@ -424,10 +424,11 @@ fn direct_lane_scan_matches_the_statement() {
 
 /// `jsonb::encode` lays a value out byte for byte as `jsonb_in` does from its text: the
 /// kinds of scalar, the raw scalar at the top, key order (length, then bytes), numbers
-/// after strings (padding), nesting, and objects and arrays past 32 children (where every
-/// 32nd entry holds an offset instead of a length).
+/// after strings (padding), whole and fractional numbers, escaped and multibyte strings,
+/// nesting, and objects and arrays past 32 children (where every 32nd entry holds an
+/// offset instead of a length), containers among them; and so does a real ack's report.
 #[pg_test]
-fn jsonb_encoding_is_jsonb_ins() {
+fn reports_are_laid_out_as_jsonb_in_does() {
     use serde_json::json;
     let many: serde_json::Map<String, serde_json::Value> =
         (0..70).map(|i| (format!("k{}", i * 7919 % 100), json!(if i % 3 == 0 { json!(i) } else { json!("s".repeat(i % 5)) }))).collect();
@@ -447,10 +448,13 @@ fn jsonb_encoding_is_jsonb_ins() {
         json!(1_0000_0000_0000_0000i64),
         json!(u64::MAX),
         json!(1.5),
+        json!(30.0),
         json!(-0.000125),
         json!(1e300),
         json!("a string"),
         json!(""),
+        json!("quote \" backslash \\ tab \t newline \n nul-free control \u{1} é 😀"),
+        json!({"😀": "k", "e\u{301}": 1, "\"": [null]}),
         json!({}),
         json!([]),
         json!({"leaseId": "0b6a", "items": [], "lanes": [{"partitionId": "x", "committed": 17, "leaseReleased": true, "retryCount": 0, "retryAfter": null}]}),
@@ -458,6 +462,7 @@ fn jsonb_encoding_is_jsonb_ins() {
         json!(["x", 1, "yy", 2, "zzz", 3.5, {"k": "v"}, [], {}]),
         json!((0..100).map(|i| if i % 2 == 0 { json!(i) } else { json!(format!("e{i}")) }).collect::<Vec<_>>()),
         serde_json::Value::Object(many),
+        json!((0..40).map(|i| json!({"offset": i, "status": "completed", "retryAfter": if i % 2 == 0 { json!(null) } else { json!(i as f64 / 4.0) }})).collect::<Vec<_>>()),
     ];
     for v in cases {
         let text = v.to_string();
@@ -467,4 +472,18 @@ fn jsonb_encoding_is_jsonb_ins() {
                 .unwrap();
         assert_eq!(crate::pg::jsonb::encode(&v), from_pg.0, "{text}");
     }
+    // A real report: an ack of 40 items, one refused (an offset of no lane of the lease).
+    Spi::run("SELECT * FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'rep', 'payload', i)) FROM generate_series(1, 40) i))").unwrap();
+    Spi::run("CREATE TEMP TABLE rp AS SELECT * FROM queen.pop('rep', batch => 40)").unwrap();
+    Spi::run(
+        "CREATE TEMP TABLE rr AS SELECT queen.ack(min(lease_id::text)::uuid,
+            jsonb_agg(jsonb_build_object('partitionId', partition_id, 'offset', msg_offset, 'status', 'completed'))
+              || jsonb_build_array(jsonb_build_object('partitionId', gen_random_uuid(), 'offset', 1, 'status', 'completed'))) AS r
+           FROM rp",
+    )
+    .unwrap();
+    assert_eq!(count("SELECT jsonb_array_length(r -> 'items') FROM rr"), 41);
+    let report = Spi::get_one::<crate::pg::jsonb::RawJsonb>("SELECT r FROM rr").unwrap().unwrap();
+    let reread = Spi::get_one::<crate::pg::jsonb::RawJsonb>("SELECT r::text::jsonb FROM rr").unwrap().unwrap();
+    assert_eq!(report.0, reread.0);
 }

@@ -265,19 +265,24 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
     } else if !plans.is_empty() {
         crate::lane::rows::apply_acks(client, lease_id, &group, plans);
     }
-    // Built by hand: `json!` would copy each list through serde's serializer.
-    let mut report = serde_json::Map::new();
-    report.insert("leaseId".into(), Value::from(from_pg_uuid(&lease_id).to_string()));
-    // An item no live lane decided: refused.
+    report(lease_id, &items, item_json, lane_json)
+}
+
+/// The ack's report: the lease, each item's report in input order (an item no live lane
+/// decided is refused), and each lane's. Built by hand: `json!` would copy each list
+/// through serde's serializer.
+fn report(lease_id: pgrx::Uuid, items: &[Addressed], item_json: Vec<Option<Value>>, lane_json: Vec<Value>) -> Value {
     let item_json = item_json
         .into_iter()
-        .zip(&items)
+        .zip(items)
         .map(|(v, a)| {
             v.unwrap_or_else(|| {
                 item_report(a, false, "no live lane of this lease on that partition (expired, superseded or unknown)")
             })
         })
         .collect();
+    let mut report = serde_json::Map::new();
+    report.insert("leaseId".into(), Value::from(from_pg_uuid(&lease_id).to_string()));
     report.insert("items".into(), Value::Array(item_json));
     report.insert("lanes".into(), Value::Array(lane_json));
     Value::Object(report)

@@ -4,6 +4,9 @@
 //! segment stores them; a pop hands them back as a jsonb datum (no parse either). pgrx's
 //! `JsonB` would go through text and serde both ways, which profiles showed to be the
 //! largest cost of push and pop.
+//!
+//! The reports queen returns (`ack`, `extend_lease`, `revoke_lease`) are written in
+//! jsonb's binary layout directly (`JsonOut`, `encode`), the bytes `jsonb_in` would make.
 
 use pgrx::pg_sys;
 use pgrx::pgrx_sql_entity_graph::metadata::{ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable};
@@ -65,82 +68,63 @@ impl IntoDatum for RawJsonb {
 pub struct JsonOut(pub serde_json::Value);
 
 impl IntoDatum for JsonOut {
+    /// The bytes `jsonb_in` would make of the value's JSON text (`pg_tests` compares them),
+    /// palloc'd in the current memory context.
     fn into_datum(self) -> Option<pg_sys::Datum> {
-        Some(from_value(&self.0))
+        Some(jsonb_datum(&encode(&self.0)))
     }
     fn type_oid() -> pg_sys::Oid {
         pg_sys::JSONBOID
     }
 }
 
-/// `v` as a jsonb datum (palloc'd in the current memory context): the bytes `jsonb_in`
-/// would make of `v`'s JSON text (a test compares them, `pg_tests`).
-pub fn from_value(v: &serde_json::Value) -> pg_sys::Datum {
-    jsonb_datum(&encode(v))
-}
-
 /// The `JsonbContainer` of `v`, as PostgreSQL's `convertToJsonb` lays it out (jsonb.h,
 /// jsonb_util.c): a container is a header word (its count and kind) and one `JEntry` word
 /// per child (an object's keys first, in jsonb's order: shorter first, then bytewise; then
-/// their values), each the child's length with its type, or every 32nd the end offset of
-/// its data; then the children's data. Numbers and containers start on a 4-byte boundary
-/// of the value (the padding counts in their length). A scalar at the top is a
-/// one-element array marked scalar, as `jsonb_in` makes it.
+/// their values), each the child's length with its type, or every 32nd
+/// (`JB_OFFSET_STRIDE`) the end offset of its data; then the children's data. Numbers and
+/// containers start on a 4-byte boundary of the value (the padding counts in their
+/// length). A scalar at the top is a one-element array marked scalar, as `jsonb_in` makes
+/// it. The flags and masks are PostgreSQL's own (`pg_sys`).
 pub fn encode(v: &serde_json::Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
     if v.is_object() || v.is_array() {
         encode_value(&mut out, v);
     } else {
-        container(&mut out, JB_FARRAY | JB_FSCALAR, &[v]);
+        container(&mut out, pg_sys::JB_FARRAY | pg_sys::JB_FSCALAR, std::slice::from_ref(v));
     }
     out
 }
-
-const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
-const JENTRY_TYPEMASK: u32 = 0x7000_0000;
-const JENTRY_HAS_OFF: u32 = 0x8000_0000;
-const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
-const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
-const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
-const JENTRY_ISNULL: u32 = 0x4000_0000;
-const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
-const JB_OFFSET_STRIDE: usize = 32;
-const JB_FSCALAR: u32 = 0x1000_0000;
-const JB_FOBJECT: u32 = 0x2000_0000;
-const JB_FARRAY: u32 = 0x4000_0000;
 
 /// Appends `v`'s data to `out` and returns its `JEntry` (type and length).
 fn encode_value(out: &mut Vec<u8>, v: &serde_json::Value) -> u32 {
     use serde_json::Value;
     match v {
-        Value::Null => JENTRY_ISNULL,
-        Value::Bool(true) => JENTRY_ISBOOL_TRUE,
-        Value::Bool(false) => JENTRY_ISBOOL_FALSE,
+        Value::Null => pg_sys::JENTRY_ISNULL,
+        Value::Bool(true) => pg_sys::JENTRY_ISBOOL_TRUE,
+        Value::Bool(false) => pg_sys::JENTRY_ISBOOL_FALSE,
         Value::String(s) => string_entry(out, s),
         Value::Number(n) => {
             let padding = pad(out);
             let numeric = numeric(n);
             out.extend_from_slice(&numeric);
-            JENTRY_ISNUMERIC | length(padding + numeric.len())
+            pg_sys::JENTRY_ISNUMERIC | entry_length(padding + numeric.len())
         }
-        Value::Array(a) => {
-            let items: Vec<&Value> = a.iter().collect();
-            JENTRY_ISCONTAINER | container(out, JB_FARRAY, &items)
-        }
+        Value::Array(a) => pg_sys::JENTRY_ISCONTAINER | container(out, pg_sys::JB_FARRAY, a),
         Value::Object(m) => {
             // jsonb's key order: shorter keys first, then bytewise (serde's map has no
             // duplicate keys, which jsonb would drop).
             let mut pairs: Vec<(&String, &Value)> = m.iter().collect();
             pairs.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
-            JENTRY_ISCONTAINER | object(out, &pairs)
+            pg_sys::JENTRY_ISCONTAINER | object(out, &pairs)
         }
     }
 }
 
-/// A string's data, and its `JEntry` (type string is 0).
+/// A string's data, and its `JEntry`.
 fn string_entry(out: &mut Vec<u8>, s: &str) -> u32 {
     out.extend_from_slice(s.as_bytes());
-    length(s.len())
+    pg_sys::JENTRY_ISSTRING | entry_length(s.len())
 }
 
 /// Pads `out` with zeros to a multiple of 4 bytes; returns how many were added.
@@ -150,22 +134,23 @@ fn pad(out: &mut Vec<u8>) -> usize {
     padding
 }
 
-/// A length that fits a `JEntry` (jsonb's own limit, 256 MB; a report is far below it).
-fn length(len: usize) -> u32 {
-    u32::try_from(len).ok().filter(|&l| l <= JENTRY_OFFLENMASK).unwrap_or_else(|| {
+/// A length, offset or count as a `JEntry` or container header holds it (28 bits: jsonb's
+/// own limit of 256 MB a value, far above any report).
+fn entry_length(len: usize) -> u32 {
+    u32::try_from(len).ok().filter(|&l| l <= pg_sys::JENTRY_OFFLENMASK).unwrap_or_else(|| {
         errors::raise(
             pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            "queen: a jsonb value would exceed its maximum size".into(),
+            format!("queen: a jsonb report would exceed jsonb's limit of {} bytes", pg_sys::JENTRY_OFFLENMASK),
         )
     })
 }
 
 /// An array's container (or the raw scalar one): returns its length from its start
 /// (before its padding) to its end.
-fn container(out: &mut Vec<u8>, kind: u32, items: &[&serde_json::Value]) -> u32 {
+fn container(out: &mut Vec<u8>, kind: u32, items: &[serde_json::Value]) -> u32 {
     let start = out.len();
     pad(out);
-    out.extend_from_slice(&(length(items.len()) | kind).to_ne_bytes());
+    out.extend_from_slice(&(entry_length(items.len()) | kind).to_ne_bytes());
     let mut entries = out.len();
     out.resize(entries + 4 * items.len(), 0);
     let mut total = 0usize;
@@ -173,14 +158,14 @@ fn container(out: &mut Vec<u8>, kind: u32, items: &[&serde_json::Value]) -> u32 
         let meta = encode_value(out, item);
         entries = put_entry(out, entries, meta, i, &mut total);
     }
-    length(out.len() - start)
+    entry_length(out.len() - start)
 }
 
 /// An object's container: keys, then values, in the order given (jsonb's).
 fn object(out: &mut Vec<u8>, pairs: &[(&String, &serde_json::Value)]) -> u32 {
     let start = out.len();
     pad(out);
-    out.extend_from_slice(&(length(pairs.len()) | JB_FOBJECT).to_ne_bytes());
+    out.extend_from_slice(&(entry_length(pairs.len()) | pg_sys::JB_FOBJECT).to_ne_bytes());
     let mut entries = out.len();
     out.resize(entries + 8 * pairs.len(), 0);
     let mut total = 0usize;
@@ -192,16 +177,19 @@ fn object(out: &mut Vec<u8>, pairs: &[(&String, &serde_json::Value)]) -> u32 {
         let meta = encode_value(out, value);
         entries = put_entry(out, entries, meta, i + pairs.len(), &mut total);
     }
-    length(out.len() - start)
+    entry_length(out.len() - start)
 }
 
-/// Writes the `JEntry` of child `i` at `at` (every 32nd as its end offset, as PostgreSQL
-/// does) and returns where the next goes.
+/// Writes the `JEntry` of child `i` at `at` (every `JB_OFFSET_STRIDE`th as its end
+/// offset, as PostgreSQL does) and returns where the next goes.
 fn put_entry(out: &mut [u8], at: usize, meta: u32, i: usize, total: &mut usize) -> usize {
-    *total += (meta & JENTRY_OFFLENMASK) as usize;
-    let offset = length(*total);
-    let meta =
-        if i.is_multiple_of(JB_OFFSET_STRIDE) { (meta & JENTRY_TYPEMASK) | offset | JENTRY_HAS_OFF } else { meta };
+    *total += (meta & pg_sys::JENTRY_OFFLENMASK) as usize;
+    let offset = entry_length(*total);
+    let meta = if i.is_multiple_of(pg_sys::JB_OFFSET_STRIDE as usize) {
+        (meta & pg_sys::JENTRY_TYPEMASK) | offset | pg_sys::JENTRY_HAS_OFF
+    } else {
+        meta
+    };
     out[at..at + 4].copy_from_slice(&meta.to_ne_bytes());
     at + 4
 }
@@ -213,10 +201,12 @@ fn numeric(n: &serde_json::Number) -> Vec<u8> {
     if let Some(i) = n.as_i64() {
         return int_numeric(i);
     }
-    // SAFETY: numeric_in returns a fresh palloc'd numeric varlena (4-byte header), read
-    // here by its own length and copied out; it is freed with the memory context.
+    // serde_json writes a finite number (no NaN or infinity in JSON), with no NUL.
+    let text = std::ffi::CString::new(n.to_string()).unwrap_or_default();
+    // SAFETY: numeric_in of a C string returns a fresh palloc'd numeric varlena (4-byte
+    // header), read here by its own length and copied out; it is freed with the memory
+    // context. It raises (22P02) on text it cannot read, as jsonb_in would.
     unsafe {
-        let text = std::ffi::CString::new(n.to_string()).expect("a number has no NUL");
         let d = pgrx::direct_function_call_as_datum(
             pg_sys::numeric_in,
             &[
@@ -225,7 +215,7 @@ fn numeric(n: &serde_json::Number) -> Vec<u8> {
                 Some(pg_sys::Datum::from(-1i32)),
             ],
         )
-        .expect("numeric_in returns a value");
+        .unwrap_or_else(|| errors::internal("numeric_in returned NULL"));
         let p: *mut pg_sys::varlena = d.cast_mut_ptr();
         std::slice::from_raw_parts(p as *const u8, pgrx::varsize_any(p)).to_vec()
     }
@@ -237,6 +227,8 @@ fn numeric(n: &serde_json::Number) -> Vec<u8> {
 /// digit and weight 0. A call into PostgreSQL for each number cost more than the rest of
 /// a small report.
 fn int_numeric(i: i64) -> Vec<u8> {
+    // numeric.c's own (not in a header, so not in pg_sys). The weight is never negative
+    // here, so its sign bit (NUMERIC_SHORT_WEIGHT_SIGN_MASK) is never set.
     const NBASE: u64 = 10_000;
     const NUMERIC_SHORT: u16 = 0x8000;
     const NUMERIC_SHORT_SIGN_MASK: u16 = 0x2000;
@@ -260,7 +252,8 @@ fn int_numeric(i: i64) -> Vec<u8> {
     let header = NUMERIC_SHORT | sign | (weight & NUMERIC_SHORT_WEIGHT_MASK);
     let len = pg_sys::VARHDRSZ + 2 + 2 * kept.len();
     let mut out = Vec::with_capacity(len);
-    // The 4-byte varlena header (postgres.h, SET_VARSIZE_4B).
+    // The 4-byte varlena header, as `SET_VARSIZE_4B` (postgres.h; `pgrx::set_varsize_4b`,
+    // used by `jsonb_datum`) writes it, here into bytes with no alignment to rely on.
     #[cfg(target_endian = "little")]
     out.extend_from_slice(&((len as u32) << 2).to_ne_bytes());
     #[cfg(target_endian = "big")]
