@@ -106,9 +106,7 @@ fn encode_value(out: &mut Vec<u8>, v: &serde_json::Value) -> u32 {
         Value::String(s) => string_entry(out, s),
         Value::Number(n) => {
             let padding = pad(out);
-            let numeric = numeric(n);
-            out.extend_from_slice(&numeric);
-            pg_sys::JENTRY_ISNUMERIC | entry_length(padding + numeric.len())
+            pg_sys::JENTRY_ISNUMERIC | entry_length(padding + numeric(out, n))
         }
         Value::Array(a) => pg_sys::JENTRY_ISCONTAINER | container(out, pg_sys::JB_FARRAY, a),
         Value::Object(m) => {
@@ -116,7 +114,16 @@ fn encode_value(out: &mut Vec<u8>, v: &serde_json::Value) -> u32 {
             // duplicate keys, which jsonb would drop).
             let mut pairs: Vec<(&String, &Value)> = m.iter().collect();
             pairs.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
-            pg_sys::JENTRY_ISCONTAINER | object(out, &pairs)
+            let n = pairs.len();
+            // Keys first, then their values.
+            let child = |out: &mut Vec<u8>, i: usize| {
+                if i < n {
+                    string_entry(out, pairs[i].0)
+                } else {
+                    encode_value(out, pairs[i - n].1)
+                }
+            };
+            pg_sys::JENTRY_ISCONTAINER | children(out, entry_length(n) | pg_sys::JB_FOBJECT, 2 * n, child)
         }
     }
 }
@@ -145,37 +152,24 @@ fn entry_length(len: usize) -> u32 {
     })
 }
 
-/// An array's container (or the raw scalar one): returns its length from its start
-/// (before its padding) to its end.
+/// An array's container (or the raw scalar one): returns its length.
 fn container(out: &mut Vec<u8>, kind: u32, items: &[serde_json::Value]) -> u32 {
-    let start = out.len();
-    pad(out);
-    out.extend_from_slice(&(entry_length(items.len()) | kind).to_ne_bytes());
-    let mut entries = out.len();
-    out.resize(entries + 4 * items.len(), 0);
-    let mut total = 0usize;
-    for (i, item) in items.iter().enumerate() {
-        let meta = encode_value(out, item);
-        entries = put_entry(out, entries, meta, i, &mut total);
-    }
-    entry_length(out.len() - start)
+    children(out, entry_length(items.len()) | kind, items.len(), |out, i| encode_value(out, &items[i]))
 }
 
-/// An object's container: keys, then values, in the order given (jsonb's).
-fn object(out: &mut Vec<u8>, pairs: &[(&String, &serde_json::Value)]) -> u32 {
+/// A container with header word `header` and `n` children, each appended by `child`
+/// (which returns its `JEntry`): returns its length from its start (before its padding)
+/// to its end.
+fn children(out: &mut Vec<u8>, header: u32, n: usize, mut child: impl FnMut(&mut Vec<u8>, usize) -> u32) -> u32 {
     let start = out.len();
     pad(out);
-    out.extend_from_slice(&(entry_length(pairs.len()) | pg_sys::JB_FOBJECT).to_ne_bytes());
+    out.extend_from_slice(&header.to_ne_bytes());
     let mut entries = out.len();
-    out.resize(entries + 8 * pairs.len(), 0);
+    out.resize(entries + 4 * n, 0);
     let mut total = 0usize;
-    for (i, (key, _)) in pairs.iter().enumerate() {
-        let meta = string_entry(out, key);
+    for i in 0..n {
+        let meta = child(out, i);
         entries = put_entry(out, entries, meta, i, &mut total);
-    }
-    for (i, (_, value)) in pairs.iter().enumerate() {
-        let meta = encode_value(out, value);
-        entries = put_entry(out, entries, meta, i + pairs.len(), &mut total);
     }
     entry_length(out.len() - start)
 }
@@ -194,12 +188,12 @@ fn put_entry(out: &mut [u8], at: usize, meta: u32, i: usize, total: &mut usize) 
     at + 4
 }
 
-/// A number as the numeric `jsonb_in` would read from its text, with its 4-byte varlena
-/// header: an integer laid out here as `int64_to_numeric` does (`int_numeric`), anything
-/// else through `numeric_in` of its text.
-fn numeric(n: &serde_json::Number) -> Vec<u8> {
+/// Appends a number as the numeric `jsonb_in` would read from its text, with its 4-byte
+/// varlena header, and returns its length: an integer laid out here as `int64_to_numeric`
+/// does (`int_numeric`), anything else through `numeric_in` of its text.
+fn numeric(out: &mut Vec<u8>, n: &serde_json::Number) -> usize {
     if let Some(i) = n.as_i64() {
-        return int_numeric(i);
+        return int_numeric(out, i);
     }
     // serde_json writes a finite number (no NaN or infinity in JSON), with no NUL.
     let text = std::ffi::CString::new(n.to_string()).unwrap_or_default();
@@ -217,16 +211,18 @@ fn numeric(n: &serde_json::Number) -> Vec<u8> {
         )
         .unwrap_or_else(|| errors::internal("numeric_in returned NULL"));
         let p: *mut pg_sys::varlena = d.cast_mut_ptr();
-        std::slice::from_raw_parts(p as *const u8, pgrx::varsize_any(p)).to_vec()
+        let bytes = std::slice::from_raw_parts(p as *const u8, pgrx::varsize_any(p));
+        out.extend_from_slice(bytes);
+        bytes.len()
     }
 }
 
-/// `i` as PostgreSQL's `int64_to_numeric` makes it (numeric.c: `int64_to_numericvar`, then
-/// `make_result`): the short form, a header word (short, sign, weight; scale 0) and the
-/// base-10000 digits from the most significant, trailing zero digits dropped; zero has no
-/// digit and weight 0. A call into PostgreSQL for each number cost more than the rest of
+/// Appends `i` as PostgreSQL's `int64_to_numeric` makes it (numeric.c:
+/// `int64_to_numericvar`, then `make_result`) and returns its length: the short form, a
+/// header word (short, sign, weight; scale 0) and the base-10000 digits from the most
+/// significant, trailing zero digits dropped; zero has no digit and weight 0. A call into PostgreSQL for each number cost more than the rest of
 /// a small report.
-fn int_numeric(i: i64) -> Vec<u8> {
+fn int_numeric(out: &mut Vec<u8>, i: i64) -> usize {
     // numeric.c's own (not in a header, so not in pg_sys). The weight is never negative
     // here, so its sign bit (NUMERIC_SHORT_WEIGHT_SIGN_MASK) is never set.
     const NBASE: u64 = 10_000;
@@ -251,7 +247,6 @@ fn int_numeric(i: i64) -> Vec<u8> {
     let sign = if i < 0 { NUMERIC_SHORT_SIGN_MASK } else { 0 };
     let header = NUMERIC_SHORT | sign | (weight & NUMERIC_SHORT_WEIGHT_MASK);
     let len = pg_sys::VARHDRSZ + 2 + 2 * kept.len();
-    let mut out = Vec::with_capacity(len);
     // The 4-byte varlena header, as `SET_VARSIZE_4B` (postgres.h; `pgrx::set_varsize_4b`,
     // used by `jsonb_datum`) writes it, here into bytes with no alignment to rely on.
     #[cfg(target_endian = "little")]
@@ -262,7 +257,7 @@ fn int_numeric(i: i64) -> Vec<u8> {
     for d in kept {
         out.extend_from_slice(&d.to_ne_bytes());
     }
-    out
+    len
 }
 
 // pgrx's SQL mapping and calling convention for our jsonb types: they are `jsonb` in SQL;
