@@ -422,7 +422,7 @@ fn direct_lane_scan_matches_the_statement() {
     assert_eq!(lanes.unwrap().unwrap(), found.len() as i64);
 }
 
-/// `jsonb::encode` lays a value out byte for byte as `jsonb_in` does from its text: the
+/// `report::encode` lays a value out byte for byte as `jsonb_in` does from its text: the
 /// kinds of scalar, the raw scalar at the top, key order (length, then bytes), numbers
 /// after strings (padding), whole and fractional numbers, escaped and multibyte strings,
 /// nesting, and objects and arrays past 32 children (where every 32nd entry holds an
@@ -470,7 +470,25 @@ fn reports_are_laid_out_as_jsonb_in_does() {
             Spi::get_one_with_args::<crate::pg::jsonb::RawJsonb>("SELECT $1::text::jsonb", &[text.clone().into()])
                 .unwrap()
                 .unwrap();
-        assert_eq!(crate::pg::jsonb::encode(&v), from_pg.0, "{text}");
+        assert_eq!(crate::pg::report::encode(&(&v).into()), from_pg.0, "{text}");
+    }
+    // The report builders: keys given out of jsonb's order, uuids kept as bytes, fractions
+    // written as serde_json writes them (and NaN, which JSON lacks, as null).
+    use crate::pg::report::Json;
+    let built = [
+        (Json::float(30.0), "30.0"),
+        (Json::float(0.25), "0.25"),
+        (Json::float(1e300), "1e300"),
+        (Json::float(f64::NAN), "null"),
+        (
+            Json::object([("bb", Json::Int(1)), ("a", Json::Uuid([0xab; 16])), ("c", Json::from(Some("x"))), ("", Json::Null)]),
+            r#"{"bb": 1, "a": "abababab-abab-abab-abab-abababababab", "c": "x", "": null}"#,
+        ),
+    ];
+    for (v, text) in built {
+        let from_pg =
+            Spi::get_one_with_args::<crate::pg::jsonb::RawJsonb>("SELECT $1::text::jsonb", &[text.into()]).unwrap().unwrap();
+        assert_eq!(crate::pg::report::encode(&v), from_pg.0, "{text}");
     }
     // A real report: an ack of 40 items, one refused (an offset of no lane of the lease).
     Spi::run("SELECT * FROM queen.push_batch((SELECT jsonb_agg(jsonb_build_object('queue', 'rep', 'payload', i)) FROM generate_series(1, 40) i))").unwrap();

@@ -1,13 +1,11 @@
 //! `queen.extend_lease` (docs/functions.md#extend_lease). Expiry needs no code: a pop treats an expired lease as
 //! absent and reclaims the lane (see `pop`).
 
-use crate::pg::jsonb::JsonOut;
 use pgrx::prelude::*;
-use serde_json::{json, Value};
 
 use crate::pg::clock::{clock_now, timestamptz};
 use crate::pg::errors;
-use crate::pg::ids::from_pg_uuid;
+use crate::pg::report::{Json, JsonOut};
 use crate::pg::spi::run;
 use queen_core::lane::Lane;
 
@@ -41,15 +39,15 @@ fn extend_lease(lease_id: Option<pgrx::Uuid>, seconds: default!(Option<i32>, 60)
         } else {
             extend_table(lease_id, target, now)
         };
-        let ts = earliest.map(Value::from).unwrap_or(Value::Null);
-        JsonOut(json!({
-            "leaseId": from_pg_uuid(&lease_id).to_string(),
-            "success": renewed > 0,
-            "renewed": renewed,
-            "newExpiresAt": ts,
-            "expiresAt": ts,
-            "lease_expires_at": ts,
-        }))
+        let ts = Json::from(earliest);
+        JsonOut(Json::object([
+            ("leaseId", Json::uuid(&lease_id)),
+            ("success", (renewed > 0).into()),
+            ("renewed", renewed.into()),
+            ("newExpiresAt", ts.clone()),
+            ("expiresAt", ts.clone()),
+            ("lease_expires_at", ts),
+        ]))
     })
 }
 
@@ -177,9 +175,9 @@ fn revoke_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
     if let (Some(q), true) = (&queue, revoked > 0) {
         crate::pg::wake::notify_on_commit(q);
     }
-    JsonOut(json!({
-        "leaseId": from_pg_uuid(&lease_id).to_string(),
-        "revoked": revoked > 0,
-        "lanes": revoked,
-    }))
+    JsonOut(Json::object([
+        ("leaseId", Json::uuid(&lease_id)),
+        ("revoked", (revoked > 0).into()),
+        ("lanes", revoked.into()),
+    ]))
 }

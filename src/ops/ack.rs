@@ -4,18 +4,17 @@
 
 use std::collections::BTreeMap;
 
+use crate::pg::jsonb::{Found, JsonbArg};
+use crate::pg::report::{Json, JsonOut};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, LaneState, RetryPolicy};
 use queen_core::policy::dead_lettering;
-use serde_json::{json, Value};
-
-use crate::pg::jsonb::{Found, JsonOut, JsonbArg};
 
 use crate::lane::rows::{AckPlan, AckPlans};
 use crate::pg::clock::{clock_now, timestamptz};
 use crate::pg::errors::{self, excerpt, SpiExt};
-use crate::pg::ids::{from_pg_uuid, to_pg_uuid};
+use crate::pg::ids::to_pg_uuid;
 use crate::pg::spi::run;
 use crate::storage::segments;
 
@@ -206,7 +205,7 @@ fn ack_lease(lease_id: Option<pgrx::Uuid>) -> JsonOut {
 /// Applies `items` (or, with None, completes every lane of the lease) and reports.
 /// Pins its search path and planner settings itself (`spi::with_queen_plan_settings`): the
 /// three forms of `queen.ack` carry no `SET` clause.
-fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
+fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Json {
     errors::refuse_read_only("ack", "moves cursors");
     crate::pg::spi::with_queen_plan_settings(|| {
         crate::queue::citus::ensure_id_home("lease", &lease_id);
@@ -214,7 +213,7 @@ fn ack(lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
     })
 }
 
-fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Value {
+fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Addressed>>) -> Json {
     let now = clock_now();
     // The partitions named by the items, or (whole-lease form, None) the lease's own list,
     // read in the same statement that locks the lanes.
@@ -249,7 +248,7 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
         by_lane.entry(*a.partition_id.as_bytes()).or_default().push(i);
     }
     // Each item's report, once its lane decided it (`ack_lane`).
-    let mut item_json: Vec<Option<Value>> = vec![None; items.len()];
+    let mut item_json: Vec<Option<Json>> = vec![None; items.len()];
     let mut lane_json = Vec::new();
     let mut plans = AckPlans::default();
     let mut group = String::new();
@@ -269,23 +268,23 @@ fn ack_in(client: &mut SpiClient<'_>, lease_id: pgrx::Uuid, items: Option<Vec<Ad
 }
 
 /// The ack's report: the lease, each item's report in input order (an item no live lane
-/// decided is refused), and each lane's. Built by hand: `json!` would copy each list
-/// through serde's serializer.
-fn report(lease_id: pgrx::Uuid, items: &[Addressed], item_json: Vec<Option<Value>>, lane_json: Vec<Value>) -> Value {
+/// decided is refused), and each lane's.
+fn report(lease_id: pgrx::Uuid, items: &[Addressed], item_json: Vec<Option<Json>>, lane_json: Vec<Json>) -> Json {
     let item_json = item_json
         .into_iter()
         .zip(items)
         .map(|(v, a)| {
             v.unwrap_or_else(|| {
-                item_report(a, false, "no live lane of this lease on that partition (expired, superseded or unknown)")
+                let refused = "no live lane of this lease on that partition (expired, superseded or unknown)";
+                item_report(a, false, false, false, refused.into())
             })
         })
         .collect();
-    let mut report = serde_json::Map::new();
-    report.insert("leaseId".into(), Value::from(from_pg_uuid(&lease_id).to_string()));
-    report.insert("items".into(), Value::Array(item_json));
-    report.insert("lanes".into(), Value::Array(lane_json));
-    Value::Object(report)
+    Json::object([
+        ("leaseId", Json::uuid(&lease_id)),
+        ("items", Json::Array(item_json)),
+        ("lanes", Json::Array(lane_json)),
+    ])
 }
 
 /// One live lane's acks (`items[i]` for each `i` of `idxs`): its plan (`plan_lane`), the
@@ -298,8 +297,8 @@ fn ack_lane(
     items: &[Addressed],
     call_error: Option<&str>,
     now: i64,
-    item_json: &mut [Option<Value>],
-) -> (Value, AckPlan) {
+    item_json: &mut [Option<Json>],
+) -> (Json, AckPlan) {
     let lane_items: Vec<AckItem> = idxs.iter().map(|&i| items[i].item.clone()).collect();
     let plan = plan_lane(lane.state, &lane_items, lane.policy, call_error);
     // Some(Some(error)): filed; Some(None): the offset held no message to file.
@@ -318,14 +317,15 @@ fn ack_lane(
         // in backoff is not: a waiting pop sleeps until its end, see `pop`.)
         crate::pg::wake::notify_on_commit(&lane.queue);
     }
-    let json = json!({
-        "partitionId": from_pg_uuid(&lane.partition_id).to_string(),
-        "committed": plan.committed,
-        "leaseReleased": plan.release,
-        "retryCount": plan.retry_count,
-        // Seconds before the lane's messages are delivered again (null: at once).
-        "retryAfter": retry_at.and(plan.retry_after).map(|d| d as f64 / queen_core::lease::MICROS as f64),
-    });
+    // Seconds before the lane's messages are delivered again (null: at once).
+    let retry_after = retry_at.and(plan.retry_after).map(|d| Json::float(d as f64 / queen_core::lease::MICROS as f64));
+    let json = Json::object([
+        ("partitionId", Json::uuid(&lane.partition_id)),
+        ("committed", plan.committed.into()),
+        ("leaseReleased", plan.release.into()),
+        ("retryCount", plan.retry_count.into()),
+        ("retryAfter", retry_after.into()),
+    ]);
     let ack_plan = AckPlan {
         partition_id: lane.partition_id,
         committed: plan.committed,
@@ -504,44 +504,38 @@ fn apply_registry(client: &mut SpiClient<'_>, lanes: &[LockedLane], plans: &AckP
     crate::lane::registry::journal(client, group, &journal);
 }
 
-fn item_report(a: &Addressed, success: bool, error: &str) -> Value {
-    json!({
-        "partitionId": from_pg_uuid(&a.partition_id).to_string(),
-        "offset": a.item.offset,
-        "status": a.item.status.as_str(),
-        "success": success,
-        "dlq": false,
-        "dropped": false,
-        "error": if success { Value::Null } else { Value::from(error) },
-    })
+/// An item's report.
+fn item_report(a: &Addressed, success: bool, dlq: bool, dropped: bool, error: Json) -> Json {
+    Json::object([
+        ("partitionId", Json::uuid(&a.partition_id)),
+        ("offset", a.item.offset.into()),
+        ("status", a.item.status.as_str().into()),
+        ("success", success.into()),
+        ("dlq", dlq.into()),
+        ("dropped", dropped.into()),
+        ("error", error),
+    ])
 }
 
-fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter: Option<&Option<String>>) -> Value {
-    let mut v = item_report(a, outcome.success(), "");
-    match outcome {
-        ItemOutcome::Applied => {
-            v["error"] = a.item.error.clone().map(Value::from).unwrap_or(Value::Null);
-        }
+/// The report of an item its lane decided (`dead_letter` as in `ack_lane`).
+fn outcome_report(a: &Addressed, outcome: &ItemOutcome, dead_letter: Option<&Option<String>>) -> Json {
+    let (dlq, dropped, error): (bool, bool, Json) = match outcome {
+        ItemOutcome::Applied => (false, false, a.item.error.clone().into()),
         ItemOutcome::DeadLettered => match dead_letter {
-            Some(Some(error)) => {
-                v["dlq"] = Value::from(true);
-                v["error"] = Value::from(error.as_str());
-            }
+            Some(Some(error)) => (true, false, error.clone().into()),
             // A gap (a push that never committed): nothing to file; the cursor passes it.
-            _ => v["error"] = Value::from(NO_MESSAGE),
+            _ => (false, false, NO_MESSAGE.into()),
         },
-        ItemOutcome::Dropped => v["dropped"] = Value::from(true),
-        ItemOutcome::OutsideSpan => {
-            v["error"] = Value::from("offset outside the leased span (committed, batch_end]");
-        }
+        ItemOutcome::Dropped => (false, true, Json::Null),
+        ItemOutcome::OutsideSpan => (false, false, "offset outside the leased span (committed, batch_end]".into()),
         ItemOutcome::AboveSignal { signal_offset } => {
-            v["error"] = Value::from(format!("not applied: a lower explicit signal at offset {signal_offset}"));
+            (false, false, format!("not applied: a lower explicit signal at offset {signal_offset}").into())
         }
         ItemOutcome::BesideSignal { signal } => {
-            v["error"] = Value::from(format!("not applied: a {signal} signal for the same offset decides"));
+            (false, false, format!("not applied: a {signal} signal for the same offset decides").into())
         }
-    }
-    v
+    };
+    item_report(a, outcome.success(), dlq, dropped, error)
 }
 
 /// What an ack reports for a dead-lettering signal at an offset that holds no message.

@@ -6,10 +6,12 @@
 //! largest cost of push and pop.
 //!
 //! The reports queen returns (`ack`, `extend_lease`, `revoke_lease`) are written in
-//! jsonb's binary layout directly (`JsonOut`, `encode`), the bytes `jsonb_in` would make.
+//! jsonb's binary layout directly: `pg::report`.
 
 use pgrx::pg_sys;
-use pgrx::pgrx_sql_entity_graph::metadata::{ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable};
+pub(crate) use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable,
+};
 use pgrx::prelude::*;
 
 use crate::pg::errors;
@@ -60,224 +62,25 @@ impl IntoDatum for RawJsonb {
     }
 }
 
-/// A JSON value returned as jsonb, encoded straight into jsonb's binary form (`encode`):
-/// no text for `jsonb_in` to parse again (the way pgrx's `JsonB` returns a value, which
-/// cost a quarter of an ack of one message), and no pass through PostgreSQL's jsonb
-/// builder either (which sorts each object's keys and copies every value twice: most of
-/// an ack's instructions went to its report that way, callgrind showed).
-pub struct JsonOut(pub serde_json::Value);
-
-impl IntoDatum for JsonOut {
-    /// The bytes `jsonb_in` would make of the value's JSON text (`pg_tests` compares them),
-    /// palloc'd in the current memory context.
-    fn into_datum(self) -> Option<pg_sys::Datum> {
-        Some(jsonb_datum(&encode(&self.0)))
-    }
-    fn type_oid() -> pg_sys::Oid {
-        pg_sys::JSONBOID
-    }
-}
-
-/// The `JsonbContainer` of `v`, as PostgreSQL's `convertToJsonb` lays it out (jsonb.h,
-/// jsonb_util.c): a container is a header word (its count and kind) and one `JEntry` word
-/// per child (an object's keys first, in jsonb's order: shorter first, then bytewise; then
-/// their values), each the child's length with its type, or every 32nd
-/// (`JB_OFFSET_STRIDE`) the end offset of its data; then the children's data. Numbers and
-/// containers start on a 4-byte boundary of the value (the padding counts in their
-/// length). A scalar at the top is a one-element array marked scalar, as `jsonb_in` makes
-/// it. The flags and masks are PostgreSQL's own (`pg_sys`).
-pub fn encode(v: &serde_json::Value) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    if v.is_object() || v.is_array() {
-        encode_value(&mut out, v);
-    } else {
-        container(&mut out, pg_sys::JB_FARRAY | pg_sys::JB_FSCALAR, std::slice::from_ref(v));
-    }
-    out
-}
-
-/// Appends `v`'s data to `out` and returns its `JEntry` (type and length).
-fn encode_value(out: &mut Vec<u8>, v: &serde_json::Value) -> u32 {
-    use serde_json::Value;
-    match v {
-        Value::Null => pg_sys::JENTRY_ISNULL,
-        Value::Bool(true) => pg_sys::JENTRY_ISBOOL_TRUE,
-        Value::Bool(false) => pg_sys::JENTRY_ISBOOL_FALSE,
-        Value::String(s) => string_entry(out, s),
-        Value::Number(n) => {
-            let padding = pad(out);
-            pg_sys::JENTRY_ISNUMERIC | entry_length(padding + numeric(out, n))
-        }
-        Value::Array(a) => pg_sys::JENTRY_ISCONTAINER | container(out, pg_sys::JB_FARRAY, a),
-        Value::Object(m) => {
-            // jsonb's key order: shorter keys first, then bytewise (serde's map has no
-            // duplicate keys, which jsonb would drop).
-            let mut pairs: Vec<(&String, &Value)> = m.iter().collect();
-            pairs.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
-            let n = pairs.len();
-            // Keys first, then their values.
-            let child = |out: &mut Vec<u8>, i: usize| {
-                if i < n {
-                    string_entry(out, pairs[i].0)
-                } else {
-                    encode_value(out, pairs[i - n].1)
-                }
-            };
-            pg_sys::JENTRY_ISCONTAINER | children(out, entry_length(n) | pg_sys::JB_FOBJECT, 2 * n, child)
-        }
-    }
-}
-
-/// A string's data, and its `JEntry`.
-fn string_entry(out: &mut Vec<u8>, s: &str) -> u32 {
-    out.extend_from_slice(s.as_bytes());
-    pg_sys::JENTRY_ISSTRING | entry_length(s.len())
-}
-
-/// Pads `out` with zeros to a multiple of 4 bytes; returns how many were added.
-fn pad(out: &mut Vec<u8>) -> usize {
-    let padding = (4 - out.len() % 4) % 4;
-    out.resize(out.len() + padding, 0);
-    padding
-}
-
-/// A length, offset or count as a `JEntry` or container header holds it (28 bits: jsonb's
-/// own limit of 256 MB a value, far above any report).
-fn entry_length(len: usize) -> u32 {
-    u32::try_from(len).ok().filter(|&l| l <= pg_sys::JENTRY_OFFLENMASK).unwrap_or_else(|| {
-        errors::raise(
-            pgrx::PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            format!("queen: a jsonb report would exceed jsonb's limit of {} bytes", pg_sys::JENTRY_OFFLENMASK),
-        )
-    })
-}
-
-/// An array's container (or the raw scalar one): returns its length.
-fn container(out: &mut Vec<u8>, kind: u32, items: &[serde_json::Value]) -> u32 {
-    children(out, entry_length(items.len()) | kind, items.len(), |out, i| encode_value(out, &items[i]))
-}
-
-/// A container with header word `header` and `n` children, each appended by `child`
-/// (which returns its `JEntry`): returns its length from its start (before its padding)
-/// to its end.
-fn children(out: &mut Vec<u8>, header: u32, n: usize, mut child: impl FnMut(&mut Vec<u8>, usize) -> u32) -> u32 {
-    let start = out.len();
-    pad(out);
-    out.extend_from_slice(&header.to_ne_bytes());
-    let mut entries = out.len();
-    out.resize(entries + 4 * n, 0);
-    let mut total = 0usize;
-    for i in 0..n {
-        let meta = child(out, i);
-        entries = put_entry(out, entries, meta, i, &mut total);
-    }
-    entry_length(out.len() - start)
-}
-
-/// Writes the `JEntry` of child `i` at `at` (every `JB_OFFSET_STRIDE`th as its end
-/// offset, as PostgreSQL does) and returns where the next goes.
-fn put_entry(out: &mut [u8], at: usize, meta: u32, i: usize, total: &mut usize) -> usize {
-    *total += (meta & pg_sys::JENTRY_OFFLENMASK) as usize;
-    let offset = entry_length(*total);
-    let meta = if i.is_multiple_of(pg_sys::JB_OFFSET_STRIDE as usize) {
-        (meta & pg_sys::JENTRY_TYPEMASK) | offset | pg_sys::JENTRY_HAS_OFF
-    } else {
-        meta
-    };
-    out[at..at + 4].copy_from_slice(&meta.to_ne_bytes());
-    at + 4
-}
-
-/// Appends a number as the numeric `jsonb_in` would read from its text, with its 4-byte
-/// varlena header, and returns its length: an integer laid out here as `int64_to_numeric`
-/// does (`int_numeric`), anything else through `numeric_in` of its text.
-fn numeric(out: &mut Vec<u8>, n: &serde_json::Number) -> usize {
-    if let Some(i) = n.as_i64() {
-        return int_numeric(out, i);
-    }
-    // serde_json writes a finite number (no NaN or infinity in JSON), with no NUL.
-    let text = std::ffi::CString::new(n.to_string()).unwrap_or_default();
-    // SAFETY: numeric_in of a C string returns a fresh palloc'd numeric varlena (4-byte
-    // header), read here by its own length and copied out; it is freed with the memory
-    // context. It raises (22P02) on text it cannot read, as jsonb_in would.
-    unsafe {
-        let d = pgrx::direct_function_call_as_datum(
-            pg_sys::numeric_in,
-            &[
-                Some(pg_sys::Datum::from(text.as_ptr())),
-                Some(pg_sys::Datum::from(pg_sys::InvalidOid)),
-                Some(pg_sys::Datum::from(-1i32)),
-            ],
-        )
-        .unwrap_or_else(|| errors::internal("numeric_in returned NULL"));
-        let p: *mut pg_sys::varlena = d.cast_mut_ptr();
-        let bytes = std::slice::from_raw_parts(p as *const u8, pgrx::varsize_any(p));
-        out.extend_from_slice(bytes);
-        bytes.len()
-    }
-}
-
-/// Appends `i` as PostgreSQL's `int64_to_numeric` makes it (numeric.c:
-/// `int64_to_numericvar`, then `make_result`) and returns its length: the short form, a
-/// header word (short, sign, weight; scale 0) and the base-10000 digits from the most
-/// significant, trailing zero digits dropped; zero has no digit and weight 0. A call into PostgreSQL for each number cost more than the rest of
-/// a small report.
-fn int_numeric(out: &mut Vec<u8>, i: i64) -> usize {
-    // numeric.c's own (not in a header, so not in pg_sys). The weight is never negative
-    // here, so its sign bit (NUMERIC_SHORT_WEIGHT_SIGN_MASK) is never set.
-    const NBASE: u64 = 10_000;
-    const NUMERIC_SHORT: u16 = 0x8000;
-    const NUMERIC_SHORT_SIGN_MASK: u16 = 0x2000;
-    const NUMERIC_SHORT_WEIGHT_MASK: u16 = 0x003F;
-    let mut digits = [0u16; 5];
-    let mut n = 0;
-    let mut u = i.unsigned_abs();
-    while u > 0 {
-        digits[4 - n] = (u % NBASE) as u16;
-        u /= NBASE;
-        n += 1;
-    }
-    // The weight is that of the first digit (n - 1 of them follow), before trailing zero
-    // digits are dropped.
-    let weight = n.saturating_sub(1) as u16;
-    let mut kept = &digits[5 - n..];
-    while let Some((0, rest)) = kept.split_last() {
-        kept = rest;
-    }
-    let sign = if i < 0 { NUMERIC_SHORT_SIGN_MASK } else { 0 };
-    let header = NUMERIC_SHORT | sign | (weight & NUMERIC_SHORT_WEIGHT_MASK);
-    let len = pg_sys::VARHDRSZ + 2 + 2 * kept.len();
-    // The 4-byte varlena header, as `SET_VARSIZE_4B` (postgres.h; `pgrx::set_varsize_4b`,
-    // used by `jsonb_datum`) writes it, here into bytes with no alignment to rely on.
-    #[cfg(target_endian = "little")]
-    out.extend_from_slice(&((len as u32) << 2).to_ne_bytes());
-    #[cfg(target_endian = "big")]
-    out.extend_from_slice(&((len as u32) & 0x3FFF_FFFF).to_ne_bytes());
-    out.extend_from_slice(&header.to_ne_bytes());
-    for d in kept {
-        out.extend_from_slice(&d.to_ne_bytes());
-    }
-    len
-}
-
 // pgrx's SQL mapping and calling convention for our jsonb types: they are `jsonb` in SQL;
 // arguments unbox through FromDatum and returns box through IntoDatum, as pgrx does for
 // its own JsonB.
 macro_rules! sql_jsonb {
     ($($t:ident),*) => {$(
         // SAFETY: the type is jsonb in SQL, and its datums are jsonb (FromDatum/IntoDatum).
-        unsafe impl SqlTranslatable for $t {
+        unsafe impl $crate::pg::jsonb::SqlTranslatable for $t {
             const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!($t);
             const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
                 pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-            const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
-            const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
-                Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+            const ARGUMENT_SQL: Result<$crate::pg::jsonb::SqlMappingRef, $crate::pg::jsonb::ArgumentError> =
+                Ok($crate::pg::jsonb::SqlMappingRef::literal("jsonb"));
+            const RETURN_SQL: Result<$crate::pg::jsonb::ReturnsRef, $crate::pg::jsonb::ReturnsError> =
+                Ok($crate::pg::jsonb::ReturnsRef::One($crate::pg::jsonb::SqlMappingRef::literal("jsonb")));
         }
         // SAFETY: returns are boxed with this type's IntoDatum, as pgrx's own JsonB is.
         unsafe impl pgrx::callconv::BoxRet for $t {
             unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
-                match self.into_datum() {
+                match pgrx::IntoDatum::into_datum(self) {
                     // SAFETY: a jsonb datum palloc'd in the call's memory context.
                     Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
                     None => fcinfo.return_null(),
@@ -286,7 +89,8 @@ macro_rules! sql_jsonb {
         }
     )*};
 }
-sql_jsonb!(RawJsonb, JsonbArg, JsonOut);
+sql_jsonb!(RawJsonb, JsonbArg);
+pub(crate) use sql_jsonb;
 
 // Arguments of the two jsonb types that take them.
 macro_rules! arg_jsonb {

@@ -1,5 +1,5 @@
 //! PostgreSQL plumbing and leaf services, at the bottom of the house: errors, SPI,
-//! set-returning functions, heap access and index scans, jsonb, shared memory, catalog lookups, caches,
+//! set-returning functions, heap access and index scans, jsonb and the reports built in it, shared memory, catalog lookups, caches,
 //! clocks, ids, fail points, deferred transaction ends, long-poll wake-ups, lock helpers,
 //! every setting, per-database slots, worker counters and commit durability.
 //!
@@ -17,6 +17,7 @@ pub mod heap;
 pub mod ids;
 pub mod jsonb;
 pub mod locks;
+pub mod report;
 pub mod scan;
 pub mod settings;
 pub mod shmem;
