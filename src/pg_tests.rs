@@ -504,4 +504,15 @@ fn reports_are_laid_out_as_jsonb_in_does() {
     let report = Spi::get_one::<crate::pg::jsonb::RawJsonb>("SELECT r FROM rr").unwrap().unwrap();
     let reread = Spi::get_one::<crate::pg::jsonb::RawJsonb>("SELECT r::text::jsonb FROM rr").unwrap().unwrap();
     assert_eq!(report.0, reread.0);
+    // And the other two reports: a lease extended (with its expiry's text), then revoked.
+    Spi::run("SELECT queen.send('rep', '1')").unwrap();
+    Spi::run("CREATE TEMP TABLE el AS SELECT lease_id FROM queen.pop('rep')").unwrap();
+    for call in ["queen.extend_lease(lease_id, 30)", "queen.revoke_lease(lease_id)"] {
+        Spi::run(&format!("CREATE TEMP TABLE lr AS SELECT {call} AS r FROM el")).unwrap();
+        let report = Spi::get_one::<crate::pg::jsonb::RawJsonb>("SELECT r FROM lr").unwrap().unwrap();
+        let reread = Spi::get_one::<crate::pg::jsonb::RawJsonb>("SELECT r::text::jsonb FROM lr").unwrap().unwrap();
+        assert_eq!(report.0, reread.0, "{call}");
+        assert_eq!(count("SELECT count(*) FROM lr WHERE r->>'leaseId' = (SELECT lease_id::text FROM el)"), 1, "{call}");
+        Spi::run("DROP TABLE lr").unwrap();
+    }
 }

@@ -9,9 +9,6 @@
 //! jsonb's binary layout directly: `pg::report`.
 
 use pgrx::pg_sys;
-pub(crate) use pgrx::pgrx_sql_entity_graph::metadata::{
-    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable,
-};
 use pgrx::prelude::*;
 
 use crate::pg::errors;
@@ -62,21 +59,23 @@ impl IntoDatum for RawJsonb {
     }
 }
 
-// pgrx's SQL mapping and calling convention for our jsonb types: they are `jsonb` in SQL;
-// arguments unbox through FromDatum and returns box through IntoDatum, as pgrx does for
-// its own JsonB.
+// pgrx's SQL mapping and calling convention for our jsonb types (these, and
+// `report::JsonOut`): they are `jsonb` in SQL; arguments unbox through FromDatum and
+// returns box through IntoDatum, as pgrx does for its own JsonB.
 macro_rules! sql_jsonb {
     ($($t:ident),*) => {$(
-        // SAFETY: the type is jsonb in SQL, and its datums are jsonb (FromDatum/IntoDatum).
-        unsafe impl $crate::pg::jsonb::SqlTranslatable for $t {
-            const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!($t);
-            const TYPE_ORIGIN: pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
-                pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
-            const ARGUMENT_SQL: Result<$crate::pg::jsonb::SqlMappingRef, $crate::pg::jsonb::ArgumentError> =
-                Ok($crate::pg::jsonb::SqlMappingRef::literal("jsonb"));
-            const RETURN_SQL: Result<$crate::pg::jsonb::ReturnsRef, $crate::pg::jsonb::ReturnsError> =
-                Ok($crate::pg::jsonb::ReturnsRef::One($crate::pg::jsonb::SqlMappingRef::literal("jsonb")));
-        }
+        const _: () = {
+            use ::pgrx::pgrx_sql_entity_graph::metadata::{
+                ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
+            };
+            // SAFETY: the type is jsonb in SQL, and its datums are jsonb (FromDatum/IntoDatum).
+            unsafe impl SqlTranslatable for $t {
+                const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!($t);
+                const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
+                const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+                const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+            }
+        };
         // SAFETY: returns are boxed with this type's IntoDatum, as pgrx's own JsonB is.
         unsafe impl pgrx::callconv::BoxRet for $t {
             unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {

@@ -1,7 +1,8 @@
 //! PostgreSQL plumbing and leaf services, at the bottom of the house: errors, SPI,
-//! set-returning functions, heap access and index scans, jsonb and the reports built in it, shared memory, catalog lookups, caches,
-//! clocks, ids, fail points, deferred transaction ends, long-poll wake-ups, lock helpers,
-//! every setting, per-database slots, worker counters and commit durability.
+//! set-returning functions, heap access and index scans, jsonb and the reports built in
+//! it, shared memory, catalog lookups, caches, clocks, ids, fail points, deferred
+//! transaction ends, long-poll wake-ups, lock helpers, every setting, per-database slots,
+//! worker counters and commit durability.
 //!
 //! Nothing here imports a module above `pg` (scripts/layers.py checks it).
 

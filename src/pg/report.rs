@@ -2,13 +2,10 @@
 //! small JSON value (`Json`) and written in jsonb's binary layout directly (`encode`), the
 //! bytes `jsonb_in` would make of the value's text.
 //!
-//! Neither text for `jsonb_in` to parse again (the way pgrx's `JsonB` returns a value,
-//! which cost a quarter of an ack of one message) nor PostgreSQL's jsonb builder (which
-//! sorts every object's keys and copies every value twice: most of an ack's instructions
-//! went to its report that way, callgrind showed). A report's keys are fixed, so `Json`
-//! borrows them, and a uuid stays 16 bytes until it is written: the `serde_json::Value`
-//! built before (a map of owned keys, a string for every uuid) cost about 20,000
-//! instructions an ack.
+//! Neither text for `jsonb_in` to parse again nor PostgreSQL's jsonb builder (which sorts
+//! every object's keys and copies every value twice), and no general JSON value either: a
+//! report's keys are fixed, so `Json` borrows them, and a uuid stays 16 bytes until it is
+//! written. BENCHMARKS.md ("Instructions per call, counted") has what each of these saved.
 
 use std::borrow::Cow;
 
@@ -40,6 +37,7 @@ impl Json {
     pub fn object<const N: usize>(pairs: [(&'static str, Json); N]) -> Json {
         let mut pairs: Vec<(Cow<'static, str>, Json)> = pairs.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect();
         pairs.sort_by(key_order);
+        debug_assert!(pairs.windows(2).all(|w| w[0].0 != w[1].0), "a key repeated in a report");
         Json::Object(pairs)
     }
 
@@ -91,6 +89,7 @@ impl<T: Into<Json>> From<Option<T>> for Json {
 }
 
 /// Any JSON value (the tests compare the encoder with `jsonb_in` on arbitrary values).
+#[cfg(any(test, feature = "pg_test"))]
 impl From<&serde_json::Value> for Json {
     fn from(v: &serde_json::Value) -> Json {
         use serde_json::Value;
@@ -279,8 +278,8 @@ fn numeric_text(out: &mut Vec<u8>, text: &str) -> usize {
 /// Appends `i` as PostgreSQL's `int64_to_numeric` makes it (numeric.c:
 /// `int64_to_numericvar`, then `make_result`) and returns its length: the short form, a
 /// header word (short, sign, weight; scale 0) and the base-10000 digits from the most
-/// significant, trailing zero digits dropped; zero has no digit and weight 0. A call into PostgreSQL for each number cost more than the rest of
-/// a small report.
+/// significant, trailing zero digits dropped; zero has no digit and weight 0. A call into
+/// PostgreSQL for each number cost more than the rest of a small report.
 fn int_numeric(out: &mut Vec<u8>, i: i64) -> usize {
     // numeric.c's own (not in a header, so not in pg_sys). The weight is never negative
     // here, so its sign bit (NUMERIC_SHORT_WEIGHT_SIGN_MASK) is never set.
