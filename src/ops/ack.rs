@@ -4,8 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::pg::jsonb::{Found, JsonbArg};
-use crate::pg::report::{Json, JsonOut};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use queen_core::ack::{plan_lane, AckItem, AckStatus, Disposal, ItemOutcome, LaneState, RetryPolicy};
@@ -15,6 +13,8 @@ use crate::lane::rows::{AckPlan, AckPlans};
 use crate::pg::clock::{clock_now, timestamptz};
 use crate::pg::errors::{self, excerpt, SpiExt};
 use crate::pg::ids::to_pg_uuid;
+use crate::pg::jsonb::{Found, JsonbArg};
+use crate::pg::report::{Json, JsonOut};
 use crate::pg::spi::run;
 use crate::storage::segments;
 

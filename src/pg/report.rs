@@ -27,18 +27,26 @@ pub enum Json {
     /// A uuid, written as its canonical text.
     Uuid([u8; 16]),
     Array(Vec<Json>),
-    /// Keys in any order (they are written in jsonb's), none twice.
-    Object(Vec<(Cow<'static, str>, Json)>),
+    Object(Members),
+}
+
+/// An object's keys and values, in jsonb's key order (shorter keys first, then bytewise),
+/// no key twice: only `Members::sorted` makes them, so `encode` writes them as they are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Members(Vec<(Cow<'static, str>, Json)>);
+
+impl Members {
+    fn sorted(mut pairs: Vec<(Cow<'static, str>, Json)>) -> Members {
+        pairs.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
+        debug_assert!(pairs.windows(2).all(|w| w[0].0 != w[1].0), "a key repeated in a report");
+        Members(pairs)
+    }
 }
 
 impl Json {
-    /// An object of fixed keys, put in jsonb's order here (in place, so `encode` has
-    /// nothing to sort).
+    /// An object of fixed keys, given in any order.
     pub fn object<const N: usize>(pairs: [(&'static str, Json); N]) -> Json {
-        let mut pairs: Vec<(Cow<'static, str>, Json)> = pairs.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect();
-        pairs.sort_by(key_order);
-        debug_assert!(pairs.windows(2).all(|w| w[0].0 != w[1].0), "a key repeated in a report");
-        Json::Object(pairs)
+        Json::Object(Members::sorted(pairs.into_iter().map(|(k, v)| (Cow::Borrowed(k), v)).collect()))
     }
 
     /// A fractional number, written as serde_json writes it (`30.0`, `0.25`, `1e300`);
@@ -99,7 +107,9 @@ impl From<&serde_json::Value> for Json {
             Value::Number(n) => n.as_i64().map_or_else(|| Json::Number(n.to_string()), Json::Int),
             Value::String(s) => Json::Str(Cow::Owned(s.clone())),
             Value::Array(a) => Json::Array(a.iter().map(Json::from).collect()),
-            Value::Object(m) => Json::Object(m.iter().map(|(k, v)| (Cow::Owned(k.clone()), Json::from(v))).collect()),
+            Value::Object(m) => {
+                Json::Object(Members::sorted(m.iter().map(|(k, v)| (Cow::Owned(k.clone()), Json::from(v))).collect()))
+            }
         }
     }
 }
@@ -161,33 +171,19 @@ fn encode_value(out: &mut Vec<u8>, v: &Json) -> u32 {
             pg_sys::JENTRY_ISNUMERIC | entry_length(padding + numeric_text(out, text))
         }
         Json::Array(a) => pg_sys::JENTRY_ISCONTAINER | container(out, pg_sys::JB_FARRAY, a),
-        Json::Object(pairs) => {
-            // In jsonb's key order (`Json::object` sorted them already; otherwise a list of
-            // references is sorted here). No key is repeated (jsonb would keep the last).
-            let mut sorted: Vec<&(Cow<'static, str>, Json)> = Vec::new();
-            if !pairs.is_sorted_by(|a, b| key_order(a, b).is_lt()) {
-                sorted = pairs.iter().collect();
-                sorted.sort_by(|a, b| key_order(a, b));
-                debug_assert!(sorted.windows(2).all(|w| w[0].0 != w[1].0), "a key repeated in a report");
-            }
-            let pair = |i: usize| if sorted.is_empty() { &pairs[i] } else { sorted[i] };
+        Json::Object(Members(pairs)) => {
             let n = pairs.len();
-            // Keys first, then their values.
+            // Keys first (in jsonb's order, as `Members` keeps them), then their values.
             let child = |out: &mut Vec<u8>, i: usize| {
                 if i < n {
-                    string_entry(out, &pair(i).0)
+                    string_entry(out, &pairs[i].0)
                 } else {
-                    encode_value(out, &pair(i - n).1)
+                    encode_value(out, &pairs[i - n].1)
                 }
             };
             pg_sys::JENTRY_ISCONTAINER | children(out, entry_length(n) | pg_sys::JB_FOBJECT, 2 * n, child)
         }
     }
-}
-
-/// jsonb's order of an object's keys: shorter first, then bytewise.
-fn key_order(a: &(Cow<'static, str>, Json), b: &(Cow<'static, str>, Json)) -> std::cmp::Ordering {
-    a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes()))
 }
 
 /// A string's data, and its `JEntry`.
