@@ -51,6 +51,7 @@
 //! slot and the header back, so no other process ever sees half an update.
 
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 use crate::fail;
 use crate::lane::{lease_live, Lane};
@@ -406,12 +407,13 @@ impl<'a> View<'a> {
     }
 }
 
-/// The old values of the slots an update wrote, to put back if it panics.
+/// The old values of the slots an update wrote, to put back if it panics. Kept inline for
+/// the few writes of a usual update (a pop's claim, an ack), so that it allocates nothing.
 #[derive(Default)]
 struct Undo {
-    lanes: Vec<(usize, LaneSlot)>,
-    leases: Vec<(usize, LeaseSlot)>,
-    cursors: Vec<(usize, CursorSlot)>,
+    lanes: SmallVec<[(usize, LaneSlot); 4]>,
+    leases: SmallVec<[(usize, LeaseSlot); 2]>,
+    cursors: SmallVec<[(usize, CursorSlot); 2]>,
 }
 
 /// The registry, for a writer holding the lock exclusively. Dropped while a panic

@@ -52,6 +52,8 @@
 //! dropping the `Registry` while unwinding puts everything back, so no other process ever
 //! sees half an update.
 
+use smallvec::SmallVec;
+
 use crate::fail;
 use crate::table::{self, Keyed, Removal};
 
@@ -391,12 +393,13 @@ impl<'a> View<'a> {
     }
 }
 
-/// The old values of what an update wrote, to put back if it panics.
+/// The old values of what an update wrote, to put back if it panics. Kept inline for the
+/// few writes of a usual update (a reservation, a commit), so that it allocates nothing.
 #[derive(Default)]
 struct Undo {
-    slots: Vec<(usize, Slot)>,
-    recs: Vec<(u32, Record)>,
-    owners: Vec<(u32, u32)>,
+    slots: SmallVec<[(usize, Slot); 4]>,
+    recs: SmallVec<[(u32, Record); 4]>,
+    owners: SmallVec<[(u32, u32); 2]>,
 }
 
 /// The registry, for a writer holding the lock exclusively. Dropped while a panic

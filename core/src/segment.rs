@@ -460,6 +460,12 @@ impl Encoder {
                 self.bodies.extend_from_slice(&c);
                 (CODEC_ZSTD, c.len())
             }
+            // The first body kept raw becomes the bodies' buffer (a single message's
+            // segment then copies it once less).
+            _ if self.bodies.is_empty() => {
+                self.bodies = raw;
+                (CODEC_RAW, raw_len)
+            }
             _ => {
                 self.bodies.extend_from_slice(&raw);
                 (CODEC_RAW, raw_len)

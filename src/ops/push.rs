@@ -617,63 +617,55 @@ fn record_ids(
     stored_duplicates(client, t, lost)
 }
 
+/// A segment row to insert.
+struct SegmentRow {
+    pid: pgrx::Uuid,
+    first: i64,
+    last: i64,
+    data: Vec<u8>,
+}
+
 /// Segment rows to insert, per tier.
 #[derive(Default)]
-struct Writes {
-    pids: Vec<pgrx::Uuid>,
-    firsts: Vec<i64>,
-    lasts: Vec<i64>,
-    data: Vec<Vec<u8>>,
-}
+struct Writes(Vec<SegmentRow>);
 
 impl Writes {
     fn insert(self, client: &mut SpiClient<'_>, fresh: bool, now: i64) {
-        let Writes { mut pids, mut firsts, mut lasts, mut data } = self;
-        if pids.is_empty() {
+        let Writes(rows) = self;
+        if rows.is_empty() {
             return;
         }
         let generation = crate::storage::generations::current(client);
         // The fresh tier's rows go in directly (one row per small push: see `heap`); SQL
         // takes whatever that cannot do.
-        let mut direct = 0;
-        while fresh
-            && direct < pids.len()
-            && crate::pg::heap::insert_fresh_segment(
-                pids[direct],
-                firsts[direct],
-                lasts[direct],
-                now,
-                &data[direct],
-                generation,
-            )
-        {
-            direct += 1;
+        let direct = if fresh {
+            rows.iter()
+                .take_while(|r| crate::pg::heap::insert_fresh_segment(r.pid, r.first, r.last, now, &r.data, generation))
+                .count()
+        } else {
+            0
+        };
+        if direct == rows.len() {
+            return;
         }
-        for v in [&mut firsts, &mut lasts] {
-            v.drain(..direct);
-        }
-        pids.drain(..direct);
-        data.drain(..direct);
+        let rest = &rows[direct..];
+        let pids: Vec<pgrx::Uuid> = rest.iter().map(|r| r.pid).collect();
+        let firsts: Vec<i64> = rest.iter().map(|r| r.first).collect();
+        let lasts: Vec<i64> = rest.iter().map(|r| r.last).collect();
+        let data: Vec<&[u8]> = rest.iter().map(|r| &r.data[..]).collect();
         let created_at = crate::pg::clock::timestamptz(now);
-        match (pids.len(), fresh) {
-            (0, _) => {}
-            (_, true) => {
-                run(
-                    client,
-                    "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data, generation)
-                     SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
-                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into(), generation.into()],
-                );
-            }
-            (_, false) => {
-                run(
-                    client,
-                    "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
-                     SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)",
-                    &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into(), generation.into()],
-                );
-            }
-        }
+        let sql = if fresh {
+            "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data, generation)
+             SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)"
+        } else {
+            "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
+             SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)"
+        };
+        run(
+            client,
+            sql,
+            &[pids.into(), firsts.into(), lasts.into(), data.into(), created_at.into(), generation.into()],
+        );
     }
 }
 
@@ -743,7 +735,8 @@ struct Call<'a> {
     rows: Vec<Option<PushRow>>,
     fresh_tier: Writes,
     durable_tier: Writes,
-    /// Messages stored so far by this call, per queue id (for `max_depth`).
+    /// Messages stored so far by this call, per queue id, of the queues with a limit (for
+    /// `max_depth` and `max_lag`).
     queued: HashMap<i64, i64>,
     /// What the caller needs on a queue to push there (`push_items_as`).
     privilege: Privilege,
@@ -837,17 +830,17 @@ impl<'a> Call<'a> {
             let original = (to_pg_uuid(original.message_id), original.msg_offset);
             self.rows[idxs[k]] = Some(self.duplicate(idxs[k], t.partition_id, original));
         }
-        *self.queued.entry(t.queue_id).or_default() += stored.iter().filter(|&&s| s).count() as i64;
+        // (Only a limited queue's count is ever read, by `check_limits`.)
+        if t.max_depth.is_some() || t.lag_limited {
+            *self.queued.entry(t.queue_id).or_default() += stored.iter().filter(|&&s| s).count() as i64;
+        }
         // The segment ends on its last stored message: a gap at the end is no entry.
         let Some(last_k) = stored.iter().rposition(|&s| s) else { return true };
         let data = self.encode(queue, &t, &fresh[..=last_k], &stored);
         let last = first + last_k as i64;
         // A small push goes to the fresh tier uncompressed (`encode`).
         let tier = if goes_fresh(fresh.len()) { &mut self.fresh_tier } else { &mut self.durable_tier };
-        tier.pids.push(t.partition_id);
-        tier.firsts.push(first);
-        tier.lasts.push(last);
-        tier.data.push(data);
+        tier.0.push(SegmentRow { pid: t.partition_id, first, last, data });
         if dedup && crate::offsets::enabled() {
             crate::offsets::wrote(t.partition_id, last);
         }

@@ -41,7 +41,14 @@ fn oid(schema: &'static CStr, table: &'static CStr) -> pg_sys::Oid {
     if SEEN.with(|s| s.replace(before)) != before {
         OIDS.with(|o| o.borrow_mut().clear());
     }
-    let hit = OIDS.with(|o| o.borrow().iter().find(|e| e.0 == schema && e.1 == table).map(|e| e.2));
+    // The names are static strings: the same literal is usually the same pointer, which
+    // is compared first; then the first bytes, which tell most other names apart without
+    // measuring both strings; then all of them.
+    let same = |a: &'static CStr, b: &'static CStr| {
+        // SAFETY: a C string has at least its NUL: the first byte is always readable.
+        std::ptr::eq(a, b) || (unsafe { *a.as_ptr() == *b.as_ptr() } && a == b)
+    };
+    let hit = OIDS.with(|o| o.borrow().iter().find(|e| same(e.0, schema) && same(e.1, table)).map(|e| e.2));
     if let Some(oid) = hit {
         return oid;
     }

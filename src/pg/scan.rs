@@ -212,6 +212,9 @@ impl Drop for Table {
     }
 }
 
+/// The most keys a scan takes (queen's scans take up to three).
+const MAX_KEYS: usize = 4;
+
 /// A running index scan of a `Table`.
 pub struct Scan<'s> {
     desc: pg_sys::IndexScanDesc,
@@ -227,10 +230,13 @@ impl Scan<'_> {
     pub fn rescan(&mut self, keys: &[Key]) {
         // SAFETY: the scan was begun with `keys.len()` keys (`Table::scan`, checked); the
         // scan keys are filled in place with the index column's collation, as the planner
-        // gives a statement's index quals, and index_rescan copies them.
+        // gives a statement's index quals, and index_rescan copies them. The unused keys
+        // stay zeroed, a valid value of the plain C struct, and are not passed on.
         unsafe {
             assert_eq!((*self.desc).numberOfKeys as usize, keys.len(), "a rescan with as many keys");
-            let mut data: Vec<pg_sys::ScanKeyData> = keys.iter().map(|_| std::mem::zeroed()).collect();
+            // On the stack: a scan has a few keys (`MAX_KEYS`).
+            assert!(keys.len() <= MAX_KEYS, "at most {MAX_KEYS} scan keys");
+            let mut data: [pg_sys::ScanKeyData; MAX_KEYS] = std::mem::zeroed();
             for (k, d) in keys.iter().zip(data.iter_mut()) {
                 let collation = *(*self.index).rd_indcollation.add(k.column as usize - 1);
                 pg_sys::ScanKeyEntryInitialize(

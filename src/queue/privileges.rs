@@ -55,6 +55,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::PgSqlErrorCode;
+use smallvec::{smallvec, SmallVec};
 
 use crate::pg::errors::{self, SpiExt};
 use crate::pg::spi::{first_value, run};
@@ -138,7 +139,7 @@ fn session_role() -> pg_sys::Oid {
 /// a SECURITY DEFINER function, fetched later). Those run with the session's rights in
 /// PostgreSQL too, as do deferred triggers queued by a SECURITY DEFINER function: calling
 /// an untrusted role's code is not safe, with or without queen.
-fn callers(p: Privilege) -> Vec<pg_sys::Oid> {
+fn callers(p: Privilege) -> SmallVec<[pg_sys::Oid; 4]> {
     // SAFETY: a plain read of this process's parallel worker number.
     if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
         // A parallel worker runs an application function the leader's query called (queen's
@@ -159,7 +160,7 @@ fn callers(p: Privilege) -> Vec<pg_sys::Oid> {
             ),
         );
     }
-    let mut roles = vec![session_role()];
+    let mut roles = smallvec![session_role()];
     ENTERED.with(|e| {
         for frame in e.borrow().iter().take_while(|f| !f.queen) {
             if !roles.contains(&frame.user) {

@@ -426,14 +426,13 @@ mod direct {
             floor: Option<i64>,
             out: &mut Vec<Segment<'conn>>,
         ) {
-            let mut keys = vec![
+            let keys = [
                 Key::new(1, pg_sys::BTEqualStrategyNumber, pg_sys::F_UUID_EQ, partition_id.into_datum().unwrap()),
                 Key::new(2, pg_sys::BTLessEqualStrategyNumber, pg_sys::F_INT8LE, pg_sys::Datum::from(hi)),
+                Key::new(2, pg_sys::BTGreaterStrategyNumber, pg_sys::F_INT8GT, pg_sys::Datum::from(floor.unwrap_or(0))),
             ];
-            if let Some(floor) = floor {
-                keys.push(Key::new(2, pg_sys::BTGreaterStrategyNumber, pg_sys::F_INT8GT, pg_sys::Datum::from(floor)));
-            }
-            let mut scan = self.table.scan(snapshot, &keys, true);
+            let keys = if floor.is_some() { &keys[..] } else { &keys[..2] };
+            let mut scan = self.table.scan(snapshot, keys, true);
             let int8 = |d: Option<pg_sys::Datum>| d.map_or(0, |d| d.value() as i64);
             while let Some(row) = scan.next() {
                 let first = int8(row.get(self.first));
