@@ -9,9 +9,24 @@ use pgrx::pg_sys;
 /// caches goes stale while WAL is replayed or outlives a promotion; and the calls that
 /// change state refuse (`errors::refuse_read_only`).
 pub fn in_recovery() -> bool {
-    // SAFETY: a plain read of whether this server is in recovery (a cached flag once it
-    // is over).
-    unsafe { pg_sys::RecoveryInProgress() }
+    // A recovery never starts again for a running backend: once over, it is over for
+    // good, and this backend need not ask PostgreSQL again (a hot path asks a dozen times
+    // a call). Kept with the process id it was seen in: a process forked from one that saw
+    // it (the postmaster, before a crash restart's recovery) asks again.
+    thread_local! {
+        static OVER_IN: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+    }
+    // SAFETY: a plain read of this process's id, set when it starts.
+    let me = unsafe { pg_sys::MyProcPid };
+    if me != 0 && OVER_IN.with(std::cell::Cell::get) == me {
+        return false;
+    }
+    // SAFETY: a plain read of whether this server is in recovery.
+    let recovering = unsafe { pg_sys::RecoveryInProgress() };
+    if !recovering {
+        OVER_IN.with(|o| o.set(me));
+    }
+    recovering
 }
 
 /// How a registry's block of shared memory divides into its parts (a header and slot
