@@ -11,6 +11,7 @@ use pgrx::spi::SpiClient;
 use queen_core::compaction::FRESH_MAX;
 use queen_core::offsets::reservation_end;
 use queen_core::segment::{self, Entry, Frame};
+use smallvec::SmallVec;
 
 use crate::offsets::exhausted;
 use crate::pg::errors::{self, SpiExt};
@@ -735,9 +736,9 @@ struct Call<'a> {
     rows: Vec<Option<PushRow>>,
     fresh_tier: Writes,
     durable_tier: Writes,
-    /// Messages stored so far by this call, per queue id, of the queues with a limit (for
-    /// `max_depth` and `max_lag`).
-    queued: HashMap<i64, i64>,
+    /// Messages stored so far by this call, per queue id (for `max_depth` and `max_lag`):
+    /// a call has a queue or a few, kept inline.
+    queued: SmallVec<[(i64, i64); 4]>,
     /// What the caller needs on a queue to push there (`push_items_as`).
     privilege: Privilege,
 }
@@ -762,7 +763,7 @@ impl<'a> Call<'a> {
             rows: (0..items.len()).map(|_| None).collect(),
             fresh_tier: Writes::default(),
             durable_tier: Writes::default(),
-            queued: HashMap::new(),
+            queued: SmallVec::new(),
             privilege,
         }
     }
@@ -830,9 +831,10 @@ impl<'a> Call<'a> {
             let original = (to_pg_uuid(original.message_id), original.msg_offset);
             self.rows[idxs[k]] = Some(self.duplicate(idxs[k], t.partition_id, original));
         }
-        // (Only a limited queue's count is ever read, by `check_limits`.)
-        if t.max_depth.is_some() || t.lag_limited {
-            *self.queued.entry(t.queue_id).or_default() += stored.iter().filter(|&&s| s).count() as i64;
+        let n = stored.iter().filter(|&&s| s).count() as i64;
+        match self.queued.iter_mut().find(|q| q.0 == t.queue_id) {
+            Some(q) => q.1 += n,
+            None => self.queued.push((t.queue_id, n)),
         }
         // The segment ends on its last stored message: a gap at the end is no entry.
         let Some(last_k) = stored.iter().rposition(|&s| s) else { return true };
@@ -851,7 +853,7 @@ impl<'a> Call<'a> {
     /// refused past them (`ops::overflow::check_push`), before anything is reserved.
     fn check_limits(&self, client: &mut SpiClient<'_>, queue: &str, t: &Target, n: i64) {
         if t.max_depth.is_some() || t.lag_limited {
-            let earlier = *self.queued.get(&t.queue_id).unwrap_or(&0);
+            let earlier = self.queued.iter().find(|q| q.0 == t.queue_id).map_or(0, |q| q.1);
             crate::ops::overflow::check_push(client, queue, t, n, earlier);
         }
     }
