@@ -407,8 +407,9 @@ impl<'a> View<'a> {
     }
 }
 
-/// The old values of the slots an update wrote, to put back if it panics. Kept inline for
-/// the few writes of a usual update (a pop's claim, an ack), so that it allocates nothing.
+/// The old values of the slots an update wrote, to put back if it panics. Kept inline (on
+/// the heap past that) for the few writes of a usual update: a pop's claim or an ack
+/// writes a lane or a few, a lease and a cursor.
 #[derive(Default)]
 struct Undo {
     lanes: SmallVec<[(usize, LaneSlot); 4]>,

@@ -393,8 +393,9 @@ impl<'a> View<'a> {
     }
 }
 
-/// The old values of what an update wrote, to put back if it panics. Kept inline for the
-/// few writes of a usual update (a reservation, a commit), so that it allocates nothing.
+/// The old values of what an update wrote, to put back if it panics. Kept inline (on the
+/// heap past that) for the few writes of a usual update: a reservation or its end writes a
+/// slot or two, a few records and an owner's list head.
 #[derive(Default)]
 struct Undo {
     slots: SmallVec<[(usize, Slot); 4]>,

@@ -628,24 +628,38 @@ struct SegmentRow {
 
 /// Segment rows to insert, per tier.
 #[derive(Default)]
-struct Writes(Vec<SegmentRow>);
+struct Writes {
+    rows: Vec<SegmentRow>,
+}
 
 impl Writes {
+    fn push(&mut self, row: SegmentRow) {
+        self.rows.push(row);
+    }
+
     fn insert(self, client: &mut SpiClient<'_>, fresh: bool, now: i64) {
-        let Writes(rows) = self;
+        let Writes { rows } = self;
         if rows.is_empty() {
             return;
         }
         let generation = crate::storage::generations::current(client);
-        // The fresh tier's rows go in directly (one row per small push: see `heap`); SQL
-        // takes whatever that cannot do.
-        let direct = if fresh {
-            rows.iter()
-                .take_while(|r| crate::pg::heap::insert_fresh_segment(r.pid, r.first, r.last, now, &r.data, generation))
-                .count()
-        } else {
-            0
-        };
+        // The fresh tier's rows go in directly (one row per small push: see `heap`), in
+        // order, until the direct path refuses one (`insert_fresh_segment` then wrote
+        // nothing); SQL takes that row and the rest.
+        let mut direct = 0;
+        while fresh
+            && direct < rows.len()
+            && crate::pg::heap::insert_fresh_segment(
+                rows[direct].pid,
+                rows[direct].first,
+                rows[direct].last,
+                now,
+                &rows[direct].data,
+                generation,
+            )
+        {
+            direct += 1;
+        }
         if direct == rows.len() {
             return;
         }
@@ -655,13 +669,18 @@ impl Writes {
         let lasts: Vec<i64> = rest.iter().map(|r| r.last).collect();
         let data: Vec<&[u8]> = rest.iter().map(|r| &r.data[..]).collect();
         let created_at = crate::pg::clock::timestamptz(now);
-        let sql = if fresh {
-            "INSERT INTO queen.fresh_segments (partition_id, first_offset, last_offset, created_at, data, generation)
-             SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)"
-        } else {
-            "INSERT INTO queen.segments (partition_id, first_offset, last_offset, created_at, data, generation)
-             SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)"
-        };
+        // (A static text per table: `run` keeps a plan per text.)
+        macro_rules! insert_into {
+            ($table:literal) => {
+                concat!(
+                    "INSERT INTO queen.",
+                    $table,
+                    " (partition_id, first_offset, last_offset, created_at, data, generation)
+                     SELECT u.p, u.f, u.l, $5, u.d, $6 FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::bytea[]) AS u(p, f, l, d)"
+                )
+            };
+        }
+        let sql = if fresh { insert_into!("fresh_segments") } else { insert_into!("segments") };
         run(
             client,
             sql,
@@ -736,8 +755,8 @@ struct Call<'a> {
     rows: Vec<Option<PushRow>>,
     fresh_tier: Writes,
     durable_tier: Writes,
-    /// Messages stored so far by this call, per queue id (for `max_depth` and `max_lag`):
-    /// a call has a queue or a few, kept inline.
+    /// Messages stored so far by this call, per queue id (for `max_depth`): a call has a
+    /// queue or a few, kept inline.
     queued: SmallVec<[(i64, i64); 4]>,
     /// What the caller needs on a queue to push there (`push_items_as`).
     privilege: Privilege,
@@ -831,6 +850,8 @@ impl<'a> Call<'a> {
             let original = (to_pg_uuid(original.message_id), original.msg_offset);
             self.rows[idxs[k]] = Some(self.duplicate(idxs[k], t.partition_id, original));
         }
+        // Counted for every queue, with a limit or not: the next partition's target may
+        // have been read after a concurrent `set_limits` gave the queue one.
         let n = stored.iter().filter(|&&s| s).count() as i64;
         match self.queued.iter_mut().find(|q| q.0 == t.queue_id) {
             Some(q) => q.1 += n,
@@ -842,7 +863,7 @@ impl<'a> Call<'a> {
         let last = first + last_k as i64;
         // A small push goes to the fresh tier uncompressed (`encode`).
         let tier = if goes_fresh(fresh.len()) { &mut self.fresh_tier } else { &mut self.durable_tier };
-        tier.0.push(SegmentRow { pid: t.partition_id, first, last, data });
+        tier.push(SegmentRow { pid: t.partition_id, first, last, data });
         if dedup && crate::offsets::enabled() {
             crate::offsets::wrote(t.partition_id, last);
         }

@@ -42,12 +42,8 @@ fn oid(schema: &'static CStr, table: &'static CStr) -> pg_sys::Oid {
         OIDS.with(|o| o.borrow_mut().clear());
     }
     // The names are static strings: the same literal is usually the same pointer, which
-    // is compared first; then the first bytes, which tell most other names apart without
-    // measuring both strings; then all of them.
-    let same = |a: &'static CStr, b: &'static CStr| {
-        // SAFETY: a C string has at least its NUL: the first byte is always readable.
-        std::ptr::eq(a, b) || (unsafe { *a.as_ptr() == *b.as_ptr() } && a == b)
-    };
+    // is compared first, then the bytes.
+    let same = |a: &'static CStr, b: &'static CStr| std::ptr::eq(a, b) || a == b;
     let hit = OIDS.with(|o| o.borrow().iter().find(|e| same(e.0, schema) && same(e.1, table)).map(|e| e.2));
     if let Some(oid) = hit {
         return oid;

@@ -176,9 +176,10 @@ impl Table {
         }
     }
 
-    /// Starts a scan of the index with `keys`, under `snapshot`, backward (from the highest
-    /// key) when `backward`.
+    /// Starts a scan of the index with `keys` (at most `MAX_KEYS`), under `snapshot`,
+    /// backward (from the highest key) when `backward`.
     pub fn scan<'s>(&'s self, snapshot: &'s StatementSnapshot, keys: &[Key], backward: bool) -> Scan<'s> {
+        assert!(keys.len() <= MAX_KEYS, "at most {MAX_KEYS} scan keys");
         // SAFETY: the table and index are open and locked; the slot fits the table's rows.
         // Everything is ended by `Scan::drop`, or by the transaction's resource owner
         // after an ERROR.
@@ -212,8 +213,9 @@ impl Drop for Table {
     }
 }
 
-/// The most keys a scan takes (queen's scans take up to three).
-const MAX_KEYS: usize = 4;
+/// The most keys a scan takes (queen's take up to four: `lane::claimable`'s scan of the
+/// lanes); `Table::scan` refuses more.
+const MAX_KEYS: usize = 8;
 
 /// A running index scan of a `Table`.
 pub struct Scan<'s> {
@@ -234,8 +236,7 @@ impl Scan<'_> {
         // stay zeroed, a valid value of the plain C struct, and are not passed on.
         unsafe {
             assert_eq!((*self.desc).numberOfKeys as usize, keys.len(), "a rescan with as many keys");
-            // On the stack: a scan has a few keys (`MAX_KEYS`).
-            assert!(keys.len() <= MAX_KEYS, "at most {MAX_KEYS} scan keys");
+            // On the stack: a scan has a few keys (`MAX_KEYS`, checked by `Table::scan`).
             let mut data: [pg_sys::ScanKeyData; MAX_KEYS] = std::mem::zeroed();
             for (k, d) in keys.iter().zip(data.iter_mut()) {
                 let collation = *(*self.index).rd_indcollation.add(k.column as usize - 1);

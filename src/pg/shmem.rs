@@ -9,22 +9,24 @@ use pgrx::pg_sys;
 /// caches goes stale while WAL is replayed or outlives a promotion; and the calls that
 /// change state refuse (`errors::refuse_read_only`).
 pub fn in_recovery() -> bool {
-    // A recovery never starts again for a running backend: once over, it is over for
-    // good, and this backend need not ask PostgreSQL again (a hot path asks a dozen times
-    // a call). Kept with the process id it was seen in: a process forked from one that saw
-    // it (the postmaster, before a crash restart's recovery) asks again.
+    // PostgreSQL keeps the answer too, but each call into it through pgrx costs a guard (a
+    // `sigsetjmp`, about 100 instructions), and a pop with its ack asked 13 times. A
+    // recovery never starts again for a running process: once this process has seen it
+    // over, it is over for good. The answer is kept with the process id that saw it: a
+    // process forked later (from the postmaster, which may have seen it before a crash
+    // restart's recovery) inherits a different id, and asks again.
     thread_local! {
-        static OVER_IN: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+        static RECOVERY_OVER_IN_PID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
     }
-    // SAFETY: a plain read of this process's id, set when it starts.
+    // SAFETY: a plain read of this process's id, set when it starts (0 before).
     let me = unsafe { pg_sys::MyProcPid };
-    if me != 0 && OVER_IN.with(std::cell::Cell::get) == me {
+    if me != 0 && RECOVERY_OVER_IN_PID.with(std::cell::Cell::get) == me {
         return false;
     }
     // SAFETY: a plain read of whether this server is in recovery.
     let recovering = unsafe { pg_sys::RecoveryInProgress() };
     if !recovering {
-        OVER_IN.with(|o| o.set(me));
+        RECOVERY_OVER_IN_PID.with(|o| o.set(me));
     }
     recovering
 }

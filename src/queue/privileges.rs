@@ -125,6 +125,9 @@ fn session_role() -> pg_sys::Oid {
     unsafe { pg_sys::GetOuterUserId() }
 }
 
+/// The roles a check asks about: the session's and a few between it and queen, inline.
+type Roles = SmallVec<[pg_sys::Oid; 4]>;
+
 /// The roles whose privileges a call needs, each of them: the session's role, and the
 /// role each function between the session and queen runs as (an application's SECURITY
 /// DEFINER function runs as its owner; `entered` notes them), so that such a function
@@ -139,7 +142,7 @@ fn session_role() -> pg_sys::Oid {
 /// a SECURITY DEFINER function, fetched later). Those run with the session's rights in
 /// PostgreSQL too, as do deferred triggers queued by a SECURITY DEFINER function: calling
 /// an untrusted role's code is not safe, with or without queen.
-fn callers(p: Privilege) -> SmallVec<[pg_sys::Oid; 4]> {
+fn callers(p: Privilege) -> Roles {
     // SAFETY: a plain read of this process's parallel worker number.
     if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
         // A parallel worker runs an application function the leader's query called (queen's

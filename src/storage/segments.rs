@@ -426,6 +426,7 @@ mod direct {
             floor: Option<i64>,
             out: &mut Vec<Segment<'conn>>,
         ) {
+            // The third key (the floor) is left off when there is none.
             let keys = [
                 Key::new(1, pg_sys::BTEqualStrategyNumber, pg_sys::F_UUID_EQ, partition_id.into_datum().unwrap()),
                 Key::new(2, pg_sys::BTLessEqualStrategyNumber, pg_sys::F_INT8LE, pg_sys::Datum::from(hi)),
