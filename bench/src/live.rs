@@ -20,7 +20,8 @@
 //! - Every statement is prepared once per connection, and both push the same payload.
 //! - For experiments, not for the published figures: QUEEN_BENCH_LIVE_SYSTEM=queen (or
 //!   table) runs that system's rounds only (the half-rate rounds then take half of its
-//!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement,
+//!   rate), QUEEN_BENCH_LIVE_POP replaces queen's pop statement, QUEEN_BENCH_LIVE_PUSH
+//!   queen's push statement (its parameters: the payload, the partition),
 //!   QUEEN_BENCH_LIVE_CONSUMERS sets the number of consumers (both systems), and
 //!   QUEEN_BENCH_LIVE_SHAPES picks the shapes to run (`wanted`; all three without it).
 //!
@@ -34,7 +35,7 @@
 //! that falls behind is not flattered by leaving its slowest messages out.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -120,13 +121,26 @@ impl Outcome {
     }
 }
 
-/// queen's pop in the live rounds (QUEEN_BENCH_LIVE_POP replaces it, for experiments).
+/// A statement of queen's in the live rounds, or the one the environment variable `var`
+/// gives instead (for experiments), read once.
+fn statement(cell: &'static OnceLock<String>, var: &str, default: &str) -> &'static str {
+    cell.get_or_init(|| std::env::var(var).unwrap_or_else(|_| default.into()))
+}
+
+/// queen's push in the live rounds (QUEEN_BENCH_LIVE_PUSH replaces it).
+fn live_push() -> &'static str {
+    static PUSH: OnceLock<String> = OnceLock::new();
+    statement(&PUSH, "QUEEN_BENCH_LIVE_PUSH", "SELECT 1 FROM queen.push('lq', $1, $2)")
+}
+
+/// queen's pop in the live rounds (QUEEN_BENCH_LIVE_POP replaces it).
 fn live_pop() -> &'static str {
-    static POP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    POP.get_or_init(|| {
-        std::env::var("QUEEN_BENCH_LIVE_POP")
-            .unwrap_or_else(|_| "SELECT lease_id, payload FROM queen.pop('lq', batch => 10, wait_ms => 200)".into())
-    })
+    static POP: OnceLock<String> = OnceLock::new();
+    statement(
+        &POP,
+        "QUEEN_BENCH_LIVE_POP",
+        "SELECT lease_id, payload FROM queen.pop('lq', batch => 10, wait_ms => 200)",
+    )
 }
 
 /// One round of `system` for `secs`: producers at full speed (`rate` None) or paced to
@@ -191,7 +205,7 @@ pub fn round(c: &mut Client, dsn: &str, system: System, secs: f64, rate: Option<
         handles.push(thread::spawn(move || {
             let mut c = connect(&dsn);
             let sql = match system {
-                System::Queen => "SELECT 1 FROM queen.push('lq', $1, $2)",
+                System::Queen => live_push(),
                 System::Table => "INSERT INTO bench_jobs (payload) VALUES ($1)",
             };
             let stmt = prepared(&mut c, sql);
