@@ -312,6 +312,9 @@ fn direct_segment_reads_match_the_statement() {
     pushes("c", "c", 5);
     batch("c", 70);
     pushes("c", "c", 1);
+    // d: one fresh segment of 10 (a batch below FRESH_MAX), read from its start and from
+    // within it (the direct read looks for a row beginning at the span's start first).
+    batch("d", 10);
     for i in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'a')")).unwrap();
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'b')")).unwrap();
@@ -324,7 +327,7 @@ fn direct_segment_reads_match_the_statement() {
         .unwrap()
         .unwrap()
     };
-    let (a, b, c) = (pid("a"), pid("b"), pid("c"));
+    let (a, b, c, d) = (pid("a"), pid("b"), pid("c"), pid("d"));
     // A row of b's in the other generation's table, below its first segment (as a rotation
     // leaves while it runs): each generation's table gives a segment holding a span's
     // start, and the read keeps the last one, as the statement does.
@@ -352,6 +355,9 @@ fn direct_segment_reads_match_the_statement() {
         (c, 299, 302),
         (c, 303, 376),
         (c, 304, 310),
+        (d, 1, 10),
+        (d, 4, 6),
+        (d, 10, 10),
     ];
     let [direct, sql] = crate::storage::segments::both_ways(&spans);
     // The rows a read uses: those that end at or after the span's start.
@@ -376,6 +382,13 @@ fn direct_segment_reads_match_the_statement() {
     let firsts = |i: usize| direct[i].iter().map(|r| r.0).collect::<Vec<_>>();
     assert_eq!(firsts(6), [1], "b's 1..=1: one holder, the current generation's batch");
     assert_eq!(firsts(7), [-10, 1], "b's -5..=3: the other generation's row holds -5");
+    let fresh_d = Spi::get_one::<i64>(&format!(
+        "SELECT count(*) FROM queen.fresh_segments WHERE partition_id = '{d}' AND first_offset = 1 AND last_offset = 10"
+    ));
+    assert_eq!(fresh_d.unwrap(), Some(1), "d's batch is one fresh segment");
+    for i in 16..19 {
+        assert_eq!(bounds(&direct, i), [(1, 10)], "d's spans: its one fresh segment, from its start or within it");
+    }
 }
 
 /// A pop's scan of its lanes reads them by direct index scans (`lane::claimable`); the
@@ -386,7 +399,7 @@ fn direct_segment_reads_match_the_statement() {
 /// delivers.
 #[pg_test]
 fn direct_lane_scan_matches_the_statement() {
-    use crate::lane::claimable::{by_statement, direct};
+    use crate::lane::claimable::{by_statement, direct, Open};
     for p in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('ls', '{{\"p\": {p}}}', 'p{p}')")).unwrap();
         if p % 3 == 0 {
@@ -400,7 +413,7 @@ fn direct_lane_scan_matches_the_statement() {
     let group = "__QUEUE_MODE__";
     let all = (pgrx::Uuid::from_bytes([0; 16]), pgrx::Uuid::from_bytes([0xff; 16]));
     let both = |bounds, limit| {
-        let d = direct(queue, group, bounds, limit).expect("queen's tables read directly");
+        let d = direct(&Open::new().expect("queen's tables read directly"), queue, group, bounds, limit);
         let s = Spi::connect_mut(|client| by_statement(client, queue, group, bounds, limit));
         assert_eq!(d, s);
         d
@@ -413,7 +426,7 @@ fn direct_lane_scan_matches_the_statement() {
     }
     Spi::run("DROP INDEX queen.lanes_queue_group").unwrap();
     Spi::run("CREATE INDEX lanes_queue_group ON queen.lanes (consumer_group, queue_id, partition_id)").unwrap();
-    assert!(direct(queue, group, all, 1_000).is_none(), "an index of other columns is not read directly");
+    assert!(Open::new().is_none(), "an index of other columns is not read directly");
     // The pop scans by the statement now, and takes a message or more from every lane
     // found claimable above.
     let lanes = Spi::get_one::<i64>(

@@ -28,34 +28,71 @@ pub struct Claimable {
     pub readable: i64,
 }
 
+/// The tables a pop's scan of its lanes reads directly: opened (and locked) at the scan's
+/// first chunk and kept open for its next ones, which then cost no relation opens.
+#[derive(Default)]
+pub enum Tables {
+    /// No chunk read yet.
+    #[default]
+    Unopened,
+    Open(Open),
+    /// Not as this library knows them: every chunk is read by the statement.
+    Unknown,
+}
+
+/// The lanes table (with the index `lanes_queue_group`) and the partitions table (with
+/// its primary key), open, and where the scan's columns are.
+pub struct Open {
+    lanes: Table,
+    partitions: Table,
+    lane_partition: i16,
+    name: i16,
+}
+
+impl Open {
+    /// None when the tables are not as this library knows them (nothing is read).
+    pub fn new() -> Option<Open> {
+        let lanes = Table::open(
+            queen_table(c"lanes"),
+            Some(queen_table(c"lanes_queue_group")),
+            &[(c"queue_id", pg_sys::INT8OID), (c"consumer_group", pg_sys::TEXTOID), (c"partition_id", pg_sys::UUIDOID)],
+        )?;
+        let partitions = Table::open(queen_table(c"partitions"), None, &[(c"partition_id", pg_sys::UUIDOID)])?;
+        let (lane_partition, name) =
+            (lanes.column(c"partition_id", pg_sys::UUIDOID)?, partitions.column(c"name", pg_sys::TEXTOID)?);
+        Some(Open { lanes, partitions, lane_partition, name })
+    }
+}
+
 /// The lanes of `group` of queue `queue_id` that a pop may claim now, in partition-id
-/// order within `(lower, upper]`, at most `limit`.
+/// order within `(lower, upper]`, at most `limit`; `tables` are those of the scan's
+/// earlier chunks.
 pub fn claimable_lanes(
     client: &mut SpiClient<'_>,
+    tables: &mut Tables,
     queue_id: i64,
     group: &str,
     bounds: (pgrx::Uuid, pgrx::Uuid),
     limit: i64,
 ) -> Vec<Claimable> {
-    direct(queue_id, group, bounds, limit).unwrap_or_else(|| by_statement(client, queue_id, group, bounds, limit))
+    if let Tables::Unopened = tables {
+        *tables = Open::new().map_or(Tables::Unknown, Tables::Open);
+    }
+    match tables {
+        Tables::Open(open) => direct(open, queue_id, group, bounds, limit),
+        _ => by_statement(client, queue_id, group, bounds, limit),
+    }
 }
 
-/// `claimable_lanes` by direct index scans; None, having read nothing, when the tables are
-/// not as this library knows them.
+/// `claimable_lanes` by direct index scans of the open tables.
 pub(crate) fn direct(
+    tables: &Open,
     queue_id: i64,
     group: &str,
     (lower, upper): (pgrx::Uuid, pgrx::Uuid),
     limit: i64,
-) -> Option<Vec<Claimable>> {
-    let lanes = Table::open(
-        queen_table(c"lanes"),
-        Some(queen_table(c"lanes_queue_group")),
-        &[(c"queue_id", pg_sys::INT8OID), (c"consumer_group", pg_sys::TEXTOID), (c"partition_id", pg_sys::UUIDOID)],
-    )?;
-    let partitions = Table::open(queen_table(c"partitions"), None, &[(c"partition_id", pg_sys::UUIDOID)])?;
-    let (lane_partition, name) =
-        (lanes.column(c"partition_id", pg_sys::UUIDOID)?, partitions.column(c"name", pg_sys::TEXTOID)?);
+) -> Vec<Claimable> {
+    let Open { lanes, partitions, lane_partition, name } = tables;
     let snapshot = StatementSnapshot::take();
     let eq = pg_sys::BTEqualStrategyNumber;
     let mut scan = lanes.scan(
@@ -75,7 +112,7 @@ pub(crate) fn direct(
     while (out.len() as i64) < limit {
         let Some(lane) = scan.next() else { break };
         // SAFETY: a non-null datum of a uuid column (the lane's key).
-        let Some(pid) = lane.get(lane_partition).and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) }) else {
+        let Some(pid) = lane.get(*lane_partition).and_then(|d| unsafe { pgrx::Uuid::from_datum(d, false) }) else {
             continue;
         };
         // The registry first: on a live queue most lanes a scan passes have nothing to
@@ -92,12 +129,12 @@ pub(crate) fn direct(
         // statement's join leaves it out too.
         let Some(row) = p.next() else { continue };
         // SAFETY: a non-null datum of a text column; `from_datum` copies it into a String.
-        let Some(partition) = row.get(name).and_then(|d| unsafe { String::from_datum(d, false) }) else {
+        let Some(partition) = row.get(*name).and_then(|d| unsafe { String::from_datum(d, false) }) else {
             continue;
         };
         out.push(Claimable { partition_id: pid, partition, readable });
     }
-    Some(out)
+    out
 }
 
 /// `claimable_lanes` by one SQL statement (the tables are not as this library knows them).

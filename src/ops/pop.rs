@@ -10,7 +10,7 @@ use queen_core::lane::Lane;
 use queen_core::lanes::State as LaneState;
 use queen_core::policy::{self, effective_lease_micros, PopLimits, Subscription};
 
-use crate::lane::claimable::claimable_lanes;
+use crate::lane::claimable::{claimable_lanes, Tables};
 use crate::lane::rows::Claims;
 use crate::pg::clock::{clock_now, timestamptz};
 use crate::pg::errors::{self, SpiExt};
@@ -822,6 +822,8 @@ struct LaneScan<'a> {
     pinned_read: bool,
     /// The group's limits: a lane they hold back is not a candidate.
     gate: Option<crate::lane::limits::Gate>,
+    /// The tables the chunks read, open from the first chunk on.
+    tables: Tables,
 }
 
 /// Lanes a pop's first scan chunk reads (at most `max_partitions`); each further chunk of
@@ -847,6 +849,7 @@ impl<'a> LaneScan<'a> {
             last_seen: None,
             pinned_read: false,
             gate,
+            tables: Tables::Unopened,
         }
     }
 
@@ -945,7 +948,7 @@ impl<'a> LaneScan<'a> {
             if limit <= 0 {
                 return None;
             }
-            let rows = claimable_lanes(client, self.queue_id, self.a.group, (lower, upper), limit);
+            let rows = claimable_lanes(client, &mut self.tables, self.queue_id, self.a.group, (lower, upper), limit);
             let n = rows.len() as i64;
             for row in rows {
                 self.spans[0].0 = row.partition_id; // the next chunk reads after it
