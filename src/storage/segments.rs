@@ -457,32 +457,46 @@ mod direct {
         }
     }
 
-    /// The rows of every span, or None (having read nothing) when the tiers are not as
-    /// this library knows them. The copies of the rows are made in the current memory
+    /// The rows of every span, or None when the tiers are not as this library knows them
+    /// (what was read is dropped). The copies of the rows are made in the current memory
     /// context, the procedure context of `_client`'s SPI connection, so they live as long
     /// as an SPI result of it would (`'conn`).
+    ///
+    /// When every span may be fresh, the fresh tier is read alone first, under a snapshot
+    /// taken after its tables' locks: on a live queue its rows hold every span whole, and
+    /// the durable tier is then neither opened nor locked (five relations: its parent, two
+    /// tables, two indexes). Otherwise both tiers are read again, under a new snapshot
+    /// taken after both tiers' locks, so that the rows of one span never come from two
+    /// snapshots (a compaction between them would show a segment in both tiers, or in
+    /// neither). Each read takes its locks before its snapshot, as a statement does.
     pub(crate) fn fetch_many<'conn>(
         _client: &SpiClient<'conn>,
         spans: &[(pgrx::Uuid, i64, i64)],
         fresh: &[bool],
     ) -> Option<Vec<Rows<'conn>>> {
-        // The tables first (their locks), then the snapshot, as a statement does.
-        let plain = tier(c"segments")?;
         let fresh_parts = if fresh.iter().any(|&f| f) { tier(c"fresh_segments")? } else { Vec::new() };
+        if fresh.iter().all(|&f| f) {
+            let snapshot = StatementSnapshot::take();
+            let mut out = Vec::with_capacity(spans.len());
+            for &(pid, lo, hi) in spans {
+                let mut rows = Vec::new();
+                if !read_fresh(&fresh_parts, &snapshot, (pid, lo, hi), &mut rows) {
+                    break;
+                }
+                out.push(Rows { lo, hi, rows });
+            }
+            if out.len() == spans.len() {
+                return Some(out);
+            }
+        }
+        let plain = tier(c"segments")?;
         let snapshot = StatementSnapshot::take();
         let mut out = Vec::with_capacity(spans.len());
         for (&(pid, lo, hi), &fresh) in spans.iter().zip(fresh) {
             let mut rows = Vec::new();
-            // The fresh tier first: on a live queue it holds the whole span, and then the
-            // durable tier has nothing of it under this snapshot (`compaction::covers`).
-            if fresh {
-                for part in &fresh_parts {
-                    part.read(&snapshot, pid, (lo, hi), Some(lo - FRESH_MAX as i64), &mut rows);
-                }
-                holder_once(&mut rows, 0, lo);
-            }
-            let mut held: Vec<(i64, i64)> = rows.iter().map(|r| (r.first, r.last)).collect();
-            let covered = fresh && covers(&mut held, lo, hi);
+            // The fresh tier first: when it holds the whole span, the durable tier has
+            // nothing of it under this snapshot (`compaction::covers`).
+            let covered = fresh && read_fresh(&fresh_parts, &snapshot, (pid, lo, hi), &mut rows);
             if !covered {
                 let from = rows.len();
                 for part in &plain {
@@ -493,6 +507,37 @@ mod direct {
             out.push(Rows { lo, hi, rows });
         }
         Some(out)
+    }
+
+    /// Appends to `rows` (empty) the fresh tier's rows of the span `(pid, lo, hi)`; true
+    /// when they hold every offset of it.
+    ///
+    /// A pop's span begins where its lane's last read ended, at a segment's start unless
+    /// that read took part of a segment; so the tables are read from `lo` up first. The
+    /// btree reads every entry of a page between the scan's bounds, and the wide floor
+    /// (`lo - FRESH_MAX`, below which no segment holding `lo` begins) made that about 50
+    /// entries a read on a live queue. When no row begins at `lo`, the segment holding it
+    /// began earlier, and the tables are read again down to the wide floor. The rows kept
+    /// are the same either way: every row beginning in `(lo - FRESH_MAX, hi]` at or after
+    /// the last one beginning at or before `lo`.
+    fn read_fresh<'conn>(
+        parts: &[Part],
+        snapshot: &StatementSnapshot,
+        (pid, lo, hi): (pgrx::Uuid, i64, i64),
+        rows: &mut Vec<Segment<'conn>>,
+    ) -> bool {
+        for part in parts {
+            part.read(snapshot, pid, (lo, hi), Some(lo - 1), rows);
+        }
+        if !rows.iter().any(|r| r.first == lo) {
+            rows.clear();
+            for part in parts {
+                part.read(snapshot, pid, (lo, hi), Some(lo - FRESH_MAX as i64), rows);
+            }
+        }
+        holder_once(rows, 0, lo);
+        let mut held: Vec<(i64, i64)> = rows.iter().map(|r| (r.first, r.last)).collect();
+        covers(&mut held, lo, hi)
     }
 
     /// Of the rows `rows[from..]` of one tier (read from each of its tables), keeps one
