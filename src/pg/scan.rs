@@ -21,6 +21,56 @@
 use std::ffi::CStr;
 
 use pgrx::pg_sys;
+use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
+
+/// PostgreSQL's functions without pgrx's guard, for calls made several at a time under one
+/// `pg_guard_ffi_boundary`: each guarded call costs a `sigsetjmp` and about a hundred
+/// instructions, and a pop with its ack made about fifty of them here. The signatures are
+/// those of `pg_sys` (PostgreSQL 15). A closure of such calls holds nothing with a
+/// destructor and does not panic, as the guard requires: an ERROR in any of them jumps
+/// back to the guard, which turns it into a Rust panic, as for one guarded call.
+mod raw {
+    use pgrx::pg_sys::{
+        AttrNumber, Datum, HeapTuple, IndexScanDesc, List, Oid, RegProcedure, Relation, ScanKey, Snapshot,
+        StrategyNumber, TupleDesc, TupleTableSlot, LOCKMODE,
+    };
+    use std::ffi::c_int;
+
+    unsafe extern "C-unwind" {
+        pub fn CommandCounterIncrement();
+        pub fn GetTransactionSnapshot() -> Snapshot;
+        pub fn PushActiveSnapshot(snapshot: Snapshot);
+        pub fn UpdateActiveSnapshotCommandId();
+        pub fn GetActiveSnapshot() -> Snapshot;
+        pub fn ScanKeyEntryInitialize(
+            entry: ScanKey,
+            flags: c_int,
+            attributeNumber: AttrNumber,
+            strategy: StrategyNumber,
+            subtype: Oid,
+            collation: Oid,
+            procedure: RegProcedure,
+            argument: Datum,
+        );
+        pub fn index_rescan(scan: IndexScanDesc, keys: ScanKey, nkeys: c_int, orderbys: ScanKey, norderbys: c_int);
+        pub fn index_beginscan(
+            heapRelation: Relation,
+            indexRelation: Relation,
+            snapshot: Snapshot,
+            nkeys: c_int,
+            norderbys: c_int,
+        ) -> IndexScanDesc;
+        pub fn table_slot_create(rel: Relation, reglist: *mut *mut List) -> *mut TupleTableSlot;
+        pub fn ExecDropSingleTupleTableSlot(slot: *mut TupleTableSlot);
+        pub fn index_endscan(scan: IndexScanDesc);
+        pub fn table_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
+        pub fn RelationGetPrimaryKeyIndex(relation: Relation) -> Oid;
+        pub fn index_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
+        pub fn heap_attisnull(tup: HeapTuple, attnum: c_int, tupleDesc: TupleDesc) -> bool;
+        pub fn index_close(relation: Relation, lockmode: LOCKMODE);
+        pub fn table_close(relation: Relation, lockmode: LOCKMODE);
+    }
+}
 
 /// The snapshot of one read made of several scans, active while it lives.
 pub struct StatementSnapshot(pg_sys::Snapshot);
@@ -31,10 +81,12 @@ impl StatementSnapshot {
         // SAFETY: inside a transaction, as any SPI statement is; the pushed snapshot is
         // popped by `drop`, or by the transaction's abort after an ERROR.
         unsafe {
-            pg_sys::CommandCounterIncrement();
-            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-            pg_sys::UpdateActiveSnapshotCommandId();
-            StatementSnapshot(pg_sys::GetActiveSnapshot())
+            StatementSnapshot(pg_guard_ffi_boundary(|| {
+                raw::CommandCounterIncrement();
+                raw::PushActiveSnapshot(raw::GetTransactionSnapshot());
+                raw::UpdateActiveSnapshotCommandId();
+                raw::GetActiveSnapshot()
+            }))
         }
     }
 }
@@ -118,13 +170,29 @@ impl Table {
         // when it is not, both are closed here once (their locks kept, as a statement's
         // would be), and no `Table` exists to close them again.
         unsafe {
-            let rel = pg_sys::table_open(relid, Self::LOCK);
-            let index = index.unwrap_or_else(|| pg_sys::RelationGetPrimaryKeyIndex(rel));
-            if index == pg_sys::InvalidOid {
-                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            let (rel, index) = pg_guard_ffi_boundary(|| {
+                let rel = raw::table_open(relid, Self::LOCK);
+                let index = match index {
+                    Some(index) => index,
+                    None => raw::RelationGetPrimaryKeyIndex(rel),
+                };
+                if index == pg_sys::InvalidOid {
+                    raw::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                    return (rel, std::ptr::null_mut());
+                }
+                (rel, raw::index_open(index, Self::LOCK))
+            });
+            if index.is_null() {
                 return None;
             }
-            let index = pg_sys::index_open(index, Self::LOCK);
+            // The index's expressions and predicate (both must be null): read under one guard.
+            let (no_expressions, no_predicate) = pg_guard_ffi_boundary(|| {
+                let tuple = (*index).rd_indextuple;
+                (
+                    raw::heap_attisnull(tuple, pg_sys::Anum_pg_index_indexprs as i32, std::ptr::null_mut()),
+                    raw::heap_attisnull(tuple, pg_sys::Anum_pg_index_indpred as i32, std::ptr::null_mut()),
+                )
+            });
             let form = (*index).rd_index;
             let keys = (*form).indkey.values.as_slice((*form).indnkeyatts as usize);
             let kind = |r: pg_sys::Relation, k: u8| (*(*r).rd_rel).relkind == k as std::ffi::c_char;
@@ -141,24 +209,18 @@ impl Table {
                 && (*form).indisready
                 && (*form).indislive
                 && (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
-                && pg_sys::heap_attisnull(
-                    (*index).rd_indextuple,
-                    pg_sys::Anum_pg_index_indexprs as i32,
-                    std::ptr::null_mut(),
-                )
-                && pg_sys::heap_attisnull(
-                    (*index).rd_indextuple,
-                    pg_sys::Anum_pg_index_indpred as i32,
-                    std::ptr::null_mut(),
-                )
+                && no_expressions
+                && no_predicate
                 && keys.len() >= leading.len()
                 && leading
                     .iter()
                     .zip(keys)
                     .all(|(&(name, ty), &attno)| column_of(rel, name) == Some(attno) && typed(attno) == Some(ty));
             if !fits {
-                pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
-                pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                pg_guard_ffi_boundary(|| {
+                    raw::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+                    raw::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                });
                 return None;
             }
             Some(Table { rel, index })
@@ -184,8 +246,13 @@ impl Table {
         // Everything is ended by `Scan::drop`, or by the transaction's resource owner
         // after an ERROR.
         unsafe {
-            let desc = pg_sys::index_beginscan(self.rel, self.index, snapshot.0, keys.len() as i32, 0);
-            let slot = pg_sys::table_slot_create(self.rel, std::ptr::null_mut());
+            let (rel, index) = (self.rel, self.index);
+            let (desc, slot) = pg_guard_ffi_boundary(|| {
+                (
+                    raw::index_beginscan(rel, index, snapshot.0, keys.len() as i32, 0),
+                    raw::table_slot_create(rel, std::ptr::null_mut()),
+                )
+            });
             let direction = if backward {
                 pg_sys::ScanDirection::BackwardScanDirection
             } else {
@@ -206,8 +273,11 @@ impl Drop for Table {
             // SAFETY: both are open; their locks are kept to the end of the transaction
             // (NoLock), as a statement keeps them.
             unsafe {
-                pg_sys::index_close(self.index, pg_sys::NoLock as pg_sys::LOCKMODE);
-                pg_sys::table_close(self.rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                let (index, rel) = (self.index, self.rel);
+                pg_guard_ffi_boundary(|| {
+                    raw::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+                    raw::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                })
             }
         }
     }
@@ -238,20 +308,27 @@ impl Scan<'_> {
             assert_eq!((*self.desc).numberOfKeys as usize, keys.len(), "a rescan with as many keys");
             // On the stack: a scan has a few keys (`MAX_KEYS`, checked by `Table::scan`).
             let mut data: [pg_sys::ScanKeyData; MAX_KEYS] = std::mem::zeroed();
-            for (k, d) in keys.iter().zip(data.iter_mut()) {
-                let collation = *(*self.index).rd_indcollation.add(k.column as usize - 1);
-                pg_sys::ScanKeyEntryInitialize(
-                    d,
-                    0,
-                    k.column,
-                    k.strategy,
-                    pg_sys::InvalidOid,
-                    collation,
-                    k.proc,
-                    k.arg,
-                );
-            }
-            pg_sys::index_rescan(self.desc, data.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
+            // The index columns' collations first, outside the guard: nothing in it may
+            // panic, and this indexes.
+            let collations: [pg_sys::Oid; MAX_KEYS] = std::array::from_fn(|i| {
+                keys.get(i).map_or(pg_sys::InvalidOid, |k| *(*self.index).rd_indcollation.add(k.column as usize - 1))
+            });
+            let (desc, data) = (self.desc, &mut data);
+            pg_guard_ffi_boundary(|| {
+                for ((k, d), collation) in keys.iter().zip(data.iter_mut()).zip(collations) {
+                    raw::ScanKeyEntryInitialize(
+                        d,
+                        0,
+                        k.column,
+                        k.strategy,
+                        pg_sys::InvalidOid,
+                        collation,
+                        k.proc,
+                        k.arg,
+                    );
+                }
+                raw::index_rescan(desc, data.as_mut_ptr(), keys.len() as i32, std::ptr::null_mut(), 0);
+            })
         }
     }
 
@@ -270,8 +347,11 @@ impl Drop for Scan<'_> {
         if !std::thread::panicking() {
             // SAFETY: begun by `Table::scan` and ended once here.
             unsafe {
-                pg_sys::ExecDropSingleTupleTableSlot(self.slot);
-                pg_sys::index_endscan(self.desc);
+                let (slot, desc) = (self.slot, self.desc);
+                pg_guard_ffi_boundary(|| {
+                    raw::ExecDropSingleTupleTableSlot(slot);
+                    raw::index_endscan(desc);
+                })
             }
         }
     }
