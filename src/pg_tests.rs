@@ -312,9 +312,14 @@ fn direct_segment_reads_match_the_statement() {
     pushes("c", "c", 5);
     batch("c", 70);
     pushes("c", "c", 1);
-    // d: one fresh segment of 10 (a batch below FRESH_MAX), read from its start and from
-    // within it (the direct read looks for a row beginning at the span's start first).
+    // d: two fresh segments of 10 (batches below FRESH_MAX), 1..=10 and 11..=20; e: one of
+    // 63, the most a fresh segment holds. Read from a segment's start and from within one:
+    // the direct read looks for a row beginning at the span's start first, and else reads
+    // again down to FRESH_MAX below it.
     batch("d", 10);
+    batch("d", 10);
+    const _: () = assert!(queen_core::compaction::FRESH_MAX == 64);
+    batch("e", 63);
     for i in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'a')")).unwrap();
         Spi::run(&format!("SELECT * FROM queen.push('dr', '{{\"m\": {i}}}', 'b')")).unwrap();
@@ -327,7 +332,7 @@ fn direct_segment_reads_match_the_statement() {
         .unwrap()
         .unwrap()
     };
-    let (a, b, c, d) = (pid("a"), pid("b"), pid("c"), pid("d"));
+    let (a, b, c, d, e) = (pid("a"), pid("b"), pid("c"), pid("d"), pid("e"));
     // A row of b's in the other generation's table, below its first segment (as a rotation
     // leaves while it runs): each generation's table gives a segment holding a span's
     // start, and the read keeps the last one, as the statement does.
@@ -358,14 +363,17 @@ fn direct_segment_reads_match_the_statement() {
         (d, 1, 10),
         (d, 4, 6),
         (d, 10, 10),
+        (d, 5, 15),
+        (e, 63, 63),
+        (e, 1, 63),
     ];
     let [direct, sql] = crate::storage::segments::both_ways(&spans);
     // The rows a read uses: those that end at or after the span's start.
     use crate::storage::segments::ReadRow;
-    let used = |all: &[Vec<ReadRow>]| -> Vec<Vec<ReadRow>> {
-        all.iter().zip(&spans).map(|(rows, s)| rows.iter().filter(|r| r.1 >= s.1).cloned().collect()).collect()
+    let used = |all: &[Vec<ReadRow>], spans: &[(pgrx::Uuid, i64, i64)]| -> Vec<Vec<ReadRow>> {
+        all.iter().zip(spans).map(|(rows, s)| rows.iter().filter(|r| r.1 >= s.1).cloned().collect()).collect()
     };
-    assert_eq!(used(&direct), used(&sql));
+    assert_eq!(used(&direct, &spans), used(&sql, &spans));
     let bounds = |all: &[Vec<ReadRow>], i: usize| {
         all[i].iter().map(|r| (r.0, r.1)).collect::<Vec<_>>()
     };
@@ -382,12 +390,22 @@ fn direct_segment_reads_match_the_statement() {
     let firsts = |i: usize| direct[i].iter().map(|r| r.0).collect::<Vec<_>>();
     assert_eq!(firsts(6), [1], "b's 1..=1: one holder, the current generation's batch");
     assert_eq!(firsts(7), [-10, 1], "b's -5..=3: the other generation's row holds -5");
-    let fresh_d = Spi::get_one::<i64>(&format!(
-        "SELECT count(*) FROM queen.fresh_segments WHERE partition_id = '{d}' AND first_offset = 1 AND last_offset = 10"
+    let fresh_rows = Spi::get_one::<String>(&format!(
+        "SELECT string_agg(format('%s..%s', first_offset, last_offset), ' ' ORDER BY partition_id = '{e}', first_offset)
+           FROM queen.fresh_segments WHERE partition_id IN ('{d}', '{e}')"
     ));
-    assert_eq!(fresh_d.unwrap(), Some(1), "d's batch is one fresh segment");
-    for i in 16..19 {
-        assert_eq!(bounds(&direct, i), [(1, 10)], "d's spans: its one fresh segment, from its start or within it");
+    assert_eq!(fresh_rows.unwrap().as_deref(), Some("1..10 11..20 1..63"), "d's and e's batches are fresh segments");
+    let fresh_spans = &spans[16..];
+    let expected: [&[(i64, i64)]; 6] = [&[(1, 10)], &[(1, 10)], &[(1, 10)], &[(1, 10), (11, 20)], &[(1, 63)], &[(1, 63)]];
+    for (i, want) in expected.iter().enumerate() {
+        assert_eq!(bounds(&direct, 16 + i), *want, "{:?}: read with the other spans", fresh_spans[i]);
+    }
+    // The same spans alone: every one is held by fresh rows, so the fresh tier is read
+    // alone (the first pass of the direct read), with the same rows.
+    let [direct, sql] = crate::storage::segments::both_ways(fresh_spans);
+    assert_eq!(used(&direct, fresh_spans), used(&sql, fresh_spans));
+    for (i, want) in expected.iter().enumerate() {
+        assert_eq!(bounds(&direct, i), *want, "{:?}: the fresh tier alone", fresh_spans[i]);
     }
 }
 
@@ -399,7 +417,7 @@ fn direct_segment_reads_match_the_statement() {
 /// delivers.
 #[pg_test]
 fn direct_lane_scan_matches_the_statement() {
-    use crate::lane::claimable::{by_statement, direct, Open};
+    use crate::lane::claimable::{by_statement, direct, LaneTables};
     for p in 0..12 {
         Spi::run(&format!("SELECT * FROM queen.push('ls', '{{\"p\": {p}}}', 'p{p}')")).unwrap();
         if p % 3 == 0 {
@@ -413,7 +431,7 @@ fn direct_lane_scan_matches_the_statement() {
     let group = "__QUEUE_MODE__";
     let all = (pgrx::Uuid::from_bytes([0; 16]), pgrx::Uuid::from_bytes([0xff; 16]));
     let both = |bounds, limit| {
-        let d = direct(&Open::new().expect("queen's tables read directly"), queue, group, bounds, limit);
+        let d = direct(&LaneTables::open().expect("queen's tables read directly"), queue, group, bounds, limit);
         let s = Spi::connect_mut(|client| by_statement(client, queue, group, bounds, limit));
         assert_eq!(d, s);
         d
@@ -426,7 +444,7 @@ fn direct_lane_scan_matches_the_statement() {
     }
     Spi::run("DROP INDEX queen.lanes_queue_group").unwrap();
     Spi::run("CREATE INDEX lanes_queue_group ON queen.lanes (consumer_group, queue_id, partition_id)").unwrap();
-    assert!(Open::new().is_none(), "an index of other columns is not read directly");
+    assert!(LaneTables::open().is_none(), "an index of other columns is not read directly");
     // The pop scans by the statement now, and takes a message or more from every lane
     // found claimable above.
     let lanes = Spi::get_one::<i64>(

@@ -28,30 +28,42 @@ pub struct Claimable {
     pub readable: i64,
 }
 
-/// The tables a pop's scan of its lanes reads directly: opened (and locked) at the scan's
-/// first chunk and kept open for its next ones, which then cost no relation opens.
-#[derive(Default)]
+/// The tables a pop's scan of its lanes reads directly, carried from chunk to chunk: opened
+/// (and locked) at the scan's first chunk and kept open for its next ones, which then cost
+/// no relation opens.
 pub enum Tables {
     /// No chunk read yet.
-    #[default]
     Unopened,
-    Open(Open),
+    Open(LaneTables),
     /// Not as this library knows them: every chunk is read by the statement.
-    Unknown,
+    Unfit,
+}
+
+impl Tables {
+    /// The open tables, opened on the first call; None when they are unfit.
+    fn get(&mut self) -> Option<&LaneTables> {
+        if let Tables::Unopened = self {
+            *self = LaneTables::open().map_or(Tables::Unfit, Tables::Open);
+        }
+        match self {
+            Tables::Open(tables) => Some(tables),
+            Tables::Unopened | Tables::Unfit => None,
+        }
+    }
 }
 
 /// The lanes table (with the index `lanes_queue_group`) and the partitions table (with
 /// its primary key), open, and where the scan's columns are.
-pub struct Open {
+pub struct LaneTables {
     lanes: Table,
     partitions: Table,
     lane_partition: i16,
     name: i16,
 }
 
-impl Open {
+impl LaneTables {
     /// None when the tables are not as this library knows them (nothing is read).
-    pub fn new() -> Option<Open> {
+    pub fn open() -> Option<LaneTables> {
         let lanes = Table::open(
             queen_table(c"lanes"),
             Some(queen_table(c"lanes_queue_group")),
@@ -60,13 +72,13 @@ impl Open {
         let partitions = Table::open(queen_table(c"partitions"), None, &[(c"partition_id", pg_sys::UUIDOID)])?;
         let (lane_partition, name) =
             (lanes.column(c"partition_id", pg_sys::UUIDOID)?, partitions.column(c"name", pg_sys::TEXTOID)?);
-        Some(Open { lanes, partitions, lane_partition, name })
+        Some(LaneTables { lanes, partitions, lane_partition, name })
     }
 }
 
 /// The lanes of `group` of queue `queue_id` that a pop may claim now, in partition-id
-/// order within `(lower, upper]`, at most `limit`; `tables` are those of the scan's
-/// earlier chunks.
+/// order within `(lower, upper]`, at most `limit`, read through `tables` (the scan's,
+/// from chunk to chunk).
 pub fn claimable_lanes(
     client: &mut SpiClient<'_>,
     tables: &mut Tables,
@@ -75,24 +87,21 @@ pub fn claimable_lanes(
     bounds: (pgrx::Uuid, pgrx::Uuid),
     limit: i64,
 ) -> Vec<Claimable> {
-    if let Tables::Unopened = tables {
-        *tables = Open::new().map_or(Tables::Unknown, Tables::Open);
-    }
-    match tables {
-        Tables::Open(open) => direct(open, queue_id, group, bounds, limit),
-        _ => by_statement(client, queue_id, group, bounds, limit),
+    match tables.get() {
+        Some(tables) => direct(tables, queue_id, group, bounds, limit),
+        None => by_statement(client, queue_id, group, bounds, limit),
     }
 }
 
 /// `claimable_lanes` by direct index scans of the open tables.
 pub(crate) fn direct(
-    tables: &Open,
+    tables: &LaneTables,
     queue_id: i64,
     group: &str,
     (lower, upper): (pgrx::Uuid, pgrx::Uuid),
     limit: i64,
 ) -> Vec<Claimable> {
-    let Open { lanes, partitions, lane_partition, name } = tables;
+    let LaneTables { lanes, partitions, lane_partition, name } = tables;
     let snapshot = StatementSnapshot::take();
     let eq = pg_sys::BTEqualStrategyNumber;
     let mut scan = lanes.scan(

@@ -17,7 +17,10 @@
 //! whose executor honours them.
 
 use pgrx::pg_sys;
+use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 use pgrx::IntoDatum;
+
+use crate::pg::raw;
 
 /// Inserts one row into `queen.fresh_segments`, generation `generation`. Returns false
 /// (having done nothing) when the table is not one this code can write directly.
@@ -72,7 +75,8 @@ pub fn insert_rows<const N: usize>(
     // PostgreSQL and is used while the relation is open and locked (RowExclusiveLock, held
     // to the end of the transaction as an INSERT would); the tuples and the slot are freed
     // here; an ERROR (a unique violation, say) unwinds through pgrx and the transaction's
-    // resource owner closes what is open. The caller promises each datum's type.
+    // resource owner closes what is open. The caller promises each datum's type. The
+    // guarded closures make only `raw` calls on plain values and pointers (`pg::raw`).
     unsafe {
         if parent != pg_sys::InvalidOid && !Target::plain_parent(parent) {
             return false;
@@ -81,21 +85,19 @@ pub fn insert_rows<const N: usize>(
             return false;
         };
         let desc = (*target.rel).rd_att;
-        let slot = pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsHeapTuple);
-        let cid = pg_sys::GetCurrentCommandId(true);
-        for mut values in rows {
-            let mut nulls = [false; N];
-            let tup = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-            pg_sys::heap_insert(target.rel, tup, cid, 0, std::ptr::null_mut());
-            pg_sys::ExecStoreHeapTuple(tup, slot, false);
-            target.index(slot, tup);
-            pg_sys::ExecClearTuple(slot);
-            pg_sys::heap_freetuple(tup);
+        // PostgreSQL's calls a few at a time under one guard (`pg::raw`).
+        let (slot, cid) = pg_guard_ffi_boundary(|| {
+            (raw::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsHeapTuple), raw::GetCurrentCommandId(true))
+        });
+        for values in rows {
+            target.insert(slot, cid, values);
         }
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_guard_ffi_boundary(|| {
+            raw::ExecDropSingleTupleTableSlot(slot);
+            // As SPI does after each statement: later statements see the rows.
+            raw::CommandCounterIncrement();
+        });
         target.close(pg_sys::NoLock as pg_sys::LOCKMODE);
-        // As SPI does after each statement: later statements see the rows.
-        pg_sys::CommandCounterIncrement();
         true
     }
 }
@@ -138,12 +140,15 @@ impl Target {
     /// Inside a transaction; `relid` names a plain table.
     unsafe fn open<const N: usize>(relid: pg_sys::Oid, types: [pg_sys::Oid; N]) -> Option<Target> {
         // SAFETY: the caller's promise; the index list is a copy, freed here, and each
-        // index is opened under the same lock as its table.
+        // index is opened under the same lock as its table. The guarded closures make
+        // only `raw` calls, the second in a loop over a slice (`pg::raw`).
         unsafe {
-            let rel = pg_sys::table_open(relid, Self::LOCK);
+            let (rel, list) = pg_guard_ffi_boundary(|| {
+                let rel = raw::table_open(relid, Self::LOCK);
+                // A copy of the relcache's list of the table's indexes.
+                (rel, raw::RelationGetIndexList(rel))
+            });
             let desc = (*rel).rd_att;
-            // A copy of the relcache's list of the table's indexes.
-            let list = pg_sys::RelationGetIndexList(rel);
             let count = if list.is_null() { 0 } else { (*list).length as usize };
             let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
             let constr = (*desc).constr;
@@ -157,11 +162,15 @@ impl Target {
             let mut target =
                 Target { rel, indexes: [(std::ptr::null_mut(), std::ptr::null_mut()); MAX_INDEXES], count: 0 };
             if fits {
-                for i in 0..count {
-                    let irel = pg_sys::index_open((*(*list).elements.add(i)).oid_value, Self::LOCK);
-                    target.indexes[i] = (irel, pg_sys::BuildIndexInfo(irel));
-                    target.count = i + 1;
-                }
+                // `count` fits `indexes` (above): sliced here, outside the guard.
+                let opened = &mut target.indexes[..count];
+                pg_guard_ffi_boundary(|| {
+                    for (i, entry) in opened.iter_mut().enumerate() {
+                        let irel = raw::index_open((*(*list).elements.add(i)).oid_value, Self::LOCK);
+                        *entry = (irel, raw::BuildIndexInfo(irel));
+                    }
+                });
+                target.count = count;
             }
             if !list.is_null() {
                 pg_sys::list_free(list);
@@ -184,35 +193,57 @@ impl Target {
         &self.indexes[..self.count]
     }
 
-    /// The index entries of the tuple just inserted (`tup`, stored in `slot`), in every
-    /// index ready for inserts (one that CREATE INDEX CONCURRENTLY is building is left to
-    /// its build, as the executor leaves it).
+    /// Inserts one row (`values`, non-null datums of the table's column types) and its
+    /// entries in every index ready for inserts (one that CREATE INDEX CONCURRENTLY is
+    /// building is left to its build, as the executor leaves it), through `slot` (a slot
+    /// of the table's descriptor, left empty), under one guard.
     ///
     /// # Safety
-    /// `slot` holds `tup`, a tuple inserted into this table in this command.
-    unsafe fn index(&self, slot: *mut pg_sys::TupleTableSlot, tup: pg_sys::HeapTuple) {
-        // SAFETY: the caller's promise; every index is open and locked.
+    /// The table and its indexes are open and locked for inserts; `cid` is the current
+    /// command's id.
+    unsafe fn insert<const N: usize>(
+        &self,
+        slot: *mut pg_sys::TupleTableSlot,
+        cid: pg_sys::CommandId,
+        mut values: [pg_sys::Datum; N],
+    ) {
+        let mut nulls = [false; N];
+        // Index entries: the column values and nulls, filled for each index in turn.
+        let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
+        let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
+        let (rel, indexes) = (self.rel, self.opened());
+        // SAFETY: the caller's promise; in the guarded closure only PostgreSQL's calls, on
+        // plain values and pointers, and a loop over a slice (`pg::raw`).
         unsafe {
-            for &(irel, info) in self.opened().iter().filter(|&&(_, info)| (*info).ii_ReadyForInserts) {
-                let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
-                let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
-                pg_sys::FormIndexDatum(info, slot, std::ptr::null_mut(), ivalues.as_mut_ptr(), inulls.as_mut_ptr());
-                let unique = if (*info).ii_Unique {
-                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
-                } else {
-                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
-                };
-                pg_sys::index_insert(
-                    irel,
-                    ivalues.as_mut_ptr(),
-                    inulls.as_mut_ptr(),
-                    &mut (*tup).t_self,
-                    self.rel,
-                    unique,
-                    false,
-                    info,
-                );
-            }
+            pg_guard_ffi_boundary(|| {
+                let desc = (*rel).rd_att;
+                let tup = raw::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+                raw::heap_insert(rel, tup, cid, 0, std::ptr::null_mut());
+                raw::ExecStoreHeapTuple(tup, slot, false);
+                for &(irel, info) in indexes {
+                    if !(*info).ii_ReadyForInserts {
+                        continue;
+                    }
+                    raw::FormIndexDatum(info, slot, std::ptr::null_mut(), ivalues.as_mut_ptr(), inulls.as_mut_ptr());
+                    let unique = if (*info).ii_Unique {
+                        pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
+                    } else {
+                        pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
+                    };
+                    raw::index_insert(
+                        irel,
+                        ivalues.as_mut_ptr(),
+                        inulls.as_mut_ptr(),
+                        &mut (*tup).t_self,
+                        rel,
+                        unique,
+                        false,
+                        info,
+                    );
+                }
+                raw::ExecClearTuple(slot);
+                raw::heap_freetuple(tup);
+            })
         }
     }
 
@@ -222,12 +253,16 @@ impl Target {
     /// # Safety
     /// The relations are open, and not used after this.
     unsafe fn close(self, lock: pg_sys::LOCKMODE) {
-        // SAFETY: the caller's promise.
+        let (rel, indexes) = (self.rel, self.opened());
+        // SAFETY: the caller's promise; only PostgreSQL's calls and a loop over a slice
+        // under the guard (`pg::raw`).
         unsafe {
-            for &(irel, _) in self.opened() {
-                pg_sys::index_close(irel, lock);
-            }
-            pg_sys::table_close(self.rel, lock);
+            pg_guard_ffi_boundary(|| {
+                for &(irel, _) in indexes {
+                    raw::index_close(irel, lock);
+                }
+                raw::table_close(rel, lock);
+            })
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod heap;
 pub mod ids;
 pub mod jsonb;
 pub mod locks;
+pub mod raw;
 pub mod report;
 pub mod scan;
 pub mod settings;

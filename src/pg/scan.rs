@@ -23,54 +23,7 @@ use std::ffi::CStr;
 use pgrx::pg_sys;
 use pgrx::pg_sys::ffi::pg_guard_ffi_boundary;
 
-/// PostgreSQL's functions without pgrx's guard, for calls made several at a time under one
-/// `pg_guard_ffi_boundary`: each guarded call costs a `sigsetjmp` and about a hundred
-/// instructions, and a pop with its ack made about fifty of them here. The signatures are
-/// those of `pg_sys` (PostgreSQL 15). A closure of such calls holds nothing with a
-/// destructor and does not panic, as the guard requires: an ERROR in any of them jumps
-/// back to the guard, which turns it into a Rust panic, as for one guarded call.
-mod raw {
-    use pgrx::pg_sys::{
-        AttrNumber, Datum, HeapTuple, IndexScanDesc, List, Oid, RegProcedure, Relation, ScanKey, Snapshot,
-        StrategyNumber, TupleDesc, TupleTableSlot, LOCKMODE,
-    };
-    use std::ffi::c_int;
-
-    unsafe extern "C-unwind" {
-        pub fn CommandCounterIncrement();
-        pub fn GetTransactionSnapshot() -> Snapshot;
-        pub fn PushActiveSnapshot(snapshot: Snapshot);
-        pub fn UpdateActiveSnapshotCommandId();
-        pub fn GetActiveSnapshot() -> Snapshot;
-        pub fn ScanKeyEntryInitialize(
-            entry: ScanKey,
-            flags: c_int,
-            attributeNumber: AttrNumber,
-            strategy: StrategyNumber,
-            subtype: Oid,
-            collation: Oid,
-            procedure: RegProcedure,
-            argument: Datum,
-        );
-        pub fn index_rescan(scan: IndexScanDesc, keys: ScanKey, nkeys: c_int, orderbys: ScanKey, norderbys: c_int);
-        pub fn index_beginscan(
-            heapRelation: Relation,
-            indexRelation: Relation,
-            snapshot: Snapshot,
-            nkeys: c_int,
-            norderbys: c_int,
-        ) -> IndexScanDesc;
-        pub fn table_slot_create(rel: Relation, reglist: *mut *mut List) -> *mut TupleTableSlot;
-        pub fn ExecDropSingleTupleTableSlot(slot: *mut TupleTableSlot);
-        pub fn index_endscan(scan: IndexScanDesc);
-        pub fn table_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
-        pub fn RelationGetPrimaryKeyIndex(relation: Relation) -> Oid;
-        pub fn index_open(relationId: Oid, lockmode: LOCKMODE) -> Relation;
-        pub fn heap_attisnull(tup: HeapTuple, attnum: c_int, tupleDesc: TupleDesc) -> bool;
-        pub fn index_close(relation: Relation, lockmode: LOCKMODE);
-        pub fn table_close(relation: Relation, lockmode: LOCKMODE);
-    }
-}
+use crate::pg::raw;
 
 /// The snapshot of one read made of several scans, active while it lives.
 pub struct StatementSnapshot(pg_sys::Snapshot);
@@ -79,7 +32,8 @@ impl StatementSnapshot {
     /// Advances the command counter and pushes the snapshot a new statement would get.
     pub fn take() -> StatementSnapshot {
         // SAFETY: inside a transaction, as any SPI statement is; the pushed snapshot is
-        // popped by `drop`, or by the transaction's abort after an ERROR.
+        // popped by `drop`, or by the transaction's abort after an ERROR. The guarded
+        // closure makes only `raw` calls (`pg::raw` says what it must not do).
         unsafe {
             StatementSnapshot(pg_guard_ffi_boundary(|| {
                 raw::CommandCounterIncrement();
@@ -168,7 +122,8 @@ impl Table {
         // names no relation raises an ERROR, through pgrx). The index is checked to belong
         // to the table, and to be what the scans expect, before a `Table` is made of them;
         // when it is not, both are closed here once (their locks kept, as a statement's
-        // would be), and no `Table` exists to close them again.
+        // would be), and no `Table` exists to close them again. The guarded closures make
+        // only `raw` calls on plain values and pointers (`pg::raw`).
         unsafe {
             let (rel, index) = pg_guard_ffi_boundary(|| {
                 let rel = raw::table_open(relid, Self::LOCK);
@@ -178,13 +133,10 @@ impl Table {
                 };
                 if index == pg_sys::InvalidOid {
                     raw::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-                    return (rel, std::ptr::null_mut());
+                    return None;
                 }
-                (rel, raw::index_open(index, Self::LOCK))
-            });
-            if index.is_null() {
-                return None;
-            }
+                Some((rel, raw::index_open(index, Self::LOCK)))
+            })?;
             // The index's expressions and predicate (both must be null): read under one guard.
             let (no_expressions, no_predicate) = pg_guard_ffi_boundary(|| {
                 let tuple = (*index).rd_indextuple;
@@ -243,6 +195,7 @@ impl Table {
     pub fn scan<'s>(&'s self, snapshot: &'s StatementSnapshot, keys: &[Key], backward: bool) -> Scan<'s> {
         assert!(keys.len() <= MAX_KEYS, "at most {MAX_KEYS} scan keys");
         // SAFETY: the table and index are open and locked; the slot fits the table's rows.
+        // The guarded closure makes only `raw` calls (`pg::raw`).
         // Everything is ended by `Scan::drop`, or by the transaction's resource owner
         // after an ERROR.
         unsafe {
@@ -271,7 +224,7 @@ impl Drop for Table {
         // owner closes them.
         if !std::thread::panicking() {
             // SAFETY: both are open; their locks are kept to the end of the transaction
-            // (NoLock), as a statement keeps them.
+            // (NoLock), as a statement keeps them. Only `raw` calls under the guard.
             unsafe {
                 let (index, rel) = (self.index, self.rel);
                 pg_guard_ffi_boundary(|| {
@@ -303,19 +256,20 @@ impl Scan<'_> {
         // SAFETY: the scan was begun with `keys.len()` keys (`Table::scan`, checked); the
         // scan keys are filled in place with the index column's collation, as the planner
         // gives a statement's index quals, and index_rescan copies them. The unused keys
-        // stay zeroed, a valid value of the plain C struct, and are not passed on.
+        // stay zeroed, a valid value of the plain C struct, and are not passed on. The
+        // guarded closure makes only `raw` calls, in a loop over iterators (`pg::raw`).
         unsafe {
             assert_eq!((*self.desc).numberOfKeys as usize, keys.len(), "a rescan with as many keys");
             // On the stack: a scan has a few keys (`MAX_KEYS`, checked by `Table::scan`).
             let mut data: [pg_sys::ScanKeyData; MAX_KEYS] = std::mem::zeroed();
-            // The index columns' collations first, outside the guard: nothing in it may
-            // panic, and this indexes.
+            // The index columns' collations, outside the guard: `k.column - 1` could
+            // overflow (a panic in a debug build), and nothing under the guard may panic.
             let collations: [pg_sys::Oid; MAX_KEYS] = std::array::from_fn(|i| {
                 keys.get(i).map_or(pg_sys::InvalidOid, |k| *(*self.index).rd_indcollation.add(k.column as usize - 1))
             });
             let (desc, data) = (self.desc, &mut data);
             pg_guard_ffi_boundary(|| {
-                for ((k, d), collation) in keys.iter().zip(data.iter_mut()).zip(collations) {
+                for ((k, d), &collation) in keys.iter().zip(data.iter_mut()).zip(collations.iter()) {
                     raw::ScanKeyEntryInitialize(
                         d,
                         0,
@@ -345,7 +299,8 @@ impl Drop for Scan<'_> {
         // While unwinding from an ERROR, PostgreSQL is not called: the abort ends the scan
         // and releases its buffer pin.
         if !std::thread::panicking() {
-            // SAFETY: begun by `Table::scan` and ended once here.
+            // SAFETY: begun by `Table::scan` and ended once here. Only `raw` calls under
+            // the guard.
             unsafe {
                 let (slot, desc) = (self.slot, self.desc);
                 pg_guard_ffi_boundary(|| {

@@ -458,17 +458,22 @@ mod direct {
     }
 
     /// The rows of every span, or None when the tiers are not as this library knows them
-    /// (what was read is dropped). The copies of the rows are made in the current memory
-    /// context, the procedure context of `_client`'s SPI connection, so they live as long
-    /// as an SPI result of it would (`'conn`).
+    /// (the caller then reads by SQL; copies made before that stay in the memory context
+    /// until it ends). The copies of the rows are made in the current memory context, the
+    /// procedure context of `_client`'s SPI connection, so they live as long as an SPI
+    /// result of it would (`'conn`).
     ///
-    /// When every span may be fresh, the fresh tier is read alone first, under a snapshot
-    /// taken after its tables' locks: on a live queue its rows hold every span whole, and
-    /// the durable tier is then neither opened nor locked (five relations: its parent, two
-    /// tables, two indexes). Otherwise both tiers are read again, under a new snapshot
-    /// taken after both tiers' locks, so that the rows of one span never come from two
-    /// snapshots (a compaction between them would show a segment in both tiers, or in
-    /// neither). Each read takes its locks before its snapshot, as a statement does.
+    /// When every span may be fresh, the fresh tier is read alone first (`fresh_only`): on
+    /// a live queue its rows hold every span whole, and the durable tier is then neither
+    /// opened nor locked (five relations: its parent, two tables, two indexes). Otherwise
+    /// (a span that is not fresh, or fresh rows that miss part of one) every span is read
+    /// here, both tiers under one snapshot taken after both tiers' locks, so that the rows
+    /// of one span never come from two snapshots (a compaction between them would show a
+    /// segment in both tiers, or in neither). Each read takes its locks before its
+    /// snapshot, as a statement does. The durable tier's locks come after the fresh
+    /// tier's, the opposite of a rotation's swap (`queen._rotate_segments`); if the two
+    /// wait for each other, the swap finds the cycle first (its `deadlock_timeout` is
+    /// 50 ms) and gives up, and this read goes on.
     pub(crate) fn fetch_many<'conn>(
         _client: &SpiClient<'conn>,
         spans: &[(pgrx::Uuid, i64, i64)],
@@ -476,16 +481,7 @@ mod direct {
     ) -> Option<Vec<Rows<'conn>>> {
         let fresh_parts = if fresh.iter().any(|&f| f) { tier(c"fresh_segments")? } else { Vec::new() };
         if fresh.iter().all(|&f| f) {
-            let snapshot = StatementSnapshot::take();
-            let mut out = Vec::with_capacity(spans.len());
-            for &(pid, lo, hi) in spans {
-                let mut rows = Vec::new();
-                if !read_fresh(&fresh_parts, &snapshot, (pid, lo, hi), &mut rows) {
-                    break;
-                }
-                out.push(Rows { lo, hi, rows });
-            }
-            if out.len() == spans.len() {
+            if let Some(out) = fresh_only(&fresh_parts, spans) {
                 return Some(out);
             }
         }
@@ -509,23 +505,38 @@ mod direct {
         Some(out)
     }
 
+    /// The rows of every span from the fresh tier alone (its tables `parts`, open), under
+    /// a snapshot of its own; None as soon as one span is not held whole by them.
+    fn fresh_only<'conn>(parts: &[Part], spans: &[(pgrx::Uuid, i64, i64)]) -> Option<Vec<Rows<'conn>>> {
+        let snapshot = StatementSnapshot::take();
+        spans
+            .iter()
+            .map(|&(pid, lo, hi)| {
+                let mut rows = Vec::new();
+                read_fresh(parts, &snapshot, (pid, lo, hi), &mut rows).then_some(Rows { lo, hi, rows })
+            })
+            .collect()
+    }
+
     /// Appends to `rows` (empty) the fresh tier's rows of the span `(pid, lo, hi)`; true
     /// when they hold every offset of it.
     ///
     /// A pop's span begins where its lane's last read ended, at a segment's start unless
-    /// that read took part of a segment; so the tables are read from `lo` up first. The
-    /// btree reads every entry of a page between the scan's bounds, and the wide floor
-    /// (`lo - FRESH_MAX`, below which no segment holding `lo` begins) made that about 50
-    /// entries a read on a live queue. When no row begins at `lo`, the segment holding it
-    /// began earlier, and the tables are read again down to the wide floor. The rows kept
-    /// are the same either way: every row beginning in `(lo - FRESH_MAX, hi]` at or after
-    /// the last one beginning at or before `lo`.
+    /// that read took part of a segment; so each table is read first for the rows that
+    /// begin in `[lo, hi]` only. The btree reads every entry of a page between a scan's
+    /// bounds, and the wide floor (`lo - FRESH_MAX`, below which no segment holding `lo`
+    /// begins) made that about 50 entries a read on a live queue. When no row begins at
+    /// `lo`, the segment holding it may have begun earlier (or be durable, or gone), and
+    /// the tables are read again down to the wide floor. The rows kept are the same either
+    /// way: every row beginning in `(lo - FRESH_MAX, hi]` at or after the last one
+    /// beginning at or before `lo`.
     fn read_fresh<'conn>(
         parts: &[Part],
         snapshot: &StatementSnapshot,
         (pid, lo, hi): (pgrx::Uuid, i64, i64),
         rows: &mut Vec<Segment<'conn>>,
     ) -> bool {
+        debug_assert!(rows.is_empty(), "read_fresh fills an empty list");
         for part in parts {
             part.read(snapshot, pid, (lo, hi), Some(lo - 1), rows);
         }
