@@ -235,6 +235,84 @@ fn a_snapshot_older_than_a_rotation_skips_nothing() {
     assert_eq!(all, (1..=120).collect::<Vec<_>>());
 }
 
+/// A pop whose messages were all in the fresh tier locks that tier alone; a later read of
+/// the durable tier in the same transaction takes that tier's locks after the fresh
+/// tier's, the opposite of a rotation's swap (durable, then fresh). When the swap waits
+/// for the fresh tier meanwhile, the two wait for each other: the swap gives up (its
+/// `deadlock_timeout` is 50 ms, its `lock_timeout` 150 ms) and the pop goes on. Nothing
+/// fails, and every message is delivered once.
+#[test]
+fn a_pop_reading_the_durable_tier_after_the_fresh_one_outlasts_a_swap() {
+    let dsn = database_without_worker_rotation();
+    let mut c = connect_to(&dsn);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(19);
+    // 'cold': a batch of 100, a durable segment of its own. 'filler': ~3 MB in the current
+    // generation, so that a rotation is due. 'hot': single pushes, in the fresh tier (last,
+    // so that compaction, which waits 10 s for runs this short, has not merged them).
+    let batch: Value = Value::Array((1..=100).map(|i| json!({"queue": "cold", "payload": {"i": i}})).collect());
+    push(&mut c, &batch);
+    for k in 0..3 {
+        push(&mut c, &items("filler", k * 500 + 1, 500, &mut rng));
+    }
+    for i in 1..=5i64 {
+        c.execute("SELECT count(*) FROM queen.push('hot', jsonb_build_object('i', $1::int8))", &[&i]).unwrap();
+    }
+    let take = |c: &mut Client, queue: &str| -> Vec<i64> {
+        c.query("SELECT (payload->>'i')::int8 FROM queen.pop($1, 'g', batch => 200, auto_ack => true)", &[&queue])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let mut popper = connect_to(&dsn);
+    popper.batch_execute("BEGIN").unwrap();
+    assert_eq!(take(&mut popper, "hot"), (1..=5).collect::<Vec<_>>());
+    // The swap, in a session of its own: it locks the oldest generation's durable table,
+    // then waits for its fresh table, which the pop's transaction holds (and nothing of the
+    // durable tier, which the swap would otherwise have waited for first).
+    let rotator = {
+        let dsn = dsn.clone();
+        std::thread::spawn(move || rotate(&mut connect_to(&dsn)))
+    };
+    let waits_for = |c: &mut Client| -> Option<String> {
+        c.query_opt(
+            "SELECT c.relname::text FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+              WHERE NOT l.granted AND l.mode = 'AccessExclusiveLock' AND c.relname ~ 'segments_[01]$'
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1",
+            &[],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+    };
+    let started = std::time::Instant::now();
+    let mut waited = None;
+    while waited.is_none() && started.elapsed() < Duration::from_secs(20) && !rotator.is_finished() {
+        waited = waits_for(&mut c);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let waited = waited.expect("the swap waited for a lock the pop's transaction holds");
+    assert!(waited.starts_with("fresh_segments_"), "the swap waited for {waited}: the pop locked the durable tier");
+    // The durable tier now: this waits for the swap, until the swap gives up.
+    let before = std::time::Instant::now();
+    assert_eq!(take(&mut popper, "cold"), (1..=100).collect::<Vec<_>>());
+    println!("the swap waited for {waited}; the durable read took {:?}", before.elapsed());
+    popper.batch_execute("COMMIT").unwrap();
+    assert!(!rotator.join().unwrap(), "the swap gave up: the pop's transaction held the fresh tier");
+    // With the pop's transaction over, the rotation goes through, and a new group gets
+    // every message once.
+    assert!(rotate(&mut c), "the rotation once the pop is over");
+    for (queue, n) in [("hot", 5), ("cold", 100)] {
+        assert!(take(&mut c, queue).is_empty(), "{queue}: group g took everything");
+        let all: Vec<i64> = c
+            .query("SELECT (payload->>'i')::int8 FROM queen.pop($1, 'h', batch => 200, auto_ack => true)", &[&queue])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(all, (1..=n).collect::<Vec<_>>(), "{queue}: every message once, in order");
+    }
+}
+
 /// The invariants harness while a REPEATABLE READ transaction holds the xmin horizon back
 /// and a session rotates the generations as often as they are due
 /// (`queen.rotation_min_size = 0`, `retention => 1`): live segments are copied forward
