@@ -92,12 +92,10 @@ pub fn insert_rows<const N: usize>(
         for values in rows {
             target.insert(slot, cid, values);
         }
-        pg_guard_ffi_boundary(|| {
-            raw::ExecDropSingleTupleTableSlot(slot);
-            // As SPI does after each statement: later statements see the rows.
-            raw::CommandCounterIncrement();
-        });
+        pg_guard_ffi_boundary(|| raw::ExecDropSingleTupleTableSlot(slot));
         target.close(pg_sys::NoLock as pg_sys::LOCKMODE);
+        // As SPI does after each statement: later statements see the rows.
+        pg_sys::CommandCounterIncrement();
         true
     }
 }
@@ -199,8 +197,9 @@ impl Target {
     /// of the table's descriptor, left empty), under one guard.
     ///
     /// # Safety
-    /// The table and its indexes are open and locked for inserts; `cid` is the current
-    /// command's id.
+    /// The table and its indexes are open and locked for inserts; `slot` is a heap-tuple
+    /// slot (`TTSOpsHeapTuple`) of the table's descriptor; `values` are datums of the
+    /// table's column types, in order; `cid` is the current command's id.
     unsafe fn insert<const N: usize>(
         &self,
         slot: *mut pg_sys::TupleTableSlot,

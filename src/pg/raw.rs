@@ -18,11 +18,14 @@
 //! An ERROR in any of them jumps back to the guard, as it would for one guarded call. That
 //! jump skips whatever Rust code the closure was running, so a closure must hold nothing
 //! with a destructor and must not panic: only these calls, plain values and pointers, and
-//! loops over iterators (an index that could be out of bounds is computed before the
-//! guard).
+//! loops over slice iterators (`iter`, `iter_mut`, and `zip` or `enumerate` of those; an
+//! array moved into an iterator has a destructor). Anything that could panic (an index out
+//! of bounds, an overflow in a debug build) is computed before the guard.
 //!
 //! Each declaration has the signature pgrx gives the function (PostgreSQL 15): the build
-//! checks it against `pg_sys` (`same_as_pg_sys`).
+//! checks its types against `pg_sys` (`same_as_pg_sys`), not its symbol. A function that
+//! is `static inline` in PostgreSQL's headers has no symbol of its own: pgrx compiles a C
+//! shim for it, and its declaration here names the shim (`link_name`, as pgrx's does).
 
 use pgrx::pg_sys::{
     AttrNumber, BulkInsertState, CommandId, Datum, EState, HeapTuple, IndexInfo, IndexScanDesc, IndexUniqueCheck,

@@ -472,8 +472,9 @@ mod direct {
     /// segment in both tiers, or in neither). Each read takes its locks before its
     /// snapshot, as a statement does. The durable tier's locks come after the fresh
     /// tier's, the opposite of a rotation's swap (`queen._rotate_segments`); if the two
-    /// wait for each other, the swap finds the cycle first (its `deadlock_timeout` is
-    /// 50 ms) and gives up, and this read goes on.
+    /// wait for each other, the swap gives up (at its `deadlock_timeout`, 50 ms, when it
+    /// finds the cycle; at its `lock_timeout`, 150 ms, at the latest), and this read goes
+    /// on (docs/concepts.md, "Snapshots").
     pub(crate) fn fetch_many<'conn>(
         _client: &SpiClient<'conn>,
         spans: &[(pgrx::Uuid, i64, i64)],
