@@ -278,16 +278,9 @@ fn a_pop_reading_the_durable_tier_after_the_fresh_one_outlasts_a_swap() {
     for i in 1..=5i64 {
         c.execute("SELECT count(*) FROM queen.push('hot', jsonb_build_object('i', $1::int8))", &[&i]).unwrap();
     }
-    let take = |c: &mut Client, queue: &str| -> Vec<i64> {
-        c.query("SELECT (payload->>'i')::int8 FROM queen.pop($1, 'g', batch => 200, auto_ack => true)", &[&queue])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
-    };
     let mut popper = connect_to(&dsn);
     popper.batch_execute("BEGIN").unwrap();
-    assert_eq!(take(&mut popper, "hot"), (1..=5).collect::<Vec<_>>());
+    assert_eq!(drain(&mut popper, "hot", "g"), (1..=5).collect::<Vec<_>>());
     let popper_pid: i32 = popper.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
     let durable_locks: i64 = c
         .query_one(
@@ -324,7 +317,7 @@ fn a_pop_reading_the_durable_tier_after_the_fresh_one_outlasts_a_swap() {
     assert!(waits, "the swap waited for the fresh tier, which the pop's transaction holds");
     // The durable tier now: this waits for the swap, until the swap gives up.
     let before = std::time::Instant::now();
-    assert_eq!(take(&mut popper, "cold"), (1..=100).collect::<Vec<_>>());
+    assert_eq!(drain(&mut popper, "cold", "g"), (1..=100).collect::<Vec<_>>());
     println!("the durable read took {:?} (the swap gives up at 50 ms, or at 150 ms)", before.elapsed());
     popper.batch_execute("COMMIT").unwrap();
     assert!(!rotator.join().unwrap(), "the swap gave up: the pop's transaction held the fresh tier");
@@ -332,14 +325,8 @@ fn a_pop_reading_the_durable_tier_after_the_fresh_one_outlasts_a_swap() {
     // every message once.
     rotates_soon(&mut c, "rotation once the pop is over");
     for (queue, n) in [("hot", 5), ("cold", 100)] {
-        assert!(take(&mut c, queue).is_empty(), "{queue}: group g took everything");
-        let all: Vec<i64> = c
-            .query("SELECT (payload->>'i')::int8 FROM queen.pop($1, 'h', batch => 200, auto_ack => true)", &[&queue])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        assert_eq!(all, (1..=n).collect::<Vec<_>>(), "{queue}: every message once, in order");
+        assert!(drain(&mut c, queue, "g").is_empty(), "{queue}: group g took everything");
+        assert_eq!(drain(&mut c, queue, "h"), (1..=n).collect::<Vec<_>>(), "{queue}: every message once, in order");
     }
 }
 
